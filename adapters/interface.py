@@ -1,0 +1,190 @@
+"""The one interface every DDTree engine implements.
+
+The suite talks to engines only through :class:`Engine`: it sends a batch of
+:class:`Request` under one :class:`RunConfig` and reads back one :class:`RequestResult` per
+request. What a check may ask for is decided from :meth:`Engine.capabilities`, never from the
+engine's name. Everything here is plain data (pydantic), so results cross process boundaries as
+JSON.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "Mode",
+    "DType",
+    "Request",
+    "RunConfig",
+    "RoundTrace",
+    "Timings",
+    "RequestResult",
+    "Capabilities",
+    "Engine",
+    "EngineError",
+]
+
+Mode = Literal["plain", "dflash", "ddtree"]
+DType = Literal["float32", "bfloat16", "float16"]
+FinishReason = Literal["stop", "length", "error"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Request(_Model):
+    """One generation request."""
+
+    prompt_ids: list[int] = Field(description="prompt token ids")
+    max_new_tokens: int = Field(ge=1)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    temperature: float = Field(default=0.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0, description="0 disables top-k")
+    seed: int = 0
+
+    @field_validator("prompt_ids")
+    @classmethod
+    def _non_empty(cls, value: list[int]) -> list[int]:
+        if not value:
+            raise ValueError("prompt_ids is empty: a request needs at least one prompt token")
+        if min(value) < 0:
+            raise ValueError("prompt_ids holds a negative token id")
+        return value
+
+
+class RunConfig(_Model):
+    """How an engine runs a batch: the decoding mode and its knobs."""
+
+    mode: Mode = "plain"
+    budget: int = Field(default=32, description="DDTree node budget B (non-root nodes)")
+    dtype: DType = "float32"
+    device: str = "cpu"
+    trace: bool = Field(default=False, description="record per-round traces where supported")
+    trace_draft_logits: bool = Field(default=False, description="also keep the drafter logits of each round")
+    timing: bool = Field(default=False, description="per-stage timings (may synchronise the device)")
+
+    @field_validator("budget")
+    @classmethod
+    def _budget(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"budget must be >= 1, got {value}")
+        return value
+
+
+class RoundTrace(_Model):
+    """One verification round, exactly as the engine ran it."""
+
+    start: int = Field(description="position of the root token")
+    root_token: int
+    tree_tokens: list[int] = Field(description="node tokens, root first (index 0)")
+    parents: list[int] = Field(description="parent index per node, root -1")
+    depths: list[int] = Field(description="depth per node, root 0")
+    positions: list[int] = Field(description="position ids fed to the target per node")
+    accepted: list[int] = Field(description="accepted node indices along the path, root excluded")
+    target_tokens: list[int] = Field(description="target token at the root and each accepted node")
+    bonus: int
+    top2_margins: list[float] = Field(description="target top-1 minus top-2 logit at root and accepted nodes")
+    draft_logits: list[list[float]] | None = Field(default=None, description="[L, V] drafter logits, if asked")
+
+    @property
+    def acceptance_length(self) -> int:
+        return len(self.accepted) + 1
+
+
+class Timings(_Model):
+    """Seconds. Stages are summed over rounds; absent when the engine does not know them."""
+
+    prefill: float | None = None
+    decode: float | None = None
+    stages: dict[str, float] = Field(default_factory=dict)
+
+
+class RequestResult(_Model):
+    """What an engine returns for one request."""
+
+    output_ids: list[int]
+    finish_reason: FinishReason
+    rounds: int | None = Field(default=None, description="verification rounds (decode steps for plain)")
+    acceptance_lengths: list[int] | None = Field(
+        default=None, description="per-round acceptance length (accepted + bonus)"
+    )
+    aggregate_only: bool = Field(
+        default=False, description="True when only aggregates (mean tau, per-position) are known"
+    )
+    mean_acceptance: float | None = None
+    per_position_acceptance: list[float] | None = None
+    timings: Timings = Field(default_factory=Timings)
+    traces: list[RoundTrace] | None = None
+    error: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RequestResult":
+        if self.acceptance_lengths is not None and self.rounds is not None:
+            if len(self.acceptance_lengths) != self.rounds:
+                raise ValueError("acceptance_lengths must have one entry per round")
+        return self
+
+    @property
+    def tau(self) -> float | None:
+        """Mean acceptance length: generated tokens / rounds (bonus included), doc §4."""
+        if self.acceptance_lengths:
+            return sum(self.acceptance_lengths) / len(self.acceptance_lengths)
+        return self.mean_acceptance
+
+
+class Capabilities(_Model):
+    """What an engine can do on this machine; checks select themselves from this."""
+
+    name: str
+    version: str = ""
+    modes: list[Mode]
+    dtypes: list[DType]
+    devices: list[str]
+    sampling: bool = Field(description="temperature/top-k/top-p honoured")
+    traces: bool = Field(description="exact per-round traces (trees, accepted indices)")
+    per_round_acceptance: bool = Field(description="per-round acceptance lengths")
+    draft_logits: bool = Field(default=False, description="traces can carry drafter logits")
+    stage_timings: bool = False
+    max_context: int | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class EngineError(RuntimeError):
+    """An engine could not be created or could not run; the message names the engine and cause."""
+
+
+class Engine(abc.ABC):
+    """A DDTree-capable inference engine, driven by the suite.
+
+    ``model_dir`` holds the target; ``drafter_dir`` the DFlash drafter in z-lab format (may be
+    None for plain-only runs). Implementations must accept batches of any size.
+    """
+
+    name: str = "engine"
+
+    def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
+        self.model_dir = model_dir
+        self.drafter_dir = drafter_dir
+        self.options = options
+
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities:
+        """Modes, dtypes, devices, sampling and traces this engine supports here."""
+
+    @abc.abstractmethod
+    def generate(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
+        """Run a batch; one result per request, in order."""
+
+    def close(self) -> None:
+        """Release the engine's resources (processes, devices)."""
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

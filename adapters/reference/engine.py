@@ -1,0 +1,290 @@
+"""The reference engine: the spec functions driving a transformers target and the DFlash drafter.
+
+It is the yardstick the other engines are measured against, so it does nothing clever: each
+request runs on its own (batch size 1 inside, any batch size outside), every round calls the
+spec's build -> compile -> verify -> walk -> commit in that order, and traces record exactly what
+was run.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from conformance.spec import (
+    SamplingParams,
+    build_chain,
+    build_tree,
+    build_tree_vectorized,
+    choose_token,
+    compact_dynamic_cache,
+    compile_tree,
+    emit_tokens,
+    select_feedback_rows,
+    top2_margin,
+    walk_tree,
+)
+
+from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RoundTrace, RunConfig, Timings
+from .pair import TORCH_DTYPES, load_drafter_checked, load_target, read_target_info
+
+__all__ = ["ReferenceEngine"]
+
+
+@dataclass
+class _Clock:
+    """Per-stage wall time; synchronises the device only when enabled."""
+
+    enabled: bool
+    device: torch.device
+    stages: dict[str, float] = field(default_factory=dict)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextmanager
+    def stage(self, name: str):
+        if not self.enabled:
+            yield
+            return
+        self._sync()
+        t0 = time.perf_counter()
+        yield
+        self._sync()
+        self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - t0
+
+
+class _LoadedPair:
+    """Target (+ drafter) loaded for one (dtype, device), with hooks capturing drafter features."""
+
+    def __init__(self, model_dir: str, drafter_dir: str | None, dtype: torch.dtype, device: str):
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.target, self.info = load_target(model_dir, dtype, device)
+        self.drafter = None
+        self._features: dict[int, torch.Tensor] = {}
+        if drafter_dir is not None:
+            self.drafter = load_drafter_checked(drafter_dir, self.info, dtype, device)
+            layers = self.target.model.layers
+            for layer_id in self.drafter.config.target_layer_ids:
+                layers[layer_id].register_forward_hook(self._capture(layer_id))
+
+    def _capture(self, layer_id: int):
+        def hook(_module, _inputs, output):
+            self._features[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None = None):
+        """Target forward of one sequence; returns logits ``[T, V]`` and features ``[T, k*H]``."""
+        out = self.target(
+            input_ids=ids.unsqueeze(0),
+            position_ids=positions.unsqueeze(0),
+            attention_mask=mask,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        features = None
+        if self.drafter is not None:
+            features = torch.cat([self._features[i][0] for i in self.drafter.config.target_layer_ids], dim=-1)
+        return out.logits[0], features
+
+    def draft_logits(self, root: int, start: int, context: torch.Tensor, context_start: int, cache) -> torch.Tensor:
+        """Drafter logits ``[S-1, V]`` for the positions after ``root`` (doc §1)."""
+        drafter = self.drafter
+        size = drafter.block_size
+        block = torch.full((1, size), drafter.config.mask_token_id, dtype=torch.long, device=self.device)
+        block[0, 0] = root
+        embeds = self.target.get_input_embeddings()(block)
+        positions = torch.arange(context_start, start + size, device=self.device).unsqueeze(0)
+        hidden = drafter(embeds, context.unsqueeze(0), positions, cache)
+        return self.target.get_output_embeddings()(hidden[0, 1:])
+
+
+class ReferenceEngine(Engine):
+    """PyTorch + transformers reference; CPU and CUDA; fp32, bf16, fp16; greedy and sampling.
+
+    Options: ``builder`` = ``"heap"`` (default) or ``"vectorized"``.
+    """
+
+    name = "reference"
+
+    def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
+        super().__init__(model_dir, drafter_dir, **options)
+        self.info = read_target_info(model_dir)
+        builder = options.get("builder", "heap")
+        if builder not in ("heap", "vectorized"):
+            raise EngineError(f"reference engine: builder must be 'heap' or 'vectorized', got {builder!r}")
+        self._build = build_tree if builder == "heap" else build_tree_vectorized
+        self._loaded: dict[tuple[str, str], _LoadedPair] = {}
+
+    def capabilities(self) -> Capabilities:
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        modes = ["plain", "dflash", "ddtree"] if self.drafter_dir else ["plain"]
+        return Capabilities(
+            name=self.name,
+            version=torch.__version__,
+            modes=modes,
+            dtypes=["float32", "bfloat16", "float16"],
+            devices=devices,
+            sampling=True,
+            traces=True,
+            per_round_acceptance=True,
+            draft_logits=True,
+            stage_timings=True,
+            max_context=self.info.max_position_embeddings,
+        )
+
+    def _pair(self, config: RunConfig) -> _LoadedPair:
+        key = (config.dtype, config.device)
+        if key not in self._loaded:
+            if config.device.startswith("cuda") and not torch.cuda.is_available():
+                raise EngineError(f"reference engine: device {config.device} requested but CUDA is not available")
+            needs_drafter = config.mode != "plain"
+            if needs_drafter and self.drafter_dir is None:
+                raise EngineError(f"reference engine: mode {config.mode} needs a drafter dir")
+            self._loaded[key] = _LoadedPair(
+                self.model_dir, self.drafter_dir, TORCH_DTYPES[config.dtype], config.device
+            )
+        pair = self._loaded[key]
+        if config.mode != "plain" and pair.drafter is None:
+            raise EngineError(f"reference engine: mode {config.mode} needs a drafter dir")
+        return pair
+
+    def generate(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
+        pair = self._pair(config)
+        results = []
+        for index, request in enumerate(requests):
+            problem = self._request_problem(request)
+            if problem:
+                results.append(RequestResult(output_ids=[], finish_reason="error", error=f"request {index}: {problem}"))
+                continue
+            with torch.inference_mode():
+                if config.mode == "plain":
+                    results.append(self._plain(pair, request, config))
+                else:
+                    results.append(self._speculative(pair, request, config))
+        return results
+
+    def _request_problem(self, request: Request) -> str | None:
+        vocab = self.info.vocab_size
+        if max(request.prompt_ids) >= vocab:
+            return f"prompt token id {max(request.prompt_ids)} is outside the vocabulary (size {vocab})"
+        limit = self.info.max_position_embeddings
+        if limit is not None and len(request.prompt_ids) + request.max_new_tokens > limit:
+            return (
+                f"prompt of {len(request.prompt_ids)} tokens + max_new_tokens {request.max_new_tokens} "
+                f"exceeds the target's context limit {limit}"
+            )
+        return None
+
+    @staticmethod
+    def _sampling(request: Request) -> SamplingParams:
+        return SamplingParams(temperature=request.temperature, top_k=request.top_k, top_p=request.top_p)
+
+    @staticmethod
+    def _generator(pair: _LoadedPair, request: Request) -> torch.Generator:
+        return torch.Generator(device=pair.device).manual_seed(request.seed)
+
+    def _prefill(self, pair: _LoadedPair, request: Request):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=pair.target.config)
+        prompt = torch.tensor(request.prompt_ids, dtype=torch.long, device=pair.device)
+        positions = torch.arange(prompt.shape[0], device=pair.device)
+        logits, features = pair.forward(prompt, positions, cache)
+        return cache, logits[-1], features
+
+    def _plain(self, pair: _LoadedPair, request: Request, config: RunConfig) -> RequestResult:
+        params, generator = self._sampling(request), self._generator(pair, request)
+        clock = _Clock(config.timing, pair.device)
+        t0 = time.perf_counter()
+        cache, last_logits, _ = self._prefill(pair, request)
+        token = choose_token(last_logits, params, generator)
+        t_prefill = time.perf_counter() - t0
+        output, reason = emit_tokens([token], request.stop_token_ids, request.max_new_tokens)
+        position, rounds = len(request.prompt_ids), 0
+        while reason is None:
+            with clock.stage("verify"):
+                ids = torch.tensor([token], dtype=torch.long, device=pair.device)
+                logits, _ = pair.forward(ids, torch.tensor([position], device=pair.device), cache)
+            token = choose_token(logits[-1], params, generator)
+            position, rounds = position + 1, rounds + 1
+            emitted, reason = emit_tokens([token], request.stop_token_ids, request.max_new_tokens - len(output))
+            output += emitted
+        return RequestResult(
+            output_ids=output,
+            finish_reason=reason,
+            rounds=rounds,
+            acceptance_lengths=[1] * rounds,
+            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages=clock.stages),
+        )
+
+    def _speculative(self, pair: _LoadedPair, request: Request, config: RunConfig) -> RequestResult:
+        params, generator = self._sampling(request), self._generator(pair, request)
+        clock = _Clock(config.timing, pair.device)
+        t0 = time.perf_counter()
+        cache, last_logits, features = self._prefill(pair, request)
+        root = choose_token(last_logits, params, generator)
+        t_prefill = time.perf_counter() - t0
+        output, reason = emit_tokens([root], request.stop_token_ids, request.max_new_tokens)
+        draft_cache = pair.drafter.new_cache()
+        context, context_start = features, 0
+        start = len(request.prompt_ids)  # position of the root; also the committed cache length
+        lengths: list[int] = []
+        traces: list[RoundTrace] | None = [] if config.trace else None
+        while reason is None:
+            with clock.stage("draft"):
+                draft_logits = pair.draft_logits(root, start, context, context_start, draft_cache)
+            with clock.stage("build"):
+                tree = build_chain(draft_logits) if config.mode == "dflash" else self._build(draft_logits, config.budget)
+            with clock.stage("compile"):
+                verify = compile_tree(tree, root, start, dtype=pair.dtype)
+            with clock.stage("verify"):
+                logits, features = pair.forward(verify.input_ids, verify.position_ids, cache, verify.attention_mask)
+            with clock.stage("walk"):
+                walk = walk_tree(tree, logits, params, generator)
+            with clock.stage("commit"):
+                compact_dynamic_cache(cache, start, walk.accepted)
+                context, context_start = select_feedback_rows(features, walk.accepted), start
+                new_tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
+            lengths.append(len(walk.accepted) + 1)
+            if traces is not None:
+                traces.append(self._trace(tree, verify, walk, logits, start, root, draft_logits, config))
+            emitted, reason = emit_tokens(new_tokens, request.stop_token_ids, request.max_new_tokens - len(output))
+            output += emitted
+            start += len(walk.accepted) + 1
+            root = walk.bonus
+        return RequestResult(
+            output_ids=output,
+            finish_reason=reason,
+            rounds=len(lengths),
+            acceptance_lengths=lengths,
+            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages=clock.stages),
+            traces=traces,
+        )
+
+    @staticmethod
+    def _trace(tree, verify, walk, logits, start, root, draft_logits, config: RunConfig) -> RoundTrace:
+        path = [0, *walk.accepted]
+        return RoundTrace(
+            start=start,
+            root_token=root,
+            tree_tokens=verify.input_ids.tolist(),
+            parents=tree.parents.tolist(),
+            depths=tree.depths.tolist(),
+            positions=verify.position_ids.tolist(),
+            accepted=list(walk.accepted),
+            target_tokens=[walk.target_tokens[n] for n in path],
+            bonus=walk.bonus,
+            top2_margins=top2_margin(logits[path]).tolist(),
+            draft_logits=draft_logits.float().tolist() if config.trace_draft_logits else None,
+        )
+
+    def close(self) -> None:
+        self._loaded.clear()
+

@@ -1,0 +1,109 @@
+"""Loading and validating a target/drafter pair for the reference engine.
+
+Every way a pair can be wrong gets one :class:`PairError` that names the directory and field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..interface import EngineError
+from .dflash import DFlashConfig, DFlashDrafter, load_drafter
+
+__all__ = ["PairError", "TargetInfo", "read_target_info", "validate_pair", "load_target", "TORCH_DTYPES"]
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class PairError(EngineError):
+    """The model directories cannot be used; the message names the path and the field."""
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    path: Path
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    max_position_embeddings: int | None
+
+
+def read_target_info(model_dir: str | Path) -> TargetInfo:
+    path = Path(model_dir)
+    config_path = path / "config.json"
+    if not path.is_dir():
+        raise PairError(f"target model dir not found: {path}")
+    if not config_path.is_file():
+        raise PairError(f"target model dir {path} has no config.json")
+    try:
+        raw = json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise PairError(f"{config_path} is not valid JSON: {exc}") from None
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers"):
+        if key not in raw:
+            raise PairError(f"{config_path}: field {key} is missing")
+    return TargetInfo(
+        path=path,
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=int(raw["hidden_size"]),
+        num_layers=int(raw["num_hidden_layers"]),
+        max_position_embeddings=raw.get("max_position_embeddings"),
+    )
+
+
+def read_drafter_config(drafter_dir: str | Path) -> DFlashConfig:
+    path = Path(drafter_dir)
+    if not path.is_dir():
+        raise PairError(f"drafter model dir not found: {path}")
+    try:
+        return DFlashConfig.from_dir(path)
+    except (FileNotFoundError, ValueError, TypeError, json.JSONDecodeError) as exc:
+        raise PairError(f"drafter {path}: {exc}") from None
+
+
+def validate_pair(target: TargetInfo, drafter: DFlashConfig, drafter_dir: str | Path) -> None:
+    """Raise :class:`PairError` if the drafter cannot draft for this target."""
+    where = f"drafter {drafter_dir} vs target {target.path}"
+    dq = drafter.qwen3
+    if dq.hidden_size != target.hidden_size:
+        raise PairError(f"{where}: hidden_size {dq.hidden_size} != target hidden_size {target.hidden_size}")
+    if getattr(dq, "vocab_size", target.vocab_size) != target.vocab_size:
+        raise PairError(f"{where}: vocab_size {dq.vocab_size} != target vocab_size {target.vocab_size}")
+    bad = [i for i in drafter.target_layer_ids if not 0 <= i < target.num_layers]
+    if bad:
+        raise PairError(
+            f"{where}: dflash_config.target_layer_ids {drafter.target_layer_ids} has {bad} outside "
+            f"the target's {target.num_layers} layers"
+        )
+    if not 0 <= drafter.mask_token_id < target.vocab_size:
+        raise PairError(
+            f"{where}: dflash_config.mask_token_id {drafter.mask_token_id} is outside the vocabulary "
+            f"(size {target.vocab_size})"
+        )
+    if drafter.block_size < 2:
+        raise PairError(f"{where}: block_size {drafter.block_size} must be >= 2")
+
+
+def load_target(model_dir: str | Path, dtype: torch.dtype, device: str):
+    from transformers import AutoModelForCausalLM
+
+    info = read_target_info(model_dir)
+    if not any(Path(model_dir).glob("*.safetensors")):
+        raise PairError(f"target model dir {model_dir} has no .safetensors weights")
+    model = AutoModelForCausalLM.from_pretrained(
+        str(info.path), dtype=dtype, attn_implementation="sdpa", use_safetensors=True
+    )
+    return model.to(device).eval(), info
+
+
+def load_drafter_checked(drafter_dir: str | Path, target: TargetInfo, dtype, device) -> DFlashDrafter:
+    config = read_drafter_config(drafter_dir)
+    validate_pair(target, config, drafter_dir)
+    try:
+        return load_drafter(drafter_dir, dtype=dtype, device=device)
+    except (FileNotFoundError, ValueError) as exc:
+        raise PairError(str(exc)) from None
