@@ -29,7 +29,14 @@ from conformance.spec import (
 )
 
 from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RoundTrace, RunConfig, Timings
-from .pair import TORCH_DTYPES, load_drafter_checked, load_target, read_target_info
+from .pair import (
+    TORCH_DTYPES,
+    load_drafter_checked,
+    load_target,
+    read_drafter_config,
+    read_target_info,
+    validate_pair,
+)
 
 __all__ = ["ReferenceEngine"]
 
@@ -116,6 +123,8 @@ class ReferenceEngine(Engine):
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
         super().__init__(model_dir, drafter_dir, **options)
         self.info = read_target_info(model_dir)
+        if drafter_dir is not None:  # fail at construction, naming the field, not mid-run
+            validate_pair(self.info, read_drafter_config(drafter_dir), drafter_dir)
         builder = options.get("builder", "heap")
         if builder not in ("heap", "vectorized"):
             raise EngineError(f"reference engine: builder must be 'heap' or 'vectorized', got {builder!r}")
