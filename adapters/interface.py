@@ -89,6 +89,9 @@ class RoundTrace(_Model):
     target_tokens: list[int] = Field(description="target token at the root and each accepted node")
     bonus: int
     top2_margins: list[float] = Field(description="target top-1 minus top-2 logit at root and accepted nodes")
+    node_target_tokens: list[int] | None = Field(
+        default=None, description="target argmax at every node of the verify batch (root first)"
+    )
     draft_logits: list[list[float]] | None = Field(default=None, description="[L, V] drafter logits, if asked")
 
     @property

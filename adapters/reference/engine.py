@@ -120,6 +120,14 @@ class ReferenceEngine(Engine):
 
     name = "reference"
 
+    # The spec steps this engine composes, one attribute each, so that a test-only mutant can
+    # replace exactly one step (see tests/mutants.py).
+    compile_step = staticmethod(compile_tree)
+    walk_step = staticmethod(walk_tree)
+    compact_step = staticmethod(compact_dynamic_cache)
+    feedback_step = staticmethod(select_feedback_rows)
+    emit_step = staticmethod(emit_tokens)
+
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
         super().__init__(model_dir, drafter_dir, **options)
         self.info = read_target_info(model_dir)
@@ -252,19 +260,19 @@ class ReferenceEngine(Engine):
             with clock.stage("build"):
                 tree = build_chain(draft_logits) if config.mode == "dflash" else self._build(draft_logits, config.budget)
             with clock.stage("compile"):
-                verify = compile_tree(tree, root, start, dtype=pair.dtype)
+                verify = self.compile_step(tree, root, start, dtype=pair.dtype)
             with clock.stage("verify"):
                 logits, features = pair.forward(verify.input_ids, verify.position_ids, cache, verify.attention_mask)
             with clock.stage("walk"):
-                walk = walk_tree(tree, logits, params, generator)
+                walk = self.walk_step(tree, logits, params, generator)
             with clock.stage("commit"):
-                compact_dynamic_cache(cache, start, walk.accepted)
-                context, context_start = select_feedback_rows(features, walk.accepted), start
+                self.compact_step(cache, start, walk.accepted)
+                context, context_start = self.feedback_step(features, walk.accepted), start
                 new_tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
             lengths.append(len(walk.accepted) + 1)
             if traces is not None:
                 traces.append(self._trace(tree, verify, walk, logits, start, root, draft_logits, config))
-            emitted, reason = emit_tokens(new_tokens, request.stop_token_ids, request.max_new_tokens - len(output))
+            emitted, reason = self.emit_step(new_tokens, request.stop_token_ids, request.max_new_tokens - len(output))
             output += emitted
             start += len(walk.accepted) + 1
             root = walk.bonus
@@ -291,6 +299,7 @@ class ReferenceEngine(Engine):
             target_tokens=[walk.target_tokens[n] for n in path],
             bonus=walk.bonus,
             top2_margins=top2_margin(logits[path]).tolist(),
+            node_target_tokens=torch.argmax(logits, dim=-1).tolist(),
             draft_logits=draft_logits.float().tolist() if config.trace_draft_logits else None,
         )
 

@@ -1,0 +1,138 @@
+"""Finding engine adapters by name.
+
+An engine is named in one of three ways:
+
+* a built-in name (:data:`BUILTIN_ENGINES`): ``reference``, ``vllm``, ``sglang``;
+* a name registered by an installed package under the entry-point group
+  :data:`ENTRY_POINT_GROUP` (``ddtree_conformance.adapters``), value ``module:Class``;
+* a ``module:Class`` string naming any importable :class:`~adapters.interface.Engine` subclass.
+
+Built-in names win over entry points of the same name, so ``reference`` always means this
+repository's reference engine. Every failure is an :class:`~adapters.interface.EngineError` whose
+message names the engine and the cause; importing an adapter whose engine is not installed gives
+"engine 'vllm' is not available here: ...", never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Literal
+
+from .interface import Engine, EngineError
+
+__all__ = [
+    "BUILTIN_ENGINES",
+    "ENTRY_POINT_GROUP",
+    "EngineEntry",
+    "list_engines",
+    "available_engines",
+    "load_engine_class",
+    "create_engine",
+]
+
+ENTRY_POINT_GROUP = "ddtree_conformance.adapters"
+
+BUILTIN_ENGINES: dict[str, str] = {
+    "reference": "adapters.reference.engine:ReferenceEngine",
+    "vllm": "adapters.vllm.engine:VllmEngine",
+    "sglang": "adapters.sglang.engine:SglangEngine",
+}
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """One known engine name and where it points."""
+
+    name: str
+    target: str
+    source: Literal["built-in", "entry point"]
+
+
+def _entry_point_engines() -> list[EngineEntry]:
+    found = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found.append(EngineEntry(name=ep.name, target=ep.value.split("[", 1)[0].strip(), source="entry point"))
+    return found
+
+
+def list_engines() -> list[EngineEntry]:
+    """Built-in engines first, then entry-point engines whose names are not built-in."""
+    entries = [EngineEntry(name, target, "built-in") for name, target in BUILTIN_ENGINES.items()]
+    seen = set(BUILTIN_ENGINES)
+    for entry in sorted(_entry_point_engines(), key=lambda e: e.name):
+        if entry.name not in seen:
+            seen.add(entry.name)
+            entries.append(entry)
+    return entries
+
+
+def available_engines() -> dict[str, str]:
+    """Every known engine name -> its ``module:Class`` target (whether or not it imports here)."""
+    return {entry.name: entry.target for entry in list_engines()}
+
+
+def _split_target(name: str, target: str) -> tuple[str, str]:
+    module, sep, attr = target.partition(":")
+    module, attr = module.strip(), attr.strip()
+    if not sep or not module or not attr:
+        raise EngineError(f"engine {name!r}: {target!r} is not of the form 'module:Class'")
+    return module, attr
+
+
+def load_engine_class(spec: str | type[Engine]) -> type[Engine]:
+    """Resolve a built-in name, an entry-point name or ``module:Class`` to an Engine subclass."""
+    if isinstance(spec, type):
+        name, target, obj = getattr(spec, "name", spec.__name__), f"{spec.__module__}:{spec.__qualname__}", spec
+    else:
+        spec = str(spec).strip()
+        known = available_engines()
+        if spec in known:
+            name, target = spec, known[spec]
+        elif ":" in spec:
+            name, target = spec, spec
+        else:
+            raise EngineError(
+                f"unknown engine {spec!r}; known engines: {', '.join(sorted(known))} "
+                "(or give a 'module:Class' path)"
+            )
+        module_name, attr = _split_target(name, target)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise EngineError(f"engine {name!r} is not available here: {exc}") from exc
+        except Exception as exc:  # an adapter's dependencies can fail in any way at import time
+            raise EngineError(
+                f"engine {name!r} is not available here: importing {module_name} failed with "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        obj = module
+        for part in attr.split("."):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError:
+                raise EngineError(f"engine {name!r}: module {module_name} has no attribute {attr!r}") from None
+    if not (isinstance(obj, type) and issubclass(obj, Engine)):
+        raise EngineError(f"engine {name!r}: {target} is not a subclass of adapters.interface.Engine")
+    if inspect.isabstract(obj):
+        missing = ", ".join(sorted(obj.__abstractmethods__))
+        raise EngineError(f"engine {name!r}: {target} is abstract (does not implement {missing})")
+    return obj
+
+
+def create_engine(
+    spec: str | type[Engine],
+    model_dir: str | Path,
+    drafter_dir: str | Path | None = None,
+    **options,
+) -> Engine:
+    """Load the engine class named by ``spec`` and construct it.
+
+    Errors from the constructor (for example a :class:`~adapters.reference.pair.PairError` for a
+    drafter that does not fit the target) propagate unchanged: they already name the field.
+    """
+    cls = load_engine_class(spec)
+    return cls(str(model_dir), None if drafter_dir is None else str(drafter_dir), **options)

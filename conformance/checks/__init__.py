@@ -1,0 +1,92 @@
+"""The conformance checks and the plan that selects them for a run.
+
+Each check is a function ``check(session, **params) -> CheckResult``. It reads only the session's
+settings and the engine's capabilities, never the engine's name. :func:`plan` lists the checks a
+run will execute; :func:`run_plan` executes them (the CLI), and the pytest plugin turns each
+planned check into one test item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..session import SuiteSession, SuiteSettings
+from .acceptance import check_acceptance
+from .edges import check_lengths, check_prompt_shapes, check_special_tokens, check_stops
+from .golden_outputs import check_golden
+from .outputs import check_lossless
+from .result import CheckResult
+from .sampling import VARIANTS, check_sampling
+from .trees import check_branch_vs_chain, check_tree_structure
+
+__all__ = ["CheckResult", "PlannedCheck", "plan", "run_plan", "PER_MODE_CHECKS"]
+
+PER_MODE_CHECKS: dict[str, Callable[..., CheckResult]] = {
+    "lossless": check_lossless,
+    "golden": check_golden,
+    "acceptance": check_acceptance,
+    "tree-structure": check_tree_structure,
+    "stop-token": check_stops,
+    "max-new-tokens": check_lengths,
+    "prompt-shapes": check_prompt_shapes,
+    "token-0-and-mask-id": check_special_tokens,
+}
+
+
+@dataclass(frozen=True)
+class PlannedCheck:
+    id: str
+    function: Callable[..., CheckResult]
+    params: dict = field(default_factory=dict)
+
+    def run(self, session: SuiteSession) -> CheckResult:
+        try:
+            return self.function(session, **self.params)
+        except Exception as exc:  # an engine or check crash is a failed check, not a dead run
+            return CheckResult.failed(self.id, f"check crashed: {type(exc).__name__}: {exc}")
+
+
+def _runs(settings: SuiteSettings) -> list[tuple[str, int | None]]:
+    runs: list[tuple[str, int | None]] = []
+    for mode in settings.modes:
+        if mode == "ddtree":
+            runs += [("ddtree", b) for b in settings.budgets]
+        elif mode == "dflash":
+            runs.append(("dflash", None))
+    return runs
+
+
+def _suffix(mode: str, budget: int | None) -> str:
+    return mode if budget is None else f"{mode}-B{budget}"
+
+
+def plan(settings: SuiteSettings, only: list[str] | None = None) -> list[PlannedCheck]:
+    """The checks for ``settings``; ``only`` keeps check ids containing one of the given names."""
+    checks: list[PlannedCheck] = []
+    for mode, budget in _runs(settings):
+        for name, fn in PER_MODE_CHECKS.items():
+            checks.append(PlannedCheck(f"{name}/{_suffix(mode, budget)}", fn, {"mode": mode, "budget": budget}))
+    ddtree_budgets = [b for m, b in _runs(settings) if m == "ddtree"]
+    for budget in ddtree_budgets:
+        checks.append(PlannedCheck(f"branch-vs-chain/ddtree-B{budget}", check_branch_vs_chain, {"budget": budget}))
+    sampled = [("ddtree", ddtree_budgets[0])] if ddtree_budgets else []
+    sampled += [("dflash", None)] if "dflash" in settings.modes else []
+    for mode, budget in sampled:
+        for variant in VARIANTS:
+            checks.append(PlannedCheck(f"sampling/{_suffix(mode, budget)}/{variant}", check_sampling,
+                                       {"mode": mode, "budget": budget, "variant": variant}))
+    if only:
+        checks = [c for c in checks if any(name in c.id for name in only)]
+    return checks
+
+
+def run_plan(session: SuiteSession, checks: list[PlannedCheck], on_result=None) -> list[CheckResult]:
+    results = []
+    for check in checks:
+        result = check.run(session)
+        result = result.model_copy(update={"check": check.id})
+        results.append(result)
+        if on_result:
+            on_result(result)
+    return results

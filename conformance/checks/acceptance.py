@@ -1,0 +1,85 @@
+"""Check 3: cross-engine acceptance against the reference (doc §4 metrics).
+
+In fp32, an engine's per-round acceptance lengths must equal the reference engine's on the same
+prompts. Engines that report only aggregates are compared on mean tau (relative tolerance) and
+per-position acceptance (absolute tolerance in points). The reference side comes from the golden
+acceptance traces when they exist for this configuration, else from a live reference run. This
+catches lossless-but-slow bugs (wrong drafter positions, wrong hidden-state rows, RoPE mismatch).
+"""
+
+from __future__ import annotations
+
+from ..metrics import mean_tau, per_position_acceptance
+from ..session import SuiteSession
+from .result import CheckResult
+
+__all__ = ["TAU_REL_TOL", "POSITION_ABS_TOL", "reference_acceptance", "check_acceptance"]
+
+TAU_REL_TOL = 0.02  # aggregate-only engines: mean tau within 2 %
+POSITION_ABS_TOL = 0.02  # ... and per-position acceptance within 2 points
+
+
+def reference_acceptance(session: SuiteSession, mode: str, budget: int | None) -> tuple[list[list[int]], str]:
+    """Per-prompt acceptance lengths of the reference engine, and where they came from."""
+    from ..golden import load_golden
+
+    golden = load_golden(session.settings.golden_dir, session.settings.pair_name, session.settings.prompt_set,
+                         session.settings.dtype)
+    key = mode if mode == "dflash" else f"ddtree-{budget}"
+    if golden is not None and all(key in rec.acceptance for rec in golden.records.values()):
+        wanted = session.settings.max_new_tokens
+        if golden.max_new_tokens == wanted:
+            return [golden.records[p.id].acceptance[key] for p in session.prompts], "golden"
+    from adapters.reference.engine import ReferenceEngine
+
+    if not hasattr(session, "_reference_engine"):
+        session._reference_engine = ReferenceEngine(session.settings.model_dir, session.settings.drafter_dir)
+    results = session.run(mode, budget, engine=session._reference_engine)
+    return [r.acceptance_lengths or [] for r in results], "live reference run"
+
+
+def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
+    name = f"acceptance[{mode}{'' if budget is None else f',B={budget}'}]"
+    caps = session.capabilities
+    if mode not in caps.modes:
+        return CheckResult.skipped(name, f"engine does not offer mode {mode}")
+    if not session.exact:
+        return CheckResult.skipped(name, "acceptance is compared with the reference in float32 only")
+    expected, source = reference_acceptance(session, mode, budget)
+    results = session.run(mode, budget)
+    errors = [r.error for r in results if r.error]
+    if errors:
+        return CheckResult.failed(name, f"engine error: {errors[0].splitlines()[0]}")
+    ref_tau = mean_tau(expected)
+    if caps.per_round_acceptance and all(r.acceptance_lengths is not None for r in results):
+        got = [r.acceptance_lengths for r in results]
+        for prompt, want, have in zip(session.prompts, expected, got):
+            if want != have:
+                first = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+                return CheckResult.failed(
+                    name,
+                    f"per-round acceptance differs from the reference ({source}) on {prompt.id} at round {first}: "
+                    f"{have[first:first + 4]} vs {want[first:first + 4]}; tau {mean_tau(got):.3f} vs {ref_tau:.3f} "
+                    f"(lossless but slower: drafter positions, feedback rows or RoPE?)",
+                    tau=mean_tau(got),
+                    reference_tau=ref_tau,
+                )
+        return CheckResult.passed(name, f"per-round acceptance equals the reference ({source}); tau {ref_tau:.3f}",
+                                  tau=ref_tau)
+    # Aggregates only.
+    taus = [r.mean_acceptance for r in results if r.mean_acceptance is not None]
+    if not taus:
+        return CheckResult.skipped(name, "engine reports neither per-round nor aggregate acceptance")
+    tau = sum(taus) / len(taus)
+    if abs(tau - ref_tau) > TAU_REL_TOL * ref_tau:
+        return CheckResult.failed(name, f"mean tau {tau:.3f} vs reference {ref_tau:.3f} ({source}): "
+                                        f"outside {TAU_REL_TOL:.0%}", tau=tau, reference_tau=ref_tau)
+    ref_pos = per_position_acceptance(expected)
+    positions = [r.per_position_acceptance for r in results if r.per_position_acceptance]
+    if positions:
+        got_pos = [sum(col) / len(col) for col in zip(*positions)]
+        for d, (a, b) in enumerate(zip(got_pos, ref_pos), start=1):
+            if abs(a - b) > POSITION_ABS_TOL:
+                return CheckResult.failed(name, f"acceptance at depth {d}: {a:.3f} vs reference {b:.3f}, "
+                                                f"outside {POSITION_ABS_TOL * 100:.0f} points")
+    return CheckResult.passed(name, f"aggregate tau {tau:.3f} within {TAU_REL_TOL:.0%} of reference {ref_tau:.3f}")

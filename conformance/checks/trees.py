@@ -1,0 +1,154 @@
+"""Checks 4 and 5: tree structure on traces, spec-tree equality, and branch vs chain."""
+
+from __future__ import annotations
+
+import torch
+
+from adapters.interface import RoundTrace
+from conformance.spec import build_chain, build_tree
+
+from ..session import SuiteSession
+from .result import CheckResult
+
+__all__ = ["trace_problems", "check_tree_structure", "check_branch_vs_chain"]
+
+
+def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True) -> list[str]:
+    """Every way one round's trace breaks the DDTree rules (doc §3); empty when it is fine."""
+    problems: list[str] = []
+    n = len(trace.tree_tokens) - 1
+    if not (len(trace.parents) == len(trace.depths) == len(trace.positions) == n + 1):
+        return [f"trace arrays differ in length ({len(trace.tree_tokens)}, {len(trace.parents)}, "
+                f"{len(trace.depths)}, {len(trace.positions)})"]
+    if budget is not None and n > budget:
+        problems.append(f"tree has {n} nodes, more than the budget {budget}")
+    if trace.parents[0] != -1 or trace.depths[0] != 0:
+        problems.append("root must have parent -1 and depth 0")
+    if trace.tree_tokens[0] != trace.root_token:
+        problems.append(f"verify batch starts with {trace.tree_tokens[0]}, not the root token {trace.root_token}")
+    seen: dict[tuple[int, int], int] = {}
+    for i in range(1, n + 1):
+        parent = trace.parents[i]
+        if not 0 <= parent < i:
+            problems.append(f"node {i} has parent {parent}: parents must precede children (prefix-closed)")
+            continue
+        if trace.depths[i] != trace.depths[parent] + 1:
+            problems.append(f"node {i} depth {trace.depths[i]} != parent depth + 1")
+        key = (parent, trace.tree_tokens[i])
+        if key in seen:
+            problems.append(f"nodes {seen[key]} and {i} are siblings with the same token {key[1]}")
+        seen[key] = i
+    for i in range(n + 1):
+        if trace.positions[i] != trace.start + trace.depths[i]:
+            problems.append(
+                f"node {i} has position {trace.positions[i]}, expected start + depth = "
+                f"{trace.start + trace.depths[i]} (positions taken from the flat index?)"
+            )
+            break
+    previous = 0
+    for step, node in enumerate(trace.accepted):
+        if not 0 < node <= n or trace.parents[node] != previous:
+            problems.append(f"accepted nodes {trace.accepted} are not a root-to-node path")
+            break
+        if trace.tree_tokens[node] != trace.target_tokens[step]:
+            problems.append(f"accepted node {node} has token {trace.tree_tokens[node]}, target chose "
+                            f"{trace.target_tokens[step]}")
+            break
+        previous = node
+    if trace.target_tokens and trace.bonus != trace.target_tokens[-1]:
+        problems.append(f"bonus {trace.bonus} is not the target's token {trace.target_tokens[-1]} at the last node")
+    if greedy:
+        last = trace.accepted[-1] if trace.accepted else 0
+        for i in range(1, n + 1):
+            if trace.parents[i] == last and trace.tree_tokens[i] == trace.bonus:
+                problems.append(f"walk stopped early: node {i} matches the bonus {trace.bonus}")
+    return problems
+
+
+def _spec_tree_problem(trace: RoundTrace, mode: str, budget: int | None) -> str | None:
+    logits = torch.tensor(trace.draft_logits, dtype=torch.float32)
+    tree = build_chain(logits) if mode == "dflash" else build_tree(logits, budget)
+    got = (trace.tree_tokens[1:], trace.parents, trace.depths)
+    want = (tree.tokens[1:].tolist(), tree.parents.tolist(), tree.depths.tolist())
+    if got != want:
+        return (f"tree differs from the spec's tree for its own drafter logits "
+                f"({len(got[0])} nodes vs spec {len(want[0])}; first tokens {got[0][:6]} vs {want[0][:6]})")
+    return None
+
+
+def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
+    name = f"tree-structure[{mode}{'' if budget is None else f',B={budget}'}]"
+    caps = session.capabilities
+    if not caps.traces:
+        return CheckResult.skipped(name, "engine gives no per-round traces")
+    if mode not in caps.modes:
+        return CheckResult.skipped(name, f"engine does not offer mode {mode}")
+    limit = budget if mode == "ddtree" else None
+    results = session.run(mode, budget, trace=True, trace_draft_logits=caps.draft_logits)
+    rounds = 0
+    for prompt, result in zip(session.prompts, results):
+        if result.error:
+            return CheckResult.failed(name, f"engine error on {prompt.id}: {result.error.splitlines()[0]}")
+        for r, trace in enumerate(result.traces or []):
+            rounds += 1
+            problems = trace_problems(trace, limit)
+            if trace.draft_logits is not None:
+                problem = _spec_tree_problem(trace, mode, budget)
+                problems += [problem] if problem else []
+            if problems:
+                return CheckResult.failed(name, f"{prompt.id} round {r}: {problems[0]}", problems=problems)
+    if rounds == 0:
+        return CheckResult.failed(name, "engine claims traces but returned none")
+    spec = "; trees equal the spec's" if caps.draft_logits else "; drafter logits not reported, spec-tree equality not checked"
+    return CheckResult.passed(name, f"{rounds} rounds well-formed{spec}")
+
+
+def check_branch_vs_chain(session: SuiteSession, budget: int) -> CheckResult:
+    """Every node's target token equals the target's choice after its ancestor path as a chain."""
+    name = f"branch-vs-chain[B={budget}]"
+    caps = session.capabilities
+    if not caps.traces:
+        return CheckResult.skipped(name, "engine gives no per-round traces")
+    if "ddtree" not in caps.modes:
+        return CheckResult.skipped(name, "engine does not offer mode ddtree")
+    s = session.settings
+    results = session.run("ddtree", budget, trace=True)
+    nodes = mismatches = 0
+    first = None
+    for prompt, result in list(zip(session.prompts, results))[: s.branch_prompts]:
+        if result.error:
+            return CheckResult.failed(name, f"engine error on {prompt.id}: {result.error.splitlines()[0]}")
+        full = list(prompt.prompt_ids) + list(result.output_ids)
+        for r, trace in enumerate((result.traces or [])[: s.branch_rounds]):
+            if trace.node_target_tokens is None:
+                return CheckResult.skipped(name, "traces carry no per-node target tokens")
+            committed = full[: trace.start]
+            children = {p for p in trace.parents[1:]}
+            leaves = [i for i in range(len(trace.tree_tokens)) if i not in children]
+            for leaf in leaves:
+                path, node = [], leaf
+                while node != -1:
+                    path.append(node)
+                    node = trace.parents[node]
+                path.reverse()  # root .. leaf
+                logits = session.scorer.logits(committed + [trace.tree_tokens[i] for i in path])
+                tail = logits[len(committed) :]
+                for offset, node in enumerate(path):
+                    nodes += 1
+                    chain_token = int(torch.argmax(tail[offset]))
+                    if chain_token == trace.node_target_tokens[node]:
+                        continue
+                    top = torch.topk(tail[offset], 2).values
+                    gap = float(top[0] - top[1])
+                    if not session.exact and gap <= session.near_tie_bound:
+                        continue
+                    mismatches += 1
+                    first = first or (prompt.id, r, node, trace.node_target_tokens[node], chain_token, gap)
+    if mismatches:
+        pid, r, node, got, want, gap = first
+        return CheckResult.failed(
+            name,
+            f"{mismatches}/{nodes} node checks differ from the chain run of their ancestors; first: {pid} round {r} "
+            f"node {node}: tree gives {got}, chain gives {want} (gap {gap:.3f}); mask, positions or KV wrong",
+        )
+    return CheckResult.passed(name, f"{nodes} node checks equal their chain runs")

@@ -1,0 +1,182 @@
+"""Golden files: greedy outputs, top-2 gaps and acceptance traces for (pair, prompt set, dtype).
+
+One JSON file per key at ``<golden_dir>/<pair>/<prompt_set>-<dtype>.json``. Files are written
+atomically (temporary file + rename) and never overwritten unless asked; an update returns a
+readable diff of what changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel, Field, ValidationError
+
+from .metrics import mean_tau
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "GoldenRecord",
+    "GoldenFile",
+    "GoldenError",
+    "GoldenExists",
+    "golden_path",
+    "load_golden",
+    "write_golden",
+    "diff_golden",
+    "record_golden",
+]
+
+SCHEMA_VERSION = 1
+
+
+class GoldenError(ValueError):
+    """A golden file cannot be read; the message names the file and the field."""
+
+
+class GoldenExists(GoldenError):
+    """Refusing to overwrite a golden file without ``update``."""
+
+
+class GoldenRecord(BaseModel):
+    prompt_ids: list[int]
+    output_ids: list[int] = Field(description="plain greedy output")
+    top2_gaps: list[float] = Field(description="target top-1 minus top-2 logit at each output position")
+    acceptance: dict[str, list[int]] = Field(
+        default_factory=dict, description="per-round acceptance lengths by mode key: dflash, ddtree-<B>"
+    )
+
+
+class GoldenFile(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    pair: str
+    prompt_set: str
+    dtype: str
+    max_new_tokens: int
+    versions: dict[str, str] = Field(default_factory=dict)
+    records: dict[str, GoldenRecord]
+
+
+def golden_path(golden_dir: str | Path, pair: str, prompt_set: str, dtype: str) -> Path:
+    return Path(golden_dir) / pair / f"{Path(prompt_set).stem}-{dtype}.json"
+
+
+def load_golden(golden_dir: str | Path, pair: str, prompt_set: str, dtype: str) -> GoldenFile | None:
+    path = golden_path(golden_dir, pair, prompt_set, dtype)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise GoldenError(f"{path}: not valid JSON ({exc})") from None
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise GoldenError(f"{path}: schema_version {data.get('schema_version')!r}, this suite reads {SCHEMA_VERSION}")
+    try:
+        return GoldenFile(**data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise GoldenError(f"{path}: field {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+
+def diff_golden(old: GoldenFile | None, new: GoldenFile) -> list[str]:
+    """Readable lines describing how ``new`` differs from ``old``."""
+    if old is None:
+        return [f"new golden file: {len(new.records)} prompts"]
+    lines: list[str] = []
+    for key in ("max_new_tokens", "versions"):
+        if getattr(old, key) != getattr(new, key):
+            lines.append(f"{key}: {getattr(old, key)} -> {getattr(new, key)}")
+    for pid in sorted(set(old.records) - set(new.records)):
+        lines.append(f"- prompt {pid} removed")
+    for pid in sorted(set(new.records) - set(old.records)):
+        lines.append(f"+ prompt {pid} added")
+    for pid in sorted(set(old.records) & set(new.records)):
+        a, b = old.records[pid], new.records[pid]
+        if a.output_ids != b.output_ids:
+            pos = next((i for i, (x, y) in enumerate(zip(a.output_ids, b.output_ids)) if x != y),
+                       min(len(a.output_ids), len(b.output_ids)))
+            lines.append(f"~ {pid}: output changes at token {pos}: "
+                         f"{a.output_ids[pos:pos + 5]} -> {b.output_ids[pos:pos + 5]}")
+        for key in sorted(set(a.acceptance) | set(b.acceptance)):
+            if a.acceptance.get(key) != b.acceptance.get(key):
+                old_tau = mean_tau([a.acceptance.get(key, [])])
+                new_tau = mean_tau([b.acceptance.get(key, [])])
+                lines.append(f"~ {pid}: {key} acceptance changes, tau {old_tau:.3f} -> {new_tau:.3f}")
+    old_taus = {k: mean_tau([r.acceptance.get(k, []) for r in old.records.values()]) for k in _keys(old)}
+    new_taus = {k: mean_tau([r.acceptance.get(k, []) for r in new.records.values()]) for k in _keys(new)}
+    for key in sorted(set(old_taus) | set(new_taus)):
+        if old_taus.get(key) != new_taus.get(key):
+            lines.append(f"  overall {key} tau: {old_taus.get(key, 0):.3f} -> {new_taus.get(key, 0):.3f}")
+    return lines or ["no changes"]
+
+
+def _keys(golden: GoldenFile) -> set[str]:
+    return {k for r in golden.records.values() for k in r.acceptance}
+
+
+def write_golden(golden_dir: str | Path, golden: GoldenFile, *, update: bool = False) -> tuple[Path, list[str]]:
+    """Write atomically; refuse to replace an existing file unless ``update``. Returns the diff."""
+    path = golden_path(golden_dir, golden.pair, golden.prompt_set, golden.dtype)
+    old = load_golden(golden_dir, golden.pair, golden.prompt_set, golden.dtype) if path.exists() else None
+    if path.exists() and not update:
+        raise GoldenExists(f"{path} exists; pass --update to replace it (a diff will be shown)")
+    diff = diff_golden(old, golden)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(golden.model_dump_json(indent=1))
+            handle.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path, diff
+
+
+def record_golden(session, budgets: list[int], progress=None) -> GoldenFile:
+    """Run the session's engine (normally the reference) in plain, dflash and ddtree at ``budgets``."""
+    import torch
+    import transformers
+
+    from conformance import __version__
+
+    s = session.settings
+    plain = session.plain()
+    for prompt, result in zip(session.prompts, plain):
+        if result.error:
+            raise GoldenError(f"cannot record: plain run failed on {prompt.id}: {result.error.splitlines()[0]}")
+    records = {
+        p.id: GoldenRecord(prompt_ids=p.prompt_ids, output_ids=r.output_ids,
+                           top2_gaps=[round(g, 6) for g in session.scorer.gaps(p.prompt_ids, r.output_ids)])
+        for p, r in zip(session.prompts, plain)
+    }
+    runs = [("dflash", None)] + [("ddtree", b) for b in budgets]
+    for mode, budget in runs:
+        if mode not in session.capabilities.modes:
+            continue
+        key = mode if budget is None else f"ddtree-{budget}"
+        for prompt, result in zip(session.prompts, session.run(mode, budget)):
+            if result.acceptance_lengths is not None:
+                records[prompt.id].acceptance[key] = result.acceptance_lengths
+        if progress:
+            progress(key)
+    caps = session.capabilities
+    return GoldenFile(
+        pair=s.pair_name,
+        prompt_set=Path(s.prompt_set).stem,
+        dtype=s.dtype,
+        max_new_tokens=s.max_new_tokens,
+        versions={
+            "ddtree_conformance": __version__,
+            "engine": f"{caps.name} {caps.version}",
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "device": s.device,
+            "machine": platform.machine(),
+        },
+        records=records,
+    )

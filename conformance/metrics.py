@@ -1,0 +1,30 @@
+"""Acceptance metrics, defined once (algorithm doc §4)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["mean_tau", "per_position_acceptance", "acceptance_histogram"]
+
+
+def mean_tau(per_prompt_lengths: Sequence[Sequence[int]]) -> float:
+    """Pooled tau: all accepted-plus-bonus lengths over all rounds (not a mean of per-prompt means)."""
+    rounds = [n for lengths in per_prompt_lengths for n in lengths]
+    return sum(rounds) / len(rounds) if rounds else 0.0
+
+
+def per_position_acceptance(per_prompt_lengths: Sequence[Sequence[int]], depth: int | None = None) -> list[float]:
+    """Fraction of rounds whose accepted depth (length - 1) reaches d, for d = 1..depth."""
+    rounds = [n - 1 for lengths in per_prompt_lengths for n in lengths]
+    if not rounds:
+        return []
+    depth = depth or max(rounds)
+    return [sum(1 for a in rounds if a >= d) / len(rounds) for d in range(1, depth + 1)]
+
+
+def acceptance_histogram(per_prompt_lengths: Sequence[Sequence[int]]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for lengths in per_prompt_lengths:
+        for n in lengths:
+            counts[n] = counts.get(n, 0) + 1
+    return dict(sorted(counts.items()))
