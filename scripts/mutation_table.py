@@ -20,6 +20,9 @@ from conformance.testing.mutants import MUTANTS
 
 
 def main() -> int:
+    import torch
+
+    torch.set_num_threads(1)  # tiny models: threads only contend on small CPUs
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--drafter", required=True)

@@ -184,6 +184,7 @@ def build_tree_vectorized(draft_logits: torch.Tensor, budget: int) -> DraftTree:
     beam_paths = torch.arange(k, device=device).unsqueeze(1)  # [k, 1] rank paths
     beam_parent = torch.full((k,), -1, dtype=torch.long, device=device)  # entry id of parent
     levels = [(beam_scores, beam_paths, beam_parent)]
+    frontier = []  # (scores, rank paths, depth) of the best entries the beams dropped
     offset = 0
     for depth in range(2, depth_limit + 1):
         n_beam = beam_scores.shape[0]
@@ -196,7 +197,20 @@ def build_tree_vectorized(draft_logits: torch.Tensor, budget: int) -> DraftTree:
         )
         cand_scores = beam_scores[parent_slot] + top_lp[depth - 1][child_rank]
         cand_paths = torch.cat([beam_paths[parent_slot], child_rank.unsqueeze(1)], dim=1)
-        keep = _lex_order(-cand_scores, cand_paths)[:budget]
+        order = _lex_order(-cand_scores, cand_paths)
+        keep = order[:budget]
+        # Best candidates this depth did not keep: the first pruned rank of every parent, and
+        # the first candidate past the beam. Everything dropped (and every descendant) sorts
+        # after one of these, unless float ties break the pruning argument; checked below.
+        first_pruned = torch.div(budget, torch.arange(1, n_beam + 1, device=device), rounding_mode="floor")
+        pruned = first_pruned < k
+        slots = torch.arange(n_beam, device=device)[pruned]
+        ranks = first_pruned[pruned]
+        frontier.append((beam_scores[slots] + top_lp[depth - 1][ranks],
+                         torch.cat([beam_paths[slots], ranks.unsqueeze(1)], dim=1), depth))
+        if order.shape[0] > budget:
+            nxt = order[budget : budget + 1]
+            frontier.append((cand_scores[nxt], cand_paths[nxt], depth))
         beam_parent = offset + parent_slot[keep]
         offset += n_beam
         beam_scores, beam_paths = cand_scores[keep], cand_paths[keep]
@@ -213,6 +227,19 @@ def build_tree_vectorized(draft_logits: torch.Tensor, budget: int) -> DraftTree:
         row += s.shape[0]
 
     chosen = _lex_order(-scores, paths)[:budget]  # entry ids in pop order
+    if frontier:
+        # Exactness guard: the beam/pruning argument assumes (j', r') <= (j, r) implies a better
+        # key, which fails when float64 sums tie (-inf, or absorption). If any dropped entry
+        # sorts before the last chosen node, defer to the heap, which is exact by construction.
+        f_scores = torch.cat([scores[chosen[-1:]]] + [f[0] for f in frontier])
+        f_paths = torch.full((f_scores.shape[0], depth_limit), -1, dtype=torch.long, device=device)
+        f_paths[0] = paths[chosen[-1]]
+        row = 1
+        for s_, p_, d_ in frontier:
+            f_paths[row : row + s_.shape[0], :d_] = p_
+            row += s_.shape[0]
+        if int(_lex_order(-f_scores, f_paths)[0]) != 0 or chosen.shape[0] < budget:
+            return build_tree(draft_logits, budget)
     node_of_entry = torch.full((scores.shape[0],), -1, dtype=torch.long, device=device)
     node_of_entry[chosen] = torch.arange(1, chosen.shape[0] + 1, device=device)
     chosen_parent = parent_entry[chosen]

@@ -1,0 +1,1 @@
+"""The packaged conformance suite collected by the pytest plugin."""

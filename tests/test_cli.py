@@ -1,0 +1,313 @@
+"""The CLI: generate and engines, and one clear stderr line + exit 2 for every usage problem."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conformance.cli import app
+
+# Engines that need no model compute, so CLI plumbing is tested quickly.
+FAKE_ENGINES = '''
+from adapters.interface import Capabilities, Engine, EngineError, RequestResult
+
+class _Base(Engine):
+    def capabilities(self):
+        return Capabilities(name=self.name, modes=["plain", "dflash", "ddtree"], dtypes=["float32"],
+                            devices=["cpu"], sampling=True, traces=False, per_round_acceptance=True)
+
+class EchoEngine(_Base):
+    """Output = the stop ids followed by the prompt; one round."""
+    name = "echo"
+    def generate(self, requests, config):
+        return [RequestResult(output_ids=r.stop_token_ids + r.prompt_ids + [r.max_new_tokens],
+                              finish_reason="length", rounds=1, acceptance_lengths=[2]) for r in requests]
+
+class CrashEngine(_Base):
+    """Fails on its second batch."""
+    name = "crash"
+    calls = 0
+    def generate(self, requests, config):
+        type(self).calls += 1
+        if type(self).calls > 1:
+            raise EngineError("crash engine: device lost")
+        return [RequestResult(output_ids=[1], finish_reason="length", rounds=1, acceptance_lengths=[1])
+                for r in requests]
+
+class FailingRequestEngine(_Base):
+    name = "failing"
+    def generate(self, requests, config):
+        return [RequestResult(output_ids=[], finish_reason="error", error="prompt too long") for r in requests]
+'''
+
+PROMPTS = [
+    {"id": "m1", "category": "math", "prompt_ids": [1, 2, 3]},
+    {"id": "c1", "category": "code", "prompt_ids": [7, 8]},
+]
+
+
+@pytest.fixture(scope="session")
+def pair(tmp_path_factory) -> tuple[Path, Path]:
+    from conformance.testing.random_pair import write_random_pair
+
+    return write_random_pair(tmp_path_factory.mktemp("cli-pair"))
+
+
+@pytest.fixture(scope="session")
+def prompts_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    return path
+
+
+@pytest.fixture
+def fake_engines(tmp_path, monkeypatch):
+    (tmp_path / "ddtc_cli_fakes.py").write_text(textwrap.dedent(FAKE_ENGINES))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+    import sys
+
+    sys.modules.pop("ddtc_cli_fakes", None)
+    importlib.invalidate_caches()
+    return "ddtc_cli_fakes"
+
+
+def invoke(*args: str):
+    runner = CliRunner(env={"HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def base_args(pair, prompts_file, out):
+    target, drafter = pair
+    return ["generate", "--model", target, "--drafter", drafter, "--prompts", prompts_file, "--out", out,
+            "--max-new-tokens", "4", "--budget", "4"]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_usage_error(result, *fragments: str) -> str:
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    line = lines[0]
+    assert line.startswith("error: ")
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in line, line
+    return line
+
+
+# ------------------------------------------------------------------ generate: happy paths
+
+
+def test_generate_ddtree_matches_plain(pair, prompts_file, tmp_path, monkeypatch):
+    out = tmp_path / "ddtree.jsonl"
+    result = invoke(*base_args(pair, prompts_file, out), "--trace", "--batch-size", "1")
+    assert result.exit_code == 0, result.output
+    rows = read_jsonl(out)
+    assert [r["id"] for r in rows] == ["m1", "c1"]
+    assert [r["category"] for r in rows] == ["math", "code"]
+    assert rows[0]["prompt_ids"] == [1, 2, 3]
+    for row in rows:
+        assert {"output_ids", "finish_reason", "rounds", "acceptance_lengths", "timings", "traces", "error"} <= set(row)
+        assert row["finish_reason"] == "length" and len(row["output_ids"]) == 4
+        assert row["traces"] and len(row["traces"]) == row["rounds"]
+    assert not out.with_name(out.name + ".partial").exists()
+    for fragment in ("category", "mean tau", "math", "code", "all", "wrote 2 results"):
+        assert fragment in result.stdout
+
+    # plain decoding, default output path: fp32 greedy DDTree must be lossless.
+    monkeypatch.chdir(tmp_path)
+    target, drafter = pair
+    result = invoke("generate", "--model", target, "--drafter", drafter, "--prompts", prompts_file,
+                    "--mode", "plain", "--max-new-tokens", "4")
+    assert result.exit_code == 0, result.output
+    plain = read_jsonl(tmp_path / "reports" / "generate-plain.jsonl")
+    assert [r["output_ids"] for r in plain] == [r["output_ids"] for r in rows]
+    assert all(r["traces"] is None for r in plain)
+
+
+def test_generate_stop_tokens_limits_and_text(pair, tmp_path, fake_engines):
+    target = tmp_path / "target"
+    shutil.copytree(pair[0], target)
+    (target / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 7, 5]}))
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 11, "world": 12}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(target / "tokenizer.json"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        json.dumps({"id": "t", "category": "chat", "text": "hello world", "max_new_tokens": 9}) + "\n"
+        + json.dumps({"id": "i", "category": "chat", "prompt_ids": [3]}) + "\n"
+        + json.dumps({"id": "j", "category": "chat", "prompt_ids": [4]}) + "\n"
+    )
+    out = tmp_path / "o.jsonl"
+    common = ["generate", "--engine", f"{fake_engines}:EchoEngine", "--model", target, "--drafter", "none",
+              "--prompts", prompts, "--out", out]
+
+    result = invoke(*common, "--limit", "2")
+    assert result.exit_code == 0, result.output
+    rows = read_jsonl(out)
+    assert [r["id"] for r in rows] == ["t", "i"]
+    assert rows[0]["prompt_ids"] == [11, 12]
+    assert rows[0]["output_ids"] == [5, 7, 11, 12, 9]  # eos ids from generation_config; per-prompt limit
+    assert rows[1]["output_ids"] == [5, 7, 3, 64]  # default limit 64
+
+    result = invoke(*common, "--stop-token", "1", "--stop-token", "2", "--max-new-tokens", "3")
+    assert result.exit_code == 0, result.output
+    rows = read_jsonl(out)
+    assert len(rows) == 3
+    assert rows[0]["output_ids"] == [1, 2, 11, 12, 3]  # explicit options win
+
+
+def test_generate_crash_keeps_partial_results(pair, prompts_file, tmp_path, fake_engines):
+    out = tmp_path / "o.jsonl"
+    result = invoke("generate", "--engine", f"{fake_engines}:CrashEngine", "--model", pair[0], "--drafter", pair[1],
+                    "--prompts", prompts_file, "--out", out, "--batch-size", "1")
+    line = assert_usage_error(result, "crash engine: device lost", "1 results kept in", "o.jsonl.partial")
+    assert line
+    assert not out.exists()
+    assert [r["id"] for r in read_jsonl(out.with_name("o.jsonl.partial"))] == ["m1"]
+
+
+def test_generate_failed_requests_exit_1(pair, prompts_file, tmp_path, fake_engines):
+    out = tmp_path / "o.jsonl"
+    result = invoke("generate", "--engine", f"{fake_engines}:FailingRequestEngine", "--model", pair[0],
+                    "--drafter", pair[1], "--prompts", prompts_file, "--out", out)
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        f"error: 2 of 2 requests failed (first: prompt 'm1': prompt too long); results written to {out}"
+    )
+    assert len(read_jsonl(out)) == 2
+
+
+# ------------------------------------------------------------------ generate: usage errors
+
+
+def test_missing_model_dir(pair, prompts_file, tmp_path):
+    args = base_args(pair, prompts_file, tmp_path / "o.jsonl")
+    args[args.index("--model") + 1] = tmp_path / "nowhere"
+    assert_usage_error(invoke(*args), "model dir", "nowhere", "does not exist", "--model")
+
+
+def test_missing_drafter_dir(pair, prompts_file, tmp_path):
+    args = base_args(pair, prompts_file, tmp_path / "o.jsonl")
+    args[args.index("--drafter") + 1] = tmp_path / "nodrafter"
+    assert_usage_error(invoke(*args), "drafter dir", "nodrafter", "does not exist")
+
+
+@pytest.mark.parametrize(
+    "edit, fragments",
+    [
+        (lambda c: c.update(vocab_size=50), ["vocab_size 50", "target vocab_size 97"]),
+        (lambda c: c.update(hidden_size=32), ["hidden_size 32", "target hidden_size 64"]),
+        (lambda c: c["dflash_config"].update(target_layer_ids=[99]), ["dflash_config.target_layer_ids", "[99]"]),
+        (lambda c: c["dflash_config"].update(mask_token_id=10**6), ["dflash_config.mask_token_id 1000000",
+                                                                    "outside the vocabulary"]),
+    ],
+    ids=["vocab_size", "hidden_size", "target_layer_ids", "mask_token_id"],
+)
+def test_drafter_target_mismatch(pair, prompts_file, tmp_path, edit, fragments):
+    drafter = tmp_path / "drafter"
+    shutil.copytree(pair[1], drafter)
+    config = json.loads((drafter / "config.json").read_text())
+    edit(config)
+    (drafter / "config.json").write_text(json.dumps(config))
+    args = base_args(pair, prompts_file, tmp_path / "o.jsonl")
+    args[args.index("--drafter") + 1] = drafter
+    assert_usage_error(invoke(*args), *fragments)
+    assert not (tmp_path / "o.jsonl.partial").exists()
+
+
+@pytest.mark.parametrize(
+    "option, value, fragments",
+    [
+        ("--budget", "0", ["--budget must be >= 1, got 0"]),
+        ("--max-new-tokens", "0", ["--max-new-tokens must be >= 1, got 0"]),
+        ("--engine", "tensorrt", ["unknown engine 'tensorrt'", "reference", "vllm", "sglang"]),
+        ("--engine", "vllm", ["engine 'vllm' is not available here", "adapters.vllm"]),
+        ("--engine", "os:path", ["not a subclass of adapters.interface.Engine"]),
+        ("--mode", "tree", ["--mode must be one of plain, dflash, ddtree"]),
+        ("--dtype", "int8", ["--dtype must be one of"]),
+        ("--top-p", "1.5", ["--top-p must be in (0, 1]"]),
+        ("--temperature", "-1", ["--temperature must be >= 0"]),
+        ("--limit", "0", ["--limit must be >= 1"]),
+        ("--batch-size", "0", ["--batch-size must be >= 1"]),
+        ("--device", "tpu", ["cannot use device tpu"]),
+        ("--engine-option", "builder=bogus", ["builder must be 'heap' or 'vectorized'"]),
+        ("--engine-option", "novalue", ["--engine-option must be KEY=VALUE"]),
+        ("--prompts", "no-such-set", ["prompt set 'no-such-set' not found"]),
+        ("--drafter", "none", ["cannot run mode ddtree", "no drafter given"]),
+    ],
+)
+def test_bad_options(pair, prompts_file, tmp_path, option, value, fragments):
+    args = base_args(pair, prompts_file, tmp_path / "o.jsonl")
+    if option in args:
+        args[args.index(option) + 1] = value
+    else:
+        args += [option, value]
+    assert_usage_error(invoke(*args), *fragments)
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "lines, fragments",
+    [
+        (['{"id": "a", "prompt_ids": [1]}', '{"id": "b", "text": ""}'], [":2:", "field 'text'", "prompt 'b' is empty"]),
+        (['{"id": "a", "prompt_ids": []}'], [":1:", "field 'prompt_ids'", "is empty"]),
+        (['{"id": "a", "prompt_ids": [1]', ], [":1:", "bad JSON"]),
+        (['{"prompt_ids": [1]}'], [":1:", "field 'id'", "missing"]),
+        (['{"id": "a", "prompt_ids": [1]}', '{"id": "a", "prompt_ids": [2]}'], [":2:", "duplicate id 'a'"]),
+        (['{"id": "a", "prompt_ids": [-1]}'], [":1:", "negative token id"]),
+        (['{"id": "a", "text": "hi"}'], [":1:", "tokenizer.json does not exist"]),
+    ],
+    ids=["empty-text", "empty-ids", "bad-json", "missing-id", "duplicate-id", "negative-id", "no-tokenizer"],
+)
+def test_bad_prompts_file(pair, tmp_path, lines, fragments):
+    prompts = tmp_path / "bad.jsonl"
+    prompts.write_text("\n".join(lines) + "\n")
+    result = invoke(*base_args(pair, prompts, tmp_path / "o.jsonl"))
+    assert_usage_error(result, str(prompts), *fragments)
+
+
+# ------------------------------------------------------------------ engines
+
+
+def test_engines_lists_capabilities_and_unavailable(pair):
+    result = invoke("engines", "--model", pair[0], "--drafter", pair[1])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for fragment in ("reference", "built-in", "ok", "plain,dflash,ddtree", "float32,bfloat16,float16", "cpu",
+                     "unavailable", "vllm: engine 'vllm' is not available here: No module named 'adapters.vllm'",
+                     "sglang: engine 'sglang' is not available here"):
+        assert fragment in out, out
+
+
+def test_engines_reports_pair_errors_per_engine(pair, tmp_path):
+    drafter = tmp_path / "drafter"
+    shutil.copytree(pair[1], drafter)
+    config = json.loads((drafter / "config.json").read_text())
+    config["vocab_size"] = 50
+    (drafter / "config.json").write_text(json.dumps(config))
+    result = invoke("engines", "--model", pair[0], "--drafter", drafter)
+    assert result.exit_code == 0, result.output
+    assert "error" in result.stdout and "reference: drafter" in result.stdout and "vocab_size 50" in result.stdout
+
+
+def test_engines_missing_model(tmp_path):
+    assert_usage_error(invoke("engines", "--model", tmp_path / "gone"), "model dir", "does not exist")
+
+
+def test_version_and_help():
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.stdout.startswith("ddtree-conformance ")
+    result = invoke("--help")
+    assert result.exit_code == 0 and "generate" in result.stdout and "engines" in result.stdout
