@@ -40,8 +40,10 @@ from adapters.interface import Engine, EngineError, Request, RequestResult, RunC
 from adapters.registry import create_engine, list_engines, load_engine_class
 
 from . import __version__
-from .paths import FIXTURE_DRAFTER, FIXTURE_TARGET, REPORTS_DIR
+from .golden import GoldenError
+from .paths import FIXTURE_DRAFTER, FIXTURE_TARGET, GOLDEN_DIR, REPORTS_DIR
 from .prompts import Prompt, PromptError, load_prompts
+from .session import SuiteSettings
 
 __all__ = [
     "app",
@@ -122,7 +124,7 @@ def cli_errors() -> Iterator[None]:
         raise
     except CliError as exc:
         fail(str(exc), exc.exit_code)
-    except (EngineError, PromptError) as exc:
+    except (EngineError, PromptError, GoldenError) as exc:
         fail(str(exc))
     except ValidationError as exc:
         fail(_validation_message(exc))
@@ -585,6 +587,152 @@ def engines(
     console.print(table)
     for note in notes:
         console.print(escape(note), soft_wrap=True)
+
+
+
+ModesOpt = Annotated[str, typer.Option("--modes", help="Comma-separated modes to check: dflash,ddtree.")]
+BudgetsOpt = Annotated[str, typer.Option("--budgets", help="Comma-separated DDTree budgets.")]
+PairNameOpt = Annotated[str, typer.Option("--pair-name", help="Model pair name; golden files are keyed by it.")]
+GoldenDirOpt = Annotated[Path, typer.Option("--golden-dir", help="Root of the golden files.")]
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        fail(f"{option} must be comma-separated integers, got {text!r}")
+    if not values or min(values) < 1:
+        fail(f"{option} needs integers >= 1, got {text!r}")
+    return values
+
+
+def _mode_list(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    for m in modes:
+        check_choice(m, ("dflash", "ddtree"), "--modes")
+    return modes
+
+
+def suite_settings(engine, model, drafter, pair_name, modes, budgets, dtype, device, prompts, limit,
+                   max_new_tokens, isolate, golden_dir, options) -> SuiteSettings:
+    check_choice(dtype, DTYPES, "--dtype")
+    check_min(max_new_tokens, 1, "--max-new-tokens")
+    model_dir, drafter_dir = resolve_pair(model, drafter)
+    if engine == "reference":  # validate the pair here so a mismatch is one line, not a failed run
+        from adapters.reference.engine import ReferenceEngine
+
+        ReferenceEngine(str(model_dir), None if drafter_dir is None else str(drafter_dir))
+    load_prompt_set(prompts, model_dir, limit)
+    return SuiteSettings(
+        engine=engine, model_dir=str(model_dir), drafter_dir=None if drafter_dir is None else str(drafter_dir),
+        pair_name=pair_name, modes=_mode_list(modes), budgets=_int_list(budgets, "--budgets"), dtype=dtype,
+        device=device, prompt_set=prompts, limit=limit, max_new_tokens=max_new_tokens, isolate=isolate,
+        golden_dir=str(golden_dir), engine_options=options,
+    )
+
+
+@command()
+def check(
+    engine: EngineOpt = "reference",
+    model: ModelOpt = FIXTURE_TARGET,
+    drafter: DrafterOpt = str(FIXTURE_DRAFTER),
+    pair_name: PairNameOpt = "fixture",
+    modes: ModesOpt = "dflash,ddtree",
+    budgets: BudgetsOpt = "16,64",
+    dtype: DTypeOpt = "float32",
+    device: DeviceOpt = "cpu",
+    prompts: PromptsOpt = "fixture",
+    limit: LimitOpt = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens per prompt.")] = 64,
+    only: Annotated[Optional[list[str]], typer.Option("--check", help="Keep checks whose id contains this "
+                                                                        "(repeatable).")] = None,
+    isolate: Annotated[bool, typer.Option("--isolate/--no-isolate", help="Run the engine in its own process.")] = True,
+    golden_dir: GoldenDirOpt = GOLDEN_DIR / "records",
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="JSON report path.")] = None,
+    engine_option: EngineOptionsOpt = None,
+) -> None:
+    """Run the conformance checks against one engine; exit 1 if any check fails."""
+    import time
+
+    from .checks import plan, run_plan
+    from .session import SuiteSession
+
+    settings = suite_settings(engine, model, drafter, pair_name, modes, budgets, dtype, device, prompts, limit,
+                              max_new_tokens, isolate, golden_dir, parse_engine_options(engine_option))
+    checks = plan(settings, only)
+    if not checks:
+        fail(f"no checks match --check {only}")
+    session = SuiteSession(settings)
+    started = time.perf_counter()
+    try:
+        with Progress(console=_stderr_console(), transient=True) as progress:
+            task = progress.add_task(f"{engine}: {len(checks)} checks", total=len(checks))
+            results = run_plan(session, checks, on_result=lambda r: progress.advance(task))
+    finally:
+        session.close()
+    elapsed = time.perf_counter() - started
+    table = Table(title=escape(f"{engine} on {pair_name} ({dtype}, {device})"))
+    for column in ("check", "status", "message"):
+        table.add_column(column, overflow="fold")
+    colours = {"pass": "green", "fail": "red", "skip": "yellow"}
+    for r in results:
+        table.add_row(escape(r.check), f"[{colours[r.status]}]{r.status}[/]", escape(r.message))
+    console = stdout_console()
+    console.print(table)
+    counts = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
+    report = {
+        "schema": "ddtree-conformance/check-report",
+        "schema_version": 1,
+        "settings": settings.model_dump(),
+        "elapsed_s": round(elapsed, 2),
+        "counts": counts,
+        "results": [r.model_dump() for r in results],
+    }
+    out_path = out if out is not None else REPORTS_DIR / f"check-{engine.replace(':', '_')}.json"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_suffix(out_path.suffix + ".partial")
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    os.replace(tmp, out_path)
+    console.print(escape(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped "
+                         f"in {elapsed:.0f} s; report {out_path}"), soft_wrap=True)
+    if counts["fail"]:
+        raise CliError(f"{counts['fail']} of {len(results)} checks failed", exit_code=EXIT_FAILED)
+
+
+@command()
+def record(
+    model: ModelOpt = FIXTURE_TARGET,
+    drafter: DrafterOpt = str(FIXTURE_DRAFTER),
+    pair_name: PairNameOpt = "fixture",
+    budgets: BudgetsOpt = "16,32,64,256",
+    dtype: DTypeOpt = "float32",
+    device: DeviceOpt = "cpu",
+    prompts: PromptsOpt = "fixture",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens per prompt.")] = 64,
+    golden_dir: GoldenDirOpt = GOLDEN_DIR / "records",
+    update: Annotated[bool, typer.Option("--update", help="Replace an existing golden file; prints the diff.")] = False,
+) -> None:
+    """Record golden outputs, top-2 gaps and acceptance traces with the reference engine."""
+    from .golden import GoldenExists, golden_path, record_golden, write_golden
+    from .session import SuiteSession
+
+    settings = suite_settings("reference", model, drafter, pair_name, "dflash,ddtree", budgets, dtype, device,
+                              prompts, None, max_new_tokens, False, golden_dir, {})
+    path = golden_path(golden_dir, pair_name, prompts, dtype)
+    if path.exists() and not update:
+        raise GoldenExists(f"{path} exists; pass --update to replace it (a diff will be shown)")
+    session = SuiteSession(settings)
+    try:
+        golden = record_golden(session, settings.budgets,
+                               progress=lambda key: _stderr_console().print(escape(f"recorded {key}")))
+    finally:
+        session.close()
+    written, diff = write_golden(golden_dir, golden, update=update)
+    console = stdout_console()
+    for line in diff:
+        console.print(escape(line), soft_wrap=True)
+    console.print(escape(f"wrote {written}"), soft_wrap=True)
+
 
 if __name__ == "__main__":
     app()

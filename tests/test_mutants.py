@@ -1,0 +1,70 @@
+"""Mutation self-test: every broken reference engine fails the suite, naming the symptom.
+
+One mutant per bug class 1-5 and 7 of algorithm doc §6 (conformance/testing/mutants.py). Each row
+names the checks that must catch the mutant and a phrase its message must contain. The correct
+engine must pass the very same checks, so a row cannot pass by a check that always fails.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from adapters.reference.engine import ReferenceEngine
+from conformance.checks import plan, run_plan
+from conformance.session import SuiteSession, SuiteSettings
+from conformance.testing import mutants
+
+# mutant -> (check-id substrings to run, substring of the first failing message)
+CAUGHT_BY = {
+    mutants.FlatPositions: (["tree-structure/ddtree", "lossless/ddtree"], "flat index"),
+    mutants.SiblingMask: (["lossless/ddtree", "branch-vs-chain"], "not lossless"),
+    mutants.FirstRowsCompaction: (["lossless/ddtree"], "not lossless"),
+    mutants.FirstRowsFeedback: (["acceptance/ddtree", "lossless/ddtree"], "lossless but slower"),
+    mutants.NonZeroTreeSize: (["token-0-and-mask-id/ddtree"], "token 0"),
+    mutants.MaskIdDropped: (["token-0-and-mask-id/dflash"], "mask-id tokens dropped"),
+    mutants.TopKTopPIgnored: (["sampling/ddtree-B16/T=1,top_k=3"], "probability 0"),
+}
+
+
+@pytest.fixture(scope="module")
+def settings(random_pair, tmp_path_factory) -> SuiteSettings:
+    target, drafter = random_pair
+    g = torch.Generator().manual_seed(5)
+    path = tmp_path_factory.mktemp("prompts") / "mutants.jsonl"
+    with path.open("w") as handle:
+        for i, n in enumerate([3, 9, 17, 30]):
+            ids = torch.randint(0, 96, (n,), generator=g).tolist()
+            handle.write(json.dumps({"id": f"m{i}", "category": "random", "prompt_ids": ids}) + "\n")
+    return SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", prompt_set=str(path),
+                         budgets=[16], max_new_tokens=24, isolate=False, sampling_requests=120, branch_prompts=2,
+                         branch_rounds=2)
+
+
+def _run(settings: SuiteSettings, engine_class, names: list[str]):
+    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
+    try:
+        checks = plan(settings, names)
+        assert checks, f"no checks match {names}"
+        return run_plan(session, checks)
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("mutant", list(CAUGHT_BY), ids=lambda c: c.__name__)
+def test_mutant_fails_with_named_symptom(settings, mutant):
+    names, symptom = CAUGHT_BY[mutant]
+    results = _run(settings, mutant, names)
+    failed = [r for r in results if r.status == "fail"]
+    assert failed, f"{mutant.__name__} passed {[r.check for r in results]}"
+    assert any(symptom in r.message for r in failed), [r.message for r in failed]
+
+
+def test_correct_engine_passes_every_mutant_check(settings):
+    names = sorted({n for checks, _ in CAUGHT_BY.values() for n in checks})
+    results = _run(settings, ReferenceEngine, names)
+    assert len(results) >= len(names)
+    bad = [(r.check, r.message) for r in results if r.status != "pass"]
+    assert not bad, bad
