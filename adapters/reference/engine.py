@@ -68,17 +68,21 @@ class _Clock:
 class _LoadedPair:
     """Target (+ drafter) loaded for one (dtype, device), with hooks capturing drafter features."""
 
-    def __init__(self, model_dir: str, drafter_dir: str | None, dtype: torch.dtype, device: str):
+    def __init__(self, target, info, drafter, dtype: torch.dtype, device: str):
         self.device = torch.device(device)
         self.dtype = dtype
-        self.target, self.info = load_target(model_dir, dtype, device)
-        self.drafter = None
+        self.target, self.info, self.drafter = target, info, drafter
         self._features: dict[int, torch.Tensor] = {}
-        if drafter_dir is not None:
-            self.drafter = load_drafter_checked(drafter_dir, self.info, dtype, device)
+        if drafter is not None:
             layers = self.target.model.layers
-            for layer_id in self.drafter.config.target_layer_ids:
+            for layer_id in drafter.config.target_layer_ids:
                 layers[layer_id].register_forward_hook(self._capture(layer_id))
+
+    @classmethod
+    def load(cls, model_dir: str, drafter_dir: str | None, dtype: torch.dtype, device: str) -> "_LoadedPair":
+        target, info = load_target(model_dir, dtype, device)
+        drafter = None if drafter_dir is None else load_drafter_checked(drafter_dir, info, dtype, device)
+        return cls(target, info, drafter, dtype, device)
 
     def _capture(self, layer_id: int):
         def hook(_module, _inputs, output):
@@ -139,6 +143,18 @@ class ReferenceEngine(Engine):
         self._build = build_tree if builder == "heap" else build_tree_vectorized
         self._loaded: dict[tuple[str, str], _LoadedPair] = {}
 
+    def use_models(self, target, drafter, config: RunConfig) -> None:
+        """Run ``config``'s (dtype, device) with models already in memory (benchmarks)."""
+        from .pair import TargetInfo
+
+        info = TargetInfo(path=self.info.path, vocab_size=target.config.vocab_size,
+                          hidden_size=target.config.hidden_size, num_layers=target.config.num_hidden_layers,
+                          max_position_embeddings=target.config.max_position_embeddings)
+        self.info = info
+        self._loaded[(config.dtype, config.device)] = _LoadedPair(
+            target, info, drafter, TORCH_DTYPES[config.dtype], config.device
+        )
+
     def capabilities(self) -> Capabilities:
         devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
         modes = ["plain", "dflash", "ddtree"] if self.drafter_dir else ["plain"]
@@ -164,7 +180,7 @@ class ReferenceEngine(Engine):
             needs_drafter = config.mode != "plain"
             if needs_drafter and self.drafter_dir is None:
                 raise EngineError(f"reference engine: mode {config.mode} needs a drafter dir")
-            self._loaded[key] = _LoadedPair(
+            self._loaded[key] = _LoadedPair.load(
                 self.model_dir, self.drafter_dir, TORCH_DTYPES[config.dtype], config.device
             )
         pair = self._loaded[key]
