@@ -1,0 +1,90 @@
+"""Golden files: atomic writes, refusal to overwrite, readable diffs, clear errors; the golden check."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conformance.golden import (
+    GoldenError,
+    GoldenExists,
+    GoldenFile,
+    GoldenRecord,
+    diff_golden,
+    golden_path,
+    load_golden,
+    write_golden,
+)
+
+
+def _golden(output=(1, 2, 3), acceptance=(2, 1)) -> GoldenFile:
+    record = GoldenRecord(prompt_ids=[5, 6], output_ids=list(output), top2_gaps=[1.0] * len(output),
+                          acceptance={"ddtree-16": list(acceptance)})
+    return GoldenFile(pair="p", prompt_set="s", dtype="float32", max_new_tokens=3, versions={"torch": "x"},
+                      records={"a": record})
+
+
+def test_write_then_refuse_then_update_with_diff(tmp_path):
+    path, diff = write_golden(tmp_path, _golden())
+    assert path == golden_path(tmp_path, "p", "s", "float32") and path.is_file()
+    assert diff == ["new golden file: 1 prompts"]
+    with pytest.raises(GoldenExists, match="--update"):
+        write_golden(tmp_path, _golden(output=(1, 9, 3)))
+    assert load_golden(tmp_path, "p", "s", "float32").records["a"].output_ids == [1, 2, 3]  # untouched
+    _, diff = write_golden(tmp_path, _golden(output=(1, 9, 3), acceptance=(3,)), update=True)
+    assert any("output changes at token 1" in line for line in diff), diff
+    assert any("ddtree-16 acceptance changes, tau 1.500 -> 3.000" in line for line in diff), diff
+    assert load_golden(tmp_path, "p", "s", "float32").records["a"].output_ids == [1, 9, 3]
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_diff_reports_added_and_removed_prompts():
+    old, new = _golden(), _golden()
+    new.records["b"] = new.records.pop("a")
+    lines = diff_golden(old, new)
+    assert "- prompt a removed" in lines and "+ prompt b added" in lines
+    assert diff_golden(old, _golden()) == ["no changes"]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "not valid JSON"),
+        (json.dumps({"schema_version": 99}), "schema_version 99"),
+        (json.dumps({"schema_version": 1, "pair": "p", "prompt_set": "s", "dtype": "float32",
+                     "max_new_tokens": 3, "records": {"a": {"prompt_ids": [1]}}}), "field records.a.output_ids"),
+    ],
+)
+def test_bad_golden_file_is_one_clear_error(tmp_path, content, message):
+    path = golden_path(tmp_path, "p", "s", "float32")
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    with pytest.raises(GoldenError, match=message) as info:
+        load_golden(tmp_path, "p", "s", "float32")
+    assert str(path) in str(info.value)
+
+
+def test_golden_check_catches_changed_output(random_pair, tmp_path):
+    """Record with the reference, then a mutant whose output differs fails the golden check."""
+    from conformance.checks import plan, run_plan
+    from conformance.golden import record_golden
+    from conformance.session import SuiteSession, SuiteSettings
+    from conformance.testing.mutants import FirstRowsCompaction
+
+    target, drafter = random_pair
+    prompts = tmp_path / "set.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt_ids": [i + 3, 7, i]}) + "\n" for i in range(3)))
+    settings = SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random",
+                             prompt_set=str(prompts), budgets=[16], max_new_tokens=20, isolate=False,
+                             golden_dir=str(tmp_path / "golden"))
+    session = SuiteSession(settings)
+    write_golden(settings.golden_dir, record_golden(session, [16]))
+    good = run_plan(session, plan(settings, ["golden/", "acceptance/"]))
+    session.close()
+    assert [r.status for r in good] == ["pass"] * 4, [(r.check, r.message) for r in good]
+
+    broken = SuiteSession(settings, engine_factory=lambda m, d: FirstRowsCompaction(m, d))
+    results = run_plan(broken, plan(settings, ["golden/ddtree"]))
+    broken.close()
+    assert results[0].status == "fail" and "diverges at output token" in results[0].message
