@@ -77,5 +77,6 @@ def calibrate(model_dir: str, dtypes: list[str], sequences: list[list[int]], dev
     with os.fdopen(fd, "w") as handle:
         json.dump(data, handle, indent=2, sort_keys=True)
         handle.write("\n")
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     return data

@@ -130,6 +130,7 @@ def write_golden(golden_dir: str | Path, golden: GoldenFile, *, update: bool = F
         with os.fdopen(fd, "w") as handle:
             handle.write(golden.model_dump_json(indent=1))
             handle.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; golden files are ordinary repo files
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -68,3 +68,43 @@ def test_correct_engine_passes_every_mutant_check(settings):
     assert len(results) >= len(names)
     bad = [(r.check, r.message) for r in results if r.status != "pass"]
     assert not bad, bad
+
+
+def _aggregate_only(engine_class):
+    """Wrap an engine so it reports only mean tau and per-position acceptance, like vLLM's metrics."""
+    from adapters.interface import Capabilities
+    from conformance.metrics import per_position_acceptance
+
+    class AggregateOnly(engine_class):
+        def capabilities(self) -> Capabilities:
+            caps = super().capabilities()
+            return caps.model_copy(update={"traces": False, "per_round_acceptance": False, "draft_logits": False})
+
+        def generate(self, requests, config):
+            out = []
+            for r in super().generate(requests, config.model_copy(update={"trace": False})):
+                lengths = r.acceptance_lengths or []
+                out.append(r.model_copy(update={
+                    "acceptance_lengths": None, "aggregate_only": True, "traces": None,
+                    "mean_acceptance": sum(lengths) / len(lengths) if lengths else None,
+                    "per_position_acceptance": per_position_acceptance([lengths], 7)}))
+            return out
+
+    return AggregateOnly
+
+
+def test_aggregate_only_engine_compared_on_tau_and_skips_trace_checks(settings):
+    # The trained fixture pair: a feedback bug moves its tau far more than the 2 % band.
+    from conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+
+    settings = settings.model_copy(update={"model_dir": str(FIXTURE_TARGET), "drafter_dir": str(FIXTURE_DRAFTER),
+                                           "prompt_set": "fixture", "pair_name": "fixture", "limit": 4,
+                                           "golden_dir": "/nonexistent", "max_new_tokens": 32})
+    names = ["acceptance/ddtree", "tree-structure/ddtree", "branch-vs-chain"]
+    good = {r.check: r for r in _run(settings, _aggregate_only(ReferenceEngine), names)}
+    assert good["acceptance/ddtree-B16"].status == "pass", good["acceptance/ddtree-B16"].message
+    assert "aggregate tau" in good["acceptance/ddtree-B16"].message
+    assert good["tree-structure/ddtree-B16"].status == "skip"
+    assert "no per-round traces" in good["tree-structure/ddtree-B16"].message
+    bad = _run(settings, _aggregate_only(mutants.FirstRowsFeedback), ["acceptance/ddtree"])
+    assert bad[0].status == "fail" and "mean tau" in bad[0].message, bad[0].message
