@@ -311,3 +311,46 @@ def test_version_and_help():
     assert result.exit_code == 0 and result.stdout.startswith("ddtree-conformance ")
     result = invoke("--help")
     assert result.exit_code == 0 and "generate" in result.stdout and "engines" in result.stdout
+
+
+# ------------------------------------------------------------------ check and record
+
+
+def _suite_args(pair, prompts_file, golden_dir):
+    target, drafter = pair
+    return ["--model", target, "--drafter", drafter, "--prompts", prompts_file, "--pair-name", "random",
+            "--golden-dir", golden_dir, "--max-new-tokens", "8"]
+
+
+def test_check_passes_reference_and_writes_report(pair, prompts_file, tmp_path):
+    out = tmp_path / "report.json"
+    result = invoke("check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--budgets", "4",
+                    "--check", "lossless", "--check", "tree-structure", "--no-isolate", "--out", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["schema_version"] == 1 and report["counts"] == {"pass": 4, "fail": 0, "skip": 0}
+
+
+def test_check_fails_a_mutant_with_exit_1(pair, prompts_file, tmp_path):
+    result = invoke("check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--budgets", "8",
+                    "--modes", "ddtree", "--check", "tree-structure", "--no-isolate",
+                    "--engine", "conformance.testing.mutants:FlatPositions", "--out", tmp_path / "r.json")
+    assert result.exit_code == 1, result.output
+    assert "flat index" in result.output
+    assert "1 of 1 checks failed" in result.stderr
+
+
+def test_record_refuses_overwrite_then_updates_with_diff(pair, prompts_file, tmp_path):
+    args = ["record", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--budgets", "4"]
+    first = invoke(*args)
+    assert first.exit_code == 0, first.output
+    assert "new golden file" in first.output
+    second = invoke(*args)
+    assert_usage_error(second, "exists", "--update")
+    third = invoke(*args, "--update")
+    assert third.exit_code == 0 and "no changes" in third.output, third.output
+
+
+def test_check_rejects_bad_budgets(pair, prompts_file, tmp_path):
+    result = invoke("check", *_suite_args(pair, prompts_file, tmp_path), "--budgets", "0,4")
+    assert_usage_error(result, "--budgets")
