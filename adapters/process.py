@@ -27,11 +27,16 @@ def log_tail(path: str | Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _serve(conn, spec: str, model_dir: str, drafter_dir: str | None, options: dict, log_path: str) -> None:
+def _serve(conn, spec: str, model_dir: str, drafter_dir: str | None, options: dict, log_path: str,
+           torch_threads: int | None = None) -> None:
     """Child main: build the engine, then answer (command, payload) messages until 'close'."""
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
+    if torch_threads:
+        import torch
+
+        torch.set_num_threads(torch_threads)
     from .registry import create_engine
 
     try:
@@ -74,6 +79,7 @@ class IsolatedEngine(Engine):
         drafter_dir: str | None = None,
         timeout_s: float = 600.0,
         start_timeout_s: float = 600.0,
+        torch_threads: int | None = None,
         **options,
     ) -> None:
         super().__init__(model_dir, drafter_dir, **options)
@@ -81,6 +87,7 @@ class IsolatedEngine(Engine):
         self.name = spec
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
+        self.torch_threads = torch_threads  # CPU threads of the child's torch (None: torch's default)
         self._process = None
         self._conn = None
         self._log_dir = tempfile.mkdtemp(prefix="ddtree-engine-")
@@ -92,7 +99,7 @@ class IsolatedEngine(Engine):
         parent, child = ctx.Pipe()
         self._process = ctx.Process(
             target=_serve,
-            args=(child, self.spec, self.model_dir, self.drafter_dir, self.options, self.log_path),
+            args=(child, self.spec, self.model_dir, self.drafter_dir, self.options, self.log_path, self.torch_threads),
             daemon=True,
         )
         self._process.start()

@@ -594,6 +594,8 @@ ModesOpt = Annotated[str, typer.Option("--modes", help="Comma-separated modes to
 BudgetsOpt = Annotated[str, typer.Option("--budgets", help="Comma-separated DDTree budgets.")]
 PairNameOpt = Annotated[str, typer.Option("--pair-name", help="Model pair name; golden files are keyed by it.")]
 GoldenDirOpt = Annotated[Path, typer.Option("--golden-dir", help="Root of the golden files.")]
+ThreadsOpt = Annotated[int, typer.Option("--threads", help="torch CPU threads per process; 0 = torch's default. "
+                                                           "1 is fastest for small models on small CPUs.")]
 
 
 def _int_list(text: str, option: str) -> list[int]:
@@ -614,7 +616,7 @@ def _mode_list(text: str) -> list[str]:
 
 
 def suite_settings(engine, model, drafter, pair_name, modes, budgets, dtype, device, prompts, limit,
-                   max_new_tokens, isolate, golden_dir, options) -> SuiteSettings:
+                   max_new_tokens, isolate, golden_dir, options, threads: int = 0) -> SuiteSettings:
     check_choice(dtype, DTYPES, "--dtype")
     check_min(max_new_tokens, 1, "--max-new-tokens")
     model_dir, drafter_dir = resolve_pair(model, drafter)
@@ -627,7 +629,7 @@ def suite_settings(engine, model, drafter, pair_name, modes, budgets, dtype, dev
         engine=engine, model_dir=str(model_dir), drafter_dir=None if drafter_dir is None else str(drafter_dir),
         pair_name=pair_name, modes=_mode_list(modes), budgets=_int_list(budgets, "--budgets"), dtype=dtype,
         device=device, prompt_set=prompts, limit=limit, max_new_tokens=max_new_tokens, isolate=isolate,
-        golden_dir=str(golden_dir), engine_options=options,
+        golden_dir=str(golden_dir), engine_options=options, torch_threads=threads or None,
     )
 
 
@@ -650,6 +652,7 @@ def check(
     golden_dir: GoldenDirOpt = GOLDEN_DIR / "records",
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="JSON report path.")] = None,
     engine_option: EngineOptionsOpt = None,
+    threads: ThreadsOpt = 1,
 ) -> None:
     """Run the conformance checks against one engine; exit 1 if any check fails."""
     import time
@@ -658,7 +661,7 @@ def check(
     from .session import SuiteSession
 
     settings = suite_settings(engine, model, drafter, pair_name, modes, budgets, dtype, device, prompts, limit,
-                              max_new_tokens, isolate, golden_dir, parse_engine_options(engine_option))
+                              max_new_tokens, isolate, golden_dir, parse_engine_options(engine_option), threads)
     checks = plan(settings, only)
     if not checks:
         fail(f"no checks match --check {only}")
@@ -711,13 +714,14 @@ def record(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens per prompt.")] = 64,
     golden_dir: GoldenDirOpt = GOLDEN_DIR / "records",
     update: Annotated[bool, typer.Option("--update", help="Replace an existing golden file; prints the diff.")] = False,
+    threads: ThreadsOpt = 1,
 ) -> None:
     """Record golden outputs, top-2 gaps and acceptance traces with the reference engine."""
     from .golden import GoldenExists, golden_path, record_golden, write_golden
     from .session import SuiteSession
 
     settings = suite_settings("reference", model, drafter, pair_name, "dflash,ddtree", budgets, dtype, device,
-                              prompts, None, max_new_tokens, False, golden_dir, {})
+                              prompts, None, max_new_tokens, False, golden_dir, {}, threads)
     path = golden_path(golden_dir, pair_name, prompts, dtype)
     if path.exists() and not update:
         raise GoldenExists(f"{path} exists; pass --update to replace it (a diff will be shown)")

@@ -30,6 +30,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--max-new-tokens", type=int, default=64)
     group.addoption("--checks", default=None, help="comma-separated check names to keep (substring match)")
     group.addoption("--no-isolate", action="store_true", help="run the engine in this process")
+    group.addoption("--torch-threads", type=int, default=1, help="torch CPU threads per process (0: torch default)")
     group.addoption("--engine-timeout", type=float, default=900.0, help="seconds before a silent engine counts as hung")
 
 
@@ -48,6 +49,7 @@ def settings_from_options(config: pytest.Config):
         "max_new_tokens": opt("--max-new-tokens"),
         "isolate": not opt("--no-isolate"),
         "timeout_s": opt("--engine-timeout"),
+        "torch_threads": opt("--torch-threads") or None,
     }
     for key, name in (("model_dir", "--model"), ("drafter_dir", "--drafter"), ("pair_name", "--pair-name")):
         if opt(name):

@@ -47,6 +47,9 @@ class SuiteSettings(BaseModel):
     branch_rounds: int = Field(default=3, description="rounds per prompt checked branch-vs-chain")
     branch_prompts: int = Field(default=4)
     engine_options: dict = Field(default_factory=dict)
+    torch_threads: int | None = Field(
+        default=None, description="torch CPU threads in the suite and engine processes (None: torch's default)"
+    )
 
 
 class SuiteSession:
@@ -58,6 +61,10 @@ class SuiteSession:
         self._engines: dict[tuple[str, str | None], Engine] = {}
         self._runs: dict[tuple, list[RequestResult]] = {}
         self._scratch = tempfile.TemporaryDirectory(prefix="ddtree-suite-")
+        if settings.torch_threads:
+            import torch
+
+            torch.set_num_threads(settings.torch_threads)
 
     # -- engines ---------------------------------------------------------------------------
     def _default_factory(self, model_dir: str, drafter_dir: str | None) -> Engine:
@@ -65,7 +72,8 @@ class SuiteSession:
         if s.isolate:
             from adapters.process import IsolatedEngine
 
-            return IsolatedEngine(s.engine, model_dir, drafter_dir, timeout_s=s.timeout_s, **s.engine_options)
+            return IsolatedEngine(s.engine, model_dir, drafter_dir, timeout_s=s.timeout_s,
+                                  torch_threads=s.torch_threads, **s.engine_options)
         from adapters.registry import create_engine
 
         return create_engine(s.engine, model_dir, drafter_dir, **s.engine_options)
