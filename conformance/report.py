@@ -1,0 +1,422 @@
+"""Run reports: every ``bench`` and ``check`` run writes three files next to each other.
+
+* ``<stem>.json``: the versioned run report (schema below); the input to ``gate`` and ``baseline``;
+* ``<stem>.md``: the summary table a PR comment would show;
+* ``<stem>.html``: one self-contained page (CSS inline, plots as base64 PNGs, no external URLs).
+
+Run-report schema (``schema: ddtree-conformance/run-report``; check reports keep their own
+``schema: ddtree-conformance/check-report`` name and add the same fields):
+
+``schema_version`` (int), ``kind`` ("bench" | "check"), ``created`` (ISO-8601 UTC),
+``hardware_class``, ``environment`` (versions, platform), ``settings`` (the suite settings),
+``runs``: one object per (mode, budget) with ``mode``, ``budget``, ``label``, ``tau``,
+``tau_per_response_mean``, ``per_position`` (rate at depth 1..L), ``histogram`` (acceptance length
+-> rounds), ``rounds``, and for bench runs ``tokens``, ``tokens_per_s`` (per repeat) and ``speedup``
+(``median``, ``ci_low``, ``ci_high``, ``confidence``, ``resamples``, ``samples``, ``cv``);
+bench reports also carry ``bench`` (procedure), check reports ``counts`` and ``results``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import io
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RUN_SCHEMA", "RUN_SCHEMA_VERSION", "ReportError", "new_report", "environment", "write_report",
+           "load_report", "render_markdown", "render_html"]
+
+RUN_SCHEMA = "ddtree-conformance/run-report"
+RUN_SCHEMA_VERSION = 1
+CHECK_SCHEMA = "ddtree-conformance/check-report"
+KNOWN_SCHEMAS = {RUN_SCHEMA: RUN_SCHEMA_VERSION, CHECK_SCHEMA: 1}
+
+
+class ReportError(ValueError):
+    """A report file cannot be read as a run report; the message names the file and field."""
+
+
+def environment() -> dict[str, Any]:
+    import numpy
+    import torch
+    import transformers
+
+    from . import __version__
+
+    return {
+        "ddtree_conformance": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": numpy.__version__,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def new_report(kind: str, settings: dict, hardware_class: str, *, schema: str = RUN_SCHEMA) -> dict[str, Any]:
+    return {
+        "schema": schema,
+        "schema_version": KNOWN_SCHEMAS[schema],
+        "kind": kind,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "hardware_class": hardware_class,
+        "environment": environment(),
+        "settings": settings,
+        "runs": [],
+    }
+
+
+def load_report(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ReportError(f"no report file {path}")
+    try:
+        report = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(report, dict):
+        raise ReportError(f"{path}: expected a JSON object")
+    schema = report.get("schema")
+    if schema not in KNOWN_SCHEMAS:
+        raise ReportError(f"{path}: field 'schema' is {schema!r}; expected one of {sorted(KNOWN_SCHEMAS)}")
+    if report.get("schema_version") != KNOWN_SCHEMAS[schema]:
+        raise ReportError(f"{path}: field 'schema_version' is {report.get('schema_version')!r}; "
+                          f"this suite reads version {KNOWN_SCHEMAS[schema]} of {schema}")
+    for field in ("runs", "settings", "hardware_class"):
+        if field not in report:
+            raise ReportError(f"{path}: field '{field}' is missing (a report from an older suite?)")
+    for i, run in enumerate(report["runs"]):
+        for field in ("mode", "budget", "tau"):
+            if field not in run:
+                raise ReportError(f"{path}: field 'runs.{i}.{field}' is missing")
+    return report
+
+
+# -------------------------------------------------------------------------- writing
+
+
+def _atomic_write(path: Path, data: str | bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def report_paths(out: str | Path) -> tuple[Path, Path, Path]:
+    """``out`` is the JSON path (``.json`` added when missing); Markdown and HTML sit beside it."""
+    out = Path(out)
+    json_path = out if out.suffix == ".json" else out.with_name(out.name + ".json")
+    return json_path, json_path.with_suffix(".md"), json_path.with_suffix(".html")
+
+
+def write_report(report: dict[str, Any], out: str | Path) -> tuple[Path, Path, Path]:
+    json_path, md_path, html_path = report_paths(out)
+    _atomic_write(json_path, json.dumps(report, indent=1) + "\n")
+    _atomic_write(md_path, render_markdown(report))
+    _atomic_write(html_path, render_html(report))
+    return json_path, md_path, html_path
+
+
+# -------------------------------------------------------------------------- rendering helpers
+
+
+def _title(report: dict) -> str:
+    s = report.get("settings", {})
+    kind = report.get("kind", "run")
+    return (f"ddtree-conformance {kind}: {s.get('engine', '?')} on {s.get('pair_name', '?')} "
+            f"({s.get('dtype', '?')}, {s.get('device', '?')}, {report.get('hardware_class', '?')})")
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _speedup_cell(run: dict) -> str:
+    sp = run.get("speedup")
+    if not sp:
+        return "-"
+    return f"{sp['median']:.3f}x [{sp['ci_low']:.3f}, {sp['ci_high']:.3f}]"
+
+
+def _positions_cell(run: dict, depth: int = 4) -> str:
+    pos = run.get("per_position") or []
+    if not pos:
+        return "-"
+    shown = " / ".join(f"{p:.2f}" for p in pos[:depth])
+    return shown + (" ..." if len(pos) > depth else "")
+
+
+def _summary_rows(report: dict) -> tuple[list[str], list[list[str]]]:
+    bench = report.get("kind") == "bench"
+    head = ["run", "tau", "tau (mean of responses)", "accept d=1/2/3/4"]
+    if bench:
+        head += ["tokens/s (median)", "speedup [CI]", "CV"]
+    rows = []
+    for run in report.get("runs", []):
+        row = [run.get("label") or run["mode"], _fmt(run.get("tau")), _fmt(run.get("tau_per_response_mean")),
+               _positions_cell(run)]
+        if bench:
+            tps = run.get("tokens_per_s") or []
+            med = sorted(tps)[len(tps) // 2] if tps else None
+            sp = run.get("speedup") or {}
+            row += [_fmt(med, 1), _speedup_cell(run), _fmt(sp.get("cv"), 3) if sp else "-"]
+        rows.append(row)
+    return head, rows
+
+
+def _context_lines(report: dict) -> list[str]:
+    s = report.get("settings", {})
+    lines = [f"prompts: {s.get('prompt_set')} (limit {s.get('limit') or 'none'}), "
+             f"max new tokens {s.get('max_new_tokens')}"]
+    b = report.get("bench")
+    if b:
+        lines.append(f"{b['repeats']} interleaved repeats ({b['interleaving']}); timing basis: {b['timing_basis']}; "
+                     f"CI: {b['ci']}")
+        lines.append(f"tau: {b['tau_definition']}")
+    counts = report.get("counts")
+    if counts:
+        lines.append(f"checks: {counts.get('pass', 0)} passed, {counts.get('fail', 0)} failed, "
+                     f"{counts.get('skip', 0)} skipped")
+    lines.append(f"created {report.get('created')}; suite {report.get('environment', {}).get('ddtree_conformance')}, "
+                 f"torch {report.get('environment', {}).get('torch')}")
+    return lines
+
+
+def render_markdown(report: dict) -> str:
+    out = [f"### {_title(report)}", ""]
+    out += [f"- {line}" for line in _context_lines(report)]
+    out.append("")
+    head, rows = _summary_rows(report)
+    if rows:
+        out.append("| " + " | ".join(head) + " |")
+        out.append("|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|")
+        out += ["| " + " | ".join(r) + " |" for r in rows]
+        out.append("")
+    failed = [r for r in report.get("results", []) if r.get("status") == "fail"]
+    if failed:
+        out += ["**Failed checks**", "", "| check | message |", "|---|---|"]
+        out += [f"| {r['check']} | {' '.join(str(r.get('message', '')).split()).replace('|', '/')} |"
+                for r in failed]
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+# -------------------------------------------------------------------------- plots
+
+_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#666")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _plots(report: dict) -> list[tuple[str, str, str]]:
+    """(title, caption, base64 PNG) per plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in report.get("runs", []) if r.get("mode") != "plain"]
+    tree = sorted((r for r in runs if r["mode"] == "ddtree"), key=lambda r: r["budget"])
+    chain = [r for r in runs if r["mode"] == "dflash"]
+    plots = []
+
+    def budget_axes(ax, ylabel: str) -> None:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([r["budget"] for r in tree])
+        ax.set_xticklabels([str(r["budget"]) for r in tree])
+        ax.set_xlabel("DDTree budget B (non-root nodes)")
+        ax.set_ylabel(ylabel)
+        ax.margins(x=0.15)
+        ax.grid(True, alpha=0.3)
+
+    # 1. tau vs budget
+    fig, ax = plt.subplots(figsize=(5.4, 3.6))
+    if tree or chain:
+        if tree:
+            ax.plot([r["budget"] for r in tree], [r["tau"] for r in tree], "o-", color=_COLOURS[0], label="DDTree")
+            for r in tree:
+                ax.annotate(f"{r['tau']:.2f}", (r["budget"], r["tau"]), textcoords="offset points", xytext=(0, 7),
+                            ha="center", fontsize=8)
+        for r in chain:
+            ax.axhline(r["tau"], color=_COLOURS[1], ls="--", label=f"DFlash chain ({r['tau']:.2f})")
+        ax.axhline(1.0, color="#888", ls=":", label="plain (1.00)")
+        if tree:
+            budget_axes(ax, "tau (tokens per round)")
+        else:
+            ax.set_ylabel("tau (tokens per round)")
+            ax.set_xticks([])
+        ax.set_ylim(0, max([r["tau"] for r in runs] + [1.0]) * 1.18)
+        ax.legend(fontsize=8, loc="upper left", ncol=3, frameon=False)
+    else:
+        _empty(ax, "no speculative runs in this report")
+    plots.append(("tau vs budget", "Mean acceptance length (pooled over all rounds, bonus included).", _png(fig)))
+
+    # 2. speedup vs budget, CI error bars
+    fig, ax = plt.subplots(figsize=(5.4, 3.6))
+    measured = [r for r in runs if r.get("speedup")]
+    if measured:
+        tree_m = [r for r in tree if r.get("speedup")]
+        if tree_m:
+            x = [r["budget"] for r in tree_m]
+            med = [r["speedup"]["median"] for r in tree_m]
+            err = [[m - r["speedup"]["ci_low"] for m, r in zip(med, tree_m)],
+                   [r["speedup"]["ci_high"] - m for m, r in zip(med, tree_m)]]
+            ax.errorbar(x, med, yerr=err, fmt="o-", capsize=4, color=_COLOURS[0], label="DDTree (median, CI)")
+            for xi, m in zip(x, med):
+                ax.annotate(f"{m:.2f}x", (xi, m), textcoords="offset points", xytext=(10, 4), fontsize=8)
+        for r in chain:
+            if r.get("speedup"):
+                sp = r["speedup"]
+                ax.axhspan(sp["ci_low"], sp["ci_high"], color=_COLOURS[1], alpha=0.12, label="DFlash CI")
+                ax.axhline(sp["median"], color=_COLOURS[1], ls="--", label=f"DFlash chain ({sp['median']:.2f}x)")
+        ax.axhline(1.0, color="#888", ls=":", label="plain (1.00x)")
+        if tree_m:
+            budget_axes(ax, "speedup over plain (x)")
+        else:
+            ax.set_ylabel("speedup over plain (x)")
+            ax.set_xticks([])
+        lows = [r["speedup"]["ci_low"] for r in measured] + [1.0]
+        highs = [r["speedup"]["ci_high"] for r in measured] + [1.0]
+        ax.set_ylim(min(lows) * 0.9, max(highs) * 1.25)
+        ax.legend(fontsize=8, loc="upper left", ncol=2, frameon=False)
+    else:
+        _empty(ax, "no throughput measured in this run\n(use `ddtree-conformance bench`)")
+    ci = (report.get("bench") or {}).get("ci", "")
+    plots.append(("speedup vs budget", f"Median tokens/s ratio to plain decoding; bars and band: {ci}.", _png(fig)))
+
+    # 3. per-position acceptance
+    fig, ax = plt.subplots(figsize=(5.4, 3.6))
+    with_pos = [r for r in runs if r.get("per_position")]
+    if with_pos:
+        for i, r in enumerate(with_pos):
+            pos = r["per_position"]
+            ax.plot(range(1, len(pos) + 1), pos, "o-", ms=3, color=_COLOURS[i % len(_COLOURS)],
+                    label=r.get("label") or r["mode"])
+        ax.set_xlabel("depth d")
+        ax.set_ylabel("fraction of rounds accepting >= d")
+        ax.set_ylim(0, 1.02)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    else:
+        _empty(ax, "no per-position data")
+    plots.append(("per-position acceptance", "Fraction of rounds whose accepted depth reaches d.", _png(fig)))
+
+    # 4. histogram of acceptance lengths (fraction of rounds, grouped bars)
+    fig, ax = plt.subplots(figsize=(5.4, 3.6))
+    with_hist = [r for r in runs if r.get("histogram")]
+    if with_hist:
+        lengths = sorted({int(k) for r in with_hist for k in r["histogram"]})
+        width = 0.8 / len(with_hist)
+        for i, r in enumerate(with_hist):
+            total = sum(r["histogram"].values())
+            ys = [r["histogram"].get(str(n), 0) / total for n in lengths]
+            xs = [n - 0.4 + width * (i + 0.5) for n in lengths]
+            ax.bar(xs, ys, width=width, color=_COLOURS[i % len(_COLOURS)], label=r.get("label") or r["mode"])
+        ax.set_xticks(lengths)
+        ax.set_xlabel("acceptance length (accepted + bonus)")
+        ax.set_ylabel("fraction of rounds")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    else:
+        _empty(ax, "no per-round acceptance lengths")
+    plots.append(("acceptance-length histogram", "Distribution of tokens committed per verification round.",
+                  _png(fig)))
+    return plots
+
+
+_CSS = """
+body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;max-width:1150px;color:#222;
+line-height:1.4;padding:0 16px}
+h1{font-size:22px;margin:0 0 6px}h2{font-size:17px;margin:26px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+ul.meta{color:#555;font-size:13px;margin:6px 0 0;padding-left:18px}
+table{border-collapse:collapse;font-size:13px;margin:6px 0}
+th,td{border:1px solid #d0d7de;padding:5px 9px;text-align:right;vertical-align:top}
+th{background:#f3f5f7}td:first-child,th:first-child{text-align:left}
+td.msg{text-align:left;max-width:640px;font-size:12px;color:#444}
+.grid{display:grid;grid-template-columns:1fr 1fr;gap:18px}
+figure{margin:0;border:1px solid #e1e4e8;border-radius:6px;padding:10px;background:#fff}
+figure img{width:100%;height:auto}figcaption{font-size:12px;color:#555;margin-top:4px}
+figure h3{font-size:14px;margin:0 0 6px}
+.pass{color:#1a7f37;font-weight:600}.fail{color:#cf222e;font-weight:600}.skip{color:#9a6700}
+"""
+
+
+def render_html(report: dict) -> str:
+    esc = html.escape
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{esc(_title(report))}</title><style>{_CSS}</style></head><body>",
+             f"<h1>{esc(_title(report))}</h1>", '<ul class="meta">']
+    parts += [f"<li>{esc(line)}</li>" for line in _context_lines(report)]
+    parts.append("</ul>")
+    head, rows = _summary_rows(report)
+    if rows:
+        parts.append("<h2>Summary</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows]
+        parts.append("</table>")
+    parts.append('<h2>Plots</h2><div class="grid">')
+    for title, caption, data in _plots(report):
+        parts.append(f'<figure><h3>{esc(title)}</h3><img alt="{esc(title)}" src="data:image/png;base64,{data}">'
+                     f"<figcaption>{esc(caption)}</figcaption></figure>")
+    parts.append("</div>")
+    results = report.get("results") or []
+    if results:
+        order = {"fail": 0, "skip": 1, "pass": 2}
+        parts.append("<h2>Checks</h2><table><tr><th>check</th><th>status</th><th>message</th></tr>")
+        for r in sorted(results, key=lambda r: order.get(r.get("status"), 3)):
+            status = r.get("status", "?")
+            parts.append(f"<tr><td>{esc(r.get('check', '?'))}</td><td class=\"{esc(status)}\">{esc(status)}</td>"
+                         f"<td class=\"msg\">{esc(str(r.get('message', '')))}</td></tr>")
+        parts.append("</table>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def runs_from_session(session) -> list[dict[str, Any]]:
+    """Acceptance metrics of the speculative runs a ``check`` session already made on its default
+    prompt set (no new engine work); one entry per (mode, budget), no throughput."""
+    from .bench import acceptance_summary
+
+    if not session._engines:
+        return []
+    default = tuple(r.model_dump_json() for r in session.requests())
+    engine_id = id(session.engine)
+    found: dict[tuple, list] = {}
+    for key, results in session._runs.items():
+        eid, mode, budget, _trace, _logits, requests = key
+        if eid == engine_id and mode != "plain" and requests == default and (mode, budget) not in found:
+            found[(mode, budget)] = results
+    runs = []
+    for (mode, budget), results in sorted(found.items(), key=lambda kv: (kv[0][0] != "dflash", kv[0][1] or 0)):
+        if any(r.finish_reason == "error" for r in results):
+            continue
+        label = mode if budget is None else f"{mode}-B{budget}"
+        runs.append({"mode": mode, "budget": budget, "label": label, **acceptance_summary(results)})
+    return runs
