@@ -79,7 +79,13 @@ def test_reference_by_name():
 
 @pytest.mark.parametrize("name", ["vllm", "sglang"])
 def test_missing_builtin_adapters_give_clear_error(name):
-    pattern = rf"^engine '{name}' is not available here: No module named 'adapters\.{name}"
+    # The adapter module or its engine package may be what is missing, depending on the checkout.
+    try:
+        __import__(name)
+        pytest.skip(f"{name} is installed here")
+    except ImportError:
+        pass
+    pattern = rf"^engine '{name}' is not available here: No module named '(adapters\.)?{name}"
     with pytest.raises(EngineError, match=pattern):
         load_engine_class(name)
 
