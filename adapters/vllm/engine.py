@@ -1,0 +1,355 @@
+"""The vLLM engine adapter.
+
+:class:`VllmEngine` drives vLLM's offline :class:`vllm.LLM` in the process that constructs it.
+The suite wraps it in :class:`~adapters.process.IsolatedEngine`, so each suite engine is one child
+process; inside it the adapter keeps one ``LLM`` per (mode, budget, dtype) configuration and
+rebuilds it only when the configuration changes (the previous one is shut down first).
+
+By default vLLM's engine core runs in this same process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+uniprocess executor): IsolatedEngine's child is a daemon process, which may not start children,
+and one process makes a crash or hang kill-clean. Option ``in_process=False`` leaves vLLM's
+default (engine core and worker in their own processes) for callers that run it outside a daemon.
+
+Acceptance. vLLM has no per-round traces. The adapter reads the speculative-decoding counters of
+``LLM.get_metrics()`` before and after a batch and reports the deltas as aggregates
+(``aggregate_only=True``): ``mean_acceptance = 1 + accepted / drafts`` and
+``per_position_acceptance[d] = accepted_at_position_d / drafts``. With
+``acceptance_scope="batch"`` (default) the whole batch runs as one ``generate`` call and every
+result carries the same batch-pooled aggregates (``rounds`` is then None: vLLM does not say how
+the drafts split between requests). Averaging them over the batch gives the pooled tau, which is
+what the reference side of the acceptance check computes. With ``acceptance_scope="request"``
+requests run one at a time and each result carries its own deltas, with ``rounds = drafts``.
+
+Options (``--engine-option KEY=VALUE`` or ``SuiteSettings.engine_options``):
+``max_model_len`` (default: the target's ``max_position_embeddings``, at most 4096),
+``kv_cache_gib`` (sets ``VLLM_CPU_KVCACHE_SPACE`` when unset; default 1), ``in_process`` (True),
+``enforce_eager`` (default True on CPU, vLLM's default elsewhere), ``max_num_seqs``, ``seed`` (0),
+``acceptance_scope`` ("batch" | "request"), ``ddtree_method`` ("ddtree") and ``ddtree_budget_key``
+("num_speculative_tokens"): the method name and budget key a DDTree-capable vLLM uses.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import typing
+import warnings
+from pathlib import Path
+
+import vllm  # noqa: F401  (a missing vLLM makes the registry say "engine 'vllm' is not available here")
+
+from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RunConfig
+from . import names
+from .names import TESTED_VERSIONS
+
+__all__ = ["VllmEngine", "TESTED_VERSIONS", "method_names", "spec_config_fields", "probe_method",
+           "version_tested", "metric_snapshot"]
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _flag(value) -> bool:
+    return value if isinstance(value, bool) else str(value).strip().lower() in _TRUE
+
+
+def version_tested(version: str) -> bool:
+    return any(version == v or version.startswith(v + ".") for v in TESTED_VERSIONS)
+
+
+def _literal_values(annotation) -> set[str]:
+    """All string values of a (nested) Literal / Optional / Union annotation."""
+    found: set[str] = set()
+    if typing.get_origin(annotation) is typing.Literal:
+        for arg in typing.get_args(annotation):
+            found |= _literal_values(arg) if not isinstance(arg, str) else {arg}
+    else:
+        for arg in typing.get_args(annotation):
+            found |= _literal_values(arg)
+    return found
+
+
+def spec_config_fields() -> set[str]:
+    """Field names of the installed ``vllm.config.SpeculativeConfig``."""
+    from vllm.config import SpeculativeConfig
+
+    fields = getattr(SpeculativeConfig, "__dataclass_fields__", None) or getattr(SpeculativeConfig, "model_fields", {})
+    return set(fields)
+
+
+def method_names() -> set[str]:
+    """Speculative method names the installed ``SpeculativeConfig.method`` accepts."""
+    from vllm.config import SpeculativeConfig
+
+    hints = typing.get_type_hints(SpeculativeConfig, include_extras=False)
+    return _literal_values(hints["method"])
+
+
+def probe_method(method: str, budget_key: str = "num_speculative_tokens") -> tuple[bool, str]:
+    """Whether the installed vLLM accepts ``method`` with its budget under ``budget_key``, and why not.
+
+    ``SpeculativeConfig`` is a pydantic dataclass with ``extra="forbid"`` and a Literal ``method``:
+    a name outside the Literal or an unknown key is rejected, so reading both is exact.
+    """
+    fields = spec_config_fields()
+    if budget_key not in fields:
+        return False, f"SpeculativeConfig has no field {budget_key!r}"
+    methods = method_names()
+    if method not in methods:
+        return False, f"SpeculativeConfig.method does not accept {method!r} (accepted: {', '.join(sorted(methods))})"
+    return True, ""
+
+
+def metric_snapshot(llm) -> dict[str, object]:
+    """The speculative-decoding counters of ``llm`` now: name -> int, or list[int] for vectors."""
+    out: dict[str, object] = {}
+    for metric in llm.get_metrics():
+        if metric.name not in names.SPEC_METRICS:
+            continue
+        if hasattr(metric, "values"):
+            values = [int(v) for v in metric.values]
+            prev = out.get(metric.name)
+            out[metric.name] = values if prev is None else [a + b for a, b in zip(prev, values)]
+        else:
+            out[metric.name] = int(out.get(metric.name, 0)) + int(metric.value)
+    return out
+
+
+def _delta(before: dict, after: dict) -> dict[str, object]:
+    delta: dict[str, object] = {}
+    for key, now in after.items():
+        was = before.get(key)
+        if isinstance(now, list):
+            was = list(was or [])
+            was += [0] * (len(now) - len(was))
+            delta[key] = [a - b for a, b in zip(now, was)]
+        else:
+            delta[key] = now - (was or 0)
+    return delta
+
+
+class VllmEngine(Engine):
+    """vLLM's offline engine behind the suite's :class:`Engine` interface (see module doc)."""
+
+    name = "vllm"
+
+    def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
+        super().__init__(model_dir, drafter_dir, **options)
+        known = {"max_model_len", "kv_cache_gib", "in_process", "enforce_eager", "max_num_seqs", "seed",
+                 "acceptance_scope", "ddtree_method", "ddtree_budget_key"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise EngineError(f"engine 'vllm': unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        self.version = getattr(vllm, "__version__", "unknown")
+        if not version_tested(self.version):
+            warnings.warn(
+                f"vLLM {self.version} is outside the adapter's tested range ({', '.join(v + '.x' for v in TESTED_VERSIONS)})",
+                stacklevel=2,
+            )
+        os.environ.setdefault(names.ENV_KVCACHE_SPACE, str(options.get("kv_cache_gib", 1)))
+        self.in_process = _flag(options.get("in_process", True))
+        if self.in_process:
+            os.environ.setdefault(names.ENV_V1_MULTIPROCESSING, "0")
+        self.scope = str(options.get("acceptance_scope", "batch"))
+        if self.scope not in ("batch", "request"):
+            raise EngineError(f"engine 'vllm': acceptance_scope must be 'batch' or 'request', got {self.scope!r}")
+        self.ddtree_method = str(options.get("ddtree_method", names.DEFAULT_DDTREE_METHOD))
+        self.ddtree_budget_key = str(options.get("ddtree_budget_key", names.DEFAULT_DDTREE_BUDGET_KEY))
+        self.seed = int(options.get("seed", 0))
+        target_config = self._read_config(model_dir, "target")
+        default_len = min(int(target_config.get("max_position_embeddings") or 4096), 4096)
+        self.max_model_len = int(options.get("max_model_len", default_len))
+        self.max_num_seqs = int(options["max_num_seqs"]) if "max_num_seqs" in options else None
+        self.cuda = self._has_cuda()
+        eager = options.get("enforce_eager")
+        self.enforce_eager = (not self.cuda) if eager is None else _flag(eager)
+        self.block_size = None
+        if drafter_dir is not None:
+            block = self._read_config(drafter_dir, "drafter").get("block_size")
+            if not isinstance(block, int) or block < 2:
+                raise EngineError(f"engine 'vllm': drafter {drafter_dir}/config.json: block_size must be an int >= 2, "
+                                  f"got {block!r}")
+            self.block_size = block
+        self.ddtree_ok, self.ddtree_why = probe_method(self.ddtree_method, self.ddtree_budget_key)
+        self._dflash_ok, self._dflash_why = probe_method(names.DFLASH_METHOD)
+        self._llm = None
+        self._llm_key: tuple | None = None
+
+    # -- helpers ---------------------------------------------------------------------------
+    @staticmethod
+    def _read_config(directory: str, what: str) -> dict:
+        path = Path(directory) / "config.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise EngineError(f"engine 'vllm': cannot read the {what} config {path}: {exc}") from None
+
+    @staticmethod
+    def _has_cuda() -> bool:
+        try:
+            from vllm.platforms import current_platform
+
+            return bool(current_platform.is_cuda())
+        except Exception:
+            return False
+
+    # -- Engine interface ------------------------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        modes = ["plain"]
+        notes = [f"vLLM {self.version}; no per-round traces: acceptance is aggregated from "
+                 f"LLM.get_metrics() deltas ({self.scope} scope)"]
+        if self.drafter_dir is None:
+            notes.append("no drafter given: plain only")
+        else:
+            if self._dflash_ok:
+                modes.append("dflash")
+            else:
+                notes.append(f"no dflash: {self._dflash_why}")
+            if self.ddtree_ok:
+                modes.append("ddtree")
+            else:
+                notes.append(f"no ddtree in this vLLM: {self.ddtree_why}")
+        if not version_tested(self.version):
+            notes.append(f"version {self.version} is outside the tested range {', '.join(TESTED_VERSIONS)}")
+        return Capabilities(
+            name=self.name,
+            version=self.version,
+            modes=modes,
+            dtypes=["float32", "bfloat16"] + (["float16"] if self.cuda else []),
+            devices=["cuda"] if self.cuda else ["cpu"],  # a CUDA build of vLLM does not run on the CPU
+            sampling=True,
+            traces=False,
+            per_round_acceptance=False,
+            max_context=self.max_model_len,
+            notes=notes,
+        )
+
+    def _speculative_config(self, config: RunConfig) -> dict | None:
+        if config.mode == "plain":
+            return None
+        if self.drafter_dir is None:
+            raise EngineError(f"engine 'vllm': mode {config.mode} needs a drafter")
+        if config.mode == "dflash":
+            if not self._dflash_ok:
+                raise EngineError(f"engine 'vllm': {self._dflash_why}")
+            return {"method": names.DFLASH_METHOD, "model": self.drafter_dir,
+                    "num_speculative_tokens": self.block_size - 1}
+        if not self.ddtree_ok:
+            raise EngineError(f"engine 'vllm': mode ddtree unavailable: {self.ddtree_why}")
+        spec = {"method": self.ddtree_method, "model": self.drafter_dir, self.ddtree_budget_key: config.budget}
+        if self.ddtree_budget_key != "num_speculative_tokens":
+            spec.setdefault("num_speculative_tokens", self.block_size - 1)
+        return spec
+
+    def _shutdown_llm(self) -> None:
+        llm, self._llm, self._llm_key = self._llm, None, None
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:  # best effort: the process may be on its way out anyway
+            pass
+        del llm
+        gc.collect()
+
+    def _get_llm(self, config: RunConfig):
+        caps = self.capabilities()
+        if config.dtype not in caps.dtypes:
+            raise EngineError(f"engine 'vllm': dtype {config.dtype} not supported here ({', '.join(caps.dtypes)})")
+        device = config.device.split(":", 1)[0]
+        if device not in caps.devices:
+            raise EngineError(f"engine 'vllm': device {config.device} not supported here ({', '.join(caps.devices)})")
+        key = (config.mode, config.budget if config.mode == "ddtree" else None, config.dtype)
+        if self._llm is not None and self._llm_key == key:
+            return self._llm
+        self._shutdown_llm()
+        kwargs = dict(model=self.model_dir, dtype=config.dtype, seed=self.seed, max_model_len=self.max_model_len,
+                      enforce_eager=self.enforce_eager, disable_log_stats=False, generation_config="vllm")
+        spec = self._speculative_config(config)
+        if spec is not None:
+            kwargs["speculative_config"] = spec
+        if self.max_num_seqs is not None:
+            kwargs["max_num_seqs"] = self.max_num_seqs
+        try:
+            self._llm = vllm.LLM(**kwargs)
+        except Exception as exc:
+            raise EngineError(f"engine 'vllm': LLM({config.mode}, {config.dtype}) failed: {type(exc).__name__}: {exc}") from exc
+        self._llm_key = key
+        return self._llm
+
+    def _sampling_params(self, request: Request):
+        sampled = request.temperature > 0
+        return vllm.SamplingParams(
+            n=1,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k if request.top_k > 0 else names.TOP_K_DISABLED,
+            seed=request.seed if sampled else None,
+            max_tokens=request.max_new_tokens,
+            stop_token_ids=list(request.stop_token_ids),
+            ignore_eos=True,  # stop only on the request's own stop_token_ids
+            detokenize=False,
+        )
+
+    def _run(self, llm, requests: list[Request], spec: bool) -> tuple[list, dict]:
+        before = metric_snapshot(llm) if spec else {}
+        prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
+        outputs = llm.generate(prompts, [self._sampling_params(r) for r in requests], use_tqdm=False)
+        delta = _delta(before, metric_snapshot(llm)) if spec else {}
+        return outputs, delta
+
+    @staticmethod
+    def _aggregates(delta: dict) -> dict:
+        drafts = int(delta.get(names.METRIC_DRAFTS, 0) or 0)
+        if drafts <= 0:
+            return {"aggregate_only": True, "rounds": 0}
+        accepted = int(delta.get(names.METRIC_ACCEPTED, 0) or 0)
+        per_pos = delta.get(names.METRIC_ACCEPTED_PER_POS) or []
+        return {
+            "aggregate_only": True,
+            "rounds": drafts,
+            "mean_acceptance": 1.0 + accepted / drafts,
+            "per_position_acceptance": [n / drafts for n in per_pos],
+        }
+
+    @staticmethod
+    def _result(output, extra: dict) -> RequestResult:
+        completion = output.outputs[0]
+        reason = names.FINISH_REASONS.get(str(completion.finish_reason))
+        if reason is None:
+            return RequestResult(output_ids=list(completion.token_ids), finish_reason="error",
+                                 error=f"vLLM finish_reason {completion.finish_reason!r} ({completion.stop_reason!r})")
+        return RequestResult(output_ids=list(completion.token_ids), finish_reason=reason, **extra)
+
+    def generate(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
+        if not requests:
+            return []
+        llm = self._get_llm(config)
+        spec = config.mode != "plain"
+        results: list[RequestResult | None] = [None] * len(requests)
+        runnable = []
+        for i, r in enumerate(requests):
+            need = len(r.prompt_ids) + r.max_new_tokens
+            if need > self.max_model_len:
+                results[i] = RequestResult(output_ids=[], finish_reason="error",
+                                           error=f"prompt + max_new_tokens = {need} exceeds max_model_len "
+                                                 f"{self.max_model_len} (engine option max_model_len)")
+            else:
+                runnable.append(i)
+        if self.scope == "request" or not spec:
+            groups = [[i] for i in runnable] if (self.scope == "request" and spec) else [runnable]
+        else:
+            groups = [runnable]
+        for group in groups:
+            if not group:
+                continue
+            outputs, delta = self._run(llm, [requests[i] for i in group], spec)
+            extra = self._aggregates(delta) if spec else {}
+            if spec and self.scope == "batch":
+                extra["rounds"] = None  # batch-pooled aggregates: per-request rounds unknown
+            for i, output in zip(group, outputs):
+                results[i] = self._result(output, extra)
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._shutdown_llm()

