@@ -22,12 +22,12 @@ import math
 import os
 import platform
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .files import atomic_write
 from .paths import GOLDEN_DIR
 
 __all__ = [
@@ -275,14 +275,5 @@ def write_baselines(path: str | Path, baselines: BaselineFile, *, update: bool =
         raise exc
     if not diff:
         return path, []
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(new_text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(path, new_text)
     return path, diff

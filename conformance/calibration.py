@@ -16,11 +16,11 @@ device calibrated; without that file the published choice of 0.5 is used.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
+
+from .files import atomic_write
 
 __all__ = ["DEFAULT_BOUND", "calibration_path", "near_tie_bound", "measure_gap_shift", "calibrate"]
 
@@ -73,10 +73,5 @@ def calibrate(model_dir: str, dtypes: list[str], sequences: list[list[int]], dev
             "torch": torch.__version__,
         }
     data["method"] = "bound = 2 * max |gap_low - gap_fp32| over teacher-forced positions (conformance.calibration)"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration-")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
     return data

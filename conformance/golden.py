@@ -8,13 +8,12 @@ readable diff of what changed.
 from __future__ import annotations
 
 import json
-import os
 import platform
-import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
+from .files import atomic_write
 from .metrics import mean_tau
 
 __all__ = [
@@ -124,17 +123,7 @@ def write_golden(golden_dir: str | Path, golden: GoldenFile, *, update: bool = F
     if path.exists() and not update:
         raise GoldenExists(f"{path} exists; pass --update to replace it (a diff will be shown)")
     diff = diff_golden(old, golden)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(golden.model_dump_json(indent=1))
-            handle.write("\n")
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; golden files are ordinary repo files
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(path, golden.model_dump_json(indent=1) + "\n")
     return path, diff
 
 

@@ -25,9 +25,10 @@ import io
 import json
 import os
 import platform
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from .files import atomic_write
 
 __all__ = ["RUN_SCHEMA", "RUN_SCHEMA_VERSION", "ReportError", "new_report", "environment", "write_report",
            "load_report", "render_markdown", "render_html"]
@@ -103,17 +104,7 @@ def load_report(path: str | Path) -> dict[str, Any]:
 # -------------------------------------------------------------------------- writing
 
 
-def _atomic_write(path: Path, data: str | bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data.encode() if isinstance(data, str) else data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+_atomic_write = atomic_write
 
 
 def report_paths(out: str | Path) -> tuple[Path, Path, Path]:
