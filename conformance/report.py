@@ -104,7 +104,7 @@ def load_report(path: str | Path) -> dict[str, Any]:
 # -------------------------------------------------------------------------- writing
 
 
-_atomic_write = atomic_write
+
 
 
 def report_paths(out: str | Path) -> tuple[Path, Path, Path]:
@@ -116,9 +116,9 @@ def report_paths(out: str | Path) -> tuple[Path, Path, Path]:
 
 def write_report(report: dict[str, Any], out: str | Path) -> tuple[Path, Path, Path]:
     json_path, md_path, html_path = report_paths(out)
-    _atomic_write(json_path, json.dumps(report, indent=1) + "\n")
-    _atomic_write(md_path, render_markdown(report))
-    _atomic_write(html_path, render_html(report))
+    atomic_write(json_path, json.dumps(report, indent=1) + "\n")
+    atomic_write(md_path, render_markdown(report))
+    atomic_write(html_path, render_html(report))
     return json_path, md_path, html_path
 
 
