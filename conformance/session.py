@@ -58,7 +58,7 @@ class SuiteSession:
     def __init__(self, settings: SuiteSettings, engine_factory: EngineFactory | None = None) -> None:
         self.settings = settings
         self._factory = engine_factory or self._default_factory
-        self._engines: dict[tuple[str, str | None], Engine] = {}
+        self._engines: dict[tuple, Engine] = {}
         self._runs: dict[tuple, list[RequestResult]] = {}
         self._scratch = tempfile.TemporaryDirectory(prefix="ddtree-suite-")
         if settings.torch_threads:
@@ -82,6 +82,15 @@ class SuiteSession:
         key = (str(model_dir), None if drafter_dir is None else str(drafter_dir))
         if key not in self._engines:
             self._engines[key] = self._factory(*key)
+        return self._engines[key]
+
+    def reference_for(self, model_dir: str, drafter_dir: str | None) -> Engine:
+        """The in-process reference engine on a pair: the oracle for acceptance comparisons."""
+        from adapters.reference.engine import ReferenceEngine
+
+        key = ("oracle", str(model_dir), None if drafter_dir is None else str(drafter_dir))
+        if key not in self._engines:
+            self._engines[key] = ReferenceEngine(*key[1:])
         return self._engines[key]
 
     @property

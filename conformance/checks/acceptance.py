@@ -30,11 +30,8 @@ def reference_acceptance(session: SuiteSession, mode: str, budget: int | None) -
         wanted = session.settings.max_new_tokens
         if golden.max_new_tokens == wanted:
             return [golden.records[p.id].acceptance[key] for p in session.prompts], "golden"
-    from adapters.reference.engine import ReferenceEngine
-
-    if not hasattr(session, "_reference_engine"):
-        session._reference_engine = ReferenceEngine(session.settings.model_dir, session.settings.drafter_dir)
-    results = session.run(mode, budget, engine=session._reference_engine)
+    reference = session.reference_for(session.settings.model_dir, session.settings.drafter_dir)
+    results = session.run(mode, budget, engine=reference)
     return [r.acceptance_lengths or [] for r in results], "live reference run"
 
 

@@ -143,9 +143,7 @@ def check_special_tokens(session: SuiteSession, mode: str, budget: int | None) -
     if mode == "plain":
         return CheckResult.passed(name, "outputs with token 0 and the mask id are exact")
     # Acceptance must match the reference: a tree that loses token-0 nodes stays lossless but slower.
-    from adapters.reference.engine import ReferenceEngine
-
-    reference = ReferenceEngine(str(pair_dir / "target"), str(pair_dir / "drafter"))
+    reference = session.reference_for(str(pair_dir / "target"), str(pair_dir / "drafter"))
     ref = session.run(mode, budget, requests=requests, engine=reference)
     if session.capabilities.per_round_acceptance:
         for r, a, b in zip(requests, results, ref):
