@@ -300,7 +300,8 @@ def _plots(report: dict) -> list[tuple[str, str, str]]:
     else:
         _empty(ax, "no throughput measured in this run\n(use `ddtree-conformance bench`)")
     ci = (report.get("bench") or {}).get("ci", "")
-    plots.append(("speedup vs budget", f"Median tokens/s ratio to plain decoding; bars and band: {ci}.", _png(fig)))
+    caption = "Median tokens/s ratio to plain decoding" + (f"; bars and band: {ci}." if ci else ".")
+    plots.append(("speedup vs budget", caption, _png(fig)))
 
     # 3. per-position acceptance
     fig, ax = plt.subplots(figsize=(5.4, 3.6))
