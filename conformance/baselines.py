@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .files import atomic_write
+from .files import atomic_write, read_json_object
 from .paths import GOLDEN_DIR
 
 __all__ = [
@@ -158,14 +158,7 @@ def baseline_path(baselines: str | Path | None, hw_class: str) -> Path:
 def load_baselines(path: str | Path) -> BaselineFile:
     """Read and validate one baseline file; every problem is one message naming file and field."""
     path = Path(path)
-    if not path.is_file():
-        raise BaselineError(f"no baseline file {path}")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise BaselineError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    if not isinstance(raw, dict):
-        raise BaselineError(f"{path}: expected a JSON object at the top level")
+    raw = read_json_object(path, BaselineError, "baseline file")
     if raw.get("schema") != SCHEMA:
         raise BaselineError(f"{path}: field 'schema' is {raw.get('schema')!r}, expected {SCHEMA!r}")
     if raw.get("schema_version") != SCHEMA_VERSION:

@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_write", "read_json_object"]
 
 
 def atomic_write(path: str | Path, data: str | bytes) -> Path:
@@ -23,3 +23,19 @@ def atomic_write(path: str | Path, data: str | bytes) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def read_json_object(path: str | Path, error: type[Exception], what: str = "file") -> dict:
+    """Parse ``path`` as a JSON object; any problem is one ``error`` naming the file."""
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"no {what} {path}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: expected a JSON object at the top level")
+    return data

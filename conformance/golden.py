@@ -7,13 +7,12 @@ readable diff of what changed.
 
 from __future__ import annotations
 
-import json
 import platform
 from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
-from .files import atomic_write
+from .files import atomic_write, read_json_object
 from .metrics import mean_tau
 
 __all__ = [
@@ -67,10 +66,7 @@ def load_golden(golden_dir: str | Path, pair: str, prompt_set: str, dtype: str) 
     path = golden_path(golden_dir, pair, prompt_set, dtype)
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise GoldenError(f"{path}: not valid JSON ({exc})") from None
+    data = read_json_object(path, GoldenError, "golden file")
     if data.get("schema_version") != SCHEMA_VERSION:
         raise GoldenError(f"{path}: schema_version {data.get('schema_version')!r}, this suite reads {SCHEMA_VERSION}")
     try:

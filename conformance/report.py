@@ -28,7 +28,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from .files import atomic_write
+from .files import atomic_write, read_json_object
 
 __all__ = ["RUN_SCHEMA", "RUN_SCHEMA_VERSION", "ReportError", "new_report", "environment", "write_report",
            "load_report", "render_markdown", "render_html"]
@@ -77,14 +77,7 @@ def new_report(kind: str, settings: dict, hardware_class: str, *, schema: str = 
 
 def load_report(path: str | Path) -> dict[str, Any]:
     path = Path(path)
-    if not path.is_file():
-        raise ReportError(f"no report file {path}")
-    try:
-        report = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    if not isinstance(report, dict):
-        raise ReportError(f"{path}: expected a JSON object")
+    report = read_json_object(path, ReportError, "report file")
     schema = report.get("schema")
     if schema not in KNOWN_SCHEMAS:
         raise ReportError(f"{path}: field 'schema' is {schema!r}; expected one of {sorted(KNOWN_SCHEMAS)}")
