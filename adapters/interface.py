@@ -67,6 +67,7 @@ class RunConfig(_Model):
     trace: bool = Field(default=False, description="record per-round traces where supported")
     trace_draft_logits: bool = Field(default=False, description="also keep the drafter logits of each round")
     timing: bool = Field(default=False, description="per-stage timings (may synchronise the device)")
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs the engine shards the target over")
 
     @field_validator("budget")
     @classmethod
@@ -154,6 +155,7 @@ class Capabilities(_Model):
     draft_logits: bool = Field(default=False, description="traces can carry drafter logits")
     stage_timings: bool = False
     max_context: int | None = None
+    max_tensor_parallel: int = Field(default=1, ge=1, description="largest tensor_parallel_size accepted here")
     notes: list[str] = Field(default_factory=list)
 
 
