@@ -153,10 +153,22 @@ class Capabilities(_Model):
     traces: bool = Field(description="exact per-round traces (trees, accepted indices)")
     per_round_acceptance: bool = Field(description="per-round acceptance lengths")
     draft_logits: bool = Field(default=False, description="traces can carry drafter logits")
+    traced_modes: list[Mode] | None = Field(
+        default=None, description="modes whose results carry the traces and per-round acceptance; None: all modes"
+    )
     stage_timings: bool = False
     max_context: int | None = None
     max_tensor_parallel: int = Field(default=1, ge=1, description="largest tensor_parallel_size accepted here")
     notes: list[str] = Field(default_factory=list)
+
+
+    def traced(self, mode: str) -> bool:
+        """Whether results of ``mode`` carry exact per-round traces."""
+        return self.traces and (self.traced_modes is None or mode in self.traced_modes)
+
+    def per_round(self, mode: str) -> bool:
+        """Whether results of ``mode`` carry per-round acceptance lengths."""
+        return self.per_round_acceptance and (self.traced_modes is None or mode in self.traced_modes)
 
 
 class EngineError(RuntimeError):

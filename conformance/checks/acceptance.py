@@ -48,7 +48,7 @@ def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> Ch
     if errors:
         return CheckResult.failed(name, f"engine error: {errors[0].splitlines()[0]}")
     ref_tau = mean_tau(expected)
-    if caps.per_round_acceptance and all(r.acceptance_lengths is not None for r in results):
+    if caps.per_round(mode) and all(r.acceptance_lengths is not None for r in results):
         got = [r.acceptance_lengths for r in results]
         for prompt, want, have in zip(session.prompts, expected, got):
             if want != have:

@@ -79,10 +79,10 @@ def _spec_tree_problem(trace: RoundTrace, mode: str, budget: int | None) -> str 
 def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
     name = f"tree-structure[{mode}{'' if budget is None else f',B={budget}'}]"
     caps = session.capabilities
-    if not caps.traces:
-        return CheckResult.skipped(name, "engine gives no per-round traces")
     if mode not in caps.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
+    if not caps.traced(mode):
+        return CheckResult.skipped(name, f"engine gives no per-round traces in mode {mode}")
     limit = budget if mode == "ddtree" else None
     results = session.run(mode, budget, trace=True, trace_draft_logits=caps.draft_logits)
     rounds = 0
@@ -107,10 +107,10 @@ def check_branch_vs_chain(session: SuiteSession, budget: int) -> CheckResult:
     """Every node's target token equals the target's choice after its ancestor path as a chain."""
     name = f"branch-vs-chain[B={budget}]"
     caps = session.capabilities
-    if not caps.traces:
-        return CheckResult.skipped(name, "engine gives no per-round traces")
     if "ddtree" not in caps.modes:
         return CheckResult.skipped(name, "engine does not offer mode ddtree")
+    if not caps.traced("ddtree"):
+        return CheckResult.skipped(name, "engine gives no per-round traces in mode ddtree")
     s = session.settings
     results = session.run("ddtree", budget, trace=True)
     nodes = mismatches = 0
