@@ -20,12 +20,20 @@ the drafts split between requests). Averaging them over the batch gives the pool
 what the reference side of the acceptance check computes. With ``acceptance_scope="request"``
 requests run one at a time and each result carries its own deltas, with ``rounds = drafts``.
 
+DDTree. When the installed vLLM has no DDTree method of its own, mode ``ddtree`` runs through the
+out-of-tree plugin :mod:`adapters.vllm_ddtree` (vLLM 0.32, CPU): DFlash with
+``num_speculative_tokens = B`` plus ``additional_config={"ddtree": ...}``. The plugin writes one
+JSON line per verified tree to a file this adapter gives it, so ddtree results carry exact
+per-round acceptance lengths and, when asked, :class:`RoundTrace` objects (``traced_modes``).
+
 Options (``--engine-option KEY=VALUE`` or ``SuiteSettings.engine_options``):
 ``max_model_len`` (default: the target's ``max_position_embeddings``, at most 4096),
 ``kv_cache_gib`` (sets ``VLLM_CPU_KVCACHE_SPACE`` when unset; default 1), ``in_process`` (True),
 ``enforce_eager`` (default True on CPU, vLLM's default elsewhere), ``max_num_seqs``, ``seed`` (0),
 ``acceptance_scope`` ("batch" | "request"), ``ddtree_method`` ("ddtree") and ``ddtree_budget_key``
-("num_speculative_tokens"): the method name and budget key a DDTree-capable vLLM uses.
+("num_speculative_tokens"): the method name and budget key a DDTree-capable vLLM uses,
+``ddtree_plugin`` ("auto": the plugin when vLLM has no DDTree; "on"; "off") and
+``ddtree_runner_class`` ("module:Class", a runner subclass for the plugin: the suite's broken builds).
 """
 
 from __future__ import annotations
@@ -33,13 +41,14 @@ from __future__ import annotations
 import gc
 import json
 import os
+import tempfile
 import typing
 import warnings
 from pathlib import Path
 
 import vllm  # noqa: F401  (a missing vLLM makes the registry say "engine 'vllm' is not available here")
 
-from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RunConfig
+from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RoundTrace, RunConfig
 from . import names
 from .names import TESTED_VERSIONS
 
@@ -136,7 +145,7 @@ class VllmEngine(Engine):
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
         super().__init__(model_dir, drafter_dir, **options)
         known = {"max_model_len", "kv_cache_gib", "in_process", "enforce_eager", "max_num_seqs", "seed",
-                 "acceptance_scope", "ddtree_method", "ddtree_budget_key"}
+                 "acceptance_scope", "ddtree_method", "ddtree_budget_key", "ddtree_plugin", "ddtree_runner_class"}
         unknown = sorted(set(options) - known)
         if unknown:
             raise EngineError(f"engine 'vllm': unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -171,6 +180,22 @@ class VllmEngine(Engine):
                                   f"got {block!r}")
             self.block_size = block
         self.ddtree_ok, self.ddtree_why = probe_method(self.ddtree_method, self.ddtree_budget_key)
+        plugin = str(options.get("ddtree_plugin", "auto")).strip().lower()
+        if plugin not in ("auto", "on", "off"):
+            raise EngineError(f"engine 'vllm': ddtree_plugin must be auto, on or off, got {plugin!r}")
+        self.runner_class = options.get("ddtree_runner_class")
+        self.plugin = False
+        if plugin == "on" or (plugin == "auto" and not self.ddtree_ok):
+            from adapters.vllm_ddtree import unavailable_reason
+
+            why = unavailable_reason()
+            if why is None:
+                self.plugin, self.ddtree_ok, self.ddtree_why = True, True, ""
+            elif plugin == "on":
+                raise EngineError(f"engine 'vllm': ddtree_plugin=on but {why}")
+            else:
+                self.ddtree_why += f"; and {why}"
+        self._trace_dir = tempfile.mkdtemp(prefix="ddtree-vllm-traces-") if self.plugin else None
         self._dflash_ok, self._dflash_why = probe_method(names.DFLASH_METHOD)
         self._llm = None
         self._llm_key: tuple | None = None
@@ -207,6 +232,9 @@ class VllmEngine(Engine):
                 notes.append(f"no dflash: {self._dflash_why}")
             if self.ddtree_ok:
                 modes.append("ddtree")
+                if self.plugin:
+                    notes.append("ddtree runs through the out-of-tree plugin adapters.vllm_ddtree (exact "
+                                  "per-round traces); dflash is stock vLLM")
             else:
                 notes.append(f"no ddtree in this vLLM: {self.ddtree_why}")
         if not version_tested(self.version):
@@ -218,8 +246,10 @@ class VllmEngine(Engine):
             dtypes=["float32", "bfloat16"] + (["float16"] if self.cuda else []),
             devices=["cuda"] if self.cuda else ["cpu"],  # a CUDA build of vLLM does not run on the CPU
             sampling=True,
-            traces=False,
-            per_round_acceptance=False,
+            traces=self.plugin,
+            per_round_acceptance=self.plugin,
+            draft_logits=self.plugin,
+            traced_modes=["ddtree"] if self.plugin else None,
             max_context=self.max_model_len,
             notes=notes,
         )
@@ -236,6 +266,8 @@ class VllmEngine(Engine):
                     "num_speculative_tokens": self.block_size - 1}
         if not self.ddtree_ok:
             raise EngineError(f"engine 'vllm': mode ddtree unavailable: {self.ddtree_why}")
+        if self.plugin:
+            return {"method": names.DFLASH_METHOD, "model": self.drafter_dir, "num_speculative_tokens": config.budget}
         spec = {"method": self.ddtree_method, "model": self.drafter_dir, self.ddtree_budget_key: config.budget}
         if self.ddtree_budget_key != "num_speculative_tokens":
             spec.setdefault("num_speculative_tokens", self.block_size - 1)
@@ -259,7 +291,8 @@ class VllmEngine(Engine):
         device = config.device.split(":", 1)[0]
         if device not in caps.devices:
             raise EngineError(f"engine 'vllm': device {config.device} not supported here ({', '.join(caps.devices)})")
-        key = (config.mode, config.budget if config.mode == "ddtree" else None, config.dtype)
+        key = (config.mode, config.budget if config.mode == "ddtree" else None, config.dtype,
+               config.trace_draft_logits if self._plugin_mode(config) else None)
         if self._llm is not None and self._llm_key == key:
             return self._llm
         self._shutdown_llm()
@@ -268,6 +301,8 @@ class VllmEngine(Engine):
         spec = self._speculative_config(config)
         if spec is not None:
             kwargs["speculative_config"] = spec
+        if self._plugin_mode(config):
+            kwargs["additional_config"] = {"ddtree": self._plugin_options(config)}
         if self.max_num_seqs is not None:
             kwargs["max_num_seqs"] = self.max_num_seqs
         try:
@@ -276,6 +311,37 @@ class VllmEngine(Engine):
             raise EngineError(f"engine 'vllm': LLM({config.mode}, {config.dtype}) failed: {type(exc).__name__}: {exc}") from exc
         self._llm_key = key
         return self._llm
+
+    def _plugin_mode(self, config: RunConfig) -> bool:
+        return self.plugin and config.mode == "ddtree"
+
+    @property
+    def _trace_path(self) -> str:
+        return os.path.join(self._trace_dir, "rounds.jsonl")
+
+    def _plugin_options(self, config: RunConfig) -> dict:
+        options = {"trace_path": self._trace_path, "trace_draft_logits": bool(config.trace_draft_logits)}
+        if self.runner_class:
+            options["runner_class"] = str(self.runner_class)
+        return options
+
+    def _read_traces(self) -> dict[str, list[dict]]:
+        """The plugin's rounds since the file was last cleared, by external request id, in order."""
+        by_request: dict[str, list[dict]] = {}
+        try:
+            with open(self._trace_path, encoding="utf-8") as fh:
+                lines = fh.readlines()
+        except FileNotFoundError:
+            return by_request
+        for line in lines:
+            row = json.loads(line)
+            external = row["req_id"].rsplit("-", 1)[0]  # vLLM appends "-<8 random chars>" internally
+            by_request.setdefault(external, []).append(row)
+        return by_request
+
+    @staticmethod
+    def _round_trace(row: dict) -> RoundTrace:
+        return RoundTrace(**{k: row[k] for k in RoundTrace.model_fields if k in row})
 
     def _sampling_params(self, request: Request):
         sampled = request.temperature > 0
@@ -292,6 +358,8 @@ class VllmEngine(Engine):
         )
 
     def _run(self, llm, requests: list[Request], spec: bool) -> tuple[list, dict]:
+        if self._trace_dir is not None:
+            open(self._trace_path, "w").close()
         before = metric_snapshot(llm) if spec else {}
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
         outputs = llm.generate(prompts, [self._sampling_params(r) for r in requests], use_tqdm=False)
@@ -347,9 +415,23 @@ class VllmEngine(Engine):
             extra = self._aggregates(delta) if spec else {}
             if spec and self.scope == "batch":
                 extra["rounds"] = None  # batch-pooled aggregates: per-request rounds unknown
+            rounds = self._read_traces() if self._plugin_mode(config) else None
             for i, output in zip(group, outputs):
-                results[i] = self._result(output, extra)
+                own = dict(extra)
+                if rounds is not None:
+                    rows = rounds.get(str(output.request_id), [])
+                    lengths = [len(r["accepted"]) + 1 for r in rows]
+                    own.update(aggregate_only=False, rounds=len(lengths), acceptance_lengths=lengths,
+                               mean_acceptance=sum(lengths) / len(lengths) if lengths else None,
+                               per_position_acceptance=None)
+                    if config.trace:
+                        own["traces"] = [self._round_trace(r) for r in rows]
+                results[i] = self._result(output, own)
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
         self._shutdown_llm()
+        if self._trace_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._trace_dir, ignore_errors=True)

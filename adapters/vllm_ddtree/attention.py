@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 
+from .tree import visibility  # noqa: F401  (re-exported: the mask this impl applies)
+
 __all__ = ["TreeRows", "TreeAttentionImpl", "visibility", "UNSUPPORTED_LAYER_FEATURES"]
 
 
@@ -35,20 +37,6 @@ class TreeRows:
     parents: list[int]  # per node, root -1
     visible: torch.Tensor  # bool [n, start + 1 + n]: what node rows 1..n may attend to
     block_row: torch.Tensor | None = None  # the request's block-table row, as the kernel reads it
-
-
-def visibility(start: int, parents: list[int]) -> torch.Tensor:
-    """Node ``i`` (1..n) sees the context ``[0, start]`` (root included) and its ancestors and itself."""
-    n = len(parents) - 1
-    seen = torch.zeros(n + 1, n + 1, dtype=torch.bool)
-    seen[0, 0] = True
-    for node in range(1, n + 1):
-        seen[node] = seen[parents[node]]
-        seen[node, node] = True
-    mask = torch.zeros(n, start + 1 + n, dtype=torch.bool)
-    mask[:, : start + 1] = True
-    mask[:, start + 1:] = seen[1:, 1:]
-    return mask
 
 
 # Impl attributes that change attention in ways the torch recompute does not model.

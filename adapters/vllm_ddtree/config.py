@@ -28,8 +28,12 @@ STOCK_CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
 MAX_BUDGET = 128
 
 
-class DDTreeConfigError(ValueError):
-    """DDTree was asked for in a configuration the plugin refuses; the message names the setting."""
+class DDTreeConfigError(RuntimeError):
+    """DDTree was asked for in a configuration the plugin refuses; the message names the setting.
+
+    Not a ValueError: vLLM builds its config in a pydantic validator, which would bury a ValueError
+    in a "1 validation error for VllmConfig" report; this one reaches the caller as it is.
+    """
 
 
 class DDTreeOptions(BaseModel):

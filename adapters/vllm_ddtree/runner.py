@@ -25,7 +25,6 @@ methods, so the suite's deliberately broken builds override exactly one of them.
 from __future__ import annotations
 
 import json
-import os
 import threading
 
 import torch
@@ -33,9 +32,9 @@ from vllm.v1.outputs import SamplerOutput
 from vllm.v1.spec_decode.dflash import DFlashProposer
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
-from .attention import UNSUPPORTED_LAYER_FEATURES, TreeAttentionImpl, TreeRows, visibility
+from .attention import UNSUPPORTED_LAYER_FEATURES, TreeAttentionImpl, TreeRows
 from .config import DDTreeConfigError, DDTreeOptions
-from .tree import NodeSampler, Tree, best_first_tree, walk
+from .tree import NodeSampler, Tree, best_first_tree, visibility, walk
 
 __all__ = ["DDTreeCPUModelRunner", "TreeDrafter", "TreeSampler", "per_layer_context_k_norm"]
 
@@ -322,4 +321,3 @@ class DDTreeCPUModelRunner(CPUModelRunner):
             for trace in traces:
                 fh.write(json.dumps(trace) + "\n")
             fh.flush()
-            os.fsync(fh.fileno())

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Tree", "best_first_tree", "ranked_tokens", "walk", "NodeSampler"]
+__all__ = ["Tree", "best_first_tree", "ranked_tokens", "walk", "NodeSampler", "visibility"]
 
 
 @dataclass
@@ -134,3 +134,17 @@ def walk(tree: Tree, node_logits: torch.Tensor, choose) -> tuple[list[int], list
             return accepted, targets, token
         accepted.append(child)
         node = child
+
+
+def visibility(start: int, parents: list[int]) -> torch.Tensor:
+    """Node ``i`` (1..n) sees the context ``[0, start]`` (root included) and its ancestors and itself."""
+    n = len(parents) - 1
+    seen = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    seen[0, 0] = True
+    for node in range(1, n + 1):
+        seen[node] = seen[parents[node]]
+        seen[node, node] = True
+    mask = torch.zeros(n, start + 1 + n, dtype=torch.bool)
+    mask[:, : start + 1] = True
+    mask[:, start + 1:] = seen[1:, 1:]
+    return mask
