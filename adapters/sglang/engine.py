@@ -1,0 +1,605 @@
+"""The SGLang engine adapter.
+
+:class:`SglangEngine` drives SGLang's offline engine (``sgl.Engine``) in the process that
+constructs it. The suite wraps it in :class:`~adapters.process.IsolatedEngine`, so each suite
+engine is one child process; inside it the adapter keeps one ``sgl.Engine`` per (mode, budget,
+dtype, tensor_parallel_size, GPU) and shuts it down before building the next.
+
+``sgl.Engine`` starts its scheduler and detokenizer as child processes
+(``srt/entrypoints/engine.py``, ``mp.Process``), and IsolatedEngine's child is a daemon, which
+Python forbids to have children. The adapter clears that flag before building an engine
+(:func:`allow_children`). Nothing leaks when the child is killed: SGLang's subprocesses ask the
+kernel to SIGKILL them when their parent dies (``kill_itself_when_parent_died``,
+``srt/utils/common.py:3432``, called at ``managers/scheduler.py:6269`` and
+``managers/detokenizer_manager.py:550``).
+
+SGLang runs on CUDA only here (its CPU backend needs a source build and rejects DFLASH:
+``arg_groups/speculative_hook.py:294-301``). On a machine without CUDA the adapter still
+constructs and reports :meth:`capabilities` (``devices == []``, with the reason in the notes), so
+contract tests and ``ddtree-conformance engines`` work; :meth:`generate` raises one EngineError.
+
+Acceptance. SGLang has no per-round traces, but every finished speculative request carries
+``meta_info`` counters (``srt/managers/tokenizer_manager.py:3149-3201``): ``spec_verify_ct``
+(verify rounds), ``spec_num_correct_drafts`` (accepted drafts, bonus excluded) and
+``spec_correct_drafts_histogram`` (rounds per accepted-draft count). The adapter reports
+``rounds = spec_verify_ct`` (``aggregate_only=True``), tau as doc §4 defines it, accepted plus
+bonus per round: ``1 + spec_num_correct_drafts / spec_verify_ct``, and per-position acceptance
+from the histogram. (SGLang's own ``spec_accept_length`` is ``completion_tokens /
+spec_verify_ct``, tokenizer_manager.py:3166: it counts the token sampled at prefill, which no
+round produced, and the tokens cut at ``max_new_tokens``; about 1/rounds off the reference's tau.)
+With ``acceptance_scope="batch"`` (default) tau and per-position values are pooled over the batch
+(all rounds of all requests, as the suite's reference side pools them) and every result carries
+the pooled values; ``rounds`` stays each request's own count. ``"request"``: each result its own.
+
+Options (``--engine-option KEY=VALUE`` or ``SuiteSettings.engine_options``): ``seed`` (0,
+ServerArgs ``random_seed``), ``context_length`` (default: SGLang reads the target config),
+``mem_fraction_static``, ``max_running_requests``, ``attention_backend``, ``deterministic``
+(False; ``enable_deterministic_inference``: SGLang honours ``sampling_seed`` only then,
+``srt/sampling/sampling_batch_info.py:157-170``), ``cuda_graph`` (True; False sets
+``disable_cuda_graph``), ``log_level`` ("error"), ``acceptance_scope`` ("batch" | "request"),
+``ddtree_algorithm`` ("DDTREE") and ``ddtree_budget_arg`` ("speculative_ddtree_budget"): the
+algorithm name and ServerArgs budget field of a DDTree-capable SGLang (PR #29907's, or a plugin's).
+"""
+
+from __future__ import annotations
+
+import ast
+import gc
+import importlib
+import importlib.util
+import inspect
+import json
+import logging
+import multiprocessing
+import typing
+import warnings
+from pathlib import Path
+
+import sglang  # a missing SGLang makes the registry say "engine 'sglang' is not available here"
+
+from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RunConfig
+from . import names
+from .names import TESTED_VERSIONS
+
+__all__ = [
+    "TESTED_VERSIONS",
+    "SglangEngine",
+    "allow_children",
+    "builtin_algorithms",
+    "check_engine_api",
+    "check_finish_types",
+    "check_meta_keys",
+    "check_register_api",
+    "check_sampling_keys",
+    "check_server_args",
+    "finish_types",
+    "load_plugins",
+    "probe_algorithm",
+    "probe_ddtree",
+    "resolve",
+    "server_args_fields",
+    "version_tested",
+]
+
+logger = logging.getLogger(__name__)
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_SCOPES = ("batch", "request")
+
+
+def version_tested(version: str) -> bool:
+    return any(version == v or version.startswith(v + ".") for v in TESTED_VERSIONS)
+
+
+def resolve(path: str):
+    """Import ``module:attr`` (attr may be dotted)."""
+    module_name, _, attr = path.partition(":")
+    obj = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# -- ServerArgs ------------------------------------------------------------------------------------
+def server_args_fields() -> dict[str, object]:
+    """Field name -> annotation of the installed ``ServerArgs`` (a msgspec Struct, server_args.py:551)."""
+    import msgspec
+
+    server_args = resolve(names.SERVER_ARGS)
+    return {f.name: f.type for f in msgspec.structs.fields(server_args)}
+
+
+def _choices(annotation) -> list | None:
+    """The ``Arg(choices=...)`` of an ``Annotated[T, Arg(...)]`` field (arg_groups/arg_utils.py), if any."""
+    for meta in typing.get_args(annotation)[1:] if typing.get_origin(annotation) is typing.Annotated else ():
+        choices = getattr(meta, "choices", None)
+        if choices:
+            return list(choices)
+    return None
+
+
+def check_server_args(kwargs: dict) -> list[str]:
+    """Problems with ``kwargs`` as ``sgl.Engine(**kwargs)`` / ``ServerArgs(**kwargs)`` arguments.
+
+    Each key must be a ServerArgs field, each value must convert to the field's type (msgspec, which
+    validates; the Struct's own constructor does not) and lie in the field's ``choices`` if it has
+    any. An empty list means SGLang will accept them at construction.
+    """
+    import msgspec
+
+    fields = server_args_fields()
+    problems = []
+    for key, value in kwargs.items():
+        if key not in fields:
+            problems.append(f"ServerArgs has no field {key!r}")
+            continue
+        annotation = fields[key]
+        try:
+            msgspec.convert(value, type=annotation)
+        except (msgspec.ValidationError, TypeError) as exc:
+            problems.append(f"ServerArgs.{key} = {value!r}: {exc}")
+            continue
+        choices = _choices(annotation)
+        if choices is not None and value is not None and value not in choices:
+            problems.append(f"ServerArgs.{key} = {value!r} is not one of {choices}")
+    return problems
+
+
+# -- speculative algorithms --------------------------------------------------------------------------
+def builtin_algorithms() -> list[str]:
+    """Members of the installed ``SpeculativeAlgorithm`` enum, less ``NONE``."""
+    spec = resolve(names.SPEC_ALGORITHM)
+    return [m for m in spec.__members__ if m != names.NO_ALGORITHM]
+
+
+def load_plugins() -> None:
+    """Run SGLang's general plugins (entry points ``sglang.srt.plugins``), as ``sgl.Engine`` does first.
+
+    Idempotent in SGLang (plugins/__init__.py:119-122). Plugins register out-of-tree algorithms
+    through ``SpeculativeAlgorithm.register``.
+    """
+    resolve(names.LOAD_PLUGINS)()
+
+
+def _algorithm(name: str):
+    """The installed algorithm object for ``name`` (enum member or registered plugin), or None."""
+    spec = resolve(names.SPEC_ALGORITHM)
+    if name.upper() == names.NO_ALGORITHM:
+        return None
+    try:
+        return getattr(spec, names.FROM_STRING)(name)
+    except ValueError:
+        return None
+
+
+def probe_algorithm(name: str) -> tuple[bool, str]:
+    """Whether the installed SGLang knows speculative algorithm ``name`` (builtin or registered), and why not."""
+    if _algorithm(name) is not None:
+        return True, ""
+    return False, (f"SpeculativeAlgorithm has no algorithm {name!r} (builtins: {', '.join(builtin_algorithms())}; "
+                   f"none registered under that name through SpeculativeAlgorithm.{names.REGISTER} or a "
+                   f"{names.PLUGINS_GROUP} plugin)")
+
+
+def probe_ddtree(algorithm: str, budget_arg: str) -> tuple[bool, str]:
+    """Whether this SGLang offers DDTree as ``algorithm`` with its budget in ServerArgs field ``budget_arg``."""
+    ok, why = probe_algorithm(algorithm)
+    missing_field = budget_arg not in server_args_fields()
+    if ok and not missing_field:
+        return True, ""
+    reasons = [why] if not ok else []
+    if missing_field:
+        reasons.append(f"ServerArgs has no budget field {budget_arg!r}")
+    return False, "; ".join(reasons)
+
+
+def check_register_api() -> list[str]:
+    """Problems with ``SpeculativeAlgorithm.register`` against the parameters in :mod:`names`."""
+    spec = resolve(names.SPEC_ALGORITHM)
+    register = getattr(spec, names.REGISTER, None)
+    if not callable(register):
+        return [f"SpeculativeAlgorithm.{names.REGISTER} is missing"]
+    params = inspect.signature(register).parameters
+    problems = [f"SpeculativeAlgorithm.{names.REGISTER} has no parameter {p!r}"
+                for p in names.REGISTER_PARAMS if p not in params]
+    if not callable(getattr(spec, names.FROM_STRING, None)):
+        problems.append(f"SpeculativeAlgorithm.{names.FROM_STRING} is missing")
+    return problems
+
+
+# -- engine API, sampling params, meta_info (read without importing GPU-only modules) --------------
+def _module_source(module_name: str) -> tuple[str, str]:
+    spec = importlib.util.find_spec(module_name)
+    if spec is None or not spec.origin:
+        raise EngineError(f"engine 'sglang': module {module_name} not found in the installed SGLang")
+    return spec.origin, Path(spec.origin).read_text()
+
+
+def check_engine_api(path: str = names.ENGINE, methods=names.ENGINE_METHODS,
+                     generate_kwargs=names.GENERATE_KWARGS) -> list[str]:
+    """Problems with the offline engine class: its methods and ``generate``'s keyword arguments.
+
+    Read from the source (ast): ``srt/entrypoints/engine.py`` imports GPU-only packages at module
+    level (flashinfer's TVM FFI, torchvision), which a CPU contract venv does not have.
+    """
+    module_name, _, class_name = path.partition(":")
+    origin, source = _module_source(module_name)
+    classes = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    if not classes:
+        return [f"{origin}: no class {class_name}"]
+    defs = {n.name: n for n in classes[0].body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    problems = [f"{class_name}.{m} is missing" for m in methods if m not in defs]
+    if "generate" in defs:
+        args = defs["generate"].args
+        have = {a.arg for a in args.args + args.kwonlyargs}
+        problems += [f"{class_name}.generate has no parameter {k!r}" for k in generate_kwargs if k not in have]
+    return problems
+
+
+def check_sampling_keys(keys=names.SAMPLING_KEYS) -> list[str]:
+    import msgspec
+
+    fields = {f.name for f in msgspec.structs.fields(resolve(names.SAMPLING_PARAMS))}
+    return [f"SamplingParams has no field {k!r}" for k in keys if k not in fields]
+
+
+def check_meta_keys(keys=names.META_KEYS, module_name: str = names.META_SOURCE_MODULE) -> list[str]:
+    """Keys that never appear as a string literal in the module that builds ``meta_info``."""
+    origin, source = _module_source(module_name)
+    literals = {n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return [f"{origin} never produces meta_info key {k!r}" for k in keys if k not in literals]
+
+
+def finish_types(module_name: str = names.FINISH_SOURCE_MODULE) -> set[str]:
+    """The ``"type"`` values that the finish-reason classes' ``to_json`` produce (read by source)."""
+    _, source = _module_source(module_name)
+    found: set[str] = set()
+    for cls in ast.walk(ast.parse(source)):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for fn in cls.body:
+            if not (isinstance(fn, ast.FunctionDef) and fn.name == "to_json"):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Dict):
+                    for k, v in zip(node.keys, node.values):
+                        if isinstance(k, ast.Constant) and k.value == names.META_FINISH_TYPE and isinstance(v, ast.Constant):
+                            found.add(v.value)
+    return found
+
+
+def check_finish_types(mapped=None, module_name: str = names.FINISH_SOURCE_MODULE) -> list[str]:
+    """Mapped finish types that SGLang never produces."""
+    produced = finish_types(module_name)
+    mapped = names.FINISH_TYPES if mapped is None else mapped
+    return [f"SGLang never reports finish type {t!r} (it reports: {', '.join(sorted(produced))})"
+            for t in mapped if t not in produced]
+
+
+# -- processes ---------------------------------------------------------------------------------------
+def allow_children() -> None:
+    """Let this process start children even if it is a multiprocessing daemon (see module doc)."""
+    current = multiprocessing.current_process()
+    if current.daemon:
+        current.daemon = False
+
+
+def _cuda_devices() -> int:
+    try:
+        import torch
+
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except (ImportError, RuntimeError):  # a broken CUDA install counts as none
+        return 0
+
+
+# -- option parsing ------------------------------------------------------------------------------
+def _opt_bool(key: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise EngineError(f"engine 'sglang': option {key} must be true or false, got {value!r}")
+
+
+def _opt_number(key: str, value, kind, low=None, high=None):
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise EngineError(f"engine 'sglang': option {key} must be {kind.__name__}, got {value!r}") from None
+    if (low is not None and number < low) or (high is not None and number > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise EngineError(f"engine 'sglang': option {key} must be {bounds}, got {value!r}")
+    return number
+
+
+class SglangEngine(Engine):
+    """SGLang's offline engine behind the suite's :class:`Engine` interface (see module doc)."""
+
+    name = "sglang"
+    OPTIONS = ("seed", "context_length", "mem_fraction_static", "max_running_requests", "attention_backend",
+               "deterministic", "cuda_graph", "log_level", "acceptance_scope", "ddtree_algorithm",
+               "ddtree_budget_arg")
+
+    def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
+        super().__init__(model_dir, drafter_dir, **options)
+        unknown = sorted(set(options) - set(self.OPTIONS))
+        if unknown:
+            raise EngineError(f"engine 'sglang': unknown option(s) {', '.join(unknown)}; "
+                              f"known: {', '.join(sorted(self.OPTIONS))}")
+        self.version = getattr(sglang, "__version__", "unknown")
+        if not version_tested(self.version):
+            warnings.warn(
+                f"SGLang {self.version} is outside the adapter's tested range "
+                f"({', '.join(v + '.x' for v in TESTED_VERSIONS)})",
+                stacklevel=2,
+            )
+        self.seed = _opt_number("seed", options.get("seed", 0), int)
+        self.context_length = (_opt_number("context_length", options["context_length"], int, 1)
+                               if "context_length" in options else None)
+        self.mem_fraction_static = (_opt_number("mem_fraction_static", options["mem_fraction_static"], float, 0.0, 1.0)
+                                    if "mem_fraction_static" in options else None)
+        self.max_running_requests = (_opt_number("max_running_requests", options["max_running_requests"], int, 1)
+                                     if "max_running_requests" in options else None)
+        self.attention_backend = str(options["attention_backend"]) if "attention_backend" in options else None
+        self.deterministic = _opt_bool("deterministic", options.get("deterministic", False))
+        self.cuda_graph = _opt_bool("cuda_graph", options.get("cuda_graph", True))
+        self.log_level = str(options.get("log_level", "error"))
+        self.scope = str(options.get("acceptance_scope", "batch"))
+        if self.scope not in _SCOPES:
+            raise EngineError(f"engine 'sglang': option acceptance_scope must be 'batch' or 'request', got {self.scope!r}")
+        self.ddtree_algorithm = str(options.get("ddtree_algorithm", names.DEFAULT_DDTREE_ALGORITHM)).strip()
+        self.ddtree_budget_arg = str(options.get("ddtree_budget_arg", names.DEFAULT_DDTREE_BUDGET_ARG)).strip()
+        if not self.ddtree_algorithm:
+            raise EngineError("engine 'sglang': option ddtree_algorithm is empty")
+        if not self.ddtree_budget_arg:
+            raise EngineError("engine 'sglang': option ddtree_budget_arg is empty")
+        # Settings SGLang itself would reject at ServerArgs resolution: report them now, naming the option.
+        option_fields = {"attention_backend": self.attention_backend, "log_level": self.log_level}
+        bad = check_server_args({k: v for k, v in option_fields.items() if v is not None})
+        if bad:
+            raise EngineError(f"engine 'sglang': bad option value: {'; '.join(bad)}")
+
+        target = self._read_config(model_dir, "target")
+        self.max_context = self.context_length or int(target.get("max_position_embeddings") or 0) or None
+        self.block_size = None
+        if drafter_dir is not None:
+            block = self._read_config(drafter_dir, "drafter").get("block_size")
+            if not isinstance(block, int) or block < 2:
+                raise EngineError(f"engine 'sglang': drafter {drafter_dir}/config.json: block_size must be an int >= 2, "
+                                  f"got {block!r}")
+            self.block_size = block
+        load_plugins()  # sgl.Engine does this first too (engine.py:286); plugins may register DDTree
+        self._dflash_ok, self._dflash_why = probe_algorithm(names.DFLASH_ALGORITHM)
+        self.ddtree_ok, self.ddtree_why = probe_ddtree(self.ddtree_algorithm, self.ddtree_budget_arg)
+        self.gpus = _cuda_devices()
+        self._engine = None
+        self._engine_key: tuple | None = None
+
+    # -- helpers ---------------------------------------------------------------------------
+    @staticmethod
+    def _read_config(directory: str, what: str) -> dict:
+        path = Path(directory) / "config.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise EngineError(f"engine 'sglang': cannot read the {what} config {path}: {exc}") from None
+
+    # -- Engine interface ------------------------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        modes = ["plain"]
+        notes = [(f"SGLang {self.version}; no per-round traces: acceptance from meta_info "
+                  f"{names.META_VERIFY_CT}/{names.META_CORRECT_DRAFTS}/{names.META_ACCEPT_HISTOGRAM} "
+                  f"({self.scope} scope)")]
+        if not self.gpus:
+            notes.append("SGLang needs CUDA: no CUDA device is visible here, so no device is offered")
+        if self.drafter_dir is None:
+            notes.append("no drafter given: plain only")
+        else:
+            if self._dflash_ok:
+                modes.append("dflash")
+            else:
+                notes.append(f"no dflash: {self._dflash_why}")
+            if self.ddtree_ok:
+                modes.append("ddtree")
+            else:
+                notes.append(f"no ddtree in this SGLang: {self.ddtree_why}")
+        if not self.deterministic:
+            notes.append("sampling seeds are honoured only with option deterministic=true "
+                         "(enable_deterministic_inference)")
+        if not version_tested(self.version):
+            notes.append(f"version {self.version} is outside the tested range {', '.join(TESTED_VERSIONS)}")
+        return Capabilities(
+            name=self.name,
+            version=self.version,
+            modes=modes,
+            dtypes=["float32", "bfloat16", "float16"],
+            devices=["cuda"] if self.gpus else [],
+            sampling=True,
+            traces=False,
+            per_round_acceptance=False,
+            max_context=self.max_context,
+            max_tensor_parallel=max(1, self.gpus),
+            notes=notes,
+        )
+
+    def _gpu_index(self, device: str) -> int:
+        kind, _, index = device.partition(":")
+        if kind != names.DEVICE:
+            raise EngineError(f"engine 'sglang': device {device} not supported: SGLang runs on CUDA only here")
+        if not self.gpus:
+            raise EngineError("engine 'sglang': SGLang needs CUDA, and no CUDA device is visible here")
+        if not index:
+            return 0
+        if not index.isdigit() or int(index) >= self.gpus:
+            raise EngineError(f"engine 'sglang': device {device}: {self.gpus} CUDA device(s) visible here")
+        return int(index)
+
+    def server_args(self, config: RunConfig) -> dict:
+        """The ``sgl.Engine`` keyword arguments (ServerArgs fields) for ``config``.
+
+        Needs no GPU; ``config.device`` only sets ``base_gpu_id``. Raises EngineError for a mode
+        this SGLang or this drafter cannot run.
+        """
+        gpu = 0
+        kind, _, index = config.device.partition(":")
+        if kind == names.DEVICE and index.isdigit():
+            gpu = int(index)
+        kwargs = {"model_path": self.model_dir, "dtype": config.dtype, "tp_size": config.tensor_parallel_size,
+                  "random_seed": self.seed, "device": names.DEVICE, "base_gpu_id": gpu, "skip_tokenizer_init": True,
+                  "log_level": self.log_level}
+        optional = {"context_length": self.context_length, "mem_fraction_static": self.mem_fraction_static,
+                    "max_running_requests": self.max_running_requests, "attention_backend": self.attention_backend}
+        kwargs.update({k: v for k, v in optional.items() if v is not None})
+        if self.deterministic:
+            kwargs["enable_deterministic_inference"] = True
+        if not self.cuda_graph:
+            kwargs["disable_cuda_graph"] = True
+        if config.mode == "plain":
+            return kwargs
+        if self.drafter_dir is None:
+            raise EngineError(f"engine 'sglang': mode {config.mode} needs a drafter")
+        if config.mode == "dflash":
+            if not self._dflash_ok:
+                raise EngineError(f"engine 'sglang': mode dflash unavailable: {self._dflash_why}")
+            algorithm = names.DFLASH_ALGORITHM
+        else:
+            if not self.ddtree_ok:
+                raise EngineError(f"engine 'sglang': mode ddtree unavailable: {self.ddtree_why}")
+            algorithm = self.ddtree_algorithm
+        # DFLASH: verify window = block_size; steps and topk must be 1 (speculative_hook.py:334-387).
+        kwargs.update(speculative_algorithm=algorithm, speculative_draft_model_path=self.drafter_dir,
+                      speculative_num_draft_tokens=self.block_size, speculative_num_steps=1,
+                      speculative_eagle_topk=1)
+        if config.mode == "ddtree":
+            kwargs[self.ddtree_budget_arg] = config.budget
+            if getattr(_algorithm(algorithm), names.SUPPORTS_OVERLAP, True) is False:
+                kwargs["disable_overlap_schedule"] = True  # else create_worker refuses (spec_registry.py:137)
+        return kwargs
+
+    def _shutdown_engine(self) -> None:
+        engine, self._engine, self._engine_key = self._engine, None, None
+        if engine is None:
+            return
+        try:
+            engine.shutdown()  # blocks until the scheduler released the GPU (engine.py:1450)
+        except Exception:  # best effort: the process may be on its way out anyway; the log says why
+            logger.exception("engine 'sglang': sgl.Engine.shutdown failed")
+        del engine
+        gc.collect()
+
+    def _get_engine(self, config: RunConfig):
+        gpu = self._gpu_index(config.device)
+        if config.tensor_parallel_size > self.gpus - gpu:
+            raise EngineError(f"engine 'sglang': tensor_parallel_size {config.tensor_parallel_size} needs that many GPUs "
+                              f"from cuda:{gpu}; {self.gpus} visible")
+        key = (config.mode, config.budget if config.mode == "ddtree" else None, config.dtype,
+               config.tensor_parallel_size, gpu)
+        if self._engine is not None and self._engine_key == key:
+            return self._engine
+        self._shutdown_engine()
+        kwargs = self.server_args(config)
+        allow_children()
+        try:
+            self._engine = resolve(names.ENGINE)(**kwargs)
+        except Exception as exc:
+            raise EngineError(f"engine 'sglang': sgl.Engine({config.mode}, {config.dtype}, "
+                              f"tp={config.tensor_parallel_size}) failed: {type(exc).__name__}: {exc}") from exc
+        self._engine_key = key
+        return self._engine
+
+    @staticmethod
+    def sampling_params(request: Request) -> dict:
+        params = {
+            "max_new_tokens": request.max_new_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "top_k": request.top_k if request.top_k > 0 else names.TOP_K_DISABLED,
+            "stop_token_ids": list(request.stop_token_ids),
+            "ignore_eos": True,  # stop only on the request's own stop_token_ids
+        }
+        if request.temperature > 0:
+            params["sampling_seed"] = request.seed
+        return params
+
+    def _depth(self) -> int:
+        return (self.block_size or 1) - 1
+
+    def _per_position(self, histogram: list[int], rounds: int) -> list[float]:
+        depth = max(self._depth(), len(histogram) - 1)
+        return [sum(histogram[d:]) / rounds for d in range(1, depth + 1)]
+
+    def _aggregates(self, metas: list[dict]) -> list[dict]:
+        """Per-result acceptance fields from each request's meta_info (see module doc)."""
+        counts = []
+        for meta in metas:
+            rounds = int(meta.get(names.META_VERIFY_CT) or 0)
+            correct = int(meta.get(names.META_CORRECT_DRAFTS) or 0)
+            histogram = [int(n) for n in (meta.get(names.META_ACCEPT_HISTOGRAM) or [])]
+            counts.append((rounds, correct, histogram))
+        if self.scope == "batch":
+            rounds = sum(c[0] for c in counts)
+            correct = sum(c[1] for c in counts)
+            width = max((len(c[2]) for c in counts), default=0)
+            histogram = [sum(c[2][k] for c in counts if k < len(c[2])) for k in range(width)]
+            pooled = ({"mean_acceptance": 1.0 + correct / rounds, "per_position_acceptance": self._per_position(histogram, rounds)}
+                      if rounds else {})
+            return [{"aggregate_only": True, "rounds": c[0], **pooled} for c in counts]
+        out = []
+        for rounds, correct, histogram in counts:
+            extra = {"aggregate_only": True, "rounds": rounds}
+            if rounds:
+                extra.update(mean_acceptance=1.0 + correct / rounds,
+                             per_position_acceptance=self._per_position(histogram, rounds))
+            out.append(extra)
+        return out
+
+    @staticmethod
+    def _result(output: dict, extra: dict) -> RequestResult:
+        ids = [int(t) for t in output.get(names.OUTPUT_IDS) or []]
+        finish = (output.get(names.META_INFO) or {}).get(names.META_FINISH_REASON)
+        kind = finish.get(names.META_FINISH_TYPE) if isinstance(finish, dict) else finish
+        reason = names.FINISH_TYPES.get(str(kind))
+        if reason is None:
+            return RequestResult(output_ids=ids, finish_reason="error", error=f"SGLang finish_reason {finish!r}")
+        return RequestResult(output_ids=ids, finish_reason=reason, **extra)
+
+    def generate(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
+        if not requests:
+            return []
+        engine = self._get_engine(config)
+        results: list[RequestResult | None] = [None] * len(requests)
+        runnable = []
+        for i, r in enumerate(requests):
+            need = len(r.prompt_ids) + r.max_new_tokens
+            if self.max_context is not None and need > self.max_context:
+                results[i] = RequestResult(output_ids=[], finish_reason="error",
+                                           error=f"prompt + max_new_tokens = {need} exceeds the context length "
+                                                 f"{self.max_context} (engine option context_length)")
+            else:
+                runnable.append(i)
+        if not runnable:
+            return results  # type: ignore[return-value]
+        try:
+            outputs = engine.generate(input_ids=[list(requests[i].prompt_ids) for i in runnable],
+                                      sampling_params=[self.sampling_params(requests[i]) for i in runnable])
+        except Exception as exc:
+            raise EngineError(f"engine 'sglang': generate failed: {type(exc).__name__}: {exc}") from exc
+        if isinstance(outputs, dict):
+            outputs = [outputs]
+        if len(outputs) != len(runnable):
+            raise EngineError(f"engine 'sglang': generate returned {len(outputs)} outputs for {len(runnable)} requests")
+        if config.mode == "plain":
+            extras = [{} for _ in outputs]
+        else:
+            extras = self._aggregates([o.get(names.META_INFO) or {} for o in outputs])
+        for i, output, extra in zip(runnable, outputs, extras):
+            results[i] = self._result(output, extra)
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._shutdown_engine()
