@@ -395,8 +395,9 @@ def runs_from_session(session) -> list[dict[str, Any]]:
     engine_id = id(session.engine)
     found: dict[tuple, list] = {}
     for key, results in session._runs.items():
-        eid, mode, budget, _trace, _logits, requests = key
-        if eid == engine_id and mode != "plain" and requests == default and (mode, budget) not in found:
+        eid, mode, budget, _trace, _logits, tp, requests = key  # SuiteSession.run's memo key
+        if (eid == engine_id and mode != "plain" and requests == default and tp == session.settings.tensor_parallel_size
+                and (mode, budget) not in found):
             found[(mode, budget)] = results
     runs = []
     for (mode, budget), results in sorted(found.items(), key=lambda kv: (kv[0][0] != "dflash", kv[0][1] or 0)):

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from adapters.interface import Capabilities, DType, Engine, Mode, Request, RequestResult, RunConfig
@@ -37,6 +39,9 @@ class SuiteSettings(BaseModel):
     dtype: DType = "float32"
     device: str = "cpu"
     prompt_set: str = "fixture"
+    prompt_format: Literal["ids", "text", "chat"] = Field(
+        default="ids", description="how prompts become token ids (conformance.pairs.format_prompts)"
+    )
     limit: int | None = Field(default=None, description="use only the first N prompts")
     max_new_tokens: int = Field(default=64, ge=1)
     isolate: bool = True
@@ -47,6 +52,7 @@ class SuiteSettings(BaseModel):
     branch_rounds: int = Field(default=3, description="rounds per prompt checked branch-vs-chain")
     branch_prompts: int = Field(default=4)
     engine_options: dict = Field(default_factory=dict)
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs the engine shards the target over")
     torch_threads: int | None = Field(
         default=None, description="torch CPU threads in the suite and engine processes (None: torch's default)"
     )
@@ -106,7 +112,10 @@ class SuiteSession:
     def prompts(self):
         from .prompts import load_prompts
 
+        from .pairs import format_prompts
+
         prompts = load_prompts(self.settings.prompt_set, tokenizer_dir=self.settings.model_dir)
+        prompts = format_prompts(prompts, self.settings.model_dir, self.settings.prompt_format)
         return prompts[: self.settings.limit] if self.settings.limit else prompts
 
     def requests(self, **overrides) -> list[Request]:
@@ -115,6 +124,7 @@ class SuiteSession:
         return [Request(prompt_ids=p.prompt_ids, **base) for p in self.prompts]
 
     def config(self, mode: Mode, budget: int | None = None, **flags) -> RunConfig:
+        flags.setdefault("tensor_parallel_size", self.settings.tensor_parallel_size)
         return RunConfig(
             mode=mode,
             budget=budget or 1,
@@ -133,21 +143,28 @@ class SuiteSession:
         requests: list[Request] | None = None,
         engine: Engine | None = None,
         trace_draft_logits: bool = False,
+        tensor_parallel_size: int | None = None,
     ) -> list[RequestResult]:
-        """Results for ``requests`` (default: the prompt set) under one configuration, memoised."""
+        """Results for ``requests`` (default: the prompt set) under one configuration, memoised.
+
+        ``tensor_parallel_size`` defaults to the settings' (the TP check asks for 1 and N).
+        """
         requests = requests if requests is not None else self.requests()
         engine = engine or self.engine
         trace_draft_logits = trace_draft_logits and trace
+        tp = tensor_parallel_size or self.settings.tensor_parallel_size
         key = (
             id(engine),
             mode,
             budget if mode == "ddtree" else None,
             trace,
             trace_draft_logits,
+            tp,
             tuple(r.model_dump_json() for r in requests),
         )
         if key not in self._runs:
-            config = self.config(mode, budget, trace=trace, trace_draft_logits=trace_draft_logits)
+            config = self.config(mode, budget, trace=trace, trace_draft_logits=trace_draft_logits,
+                                 tensor_parallel_size=tp)
             self._runs[key] = engine.generate(requests, config)
         return self._runs[key]
 

@@ -1,85 +1,70 @@
-"""GPU tier of the reference engine (``pytest -m gpu``); skipped where CUDA is absent.
+"""GPU tier (``pytest -m gpu``): the conformance suite on CUDA, on the chosen model pair.
 
-* fp32 on CUDA: ddtree and dflash greedy outputs equal plain, exactly;
-* bf16 on CUDA: equal up to a first divergence that is a near-tie (doc §7);
-* the vectorized builder on CUDA returns the heap builder's tree;
-* the conformance plan's core checks pass on CUDA.
+The pair is ``--pair NAME`` or ``$DDTREE_PAIR`` (default ``fixture``; registry in
+:mod:`conformance.pairs`, more pairs from ``--pairs-file`` / ``$DDTREE_PAIRS_FILE``). A pair whose
+models are not on this machine (a hub pair without its cache and without network) skips every
+pair-dependent test with one reason.
+
+* every registered engine (reference, vllm, sglang, entry points; ``--gpu-engines`` narrows it):
+  the conformance plan on CUDA in float32 and bfloat16, one item per planned check, on the first
+  ``--gpu-limit`` prompts (default 20; 0: every prompt of the pair). For the reference engine that
+  is fp32 greedy output equal to plain exactly and bf16 equal up to a near-tie first divergence
+  (doc §7), golden files, acceptance, trees, edges, branch-vs-chain. Sampling (the chi-square
+  transition test) runs once per engine, in float32, with ``--gpu-sampling-requests`` seeded
+  requests per variant (default 40; the CPU tier uses 200). An engine that does not import here,
+  or whose ``capabilities()`` lack CUDA or the dtype, is skipped with that reason. The plan
+  includes the tensor-parallel check (TP=1 vs TP=N, N from ``--tensor-parallel-size``, the pair,
+  or the GPUs visible to this worker); it skips for engines with ``max_tensor_parallel`` 1;
+* the vectorized tree builder on CUDA returns the heap builder's tree;
+* with pytest-xdist (``-n auto``: one worker per GPU), each worker sees only its own GPUs.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-from adapters.interface import Request, RunConfig
-from adapters.reference.engine import ReferenceEngine
-from conformance.checks.lossless import compare_outputs
-from conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
-from conformance.prompts import load_prompts
+from adapters.interface import EngineError
+from adapters.registry import list_engines, load_engine_class
+from conformance.checks import plan
+from conformance.checks.sampling import check_sampling
+from conformance.pairs import DEFAULT_PAIR, PairUnavailable, get_pair, resolve_pair
+from conformance.pytest_plugin import chosen_pair, resolved_pair
+from conformance.session import SuiteSession, SuiteSettings
 from conformance.spec import build_tree, build_tree_vectorized
+from conformance.testing.xdist_gpus import parse_visible_devices
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible"),
 ]
 
-
-@pytest.fixture(scope="module")
-def fixture_engine():
-    if not (FIXTURE_TARGET / "config.json").is_file():
-        pytest.skip("bundled fixture pair not present")
-    engine = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
-    yield engine
-    engine.close()
+GPU_DTYPES = ("float32", "bfloat16")
+DEFAULT_GPU_LIMIT = 20
+DEFAULT_GPU_SAMPLING_REQUESTS = 40
+ENGINES_ENV = "DDTREE_GPU_ENGINES"
 
 
-@pytest.fixture(scope="module")
-def requests_():
-    prompts = load_prompts("fixture", tokenizer_dir=FIXTURE_TARGET)
-    return prompts, [Request(prompt_ids=p.prompt_ids, max_new_tokens=64) for p in prompts]
+# -- the pair ----------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def gpu_pair(pytestconfig):
+    """The chosen pair, resolved to local directories (or every test using it skips, with the reason)."""
+    if chosen_pair(pytestconfig) is not None:
+        resolved, reason = resolved_pair(pytestconfig)
+    else:
+        try:
+            resolved, reason = resolve_pair(get_pair(DEFAULT_PAIR)), None
+        except PairUnavailable as exc:
+            resolved, reason = None, str(exc)
+    if resolved is None:
+        pytest.skip(reason)
+    return resolved
 
 
-@pytest.fixture(scope="module")
-def plain_runs(fixture_engine, requests_):
-    """Plain outputs per dtype, computed once."""
-    cache = {}
-
-    def get(dtype):
-        if dtype not in cache:
-            cache[dtype] = fixture_engine.generate(requests_[1], RunConfig(mode="plain", dtype=dtype, device="cuda"))
-        return cache[dtype]
-
-    return get
-
-
-@pytest.mark.parametrize("mode,budget", [("dflash", 1), ("ddtree", 16), ("ddtree", 64), ("ddtree", 256)])
-def test_fp32_cuda_lossless(fixture_engine, requests_, plain_runs, mode, budget):
-    prompts, requests = requests_
-    plain = plain_runs("float32")
-    spec = fixture_engine.generate(requests, RunConfig(mode=mode, budget=budget, device="cuda"))
-    diverged = [p.id for p, a, b in zip(prompts, plain, spec) if a.output_ids != b.output_ids]
-    assert not diverged, f"fp32 CUDA {mode} B={budget} differs from plain on {diverged}"
-
-
-@pytest.mark.parametrize("mode,budget", [("dflash", 1), ("ddtree", 64)])
-def test_bf16_cuda_near_tie_rule(fixture_engine, requests_, plain_runs, mode, budget):
-    from conformance.calibration import near_tie_bound
-    from conformance.scorer import TargetScorer
-
-    prompts, requests = requests_
-    plain = plain_runs("bfloat16")
-    spec = fixture_engine.generate(requests, RunConfig(mode=mode, budget=budget, dtype="bfloat16", device="cuda"))
-    scorer = TargetScorer(str(FIXTURE_TARGET), "float32", "cuda")
-    bound = near_tie_bound(FIXTURE_TARGET, "bfloat16")
-    verdicts = [
-        compare_outputs(p.id, p.prompt_ids, a.output_ids, b.output_ids, exact=False, near_tie_bound=bound,
-                        scorer=scorer)
-        for p, a, b in zip(prompts, plain, spec)
-    ]
-    kinds = [v.kind for v in verdicts]
-    print(f"bf16 {mode} B={budget}: {kinds.count('match')} match, {kinds.count('near-tie')} near-tie")
-    real = [v for v in verdicts if v.kind == "divergence"]
-    assert not real, [v.model_dump() for v in real]
+def _tensor_parallel(config: pytest.Config, resolved) -> int:
+    return config.getoption("--tensor-parallel-size") or resolved.pair.tensor_parallel_size
 
 
 @pytest.mark.parametrize("budget", [16, 64, 256, 1024])
@@ -90,3 +75,127 @@ def test_vectorized_builder_on_cuda_equals_heap(budget):
         heap = build_tree(logits, budget)  # same device: CPU and CUDA log-softmax differ in low bits
         vec = build_tree_vectorized(logits, budget)
         assert heap.same_as(vec)
+
+
+# -- every registered engine: the conformance plan on CUDA -------------------------------------
+def _engines(config: pytest.Config) -> list[str]:
+    chosen = config.getoption("--gpu-engines") or os.environ.get(ENGINES_ENV)
+    if chosen:
+        return [name.strip() for name in chosen.split(",") if name.strip()]
+    return [entry.name for entry in list_engines()]
+
+
+def _plan_settings(config: pytest.Config) -> SuiteSettings:
+    """Only modes and budgets shape the plan; no model is touched at collection."""
+    opt = config.getoption
+    return SuiteSettings(modes=[m for m in opt("--modes").split(",") if m],
+                         budgets=[int(b) for b in opt("--budgets").split(",") if b])
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "gpu_check" not in metafunc.fixturenames:
+        return
+    checks = plan(_plan_settings(metafunc.config))
+    params = []
+    for engine in _engines(metafunc.config):
+        for dtype in GPU_DTYPES:
+            params += [pytest.param(engine, dtype, check, id=f"{engine}-{dtype}|{check.id}") for check in checks]
+    metafunc.parametrize("engine_name,dtype,gpu_check", params)
+
+
+class EngineSessions:
+    """The suite session of one (engine, dtype) at a time: an engine holds GPU memory until closed."""
+
+    def __init__(self, config: pytest.Config, resolved) -> None:
+        self.config, self.resolved = config, resolved
+        self.key: tuple[str, str] | None = None
+        self.session: SuiteSession | None = None
+        self.skip: str | None = None
+        self.error: str | None = None
+
+    def _limit(self) -> int | None:
+        asked = self.config.getoption("--gpu-limit")
+        asked = DEFAULT_GPU_LIMIT if asked is None else asked
+        pair_limit = self.resolved.pair.limit
+        if asked == 0:
+            return pair_limit
+        return asked if pair_limit is None else min(asked, pair_limit)
+
+    def get(self, engine: str, dtype: str) -> SuiteSession:
+        if (engine, dtype) != self.key:
+            self.close()
+            self.key = (engine, dtype)
+            self._open(engine, dtype)
+        if self.skip:
+            pytest.skip(self.skip)
+        if self.error:
+            pytest.fail(self.error, pytrace=False)
+        return self.session
+
+    def _open(self, engine: str, dtype: str) -> None:
+        try:
+            load_engine_class(engine)
+        except EngineError as exc:
+            self.skip = str(exc).splitlines()[0]
+            return
+        opt = self.config.getoption
+        settings = SuiteSettings(**self.resolved.suite_settings(
+            engine=engine, dtype=dtype, device="cuda", limit=self._limit(),
+            modes=[m for m in opt("--modes").split(",") if m], budgets=[int(b) for b in opt("--budgets").split(",") if b],
+            tensor_parallel_size=_tensor_parallel(self.config, self.resolved), timeout_s=opt("--engine-timeout"),
+            torch_threads=opt("--torch-threads") or None,  # CPU threads of the engine process (default 1)
+            sampling_requests=opt("--gpu-sampling-requests") or DEFAULT_GPU_SAMPLING_REQUESTS,
+        ))
+        session = SuiteSession(settings)
+        try:
+            caps = session.capabilities
+        except Exception as exc:  # installed, but it cannot start here: every check of it fails
+            session.close()
+            self.error = f"engine {engine!r} did not start on CUDA: {type(exc).__name__}: {exc}"
+            return
+        if not any(device.split(":", 1)[0] == "cuda" for device in caps.devices):
+            self.skip = f"engine {engine!r}: capabilities().devices is {caps.devices}, no cuda here"
+        elif dtype not in caps.dtypes:
+            self.skip = f"engine {engine!r}: capabilities().dtypes {caps.dtypes} lack {dtype}"
+        if self.skip:
+            session.close()
+            return
+        self.session = session
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+        self.key, self.session, self.skip, self.error = None, None, None, None
+
+
+@pytest.fixture(scope="session")
+def engine_sessions(pytestconfig, gpu_pair):
+    sessions = EngineSessions(pytestconfig, gpu_pair)
+    yield sessions
+    sessions.close()
+
+
+def test_conformance_on_cuda(engine_sessions, engine_name, dtype, gpu_check):
+    if gpu_check.function is check_sampling and dtype != "float32":
+        pytest.skip("the GPU tier checks sampling once per engine, in float32")
+    session = engine_sessions.get(engine_name, dtype)
+    result = gpu_check.run(session)
+    print(f"{engine_name} {dtype} {gpu_check.id}: {result.status}: {result.message}")
+    if result.status == "skip":
+        pytest.skip(result.message)
+    if result.status == "fail":
+        pytest.fail(result.message, pytrace=False)
+
+
+# -- this worker's GPUs ------------------------------------------------------------------------
+def test_worker_sees_only_its_gpus():
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    count = torch.cuda.device_count()
+    names = [torch.cuda.get_device_name(i) for i in range(count)]
+    print(f"{worker}: CUDA_VISIBLE_DEVICES={visible} -> {count} device(s) {names}")
+    listed = parse_visible_devices(visible)
+    if listed is not None:
+        assert count == len(listed), f"{worker}: CUDA_VISIBLE_DEVICES={visible} but CUDA sees {count} devices"
+    if worker != "main" and count:
+        assert visible is not None, f"{worker}: xdist worker on a GPU machine without CUDA_VISIBLE_DEVICES set"

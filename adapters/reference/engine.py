@@ -170,6 +170,7 @@ class ReferenceEngine(Engine):
             draft_logits=True,
             stage_timings=True,
             max_context=self.info.max_position_embeddings,
+            max_tensor_parallel=1,
         )
 
     def _pair(self, config: RunConfig) -> _LoadedPair:
@@ -189,6 +190,11 @@ class ReferenceEngine(Engine):
         return pair
 
     def generate(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
+        if config.tensor_parallel_size > 1:
+            raise EngineError(
+                f"reference engine: tensor_parallel_size={config.tensor_parallel_size} requested, but the reference "
+                "engine runs on one device (capabilities().max_tensor_parallel is 1)"
+            )
         pair = self._pair(config)
         results = []
         for index, request in enumerate(requests):

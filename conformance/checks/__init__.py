@@ -18,6 +18,7 @@ from .golden_outputs import check_golden
 from .outputs import check_lossless
 from .result import CheckResult
 from .sampling import VARIANTS, check_sampling
+from .tensor_parallel import check_tensor_parallel
 from .trees import check_branch_vs_chain, check_tree_structure
 
 __all__ = ["CheckResult", "PlannedCheck", "plan", "run_plan", "PER_MODE_CHECKS"]
@@ -31,6 +32,7 @@ PER_MODE_CHECKS: dict[str, Callable[..., CheckResult]] = {
     "max-new-tokens": check_lengths,
     "prompt-shapes": check_prompt_shapes,
     "token-0-and-mask-id": check_special_tokens,
+    "tensor-parallel": check_tensor_parallel,
 }
 
 

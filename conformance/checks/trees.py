@@ -65,8 +65,16 @@ def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True) -
     return problems
 
 
-def _spec_tree_problem(trace: RoundTrace, mode: str, budget: int | None) -> str | None:
-    logits = torch.tensor(trace.draft_logits, dtype=torch.float32)
+def _spec_device(device: str) -> str:
+    """Rebuild spec trees on the run's device kind: CPU and CUDA log-softmax differ in low bits, and
+    bf16/fp16 drafter logits tie often, so a tie broken by one bit would otherwise differ."""
+    if device.split(":", 1)[0] == "cuda" and torch.cuda.is_available():
+        return device
+    return "cpu"
+
+
+def _spec_tree_problem(trace: RoundTrace, mode: str, budget: int | None, device: str = "cpu") -> str | None:
+    logits = torch.tensor(trace.draft_logits, dtype=torch.float32, device=_spec_device(device))
     tree = build_chain(logits) if mode == "dflash" else build_tree(logits, budget)
     got = (trace.tree_tokens[1:], trace.parents, trace.depths)
     want = (tree.tokens[1:].tolist(), tree.parents.tolist(), tree.depths.tolist())
@@ -93,7 +101,7 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
             rounds += 1
             problems = trace_problems(trace, limit)
             if trace.draft_logits is not None:
-                problem = _spec_tree_problem(trace, mode, budget)
+                problem = _spec_tree_problem(trace, mode, budget, session.settings.device)
                 problems += [problem] if problem else []
             if problems:
                 return CheckResult.failed(name, f"{prompt.id} round {r}: {problems[0]}", problems=problems)

@@ -1,0 +1,96 @@
+"""The tensor-parallel check (TP=1 vs TP=N) on CPU: a correct sharded engine passes, TP mutants fail.
+
+The engines are the reference engine with TP simulated (:mod:`conformance.testing.tp_engines`): TP=N
+runs unsharded, so a correct engine is exactly equal; each mutant breaks one thing at TP>1 only.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from adapters.interface import EngineError, Request, RunConfig
+from adapters.reference.engine import ReferenceEngine
+from conformance.checks import plan, run_plan
+from conformance.session import SuiteSession, SuiteSettings
+from conformance.testing.tp_engines import ShardedReference, TpAcceptanceDrift, TpOutputDrift
+
+
+@pytest.fixture(scope="module")
+def settings(random_pair, tmp_path_factory) -> SuiteSettings:
+    target, drafter = random_pair
+    g = torch.Generator().manual_seed(11)
+    path = tmp_path_factory.mktemp("prompts") / "tp.jsonl"
+    with path.open("w") as handle:
+        for i, n in enumerate([4, 11, 19, 27]):
+            ids = torch.randint(0, 96, (n,), generator=g).tolist()
+            handle.write(json.dumps({"id": f"tp{i}", "category": "random", "prompt_ids": ids}) + "\n")
+    return SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", prompt_set=str(path),
+                         budgets=[16], max_new_tokens=24, isolate=False, tensor_parallel_size=2)
+
+
+def _tp_results(settings: SuiteSettings, engine_class, **updates):
+    settings = settings.model_copy(update=updates)
+    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
+    try:
+        checks = plan(settings, ["tensor-parallel"])
+        return {c.id: r for c, r in zip(checks, run_plan(session, checks))}
+    finally:
+        session.close()
+
+
+def test_plan_registers_one_tp_check_per_speculative_run(settings):
+    ids = [c.id for c in plan(settings) if c.id.startswith("tensor-parallel")]
+    assert ids == ["tensor-parallel/dflash", "tensor-parallel/ddtree-B16"]
+
+
+def test_correct_sharded_engine_passes(settings):
+    results = _tp_results(settings, ShardedReference)
+    assert [r.status for r in results.values()] == ["pass", "pass"], [r.message for r in results.values()]
+    assert "TP=2 (tensor_parallel_size 2 (settings))" in results["tensor-parallel/ddtree-B16"].message
+    assert "per-round acceptance equals TP=1" in results["tensor-parallel/ddtree-B16"].message
+
+
+def test_tp_output_mutant_fails_naming_the_divergence(settings):
+    results = _tp_results(settings, TpOutputDrift)
+    for result in results.values():
+        assert result.status == "fail"
+        assert "TP=2 output differs from TP=1 on 2/4 prompts; prompt tp0 diverges at output token 12" in result.message
+
+
+def test_tp_acceptance_mutant_fails_on_acceptance_not_outputs(settings):
+    result = _tp_results(settings, TpAcceptanceDrift)["tensor-parallel/ddtree-B16"]
+    assert result.status == "fail"
+    assert "TP=2 per-round acceptance differs from TP=1" in result.message
+    assert "outputs equal" in result.message
+
+
+def test_reference_engine_skips_with_the_reason(settings):
+    results = _tp_results(settings, ReferenceEngine)
+    for result in results.values():
+        assert result.status == "skip"
+        assert result.message.startswith("engine reports max_tensor_parallel=1")
+
+
+def test_one_visible_device_skips(settings):
+    results = _tp_results(settings, ShardedReference, tensor_parallel_size=1)
+    for result in results.values():
+        assert result.status == "skip"
+        assert result.message.startswith("1 cpu device(s) visible; the TP check needs 2 or more")
+
+
+def test_tp_above_the_engines_maximum_skips(settings):
+    result = _tp_results(settings, ShardedReference, tensor_parallel_size=4)["tensor-parallel/dflash"]
+    assert result.status == "skip"
+    assert "tensor_parallel_size 4 asked, but the engine reports max_tensor_parallel=2" in result.message
+
+
+def test_reference_engine_rejects_tp_above_one(random_pair):
+    target, drafter = random_pair
+    engine = ReferenceEngine(str(target), str(drafter))
+    assert engine.capabilities().max_tensor_parallel == 1
+    with pytest.raises(EngineError, match=r"reference engine: tensor_parallel_size=2 requested, but the reference "
+                                          r"engine runs on one device"):
+        engine.generate([Request(prompt_ids=[1, 2], max_new_tokens=2)], RunConfig(tensor_parallel_size=2))
