@@ -362,7 +362,13 @@ class VllmEngine(Engine):
             open(self._trace_path, "w").close()
         before = metric_snapshot(llm) if spec else {}
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
-        outputs = llm.generate(prompts, [self._sampling_params(r) for r in requests], use_tqdm=False)
+        try:
+            outputs = llm.generate(prompts, [self._sampling_params(r) for r in requests], use_tqdm=False)
+        except Exception as exc:
+            # An exception inside vLLM's engine loop can leave requests stuck in its scheduler: never
+            # reuse that LLM (the next call builds a fresh one).
+            self._shutdown_llm()
+            raise EngineError(f"engine 'vllm': generate failed: {type(exc).__name__}: {exc}") from exc
         delta = _delta(before, metric_snapshot(llm)) if spec else {}
         return outputs, delta
 

@@ -187,8 +187,10 @@ class DDTreeCPUModelRunner(CPUModelRunner):
             tree = self.trees.get(req_id)
             scheduled = list(scheduler_output.scheduled_spec_decode_tokens.get(req_id, []))
             if tree is None or tree.tokens[1: n + 1] != scheduled:
-                raise RuntimeError(f"DDTree: request {req_id}: the scheduled draft tokens are not a prefix of the "
-                                   f"tree proposed for it")
+                # vLLM schedules placeholder drafts (zeros) when the drafter was skipped, e.g. near
+                # max_model_len (``GPUModelRunner.sample_tokens``): verify them as a chain.
+                tree = Tree([-1, *scheduled], [-1, *range(n)], list(range(n + 1)))
+                self.trees[req_id] = tree
             tree = tree.truncated(n)
             root_row = int(starts[i + 1]) - n - 1
             start = int(self.positions[root_row])
