@@ -61,9 +61,9 @@ def _settings(**overrides) -> SuiteSettings:
     return SuiteSettings(**base)
 
 
-def _run(session: SuiteSession, only: list[str] | None) -> dict:
+def _run(session: SuiteSession, only: list[str] | None, **settings) -> dict:
     start = time.time()
-    checks = plan(session.settings, only=only)
+    checks = plan(session.settings.model_copy(update=settings), only=only)
     results = {c.id: r for c, r in zip(checks, run_plan(session, checks))}
     return {"results": results, "seconds": time.time() - start}
 
@@ -90,11 +90,7 @@ def fp32():
             out[budget] = session.run("ddtree", budget)
             out["ddtree_seconds"][budget] = time.time() - start
         out["checks"] = _run(session, ["lossless", "golden", "acceptance"])
-        full = SuiteSession(_settings(budgets=[FULL_PLAN_BUDGET]))
-        try:
-            out["full"] = _run(full, None)
-        finally:
-            full.close()
+        out["full"] = _run(session, None, budgets=[FULL_PLAN_BUDGET])  # same session: runs are reused
         yield out
     finally:
         session.close()
