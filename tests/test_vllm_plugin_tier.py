@@ -220,3 +220,14 @@ def test_zz_write_summary():
         existing["plugin"] = SUMMARY
         with open(path, "w") as fh:
             json.dump(existing, fh, indent=2, default=str)
+
+
+def test_plugin_hooks_installed_and_pass_through():
+    """The entry point ran (vLLM loads general plugins) and both hooks are pass-through wrappers;
+    tests/test_vllm_tier.py shows plain and DFlash outputs unchanged with them installed."""
+    from vllm.plugins import load_general_plugins
+
+    from adapters.vllm_ddtree import hooks
+
+    load_general_plugins()
+    assert hooks.installed()

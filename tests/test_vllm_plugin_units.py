@@ -166,3 +166,17 @@ def test_request_refusals(field, value):
 
 def test_plain_request_accepted():
     assert plugin_config.request_problem(SimpleNamespace(temperature=1.0, top_k=5, top_p=0.9)) is None
+
+
+def test_register_never_raises(monkeypatch, caplog):
+    import adapters.vllm_ddtree as plugin
+    from adapters.vllm_ddtree import hooks
+
+    def broken():
+        raise RuntimeError("simulated hook failure")
+
+    monkeypatch.setattr(hooks, "install", broken)
+    with caplog.at_level("WARNING"):
+        assert plugin.register() is None
+    assert "DDTree plugin not installed (vLLM left unchanged)" in caplog.text
+    assert "simulated hook failure" in caplog.text
