@@ -13,9 +13,11 @@ from ..metrics import mean_tau, per_position_acceptance
 from ..session import SuiteSession
 from .result import CheckResult
 
-__all__ = ["TAU_REL_TOL", "POSITION_ABS_TOL", "reference_acceptance", "check_acceptance"]
+__all__ = ["TAU_REL_TOL", "POSITION_ABS_TOL", "DRAFT_LOGIT_TOL", "reference_acceptance", "check_acceptance",
+           "drafter_near_tie"]
 
 TAU_REL_TOL = 0.02  # aggregate-only engines: mean tau within 2 %
+DRAFT_LOGIT_TOL = 1e-3  # fp32 drafter logits of two correct implementations (measured: 7.6e-6 apart)
 POSITION_ABS_TOL = 0.02  # ... and per-position acceptance within 2 points
 
 
@@ -50,9 +52,14 @@ def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> Ch
     ref_tau = mean_tau(expected)
     if caps.per_round(mode) and all(r.acceptance_lengths is not None for r in results):
         got = [r.acceptance_lengths for r in results]
-        for prompt, want, have in zip(session.prompts, expected, got):
+        ties: list[str] = []
+        for index, (prompt, want, have) in enumerate(zip(session.prompts, expected, got)):
             if want != have:
                 first = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+                why = drafter_near_tie(session, mode, budget, index, first, have) if caps.draft_logits else None
+                if why is not None:
+                    ties.append(f"{prompt.id} round {first}: {why}")
+                    continue
                 return CheckResult.failed(
                     name,
                     f"per-round acceptance differs from the reference ({source}) on {prompt.id} at round {first}: "
@@ -61,6 +68,11 @@ def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> Ch
                     tau=mean_tau(got),
                     reference_tau=ref_tau,
                 )
+        if ties:
+            return CheckResult.passed(
+                name, f"per-round acceptance equals the reference ({source}) except {len(ties)} drafter near-tie(s): "
+                      f"{ties[0]}; tau {mean_tau(got):.3f} vs {ref_tau:.3f}", tau=mean_tau(got), reference_tau=ref_tau,
+                near_ties=ties)
         return CheckResult.passed(name, f"per-round acceptance equals the reference ({source}); tau {ref_tau:.3f}",
                                   tau=ref_tau)
     # Aggregates only.
@@ -80,3 +92,30 @@ def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> Ch
                 return CheckResult.failed(name, f"acceptance at depth {d}: {a:.3f} vs reference {b:.3f}, "
                                                 f"outside {POSITION_ABS_TOL * 100:.0f} points")
     return CheckResult.passed(name, f"aggregate tau {tau:.3f} within {TAU_REL_TOL:.0%} of reference {ref_tau:.3f}")
+
+
+def drafter_near_tie(session: SuiteSession, mode: str, budget: int | None, index: int, round_index: int,
+                     lengths: list[int]) -> str | None:
+    """Why round ``round_index`` of prompt ``index`` may differ from the reference: a drafter near-tie
+    (see the module doc), or None when it is not one."""
+    traced = session.run(mode, budget, trace=True, trace_draft_logits=True)[index]
+    if traced.acceptance_lengths != lengths or not traced.traces or round_index >= len(traced.traces):
+        return None  # not reproducible with traces: no excuse
+    mine = traced.traces[round_index]
+    if mine.draft_logits is None:
+        return None
+    reference = session.reference_for(session.settings.model_dir, session.settings.drafter_dir)
+    request = session.requests()[index]
+    ref = session.run(mode, budget, requests=[request], engine=reference, trace=True, trace_draft_logits=True)[0]
+    if not ref.traces or round_index >= len(ref.traces) or ref.traces[round_index].draft_logits is None:
+        return None
+    theirs = ref.traces[round_index]
+    if theirs.start != mine.start or theirs.root_token != mine.root_token:
+        return None  # different context: an earlier divergence, not a tie
+    import torch
+
+    gap = float((torch.tensor(mine.draft_logits) - torch.tensor(theirs.draft_logits)).abs().max())
+    same_tree = (mine.tree_tokens, mine.parents) == (theirs.tree_tokens, theirs.parents)
+    if gap > DRAFT_LOGIT_TOL or same_tree:
+        return None
+    return f"drafter logits {gap:.1e} apart flip the tree ({len(mine.tree_tokens) - 1} nodes)"
