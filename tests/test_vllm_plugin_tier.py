@@ -122,11 +122,11 @@ def test_lossless_and_golden(fp32, golden, budget):
 def test_per_round_acceptance_equals_reference(fp32, budget):
     result = fp32["checks"]["results"][f"acceptance/ddtree-B{budget}"]
     lengths = [r.acceptance_lengths for r in fp32[budget]]
-    metric_tau = fp32[budget][0].mean_acceptance  # per request; pooled below
-    tau = mean_tau(lengths)
-    SUMMARY.setdefault("tau", {})[budget] = {"plugin": tau, "check": result.message,
-                                             "seconds": fp32["ddtree_seconds"][budget]}
-    assert metric_tau is not None
+    metric_tau = fp32[budget][0].mean_acceptance  # vLLM's spec-decode counters, pooled over the batch
+    tau = mean_tau(lengths)  # pooled over the plugin's per-round traces
+    SUMMARY.setdefault("tau", {})[budget] = {"plugin_traces": tau, "vllm_metrics": metric_tau,
+                                             "check": result.message, "seconds": fp32["ddtree_seconds"][budget]}
+    assert metric_tau is not None and abs(metric_tau - tau) < 1e-9, (metric_tau, tau)
     assert result.status == "pass", result.message
     assert "per-round acceptance equals the reference" in result.message
 

@@ -427,9 +427,9 @@ class VllmEngine(Engine):
                 if rounds is not None:
                     rows = rounds.get(str(output.request_id), [])
                     lengths = [len(r["accepted"]) + 1 for r in rows]
-                    own.update(aggregate_only=False, rounds=len(lengths), acceptance_lengths=lengths,
-                               mean_acceptance=sum(lengths) / len(lengths) if lengths else None,
-                               per_position_acceptance=None)
+                    # per-round lengths from the plugin's traces; mean_acceptance and per-position
+                    # acceptance stay vLLM's own metrics (batch-pooled), so both can be compared
+                    own.update(aggregate_only=False, rounds=len(lengths), acceptance_lengths=lengths)
                     if config.trace:
                         own["traces"] = [self._round_trace(r) for r in rows]
                 results[i] = self._result(output, own)
