@@ -95,12 +95,29 @@ def test_ddtree_probe_matches_capabilities():
     ok, why = probe_method(names.DEFAULT_DDTREE_METHOD, names.DEFAULT_DDTREE_BUDGET_KEY)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        caps = VllmEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER)).capabilities()
+        caps = VllmEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), ddtree_plugin="off").capabilities()
     assert ("ddtree" in caps.modes) == ok
     assert caps.modes[:2] == ["plain", "dflash"]
     assert not caps.traces and not caps.per_round_acceptance and caps.sampling
     if not ok:
         assert any("no ddtree" in note and why in note for note in caps.notes), caps.notes
+
+
+def test_ddtree_through_the_plugin_when_vllm_has_none():
+    from adapters.vllm.engine import VllmEngine, probe_method
+    from adapters.vllm_ddtree import unavailable_reason
+    from conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+
+    native, _ = probe_method(names.DEFAULT_DDTREE_METHOD, names.DEFAULT_DDTREE_BUDGET_KEY)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine = VllmEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+        caps = engine.capabilities()
+        engine.close()
+    if native or unavailable_reason() is not None:
+        pytest.skip("vLLM has its own ddtree, or the plugin cannot run here")
+    assert "ddtree" in caps.modes and caps.traced("ddtree") and not caps.traced("dflash")
+    assert any("adapters.vllm_ddtree" in note for note in caps.notes), caps.notes
 
 
 @pytest.mark.parametrize("name", names.SAMPLING_KWARGS)

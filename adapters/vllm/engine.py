@@ -218,6 +218,15 @@ class VllmEngine(Engine):
         except Exception:
             return False
 
+    @staticmethod
+    def _cuda_devices() -> int:
+        try:
+            import torch
+
+            return max(1, torch.cuda.device_count())
+        except Exception:
+            return 1
+
     # -- Engine interface ------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
         modes = ["plain"]
@@ -251,6 +260,7 @@ class VllmEngine(Engine):
             draft_logits=self.plugin,
             traced_modes=["ddtree"] if self.plugin else None,
             max_context=self.max_model_len,
+            max_tensor_parallel=self._cuda_devices() if self.cuda else 1,
             notes=notes,
         )
 
@@ -291,7 +301,11 @@ class VllmEngine(Engine):
         device = config.device.split(":", 1)[0]
         if device not in caps.devices:
             raise EngineError(f"engine 'vllm': device {config.device} not supported here ({', '.join(caps.devices)})")
-        key = (config.mode, config.budget if config.mode == "ddtree" else None, config.dtype,
+        caps_tp = self.capabilities().max_tensor_parallel
+        if config.tensor_parallel_size > caps_tp:
+            raise EngineError(f"engine 'vllm': tensor_parallel_size {config.tensor_parallel_size} exceeds the "
+                              f"{caps_tp} device(s) usable here")
+        key = (config.mode, config.budget if config.mode == "ddtree" else None, config.dtype, config.tensor_parallel_size,
                config.trace_draft_logits if self._plugin_mode(config) else None)
         if self._llm is not None and self._llm_key == key:
             return self._llm
@@ -305,6 +319,8 @@ class VllmEngine(Engine):
             kwargs["additional_config"] = {"ddtree": self._plugin_options(config)}
         if self.max_num_seqs is not None:
             kwargs["max_num_seqs"] = self.max_num_seqs
+        if config.tensor_parallel_size > 1:
+            kwargs["tensor_parallel_size"] = config.tensor_parallel_size
         try:
             self._llm = vllm.LLM(**kwargs)
         except Exception as exc:

@@ -21,6 +21,8 @@ LLM_KWARGS = (
     "speculative_config",
     "generation_config",
     "max_num_seqs",
+    "tensor_parallel_size",
+    "additional_config",
 )
 
 #: ``SpeculativeConfig`` fields the adapter sets.
