@@ -166,6 +166,12 @@ class DDTreeCPUModelRunner(CPUModelRunner):
         if inner is not None and hasattr(inner, "_normalize_context_k"):
             inner._normalize_context_k = per_layer_context_k_norm(inner)
 
+    def _update_states(self, scheduler_output):
+        for req_id in getattr(scheduler_output, "finished_req_ids", ()) or ():
+            self.trees.pop(req_id, None)
+            self.draft_logits.pop(req_id, None)
+        return super()._update_states(scheduler_output)
+
     # -- step 2: node positions --------------------------------------------------------------
     def node_positions(self, start: int, tree: Tree, n: int) -> list[int]:
         """RoPE positions of nodes 1..n: the root's position plus the node's depth."""
