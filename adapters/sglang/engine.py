@@ -48,7 +48,6 @@ import gc
 import importlib
 import importlib.util
 import inspect
-import json
 import logging
 import multiprocessing
 import typing
@@ -57,6 +56,7 @@ from pathlib import Path
 
 import sglang  # a missing SGLang makes the registry say "engine 'sglang' is not available here"
 
+from .. import options as opts
 from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RunConfig
 from . import names
 from .names import TESTED_VERSIONS
@@ -83,8 +83,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 _SCOPES = ("batch", "request")
 
 
@@ -285,38 +283,6 @@ def allow_children() -> None:
         current.daemon = False
 
 
-def _cuda_devices() -> int:
-    try:
-        import torch
-
-        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
-    except (ImportError, RuntimeError):  # a broken CUDA install counts as none
-        return 0
-
-
-# -- option parsing ------------------------------------------------------------------------------
-def _opt_bool(key: str, value) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise EngineError(f"engine 'sglang': option {key} must be true or false, got {value!r}")
-
-
-def _opt_number(key: str, value, kind, low=None, high=None):
-    try:
-        number = kind(value)
-    except (TypeError, ValueError):
-        raise EngineError(f"engine 'sglang': option {key} must be {kind.__name__}, got {value!r}") from None
-    if (low is not None and number < low) or (high is not None and number > high):
-        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise EngineError(f"engine 'sglang': option {key} must be {bounds}, got {value!r}")
-    return number
-
-
 class SglangEngine(Engine):
     """SGLang's offline engine behind the suite's :class:`Engine` interface (see module doc)."""
 
@@ -327,10 +293,7 @@ class SglangEngine(Engine):
 
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
         super().__init__(model_dir, drafter_dir, **options)
-        unknown = sorted(set(options) - set(self.OPTIONS))
-        if unknown:
-            raise EngineError(f"engine 'sglang': unknown option(s) {', '.join(unknown)}; "
-                              f"known: {', '.join(sorted(self.OPTIONS))}")
+        opts.check_known(self.name, options, self.OPTIONS)
         self.version = getattr(sglang, "__version__", "unknown")
         if not version_tested(self.version):
             warnings.warn(
@@ -338,16 +301,16 @@ class SglangEngine(Engine):
                 f"({', '.join(v + '.x' for v in TESTED_VERSIONS)})",
                 stacklevel=2,
             )
-        self.seed = _opt_number("seed", options.get("seed", 0), int)
-        self.context_length = (_opt_number("context_length", options["context_length"], int, 1)
+        self.seed = opts.number(self.name, "seed", options.get("seed", 0), int)
+        self.context_length = (opts.number(self.name, "context_length", options["context_length"], int, 1)
                                if "context_length" in options else None)
-        self.mem_fraction_static = (_opt_number("mem_fraction_static", options["mem_fraction_static"], float, 0.0, 1.0)
+        self.mem_fraction_static = (opts.number(self.name, "mem_fraction_static", options["mem_fraction_static"], float, 0.0, 1.0)
                                     if "mem_fraction_static" in options else None)
-        self.max_running_requests = (_opt_number("max_running_requests", options["max_running_requests"], int, 1)
+        self.max_running_requests = (opts.number(self.name, "max_running_requests", options["max_running_requests"], int, 1)
                                      if "max_running_requests" in options else None)
         self.attention_backend = str(options["attention_backend"]) if "attention_backend" in options else None
-        self.deterministic = _opt_bool("deterministic", options.get("deterministic", False))
-        self.cuda_graph = _opt_bool("cuda_graph", options.get("cuda_graph", True))
+        self.deterministic = opts.flag(self.name, "deterministic", options.get("deterministic", False))
+        self.cuda_graph = opts.flag(self.name, "cuda_graph", options.get("cuda_graph", True))
         self.log_level = str(options.get("log_level", "error"))
         self.scope = str(options.get("acceptance_scope", "batch"))
         if self.scope not in _SCOPES:
@@ -364,30 +327,15 @@ class SglangEngine(Engine):
         if bad:
             raise EngineError(f"engine 'sglang': bad option value: {'; '.join(bad)}")
 
-        target = self._read_config(model_dir, "target")
+        target = opts.read_config(self.name, model_dir, "target")
         self.max_context = self.context_length or int(target.get("max_position_embeddings") or 0) or None
-        self.block_size = None
-        if drafter_dir is not None:
-            block = self._read_config(drafter_dir, "drafter").get("block_size")
-            if not isinstance(block, int) or block < 2:
-                raise EngineError(f"engine 'sglang': drafter {drafter_dir}/config.json: block_size must be an int >= 2, "
-                                  f"got {block!r}")
-            self.block_size = block
+        self.block_size = None if drafter_dir is None else opts.drafter_block_size(self.name, drafter_dir)
         load_plugins()  # sgl.Engine does this first too (engine.py:286); plugins may register DDTree
         self._dflash_ok, self._dflash_why = probe_algorithm(names.DFLASH_ALGORITHM)
         self.ddtree_ok, self.ddtree_why = probe_ddtree(self.ddtree_algorithm, self.ddtree_budget_arg)
-        self.gpus = _cuda_devices()
+        self.gpus = opts.cuda_device_count()
         self._engine = None
         self._engine_key: tuple | None = None
-
-    # -- helpers ---------------------------------------------------------------------------
-    @staticmethod
-    def _read_config(directory: str, what: str) -> dict:
-        path = Path(directory) / "config.json"
-        try:
-            return json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise EngineError(f"engine 'sglang': cannot read the {what} config {path}: {exc}") from None
 
     # -- Engine interface ------------------------------------------------------------------
     def capabilities(self) -> Capabilities:

@@ -44,23 +44,16 @@ import os
 import tempfile
 import typing
 import warnings
-from pathlib import Path
 
 import vllm  # noqa: F401  (a missing vLLM makes the registry say "engine 'vllm' is not available here")
 
+from .. import options as opts
 from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RoundTrace, RunConfig
 from . import names
 from .names import TESTED_VERSIONS
 
 __all__ = ["VllmEngine", "TESTED_VERSIONS", "method_names", "spec_config_fields", "probe_method",
            "version_tested", "metric_snapshot"]
-
-_TRUE = {"1", "true", "yes", "on"}
-
-
-def _flag(value) -> bool:
-    return value if isinstance(value, bool) else str(value).strip().lower() in _TRUE
-
 
 def version_tested(version: str) -> bool:
     return any(version == v or version.startswith(v + ".") for v in TESTED_VERSIONS)
@@ -146,43 +139,34 @@ class VllmEngine(Engine):
         super().__init__(model_dir, drafter_dir, **options)
         known = {"max_model_len", "kv_cache_gib", "in_process", "enforce_eager", "max_num_seqs", "seed",
                  "acceptance_scope", "ddtree_method", "ddtree_budget_key", "ddtree_plugin", "ddtree_runner_class"}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise EngineError(f"engine 'vllm': unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        opts.check_known(self.name, options, known)
         self.version = getattr(vllm, "__version__", "unknown")
         if not version_tested(self.version):
             warnings.warn(
                 f"vLLM {self.version} is outside the adapter's tested range ({', '.join(v + '.x' for v in TESTED_VERSIONS)})",
                 stacklevel=2,
             )
-        os.environ.setdefault(names.ENV_KVCACHE_SPACE, str(options.get("kv_cache_gib", 1)))
-        self.in_process = _flag(options.get("in_process", True))
+        os.environ.setdefault(names.ENV_KVCACHE_SPACE,
+                              str(opts.number(self.name, "kv_cache_gib", options.get("kv_cache_gib", 1), float, 0.01)))
+        self.in_process = opts.flag(self.name, "in_process", options.get("in_process", True))
         if self.in_process:
             os.environ.setdefault(names.ENV_V1_MULTIPROCESSING, "0")
-        self.scope = str(options.get("acceptance_scope", "batch"))
-        if self.scope not in ("batch", "request"):
-            raise EngineError(f"engine 'vllm': acceptance_scope must be 'batch' or 'request', got {self.scope!r}")
+        self.scope = opts.choice(self.name, "acceptance_scope", options.get("acceptance_scope", "batch"),
+                                 ("batch", "request"))
         self.ddtree_method = str(options.get("ddtree_method", names.DEFAULT_DDTREE_METHOD))
         self.ddtree_budget_key = str(options.get("ddtree_budget_key", names.DEFAULT_DDTREE_BUDGET_KEY))
-        self.seed = int(options.get("seed", 0))
-        target_config = self._read_config(model_dir, "target")
+        self.seed = opts.number(self.name, "seed", options.get("seed", 0), int)
+        target_config = opts.read_config(self.name, model_dir, "target")
         default_len = min(int(target_config.get("max_position_embeddings") or 4096), 4096)
-        self.max_model_len = int(options.get("max_model_len", default_len))
-        self.max_num_seqs = int(options["max_num_seqs"]) if "max_num_seqs" in options else None
+        self.max_model_len = opts.number(self.name, "max_model_len", options.get("max_model_len", default_len), int, 1)
+        self.max_num_seqs = (opts.number(self.name, "max_num_seqs", options["max_num_seqs"], int, 1)
+                             if "max_num_seqs" in options else None)
         self.cuda = self._has_cuda()
         eager = options.get("enforce_eager")
-        self.enforce_eager = (not self.cuda) if eager is None else _flag(eager)
-        self.block_size = None
-        if drafter_dir is not None:
-            block = self._read_config(drafter_dir, "drafter").get("block_size")
-            if not isinstance(block, int) or block < 2:
-                raise EngineError(f"engine 'vllm': drafter {drafter_dir}/config.json: block_size must be an int >= 2, "
-                                  f"got {block!r}")
-            self.block_size = block
+        self.enforce_eager = (not self.cuda) if eager is None else opts.flag(self.name, "enforce_eager", eager)
+        self.block_size = None if drafter_dir is None else opts.drafter_block_size(self.name, drafter_dir)
         self.ddtree_ok, self.ddtree_why = probe_method(self.ddtree_method, self.ddtree_budget_key)
-        plugin = str(options.get("ddtree_plugin", "auto")).strip().lower()
-        if plugin not in ("auto", "on", "off"):
-            raise EngineError(f"engine 'vllm': ddtree_plugin must be auto, on or off, got {plugin!r}")
+        plugin = opts.choice(self.name, "ddtree_plugin", options.get("ddtree_plugin", "auto"), ("auto", "on", "off"))
         self.runner_class = options.get("ddtree_runner_class")
         self.plugin = False
         if plugin == "on" or (plugin == "auto" and not self.ddtree_ok):
@@ -202,14 +186,6 @@ class VllmEngine(Engine):
 
     # -- helpers ---------------------------------------------------------------------------
     @staticmethod
-    def _read_config(directory: str, what: str) -> dict:
-        path = Path(directory) / "config.json"
-        try:
-            return json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise EngineError(f"engine 'vllm': cannot read the {what} config {path}: {exc}") from None
-
-    @staticmethod
     def _has_cuda() -> bool:
         try:
             from vllm.platforms import current_platform
@@ -217,15 +193,6 @@ class VllmEngine(Engine):
             return bool(current_platform.is_cuda())
         except Exception:
             return False
-
-    @staticmethod
-    def _cuda_devices() -> int:
-        try:
-            import torch
-
-            return max(1, torch.cuda.device_count())
-        except Exception:
-            return 1
 
     # -- Engine interface ------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -260,7 +227,7 @@ class VllmEngine(Engine):
             draft_logits=self.plugin,
             traced_modes=["ddtree"] if self.plugin else None,
             max_context=self.max_model_len,
-            max_tensor_parallel=self._cuda_devices() if self.cuda else 1,
+            max_tensor_parallel=max(1, opts.cuda_device_count()) if self.cuda else 1,
             notes=notes,
         )
 
