@@ -16,7 +16,19 @@ from pathlib import Path
 
 from .interface import Capabilities, Engine, EngineError, Request, RequestResult, RunConfig
 
-__all__ = ["IsolatedEngine", "log_tail"]
+__all__ = ["IsolatedEngine", "allow_children", "log_tail"]
+
+
+def allow_children() -> None:
+    """Let this process start children even if it is a multiprocessing daemon.
+
+    :class:`IsolatedEngine`'s child is a daemon (so it dies with the suite), and daemons may not
+    start processes; engines that start their own (SGLang's scheduler, the reference engine's
+    tensor-parallel ranks) call this first. They must make their children exit with them.
+    """
+    current = mp.current_process()
+    if current.daemon:
+        current.daemon = False
 
 
 def log_tail(path: str | Path, lines: int = 30) -> str:

@@ -8,6 +8,7 @@ was run.
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from .pair import (
     read_target_info,
     validate_pair,
 )
+from .tensor_parallel import RankGroup, local_device, shardable_sizes
 
 __all__ = ["ReferenceEngine"]
 
@@ -79,8 +81,9 @@ class _LoadedPair:
                 layers[layer_id].register_forward_hook(self._capture(layer_id))
 
     @classmethod
-    def load(cls, model_dir: str, drafter_dir: str | None, dtype: torch.dtype, device: str) -> "_LoadedPair":
-        target, info = load_target(model_dir, dtype, device)
+    def load(cls, model_dir: str, drafter_dir: str | None, dtype: torch.dtype, device: str,
+             tensor_parallel_size: int = 1) -> "_LoadedPair":
+        target, info = load_target(model_dir, dtype, device, tensor_parallel_size)
         drafter = None if drafter_dir is None else load_drafter_checked(drafter_dir, info, dtype, device)
         return cls(target, info, drafter, dtype, device)
 
@@ -120,6 +123,9 @@ class ReferenceEngine(Engine):
     """PyTorch + transformers reference; CPU and CUDA; fp32, bf16, fp16; greedy and sampling.
 
     Options: ``builder`` = ``"heap"`` (default) or ``"vectorized"``.
+
+    ``tensor_parallel_size`` > 1 shards the target over that many ranks (:mod:`.tensor_parallel`):
+    GPUs on CUDA, gloo processes on CPU. Every rank runs the same loop below.
     """
 
     name = "reference"
@@ -141,7 +147,8 @@ class ReferenceEngine(Engine):
         if builder not in ("heap", "vectorized"):
             raise EngineError(f"reference engine: builder must be 'heap' or 'vectorized', got {builder!r}")
         self._build = build_tree if builder == "heap" else build_tree_vectorized
-        self._loaded: dict[tuple[str, str], _LoadedPair] = {}
+        self._loaded: dict[tuple[str, str, int], _LoadedPair] = {}
+        self._ranks: RankGroup | None = None
 
     def use_models(self, target, drafter, config: RunConfig) -> None:
         """Run ``config``'s (dtype, device) with models already in memory (benchmarks)."""
@@ -151,7 +158,7 @@ class ReferenceEngine(Engine):
                           hidden_size=target.config.hidden_size, num_layers=target.config.num_hidden_layers,
                           max_position_embeddings=target.config.max_position_embeddings)
         self.info = info
-        self._loaded[(config.dtype, config.device)] = _LoadedPair(
+        self._loaded[(config.dtype, config.device, 1)] = _LoadedPair(
             target, info, drafter, TORCH_DTYPES[config.dtype], config.device
         )
 
@@ -170,11 +177,19 @@ class ReferenceEngine(Engine):
             draft_logits=True,
             stage_timings=True,
             max_context=self.info.max_position_embeddings,
-            max_tensor_parallel=1,
+            max_tensor_parallel=self.max_tensor_parallel(),
         )
 
+    def max_tensor_parallel(self) -> int:
+        """The largest TP size here: GPUs visible (or CPU cores without CUDA) that split the target evenly."""
+        info = self.info
+        limit = torch.cuda.device_count() if torch.cuda.is_available() else (os.cpu_count() or 1)
+        return max(shardable_sizes(info.num_attention_heads, info.num_key_value_heads, info.intermediate_size,
+                                   info.vocab_size, limit))
+
     def _pair(self, config: RunConfig) -> _LoadedPair:
-        key = (config.dtype, config.device)
+        tp = config.tensor_parallel_size
+        key = (config.dtype, config.device, tp)
         if key not in self._loaded:
             if config.device.startswith("cuda") and not torch.cuda.is_available():
                 raise EngineError(f"reference engine: device {config.device} requested but CUDA is not available")
@@ -182,7 +197,7 @@ class ReferenceEngine(Engine):
             if needs_drafter and self.drafter_dir is None:
                 raise EngineError(f"reference engine: mode {config.mode} needs a drafter dir")
             self._loaded[key] = _LoadedPair.load(
-                self.model_dir, self.drafter_dir, TORCH_DTYPES[config.dtype], config.device
+                self.model_dir, self.drafter_dir, TORCH_DTYPES[config.dtype], local_device(config.device, tp), tp
             )
         pair = self._loaded[key]
         if config.mode != "plain" and pair.drafter is None:
@@ -190,11 +205,34 @@ class ReferenceEngine(Engine):
         return pair
 
     def generate(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
-        if config.tensor_parallel_size > 1:
+        tp = config.tensor_parallel_size
+        if tp == 1:
+            return self.generate_local(requests, config)
+        self._check_tensor_parallel(tp, config.device)
+        device_type = config.device.split(":", 1)[0]
+        if self._ranks is not None and (self._ranks.size, self._ranks.device_type) != (tp, device_type):
+            self._close_ranks()
+        if self._ranks is None:
+            self._ranks = RankGroup(self, tp, device_type)
+        return self._ranks.generate(self, requests, config)
+
+    def _check_tensor_parallel(self, tp: int, device: str) -> None:
+        info = self.info
+        if not shardable_sizes(info.num_attention_heads, info.num_key_value_heads, info.intermediate_size,
+                               info.vocab_size, tp)[-1] == tp:
             raise EngineError(
-                f"reference engine: tensor_parallel_size={config.tensor_parallel_size} requested, but the reference "
-                "engine runs on one device (capabilities().max_tensor_parallel is 1)"
+                f"reference engine: tensor_parallel_size={tp} does not split target {info.path} evenly "
+                f"(num_attention_heads {info.num_attention_heads}, num_key_value_heads {info.num_key_value_heads}, "
+                f"intermediate_size {info.intermediate_size}, vocab_size {info.vocab_size})"
             )
+        if device.startswith("cuda"):
+            visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if visible < tp:
+                raise EngineError(f"reference engine: tensor_parallel_size={tp} on CUDA needs {tp} visible GPUs, "
+                                  f"{visible} visible (CUDA_VISIBLE_DEVICES)")
+
+    def generate_local(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
+        """This rank's run of ``requests`` (the whole run when ``tensor_parallel_size`` is 1)."""
         pair = self._pair(config)
         results = []
         for index, request in enumerate(requests):
@@ -325,6 +363,14 @@ class ReferenceEngine(Engine):
             draft_logits=draft_logits.float().tolist() if config.trace_draft_logits else None,
         )
 
+    def _close_ranks(self) -> None:
+        ranks, self._ranks = self._ranks, None
+        for key in [k for k in self._loaded if k[2] > 1]:  # shards live in the group being closed
+            del self._loaded[key]
+        if ranks is not None:
+            ranks.close()
+
     def close(self) -> None:
+        self._close_ranks()
         self._loaded.clear()
 

@@ -30,6 +30,9 @@ class TargetInfo:
     hidden_size: int
     num_layers: int
     max_position_embeddings: int | None
+    num_attention_heads: int = 1
+    num_key_value_heads: int = 1
+    intermediate_size: int = 1
 
 
 def read_target_info(model_dir: str | Path) -> TargetInfo:
@@ -52,6 +55,9 @@ def read_target_info(model_dir: str | Path) -> TargetInfo:
         hidden_size=int(raw["hidden_size"]),
         num_layers=int(raw["num_hidden_layers"]),
         max_position_embeddings=raw.get("max_position_embeddings"),
+        num_attention_heads=int(raw.get("num_attention_heads", 1)),
+        num_key_value_heads=int(raw.get("num_key_value_heads", raw.get("num_attention_heads", 1))),
+        intermediate_size=int(raw.get("intermediate_size", 1)),
     )
 
 
@@ -88,16 +94,29 @@ def validate_pair(target: TargetInfo, drafter: DFlashConfig, drafter_dir: str | 
         raise PairError(f"{where}: block_size {drafter.block_size} must be >= 2")
 
 
-def load_target(model_dir: str | Path, dtype: torch.dtype, device: str):
+def load_target(model_dir: str | Path, dtype: torch.dtype, device: str, tensor_parallel_size: int = 1):
+    """The target on ``device``; with ``tensor_parallel_size`` > 1, this rank's shard of it.
+
+    Sharding uses transformers' own plan for the architecture and needs the process group to be
+    up (see :mod:`.tensor_parallel`); transformers places the shard on this rank's device.
+    """
     from transformers import AutoModelForCausalLM
 
     info = read_target_info(model_dir)
     if not any(Path(model_dir).glob("*.safetensors")):
         raise PairError(f"target model dir {model_dir} has no .safetensors weights")
+    if tensor_parallel_size == 1:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(info.path), dtype=dtype, attn_implementation="sdpa", use_safetensors=True
+        )
+        return model.to(device).eval(), info
+    from transformers import DistributedConfig
+
     model = AutoModelForCausalLM.from_pretrained(
-        str(info.path), dtype=dtype, attn_implementation="sdpa", use_safetensors=True
+        str(info.path), dtype=dtype, attn_implementation="sdpa", use_safetensors=True,
+        distributed_config=DistributedConfig(tp_plan="auto", tp_size=tensor_parallel_size),
     )
-    return model.to(device).eval(), info
+    return model.eval(), info
 
 
 def load_drafter_checked(drafter_dir: str | Path, target: TargetInfo, dtype, device) -> DFlashDrafter:

@@ -49,7 +49,6 @@ import importlib
 import importlib.util
 import inspect
 import logging
-import multiprocessing
 import typing
 import warnings
 from pathlib import Path
@@ -58,6 +57,7 @@ import sglang  # a missing SGLang makes the registry say "engine 'sglang' is not
 
 from .. import options as opts
 from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RunConfig
+from ..process import allow_children
 from . import names
 from .names import TESTED_VERSIONS
 
@@ -276,13 +276,6 @@ def check_finish_types(mapped=None, module_name: str = names.FINISH_SOURCE_MODUL
 
 
 # -- processes ---------------------------------------------------------------------------------------
-def allow_children() -> None:
-    """Let this process start children even if it is a multiprocessing daemon (see module doc)."""
-    current = multiprocessing.current_process()
-    if current.daemon:
-        current.daemon = False
-
-
 class SglangEngine(Engine):
     """SGLang's offline engine behind the suite's :class:`Engine` interface (see module doc)."""
 

@@ -1,0 +1,165 @@
+"""Tensor parallelism for the reference engine: N ranks running the same spec loop in lockstep.
+
+transformers shards the target with its own plan (``DistributedConfig(tp_plan="auto")``): attention
+heads and MLP columns are split over the ranks, row-parallel outputs are all-reduced and the logits
+gathered. So every rank holds the same logits and the same hidden-state features, makes the same
+tree, walk and sampling decisions, and differs from the others only in its KV cache, which holds
+its own heads. The drafter is replicated on every rank.
+
+The engine's own process is rank 0. :class:`RankGroup` spawns ranks 1..N-1, each building the same
+engine class. Every ``generate`` call goes to all ranks over a gloo control group. Each rank sends
+back a digest of its results. Rank 0 refuses a result that another rank disagrees with: diverging
+ranks would mean a rank-local decision, which is a bug.
+
+Collectives use NCCL on CUDA, where rank r takes ``cuda:r`` of the visible devices, and gloo on CPU.
+CPU TP exists so that the sharded path is tested on machines without GPUs. A follower exits when
+rank 0's process dies, so a killed engine leaves no ranks behind.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import socket
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..interface import EngineError, Request, RequestResult, RunConfig
+from ..process import allow_children
+
+__all__ = ["RankGroup", "rank", "local_device", "shardable_sizes"]
+
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
+JOIN_TIMEOUT_S = 30.0
+
+
+def rank() -> int:
+    """This process's rank in the active group (0 when there is none)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def local_device(device: str, tensor_parallel_size: int) -> str:
+    """The device this rank computes on: ``cuda:<rank>`` under CUDA TP, else ``device`` unchanged."""
+    if tensor_parallel_size > 1 and device.split(":", 1)[0] == "cuda":
+        return f"cuda:{rank()}"
+    return device
+
+
+def shardable_sizes(num_heads: int, num_kv_heads: int, intermediate_size: int, vocab_size: int,
+                    limit: int) -> list[int]:
+    """TP sizes up to ``limit`` that split heads, KV heads, MLP columns and vocabulary evenly."""
+    return [n for n in range(1, max(1, limit) + 1)
+            if not (num_heads % n or num_kv_heads % n or intermediate_size % n or vocab_size % n)]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _join(rank_: int, size: int, port: int, device_type: str):
+    """Join the group as ``rank_``; returns the gloo control group."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank_), WORLD_SIZE=str(size),
+                      LOCAL_RANK=str(rank_), LOCAL_WORLD_SIZE=str(size))
+    if device_type == "cuda":
+        torch.cuda.set_device(rank_)
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank_, world_size=size, timeout=COLLECTIVE_TIMEOUT)
+    return dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+
+
+def _digest(results: list[RequestResult]) -> list[tuple]:
+    """What every rank must agree on."""
+    return [(r.output_ids, r.finish_reason, r.acceptance_lengths, r.error) for r in results]
+
+
+def _run(engine, requests: list[Request], config: RunConfig):
+    """This rank's results and digest, or (None, the error as one line)."""
+    try:
+        results = engine.generate_local(requests, config)
+    except Exception as exc:  # sent to rank 0, which raises it with the rank named
+        return None, f"{type(exc).__name__}: {exc}"
+    return results, _digest(results)
+
+
+def _exit_with(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def _follower(rank_: int, size: int, port: int, device_type: str, engine_class, model_dir: str,
+              drafter_dir: str | None, options: dict, parent_pid: int, threads: int) -> None:
+    """Main of ranks 1..N-1: build the engine, then run each call rank 0 broadcasts until 'close'."""
+    threading.Thread(target=_exit_with, args=(parent_pid,), daemon=True).start()
+    torch.set_num_threads(threads)
+    control = _join(rank_, size, port, device_type)
+    engine = engine_class(model_dir, drafter_dir, **options)
+    while True:
+        message = [None]
+        dist.broadcast_object_list(message, src=0, group=control)
+        if message[0][0] == "close":
+            break
+        _, requests, config = message[0]
+        _, digest = _run(engine, requests, config)
+        dist.gather_object(digest, None, dst=0, group=control)
+    engine.close()
+    dist.destroy_process_group()
+
+
+class RankGroup:
+    """Ranks 1..N-1 of the reference engine, with this process as rank 0 (see module doc)."""
+
+    def __init__(self, engine, size: int, device_type: str) -> None:
+        if dist.is_initialized():
+            raise EngineError("reference engine: a torch.distributed process group is already active in this "
+                              "process; tensor parallelism needs its own")
+        allow_children()
+        self.size, self.device_type = size, device_type
+        port = _free_port()
+        context = mp.get_context("spawn")
+        self._followers = [
+            context.Process(
+                target=_follower, name=f"reference-tp-rank{r}", daemon=True,
+                args=(r, size, port, device_type, type(engine), engine.model_dir, engine.drafter_dir,
+                      engine.options, os.getpid(), torch.get_num_threads()),
+            )
+            for r in range(1, size)
+        ]
+        for process in self._followers:
+            process.start()
+        self._control = _join(0, size, port, device_type)
+
+    def generate(self, engine, requests: list[Request], config: RunConfig) -> list[RequestResult]:
+        dist.broadcast_object_list([("generate", requests, config)], src=0, group=self._control)
+        results, mine = _run(engine, requests, config)
+        digests = [None] * self.size
+        dist.gather_object(mine, digests, dst=0, group=self._control)
+        where = f"reference engine, tensor_parallel_size={self.size}"
+        if results is None:
+            raise EngineError(f"{where}: rank 0 failed: {mine}")
+        for r, theirs in enumerate(digests[1:], start=1):
+            if isinstance(theirs, str):
+                raise EngineError(f"{where}: rank {r} failed: {theirs}")
+            if theirs != mine:
+                first = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
+                raise EngineError(f"{where}: rank {r} disagrees with rank 0 on request {first} (output "
+                                  f"{theirs[first][0][:8]}... vs {mine[first][0][:8]}...); every rank must "
+                                  "make the same decisions from the same gathered logits")
+        return results
+
+    def close(self) -> None:
+        try:
+            dist.broadcast_object_list([("close",)], src=0, group=self._control)
+        finally:
+            for process in self._followers:
+                process.join(JOIN_TIMEOUT_S)
+                if process.is_alive():
+                    process.kill()
+                    process.join(5)
+            dist.destroy_process_group()
