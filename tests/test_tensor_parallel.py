@@ -67,7 +67,7 @@ def test_tp_acceptance_mutant_fails_on_acceptance_not_outputs(settings):
     assert "outputs equal" in result.message
 
 
-def test_reference_engine_skips_with_the_reason(settings):
+def test_unshardable_reference_engine_skips_with_the_reason(settings):
     results = _tp_results(settings, ReferenceEngine)
     for result in results.values():
         assert result.status == "skip"
@@ -87,10 +87,10 @@ def test_tp_above_the_engines_maximum_skips(settings):
     assert "tensor_parallel_size 4 asked, but the engine reports max_tensor_parallel=2" in result.message
 
 
-def test_reference_engine_rejects_tp_above_one(random_pair):
-    target, drafter = random_pair
+def test_reference_engine_refuses_a_tp_size_that_does_not_split_the_target(random_pair):
+    target, drafter = random_pair  # vocabulary 97: no TP size above 1 splits it evenly
     engine = ReferenceEngine(str(target), str(drafter))
     assert engine.capabilities().max_tensor_parallel == 1
-    with pytest.raises(EngineError, match=r"reference engine: tensor_parallel_size=2 requested, but the reference "
-                                          r"engine runs on one device"):
+    with pytest.raises(EngineError, match=r"reference engine: tensor_parallel_size=2 does not split target .* evenly "
+                                          r"\(num_attention_heads 2, num_key_value_heads 2, .*vocab_size 97\)"):
         engine.generate([Request(prompt_ids=[1, 2], max_new_tokens=2)], RunConfig(tensor_parallel_size=2))

@@ -110,6 +110,11 @@ def load_target(model_dir: str | Path, dtype: torch.dtype, device: str, tensor_p
             str(info.path), dtype=dtype, attn_implementation="sdpa", use_safetensors=True
         )
         return model.to(device).eval(), info
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") is None:
+        raise EngineError(f"reference engine: tensor_parallel_size={tensor_parallel_size} needs the 'accelerate' "
+                          "package (transformers loads tensor-parallel shards through it): pip install accelerate")
     from transformers import DistributedConfig
 
     model = AutoModelForCausalLM.from_pretrained(

@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
-import socket
 import threading
 import time
 
@@ -35,6 +34,7 @@ __all__ = ["RankGroup", "rank", "local_device", "shardable_sizes"]
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
 JOIN_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 300.0
 
 
 def rank() -> int:
@@ -56,21 +56,31 @@ def shardable_sizes(num_heads: int, num_kv_heads: int, intermediate_size: int, v
             if not (num_heads % n or num_kv_heads % n or intermediate_size % n or vocab_size % n)]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _join(rank_: int, size: int, port: int, device_type: str):
-    """Join the group as ``rank_``; returns the gloo control group."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank_), WORLD_SIZE=str(size),
-                      LOCAL_RANK=str(rank_), LOCAL_WORLD_SIZE=str(size))
+def _join(rank_: int, size: int, store, device_type: str):
+    """Join the group as ``rank_`` through ``store``; returns the gloo control group."""
+    os.environ.update(RANK=str(rank_), WORLD_SIZE=str(size), LOCAL_RANK=str(rank_), LOCAL_WORLD_SIZE=str(size))
     if device_type == "cuda":
         torch.cuda.set_device(rank_)
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank_, world_size=size, timeout=COLLECTIVE_TIMEOUT)
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=store, rank=rank_, world_size=size,
+                            timeout=COLLECTIVE_TIMEOUT)
     return dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+
+
+def _wait_for(followers: list, store) -> None:
+    """Block until every follower has reached the store; a follower that dies first is an error."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    for rank_, process in enumerate(followers, start=1):
+        while True:
+            try:
+                store.wait([f"arrived/{rank_}"], datetime.timedelta(seconds=1))
+                break
+            except RuntimeError:  # not there yet (DistStoreError)
+                if not process.is_alive():
+                    raise EngineError(f"reference engine: tensor-parallel rank {rank_} exited with code "
+                                      f"{process.exitcode} before joining (see the engine log)") from None
+                if time.monotonic() > deadline:
+                    raise EngineError(f"reference engine: tensor-parallel rank {rank_} did not join within "
+                                      f"{START_TIMEOUT_S:.0f} s") from None
 
 
 def _digest(results: list[RequestResult]) -> list[tuple]:
@@ -95,11 +105,13 @@ def _exit_with(parent_pid: int) -> None:
 
 def _follower(rank_: int, size: int, port: int, device_type: str, engine_class, model_dir: str,
               drafter_dir: str | None, options: dict, parent_pid: int, threads: int) -> None:
-    """Main of ranks 1..N-1: build the engine, then run each call rank 0 broadcasts until 'close'."""
+    """Main of ranks 1..N-1: build the engine, join, then run each call rank 0 broadcasts until 'close'."""
     threading.Thread(target=_exit_with, args=(parent_pid,), daemon=True).start()
     torch.set_num_threads(threads)
-    control = _join(rank_, size, port, device_type)
     engine = engine_class(model_dir, drafter_dir, **options)
+    store = dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=COLLECTIVE_TIMEOUT)
+    store.set(f"arrived/{rank_}", "1")
+    control = _join(rank_, size, store, device_type)
     while True:
         message = [None]
         dist.broadcast_object_list(message, src=0, group=control)
@@ -121,19 +133,24 @@ class RankGroup:
                               "process; tensor parallelism needs its own")
         allow_children()
         self.size, self.device_type = size, device_type
-        port = _free_port()
+        store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False)
         context = mp.get_context("spawn")
         self._followers = [
             context.Process(
                 target=_follower, name=f"reference-tp-rank{r}", daemon=True,
-                args=(r, size, port, device_type, type(engine), engine.model_dir, engine.drafter_dir,
+                args=(r, size, store.port, device_type, type(engine), engine.model_dir, engine.drafter_dir,
                       engine.options, os.getpid(), torch.get_num_threads()),
             )
             for r in range(1, size)
         ]
         for process in self._followers:
             process.start()
-        self._control = _join(0, size, port, device_type)
+        try:
+            _wait_for(self._followers, store)
+        except EngineError:
+            self._stop_followers()
+            raise
+        self._control = _join(0, size, store, device_type)
 
     def generate(self, engine, requests: list[Request], config: RunConfig) -> list[RequestResult]:
         dist.broadcast_object_list([("generate", requests, config)], src=0, group=self._control)
@@ -157,9 +174,12 @@ class RankGroup:
         try:
             dist.broadcast_object_list([("close",)], src=0, group=self._control)
         finally:
-            for process in self._followers:
-                process.join(JOIN_TIMEOUT_S)
-                if process.is_alive():
-                    process.kill()
-                    process.join(5)
+            self._stop_followers(JOIN_TIMEOUT_S)
             dist.destroy_process_group()
+
+    def _stop_followers(self, grace_s: float = 0.0) -> None:
+        for process in self._followers:
+            process.join(grace_s)
+            if process.is_alive():
+                process.kill()
+                process.join(5)

@@ -9,16 +9,32 @@ as a correct TP engine does in fp32. The mutants break exactly one thing at TP>1
 * :class:`TpAcceptanceDrift`: the drafter is fed the first |acc| hidden-state rows instead of the
   accepted nodes' rows (each rank feeding its own rows): outputs stay lossless, acceptance drops.
 
+The reference engine also shards for real (:mod:`adapters.reference.tensor_parallel`; gloo
+processes on CPU). Two mutants break that path the way integrations have:
+
+* :class:`DriverOnlyKvMove`: only rank 0 moves the accepted path's KV into place; the other ranks
+  crop their caches to the committed length, keeping the first rows. Chains are unaffected (their
+  accepted rows are the first rows); tree outputs change.
+* :class:`RankLocalResult`: rank 1 reports a different output than rank 0 (a rank-local
+  decision); the engine's rank-agreement guard refuses the run.
+
+:class:`RankFailsToStart` is not a mutant: its ranks other than 0 raise while starting, to show
+that the engine reports that instead of waiting for them.
+
 They are engines like any other: ``--engine conformance.testing.tp_engines:TpOutputDrift``.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+
 from adapters.interface import Capabilities, EngineError, Request, RequestResult, RunConfig
 from adapters.reference.engine import ReferenceEngine
-from conformance.spec import select_feedback_rows
+from adapters.reference.tensor_parallel import rank
+from conformance.spec import compact_dynamic_cache, select_feedback_rows
 
-__all__ = ["ShardedReference", "TpOutputDrift", "TpAcceptanceDrift", "TP_MUTANTS"]
+__all__ = ["ShardedReference", "TpOutputDrift", "TpAcceptanceDrift", "DriverOnlyKvMove", "RankLocalResult",
+           "RankFailsToStart", "TP_MUTANTS"]
 
 
 class ShardedReference(ReferenceEngine):
@@ -74,7 +90,50 @@ class TpAcceptanceDrift(ShardedReference):
             del self.feedback_step
 
 
+def _driver_only_compaction(cache, start: int, accepted: list[int]) -> None:
+    if rank() == 0:
+        compact_dynamic_cache(cache, start, accepted)
+    else:  # BUG: the KV move happened on the driver only; this rank just drops the rows past the path
+        length = start + 1 + len(accepted)
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
+
+
+class DriverOnlyKvMove(ReferenceEngine):
+    """Mutant (real TP): ranks other than 0 keep the first rows instead of the accepted path's KV."""
+
+    name = "mutant-tp-driver-only-kv-move"
+    compact_step = staticmethod(_driver_only_compaction)
+
+
+class RankLocalResult(ReferenceEngine):
+    """Mutant (real TP): rank 1's results differ from rank 0's (a decision taken per rank)."""
+
+    name = "mutant-tp-rank-local-result"
+
+    def generate_local(self, requests, config):
+        results = super().generate_local(requests, config)
+        if rank() == 1 and results and results[0].output_ids:
+            ids = list(results[0].output_ids)
+            ids[-1] = (ids[-1] + 1) % self.info.vocab_size
+            results[0] = results[0].model_copy(update={"output_ids": ids})
+        return results
+
+
+class RankFailsToStart(ReferenceEngine):
+    """Ranks 1..N-1 raise in their constructor (rank 0, in the suite's process, does not)."""
+
+    name = "tp-rank-fails-to-start"
+
+    def __init__(self, model_dir, drafter_dir=None, **options):
+        if multiprocessing.current_process().name.startswith("reference-tp-rank"):
+            raise RuntimeError("this rank cannot start (deliberately)")
+        super().__init__(model_dir, drafter_dir, **options)
+
+
 TP_MUTANTS = {
     "tp-output-drift": TpOutputDrift,
     "tp-acceptance-drift": TpAcceptanceDrift,
+    "tp-driver-only-kv-move": DriverOnlyKvMove,
+    "tp-rank-local-result": RankLocalResult,
 }

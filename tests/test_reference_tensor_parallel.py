@@ -1,0 +1,83 @@
+"""The reference engine's real tensor parallelism, on CPU (gloo ranks), and its TP mutants.
+
+TP=2 shards the fixture target over two processes with transformers' plan; reduction order
+changes, so these tests also show that the fixture's outputs and per-round acceptance survive it
+exactly in fp32. The mutants break the sharded path only: the TP check must catch them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from adapters.interface import EngineError, Request, RunConfig
+from adapters.reference.engine import ReferenceEngine
+from adapters.reference.tensor_parallel import shardable_sizes
+from conformance.checks import plan, run_plan
+from conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+from conformance.session import SuiteSession, SuiteSettings
+from conformance.testing.tp_engines import DriverOnlyKvMove, RankFailsToStart, RankLocalResult
+
+SETTINGS = SuiteSettings(limit=4, budgets=[16], max_new_tokens=32, tensor_parallel_size=2, torch_threads=1)
+
+
+def _tp_check(engine_class=None, **updates):
+    settings = SETTINGS.model_copy(update=updates)
+    factory = None if engine_class is None else (lambda m, d: engine_class(m, d))
+    session = SuiteSession(settings, engine_factory=factory)
+    try:
+        checks = plan(settings, ["tensor-parallel"])
+        return {c.id: r for c, r in zip(checks, run_plan(session, checks))}
+    finally:
+        session.close()
+
+
+def test_reference_tp2_equals_tp1_in_its_own_process():
+    """The CLI's path: the engine in an isolated child, which starts rank 1 itself."""
+    results = _tp_check(isolate=True)
+    for result in results.values():
+        assert result.status == "pass", result.message
+        assert "TP=2 (tensor_parallel_size 2 (settings)): 4 match, 0 near-tie (exact)" in result.message
+        assert "per-round acceptance equals TP=1" in result.message
+
+
+def test_driver_only_kv_move_fails_trees_not_chains():
+    results = _tp_check(DriverOnlyKvMove, isolate=False)
+    assert results["tensor-parallel/dflash"].status == "pass"  # a chain's accepted rows are its first rows
+    tree = results["tensor-parallel/ddtree-B16"]
+    assert tree.status == "fail"
+    assert "TP=2 output differs from TP=1 on" in tree.message
+
+
+def test_ranks_that_disagree_are_refused_naming_the_rank():
+    engine = RankLocalResult(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+    try:
+        with pytest.raises(EngineError, match=r"tensor_parallel_size=2: rank 1 disagrees with rank 0 on request 0"):
+            engine.generate([Request(prompt_ids=[5, 6, 7], max_new_tokens=4)],
+                            RunConfig(mode="ddtree", budget=8, tensor_parallel_size=2))
+    finally:
+        engine.close()
+
+
+def test_a_rank_that_dies_while_starting_is_an_error_not_a_wait():
+    engine = RankFailsToStart(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+    try:
+        with pytest.raises(EngineError, match=r"tensor-parallel rank 1 exited with code 1 before joining"):
+            engine.generate([Request(prompt_ids=[5, 6, 7], max_new_tokens=4)], RunConfig(tensor_parallel_size=2))
+    finally:
+        engine.close()
+
+
+def test_tp_size_must_split_heads_and_gpus_must_be_visible():
+    engine = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+    request = [Request(prompt_ids=[5, 6, 7], max_new_tokens=4)]
+    with pytest.raises(EngineError, match=r"tensor_parallel_size=4 does not split target .* evenly "
+                                          r"\(num_attention_heads 6, num_key_value_heads 6"):
+        engine.generate(request, RunConfig(tensor_parallel_size=4))
+    with pytest.raises(EngineError, match=r"tensor_parallel_size=2 on CUDA needs 2 visible GPUs, 0 visible"):
+        engine.generate(request, RunConfig(tensor_parallel_size=2, device="cuda"))
+
+
+def test_shardable_sizes():
+    assert shardable_sizes(6, 6, 512, 3072, 8) == [1, 2]  # the fixture: 512 MLP columns do not split in 3
+    assert shardable_sizes(32, 8, 12288, 151936, 8) == [1, 2, 4, 8]  # Qwen3-8B's shape
+    assert shardable_sizes(2, 2, 48, 97, 8) == [1]
