@@ -40,8 +40,8 @@ def tp_size(session: SuiteSession) -> tuple[int, str]:
     """The TP size to compare with TP=1, and where it came from (or 1 and the reason to skip)."""
     caps, asked = session.capabilities, session.settings.tensor_parallel_size
     if caps.max_tensor_parallel <= 1:
-        return 1, (f"engine reports max_tensor_parallel={caps.max_tensor_parallel}: it runs on one device, "
-                   "so there is no TP>1 run to compare")
+        return 1, (f"engine reports max_tensor_parallel={caps.max_tensor_parallel} here, so there is no TP>1 run "
+                   "to compare")
     if asked > 1:
         if asked > caps.max_tensor_parallel:
             return 1, (f"tensor_parallel_size {asked} asked, but the engine reports max_tensor_parallel="
