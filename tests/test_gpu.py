@@ -14,7 +14,9 @@ pair-dependent test with one reason.
   requests per variant (default 40; the CPU tier uses 200). An engine that does not import here,
   or whose ``capabilities()`` lack CUDA or the dtype, is skipped with that reason. The plan
   includes the tensor-parallel check (TP=1 vs TP=N, N from ``--tensor-parallel-size``, the pair,
-  or the GPUs visible to this worker); it skips for engines with ``max_tensor_parallel`` 1;
+  or the GPUs visible to this worker); it skips for engines with ``max_tensor_parallel`` 1. The
+  reference engine shards over the visible GPUs (NCCL ranks), so with two or more GPUs per worker
+  its TP check runs;
 * the vectorized tree builder on CUDA returns the heap builder's tree;
 * with pytest-xdist (``-n auto``: one worker per GPU), each worker sees only its own GPUs.
 """
