@@ -8,6 +8,7 @@ import textwrap
 import time
 
 import pytest
+import torch
 
 from adapters.interface import EngineError, Request, RunConfig
 from adapters.process import IsolatedEngine
@@ -47,7 +48,9 @@ def test_isolated_reference_matches_in_process(random_pair, reference_engine):
     target, drafter = random_pair
     requests = [Request(prompt_ids=[1, 2, 3], max_new_tokens=12), Request(prompt_ids=[9], max_new_tokens=7)]
     config = RunConfig(mode="ddtree", budget=8, trace=True)
-    with IsolatedEngine("reference", str(target), str(drafter)) as engine:
+    # Same torch thread count on both sides: CPU matmul reductions, and so the traced top-2
+    # margins' low bits, depend on it.
+    with IsolatedEngine("reference", str(target), str(drafter), torch_threads=torch.get_num_threads()) as engine:
         assert engine.capabilities().traces
         remote = engine.generate(requests, config)
     local = reference_engine.generate(requests, config)
