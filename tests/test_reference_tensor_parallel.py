@@ -15,7 +15,7 @@ from adapters.reference.tensor_parallel import shardable_sizes
 from conformance.checks import plan, run_plan
 from conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from conformance.session import SuiteSession, SuiteSettings
-from conformance.testing.tp_engines import DriverOnlyKvMove, RankFailsToStart, RankLocalResult
+from conformance.testing.tp_engines import DriverOnlyKvMove, RankDiesInRun, RankFailsToStart, RankLocalResult
 
 SETTINGS = SuiteSettings(limit=4, budgets=[16], max_new_tokens=32, tensor_parallel_size=2, torch_threads=1)
 
@@ -51,7 +51,8 @@ def test_driver_only_kv_move_fails_trees_not_chains():
 def test_ranks_that_disagree_are_refused_naming_the_rank():
     engine = RankLocalResult(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
     try:
-        with pytest.raises(EngineError, match=r"tensor_parallel_size=2: rank 1 disagrees with rank 0 on request 0"):
+        with pytest.raises(EngineError, match=r"tensor_parallel_size=2: rank 1 disagrees with rank 0 on request 0: output "
+                                              r"token 3 is \d+ there, \d+ on rank 0"):
             engine.generate([Request(prompt_ids=[5, 6, 7], max_new_tokens=4)],
                             RunConfig(mode="ddtree", budget=8, tensor_parallel_size=2))
     finally:
@@ -63,6 +64,22 @@ def test_a_rank_that_dies_while_starting_is_an_error_not_a_wait():
     try:
         with pytest.raises(EngineError, match=r"tensor-parallel rank 1 exited with code 1 before joining"):
             engine.generate([Request(prompt_ids=[5, 6, 7], max_new_tokens=4)], RunConfig(tensor_parallel_size=2))
+    finally:
+        engine.close()
+
+
+def test_a_rank_that_dies_in_a_run_fails_that_call_and_the_next_call_restarts_the_ranks():
+    engine = RankDiesInRun(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+    config = RunConfig(mode="ddtree", budget=8, tensor_parallel_size=2)
+    fine = [Request(prompt_ids=[5, 6, 7], max_new_tokens=4)]
+    try:
+        before = engine.generate(fine, config)
+        with pytest.raises(EngineError, match=r"tensor_parallel_size=2: the rank group failed \(.*Connection closed "
+                                              r".*\); it restarts on the next call"):
+            engine.generate([Request(prompt_ids=[RankDiesInRun.FATAL_TOKEN, 6], max_new_tokens=4)], config)
+        after = engine.generate(fine, config)
+        assert [(r.output_ids, r.acceptance_lengths) for r in after] == [(r.output_ids, r.acceptance_lengths)
+                                                                          for r in before]
     finally:
         engine.close()
 

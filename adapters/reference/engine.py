@@ -214,7 +214,14 @@ class ReferenceEngine(Engine):
             self._close_ranks()
         if self._ranks is None:
             self._ranks = RankGroup(self, tp, device_type)
-        return self._ranks.generate(self, requests, config)
+        try:
+            return self._ranks.generate(self, requests, config)
+        except EngineError:
+            raise
+        except Exception as exc:  # a collective failed (a rank died): start a fresh group next time
+            self._close_ranks()
+            raise EngineError(f"reference engine, tensor_parallel_size={tp}: the rank group failed "
+                              f"({type(exc).__name__}: {exc}); it restarts on the next call") from exc
 
     def _check_tensor_parallel(self, tp: int, device: str) -> None:
         info = self.info

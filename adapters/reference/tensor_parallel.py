@@ -56,9 +56,15 @@ def shardable_sizes(num_heads: int, num_kv_heads: int, intermediate_size: int, v
             if not (num_heads % n or num_kv_heads % n or intermediate_size % n or vocab_size % n)]
 
 
+_RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
 def _join(rank_: int, size: int, store, device_type: str):
-    """Join the group as ``rank_`` through ``store``; returns the gloo control group."""
-    os.environ.update(RANK=str(rank_), WORLD_SIZE=str(size), LOCAL_RANK=str(rank_), LOCAL_WORLD_SIZE=str(size))
+    """Join the group as ``rank_`` through ``store``; returns the gloo control group.
+
+    transformers' TP loader reads the rank variables (``LOCAL_RANK`` picks the device).
+    """
+    os.environ.update(dict(zip(_RANK_ENV, map(str, (rank_, size, rank_, size)))))
     if device_type == "cuda":
         torch.cuda.set_device(rank_)
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=store, rank=rank_, world_size=size,
@@ -70,22 +76,32 @@ def _wait_for(followers: list, store) -> None:
     """Block until every follower has reached the store; a follower that dies first is an error."""
     deadline = time.monotonic() + START_TIMEOUT_S
     for rank_, process in enumerate(followers, start=1):
-        while True:
-            try:
-                store.wait([f"arrived/{rank_}"], datetime.timedelta(seconds=1))
-                break
-            except RuntimeError:  # not there yet (DistStoreError)
-                if not process.is_alive():
-                    raise EngineError(f"reference engine: tensor-parallel rank {rank_} exited with code "
-                                      f"{process.exitcode} before joining (see the engine log)") from None
-                if time.monotonic() > deadline:
-                    raise EngineError(f"reference engine: tensor-parallel rank {rank_} did not join within "
-                                      f"{START_TIMEOUT_S:.0f} s") from None
+        while not store.check([f"arrived/{rank_}"]):
+            if not process.is_alive():
+                raise EngineError(f"reference engine: tensor-parallel rank {rank_} exited with code "
+                                  f"{process.exitcode} before joining (see the engine log)")
+            if time.monotonic() > deadline:
+                raise EngineError(f"reference engine: tensor-parallel rank {rank_} did not join within "
+                                  f"{START_TIMEOUT_S:.0f} s")
+            time.sleep(0.2)
 
 
 def _digest(results: list[RequestResult]) -> list[tuple]:
     """What every rank must agree on."""
     return [(r.output_ids, r.finish_reason, r.acceptance_lengths, r.error) for r in results]
+
+
+def _difference(mine: list[tuple], theirs: list[tuple]) -> str:
+    """Where two digests first differ, in words."""
+    index = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
+    for field, a, b in zip(("output", "finish reason", "acceptance lengths", "error"), theirs[index], mine[index]):
+        if a != b:
+            if field == "output" and a and b:
+                at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                return (f"request {index}: output token {at} is {a[at] if at < len(a) else 'missing'} there, "
+                        f"{b[at] if at < len(b) else 'missing'} on rank 0")
+            return f"request {index}: {field} {a!r} there, {b!r} on rank 0"
+    return f"request {index}"
 
 
 def _run(engine, requests: list[Request], config: RunConfig):
@@ -133,6 +149,7 @@ class RankGroup:
                               "process; tensor parallelism needs its own")
         allow_children()
         self.size, self.device_type = size, device_type
+        self._environ = {k: os.environ.get(k) for k in _RANK_ENV}
         store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False)
         context = mp.get_context("spawn")
         self._followers = [
@@ -164,18 +181,24 @@ class RankGroup:
             if isinstance(theirs, str):
                 raise EngineError(f"{where}: rank {r} failed: {theirs}")
             if theirs != mine:
-                first = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
-                raise EngineError(f"{where}: rank {r} disagrees with rank 0 on request {first} (output "
-                                  f"{theirs[first][0][:8]}... vs {mine[first][0][:8]}...); every rank must "
-                                  "make the same decisions from the same gathered logits")
+                raise EngineError(f"{where}: rank {r} disagrees with rank 0 on {_difference(mine, theirs)}; every "
+                                  "rank must make the same decisions from the same gathered logits")
         return results
 
     def close(self) -> None:
+        """Stop the ranks and leave the process group; quiet if a rank is already gone."""
         try:
             dist.broadcast_object_list([("close",)], src=0, group=self._control)
+        except RuntimeError:  # a rank died: the kill below covers it
+            pass
         finally:
             self._stop_followers(JOIN_TIMEOUT_S)
             dist.destroy_process_group()
+            for key, value in self._environ.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     def _stop_followers(self, grace_s: float = 0.0) -> None:
         for process in self._followers:

@@ -18,8 +18,8 @@ processes on CPU). Two mutants break that path the way integrations have:
 * :class:`RankLocalResult`: rank 1 reports a different output than rank 0 (a rank-local
   decision); the engine's rank-agreement guard refuses the run.
 
-:class:`RankFailsToStart` is not a mutant: its ranks other than 0 raise while starting, to show
-that the engine reports that instead of waiting for them.
+:class:`RankFailsToStart` and :class:`RankDiesInRun` are not mutants: their other ranks raise while
+starting, or exit in the middle of a run, to show that the engine reports that instead of waiting.
 
 They are engines like any other: ``--engine conformance.testing.tp_engines:TpOutputDrift``.
 """
@@ -27,6 +27,7 @@ They are engines like any other: ``--engine conformance.testing.tp_engines:TpOut
 from __future__ import annotations
 
 import multiprocessing
+import os
 
 from adapters.interface import Capabilities, EngineError, Request, RequestResult, RunConfig
 from adapters.reference.engine import ReferenceEngine
@@ -34,7 +35,7 @@ from adapters.reference.tensor_parallel import rank
 from conformance.spec import compact_dynamic_cache, select_feedback_rows
 
 __all__ = ["ShardedReference", "TpOutputDrift", "TpAcceptanceDrift", "DriverOnlyKvMove", "RankLocalResult",
-           "RankFailsToStart", "TP_MUTANTS"]
+           "RankFailsToStart", "RankDiesInRun", "TP_MUTANTS"]
 
 
 class ShardedReference(ReferenceEngine):
@@ -129,6 +130,18 @@ class RankFailsToStart(ReferenceEngine):
         if multiprocessing.current_process().name.startswith("reference-tp-rank"):
             raise RuntimeError("this rank cannot start (deliberately)")
         super().__init__(model_dir, drafter_dir, **options)
+
+
+class RankDiesInRun(ReferenceEngine):
+    """Rank 1 exits (code 3) on a request whose prompt starts with :attr:`FATAL_TOKEN`."""
+
+    name = "tp-rank-dies-in-run"
+    FATAL_TOKEN = 99
+
+    def generate_local(self, requests, config):
+        if rank() == 1 and any(r.prompt_ids[0] == self.FATAL_TOKEN for r in requests):
+            os._exit(3)
+        return super().generate_local(requests, config)
 
 
 TP_MUTANTS = {
