@@ -225,8 +225,8 @@ class ReferenceEngine(Engine):
 
     def _check_tensor_parallel(self, tp: int, device: str) -> None:
         info = self.info
-        if not shardable_sizes(info.num_attention_heads, info.num_key_value_heads, info.intermediate_size,
-                               info.vocab_size, tp)[-1] == tp:
+        if shardable_sizes(info.num_attention_heads, info.num_key_value_heads, info.intermediate_size,
+                           info.vocab_size, tp)[-1] != tp:
             raise EngineError(
                 f"reference engine: tensor_parallel_size={tp} does not split target {info.path} evenly "
                 f"(num_attention_heads {info.num_attention_heads}, num_key_value_heads {info.num_key_value_heads}, "
