@@ -627,9 +627,11 @@ def _mode_list(text: str) -> list[str]:
 
 
 def suite_settings(engine, model, drafter, pair_name, modes, budgets, dtype, device, prompts, limit,
-                   max_new_tokens, isolate, golden_dir, options, threads: int = 0) -> SuiteSettings:
+                   max_new_tokens, isolate, golden_dir, options, threads: int = 0,
+                   tensor_parallel_size: int = 1) -> SuiteSettings:
     check_choice(dtype, DTYPES, "--dtype")
     check_min(max_new_tokens, 1, "--max-new-tokens")
+    check_min(tensor_parallel_size, 1, "--tensor-parallel-size")
     model_dir, drafter_dir = resolve_pair(model, drafter)
     if engine == "reference":  # validate the pair here so a mismatch is one line, not a failed run
         from adapters.reference.engine import ReferenceEngine
@@ -641,6 +643,7 @@ def suite_settings(engine, model, drafter, pair_name, modes, budgets, dtype, dev
         pair_name=pair_name, modes=_mode_list(modes), budgets=_int_list(budgets, "--budgets"), dtype=dtype,
         device=device, prompt_set=prompts, limit=limit, max_new_tokens=max_new_tokens, isolate=isolate,
         golden_dir=str(golden_dir), engine_options=options, torch_threads=threads or None,
+        tensor_parallel_size=tensor_parallel_size,
     )
 
 
@@ -665,6 +668,9 @@ def check(
     engine_option: EngineOptionsOpt = None,
     threads: ThreadsOpt = 1,
     hardware_class: HardwareClassOpt = None,
+    tensor_parallel_size: Annotated[int, typer.Option(
+        "--tensor-parallel-size", help="TP size the tensor-parallel check compares with TP=1 (default: the GPUs "
+                                       "visible; on CPU the check runs only when this asks for 2 or more).")] = 1,
 ) -> None:
     """Run the conformance checks against one engine; exit 1 if any check fails."""
     import time
@@ -673,7 +679,8 @@ def check(
     from .session import SuiteSession
 
     settings = suite_settings(engine, model, drafter, pair_name, modes, budgets, dtype, device, prompts, limit,
-                              max_new_tokens, isolate, golden_dir, parse_engine_options(engine_option), threads)
+                              max_new_tokens, isolate, golden_dir, parse_engine_options(engine_option), threads,
+                              tensor_parallel_size)
     checks = plan(settings, only)
     if not checks:
         fail(f"no checks match --check {only}")

@@ -351,6 +351,21 @@ def test_record_refuses_overwrite_then_updates_with_diff(pair, prompts_file, tmp
     assert third.exit_code == 0 and "no changes" in third.output, third.output
 
 
+def test_check_runs_the_tp_check_on_cpu_when_asked(tmp_path):
+    """The fixture pair (the random pair's vocabulary does not split): reference TP=2 as gloo ranks."""
+    out = tmp_path / "tp.json"
+    args = ["check", "--check", "tensor-parallel", "--modes", "ddtree", "--budgets", "16", "--limit", "2",
+            "--max-new-tokens", "16", "--no-isolate", "--out", out]
+    skipped = invoke(*args)
+    assert skipped.exit_code == 0, skipped.output
+    assert "on CPU it runs when asked: --tensor-parallel-size N" in json.loads(out.read_text())["results"][0]["message"]
+    ran = invoke(*args, "--tensor-parallel-size", "2")
+    assert ran.exit_code == 0, ran.output
+    result = json.loads(out.read_text())["results"][0]
+    assert result["status"] == "pass" and result["message"].startswith("TP=2 (tensor_parallel_size 2 (settings))")
+    assert_usage_error(invoke(*args, "--tensor-parallel-size", "0"), "--tensor-parallel-size")
+
+
 def test_check_rejects_bad_budgets(pair, prompts_file, tmp_path):
     result = invoke("check", *_suite_args(pair, prompts_file, tmp_path), "--budgets", "0,4")
     assert_usage_error(result, "--budgets")

@@ -49,8 +49,10 @@ def tp_size(session: SuiteSession) -> tuple[int, str]:
         return asked, f"tensor_parallel_size {asked} (settings)"
     devices = visible_devices(session.settings.device)
     if devices < 2:
-        return 1, (f"{devices} {session.settings.device.split(':', 1)[0]} device(s) visible; the TP check needs 2 "
-                   "or more (with pytest-xdist, give each worker several GPUs: --gpus-per-worker N)")
+        kind = session.settings.device.split(":", 1)[0]
+        hint = ("on CPU it runs when asked: --tensor-parallel-size N" if kind == "cpu" else
+                "with pytest-xdist, give each worker several GPUs: --gpus-per-worker N")
+        return 1, f"{devices} {kind} device(s) visible; the TP check needs 2 or more ({hint})"
     n = min(devices, caps.max_tensor_parallel)
     return n, f"{devices} devices visible, engine max_tensor_parallel={caps.max_tensor_parallel}"
 
