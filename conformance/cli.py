@@ -636,7 +636,12 @@ def suite_settings(engine, model, drafter, pair_name, modes, budgets, dtype, dev
     if engine == "reference":  # validate the pair here so a mismatch is one line, not a failed run
         from adapters.reference.engine import ReferenceEngine
 
-        ReferenceEngine(str(model_dir), None if drafter_dir is None else str(drafter_dir))
+        reference = ReferenceEngine(str(model_dir), None if drafter_dir is None else str(drafter_dir))
+        if tensor_parallel_size > 1:
+            try:
+                reference.validate_tensor_parallel(tensor_parallel_size, device)
+            except EngineError as exc:
+                fail(f"--tensor-parallel-size: {exc}")
     load_prompt_set(prompts, model_dir, limit)
     return SuiteSettings(
         engine=engine, model_dir=str(model_dir), drafter_dir=None if drafter_dir is None else str(drafter_dir),
@@ -669,8 +674,9 @@ def check(
     threads: ThreadsOpt = 1,
     hardware_class: HardwareClassOpt = None,
     tensor_parallel_size: Annotated[int, typer.Option(
-        "--tensor-parallel-size", help="TP size the tensor-parallel check compares with TP=1 (default: the GPUs "
-                                       "visible; on CPU the check runs only when this asks for 2 or more).")] = 1,
+        "--tensor-parallel-size", help="Shard the target over N devices in every run; the tensor-parallel check "
+                                       "compares N with 1. With 1, that check uses the GPUs visible (on CPU it "
+                                       "runs only when N >= 2 is asked for).")] = 1,
 ) -> None:
     """Run the conformance checks against one engine; exit 1 if any check fails."""
     import time

@@ -408,7 +408,9 @@ def format_prompts(prompts: list, tokenizer_dir: str | Path, prompt_format: Prom
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(file))
-        encode = lambda text: list(tokenizer.encode(text).ids)
+
+        def encode(text: str) -> list[int]:
+            return list(tokenizer.encode(text).ids)
     elif prompt_format == "chat":
         from transformers import AutoTokenizer
 

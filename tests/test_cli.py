@@ -364,6 +364,8 @@ def test_check_runs_the_tp_check_on_cpu_when_asked(tmp_path):
     result = json.loads(out.read_text())["results"][0]
     assert result["status"] == "pass" and result["message"].startswith("TP=2 (tensor_parallel_size 2 (settings))")
     assert_usage_error(invoke(*args, "--tensor-parallel-size", "0"), "--tensor-parallel-size")
+    assert_usage_error(invoke(*args, "--tensor-parallel-size", "4"), "--tensor-parallel-size: reference engine: "
+                       "tensor_parallel_size=4 does not split target", "num_attention_heads 6")
 
 
 def test_check_rejects_bad_budgets(pair, prompts_file, tmp_path):

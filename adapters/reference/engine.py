@@ -30,6 +30,7 @@ from conformance.spec import (
 )
 
 from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RoundTrace, RunConfig, Timings
+from ..options import cuda_device_count
 from .pair import (
     TORCH_DTYPES,
     load_drafter_checked,
@@ -180,12 +181,14 @@ class ReferenceEngine(Engine):
             max_tensor_parallel=self.max_tensor_parallel(),
         )
 
+    def _split_sizes(self, limit: int) -> list[int]:
+        info = self.info
+        return shardable_sizes(info.num_attention_heads, info.num_key_value_heads, info.intermediate_size,
+                               info.vocab_size, limit)
+
     def max_tensor_parallel(self) -> int:
         """The largest TP size here: GPUs visible (or CPU cores without CUDA) that split the target evenly."""
-        info = self.info
-        limit = torch.cuda.device_count() if torch.cuda.is_available() else (os.cpu_count() or 1)
-        return max(shardable_sizes(info.num_attention_heads, info.num_key_value_heads, info.intermediate_size,
-                                   info.vocab_size, limit))
+        return max(self._split_sizes(cuda_device_count() or os.cpu_count() or 1))
 
     def _pair(self, config: RunConfig) -> _LoadedPair:
         tp = config.tensor_parallel_size
@@ -208,7 +211,7 @@ class ReferenceEngine(Engine):
         tp = config.tensor_parallel_size
         if tp == 1:
             return self.generate_local(requests, config)
-        self._check_tensor_parallel(tp, config.device)
+        self.validate_tensor_parallel(tp, config.device)
         device_type = config.device.split(":", 1)[0]
         if self._ranks is not None and (self._ranks.size, self._ranks.device_type) != (tp, device_type):
             self._close_ranks()
@@ -223,17 +226,17 @@ class ReferenceEngine(Engine):
             raise EngineError(f"reference engine, tensor_parallel_size={tp}: the rank group failed "
                               f"({type(exc).__name__}: {exc}); it restarts on the next call") from exc
 
-    def _check_tensor_parallel(self, tp: int, device: str) -> None:
+    def validate_tensor_parallel(self, tp: int, device: str) -> None:
+        """Raise one :class:`EngineError` naming the numbers if ``tp`` cannot run on ``device`` here."""
         info = self.info
-        if shardable_sizes(info.num_attention_heads, info.num_key_value_heads, info.intermediate_size,
-                           info.vocab_size, tp)[-1] != tp:
+        if self._split_sizes(tp)[-1] != tp:
             raise EngineError(
                 f"reference engine: tensor_parallel_size={tp} does not split target {info.path} evenly "
                 f"(num_attention_heads {info.num_attention_heads}, num_key_value_heads {info.num_key_value_heads}, "
                 f"intermediate_size {info.intermediate_size}, vocab_size {info.vocab_size})"
             )
         if device.startswith("cuda"):
-            visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            visible = cuda_device_count()
             if visible < tp:
                 raise EngineError(f"reference engine: tensor_parallel_size={tp} on CUDA needs {tp} visible GPUs, "
                                   f"{visible} visible (CUDA_VISIBLE_DEVICES)")
