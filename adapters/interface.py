@@ -159,6 +159,8 @@ class Capabilities(_Model):
     stage_timings: bool = False
     max_context: int | None = None
     max_tensor_parallel: int = Field(default=1, ge=1, description="largest tensor_parallel_size accepted here")
+    max_budget: int | None = Field(default=None, ge=1, description="largest DDTree budget accepted here (None: "
+                                                                   "not stated)")
     notes: list[str] = Field(default_factory=list)
 
 

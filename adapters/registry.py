@@ -5,10 +5,10 @@ An engine is named in one of three ways:
 * a built-in name (:data:`BUILTIN_ENGINES`): ``reference``, ``vllm``, ``sglang``;
 * a name registered by an installed package under the entry-point group
   :data:`ENTRY_POINT_GROUP` (``ddtree_conformance.adapters``), value ``module:Class``;
-* a ``module:Class`` string naming any importable :class:`~adapters.interface.Engine` subclass.
+* a ``module:Class`` string naming any importable :class:`~ddtree_conformance.adapters.interface.Engine` subclass.
 
 Built-in names win over entry points of the same name, so ``reference`` always means this
-repository's reference engine. Every failure is an :class:`~adapters.interface.EngineError` whose
+repository's reference engine. Every failure is an :class:`~ddtree_conformance.adapters.interface.EngineError` whose
 message names the engine and the cause; importing an adapter whose engine is not installed gives
 "engine 'vllm' is not available here: ...", never a traceback.
 """
@@ -32,15 +32,20 @@ __all__ = [
     "available_engines",
     "load_engine_class",
     "create_engine",
+    "UnknownEngine",
 ]
 
 ENTRY_POINT_GROUP = "ddtree_conformance.adapters"
 
 BUILTIN_ENGINES: dict[str, str] = {
-    "reference": "adapters.reference.engine:ReferenceEngine",
-    "vllm": "adapters.vllm.engine:VllmEngine",
-    "sglang": "adapters.sglang.engine:SglangEngine",
+    "reference": "ddtree_conformance.adapters.reference.engine:ReferenceEngine",
+    "vllm": "ddtree_conformance.adapters.vllm.engine:VllmEngine",
+    "sglang": "ddtree_conformance.adapters.sglang.engine:SglangEngine",
 }
+
+
+class UnknownEngine(EngineError):
+    """No engine of that name is known here (a usage error, unlike an engine that fails to import)."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,7 @@ def _split_target(name: str, target: str) -> tuple[str, str]:
     module, sep, attr = target.partition(":")
     module, attr = module.strip(), attr.strip()
     if not sep or not module or not attr:
-        raise EngineError(f"engine {name!r}: {target!r} is not of the form 'module:Class'")
+        raise UnknownEngine(f"engine {name!r}: {target!r} is not of the form 'module:Class'")
     return module, attr
 
 
@@ -95,7 +100,7 @@ def load_engine_class(spec: str | type[Engine]) -> type[Engine]:
         elif ":" in spec:
             name, target = spec, spec
         else:
-            raise EngineError(
+            raise UnknownEngine(
                 f"unknown engine {spec!r}; known engines: {', '.join(sorted(known))} "
                 "(or give a 'module:Class' path)"
             )
@@ -114,12 +119,12 @@ def load_engine_class(spec: str | type[Engine]) -> type[Engine]:
             try:
                 obj = getattr(obj, part)
             except AttributeError:
-                raise EngineError(f"engine {name!r}: module {module_name} has no attribute {attr!r}") from None
+                raise UnknownEngine(f"engine {name!r}: module {module_name} has no attribute {attr!r}") from None
     if not (isinstance(obj, type) and issubclass(obj, Engine)):
-        raise EngineError(f"engine {name!r}: {target} is not a subclass of adapters.interface.Engine")
+        raise UnknownEngine(f"engine {name!r}: {target} is not a subclass of ddtree_conformance.adapters.interface.Engine")
     if inspect.isabstract(obj):
         missing = ", ".join(sorted(obj.__abstractmethods__))
-        raise EngineError(f"engine {name!r}: {target} is abstract (does not implement {missing})")
+        raise UnknownEngine(f"engine {name!r}: {target} is abstract (does not implement {missing})")
     return obj
 
 
@@ -131,7 +136,7 @@ def create_engine(
 ) -> Engine:
     """Load the engine class named by ``spec`` and construct it.
 
-    Errors from the constructor (for example a :class:`~adapters.reference.pair.PairError` for a
+    Errors from the constructor (for example a :class:`~ddtree_conformance.adapters.reference.pair.PairError` for a
     drafter that does not fit the target) propagate unchanged: they already name the field.
     """
     cls = load_engine_class(spec)

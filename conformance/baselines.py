@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .files import atomic_write, read_json_object
-from .paths import GOLDEN_DIR
+from .paths import BASELINES_DIR
 
 __all__ = [
     "SCHEMA",
@@ -51,7 +51,6 @@ __all__ = [
 
 SCHEMA = "ddtree-conformance/baselines"
 SCHEMA_VERSION = 1
-BASELINES_DIR: Path = GOLDEN_DIR / "baselines"
 
 # Default tolerance bands used when a baseline is made from a report.
 DEFAULT_TAU_BAND = 0.05  # relative: a 5 % drop in tau is a regression

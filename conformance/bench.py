@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adapters.interface import Engine, Request, RequestResult, RunConfig
+from ddtree_conformance.adapters.interface import Engine, Request, RequestResult, RunConfig
 
 from .metrics import acceptance_histogram, mean_tau, per_position_acceptance
 

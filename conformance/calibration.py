@@ -72,6 +72,6 @@ def calibrate(model_dir: str, dtypes: list[str], sequences: list[list[int]], dev
             "device": device,
             "torch": torch.__version__,
         }
-    data["method"] = "bound = 2 * max |gap_low - gap_fp32| over teacher-forced positions (conformance.calibration)"
+    data["method"] = "bound = 2 * max |gap_low - gap_fp32| over teacher-forced positions (ddtree_conformance.calibration)"
     atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
     return data

@@ -17,7 +17,7 @@ become token ids, the tensor-parallel size and the generation length. Built in:
   checks it against the downloaded config).
 
 Prompt formats (``prompt_format``): ``ids`` uses the set's ``prompt_ids`` (text-only lines are
-encoded with the target's ``tokenizer.json``, as :func:`conformance.prompts.load_prompts` does);
+encoded with the target's ``tokenizer.json``, as :func:`ddtree_conformance.prompts.load_prompts` does);
 ``text`` re-encodes every prompt's ``text`` with the target's ``tokenizer.json``; ``chat`` wraps
 the text as one user message and applies the target's chat template with
 ``enable_thinking=False`` (z-lab's non-thinking b16 drafters were trained and benchmarked so).
@@ -57,9 +57,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from adapters.interface import DType
+from ddtree_conformance.adapters.interface import DType
 
-from .paths import REPO_ROOT
+from .paths import DATA_DIR
 
 __all__ = [
     "PromptFormat",
@@ -116,7 +116,7 @@ class ModelPair(BaseModel):
     max_new_tokens: int = Field(default=64, ge=1)
     limit: int | None = Field(default=None, ge=1, description="use only the first N prompts")
     source: str = Field(default="", description="where the pair's facts come from")
-    _base_dir: Path = PrivateAttr(default=REPO_ROOT)
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
 
     @field_validator("name")
     @classmethod
@@ -148,10 +148,10 @@ _ZLAB = ("z-lab/dflash README.md (Supported Models; Transformers example: dtype=
 
 BUILTIN_PAIRS: dict[str, ModelPair] = {
     "fixture": ModelPair(
-        name="fixture", target="golden/fixture/target", drafter="golden/fixture/drafter", block_size=16,
+        name="fixture", target="fixture/target", drafter="fixture/drafter", block_size=16,
         dtype="float32", prompts="fixture", prompt_format="ids", max_new_tokens=64,
         source="bundled: scripts/build_fixture.py (golden/fixture/MANIFEST.json)",
-    ),
+    ).with_base_dir(DATA_DIR),
     "qwen3-8b": ModelPair(
         name="qwen3-8b", target="Qwen/Qwen3-8B", drafter="z-lab/Qwen3-8B-DFlash-b16", block_size=16,
         dtype="bfloat16", prompts="fixture", prompt_format="chat", max_new_tokens=64, limit=20, source=_ZLAB,
@@ -266,7 +266,7 @@ class ResolvedPair:
         return self.pair.name
 
     def suite_settings(self, **overrides: Any) -> dict[str, Any]:
-        """Keyword arguments for :class:`conformance.session.SuiteSettings` running this pair."""
+        """Keyword arguments for :class:`ddtree_conformance.session.SuiteSettings` running this pair."""
         pair = self.pair
         values: dict[str, Any] = {
             "model_dir": str(self.target_dir),
@@ -391,7 +391,7 @@ def resolve_pair(
 
 # -- prompts -----------------------------------------------------------------------------------
 def format_prompts(prompts: list, tokenizer_dir: str | Path, prompt_format: PromptFormat) -> list:
-    """``prompts`` (:class:`conformance.prompts.Prompt`) with ``prompt_ids`` from ``prompt_format``."""
+    """``prompts`` (:class:`ddtree_conformance.prompts.Prompt`) with ``prompt_ids`` from ``prompt_format``."""
     from .prompts import PromptError
 
     if prompt_format == "ids":

@@ -1,127 +1,152 @@
-"""pytest plugin: ``pytest --engine NAME`` runs the conformance checks against that engine.
+"""pytest plugin: ``pytest --ddtree-engine NAME`` runs the conformance checks against that engine.
 
-Options mirror ``ddtree-conformance check``. With ``--engine`` given, the packaged suite
-(:mod:`conformance.suite.test_conformance`) is collected in addition to whatever paths were
-named; each planned check is one test item that passes, fails with the check's message, or is
-skipped with its reason.
+Every option is prefixed ``--ddtree-`` and is the CLI's option of the same name
+(``--ddtree-budgets`` is ``ddtree-conformance check --budgets``; :func:`raw_options` reads them and
+:func:`ddtree_conformance.settings.build_settings` validates them, the same function the CLI uses).
+So the plugin never clashes with a project's own ``--model``, ``--engine`` or ``--device``: it is
+installed with the suite and stays inert until ``--ddtree-engine`` is given.
 
-``--pair NAME`` (or ``$DDTREE_PAIR``) takes the target, drafter, dtype, prompts, generation
-length and tensor-parallel size from the model-pair registry (:mod:`conformance.pairs`; more pairs
-from ``--pairs-file`` / ``$DDTREE_PAIRS_FILE``); explicit options override the pair's values. A
-pair whose models are not on this machine skips the suite with one reason; an unknown pair or a
-bad pairs file stops the run with one error naming the file and field.
+With ``--ddtree-engine``, the packaged suite (:mod:`ddtree_conformance.suite.test_conformance`)
+is collected in addition to whatever paths were named; each planned check is one test item whose
+id and JUnit class name carry the engine, dtype and pair (``test_conformance[reference-float32-
+fixture|lossless/ddtree-B16]``), so reports from two engines never collide. It passes, fails with
+the check's message, or is skipped with its reason.
+
+``--ddtree-pair NAME`` (or ``$DDTREE_PAIR``) takes the target, drafter, dtype, prompts, generation
+length and tensor-parallel size from the model-pair registry (:mod:`ddtree_conformance.pairs`);
+explicit options override the pair's values. A pair whose models are not on this machine skips the
+suite with one reason; an unknown pair or a bad option stops the run with one error naming it.
+
+With pytest-xdist, ``-n auto`` in a GPU run (``-m gpu``) starts one worker per visible GPU and pins
+each worker's ``CUDA_VISIBLE_DEVICES`` (:mod:`ddtree_conformance.testing.xdist_gpus`;
+``--ddtree-gpus-per-worker N`` for tensor-parallel workers).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from .settings import OPTION_FLAGS
+from .settings import pytest_flag as ddtree_flag
+
 SUITE = Path(__file__).parent / "suite" / "test_conformance.py"
 
+# (field, argparse keyword arguments, help); the flag is ddtree_flag(field).
+_OPTIONS: list[tuple[str, dict[str, Any], str]] = [
+    ("engine", {}, "engine under test: reference, vllm, sglang, an entry-point name or module:Class "
+                   "(turns the plugin on)"),
+    ("engine_options", {"action": "append", "metavar": "KEY=VALUE"},
+     "engine option (repeatable), as the CLI's -O/--engine-option"),
+    ("engine_timeout_s", {"type": float}, "seconds the engine may take to start, answer capabilities() or run one "
+                                          "generate before it is killed (default 900)"),
+    ("model_dir", {}, "target model dir (default: the bundled fixture); write --ddtree-model=DIR"),
+    ("drafter_dir", {}, "DFlash drafter dir (default: the bundled fixture); 'none' for no drafter"),
+    ("pair", {}, "named model pair (fixture, qwen3-8b, qwen3-4b, or a pairs file's); default $DDTREE_PAIR"),
+    ("pairs_file", {}, "JSON/TOML file of more pairs (default $DDTREE_PAIRS_FILE)"),
+    ("pair_name", {}, "name of the model pair (golden files are keyed by it)"),
+    ("modes", {}, "comma-separated speculative modes (default dflash,ddtree)"),
+    ("budgets", {}, "comma-separated DDTree budgets (default 16,64)"),
+    ("dtype", {}, "float32 | bfloat16 | float16 (default float32, the pair's with a pair)"),
+    ("device", {}, "cpu, cuda, cuda:N (default cpu)"),
+    ("prompt_set", {}, "bundled prompt set name or JSONL path (default fixture)"),
+    ("limit", {"type": int}, "use only the first N prompts"),
+    ("max_new_tokens", {"type": int}, "tokens per prompt (default 64, the pair's with a pair)"),
+    ("checks", {"action": "append"}, "keep checks whose id contains this (repeatable)"),
+    ("golden_dir", {}, "root of the golden files (default: the bundled ones)"),
+    ("torch_threads", {"type": int}, "torch CPU threads per process; 0: torch's default (default 1)"),
+    ("tensor_parallel_size", {"type": int}, "devices each engine shards the target over (default: the pair's, 1)"),
+]
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("ddtree-conformance")
-    group.addoption("--engine", default=None, help="engine under test: reference, vllm, sglang, entry point or module:Class")
-    group.addoption("--model", default=None, help="target model dir (default: bundled fixture)")
-    group.addoption("--drafter", default=None, help="DFlash drafter dir (default: bundled fixture)")
-    group.addoption("--pair-name", default=None, help="name of the model pair (golden files are keyed by it)")
-    group.addoption("--modes", default="dflash,ddtree", help="comma-separated modes to check")
-    group.addoption("--budgets", default="16,64", help="comma-separated DDTree budgets")
-    group.addoption("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                    help="default: float32 (the pair's dtype with --pair)")
-    group.addoption("--device", default="cpu")
-    group.addoption("--prompt-set", default=None, help="bundled prompt set name or JSONL path (default: fixture)")
-    group.addoption("--limit", type=int, default=None, help="use only the first N prompts")
-    group.addoption("--max-new-tokens", type=int, default=None, help="default: 64 (the pair's with --pair)")
-    group.addoption("--pair", default=None,
-                    help="named model pair (conformance/pairs.py: fixture, qwen3-8b, qwen3-4b, or a pairs file's); "
-                         "default $DDTREE_PAIR, else the bundled fixture")
-    group.addoption("--pairs-file", default=None, help="JSON/TOML file of more pairs (default $DDTREE_PAIRS_FILE)")
-    group.addoption("--tensor-parallel-size", type=int, default=None,
-                    help="GPUs each engine shards the target over (default: the pair's, 1)")
-    group.addoption("--checks", default=None, help="comma-separated check names to keep (substring match)")
-    group.addoption("--no-isolate", action="store_true", help="run the engine in this process")
-    group.addoption("--torch-threads", type=int, default=1, help="torch CPU threads per process (0: torch default)")
-    group.addoption("--engine-timeout", type=float, default=900.0, help="seconds before a silent engine counts as hung")
+
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    group = parser.getgroup("ddtree-conformance", "DDTree conformance suite (ddtree-conformance check, as pytest)")
+    for field, kwargs, text in _OPTIONS:
+        group.addoption(ddtree_flag(field), dest=f"ddtree_{field}", default=None, help=text, **kwargs)
+    group.addoption(ddtree_flag("isolate"), dest="ddtree_isolate", action="store_true", default=None,
+                    help="run the engine in its own process (the default)")
+    group.addoption("--ddtree-no-isolate", dest="ddtree_isolate", action="store_false",
+                    help="run the engine in the pytest process")
+    group.addoption("--ddtree-gpus-per-worker", dest="ddtree_gpus_per_worker", type=int, default=None,
+                    help="GPUs per pytest-xdist worker (default $DDTREE_GPUS_PER_WORKER, else 1); -n auto in a GPU "
+                         "run starts GPUs // this many workers")
+    from .testing.xdist_gpus import XdistGpuPlugin
+
+    # Registered here, before xdist sizes `-n auto` and before any worker touches CUDA.
+    if not pluginmanager.has_plugin("ddtree-xdist-gpus"):
+        pluginmanager.register(XdistGpuPlugin(), "ddtree-xdist-gpus")
 
 
-def chosen_pair(config: pytest.Config):
-    """The :class:`~conformance.pairs.ModelPair` named by ``--pair`` / ``$DDTREE_PAIR`` (None: neither given).
+def raw_options(config: pytest.Config) -> dict[str, Any]:
+    """The ``--ddtree-*`` option values by settings field (None: not given)."""
+    values = {field: config.getoption(f"ddtree_{field}", None) for field, _, _ in _OPTIONS}
+    values["isolate"] = config.getoption("ddtree_isolate", None)
+    values["pair"] = values["pair"] or os.environ.get("DDTREE_PAIR")
+    values["pairs_file"] = values["pairs_file"] or os.environ.get("DDTREE_PAIRS_FILE")
+    if values["torch_threads"] is None:
+        values["torch_threads"] = 1
+    return values
 
-    An unknown name or a bad pairs file is one ``pytest.UsageError``.
-    """
-    from .pairs import PAIR_ENV, PAIRS_FILE_ENV, PairSpecError, get_pair
 
-    name = config.getoption("--pair", None) or os.environ.get(PAIR_ENV)
-    pairs_file = config.getoption("--pairs-file", None) or os.environ.get(PAIRS_FILE_ENV)
-    if not name and not pairs_file:
-        return None
+def active(config: pytest.Config) -> bool:
+    return bool(config.getoption("ddtree_engine", None))
+
+
+def settings_from_config(config: pytest.Config, **overrides: Any):
+    """``(SuiteSettings, unavailable)`` from the ``--ddtree-*`` options (``overrides`` win), validated by
+    :func:`~ddtree_conformance.settings.build_settings`; a bad value is one ``pytest.UsageError`` naming the
+    ``--ddtree-`` option. ``unavailable`` is why a named pair's models are not here (then items skip)."""
+    from .settings import SettingsError, build_settings
+
+    values = raw_options(config)
+    values.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return get_pair(name, pairs_file)
-    except PairSpecError as exc:
-        raise pytest.UsageError(str(exc)) from None
-
-
-def resolved_pair(config: pytest.Config):
-    """``(ResolvedPair | None, skip reason | None)`` for the chosen pair, resolved once per run."""
-    from .pairs import PairSpecError, PairUnavailable, resolve_pair
-
-    key = "_ddtree_resolved_pair"
-    if not hasattr(config, key):
-        pair, value = chosen_pair(config), (None, None)
-        if pair is not None:
-            try:
-                value = (resolve_pair(pair), None)
-            except PairUnavailable as exc:
-                value = (None, str(exc))
-            except PairSpecError as exc:
-                raise pytest.UsageError(str(exc)) from None
-        setattr(config, key, value)
-    return getattr(config, key)
+        return build_settings(values, flag_prefix="--ddtree-", allow_unavailable_pair=True)
+    except SettingsError as exc:
+        raise pytest.UsageError(f"ddtree-conformance: {exc}") from None
 
 
 def settings_from_options(config: pytest.Config):
-    from conformance.session import SuiteSettings
+    """The validated settings of this pytest run (cached on the config)."""
+    key = "_ddtree_settings"
+    if not hasattr(config, key):
+        setattr(config, key, settings_from_config(config))
+    return getattr(config, key)[0]
 
-    opt = config.getoption
-    values = {}
-    pair = chosen_pair(config)
-    if pair is not None:
-        resolved, _reason = resolved_pair(config)
-        if resolved is not None:
-            values.update(resolved.suite_settings())
-        else:  # not on this machine: the plan still needs settings; the items are skipped
-            values.update(pair_name=pair.name, dtype=pair.dtype, prompt_format=pair.prompt_format,
-                          max_new_tokens=pair.max_new_tokens, tensor_parallel_size=pair.tensor_parallel_size)
-    explicit = {
-        "engine": opt("--engine") or "reference",
-        "modes": [m for m in opt("--modes").split(",") if m],
-        "budgets": [int(b) for b in opt("--budgets").split(",") if b],
-        "dtype": opt("--dtype"),
-        "device": opt("--device"),
-        "prompt_set": opt("--prompt-set"),
-        "limit": opt("--limit"),
-        "max_new_tokens": opt("--max-new-tokens"),
-        "isolate": not opt("--no-isolate"),
-        "timeout_s": opt("--engine-timeout"),
-        "torch_threads": opt("--torch-threads") or None,
-        "tensor_parallel_size": opt("--tensor-parallel-size"),
-    }
-    values.update({k: v for k, v in explicit.items() if v is not None or k == "torch_threads"})
-    for key, name in (("model_dir", "--model"), ("drafter_dir", "--drafter"), ("pair_name", "--pair-name")):
-        if opt(name):
-            values[key] = opt(name)
-    return SuiteSettings(**values)
+
+def unavailable_reason(config: pytest.Config) -> str | None:
+    settings_from_options(config)
+    return getattr(config, "_ddtree_settings")[1]
+
+
+def item_group(settings) -> str:
+    """``engine-dtype-pair``: the prefix of every item id, the xdist group and the JUnit class name."""
+    engine = re.sub(r"[^A-Za-z0-9_.-]+", "_", settings.engine)
+    return f"{engine}-{settings.dtype}-{settings.pair_name}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not active(config):
+        return
+    settings_from_options(config)  # a bad option or an unknown pair stops the run here, as one error
+    if str(SUITE) in config.args:
+        return
+    if config.args_source != pytest.Config.ArgsSource.ARGS:
+        # `pytest --ddtree-engine X` without test paths runs only the conformance suite.
+        config.args[:] = [str(SUITE)]
+    else:
+        config.args.append(str(SUITE))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A chosen pair that is not on this machine skips the conformance suite, with its reason."""
-    if not config.getoption("--engine") or chosen_pair(config) is None:
+    if not active(config):
         return
-    _resolved, reason = resolved_pair(config)
+    reason = unavailable_reason(config)
     if reason is None:
         return
     for item in items:
@@ -129,13 +154,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    chosen_pair(config)  # an unknown pair or a bad pairs file stops the run here, as one error
-    if not config.getoption("--engine") or str(SUITE) in config.args:
-        return
-    if config.args_source != pytest.Config.ArgsSource.ARGS:
-        # `pytest --engine X` without test paths runs only the conformance suite. (pytest may take
-        # a path-like option value such as `--model DIR` for a rootdir hint; `--model=DIR` avoids it.)
-        config.args[:] = [str(SUITE)]
-    else:
-        config.args.append(str(SUITE))
+assert set(OPTION_FLAGS) >= {field for field, _, _ in _OPTIONS}

@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import torch
 
-from conformance.spec import top2_margin
+from ddtree_conformance.spec import top2_margin
 
 __all__ = ["TargetScorer"]
 

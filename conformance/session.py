@@ -12,50 +12,12 @@ from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
-
-from adapters.interface import Capabilities, DType, Engine, Mode, Request, RequestResult, RunConfig
-
-from .paths import FIXTURE_DRAFTER, FIXTURE_TARGET, GOLDEN_DIR
+from .adapters.interface import Capabilities, Engine, Mode, Request, RequestResult, RunConfig
+from .settings import SuiteSettings
 
 __all__ = ["SuiteSettings", "SuiteSession", "EngineFactory"]
 
 EngineFactory = Callable[[str, "str | None"], Engine]
-
-
-class SuiteSettings(BaseModel):
-    """Everything a conformance run is parameterised by (CLI options and pytest options)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    engine: str = "reference"
-    model_dir: str = str(FIXTURE_TARGET)
-    drafter_dir: str | None = str(FIXTURE_DRAFTER)
-    pair_name: str = "fixture"
-    modes: list[Mode] = Field(default_factory=lambda: ["dflash", "ddtree"])
-    budgets: list[int] = Field(default_factory=lambda: [16, 64])
-    dtype: DType = "float32"
-    device: str = "cpu"
-    prompt_set: str = "fixture"
-    prompt_format: Literal["ids", "text", "chat"] = Field(
-        default="ids", description="how prompts become token ids (conformance.pairs.format_prompts)"
-    )
-    limit: int | None = Field(default=None, description="use only the first N prompts")
-    max_new_tokens: int = Field(default=64, ge=1)
-    isolate: bool = True
-    timeout_s: float = 900.0
-    near_tie_bound: float | None = Field(default=None, description="nats; None: the pair's calibration, else 0.5")
-    golden_dir: str = str(GOLDEN_DIR / "records")
-    sampling_requests: int = Field(default=200, description="seeded requests per sampling variant")
-    branch_rounds: int = Field(default=3, description="rounds per prompt checked branch-vs-chain")
-    branch_prompts: int = Field(default=4)
-    engine_options: dict = Field(default_factory=dict)
-    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs the engine shards the target over")
-    torch_threads: int | None = Field(
-        default=None, description="torch CPU threads in the suite and engine processes (None: torch's default)"
-    )
 
 
 class SuiteSession:
@@ -76,11 +38,11 @@ class SuiteSession:
     def _default_factory(self, model_dir: str, drafter_dir: str | None) -> Engine:
         s = self.settings
         if s.isolate:
-            from adapters.process import IsolatedEngine
+            from ddtree_conformance.adapters.process import IsolatedEngine
 
-            return IsolatedEngine(s.engine, model_dir, drafter_dir, timeout_s=s.timeout_s,
+            return IsolatedEngine(s.engine, model_dir, drafter_dir, timeout_s=s.engine_timeout_s,
                                   torch_threads=s.torch_threads, **s.engine_options)
-        from adapters.registry import create_engine
+        from ddtree_conformance.adapters.registry import create_engine
 
         return create_engine(s.engine, model_dir, drafter_dir, **s.engine_options)
 
@@ -92,7 +54,7 @@ class SuiteSession:
 
     def reference_for(self, model_dir: str, drafter_dir: str | None) -> Engine:
         """The in-process reference engine on a pair: the oracle for acceptance comparisons."""
-        from adapters.reference.engine import ReferenceEngine
+        from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 
         key = ("oracle", str(model_dir), None if drafter_dir is None else str(drafter_dir))
         if key not in self._engines:
@@ -106,6 +68,27 @@ class SuiteSession:
     @cached_property
     def capabilities(self) -> Capabilities:
         return self.engine.capabilities()
+
+    def require_support(self) -> None:
+        """Refuse, before any check runs, settings the engine says it cannot run here: one
+        :class:`~ddtree_conformance.settings.SettingsError` naming the option and the engine's limit."""
+        from .settings import SettingsError
+
+        s, caps = self.settings, self.capabilities
+        who = f"engine {caps.name!r}"
+        if s.dtype not in caps.dtypes:
+            raise SettingsError(f"--dtype {s.dtype}: {who} supports {', '.join(caps.dtypes)} here")
+        kind = s.device.split(":", 1)[0]
+        if s.device not in caps.devices and kind not in caps.devices:
+            raise SettingsError(f"--device {s.device}: {who} can use {', '.join(caps.devices) or 'no device'} here")
+        if s.tensor_parallel_size > caps.max_tensor_parallel:
+            raise SettingsError(f"--tensor-parallel-size {s.tensor_parallel_size}: {who} accepts at most "
+                                f"{caps.max_tensor_parallel} here (capabilities().max_tensor_parallel)")
+        if "ddtree" in s.modes and "ddtree" in caps.modes and caps.max_budget is not None:
+            too_big = [b for b in s.budgets if b > caps.max_budget]
+            if too_big:
+                raise SettingsError(f"--budgets {','.join(map(str, too_big))}: {who} accepts budgets up to "
+                                    f"{caps.max_budget} (capabilities().max_budget)")
 
     # -- inputs ----------------------------------------------------------------------------
     @cached_property

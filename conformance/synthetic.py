@@ -47,8 +47,8 @@ def write_bigram_pair(
     """Write ``root/target`` and ``root/drafter`` for ``table``; the mask id is ``V - 1``."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from adapters.reference.dflash import DFlashConfig, DFlashDrafter, save_drafter
-    from conformance.testing.random_pair import drafter_config_dict
+    from ddtree_conformance.adapters.reference.dflash import DFlashConfig, DFlashDrafter, save_drafter
+    from ddtree_conformance.testing.random_pair import drafter_config_dict
 
     root = Path(root)
     vocab = table.shape[0]

@@ -23,10 +23,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.interface import Request, RunConfig  # noqa: E402
-from adapters.reference.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids  # noqa: E402
-from adapters.reference.engine import ReferenceEngine  # noqa: E402
-from conformance.testing.random_pair import drafter_config_dict  # noqa: E402
+from ddtree_conformance.adapters.interface import Request, RunConfig  # noqa: E402
+from ddtree_conformance.adapters.reference.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids  # noqa: E402
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine  # noqa: E402
+from ddtree_conformance.testing.random_pair import drafter_config_dict  # noqa: E402
 
 SHAPES = {
     "8b": dict(hidden=4096, inter=12288, layers=36, heads=32, kv=8, head_dim=128, vocab=151936, draft_layers=5),

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark DDTree construction: heap vs vectorized builder, CPU and (if present) CUDA.
 
-Times ``build_tree`` and ``build_tree_vectorized`` from ``conformance.spec.tree`` on random
+Times ``build_tree`` and ``build_tree_vectorized`` from ``ddtree_conformance.spec.tree`` on random
 drafter logits of shape ``[L, V]`` (default L=15, V=151,936: Qwen3 with a b16 drafter) for each
 budget B. Each timing is the median of ``--repeats`` runs after ``--warmup`` untimed runs; on CUDA
 the device is synchronised before and after every run. Prints a table and, with ``--out``,
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from conformance.spec.tree import build_tree, build_tree_vectorized
+from ddtree_conformance.spec.tree import build_tree, build_tree_vectorized
 
 BUILDERS = {"heap": build_tree, "vectorized": build_tree_vectorized}
 

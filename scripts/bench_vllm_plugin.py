@@ -36,8 +36,8 @@ def main() -> None:
 
     import vllm
 
-    from conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
-    from conformance.prompts import load_prompts
+    from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+    from ddtree_conformance.prompts import load_prompts
 
     prompts = load_prompts("fixture", FIXTURE_TARGET)[: args.limit]
     inputs = [{"prompt_token_ids": p.prompt_ids} for p in prompts]

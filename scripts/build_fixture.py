@@ -17,7 +17,7 @@ Everything is generated here from a seed; nothing is downloaded.
    training corpus) to ``<out>/prompts/fixture.jsonl``.
 
 Only torch, transformers, tokenizers, safetensors and numpy are needed (plus this repository's
-``adapters.reference.dflash`` and ``conformance.spec.tree``), so it runs on a bare GPU box too.
+``ddtree_conformance.adapters.reference.dflash`` and ``ddtree_conformance.spec.tree``), so it runs on a bare GPU box too.
 CPU runs are bit-for-bit repeatable for a given seed and torch version; CUDA runs are seeded but
 not bitwise repeatable (atomic adds in backward passes).
 
@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from adapters.reference.dflash import DFlashConfig, DFlashDrafter, save_drafter  # noqa: E402
+from ddtree_conformance.adapters.reference.dflash import DFlashConfig, DFlashDrafter, save_drafter  # noqa: E402
 
 EOS = "<|endoftext|>"
 MASK = "<|MASK|>"
@@ -435,7 +435,7 @@ def make_target(sizes: Sizes, vocab: int, eos_id: int):
 
 
 def make_drafter(sizes: Sizes, vocab: int, mask_id: int) -> DFlashDrafter:
-    from conformance.testing.random_pair import drafter_config_dict
+    from ddtree_conformance.testing.random_pair import drafter_config_dict
 
     raw = drafter_config_dict(
         vocab_size=vocab,
@@ -624,7 +624,7 @@ def estimate_acceptance(target, drafter, prompts, *, device, new_tokens=64, budg
     Round: root at position r, drafter context = target features of 0..r-1; the accepted depth is
     the longest tree path matching the greedy continuation. Per-response tau, averaged.
     """
-    from conformance.spec.tree import build_chain, build_tree_vectorized
+    from ddtree_conformance.spec.tree import build_chain, build_tree_vectorized
 
     tap = FeatureTap(target, drafter.config.target_layer_ids)
     embed, head = target.get_input_embeddings(), target.get_output_embeddings()

@@ -15,10 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.interface import Request, RunConfig  # noqa: E402
-from adapters.reference.engine import ReferenceEngine  # noqa: E402
-from conformance.calibration import calibrate  # noqa: E402
-from conformance.prompts import load_prompts  # noqa: E402
+from ddtree_conformance.adapters.interface import Request, RunConfig  # noqa: E402
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine  # noqa: E402
+from ddtree_conformance.calibration import calibrate  # noqa: E402
+from ddtree_conformance.prompts import load_prompts  # noqa: E402
 
 
 def main() -> int:

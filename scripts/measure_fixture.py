@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from adapters.interface import Request, RunConfig  # noqa: E402
-from adapters.reference.engine import ReferenceEngine  # noqa: E402
+from ddtree_conformance.adapters.interface import Request, RunConfig  # noqa: E402
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine  # noqa: E402
 
 GAP_BAR = 1e-3
 

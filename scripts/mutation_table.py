@@ -13,10 +13,10 @@ import json
 import sys
 import time
 
-from adapters.reference.engine import ReferenceEngine
-from conformance.checks import plan, run_plan
-from conformance.session import SuiteSession, SuiteSettings
-from conformance.testing.mutants import MUTANTS
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.checks import plan, run_plan
+from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.testing.mutants import MUTANTS
 
 
 def main() -> int:

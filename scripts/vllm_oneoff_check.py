@@ -75,8 +75,8 @@ def _delta(before, after):
 
 def parent(args) -> int:
     sys.path.insert(0, str(ROOT))
-    from adapters.interface import Request, RunConfig
-    from adapters.reference.engine import ReferenceEngine
+    from ddtree_conformance.adapters.interface import Request, RunConfig
+    from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 
     prompts = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     work = Path(args.workdir)

@@ -5,20 +5,29 @@
 * torch runs single-threaded for the session: the models here are tiny, and intra-op threading
   on small CPU boxes made the engine tests an order of magnitude slower (OpenMP spin/contention)
   without changing any result.
-* GPU tier options (``--gpu-engines``, ``--gpu-limit``, ``--gpu-sampling-requests``,
-  ``--gpus-per-worker``) and, with
-  pytest-xdist, one worker per GPU (:mod:`conformance.testing.xdist_gpus`): ``pytest -m gpu -n auto``
-  starts a worker per visible GPU and sets each worker's ``CUDA_VISIBLE_DEVICES`` before CUDA starts.
+* GPU tier options (``--gpu-engines``, ``--gpu-limit``, ``--gpu-sampling-requests``); the suite's
+  own ``--ddtree-*`` options (pair, modes, budgets, GPUs per xdist worker) come from its pytest plugin.
+* one hypothesis profile (``ddtree``): no deadline (the first example of a test pays torch's warm-up),
+  derandomized so a run is repeatable; ``HYPOTHESIS_PROFILE=dev`` explores with fresh seeds.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-from adapters.reference.engine import ReferenceEngine
-from conformance.testing.random_pair import write_random_pair
-from conformance.testing.xdist_gpus import GPUS_PER_WORKER_ENV, XdistGpuPlugin
+from hypothesis import HealthCheck, settings
+
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.testing.random_pair import write_random_pair
+
+settings.register_profile("ddtree", deadline=None, derandomize=True, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", deadline=None, derandomize=False, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ddtree"))
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
@@ -30,11 +39,6 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                     help="prompts per engine conformance run in the GPU tier (default 20; 0: the pair's whole set)")
     group.addoption("--gpu-sampling-requests", type=int, default=None,
                     help="seeded requests per sampling variant in the GPU tier (default 40)")
-    group.addoption("--gpus-per-worker", type=int, default=None,
-                    help=f"GPUs per pytest-xdist worker (default ${GPUS_PER_WORKER_ENV}, else 1); "
-                         "-n auto in the GPU tier starts GPUs // this many workers")
-    # Registered here, before xdist sizes `-n auto` and before any worker touches CUDA.
-    pluginmanager.register(XdistGpuPlugin(), "ddtree-xdist-gpus")
 
 
 @pytest.fixture(scope="session", autouse=True)

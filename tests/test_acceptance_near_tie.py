@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from adapters.interface import Request, RequestResult, RoundTrace
-from conformance.checks.acceptance import DRAFT_LOGIT_TOL, drafter_near_tie
+from ddtree_conformance.adapters.interface import Request, RequestResult, RoundTrace
+from ddtree_conformance.checks.acceptance import DRAFT_LOGIT_TOL, drafter_near_tie
 
 
 def _trace(start=10, root=5, tokens=(5, 7, 8), parents=(-1, 0, 0), logits=((0.0, 1.0, 2.0),)):

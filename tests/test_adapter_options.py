@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from adapters import options as opts
-from adapters.interface import EngineError
+from ddtree_conformance.adapters import options as opts
+from ddtree_conformance.adapters.interface import EngineError
 
 
 def test_unknown_options_listed():

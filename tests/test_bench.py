@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from conformance.bench import bootstrap_median_ci
-from conformance.cli import app
-from conformance.testing.random_pair import write_random_pair
+from ddtree_conformance.bench import bootstrap_median_ci
+from ddtree_conformance.cli import app
+from ddtree_conformance.testing.random_pair import write_random_pair
 
 
 @pytest.fixture(scope="module")

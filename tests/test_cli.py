@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conformance.cli import app
+from ddtree_conformance.cli import app
 
 # Engines that need no model compute, so CLI plumbing is tested quickly.
 FAKE_ENGINES = '''
-from adapters.interface import Capabilities, Engine, EngineError, RequestResult
+from ddtree_conformance.adapters.interface import Capabilities, Engine, EngineError, RequestResult
 
 class _Base(Engine):
     def capabilities(self):
@@ -53,7 +53,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="session")
 def pair(tmp_path_factory) -> tuple[Path, Path]:
-    from conformance.testing.random_pair import write_random_pair
+    from ddtree_conformance.testing.random_pair import write_random_pair
 
     return write_random_pair(tmp_path_factory.mktemp("cli-pair"))
 
@@ -92,9 +92,24 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def _messages(result) -> list[str]:
+    """stderr without the progress lines (``[ddtree] ...``, printed when stderr is not a terminal)."""
+    return [line for line in result.stderr.strip().splitlines() if not line.startswith("[ddtree] ")]
+
+
+def assert_engine_error(result, *fragments: str) -> str:
+    """Exit 5 (the engine could not start or died): one error line naming the cause, then its log tail."""
+    assert result.exit_code == 5, (result.exit_code, result.output, result.exception)
+    line = _messages(result)[0]
+    assert line.startswith("error: ") and "Traceback" not in line
+    for fragment in fragments:
+        assert fragment in line, line
+    return line
+
+
 def assert_usage_error(result, *fragments: str) -> str:
     assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
-    lines = result.stderr.strip().splitlines()
+    lines = _messages(result)
     assert len(lines) == 1, result.stderr
     line = lines[0]
     assert line.startswith("error: ")
@@ -171,8 +186,8 @@ def test_generate_stop_tokens_limits_and_text(pair, tmp_path, fake_engines):
 def test_generate_crash_keeps_partial_results(pair, prompts_file, tmp_path, fake_engines):
     out = tmp_path / "o.jsonl"
     result = invoke("generate", "--engine", f"{fake_engines}:CrashEngine", "--model", pair[0], "--drafter", pair[1],
-                    "--prompts", prompts_file, "--out", out, "--batch-size", "1")
-    line = assert_usage_error(result, "crash engine: device lost", "1 results kept in", "o.jsonl.partial")
+                    "--prompts", prompts_file, "--out", out, "--batch-size", "1", "--no-isolate")
+    line = assert_engine_error(result, "crash engine: device lost", "1 results kept in", "o.jsonl.partial")
     assert line
     assert not out.exists()
     assert [r["id"] for r in read_jsonl(out.with_name("o.jsonl.partial"))] == ["m1"]
@@ -183,7 +198,7 @@ def test_generate_failed_requests_exit_1(pair, prompts_file, tmp_path, fake_engi
     result = invoke("generate", "--engine", f"{fake_engines}:FailingRequestEngine", "--model", pair[0],
                     "--drafter", pair[1], "--prompts", prompts_file, "--out", out)
     assert result.exit_code == 1
-    assert result.stderr.strip() == (
+    assert "\n".join(_messages(result)) == (
         f"error: 2 of 2 requests failed (first: prompt 'm1': prompt too long); results written to {out}"
     )
     assert len(read_jsonl(out)) == 2
@@ -223,27 +238,30 @@ def test_drafter_target_mismatch(pair, prompts_file, tmp_path, edit, fragments):
     (drafter / "config.json").write_text(json.dumps(config))
     args = base_args(pair, prompts_file, tmp_path / "o.jsonl")
     args[args.index("--drafter") + 1] = drafter
-    assert_usage_error(invoke(*args), *fragments)
+    assert_engine_error(invoke(*args), "engine 'reference' failed to start", *fragments)
     assert not (tmp_path / "o.jsonl.partial").exists()
+
+
+def test_engine_not_installed_here_is_an_engine_failure(pair, prompts_file, tmp_path):
+    args = base_args(pair, prompts_file, tmp_path / "o.jsonl") + ["--engine", "sglang"]
+    assert_engine_error(invoke(*args), "engine 'sglang' is not available here", "sglang")
 
 
 @pytest.mark.parametrize(
     "option, value, fragments",
     [
-        ("--budget", "0", ["--budget must be >= 1, got 0"]),
-        ("--max-new-tokens", "0", ["--max-new-tokens must be >= 1, got 0"]),
+        ("--budget", "0", ["--budget: Input should be greater than or equal to 1 (got 0)"]),
+        ("--max-new-tokens", "0", ["--max-new-tokens: Input should be greater than or equal to 1"]),
         ("--engine", "tensorrt", ["unknown engine 'tensorrt'", "reference", "vllm", "sglang"]),
-        ("--engine", "sglang", ["engine 'sglang' is not available here", "sglang"]),
-        ("--engine", "os:path", ["not a subclass of adapters.interface.Engine"]),
-        ("--mode", "tree", ["--mode must be one of plain, dflash, ddtree"]),
-        ("--dtype", "int8", ["--dtype must be one of"]),
-        ("--top-p", "1.5", ["--top-p must be in (0, 1]"]),
-        ("--temperature", "-1", ["--temperature must be >= 0"]),
-        ("--limit", "0", ["--limit must be >= 1"]),
-        ("--batch-size", "0", ["--batch-size must be >= 1"]),
-        ("--device", "tpu", ["cannot use device tpu"]),
-        ("--engine-option", "builder=bogus", ["builder must be 'heap' or 'vectorized'"]),
-        ("--engine-option", "novalue", ["--engine-option must be KEY=VALUE"]),
+        ("--engine", "os:path", ["not a subclass of ddtree_conformance.adapters.interface.Engine"]),
+        ("--mode", "tree", ["--mode: Input should be 'plain', 'dflash' or 'ddtree'"]),
+        ("--dtype", "int8", ["--dtype: Input should be 'float32', 'bfloat16' or 'float16'"]),
+        ("--top-p", "1.5", ["--top-p: Input should be less than or equal to 1"]),
+        ("--temperature", "-1", ["--temperature: Input should be greater than or equal to 0"]),
+        ("--limit", "0", ["--limit: Input should be greater than or equal to 1"]),
+        ("--batch-size", "0", ["--batch-size: Input should be greater than or equal to 1"]),
+        ("--device", "tpu", ["--device: 'tpu' is not a device"]),
+        ("--engine-option", "novalue", ["--engine-option: must be KEY=VALUE, got 'novalue'"]),
         ("--prompts", "no-such-set", ["prompt set 'no-such-set' not found"]),
         ("--drafter", "none", ["cannot run mode ddtree", "no drafter given"]),
     ],
@@ -334,7 +352,7 @@ def test_check_passes_reference_and_writes_report(pair, prompts_file, tmp_path):
 def test_check_fails_a_mutant_with_exit_1(pair, prompts_file, tmp_path):
     result = invoke("check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--budgets", "8",
                     "--modes", "ddtree", "--check", "tree-structure", "--no-isolate",
-                    "--engine", "conformance.testing.mutants:FlatPositions", "--out", tmp_path / "r.json")
+                    "--engine", "ddtree_conformance.testing.mutants:FlatPositions", "--out", tmp_path / "r.json")
     assert result.exit_code == 1, result.output
     assert "flat index" in result.output
     assert "1 of 1 checks failed" in result.stderr
@@ -364,8 +382,8 @@ def test_check_runs_the_tp_check_on_cpu_when_asked(tmp_path):
     result = json.loads(out.read_text())["results"][0]
     assert result["status"] == "pass" and result["message"].startswith("TP=2 (tensor_parallel_size 2 (settings))")
     assert_usage_error(invoke(*args, "--tensor-parallel-size", "0"), "--tensor-parallel-size")
-    assert_usage_error(invoke(*args, "--tensor-parallel-size", "4"), "--tensor-parallel-size: reference engine: "
-                       "tensor_parallel_size=4 does not split target", "num_attention_heads 6")
+    assert_usage_error(invoke(*args, "--tensor-parallel-size", "64"), "--tensor-parallel-size 64: engine 'reference' "
+                       "accepts at most", "(capabilities().max_tensor_parallel)")
 
 
 def test_check_rejects_bad_budgets(pair, prompts_file, tmp_path):

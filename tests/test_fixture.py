@@ -34,9 +34,9 @@ def _check_pair_loads(fixture: Path, prompt_ids: list[int]) -> None:
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from adapters.interface import Request, RunConfig
-    from adapters.reference.dflash import load_drafter
-    from adapters.reference.engine import ReferenceEngine
+    from ddtree_conformance.adapters.interface import Request, RunConfig
+    from ddtree_conformance.adapters.reference.dflash import load_drafter
+    from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 
     target_dir, drafter_dir = fixture / "target", fixture / "drafter"
     tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
@@ -145,8 +145,8 @@ def test_golden_prompts_shape_and_tokens(golden_prompts):
 
 def test_golden_pair_is_trained(golden_prompts):
     """A trained pair: varied greedy output and real acceptance on a code prompt (not a random pair)."""
-    from adapters.interface import Request, RunConfig
-    from adapters.reference.engine import ReferenceEngine
+    from ddtree_conformance.adapters.interface import Request, RunConfig
+    from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 
     engine = ReferenceEngine(str(FIXTURE / "target"), str(FIXTURE / "drafter"))
     prompt = next(p for p in golden_prompts if p["category"] == "code")

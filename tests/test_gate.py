@@ -8,10 +8,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from conformance.baselines import (BaselineError, entries_from_report, load_baselines, merge_entries,
+from ddtree_conformance.baselines import (BaselineError, entries_from_report, load_baselines, merge_entries,
                                    write_baselines)
-from conformance.cli import app
-from conformance.gate import EXIT_INCONCLUSIVE, EXIT_MISSING, EXIT_PASS, EXIT_REGRESSION, evaluate, exit_code
+from ddtree_conformance.cli import app
+from ddtree_conformance.gate import EXIT_INCONCLUSIVE, EXIT_MISSING, EXIT_PASS, EXIT_REGRESSION, evaluate, exit_code
 
 HW = "test-hw"
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conformance.golden import (
+from ddtree_conformance.golden_files import (
     GoldenError,
     GoldenExists,
     GoldenFile,
@@ -67,10 +67,10 @@ def test_bad_golden_file_is_one_clear_error(tmp_path, content, message):
 
 def test_golden_check_catches_changed_output(random_pair, tmp_path):
     """Record with the reference, then a mutant whose output differs fails the golden check."""
-    from conformance.checks import plan, run_plan
-    from conformance.golden import record_golden
-    from conformance.session import SuiteSession, SuiteSettings
-    from conformance.testing.mutants import FirstRowsCompaction
+    from ddtree_conformance.checks import plan, run_plan
+    from ddtree_conformance.golden_files import record_golden
+    from ddtree_conformance.session import SuiteSession, SuiteSettings
+    from ddtree_conformance.testing.mutants import FirstRowsCompaction
 
     target, drafter = random_pair
     prompts = tmp_path / "set.jsonl"

@@ -1,7 +1,7 @@
 """GPU tier (``pytest -m gpu``): the conformance suite on CUDA, on the chosen model pair.
 
-The pair is ``--pair NAME`` or ``$DDTREE_PAIR`` (default ``fixture``; registry in
-:mod:`conformance.pairs`, more pairs from ``--pairs-file`` / ``$DDTREE_PAIRS_FILE``). A pair whose
+The pair is ``--ddtree-pair NAME`` or ``$DDTREE_PAIR`` (default ``fixture``; registry in
+:mod:`ddtree_conformance.pairs`, more pairs from ``--ddtree-pairs-file`` / ``$DDTREE_PAIRS_FILE``). A pair whose
 models are not on this machine (a hub pair without its cache and without network) skips every
 pair-dependent test with one reason.
 
@@ -28,15 +28,16 @@ import os
 import pytest
 import torch
 
-from adapters.interface import EngineError
-from adapters.registry import list_engines, load_engine_class
-from conformance.checks import plan
-from conformance.checks.sampling import check_sampling
-from conformance.pairs import DEFAULT_PAIR, PairUnavailable, get_pair, resolve_pair
-from conformance.pytest_plugin import chosen_pair, resolved_pair
-from conformance.session import SuiteSession, SuiteSettings
-from conformance.spec import build_tree, build_tree_vectorized
-from conformance.testing.xdist_gpus import parse_visible_devices
+from ddtree_conformance.adapters.interface import EngineError
+from ddtree_conformance.adapters.registry import list_engines, load_engine_class
+from ddtree_conformance.checks import plan
+from ddtree_conformance.checks.sampling import check_sampling
+from ddtree_conformance.pairs import DEFAULT_PAIR, PairUnavailable, get_pair, resolve_pair
+from ddtree_conformance.pytest_plugin import raw_options
+from ddtree_conformance.session import SuiteSession
+from ddtree_conformance.settings import SettingsError, SuiteSettings, build_settings
+from ddtree_conformance.spec import build_tree, build_tree_vectorized
+from ddtree_conformance.testing.xdist_gpus import parse_visible_devices
 
 pytestmark = [
     pytest.mark.gpu,
@@ -46,27 +47,21 @@ pytestmark = [
 GPU_DTYPES = ("float32", "bfloat16")
 DEFAULT_GPU_LIMIT = 20
 DEFAULT_GPU_SAMPLING_REQUESTS = 40
+GPU_BUDGETS = "16,64,256,1024"  # the paper's range reaches 1024; the CPU tier stops at 256
 ENGINES_ENV = "DDTREE_GPU_ENGINES"
 
 
 # -- the pair ----------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def gpu_pair(pytestconfig):
-    """The chosen pair, resolved to local directories (or every test using it skips, with the reason)."""
-    if chosen_pair(pytestconfig) is not None:
-        resolved, reason = resolved_pair(pytestconfig)
-    else:
-        try:
-            resolved, reason = resolve_pair(get_pair(DEFAULT_PAIR)), None
-        except PairUnavailable as exc:
-            resolved, reason = None, str(exc)
-    if resolved is None:
-        pytest.skip(reason)
+    """The chosen pair (``--ddtree-pair`` / ``$DDTREE_PAIR``, default fixture), resolved to local
+    directories (or every test using it skips, with the reason)."""
+    raw = raw_options(pytestconfig)
+    try:
+        resolved = resolve_pair(get_pair(raw["pair"] or DEFAULT_PAIR, raw["pairs_file"]))
+    except PairUnavailable as exc:
+        pytest.skip(str(exc))
     return resolved
-
-
-def _tensor_parallel(config: pytest.Config, resolved) -> int:
-    return config.getoption("--tensor-parallel-size") or resolved.pair.tensor_parallel_size
 
 
 @pytest.mark.parametrize("budget", [16, 64, 256, 1024])
@@ -88,10 +83,15 @@ def _engines(config: pytest.Config) -> list[str]:
 
 
 def _plan_settings(config: pytest.Config) -> SuiteSettings:
-    """Only modes and budgets shape the plan; no model is touched at collection."""
-    opt = config.getoption
-    return SuiteSettings(modes=[m for m in opt("--modes").split(",") if m],
-                         budgets=[int(b) for b in opt("--budgets").split(",") if b])
+    """Only modes and budgets shape the plan (``--ddtree-modes``, ``--ddtree-budgets``; GPU tier default
+    budgets 16,64,256,1024); no model is touched at collection."""
+    raw = raw_options(config)
+    try:
+        settings, _ = build_settings({"modes": raw["modes"], "budgets": raw["budgets"] or GPU_BUDGETS},
+                                     flag_prefix="--ddtree-")
+    except SettingsError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return settings
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -140,13 +140,14 @@ class EngineSessions:
         except EngineError as exc:
             self.skip = str(exc).splitlines()[0]
             return
-        opt = self.config.getoption
+        raw = raw_options(self.config)
+        planned = _plan_settings(self.config)
         settings = SuiteSettings(**self.resolved.suite_settings(
-            engine=engine, dtype=dtype, device="cuda", limit=self._limit(),
-            modes=[m for m in opt("--modes").split(",") if m], budgets=[int(b) for b in opt("--budgets").split(",") if b],
-            tensor_parallel_size=_tensor_parallel(self.config, self.resolved), timeout_s=opt("--engine-timeout"),
-            torch_threads=opt("--torch-threads") or None,  # CPU threads of the engine process (default 1)
-            sampling_requests=opt("--gpu-sampling-requests") or DEFAULT_GPU_SAMPLING_REQUESTS,
+            engine=engine, dtype=dtype, device="cuda", limit=self._limit(), modes=planned.modes,
+            budgets=planned.budgets, tensor_parallel_size=raw["tensor_parallel_size"],
+            engine_timeout_s=raw["engine_timeout_s"], torch_threads=raw["torch_threads"] or None,
+            engine_options=raw["engine_options"],
+            sampling_requests=self.config.getoption("--gpu-sampling-requests") or DEFAULT_GPU_SAMPLING_REQUESTS,
         ))
         session = SuiteSession(settings)
         try:

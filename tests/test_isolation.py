@@ -10,13 +10,13 @@ import time
 import pytest
 import torch
 
-from adapters.interface import EngineError, Request, RunConfig
-from adapters.process import IsolatedEngine
+from ddtree_conformance.adapters.interface import EngineError, Request, RunConfig
+from ddtree_conformance.adapters.process import IsolatedEngine
 
 BAD_ENGINES = textwrap.dedent(
     """
     import os, time
-    from adapters.reference.engine import ReferenceEngine
+    from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 
     class CrashingEngine(ReferenceEngine):
         def generate(self, requests, config):

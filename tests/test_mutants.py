@@ -12,10 +12,10 @@ import json
 import pytest
 import torch
 
-from adapters.reference.engine import ReferenceEngine
-from conformance.checks import plan, run_plan
-from conformance.session import SuiteSession, SuiteSettings
-from conformance.testing import mutants
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.checks import plan, run_plan
+from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.testing import mutants
 
 # mutant -> (check-id substrings to run, substring of the first failing message)
 CAUGHT_BY = {
@@ -72,8 +72,8 @@ def test_correct_engine_passes_every_mutant_check(settings):
 
 def _aggregate_only(engine_class):
     """Wrap an engine so it reports only mean tau and per-position acceptance, like vLLM's metrics."""
-    from adapters.interface import Capabilities
-    from conformance.metrics import per_position_acceptance
+    from ddtree_conformance.adapters.interface import Capabilities
+    from ddtree_conformance.metrics import per_position_acceptance
 
     class AggregateOnly(engine_class):
         def capabilities(self) -> Capabilities:
@@ -95,7 +95,7 @@ def _aggregate_only(engine_class):
 
 def test_aggregate_only_engine_compared_on_tau_and_skips_trace_checks(settings):
     # The trained fixture pair: a feedback bug moves its tau far more than the 2 % band.
-    from conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+    from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 
     settings = settings.model_copy(update={"model_dir": str(FIXTURE_TARGET), "drafter_dir": str(FIXTURE_DRAFTER),
                                            "prompt_set": "fixture", "pair_name": "fixture", "limit": 4,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import pairs as pairs_mod
-from conformance.pairs import (
+from ddtree_conformance import pairs as pairs_mod
+from ddtree_conformance.pairs import (
     BUILTIN_PAIRS,
     ModelPair,
     PairSpecError,
@@ -20,9 +20,9 @@ from conformance.pairs import (
     load_pairs_file,
     resolve_pair,
 )
-from conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET, REPO_ROOT
-from conformance.prompts import PromptError, load_prompts
-from conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.paths import DATA_DIR, FIXTURE_DRAFTER, FIXTURE_TARGET
+from ddtree_conformance.prompts import PromptError, load_prompts
+from ddtree_conformance.session import SuiteSession, SuiteSettings
 
 OFFLINE_8B = ("pair 'qwen3-8b': Qwen/Qwen3-8B is not in the local Hugging Face cache and the hub is unreachable "
               "(HF_HUB_OFFLINE / no network)")
@@ -129,10 +129,10 @@ def test_cached_drafter_with_another_block_size_is_an_error(no_env, monkeypatch,
 
 
 def test_an_existing_local_dir_wins_over_the_hub(no_env, tmp_path):
-    pair = ModelPair(name="local", target=str(FIXTURE_TARGET), drafter="golden/fixture/drafter", block_size=16,
-                     dtype="float32")
+    pair = ModelPair(name="local", target=str(FIXTURE_TARGET), drafter="fixture/drafter", block_size=16,
+                     dtype="float32").with_base_dir(DATA_DIR)
     resolved = resolve_pair(pair)
-    assert resolved.target_dir == FIXTURE_TARGET and resolved.drafter_dir == REPO_ROOT / "golden/fixture/drafter"
+    assert resolved.target_dir == FIXTURE_TARGET and resolved.drafter_dir == DATA_DIR / "fixture/drafter"
     missing = ModelPair(name="gone", target=str(tmp_path / "nothing"), drafter=None, block_size=16, dtype="float32")
     with pytest.raises(PairUnavailable, match=r"pair 'gone': target .*nothing does not exist"):
         resolve_pair(missing)
@@ -210,17 +210,18 @@ def test_pytest_with_a_bad_pairs_file_stops_with_one_error(tmp_path, monkeypatch
     bad = tmp_path / "pairs.json"
     bad.write_text('{"pairs": {"p": {"target": "t", "drafter": "d", "block_size": -1, "dtype": "float32"}}}')
     monkeypatch.setenv("DDTREE_PAIRS_FILE", str(bad))
-    code, out, err = _pytest_inprocess(capsys, "--co", "-q", str(tmp_path))
+    code, out, err = _pytest_inprocess(capsys, "--ddtree-engine", "reference", "--co", "-q", str(tmp_path))
     assert code == pytest.ExitCode.USAGE_ERROR, out + err
-    assert f"ERROR: pairs file {bad}: pair 'p': field 'block_size': Input should be greater than or equal to 2" in err
+    assert f"ERROR: ddtree-conformance: pairs file {bad}: pair 'p': field 'block_size': Input should be greater than or equal to 2" in err
     assert "Traceback" not in out + err
 
 
 def test_engine_suite_on_an_unreachable_hub_pair_is_skipped_with_the_reason(tmp_path, monkeypatch, capsys, no_env):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))  # an empty cache
-    code, out, err = _pytest_inprocess(capsys, "--engine", "reference", "--pair", "qwen3-8b", "--checks", "lossless",
-                                       "-q", "-rs", "--no-isolate", "-p", "no:randomly")
+    code, out, err = _pytest_inprocess(capsys, "--ddtree-engine", "reference", "--ddtree-pair", "qwen3-8b",
+                                       "--ddtree-check", "lossless", "-q", "-rs", "--ddtree-no-isolate",
+                                       "-p", "no:randomly")
     assert code == pytest.ExitCode.OK, out + err
     assert OFFLINE_8B in out
     assert "3 skipped" in out  # lossless/dflash, /ddtree-B16, /ddtree-B64

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import conformance.prompts as prompts_mod
-from conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET, GOLDEN_DIR, PROMPTS_DIR, REPO_ROOT
-from conformance.prompts import Prompt, PromptError, bundled_prompt_sets, load_prompts
+import ddtree_conformance.prompts as prompts_mod
+from ddtree_conformance.paths import DATA_DIR, FIXTURE_DRAFTER, FIXTURE_TARGET, PROMPTS_DIR
+from ddtree_conformance.prompts import Prompt, PromptError, bundled_prompt_sets, load_prompts
 
 
 def write_jsonl(path: Path, lines: list) -> Path:
@@ -33,13 +33,14 @@ def tokenizer_dir(tmp_path_factory) -> Path:
     return root
 
 
-def test_paths_point_into_the_repo():
-    assert (REPO_ROOT / "pyproject.toml").is_file()
-    assert (REPO_ROOT / "conformance" / "paths.py").is_file()
-    assert GOLDEN_DIR == REPO_ROOT / "golden"
-    assert PROMPTS_DIR == GOLDEN_DIR / "prompts"
-    assert FIXTURE_TARGET == GOLDEN_DIR / "fixture" / "target"
-    assert FIXTURE_DRAFTER == GOLDEN_DIR / "fixture" / "drafter"
+def test_paths_come_from_the_data_package():
+    import ddtree_conformance.golden as data
+
+    assert DATA_DIR == Path(data.__file__).parent
+    assert PROMPTS_DIR == DATA_DIR / "prompts"
+    assert FIXTURE_TARGET == DATA_DIR / "fixture" / "target"
+    assert FIXTURE_DRAFTER == DATA_DIR / "fixture" / "drafter"
+    assert (FIXTURE_TARGET / "model.safetensors").is_file() and (PROMPTS_DIR / "fixture.jsonl").is_file()
 
 
 def test_load_prompt_ids(tmp_path):
@@ -172,7 +173,7 @@ def test_real_bundled_sets_load():
         assert loaded
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     st.lists(
         st.tuples(

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from adapters.interface import Request, RunConfig
-from adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.adapters.interface import Request, RunConfig
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 
 VOCAB = 97  # write_random_pair default
 NEW_TOKENS = 32

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.interface import EngineError, Request, RunConfig
-from adapters.reference.engine import ReferenceEngine
-from adapters.reference.tensor_parallel import shardable_sizes
-from conformance.checks import plan, run_plan
-from conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
-from conformance.session import SuiteSession, SuiteSettings
-from conformance.testing.tp_engines import DriverOnlyKvMove, RankDiesInRun, RankFailsToStart, RankLocalResult
+from ddtree_conformance.adapters.interface import EngineError, Request, RunConfig
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.adapters.reference.tensor_parallel import shardable_sizes
+from ddtree_conformance.checks import plan, run_plan
+from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.testing.tp_engines import DriverOnlyKvMove, RankDiesInRun, RankFailsToStart, RankLocalResult
 
 SETTINGS = SuiteSettings(limit=4, budgets=[16], max_new_tokens=32, tensor_parallel_size=2, torch_threads=1)
 

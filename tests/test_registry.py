@@ -7,11 +7,11 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-import adapters.registry as registry
-from adapters.interface import Engine, EngineError
-from adapters.reference.engine import ReferenceEngine
-from adapters.reference.pair import PairError
-from adapters.registry import (
+import ddtree_conformance.adapters.registry as registry
+from ddtree_conformance.adapters.interface import Engine, EngineError
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.adapters.reference.pair import PairError
+from ddtree_conformance.adapters.registry import (
     BUILTIN_ENGINES,
     ENTRY_POINT_GROUP,
     available_engines,
@@ -21,7 +21,7 @@ from adapters.registry import (
 )
 
 FAKE_MODULE = '''
-from adapters.interface import Capabilities, Engine
+from ddtree_conformance.adapters.interface import Capabilities, Engine
 
 class Good(Engine):
     name = "good"
@@ -41,7 +41,7 @@ class NotAnEngine:
 
 @pytest.fixture(scope="session")
 def pair(tmp_path_factory):
-    from conformance.testing.random_pair import write_random_pair
+    from ddtree_conformance.testing.random_pair import write_random_pair
 
     return write_random_pair(tmp_path_factory.mktemp("registry-pair"))
 
@@ -67,7 +67,7 @@ def test_builtins_and_installed_entry_point_are_listed():
     engines = available_engines()
     for name, target in BUILTIN_ENGINES.items():
         assert engines[name] == target
-    assert engines["reference"] == "adapters.reference.engine:ReferenceEngine"
+    assert engines["reference"] == "ddtree_conformance.adapters.reference.engine:ReferenceEngine"
     # pyproject registers `reference` as an entry point too; it must not appear twice.
     assert [e.name for e in list_engines()].count("reference") == 1
 
@@ -106,7 +106,7 @@ def test_module_class_spec(fake_modules):
 
 
 def test_module_class_not_an_engine(fake_modules):
-    pattern = r"ddtc_fake_engines:NotAnEngine is not a subclass of adapters\.interface\.Engine"
+    pattern = r"ddtc_fake_engines:NotAnEngine is not a subclass of ddtree_conformance\.adapters\.interface\.Engine"
     with pytest.raises(EngineError, match=pattern):
         load_engine_class("ddtc_fake_engines:NotAnEngine")
     with pytest.raises(EngineError, match="not a subclass"):

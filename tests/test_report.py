@@ -8,8 +8,8 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from conformance.cli import app
-from conformance.report import ReportError, load_report, render_html, render_markdown, write_report
+from ddtree_conformance.cli import app
+from ddtree_conformance.report import ReportError, load_report, render_html, render_markdown, write_report
 
 
 def bench_report() -> dict:
@@ -78,7 +78,7 @@ def test_load_report_names_file_and_field(tmp_path):
 
 
 def test_check_writes_three_files_with_acceptance_runs(tmp_path):
-    from conformance.testing.random_pair import write_random_pair
+    from ddtree_conformance.testing.random_pair import write_random_pair
 
     target, drafter = write_random_pair(tmp_path / "pair")
     prompts = tmp_path / "p.jsonl"

@@ -1,9 +1,9 @@
 """Contract tests: the SGLang adapter against the real installed SGLang (``sglang==0.5.23``), on CPU.
 
-Every name in :mod:`adapters.sglang.names` must exist in the installed package: ServerArgs fields
+Every name in :mod:`ddtree_conformance.adapters.sglang.names` must exist in the installed package: ServerArgs fields
 (with the types and choices of the values the adapter passes), algorithm names, the plugin
 registry API, the offline engine's methods, sampling keys, and the meta_info keys and finish types
-where SGLang produces them. Each check is a function in :mod:`adapters.sglang.engine`; every test
+where SGLang produces them. Each check is a function in :mod:`ddtree_conformance.adapters.sglang.engine`; every test
 that calls one with the adapter's names also calls it with a wrong name and sees it fail.
 
 Skipped when SGLang is not installed (the main CI venv has none); run with
@@ -19,15 +19,15 @@ import warnings
 
 import pytest
 
-from adapters.interface import EngineError, Request, RunConfig
-from adapters.sglang import names
-from conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+from ddtree_conformance.adapters.interface import EngineError, Request, RunConfig
+from ddtree_conformance.adapters.sglang import names
+from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 
 pytestmark = pytest.mark.sglang
 
 sglang = pytest.importorskip("sglang", reason="SGLang is not installed here (bash .ci/sglang-tier or tox -e sglang)")
 
-from adapters.sglang import engine as sg
+from ddtree_conformance.adapters.sglang import engine as sg
 
 TARGET, DRAFTER = str(FIXTURE_TARGET), str(FIXTURE_DRAFTER)
 BUILTINS_0_5_23 = {"DFLASH", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "NGRAM", "STANDALONE", "UNO"}
@@ -347,7 +347,7 @@ def test_capabilities_on_cpu():
 @pytest.mark.skipif(_cuda(), reason="checks the CPU-only behaviour")
 def test_isolated_engine_on_cpu():
     """Through the suite's child process: capabilities come back, generate fails each request with the reason."""
-    from adapters.process import IsolatedEngine
+    from ddtree_conformance.adapters.process import IsolatedEngine
 
     engine = IsolatedEngine("sglang", TARGET, DRAFTER, torch_threads=1)
     try:
@@ -398,7 +398,7 @@ def test_string_options_parse():
 
 
 def test_registry_finds_the_adapter():
-    from adapters.registry import load_engine_class
+    from ddtree_conformance.adapters.registry import load_engine_class
 
     assert load_engine_class("sglang") is sg.SglangEngine
 

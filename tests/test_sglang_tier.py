@@ -35,9 +35,9 @@ pytestmark = [pytest.mark.sglang, pytest.mark.gpu, pytest.mark.skipif(not HAVE_C
 if HAVE_CUDA:
     pytest.importorskip("sglang", reason="SGLang is not installed here (bash .ci/sglang-tier or tox -e sglang)")
 
-from conformance.metrics import mean_tau
-from conformance.session import SuiteSession, SuiteSettings
-from conformance.testing.tiers import fixture_golden, run_checks
+from ddtree_conformance.metrics import mean_tau
+from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.testing.tiers import fixture_golden, run_checks
 
 MAX_NEW_TOKENS = 64
 BUDGETS = [16, 64]

@@ -1,4 +1,4 @@
-"""Commit (conformance.spec.commit): KV compaction on a real transformers Qwen3, feedback rows.
+"""Commit (ddtree_conformance.spec.commit): KV compaction on a real transformers Qwen3, feedback rows.
 
 The compaction property: after a tree verify and any accepted path, the compacted cache gives the
 same next-token logits as recomputing the committed sequence from scratch. A mutant that keeps
@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
-from conformance.spec.commit import compact_dynamic_cache, kept_rows, select_feedback_rows
-from conformance.spec.tree import build_tree
-from conformance.spec.verify import compile_tree
+from ddtree_conformance.spec.commit import compact_dynamic_cache, kept_rows, select_feedback_rows
+from ddtree_conformance.spec.tree import build_tree
+from ddtree_conformance.spec.verify import compile_tree
 
 VOCAB = 61
 TOL = 1e-5

@@ -1,4 +1,4 @@
-"""Tree construction (conformance.spec.tree): builders agree, are optimal, monotone and well formed."""
+"""Tree construction (ddtree_conformance.spec.tree): builders agree, are optimal, monotone and well formed."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from conformance.spec.tree import (
+from ddtree_conformance.spec.tree import (
     DraftTree,
     build_chain,
     build_tree,
@@ -19,7 +19,6 @@ from conformance.spec.tree import (
 )
 
 NEG_INF = float("-inf")
-FAST = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,7 +129,7 @@ def check_structure(tree: DraftTree, logits: torch.Tensor, budget: int) -> None:
 # Tests
 
 
-@settings(max_examples=1000, **FAST)
+@settings(max_examples=1000)
 @given(logits=draft_logits(), budget=st.integers(1, 80))
 def test_heap_and_vectorized_builders_identical(logits, budget):
     heap = build_tree(logits, budget)
@@ -146,13 +145,13 @@ def _assert_best_prefixes(tree: DraftTree, logits: torch.Tensor, budget: int) ->
     assert tree.scores[1:].tolist() == [e[2] for e in expected]
 
 
-@settings(max_examples=300, **FAST)
+@settings(max_examples=300)
 @given(logits=draft_logits(max_depth=4, max_vocab=6, max_prefixes=400), budget=st.integers(1, 450))
 def test_heap_tree_is_the_best_prefixes_by_brute_force(logits, budget):
     _assert_best_prefixes(build_tree(logits, budget), logits, budget)
 
 
-@settings(max_examples=300, **FAST)
+@settings(max_examples=300)
 @given(logits=draft_logits(max_depth=4, max_vocab=6, max_prefixes=400), budget=st.integers(1, 450))
 @example(
     logits=torch.tensor([[0.0, 0.0, 0.0, NEG_INF, NEG_INF], [0.0, NEG_INF, 0.0, NEG_INF, NEG_INF], [NEG_INF, NEG_INF, NEG_INF, 0.0, NEG_INF]]),
@@ -189,7 +188,7 @@ def test_vectorized_builder_on_tied_scores(rows, budget):
     assert build_tree_vectorized(logits, budget).same_as(heap)
 
 
-@settings(max_examples=200, **FAST)
+@settings(max_examples=200)
 @given(logits=draft_logits(), budget=st.integers(1, 79))
 def test_monotone_in_budget(logits, budget):
     small, large = build_tree(logits, budget), build_tree(logits, budget + 1)
@@ -201,7 +200,7 @@ def test_monotone_in_budget(logits, budget):
         assert torch.equal(getattr(small, name), getattr(large, name)[:n])
 
 
-@settings(max_examples=200, **FAST)
+@settings(max_examples=200)
 @given(logits=draft_logits())
 def test_chain_is_the_argmax_path(logits):
     chain = build_chain(logits)
@@ -232,7 +231,7 @@ def test_chain_is_the_argmax_path(logits):
             assert full.ranks[node].item() == 0
 
 
-@settings(max_examples=100, **FAST)
+@settings(max_examples=100)
 @given(logits=draft_logits(max_vocab=6), margin=st.sampled_from([1e3, 1e4]))
 def test_depth_limited_tree_is_the_chain_when_argmax_dominates(logits, margin):
     """With one overwhelming token per depth, the B=L tree is exactly build_chain."""

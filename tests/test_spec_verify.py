@@ -1,4 +1,4 @@
-"""Verify-batch compilation (conformance.spec.verify): positions, visibility, additive mask."""
+"""Verify-batch compilation (ddtree_conformance.spec.verify): positions, visibility, additive mask."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.spec.tree import DraftTree, build_tree
-from conformance.spec.verify import ancestor_visibility, compile_tree
+from ddtree_conformance.spec.tree import DraftTree, build_tree
+from ddtree_conformance.spec.verify import ancestor_visibility, compile_tree
 
-FAST = dict(deadline=None, derandomize=True)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
@@ -49,7 +48,7 @@ def brute_force_visibility(parents: list[int]) -> list[list[bool]]:
     return vis
 
 
-@settings(max_examples=150, **FAST)
+@settings(max_examples=150)
 @given(
     tree=random_trees(),
     root=st.integers(0, 10_000),
@@ -77,7 +76,7 @@ def test_compile_tree(tree, root, start, extra_prefix, dtype):
     assert set(torch.unique(mask).tolist()) <= {0.0, hidden}
 
 
-@settings(max_examples=100, **FAST)
+@settings(max_examples=100)
 @given(tree=random_trees(max_nodes=60))
 def test_ancestor_visibility_matches_brute_force(tree):
     vis = ancestor_visibility(tree.parents)

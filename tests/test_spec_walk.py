@@ -1,4 +1,4 @@
-"""Walking a verified tree (conformance.spec.walk) and the request's token distribution."""
+"""Walking a verified tree (ddtree_conformance.spec.walk) and the request's token distribution."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from conformance.spec.commit import emit_tokens
-from conformance.spec.tree import DraftTree, build_tree
-from conformance.spec.walk import SamplingParams, choose_token, processed_probs, top2_margin, walk_tree
+from ddtree_conformance.spec.commit import emit_tokens
+from ddtree_conformance.spec.tree import DraftTree, build_tree
+from ddtree_conformance.spec.walk import SamplingParams, choose_token, processed_probs, top2_margin, walk_tree
 
-FAST = dict(deadline=None, derandomize=True)
 VOCAB = 12
 
 
@@ -75,7 +74,7 @@ def brute_force_greedy_walk(tree: DraftTree, logits: torch.Tensor):
     return best, argmax[last], {j: argmax[j] for j in [0, *best]}
 
 
-@settings(max_examples=300, **FAST)
+@settings(max_examples=300)
 @given(case=tree_and_target())
 def test_greedy_walk_is_longest_matching_path(case):
     tree, logits = case
@@ -120,7 +119,7 @@ SAMPLING = [
 ]
 
 
-@settings(max_examples=150, **FAST)
+@settings(max_examples=150)
 @given(case=tree_and_target(), params=st.sampled_from(SAMPLING), seed=st.integers(0, 10_000))
 def test_sampled_walk_draws_one_sample_per_visited_node(case, params, seed):
     tree, logits = case
@@ -145,7 +144,7 @@ def test_sampled_walk_draws_one_sample_per_visited_node(case, params, seed):
 # processed_probs / choose_token
 
 
-@settings(max_examples=200, **FAST)
+@settings(max_examples=200)
 @given(
     values=st.lists(st.floats(-8, 8, width=32), min_size=2, max_size=30),
     temperature=st.sampled_from([0.25, 0.5, 1.0, 1.7, 3.0]),
@@ -159,7 +158,7 @@ def test_temperature_scaling(values, temperature):
     assert math.isclose(float(probs.sum()), 1.0, abs_tol=1e-5)
 
 
-@settings(max_examples=200, **FAST)
+@settings(max_examples=200)
 @given(
     values=st.lists(st.integers(-3, 3), min_size=2, max_size=30),
     top_k=st.integers(1, 35),
@@ -191,7 +190,7 @@ def _nucleus_size(probs: list[float], top_p: float) -> int:
     return len(probs)
 
 
-@settings(max_examples=300, **FAST)
+@settings(max_examples=300)
 @given(
     values=st.lists(st.floats(-6, 6, width=32), min_size=2, max_size=30),
     top_p=st.floats(0.01, 0.99),
@@ -271,7 +270,7 @@ def test_emit_tokens_cases(tokens, stops, room, expected):
     assert emit_tokens(tokens, stops, room) == expected
 
 
-@settings(max_examples=200, **FAST)
+@settings(max_examples=200)
 @given(
     tokens=st.lists(st.integers(0, 6), min_size=1, max_size=10),
     stops=st.lists(st.integers(0, 6), max_size=2),

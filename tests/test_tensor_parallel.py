@@ -1,6 +1,6 @@
 """The tensor-parallel check (TP=1 vs TP=N) on CPU: a correct sharded engine passes, TP mutants fail.
 
-The engines are the reference engine with TP simulated (:mod:`conformance.testing.tp_engines`): TP=N
+The engines are the reference engine with TP simulated (:mod:`ddtree_conformance.testing.tp_engines`): TP=N
 runs unsharded, so a correct engine is exactly equal; each mutant breaks one thing at TP>1 only.
 """
 
@@ -11,11 +11,11 @@ import json
 import pytest
 import torch
 
-from adapters.interface import EngineError, Request, RunConfig
-from adapters.reference.engine import ReferenceEngine
-from conformance.checks import plan, run_plan
-from conformance.session import SuiteSession, SuiteSettings
-from conformance.testing.tp_engines import ShardedReference, TpAcceptanceDrift, TpOutputDrift
+from ddtree_conformance.adapters.interface import EngineError, Request, RunConfig
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.checks import plan, run_plan
+from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.testing.tp_engines import ShardedReference, TpAcceptanceDrift, TpOutputDrift
 
 
 @pytest.fixture(scope="module")

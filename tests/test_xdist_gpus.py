@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance.testing.xdist_gpus import (
+from ddtree_conformance.testing.xdist_gpus import (
     WORKERINPUT_KEY,
     auto_workers,
     parse_visible_devices,
@@ -102,13 +102,9 @@ def test_pin_worker_sets_cuda_visible_devices(monkeypatch):
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "6"
 
 
+# An engine repository's own test tree: nothing of the suite in it; the pinning ships with the
+# installed suite's pytest plugin.
 PROJECT_CONFTEST = '''
-from conformance.testing.xdist_gpus import XdistGpuPlugin
-
-def pytest_addoption(parser, pluginmanager):
-    parser.addoption("--gpus-per-worker", type=int, default=None)
-    pluginmanager.register(XdistGpuPlugin(), "ddtree-xdist-gpus")
-
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a GPU")
 '''
@@ -139,11 +135,10 @@ def test_xdist_auto_starts_one_worker_per_gpu_slot_and_pins_it(tmp_path):
     smi.write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: Fake H200 (UUID: GPU-{i})'\n" for i in range(4)))
     smi.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "PYTEST_XDIST_WORKER")}
-    env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", RECORD_DIR=str(records),
-               PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", RECORD_DIR=str(records))
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-n", "auto",
-         "-m", "gpu", "--gpus-per-worker", "2", "-v", str(project)],
+         "-m", "gpu", "--ddtree-gpus-per-worker", "2", "-v", str(project)],
         capture_output=True, text=True, cwd=project, env=env, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     seen = {path.name.split("-")[0]: path.read_text() for path in records.iterdir()}
@@ -154,3 +149,12 @@ def test_xdist_auto_starts_one_worker_per_gpu_slot_and_pins_it(tmp_path):
     assert "GPU per xdist worker" in result.stdout
     assert "gw0: CUDA_VISIBLE_DEVICES=0,1 -> CUDA not used" in result.stdout
     assert "gw1: CUDA_VISIBLE_DEVICES=2,3 -> CUDA not used" in result.stdout
+    # Not the GPU tier and no --ddtree-engine: another project's xdist run keeps its environment.
+    for path in records.iterdir():
+        path.unlink()
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-n", "2",
+         "-m", "not slow", "-q", str(project)],
+        capture_output=True, text=True, cwd=project, env=env, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert {path.read_text() for path in records.iterdir()} == {"unset"}

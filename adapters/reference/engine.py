@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from conformance.spec import (
+from ddtree_conformance.spec import (
     SamplingParams,
     build_chain,
     build_tree,
@@ -41,7 +41,11 @@ from .pair import (
 )
 from .tensor_parallel import RankGroup, local_device, shardable_sizes
 
-__all__ = ["ReferenceEngine"]
+__all__ = ["ReferenceEngine", "MAX_BUDGET"]
+
+# The verify batch is B + 1 tokens with a (B + 1) x (context + B + 1) mask, so memory grows with B^2;
+# the paper sweeps B up to 1024. Larger budgets are refused up front rather than by the allocator.
+MAX_BUDGET = 4096
 
 
 @dataclass
@@ -179,6 +183,7 @@ class ReferenceEngine(Engine):
             stage_timings=True,
             max_context=self.info.max_position_embeddings,
             max_tensor_parallel=self.max_tensor_parallel(),
+            max_budget=MAX_BUDGET,
         )
 
     def _split_sizes(self, limit: int) -> list[int]:

@@ -1,7 +1,7 @@
 """The SGLang engine adapter.
 
 :class:`SglangEngine` drives SGLang's offline engine (``sgl.Engine``) in the process that
-constructs it. The suite wraps it in :class:`~adapters.process.IsolatedEngine`, so each suite
+constructs it. The suite wraps it in :class:`~ddtree_conformance.adapters.process.IsolatedEngine`, so each suite
 engine is one child process; inside it the adapter keeps one ``sgl.Engine`` per (mode, budget,
 dtype, tensor_parallel_size, GPU) and shuts it down before building the next.
 

@@ -1,7 +1,7 @@
 """The vLLM engine adapter.
 
 :class:`VllmEngine` drives vLLM's offline :class:`vllm.LLM` in the process that constructs it.
-The suite wraps it in :class:`~adapters.process.IsolatedEngine`, so each suite engine is one child
+The suite wraps it in :class:`~ddtree_conformance.adapters.process.IsolatedEngine`, so each suite engine is one child
 process; inside it the adapter keeps one ``LLM`` per (mode, budget, dtype) configuration and
 rebuilds it only when the configuration changes (the previous one is shut down first).
 
@@ -21,7 +21,7 @@ what the reference side of the acceptance check computes. With ``acceptance_scop
 requests run one at a time and each result carries its own deltas, with ``rounds = drafts``.
 
 DDTree. When the installed vLLM has no DDTree method of its own, mode ``ddtree`` runs through the
-out-of-tree plugin :mod:`adapters.vllm_ddtree` (vLLM 0.32, CPU): DFlash with
+out-of-tree plugin :mod:`ddtree_vllm_plugin` (vLLM 0.32, CPU): DFlash with
 ``num_speculative_tokens = B`` plus ``additional_config={"ddtree": ...}``. The plugin writes one
 JSON line per verified tree to a file this adapter gives it, so ddtree results carry exact
 per-round acceptance lengths and, when asked, :class:`RoundTrace` objects (``traced_modes``).
@@ -170,9 +170,13 @@ class VllmEngine(Engine):
         self.runner_class = options.get("ddtree_runner_class")
         self.plugin = False
         if plugin == "on" or (plugin == "auto" and not self.ddtree_ok):
-            from adapters.vllm_ddtree import unavailable_reason
-
-            why = unavailable_reason()
+            try:
+                from ddtree_vllm_plugin import unavailable_reason
+            except ImportError:
+                why = ("the DDTree plugin for vLLM is not installed; it is opt-in: pip install ./vllm-plugin from "
+                       "the suite's repository (distribution ddtree-vllm-plugin)")
+            else:
+                why = unavailable_reason()
             if why is None:
                 self.plugin, self.ddtree_ok, self.ddtree_why = True, True, ""
             elif plugin == "on":
@@ -209,7 +213,7 @@ class VllmEngine(Engine):
             if self.ddtree_ok:
                 modes.append("ddtree")
                 if self.plugin:
-                    notes.append("ddtree runs through the out-of-tree plugin adapters.vllm_ddtree (exact "
+                    notes.append("ddtree runs through the out-of-tree plugin ddtree_vllm_plugin (exact "
                                   "per-round traces); dflash is stock vLLM")
             else:
                 notes.append(f"no ddtree in this vLLM: {self.ddtree_why}")

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..session import SuiteSession, SuiteSettings
+from ..session import SuiteSession
+from ..settings import SettingsError, SuiteSettings
 from .acceptance import check_acceptance
 from .edges import check_lengths, check_prompt_shapes, check_special_tokens, check_stops
 from .golden_outputs import check_golden
@@ -64,7 +65,9 @@ def _suffix(mode: str, budget: int | None) -> str:
 
 
 def plan(settings: SuiteSettings, only: list[str] | None = None) -> list[PlannedCheck]:
-    """The checks for ``settings``; ``only`` keeps check ids containing one of the given names."""
+    """The checks for ``settings``; ``only`` (default ``settings.checks``) keeps check ids containing one
+    of the given names. A filter that keeps nothing is a :class:`~ddtree_conformance.settings.SettingsError`:
+    a run that checks nothing must never look like a pass."""
     checks: list[PlannedCheck] = []
     for mode, budget in _runs(settings):
         for name, fn in PER_MODE_CHECKS.items():
@@ -78,8 +81,13 @@ def plan(settings: SuiteSettings, only: list[str] | None = None) -> list[Planned
         for variant in VARIANTS:
             checks.append(PlannedCheck(f"sampling/{_suffix(mode, budget)}/{variant}", check_sampling,
                                        {"mode": mode, "budget": budget, "variant": variant}))
+    only = only if only is not None else settings.checks
     if only:
-        checks = [c for c in checks if any(name in c.id for name in only)]
+        kept = [c for c in checks if any(name in c.id for name in only)]
+        if not kept:
+            raise SettingsError(f"--check {','.join(only)} keeps none of the {len(checks)} planned checks "
+                                f"({', '.join(sorted({c.id.split('/')[0] for c in checks}))})")
+        checks = kept
     return checks
 
 

@@ -23,7 +23,7 @@ POSITION_ABS_TOL = 0.02  # ... and per-position acceptance within 2 points
 
 def reference_acceptance(session: SuiteSession, mode: str, budget: int | None) -> tuple[list[list[int]], str]:
     """Per-prompt acceptance lengths of the reference engine, and where they came from."""
-    from ..golden import load_golden
+    from ..golden_files import load_golden
 
     golden = load_golden(session.settings.golden_dir, session.settings.pair_name, session.settings.prompt_set,
                          session.settings.dtype)

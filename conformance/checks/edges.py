@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from adapters.interface import Request
+from ddtree_conformance.adapters.interface import Request
 
 from ..session import SuiteSession
 from ..synthetic import edge_table, write_bigram_pair

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..golden import golden_path, load_golden
+from ..golden_files import golden_path, load_golden
 from ..session import SuiteSession
 from .lossless import compare_outputs
 from .outputs import summarise_verdicts

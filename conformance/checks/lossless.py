@@ -2,9 +2,9 @@
 
 fp32: the outputs must be equal token for token.
 bf16/fp16: the outputs may differ only after a first divergence that is a near-tie: the shared
-prefix is re-scored with the target (:class:`conformance.scorer.TargetScorer`, fp32) and the
+prefix is re-scored with the target (:class:`ddtree_conformance.scorer.TargetScorer`, fp32) and the
 top-1/top-2 logit gap at the divergence must be at most a calibrated bound
-(:mod:`conformance.calibration` says how the bound is derived).
+(:mod:`ddtree_conformance.calibration` says how the bound is derived).
 """
 
 from __future__ import annotations

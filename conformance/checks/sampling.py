@@ -1,6 +1,6 @@
 """Check 6: sampling at T>0 is lossless in distribution.
 
-The engine runs a synthetic bigram target (:mod:`conformance.synthetic`) with a deliberately poor
+The engine runs a synthetic bigram target (:mod:`ddtree_conformance.synthetic`) with a deliberately poor
 random drafter, many seeded requests per variant. Every transition ``prev -> next`` in the
 outputs must follow the request's processed target distribution (temperature, top-k, top-p
 applied to the table row of ``prev``), which is known exactly. Test: Pearson chi-square over all
@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from scipy.stats import chi2
 
-from adapters.interface import Request
-from conformance.spec import SamplingParams, processed_probs
+from ddtree_conformance.adapters.interface import Request
+from ddtree_conformance.spec import SamplingParams, processed_probs
 
 from ..session import SuiteSession
 from ..synthetic import sampling_table, write_bigram_pair

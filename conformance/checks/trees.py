@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from adapters.interface import RoundTrace
-from conformance.spec import build_chain, build_tree
+from ddtree_conformance.adapters.interface import RoundTrace
+from ddtree_conformance.spec import build_chain, build_tree
 
 from ..session import SuiteSession
 from .result import CheckResult

@@ -17,7 +17,7 @@ Conventions shared by both (they make the tree a pure function of the logits):
   rank tuples, a prefix before its extensions;
 * node ``i`` (1-based) is the i-th prefix in that order, i.e. the heap's pop order, so parents
   always precede children. Node 0 is the root (the last verified token), which the builder does
-  not know: its token is ``-1`` until :func:`conformance.spec.verify.compile_tree` fills it in.
+  not know: its token is ``-1`` until :func:`ddtree_conformance.spec.verify.compile_tree` fills it in.
 """
 
 from __future__ import annotations

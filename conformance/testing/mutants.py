@@ -1,8 +1,8 @@
 """Deliberately broken reference engines, one per bug class of algorithm doc §6.
 
-Each replaces exactly one spec step of :class:`adapters.reference.engine.ReferenceEngine`. The
+Each replaces exactly one spec step of :class:`ddtree_conformance.adapters.reference.engine.ReferenceEngine`. The
 suite must fail every one of them with a message naming the symptom (tests/test_mutants.py).
-They are engines like any other: ``--engine conformance.testing.mutants:FlatPositions``.
+They are engines like any other: ``--engine ddtree_conformance.testing.mutants:FlatPositions``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import dataclasses
 
 import torch
 
-from adapters.reference.engine import ReferenceEngine
-from conformance.spec import (
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.spec import (
     SamplingParams,
     compact_dynamic_cache,
     compile_tree,
@@ -20,7 +20,7 @@ from conformance.spec import (
     select_feedback_rows,
     walk_tree,
 )
-from conformance.spec.tree import DraftTree
+from ddtree_conformance.spec.tree import DraftTree
 
 __all__ = ["MUTANTS"]
 
@@ -98,7 +98,7 @@ class MaskIdDropped(ReferenceEngine):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        from adapters.reference.dflash import DFlashConfig
+        from ddtree_conformance.adapters.reference.dflash import DFlashConfig
 
         mask_id = DFlashConfig.from_dir(self.drafter_dir).mask_token_id
 

@@ -71,7 +71,7 @@ def write_random_pair(
     """Write ``root/target`` and ``root/drafter``; returns both paths."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from adapters.reference.dflash import DFlashConfig, DFlashDrafter, save_drafter
+    from ddtree_conformance.adapters.reference.dflash import DFlashConfig, DFlashDrafter, save_drafter
 
     root = Path(root)
     torch.manual_seed(seed)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from conformance.checks import plan, run_plan
-from conformance.golden import load_golden
-from conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.checks import plan, run_plan
+from ddtree_conformance.golden_files import load_golden
+from ddtree_conformance.session import SuiteSession, SuiteSettings
 
 __all__ = ["run_checks", "fixture_golden"]
 

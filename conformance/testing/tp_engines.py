@@ -9,7 +9,7 @@ as a correct TP engine does in fp32. The mutants break exactly one thing at TP>1
 * :class:`TpAcceptanceDrift`: the drafter is fed the first |acc| hidden-state rows instead of the
   accepted nodes' rows (each rank feeding its own rows): outputs stay lossless, acceptance drops.
 
-The reference engine also shards for real (:mod:`adapters.reference.tensor_parallel`; gloo
+The reference engine also shards for real (:mod:`ddtree_conformance.adapters.reference.tensor_parallel`; gloo
 processes on CPU). Two mutants break that path the way integrations have:
 
 * :class:`DriverOnlyKvMove`: only rank 0 moves the accepted path's KV into place; the other ranks
@@ -21,7 +21,7 @@ processes on CPU). Two mutants break that path the way integrations have:
 :class:`RankFailsToStart` and :class:`RankDiesInRun` are not mutants: their other ranks raise while
 starting, or exit in the middle of a run, to show that the engine reports that instead of waiting.
 
-They are engines like any other: ``--engine conformance.testing.tp_engines:TpOutputDrift``.
+They are engines like any other: ``--engine ddtree_conformance.testing.tp_engines:TpOutputDrift``.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 
-from adapters.interface import Capabilities, EngineError, Request, RequestResult, RunConfig
-from adapters.reference.engine import ReferenceEngine
-from adapters.reference.tensor_parallel import rank
-from conformance.spec import compact_dynamic_cache, select_feedback_rows
+from ddtree_conformance.adapters.interface import Capabilities, EngineError, Request, RequestResult, RunConfig
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.adapters.reference.tensor_parallel import rank
+from ddtree_conformance.spec import compact_dynamic_cache, select_feedback_rows
 
 __all__ = ["ShardedReference", "TpOutputDrift", "TpAcceptanceDrift", "DriverOnlyKvMove", "RankLocalResult",
            "RankFailsToStart", "RankDiesInRun", "TP_MUTANTS"]

@@ -1,17 +1,17 @@
-"""Deliberately broken builds of the vLLM DDTree plugin (:mod:`adapters.vllm_ddtree`).
+"""Deliberately broken builds of the vLLM DDTree plugin (:mod:`ddtree_vllm_plugin`).
 
 Each subclasses the plugin's runner and breaks exactly one step. They are selected with the vLLM
 engine option ``ddtree_runner_class``, e.g.::
 
     ddtree-conformance check --engine vllm \\
-        -O ddtree_runner_class=conformance.testing.vllm_plugin_mutants:FlatPositions
+        -O ddtree_runner_class=ddtree_conformance.testing.vllm_plugin_mutants:FlatPositions
 
 The suite must fail both (``tests/test_vllm_plugin_tier.py``). Importing this module needs vLLM.
 """
 
 from __future__ import annotations
 
-from adapters.vllm_ddtree.runner import DDTreeCPUModelRunner
+from ddtree_vllm_plugin.runner import DDTreeCPUModelRunner
 
 __all__ = ["FlatPositions", "FirstRowsKV", "PLUGIN_MUTANTS"]
 

@@ -1,6 +1,6 @@
 """One pytest-xdist worker per GPU: which GPUs each worker gets, and the hooks that pin them.
 
-``pytest -m gpu -n auto`` starts one worker per visible GPU (``--gpus-per-worker N``, or
+``pytest -m gpu -n auto`` starts one worker per visible GPU (``--ddtree-gpus-per-worker N``, or
 ``$DDTREE_GPUS_PER_WORKER``, gives each worker N GPUs and starts ``GPUs // N`` workers, for
 tensor-parallel runs). Before a worker configures anything, its ``CUDA_VISIBLE_DEVICES`` is set to
 its own GPUs, so CUDA (in the worker and in the engine processes it spawns) sees only those.
@@ -12,8 +12,9 @@ workers than GPU slots share GPUs round-robin. Workers report what they saw back
 which prints one line per worker at the end of the run. In the GPU tier, tests whose id reads
 ``GROUP|rest`` run on one worker per GROUP (:func:`scope_of`), so an engine session is built once.
 
-:class:`XdistGpuPlugin` holds the xdist hooks; ``tests/conftest.py`` registers it where xdist is
-installed.
+:class:`XdistGpuPlugin` holds the xdist hooks; the suite's pytest plugin registers it. It acts only
+in GPU runs (``-m gpu``) or conformance runs (``--ddtree-engine``): other projects' xdist runs in an
+environment where the suite is installed are left alone.
 """
 
 from __future__ import annotations
@@ -136,14 +137,33 @@ def visible_gpus(environ: dict | None = None, count=_count_gpus) -> list[str]:
 
 
 def _per_worker(config: pytest.Config) -> int:
-    value = config.getoption("--gpus-per-worker", None) or os.environ.get(GPUS_PER_WORKER_ENV) or 1
+    value = config.getoption("ddtree_gpus_per_worker", None) or os.environ.get(GPUS_PER_WORKER_ENV) or 1
     try:
         value = int(value)
     except (TypeError, ValueError):
-        raise pytest.UsageError(f"--gpus-per-worker / ${GPUS_PER_WORKER_ENV} must be an integer, got {value!r}")
+        raise pytest.UsageError(f"--ddtree-gpus-per-worker / ${GPUS_PER_WORKER_ENV} must be an integer, got {value!r}")
     if value < 1:
-        raise pytest.UsageError(f"--gpus-per-worker / ${GPUS_PER_WORKER_ENV} must be >= 1, got {value}")
+        raise pytest.UsageError(f"--ddtree-gpus-per-worker / ${GPUS_PER_WORKER_ENV} must be >= 1, got {value}")
     return value
+
+
+def _selects_unmarked(markexpr: str | None) -> bool:
+    if not markexpr or not markexpr.strip():
+        return True
+    try:
+        from _pytest.mark.expression import Expression
+
+        return bool(Expression.compile(markexpr).evaluate(lambda name, **kwargs: False))
+    except Exception:
+        return True
+
+
+def _applies(config: pytest.Config) -> bool:
+    """Pin GPUs only in the GPU tier (``-m gpu``: gpu tests, not unmarked ones) or a conformance run
+    (``--ddtree-engine``)."""
+    markexpr = config.getoption("markexpr", "")
+    gpu_tier = selects_gpu_tier(markexpr) and not _selects_unmarked(markexpr)
+    return gpu_tier or bool(config.getoption("ddtree_engine", None))
 
 
 class XdistGpuPlugin:
@@ -165,7 +185,8 @@ class XdistGpuPlugin:
     # -- both sides --------------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config: pytest.Config) -> None:
-        self.pinned = pin_worker(config)
+        if _applies(config):
+            self.pinned = pin_worker(config)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.pinned is not None:
@@ -194,6 +215,8 @@ class XdistGpuPlugin:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:
+        if not _applies(node.config):
+            return
         devices = self._controller_devices()
         if not devices:
             return

@@ -15,7 +15,7 @@ import logging
 
 __all__ = ["register", "ENTRY_POINT", "unavailable_reason"]
 
-ENTRY_POINT = "adapters.vllm_ddtree:register"
+ENTRY_POINT = "ddtree_vllm_plugin:register"
 
 _log = logging.getLogger(__name__)
 
@@ -51,5 +51,6 @@ def unavailable_reason() -> str | None:
     except Exception:  # pragma: no cover
         names = set()
     if ENTRY_POINT not in names:
-        return f"the entry point {ENTRY_POINT} is not installed (pip install -e . in this environment)"
+        return (f"the entry point {ENTRY_POINT} is not installed (the plugin is opt-in: pip install ./vllm-plugin "
+                "from the suite's repository, distribution ddtree-vllm-plugin)")
     return None

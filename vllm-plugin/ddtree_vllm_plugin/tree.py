@@ -1,6 +1,6 @@
 """The plugin's own DDTree tree: best-first construction and the walk.
 
-Written independently of ``conformance.spec`` (the suite's oracle) from the conventions in the
+Written independently of ``ddtree_conformance.spec`` (the suite's oracle) from the conventions in the
 algorithm document (§3), so that the suite compares two implementations, not one with itself:
 
 * per depth, tokens are ranked by float32 ``log_softmax``, ties broken by the smaller token id;

@@ -128,7 +128,7 @@ def record_golden(session, budgets: list[int], progress=None) -> GoldenFile:
     import torch
     import transformers
 
-    from conformance import __version__
+    from ddtree_conformance import __version__
 
     s = session.settings
     plain = session.plain()

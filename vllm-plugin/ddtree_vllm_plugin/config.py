@@ -22,7 +22,7 @@ __all__ = ["DDTreeOptions", "DDTreeConfigError", "TESTED_VERSIONS", "WORKER_CLS"
 
 #: vLLM releases (major.minor) and platform the plugin was tested on.
 TESTED_VERSIONS = ("0.32",)
-WORKER_CLS = "adapters.vllm_ddtree.worker.DDTreeCPUWorker"
+WORKER_CLS = "ddtree_vllm_plugin.worker.DDTreeCPUWorker"
 STOCK_CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
 #: vLLM's rejection-sampler bound on draft tokens per request (``v1/sample/rejection_sampler.py``).
 MAX_BUDGET = 128

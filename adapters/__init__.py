@@ -1,0 +1,1 @@
+"""The engine interface, the reference engine and the adapters for vLLM and SGLang."""

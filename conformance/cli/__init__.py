@@ -1,0 +1,15 @@
+"""The ``ddtree-conformance`` command line.
+
+* :mod:`.base`: the application, exit statuses, one-line errors;
+* :mod:`.options`: the shared options (validated by :mod:`ddtree_conformance.settings`);
+* :mod:`.generate`: ``generate`` and ``engines``;
+* :mod:`.check`: ``check`` and ``record``;
+* :mod:`.bench`: ``bench``, ``baseline`` and ``gate``.
+
+A new command is a function decorated with :func:`.base.command` in the module of its group.
+"""
+
+from . import bench, check, generate  # noqa: F401  (each registers its commands on app)
+from .base import EXIT_STATUSES, app
+
+__all__ = ["app", "EXIT_STATUSES"]

@@ -1,0 +1,125 @@
+"""``check`` (the conformance plan against one engine) and ``record`` (golden files)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+from rich.progress import Progress
+from rich.table import Table
+
+from ..paths import REPORTS_DIR
+from . import options as opt
+from .base import EXIT_FAILED, EXIT_HELP, CliError, command, stderr_console, stdout_console
+
+__all__ = ["check", "record"]
+
+
+@command(help="Run the conformance checks against one engine.\n\n" + EXIT_HELP)
+def check(
+    engine: opt.Engine = "reference",
+    model: opt.Model = None,
+    drafter: opt.Drafter = None,
+    pair: opt.Pair = None,
+    pairs_file: opt.PairsFile = None,
+    pair_name: opt.PairName = None,
+    modes: opt.Modes = None,
+    budgets: opt.Budgets = None,
+    dtype: opt.DType = None,
+    device: opt.Device = None,
+    prompts: opt.Prompts = None,
+    limit: opt.Limit = None,
+    max_new_tokens: opt.MaxNewTokens = None,
+    only: opt.Checks = None,
+    isolate: opt.Isolate = None,
+    golden_dir: opt.GoldenDir = None,
+    out: opt.Out = None,
+    engine_option: opt.EngineOptions = None,
+    engine_timeout: opt.EngineTimeout = None,
+    threads: opt.Threads = None,
+    hardware_class: opt.HardwareClass = None,
+    tensor_parallel_size: opt.TensorParallel = None,
+) -> None:
+    from ..checks import plan, run_plan
+    from ..report import CHECK_SCHEMA, new_report, runs_from_session, write_report
+    from ..session import SuiteSession
+
+    settings = opt.run_settings(
+        engine=engine, model_dir=model, drafter_dir=drafter, pair=pair, pairs_file=pairs_file, pair_name=pair_name,
+        modes=modes, budgets=budgets, dtype=dtype, device=device, prompt_set=prompts, limit=limit,
+        max_new_tokens=max_new_tokens, checks=only, isolate=isolate, golden_dir=golden_dir,
+        engine_options=engine_option, engine_timeout_s=engine_timeout, torch_threads=threads,
+        tensor_parallel_size=tensor_parallel_size)
+    checks = plan(settings)
+    session = SuiteSession(settings)
+    started = time.perf_counter()
+    try:
+        session.require_support()
+        with Progress(console=stderr_console(), transient=True) as progress:
+            task = progress.add_task(f"{settings.engine}: {len(checks)} checks", total=len(checks))
+            results = run_plan(session, checks, on_result=lambda r: progress.advance(task))
+        run_metrics = runs_from_session(session)
+    finally:
+        session.close()
+    elapsed = time.perf_counter() - started
+    table = Table(title=escape(f"{settings.engine} on {settings.pair_name} ({settings.dtype}, {settings.device})"))
+    for column in ("check", "status", "message"):
+        table.add_column(column, overflow="fold")
+    colours = {"pass": "green", "fail": "red", "skip": "yellow"}
+    for r in results:
+        table.add_row(escape(r.check), f"[{colours[r.status]}]{r.status}[/]", escape(r.message))
+    console = stdout_console()
+    console.print(table)
+    counts = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
+    report = new_report("check", settings.model_dump(), opt.hw_class(settings.device, hardware_class),
+                        schema=CHECK_SCHEMA)
+    report.update({"elapsed_s": round(elapsed, 2), "counts": counts, "results": [r.model_dump() for r in results],
+                   "runs": run_metrics})
+    out_path = out if out is not None else REPORTS_DIR / f"check-{settings.engine.replace(':', '_')}.json"
+    out_path, md_path, html_path = write_report(report, out_path)
+    console.print(escape(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped "
+                         f"in {elapsed:.0f} s; report {out_path} (+ {md_path.name}, {html_path.name})"), soft_wrap=True)
+    if counts["fail"]:
+        raise CliError(f"{counts['fail']} of {len(results)} checks failed", exit_code=EXIT_FAILED)
+
+
+@command()
+def record(
+    model: opt.Model = None,
+    drafter: opt.Drafter = None,
+    pair_name: opt.PairName = None,
+    budgets: Annotated[Optional[str], typer.Option("--budgets", help="Comma-separated DDTree budgets.",
+                                                   show_default="16,32,64,256")] = None,
+    dtype: opt.DType = None,
+    device: opt.Device = None,
+    prompts: opt.Prompts = None,
+    limit: opt.Limit = None,
+    max_new_tokens: opt.MaxNewTokens = None,
+    golden_dir: opt.GoldenDir = None,
+    update: Annotated[bool, typer.Option("--update", help="Replace an existing golden file; prints the diff.")] = False,
+    threads: opt.Threads = None,
+) -> None:
+    """Record golden outputs, top-2 gaps and acceptance traces with the reference engine."""
+    from ..golden_files import GoldenExists, golden_path, record_golden, write_golden
+    from ..session import SuiteSession
+
+    settings = opt.run_settings(
+        engine="reference", model_dir=model, drafter_dir=drafter, pair_name=pair_name,
+        budgets=budgets or "16,32,64,256", dtype=dtype, device=device, prompt_set=prompts, limit=limit,
+        max_new_tokens=max_new_tokens, isolate=False, golden_dir=golden_dir, torch_threads=threads)
+    path = golden_path(settings.golden_dir, settings.pair_name, settings.prompt_set, settings.dtype)
+    if path.exists() and not update:
+        raise GoldenExists(f"{path} exists; pass --update to replace it (a diff will be shown)")
+    session = SuiteSession(settings)
+    try:
+        golden = record_golden(session, settings.budgets,
+                               progress=lambda key: stderr_console().print(escape(f"recorded {key}")))
+    finally:
+        session.close()
+    written, diff = write_golden(settings.golden_dir, golden, update=update)
+    console = stdout_console()
+    for line in diff:
+        console.print(escape(line), soft_wrap=True)
+    console.print(escape(f"wrote {written}"), soft_wrap=True)

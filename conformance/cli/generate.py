@@ -1,0 +1,291 @@
+"""``generate`` (one engine, one mode, results to JSONL) and ``engines`` (what is installed here)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..adapters.interface import Engine, EngineError, Request, RequestResult, RunConfig
+from ..adapters.registry import create_engine, list_engines, load_engine_class
+from ..paths import REPORTS_DIR
+from ..prompts import Prompt, load_prompts
+from ..settings import GenerateSettings
+from . import options as opt
+from .base import EXIT_FAILED, CliError, command, stderr_console, stdout_console
+
+__all__ = ["generate", "engines", "default_stop_tokens", "build_requests", "run_prompts", "JsonlSink",
+           "result_row", "summary_table", "require_support", "open_engine"]
+
+DEFAULT_MAX_NEW_TOKENS = 64
+
+
+def open_engine(settings: GenerateSettings) -> Engine:
+    """The engine under test: in its own process unless ``--no-isolate``."""
+    load_engine_class(settings.engine)  # unknown or unavailable engines fail before any model work
+    if settings.isolate:
+        from ..adapters.process import IsolatedEngine
+
+        return IsolatedEngine(settings.engine, settings.model_dir, settings.drafter_dir,
+                              timeout_s=settings.engine_timeout_s, start_timeout_s=settings.engine_timeout_s,
+                              torch_threads=settings.torch_threads, **settings.engine_options)
+    return create_engine(settings.engine, settings.model_dir, settings.drafter_dir, **settings.engine_options)
+
+
+def require_support(engine: Engine, config: RunConfig) -> None:
+    """Fail early when the engine says it cannot run this config here."""
+    caps = engine.capabilities()
+    if config.mode not in caps.modes:
+        hint = " (no drafter given?)" if config.mode != "plain" and engine.drafter_dir is None else ""
+        raise CliError(f"engine {caps.name!r} cannot run mode {config.mode} here{hint}; it supports: "
+                       f"{', '.join(caps.modes)}")
+    if config.dtype not in caps.dtypes:
+        raise CliError(f"engine {caps.name!r} does not support dtype {config.dtype}; it supports: "
+                       f"{', '.join(caps.dtypes)}")
+    device_kind = config.device.split(":", 1)[0]
+    if config.device not in caps.devices and device_kind not in caps.devices:
+        raise CliError(f"engine {caps.name!r} cannot use device {config.device} here; available: "
+                       f"{', '.join(caps.devices)}")
+
+
+def default_stop_tokens(model: str | Path) -> list[int]:
+    """The eos id(s) in ``<model>/generation_config.json``; [] when there are none."""
+    path = Path(model) / "generation_config.json"
+    if not path.is_file():
+        return []
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id")
+    except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+        raise CliError(f"{path} is not a valid JSON object; pass --stop-token explicitly") from None
+    if eos is None:
+        return []
+    ids = eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise CliError(f"{path}: eos_token_id {eos!r} is not a token id or list of token ids")
+    return list(dict.fromkeys(ids))
+
+
+def build_requests(prompts: Sequence[Prompt], settings: GenerateSettings, stop_token_ids: Sequence[int]) -> list[Request]:
+    """One Request per prompt; ``max_new_tokens`` None means the prompt's own limit, else 64."""
+    return [
+        Request(
+            prompt_ids=p.prompt_ids,
+            max_new_tokens=settings.max_new_tokens or p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+            stop_token_ids=list(stop_token_ids),
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            top_k=settings.top_k,
+            seed=settings.seed,
+        )
+        for p in prompts
+    ]
+
+
+def run_prompts(
+    engine: Engine,
+    requests: Sequence[Request],
+    config: RunConfig,
+    *,
+    batch_size: int = 4,
+    on_chunk: Callable[[int, list[RequestResult]], None] | None = None,
+    description: str = "generating",
+) -> list[RequestResult]:
+    """Run requests through ``engine.generate`` in chunks, with a progress bar on stderr.
+
+    ``on_chunk(start_index, results)`` is called after every chunk (for incremental output).
+    """
+    results: list[RequestResult] = []
+    console = stderr_console()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, disable=not console.is_terminal) as progress:
+        task = progress.add_task(description, total=len(requests))
+        for start in range(0, len(requests), batch_size):
+            chunk = list(requests[start: start + batch_size])
+            out = engine.generate(chunk, config)
+            if len(out) != len(chunk):
+                raise EngineError(f"engine {engine.name!r} returned {len(out)} results for {len(chunk)} requests")
+            results.extend(out)
+            if on_chunk is not None:
+                on_chunk(start, out)
+            progress.advance(task, len(chunk))
+            if not console.is_terminal:
+                print(f"[ddtree] {description}: {min(start + batch_size, len(requests))}/{len(requests)} requests",
+                      flush=True, file=console.file)
+    return results
+
+
+class JsonlSink:
+    """Crash-safe JSONL output: rows go to ``<out>.partial`` (flushed per chunk) and are renamed
+    to ``out`` only when :meth:`commit` is called. After a crash the ``.partial`` file keeps what
+    was done."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = Path(out)
+        self.partial = self.out.with_name(self.out.name + ".partial")
+        self.rows = 0
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.partial, "w", encoding="utf-8")
+
+    def write(self, rows: Sequence[dict[str, Any]]) -> None:
+        for row in rows:
+            self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.rows += len(rows)
+
+    def commit(self) -> Path:
+        self._file.close()
+        os.replace(self.partial, self.out)
+        return self.out
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+    def __enter__(self) -> "JsonlSink":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def result_row(prompt: Prompt, result: RequestResult) -> dict[str, Any]:
+    """The JSON line for one prompt: its id, category and prompt ids, then the result."""
+    head = {"id": prompt.id, "category": prompt.category, "prompt_ids": prompt.prompt_ids}
+    return {**head, **result.model_dump(mode="json")}
+
+
+def summary_table(prompts: Sequence[Prompt], results: Sequence[RequestResult], title: str = "summary") -> Table:
+    """Per category: prompts, errors, generated tokens and mean tau (mean of per-prompt tau)."""
+    groups: dict[str, list[RequestResult]] = {}
+    for prompt, result in zip(prompts, results):
+        groups.setdefault(prompt.category, []).append(result)
+    table = Table(title=title)
+    for name, justify in (("category", "left"), ("prompts", "right"), ("errors", "right"), ("tokens", "right"),
+                          ("mean tau", "right")):
+        table.add_column(name, justify=justify)
+
+    def row(label: str, rs: Sequence[RequestResult], **style: Any) -> None:
+        taus = [r.tau for r in rs if r.finish_reason != "error" and r.tau is not None]
+        tau = f"{sum(taus) / len(taus):.3f}" if taus else "-"
+        errors = sum(r.finish_reason == "error" for r in rs)
+        table.add_row(label, str(len(rs)), str(errors), str(sum(len(r.output_ids) for r in rs)), tau, **style)
+
+    for category in sorted(groups):
+        row(category, groups[category])
+    if len(groups) > 1:
+        table.add_section()
+        row("all", list(results), style="bold")
+    return table
+
+
+@command()
+def generate(
+    engine: opt.Engine = "reference",
+    model: opt.Model = None,
+    drafter: opt.Drafter = None,
+    mode: Annotated[Optional[str], typer.Option("--mode", help="Decoding mode: plain | dflash | ddtree.",
+                                                show_default="ddtree")] = None,
+    budget: Annotated[Optional[int], typer.Option("--budget", "-B", help="DDTree node budget (non-root nodes).",
+                                                  show_default="32")] = None,
+    dtype: opt.DType = None,
+    device: opt.Device = None,
+    prompts: opt.Prompts = None,
+    limit: opt.Limit = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(
+        "--max-new-tokens", help="Tokens per prompt; overrides the prompt set's own limits. (default: the set's "
+                                 "own, else 64)")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 = greedy.")] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].")] = None,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Top-k sampling; 0 disables.")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Per-request sampling seed.")] = None,
+    stop_token: Annotated[Optional[list[int]], typer.Option(
+        "--stop-token", help="Stop token id (repeatable). (default: the eos ids in the target's "
+                             "generation_config.json)")] = None,
+    trace: Annotated[bool, typer.Option("--trace/--no-trace", help="Record per-round traces.")] = False,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Prompts per generate call.",
+                                                      show_default="4")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output JSONL.",
+                                                show_default="reports/generate-<mode>.jsonl")] = None,
+    engine_option: opt.EngineOptions = None,
+    engine_timeout: opt.EngineTimeout = None,
+    isolate: opt.Isolate = None,
+    threads: opt.Threads = None,
+) -> None:
+    """Run a prompt set through an engine (in its own process) and write one JSON line per prompt."""
+    settings = opt.generate_settings(
+        engine=engine, model_dir=model, drafter_dir=drafter, mode=mode, budget=budget, dtype=dtype, device=device,
+        prompt_set=prompts, limit=limit, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+        top_k=top_k, seed=seed, stop_token_ids=stop_token, batch_size=batch_size, engine_options=engine_option,
+        engine_timeout_s=engine_timeout, isolate=isolate, torch_threads=threads)
+    config = RunConfig(mode=settings.mode, budget=settings.budget, dtype=settings.dtype, device=settings.device,
+                       trace=trace)
+    prompt_set = load_prompts(settings.prompt_set, tokenizer_dir=settings.model_dir)
+    prompt_set = prompt_set[: settings.limit] if settings.limit else prompt_set
+    stops = settings.stop_token_ids if settings.stop_token_ids is not None else default_stop_tokens(settings.model_dir)
+    requests = build_requests(prompt_set, settings, stops)
+    out_path = out if out is not None else REPORTS_DIR / f"generate-{settings.mode}.jsonl"
+
+    with open_engine(settings) as eng:
+        require_support(eng, config)
+        with JsonlSink(out_path) as sink:
+
+            def write_chunk(start: int, chunk: list[RequestResult]) -> None:
+                sink.write([result_row(prompt_set[start + i], r) for i, r in enumerate(chunk)])
+
+            try:
+                results = run_prompts(eng, requests, config, batch_size=settings.batch_size, on_chunk=write_chunk,
+                                      description=f"{settings.engine} {settings.mode}")
+            except EngineError as exc:
+                kept = f" ({sink.rows} results kept in {sink.partial})" if sink.rows else ""
+                raise EngineError(f"{exc}{kept}") from exc
+            written = sink.commit()
+
+    console = stdout_console()
+    console.print(summary_table(prompt_set, results, title=escape(f"{settings.engine} {settings.mode} on "
+                                                                  f"{settings.prompt_set}")))
+    console.print(escape(f"wrote {len(results)} results to {written}"), soft_wrap=True)
+    failed = [(p, r) for p, r in zip(prompt_set, results) if r.finish_reason == "error"]
+    if failed:
+        first_prompt, first = failed[0]
+        raise CliError(f"{len(failed)} of {len(results)} requests failed (first: prompt {first_prompt.id!r}: "
+                       f"{first.error}); results written to {written}", exit_code=EXIT_FAILED)
+
+
+@command()
+def engines(model: opt.Model = None, drafter: opt.Drafter = None) -> None:
+    """List engine adapters and what each can do here with the given model pair."""
+    settings = opt.run_settings(model_dir=model, drafter_dir=drafter)
+    model_dir, drafter_dir = settings.model_dir, settings.drafter_dir
+    table = Table(title=escape(f"engines (model {model_dir}, drafter {drafter_dir or 'none'})"))
+    for name in ("engine", "source", "status", "version", "modes", "dtypes", "devices", "sampling", "traces"):
+        table.add_column(name)
+    notes: list[str] = []
+    for entry in list_engines():
+        try:
+            load_engine_class(entry.name)
+        except EngineError as exc:
+            table.add_row(entry.name, entry.source, "[yellow]unavailable[/]")
+            notes.append(f"{entry.name}: {exc}")
+            continue
+        try:
+            with create_engine(entry.name, model_dir, drafter_dir) as eng:
+                caps = eng.capabilities()
+        except Exception as exc:  # one broken adapter must not hide the others
+            table.add_row(entry.name, entry.source, "[red]error[/]")
+            notes.append(f"{entry.name}: {exc if isinstance(exc, EngineError) else f'{type(exc).__name__}: {exc}'}")
+            continue
+        table.add_row(entry.name, entry.source, "[green]ok[/]", caps.version, ",".join(caps.modes),
+                      ",".join(caps.dtypes), ",".join(caps.devices), "yes" if caps.sampling else "no",
+                      "yes" if caps.traces else "no")
+    console = stdout_console()
+    console.print(table)
+    for note in notes:
+        console.print(escape(note), soft_wrap=True)

@@ -1,0 +1,90 @@
+"""Options shared by the commands, spelled, defaulted and documented once.
+
+Every option that feeds a run is validated by :func:`ddtree_conformance.settings.build_settings`,
+never here: the aliases below only declare names and help, with ``None`` meaning "not given", so
+a named pair's values and the settings' defaults apply (:func:`run_settings`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from ..settings import GenerateSettings, SuiteSettings, build_settings
+
+__all__ = ["run_settings", "hw_class"]
+
+Engine = Annotated[str, typer.Option("--engine", "-e", help="Engine: built-in name, entry-point name, or module:Class.")]
+EngineOptions = Annotated[
+    Optional[list[str]],
+    typer.Option("--engine-option", "-O", metavar="KEY=VALUE",
+                 help="Engine option (repeatable); VALUE as JSON if it parses. Unknown options are refused."),
+]
+EngineTimeout = Annotated[
+    Optional[float],
+    typer.Option("--engine-timeout", help="Seconds the engine may take to start, to answer capabilities() and to "
+                                          "run each generate before it counts as hung and is killed. (default 900)"),
+]
+Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Target model dir (HF format).",
+                                               show_default="the bundled fixture target")]
+Drafter = Annotated[Optional[str], typer.Option("--drafter", "-d", help="DFlash drafter dir (z-lab format); 'none' "
+                                                                        "for no drafter.",
+                                                show_default="the bundled fixture drafter")]
+Pair = Annotated[Optional[str], typer.Option("--pair", help="Named model pair (fixture, qwen3-8b, qwen3-4b, or a "
+                                                            "pairs file's); supplies model, drafter, dtype, prompts.")]
+PairsFile = Annotated[Optional[str], typer.Option("--pairs-file", help="JSON/TOML file of more named pairs.")]
+PairName = Annotated[Optional[str], typer.Option("--pair-name", help="Model pair name; golden files are keyed by it.",
+                                                 show_default="fixture")]
+Modes = Annotated[Optional[str], typer.Option("--modes", help="Comma-separated speculative modes: dflash,ddtree.",
+                                              show_default="dflash,ddtree")]
+Budgets = Annotated[Optional[str], typer.Option("--budgets", help="Comma-separated DDTree budgets.",
+                                                show_default="16,64")]
+DType = Annotated[Optional[str], typer.Option("--dtype", help="float32 | bfloat16 | float16.",
+                                              show_default="float32")]
+Device = Annotated[Optional[str], typer.Option("--device", help="Device, e.g. cpu, cuda, cuda:1.",
+                                               show_default="cpu")]
+Prompts = Annotated[Optional[str], typer.Option("--prompts", "-p", help="Prompts JSONL path or bundled set name.",
+                                                show_default="fixture")]
+Limit = Annotated[Optional[int], typer.Option("--limit", "-n", help="Use only the first N prompts.")]
+MaxNewTokens = Annotated[Optional[int], typer.Option("--max-new-tokens", help="Tokens to generate per prompt.",
+                                                     show_default="64")]
+Checks = Annotated[Optional[list[str]], typer.Option("--check", help="Keep checks whose id contains this "
+                                                                     "(repeatable); a filter that keeps none is "
+                                                                     "an error.")]
+Isolate = Annotated[Optional[bool], typer.Option("--isolate/--no-isolate", help="Run the engine in its own process.",
+                                                 show_default="isolate")]
+GoldenDir = Annotated[Optional[str], typer.Option("--golden-dir", help="Root of the golden files.",
+                                                  show_default="the bundled golden/records")]
+Threads = Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads per process; 0 = torch's default. "
+                                                                  "(default 1: fastest for small models on small "
+                                                                  "CPUs)")]
+TensorParallel = Annotated[Optional[int], typer.Option(
+    "--tensor-parallel-size", help="Shard the target over N devices in every run; the tensor-parallel check "
+                                   "compares N with 1. With 1, that check uses the GPUs visible.")]
+HardwareClass = Annotated[Optional[str], typer.Option(
+    "--hardware-class", help="Hardware class the report is filed under (default: from the device, e.g. "
+                             "cpu-x86_64-2c, cuda-NVIDIA-H200; or $DDTREE_HARDWARE_CLASS).")]
+Baselines = Annotated[Optional[Path], typer.Option("--baselines", help="Baseline file, or folder holding "
+                                                                       "<hardware-class>.json.",
+                                                   show_default="golden/baselines")]
+Out = Annotated[Optional[Path], typer.Option("--out", "-o", help="Report path (.md and .html beside it).")]
+
+
+def run_settings(kind: type[SuiteSettings] = SuiteSettings, **values: Any) -> SuiteSettings:
+    """Build the run settings from CLI values (None: not given); one SettingsError names the flag."""
+    if values.get("torch_threads") is None:
+        values["torch_threads"] = 1  # the CLI's default; 0 asks for torch's own
+    settings, _ = build_settings(values, kind=kind)
+    return settings
+
+
+def generate_settings(**values: Any) -> GenerateSettings:
+    return run_settings(GenerateSettings, **values)  # type: ignore[return-value]
+
+
+def hw_class(device: str, override: Optional[str]) -> str:
+    from ..baselines import hardware_class
+
+    return hardware_class(device, override)

@@ -1,0 +1,306 @@
+"""The run settings: the one place where a conformance run's options are validated.
+
+The CLI (``ddtree-conformance check --budgets 16,64``) and the pytest plugin
+(``pytest --ddtree-budgets 16,64``) both pass the raw option values to :func:`build_settings`,
+which returns a :class:`SuiteSettings` or raises one :class:`SettingsError` naming the option as
+the caller spells it. :data:`OPTION_FLAGS` maps each field to its CLI flag; the pytest flag is the
+same name with the ``--ddtree-`` prefix (:func:`pytest_flag`), so the two front ends cannot drift.
+
+A named model pair (``pair``, ``pairs_file``) supplies defaults for the model dirs, dtype, prompts,
+generation length and tensor-parallel size; explicit options win over the pair's values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .adapters.interface import DType, Mode
+from .paths import FIXTURE_DRAFTER, FIXTURE_TARGET, RECORDS_DIR
+
+__all__ = [
+    "SuiteSettings",
+    "GenerateSettings",
+    "SettingsError",
+    "OPTION_FLAGS",
+    "MAX_BUDGET",
+    "pytest_flag",
+    "build_settings",
+    "parse_engine_options",
+]
+
+MAX_BUDGET = 1 << 16  # no engine drafts trees this large; engines refuse above their own max_budget
+PAIR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
+
+# field -> CLI flag. The pytest flag of a field is pytest_flag(field).
+OPTION_FLAGS: dict[str, str] = {
+    "engine": "--engine",
+    "engine_options": "--engine-option",
+    "engine_timeout_s": "--engine-timeout",
+    "model_dir": "--model",
+    "drafter_dir": "--drafter",
+    "pair": "--pair",
+    "pairs_file": "--pairs-file",
+    "pair_name": "--pair-name",
+    "modes": "--modes",
+    "budgets": "--budgets",
+    "dtype": "--dtype",
+    "device": "--device",
+    "prompt_set": "--prompts",
+    "limit": "--limit",
+    "max_new_tokens": "--max-new-tokens",
+    "checks": "--check",
+    "isolate": "--isolate",
+    "golden_dir": "--golden-dir",
+    "torch_threads": "--threads",
+    "tensor_parallel_size": "--tensor-parallel-size",
+    # generate
+    "mode": "--mode",
+    "budget": "--budget",
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "seed": "--seed",
+    "stop_token_ids": "--stop-token",
+    "batch_size": "--batch-size",
+}
+
+
+def pytest_flag(field: str) -> str:
+    """The pytest option for ``field``: ``--ddtree-`` + the CLI flag's name (``--ddtree-budgets``)."""
+    return "--ddtree-" + OPTION_FLAGS[field][2:]
+
+
+class SettingsError(ValueError):
+    """An option value cannot be used; the message names the option (as the caller spells it)."""
+
+
+def parse_engine_options(pairs: Any) -> dict[str, Any]:
+    """``["KEY=VALUE", ...]`` (VALUE parsed as JSON when it parses) or a dict -> dict."""
+    if pairs is None:
+        return {}
+    if isinstance(pairs, dict):
+        return dict(pairs)
+    if isinstance(pairs, str):
+        pairs = [pairs]
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = str(pair).partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"must be KEY=VALUE, got {pair!r}")
+        try:
+            options[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip()] = value
+    return options
+
+
+def _comma_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, (list, tuple)):
+        out: list = []
+        for v in value:
+            out += _comma_list(v) if isinstance(v, str) else [v]
+        return out
+    return value
+
+
+def _existing_dir(value: str, what: str) -> str:
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise ValueError(f"{what} dir {path} does not exist")
+    if not path.is_dir():
+        raise ValueError(f"{what} dir {path} is not a directory")
+    return str(path)
+
+
+class SuiteSettings(BaseModel):
+    """Everything a conformance run is parameterised by; built by :func:`build_settings`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: str = "reference"
+    engine_options: dict[str, Any] = Field(default_factory=dict)
+    engine_timeout_s: float = Field(default=900.0, gt=0, description="start-up, capabilities() and each generate")
+    model_dir: str = str(FIXTURE_TARGET)
+    drafter_dir: str | None = str(FIXTURE_DRAFTER)
+    pair_name: str = "fixture"
+    modes: list[Literal["dflash", "ddtree"]] = Field(default_factory=lambda: ["dflash", "ddtree"], min_length=1)
+    budgets: list[int] = Field(default_factory=lambda: [16, 64], min_length=1)
+    dtype: DType = "float32"
+    device: str = "cpu"
+    prompt_set: str = "fixture"
+    prompt_format: Literal["ids", "text", "chat"] = Field(
+        default="ids", description="how prompts become token ids (ddtree_conformance.pairs.format_prompts)"
+    )
+    limit: int | None = Field(default=None, ge=1, description="use only the first N prompts")
+    max_new_tokens: int = Field(default=64, ge=1)
+    checks: list[str] | None = Field(default=None, description="keep checks whose id contains one of these")
+    isolate: bool = True
+    near_tie_bound: float | None = Field(default=None, description="nats; None: the pair's calibration")
+    golden_dir: str = str(RECORDS_DIR)
+    sampling_requests: int = Field(default=200, ge=1, description="seeded requests per sampling variant")
+    branch_rounds: int = Field(default=3, ge=1, description="rounds per prompt checked branch-vs-chain")
+    branch_prompts: int = Field(default=4, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs the engine shards the target over")
+    torch_threads: int | None = Field(
+        default=None, ge=1, description="torch CPU threads in the suite and engine processes (None: torch's default)"
+    )
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("name an engine: a built-in name, an entry-point name or module:Class")
+        return value.strip()
+
+    @field_validator("engine_options", mode="before")
+    @classmethod
+    def _options(cls, value: Any) -> dict[str, Any]:
+        return parse_engine_options(value)
+
+    @field_validator("model_dir")
+    @classmethod
+    def _model(cls, value: str) -> str:
+        return _existing_dir(value, "model")
+
+    @field_validator("drafter_dir", mode="before")
+    @classmethod
+    def _drafter(cls, value: Any) -> str | None:
+        if value is None or str(value).strip().lower() in ("", "none"):
+            return None
+        return _existing_dir(str(value), "drafter")
+
+    @field_validator("pair_name")
+    @classmethod
+    def _pair_name(cls, value: str) -> str:
+        if not PAIR_NAME.fullmatch(value) or ".." in value:
+            raise ValueError(f"{value!r} is not a pair name (letters, digits, '.', '_', '-'; golden files are "
+                             "kept under <golden dir>/<pair name>/)")
+        return value
+
+    @field_validator("modes", "budgets", "checks", mode="before")
+    @classmethod
+    def _lists(cls, value: Any) -> Any:
+        return _comma_list(value)
+
+    @field_validator("budgets")
+    @classmethod
+    def _budgets(cls, value: list[int]) -> list[int]:
+        for b in value:
+            if not 1 <= b <= MAX_BUDGET:
+                raise ValueError(f"budget {b} is outside 1..{MAX_BUDGET}")
+        return list(dict.fromkeys(value))
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        value = value.strip()
+        if not DEVICE.fullmatch(value):
+            raise ValueError(f"{value!r} is not a device (cpu, cuda, cuda:N)")
+        return value
+
+    @field_validator("torch_threads", mode="before")
+    @classmethod
+    def _threads(cls, value: Any) -> Any:
+        return None if value in (0, "0", None) else value
+
+    @field_validator("prompt_set")
+    @classmethod
+    def _prompts(cls, value: str) -> str:
+        from .prompts import resolve_prompt_set
+
+        resolve_prompt_set(value)  # a PromptError (ValueError) names the file or the known sets
+        return value
+
+    @field_validator("checks")
+    @classmethod
+    def _checks(cls, value: list[str] | None) -> list[str] | None:
+        return value or None
+
+
+class GenerateSettings(SuiteSettings):
+    """``ddtree-conformance generate``: one mode, one budget, sampling and stop tokens."""
+
+    mode: Mode = "ddtree"
+    budget: int = Field(default=32, ge=1, le=MAX_BUDGET)
+    max_new_tokens: int | None = Field(default=None, ge=1, description="None: the prompt's own, else 64")
+    temperature: float = Field(default=0.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    seed: int = 0
+    stop_token_ids: list[int] | None = Field(default=None, description="None: the target's eos ids")
+    batch_size: int = Field(default=4, ge=1)
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stops(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(t < 0 for t in value):
+            raise ValueError("token ids are >= 0")
+        return value
+
+
+def _flag_for(field: str, prefix: str) -> str:
+    flag = OPTION_FLAGS.get(field)
+    if flag is None:
+        return field
+    return flag if prefix == "--" else prefix + flag[2:]
+
+
+def _apply_pair(values: dict[str, Any]) -> str | None:
+    """Fill ``values`` from the named pair (explicit values win); returns why the pair is unavailable."""
+    from .pairs import PairUnavailable, get_pair, resolve_pair
+
+    name, pairs_file = values.pop("pair", None), values.pop("pairs_file", None)
+    if not name and not pairs_file:
+        return None
+    pair = get_pair(name, pairs_file)
+    try:
+        resolved = resolve_pair(pair)
+    except PairUnavailable as exc:
+        declared = {"pair_name": pair.name, "dtype": pair.dtype, "prompt_format": pair.prompt_format,
+                    "max_new_tokens": pair.max_new_tokens, "tensor_parallel_size": pair.tensor_parallel_size}
+        for key, value in declared.items():
+            values.setdefault(key, value)
+        return str(exc)
+    for key, value in resolved.suite_settings().items():
+        if values.get(key) is None and value is not None:
+            values[key] = value
+    return None
+
+
+def build_settings(raw: dict[str, Any], *, kind: type[SuiteSettings] = SuiteSettings, flag_prefix: str = "--",
+                   allow_unavailable_pair: bool = False) -> tuple[SuiteSettings, str | None]:
+    """Validate raw option values (field name -> value; None means "not given") into settings.
+
+    Returns ``(settings, unavailable)``: ``unavailable`` is the reason a named pair's models are not on
+    this machine (then only with ``allow_unavailable_pair``: the settings fall back to the fixture's
+    dirs so a plan can still be listed). Raises :class:`SettingsError` naming the option, spelled with
+    ``flag_prefix`` (``"--"`` for the CLI, ``"--ddtree-"`` for pytest).
+    """
+    from .pairs import PairSpecError
+
+    values = {k: v for k, v in raw.items() if v is not None}
+    try:
+        unavailable = _apply_pair(values)
+    except PairSpecError as exc:
+        raise SettingsError(str(exc)) from None
+    if unavailable and not allow_unavailable_pair:
+        raise SettingsError(unavailable)
+    try:
+        return kind(**values), unavailable
+    except ValidationError as exc:
+        messages = []
+        for err in exc.errors():
+            field = str(err["loc"][0]) if err.get("loc") else ""
+            msg = err["msg"].removeprefix("Value error, ")
+            given = values.get(field)
+            shown = f" (got {given!r})" if given is not None and not isinstance(given, dict) else ""
+            messages.append(f"{_flag_for(field, flag_prefix)}: {msg}{shown}")
+        raise SettingsError("; ".join(messages)) from None
