@@ -76,7 +76,6 @@ __all__ = [
     "load_pairs",
     "get_pair",
     "resolve_pair",
-    "format_prompts",
 ]
 
 PromptFormat = Literal["ids", "text", "chat"]
@@ -387,47 +386,3 @@ def resolve_pair(
         drafter = _locate(pair, "drafter", pair.drafter, cache_dir, download)
         _check_block_size(pair, drafter)
     return ResolvedPair(pair=pair, target_dir=target, drafter_dir=drafter)
-
-
-# -- prompts -----------------------------------------------------------------------------------
-def format_prompts(prompts: list, tokenizer_dir: str | Path, prompt_format: PromptFormat) -> list:
-    """``prompts`` (:class:`ddtree_conformance.prompts.Prompt`) with ``prompt_ids`` from ``prompt_format``."""
-    from .prompts import PromptError
-
-    if prompt_format == "ids":
-        return prompts
-    missing = [p.id for p in prompts if not p.text]
-    if missing:
-        raise PromptError(f"prompt {missing[0]!r} has no text to encode as prompt_format {prompt_format!r}",
-                          field="text")
-    directory = Path(tokenizer_dir)
-    if prompt_format == "text":
-        file = directory / "tokenizer.json"
-        if not file.is_file():
-            raise PromptError(f"prompt_format 'text' needs {file}")
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_file(str(file))
-
-        def encode(text: str) -> list[int]:
-            return list(tokenizer.encode(text).ids)
-    elif prompt_format == "chat":
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(directory))
-        if not getattr(tokenizer, "chat_template", None):
-            raise PromptError(f"prompt_format 'chat': the tokenizer in {directory} has no chat template")
-
-        def encode(text: str) -> list[int]:
-            rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                     add_generation_prompt=True, enable_thinking=False)
-            return list(tokenizer.encode(rendered, add_special_tokens=False))
-    else:
-        raise PromptError(f"unknown prompt_format {prompt_format!r} (ids, text or chat)")
-    out = []
-    for prompt in prompts:
-        ids = encode(prompt.text)
-        if not ids:
-            raise PromptError(f"prompt {prompt.id!r} encodes to no tokens ({prompt_format})", field="text")
-        out.append(prompt.model_copy(update={"prompt_ids": ids}))
-    return out

@@ -18,10 +18,8 @@ bench reports also carry ``bench`` (procedure), check reports ``counts`` and ``r
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
 import html
-import io
 import json
 import os
 import platform
@@ -29,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import atomic_write, read_json_object
+from .report_plots import plots
 
 __all__ = ["RUN_SCHEMA", "RUN_SCHEMA_VERSION", "ReportError", "new_report", "environment", "write_report",
            "load_report", "render_markdown", "render_html"]
@@ -199,144 +198,6 @@ def render_markdown(report: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-# -------------------------------------------------------------------------- plots
-
-_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
-
-
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _empty(ax, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#666")
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
-def _plots(report: dict) -> list[tuple[str, str, str]]:
-    """(title, caption, base64 PNG) per plot."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = [r for r in report.get("runs", []) if r.get("mode") != "plain"]
-    tree = sorted((r for r in runs if r["mode"] == "ddtree"), key=lambda r: r["budget"])
-    chain = [r for r in runs if r["mode"] == "dflash"]
-    plots = []
-
-    def budget_axes(ax, ylabel: str) -> None:
-        ax.set_xscale("log", base=2)
-        ax.set_xticks([r["budget"] for r in tree])
-        ax.set_xticklabels([str(r["budget"]) for r in tree])
-        ax.set_xlabel("DDTree budget B (non-root nodes)")
-        ax.set_ylabel(ylabel)
-        ax.margins(x=0.15)
-        ax.grid(True, alpha=0.3)
-
-    # 1. tau vs budget
-    fig, ax = plt.subplots(figsize=(5.4, 3.6))
-    if tree or chain:
-        if tree:
-            ax.plot([r["budget"] for r in tree], [r["tau"] for r in tree], "o-", color=_COLOURS[0], label="DDTree")
-            for r in tree:
-                ax.annotate(f"{r['tau']:.2f}", (r["budget"], r["tau"]), textcoords="offset points", xytext=(0, 7),
-                            ha="center", fontsize=8)
-        for r in chain:
-            ax.axhline(r["tau"], color=_COLOURS[1], ls="--", label=f"DFlash chain ({r['tau']:.2f})")
-        ax.axhline(1.0, color="#888", ls=":", label="plain (1.00)")
-        if tree:
-            budget_axes(ax, "tau (tokens per round)")
-        else:
-            ax.set_ylabel("tau (tokens per round)")
-            ax.set_xticks([])
-        ax.set_ylim(0, max([r["tau"] for r in runs] + [1.0]) * 1.18)
-        ax.legend(fontsize=8, loc="upper left", ncol=3, frameon=False)
-    else:
-        _empty(ax, "no speculative runs in this report")
-    plots.append(("tau vs budget", "Mean acceptance length (pooled over all rounds, bonus included).", _png(fig)))
-
-    # 2. speedup vs budget, CI error bars
-    fig, ax = plt.subplots(figsize=(5.4, 3.6))
-    measured = [r for r in runs if r.get("speedup")]
-    if measured:
-        tree_m = [r for r in tree if r.get("speedup")]
-        if tree_m:
-            x = [r["budget"] for r in tree_m]
-            med = [r["speedup"]["median"] for r in tree_m]
-            err = [[m - r["speedup"]["ci_low"] for m, r in zip(med, tree_m)],
-                   [r["speedup"]["ci_high"] - m for m, r in zip(med, tree_m)]]
-            ax.errorbar(x, med, yerr=err, fmt="o-", capsize=4, color=_COLOURS[0], label="DDTree (median, CI)")
-            for xi, m in zip(x, med):
-                ax.annotate(f"{m:.2f}x", (xi, m), textcoords="offset points", xytext=(10, 4), fontsize=8)
-        for r in chain:
-            if r.get("speedup"):
-                sp = r["speedup"]
-                ax.axhspan(sp["ci_low"], sp["ci_high"], color=_COLOURS[1], alpha=0.12, label="DFlash CI")
-                ax.axhline(sp["median"], color=_COLOURS[1], ls="--", label=f"DFlash chain ({sp['median']:.2f}x)")
-        ax.axhline(1.0, color="#888", ls=":", label="plain (1.00x)")
-        if tree_m:
-            budget_axes(ax, "speedup over plain (x)")
-        else:
-            ax.set_ylabel("speedup over plain (x)")
-            ax.set_xticks([])
-        lows = [r["speedup"]["ci_low"] for r in measured] + [1.0]
-        highs = [r["speedup"]["ci_high"] for r in measured] + [1.0]
-        ax.set_ylim(min(lows) * 0.9, max(highs) * 1.25)
-        ax.legend(fontsize=8, loc="upper left", ncol=2, frameon=False)
-    else:
-        _empty(ax, "no throughput measured in this run\n(use `ddtree-conformance bench`)")
-    ci = (report.get("bench") or {}).get("ci", "")
-    caption = "Median tokens/s ratio to plain decoding" + (f"; bars and band: {ci}." if ci else ".")
-    plots.append(("speedup vs budget", caption, _png(fig)))
-
-    # 3. per-position acceptance
-    fig, ax = plt.subplots(figsize=(5.4, 3.6))
-    with_pos = [r for r in runs if r.get("per_position")]
-    if with_pos:
-        for i, r in enumerate(with_pos):
-            pos = r["per_position"]
-            ax.plot(range(1, len(pos) + 1), pos, "o-", ms=3, color=_COLOURS[i % len(_COLOURS)],
-                    label=r.get("label") or r["mode"])
-        ax.set_xlabel("depth d")
-        ax.set_ylabel("fraction of rounds accepting >= d")
-        ax.set_ylim(0, 1.02)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    else:
-        _empty(ax, "no per-position data")
-    plots.append(("per-position acceptance", "Fraction of rounds whose accepted depth reaches d.", _png(fig)))
-
-    # 4. histogram of acceptance lengths (fraction of rounds, grouped bars)
-    fig, ax = plt.subplots(figsize=(5.4, 3.6))
-    with_hist = [r for r in runs if r.get("histogram")]
-    if with_hist:
-        lengths = sorted({int(k) for r in with_hist for k in r["histogram"]})
-        width = 0.8 / len(with_hist)
-        for i, r in enumerate(with_hist):
-            total = sum(r["histogram"].values())
-            ys = [r["histogram"].get(str(n), 0) / total for n in lengths]
-            xs = [n - 0.4 + width * (i + 0.5) for n in lengths]
-            ax.bar(xs, ys, width=width, color=_COLOURS[i % len(_COLOURS)], label=r.get("label") or r["mode"])
-        ax.set_xticks(lengths)
-        ax.set_xlabel("acceptance length (accepted + bonus)")
-        ax.set_ylabel("fraction of rounds")
-        ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
-    else:
-        _empty(ax, "no per-round acceptance lengths")
-    plots.append(("acceptance-length histogram", "Distribution of tokens committed per verification round.",
-                  _png(fig)))
-    return plots
-
-
 _CSS = """
 body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;max-width:1150px;color:#222;
 line-height:1.4;padding:0 16px}
@@ -367,7 +228,7 @@ def render_html(report: dict) -> str:
         parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows]
         parts.append("</table>")
     parts.append('<h2>Plots</h2><div class="grid">')
-    for title, caption, data in _plots(report):
+    for title, caption, data in plots(report):
         parts.append(f'<figure><h3>{esc(title)}</h3><img alt="{esc(title)}" src="data:image/png;base64,{data}">'
                      f"<figcaption>{esc(caption)}</figcaption></figure>")
     parts.append("</div>")

@@ -95,7 +95,7 @@ class SuiteSession:
     def prompts(self):
         from .prompts import load_prompts
 
-        from .pairs import format_prompts
+        from .prompts import format_prompts
 
         prompts = load_prompts(self.settings.prompt_set, tokenizer_dir=self.settings.model_dir)
         prompts = format_prompts(prompts, self.settings.model_dir, self.settings.prompt_format)

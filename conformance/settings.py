@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .adapters.interface import DType, Mode
 from .paths import FIXTURE_DRAFTER, FIXTURE_TARGET, RECORDS_DIR

@@ -14,14 +14,13 @@ from ddtree_conformance.pairs import (
     ModelPair,
     PairSpecError,
     PairUnavailable,
-    format_prompts,
     get_pair,
     load_pairs,
     load_pairs_file,
     resolve_pair,
 )
 from ddtree_conformance.paths import DATA_DIR, FIXTURE_DRAFTER, FIXTURE_TARGET
-from ddtree_conformance.prompts import PromptError, load_prompts
+from ddtree_conformance.prompts import PromptError, format_prompts, load_prompts
 from ddtree_conformance.session import SuiteSession, SuiteSettings
 
 OFFLINE_8B = ("pair 'qwen3-8b': Qwen/Qwen3-8B is not in the local Hugging Face cache and the hub is unreachable "

@@ -1,6 +1,6 @@
 """Contract tests: the SGLang adapter against the real installed SGLang (``sglang==0.5.23``), on CPU.
 
-Every name in :mod:`ddtree_conformance.adapters.sglang.names` must exist in the installed package: ServerArgs fields
+Every name in :mod:`ddtree_conformance.adapters.sglang.upstream_api` must exist in the installed package: ServerArgs fields
 (with the types and choices of the values the adapter passes), algorithm names, the plugin
 registry API, the offline engine's methods, sampling keys, and the meta_info keys and finish types
 where SGLang produces them. Each check is a function in :mod:`ddtree_conformance.adapters.sglang.engine`; every test
@@ -20,7 +20,7 @@ import warnings
 import pytest
 
 from ddtree_conformance.adapters.interface import EngineError, Request, RunConfig
-from ddtree_conformance.adapters.sglang import names
+from ddtree_conformance.adapters.sglang import upstream_api as api
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 
 pytestmark = pytest.mark.sglang
@@ -54,7 +54,7 @@ def register_algorithm():
     added = []
 
     def register(name: str, supports_overlap: bool = False):
-        @getattr(SpeculativeAlgorithm, names.REGISTER)(name, supports_overlap=supports_overlap)
+        @getattr(SpeculativeAlgorithm, api.REGISTER)(name, supports_overlap=supports_overlap)
         def _factory(server_args):  # the worker class would come from here; never called on CPU
             raise AssertionError("not on CPU")
 
@@ -72,7 +72,7 @@ def pr29907_budget_field(monkeypatch):
     real = sg.server_args_fields
 
     def fields():
-        return {**real(), names.DEFAULT_DDTREE_BUDGET_ARG: int | None}
+        return {**real(), api.DEFAULT_DDTREE_BUDGET_ARG: int | None}
 
     monkeypatch.setattr(sg, "server_args_fields", fields)
 
@@ -80,8 +80,8 @@ def pr29907_budget_field(monkeypatch):
 # -- version ---------------------------------------------------------------------------------------
 def test_version_in_tested_range():
     assert sg.version_tested(sglang.__version__), (
-        f"SGLang {sglang.__version__} is outside the adapter's tested range {names.TESTED_VERSIONS}: "
-        "run this tier and update adapters/sglang/names.py:TESTED_VERSIONS"
+        f"SGLang {sglang.__version__} is outside the adapter's tested range {api.TESTED_VERSIONS}: "
+        "run this tier and update adapters/sglang/upstream_api.py:TESTED_VERSIONS"
     )
     assert not sg.version_tested("0.50.1") and not sg.version_tested("1.0")
 
@@ -94,7 +94,7 @@ def test_version_guard_warns_outside_range(monkeypatch):
 
 
 # -- ServerArgs ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("field", names.SERVER_ARGS_FIELDS)
+@pytest.mark.parametrize("field", api.SERVER_ARGS_FIELDS)
 def test_server_args_field(field):
     assert field in sg.server_args_fields(), f"ServerArgs has no field {field!r} (the adapter sets it)"
 
@@ -123,7 +123,7 @@ def test_engine_kwargs_build_a_real_server_args(config):
     engine = _engine(context_length=512, mem_fraction_static=0.5, max_running_requests=8, attention_backend="triton",
                      deterministic=True, cuda_graph=False, seed=3)
     kwargs = engine.server_args(config)
-    assert set(kwargs) <= set(names.SERVER_ARGS_FIELDS), set(kwargs) - set(names.SERVER_ARGS_FIELDS)
+    assert set(kwargs) <= set(api.SERVER_ARGS_FIELDS), set(kwargs) - set(api.SERVER_ARGS_FIELDS)
     assert sg.check_server_args(kwargs) == []
     args = ServerArgs(**kwargs)  # construction only: resolution (model loading, device checks) is the GPU tier's
     for key, value in kwargs.items():
@@ -131,7 +131,7 @@ def test_engine_kwargs_build_a_real_server_args(config):
     assert args.tp_size == config.tensor_parallel_size and args.dtype == config.dtype
     assert args.base_gpu_id == (1 if config.device == "cuda:1" else 0)
     if config.mode == "dflash":
-        assert args.speculative_algorithm == names.DFLASH_ALGORITHM
+        assert args.speculative_algorithm == api.DFLASH_ALGORITHM
         assert args.speculative_draft_model_path == DRAFTER
         assert args.speculative_num_draft_tokens == 16  # the fixture drafter's block_size
         assert (args.speculative_num_steps, args.speculative_eagle_topk) == (1, 1)
@@ -151,26 +151,26 @@ def test_dflash_num_draft_tokens_is_the_field_sglang_resolves_block_size_into():
 # -- algorithms and the plugin registry -----------------------------------------------------------
 def test_builtin_algorithms():
     found = set(sg.builtin_algorithms())
-    assert names.DFLASH_ALGORITHM in found
+    assert api.DFLASH_ALGORITHM in found
     assert found == BUILTINS_0_5_23, found ^ BUILTINS_0_5_23
-    assert sg.probe_algorithm(names.DFLASH_ALGORITHM) == (True, "")
+    assert sg.probe_algorithm(api.DFLASH_ALGORITHM) == (True, "")
     assert sg.probe_algorithm("dflash") == (True, "")  # from_string upper-cases
     assert sg.probe_algorithm("NEXTN")[0]  # alias of EAGLE
     ok, why = sg.probe_algorithm("NO_SUCH_ALGO")
     assert not ok and "'NO_SUCH_ALGO'" in why and "DFLASH" in why
-    assert not sg.probe_algorithm(names.NO_ALGORITHM)[0], "NONE is no algorithm"
+    assert not sg.probe_algorithm(api.NO_ALGORITHM)[0], "NONE is no algorithm"
 
 
 def test_register_api(monkeypatch):
     assert sg.check_register_api() == []
-    monkeypatch.setattr(names, "REGISTER_PARAMS", names.REGISTER_PARAMS + ("priority",))
+    monkeypatch.setattr(api, "REGISTER_PARAMS", api.REGISTER_PARAMS + ("priority",))
     assert sg.check_register_api() == ["SpeculativeAlgorithm.register has no parameter 'priority'"]
-    monkeypatch.setattr(names, "REGISTER", "register_algorithm")
+    monkeypatch.setattr(api, "REGISTER", "register_algorithm")
     assert sg.check_register_api() == ["SpeculativeAlgorithm.register_algorithm is missing"]
 
 
 def test_ddtree_absent_from_0_5_23():
-    ok, why = sg.probe_ddtree(names.DEFAULT_DDTREE_ALGORITHM, names.DEFAULT_DDTREE_BUDGET_ARG)
+    ok, why = sg.probe_ddtree(api.DEFAULT_DDTREE_ALGORITHM, api.DEFAULT_DDTREE_BUDGET_ARG)
     assert not ok
     assert "no algorithm 'DDTREE'" in why and "no budget field 'speculative_ddtree_budget'" in why
     caps = _engine().capabilities()
@@ -181,26 +181,26 @@ def test_ddtree_absent_from_0_5_23():
 
 
 def test_ddtree_needs_both_algorithm_and_budget_field(register_algorithm, pr29907_budget_field, monkeypatch):
-    ok, why = sg.probe_ddtree(names.DEFAULT_DDTREE_ALGORITHM, names.DEFAULT_DDTREE_BUDGET_ARG)
+    ok, why = sg.probe_ddtree(api.DEFAULT_DDTREE_ALGORITHM, api.DEFAULT_DDTREE_BUDGET_ARG)
     assert not ok and "no algorithm 'DDTREE'" in why and "budget field" not in why
-    register_algorithm(names.DEFAULT_DDTREE_ALGORITHM)
-    assert sg.probe_ddtree(names.DEFAULT_DDTREE_ALGORITHM, names.DEFAULT_DDTREE_BUDGET_ARG) == (True, "")
-    ok, why = sg.probe_ddtree(names.DEFAULT_DDTREE_ALGORITHM, "speculative_tree_budget")
+    register_algorithm(api.DEFAULT_DDTREE_ALGORITHM)
+    assert sg.probe_ddtree(api.DEFAULT_DDTREE_ALGORITHM, api.DEFAULT_DDTREE_BUDGET_ARG) == (True, "")
+    ok, why = sg.probe_ddtree(api.DEFAULT_DDTREE_ALGORITHM, "speculative_tree_budget")
     assert not ok and why == "ServerArgs has no budget field 'speculative_tree_budget'"
 
 
 def test_ddtree_detected_when_registered_in_process(register_algorithm, pr29907_budget_field):
     """PR #29907's names (DDTREE, speculative_ddtree_budget), the algorithm registered through the real API."""
     assert "ddtree" not in _engine().capabilities().modes
-    register_algorithm(names.DEFAULT_DDTREE_ALGORITHM, supports_overlap=False)
+    register_algorithm(api.DEFAULT_DDTREE_ALGORITHM, supports_overlap=False)
     engine = _engine()
     assert engine.capabilities().modes == ["plain", "dflash", "ddtree"]
     kwargs = engine.server_args(RunConfig(mode="ddtree", budget=64, device="cuda"))
-    assert kwargs["speculative_algorithm"] == names.DEFAULT_DDTREE_ALGORITHM
-    assert kwargs[names.DEFAULT_DDTREE_BUDGET_ARG] == 64
+    assert kwargs["speculative_algorithm"] == api.DEFAULT_DDTREE_ALGORITHM
+    assert kwargs[api.DEFAULT_DDTREE_BUDGET_ARG] == 64
     assert kwargs["speculative_num_draft_tokens"] == 16 and kwargs["speculative_draft_model_path"] == DRAFTER
     assert kwargs["disable_overlap_schedule"] is True  # registered without overlap support
-    real = {k: v for k, v in kwargs.items() if k != names.DEFAULT_DDTREE_BUDGET_ARG}
+    real = {k: v for k, v in kwargs.items() if k != api.DEFAULT_DDTREE_BUDGET_ARG}
     assert sg.check_server_args(real) == []
 
 
@@ -237,16 +237,16 @@ def test_ddtree_detected_from_an_entry_point_plugin(monkeypatch, register_algori
 
     def plugin():
         calls.append(1)
-        register_algorithm(names.DEFAULT_DDTREE_ALGORITHM, supports_overlap=True)
+        register_algorithm(api.DEFAULT_DDTREE_ALGORITHM, supports_overlap=True)
 
     def entry_points(group):
-        return [_EntryPoint("ddtree", plugin)] if group == names.PLUGINS_GROUP else []
+        return [_EntryPoint("ddtree", plugin)] if group == api.PLUGINS_GROUP else []
 
     monkeypatch.setattr(plugins, "_plugins_loaded", False)
     monkeypatch.setattr(plugins, "entry_points", entry_points)
     monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
-    assert names.PLUGINS_GROUP == plugins.GENERAL_PLUGINS_GROUP
-    assert not sg.probe_algorithm(names.DEFAULT_DDTREE_ALGORITHM)[0]
+    assert api.PLUGINS_GROUP == plugins.GENERAL_PLUGINS_GROUP
+    assert not sg.probe_algorithm(api.DEFAULT_DDTREE_ALGORITHM)[0]
     engine = _engine()  # the adapter loads plugins itself, as sgl.Engine does
     assert calls == [1]
     assert "ddtree" in engine.capabilities().modes
@@ -258,9 +258,9 @@ def test_engine_api():
     assert sg.check_engine_api() == []
     assert sg.check_engine_api(generate_kwargs=("input_idz",)) == ["Engine.generate has no parameter 'input_idz'"]
     assert sg.check_engine_api(methods=("shutdown_now",)) == ["Engine.shutdown_now is missing"]
-    assert sg.check_engine_api(path=names.ENGINE.replace(":Engine", ":Engin"))[0].endswith("no class Engin")
-    assert sglang.Engine.class_name == names.ENGINE.partition(":")[2]  # sgl.Engine is a lazy alias of it
-    assert sglang.Engine.module_name == names.ENGINE.partition(":")[0]
+    assert sg.check_engine_api(path=api.ENGINE.replace(":Engine", ":Engin"))[0].endswith("no class Engin")
+    assert sglang.Engine.class_name == api.ENGINE.partition(":")[2]  # sgl.Engine is a lazy alias of it
+    assert sglang.Engine.module_name == api.ENGINE.partition(":")[0]
 
 
 def test_sampling_keys_and_semantics():
@@ -269,13 +269,13 @@ def test_sampling_keys_and_semantics():
     assert sg.check_sampling_keys() == []
     assert sg.check_sampling_keys(("max_tokens",)) == ["SamplingParams has no field 'max_tokens'"]
     greedy = sg.SglangEngine.sampling_params(Request(prompt_ids=[1], max_new_tokens=5, stop_token_ids=[7]))
-    assert set(greedy) <= set(names.SAMPLING_KEYS) and "sampling_seed" not in greedy
+    assert set(greedy) <= set(api.SAMPLING_KEYS) and "sampling_seed" not in greedy
     p = SamplingParams(**greedy)
     assert p.verify(100) is None
     assert p.max_new_tokens == 5 and p.stop_token_ids == {7} and p.ignore_eos and p.top_k == 1  # T=0: greedy
     sampled = sg.SglangEngine.sampling_params(Request(prompt_ids=[1], max_new_tokens=5, temperature=0.7, top_p=0.9,
                                                       top_k=0, seed=11))
-    assert set(sampled) == set(names.SAMPLING_KEYS) and sampled["top_k"] == names.TOP_K_DISABLED
+    assert set(sampled) == set(api.SAMPLING_KEYS) and sampled["top_k"] == api.TOP_K_DISABLED
     p = SamplingParams(**sampled)
     assert p.verify(100) is None
     assert p.top_k == TOP_K_ALL and p.sampling_seed == 11 and p.temperature == 0.7 and p.top_p == 0.9
@@ -298,13 +298,13 @@ def test_finish_types():
 
 
 def _meta(rounds, correct, histogram, reason="length"):
-    return {names.META_FINISH_REASON: {names.META_FINISH_TYPE: reason}, names.META_COMPLETION_TOKENS: 9,
-            names.META_VERIFY_CT: rounds, names.META_CORRECT_DRAFTS: correct, names.META_ACCEPT_HISTOGRAM: histogram}
+    return {api.META_FINISH_REASON: {api.META_FINISH_TYPE: reason}, api.META_COMPLETION_TOKENS: 9,
+            api.META_VERIFY_CT: rounds, api.META_CORRECT_DRAFTS: correct, api.META_ACCEPT_HISTOGRAM: histogram}
 
 
 def test_aggregates_from_meta_info():
     # request a: 2 rounds accepting 3 and 0 drafts; request b: 1 round accepting 1; c: no round (no counters)
-    metas = [_meta(2, 3, [1, 0, 0, 1]), _meta(1, 1, [0, 1]), {names.META_FINISH_REASON: {"type": "stop"}}]
+    metas = [_meta(2, 3, [1, 0, 0, 1]), _meta(1, 1, [0, 1]), {api.META_FINISH_REASON: {"type": "stop"}}]
     per_request = _engine(acceptance_scope="request")._aggregates(metas)
     assert per_request[0]["rounds"] == 2 and per_request[0]["mean_acceptance"] == 2.5
     assert per_request[0]["per_position_acceptance"][:4] == [0.5, 0.5, 0.5, 0.0]
@@ -319,11 +319,11 @@ def test_aggregates_from_meta_info():
 
 
 def test_results_and_finish_reasons():
-    result = sg.SglangEngine._result({names.OUTPUT_IDS: [5, 6], names.META_INFO: _meta(1, 0, [1], "stop")},
+    result = sg.SglangEngine._result({api.OUTPUT_IDS: [5, 6], api.META_INFO: _meta(1, 0, [1], "stop")},
                                      {"rounds": 1})
     assert result.output_ids == [5, 6] and result.finish_reason == "stop" and result.rounds == 1
-    assert sg.SglangEngine._result({names.OUTPUT_IDS: [5], names.META_INFO: _meta(1, 0, [1])}, {}).finish_reason == "length"
-    aborted = sg.SglangEngine._result({names.OUTPUT_IDS: [], names.META_INFO: _meta(0, 0, [], "abort")}, {})
+    assert sg.SglangEngine._result({api.OUTPUT_IDS: [5], api.META_INFO: _meta(1, 0, [1])}, {}).finish_reason == "length"
+    aborted = sg.SglangEngine._result({api.OUTPUT_IDS: [], api.META_INFO: _meta(0, 0, [], "abort")}, {})
     assert aborted.finish_reason == "error" and "abort" in aborted.error
 
 

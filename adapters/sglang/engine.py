@@ -43,23 +43,34 @@ algorithm name and ServerArgs budget field of a DDTree-capable SGLang (PR #29907
 
 from __future__ import annotations
 
-import ast
 import gc
-import importlib
-import importlib.util
-import inspect
 import logging
-import typing
 import warnings
-from pathlib import Path
 
 import sglang  # a missing SGLang makes the registry say "engine 'sglang' is not available here"
 
 from .. import options as opts
 from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RunConfig
 from ..process import allow_children
-from . import names
-from .names import TESTED_VERSIONS
+from . import upstream_api as api
+from .contract import algorithm as contract_algorithm
+from .contract import (
+    builtin_algorithms,
+    check_engine_api,
+    check_finish_types,
+    check_meta_keys,
+    check_register_api,
+    check_sampling_keys,
+    check_server_args,
+    finish_types,
+    load_plugins,
+    probe_algorithm,
+    probe_ddtree,
+    resolve,
+    server_args_fields,
+    version_tested,
+)
+from .upstream_api import TESTED_VERSIONS
 
 __all__ = [
     "TESTED_VERSIONS",
@@ -86,196 +97,6 @@ logger = logging.getLogger(__name__)
 _SCOPES = ("batch", "request")
 
 
-def version_tested(version: str) -> bool:
-    return any(version == v or version.startswith(v + ".") for v in TESTED_VERSIONS)
-
-
-def resolve(path: str):
-    """Import ``module:attr`` (attr may be dotted)."""
-    module_name, _, attr = path.partition(":")
-    obj = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-# -- ServerArgs ------------------------------------------------------------------------------------
-def server_args_fields() -> dict[str, object]:
-    """Field name -> annotation of the installed ``ServerArgs`` (a msgspec Struct, server_args.py:551)."""
-    import msgspec
-
-    server_args = resolve(names.SERVER_ARGS)
-    return {f.name: f.type for f in msgspec.structs.fields(server_args)}
-
-
-def _choices(annotation) -> list | None:
-    """The ``Arg(choices=...)`` of an ``Annotated[T, Arg(...)]`` field (arg_groups/arg_utils.py), if any."""
-    for meta in typing.get_args(annotation)[1:] if typing.get_origin(annotation) is typing.Annotated else ():
-        choices = getattr(meta, "choices", None)
-        if choices:
-            return list(choices)
-    return None
-
-
-def check_server_args(kwargs: dict) -> list[str]:
-    """Problems with ``kwargs`` as ``sgl.Engine(**kwargs)`` / ``ServerArgs(**kwargs)`` arguments.
-
-    Each key must be a ServerArgs field, each value must convert to the field's type (msgspec, which
-    validates; the Struct's own constructor does not) and lie in the field's ``choices`` if it has
-    any. An empty list means SGLang will accept them at construction.
-    """
-    import msgspec
-
-    fields = server_args_fields()
-    problems = []
-    for key, value in kwargs.items():
-        if key not in fields:
-            problems.append(f"ServerArgs has no field {key!r}")
-            continue
-        annotation = fields[key]
-        try:
-            msgspec.convert(value, type=annotation)
-        except (msgspec.ValidationError, TypeError) as exc:
-            problems.append(f"ServerArgs.{key} = {value!r}: {exc}")
-            continue
-        choices = _choices(annotation)
-        if choices is not None and value is not None and value not in choices:
-            problems.append(f"ServerArgs.{key} = {value!r} is not one of {choices}")
-    return problems
-
-
-# -- speculative algorithms --------------------------------------------------------------------------
-def builtin_algorithms() -> list[str]:
-    """Members of the installed ``SpeculativeAlgorithm`` enum, less ``NONE``."""
-    spec = resolve(names.SPEC_ALGORITHM)
-    return [m for m in spec.__members__ if m != names.NO_ALGORITHM]
-
-
-def load_plugins() -> None:
-    """Run SGLang's general plugins (entry points ``sglang.srt.plugins``), as ``sgl.Engine`` does first.
-
-    Idempotent in SGLang (plugins/__init__.py:119-122). Plugins register out-of-tree algorithms
-    through ``SpeculativeAlgorithm.register``.
-    """
-    resolve(names.LOAD_PLUGINS)()
-
-
-def _algorithm(name: str):
-    """The installed algorithm object for ``name`` (enum member or registered plugin), or None."""
-    spec = resolve(names.SPEC_ALGORITHM)
-    if name.upper() == names.NO_ALGORITHM:
-        return None
-    try:
-        return getattr(spec, names.FROM_STRING)(name)
-    except ValueError:
-        return None
-
-
-def probe_algorithm(name: str) -> tuple[bool, str]:
-    """Whether the installed SGLang knows speculative algorithm ``name`` (builtin or registered), and why not."""
-    if _algorithm(name) is not None:
-        return True, ""
-    return False, (f"SpeculativeAlgorithm has no algorithm {name!r} (builtins: {', '.join(builtin_algorithms())}; "
-                   f"none registered under that name through SpeculativeAlgorithm.{names.REGISTER} or a "
-                   f"{names.PLUGINS_GROUP} plugin)")
-
-
-def probe_ddtree(algorithm: str, budget_arg: str) -> tuple[bool, str]:
-    """Whether this SGLang offers DDTree as ``algorithm`` with its budget in ServerArgs field ``budget_arg``."""
-    ok, why = probe_algorithm(algorithm)
-    missing_field = budget_arg not in server_args_fields()
-    if ok and not missing_field:
-        return True, ""
-    reasons = [why] if not ok else []
-    if missing_field:
-        reasons.append(f"ServerArgs has no budget field {budget_arg!r}")
-    return False, "; ".join(reasons)
-
-
-def check_register_api() -> list[str]:
-    """Problems with ``SpeculativeAlgorithm.register`` against the parameters in :mod:`names`."""
-    spec = resolve(names.SPEC_ALGORITHM)
-    register = getattr(spec, names.REGISTER, None)
-    if not callable(register):
-        return [f"SpeculativeAlgorithm.{names.REGISTER} is missing"]
-    params = inspect.signature(register).parameters
-    problems = [f"SpeculativeAlgorithm.{names.REGISTER} has no parameter {p!r}"
-                for p in names.REGISTER_PARAMS if p not in params]
-    if not callable(getattr(spec, names.FROM_STRING, None)):
-        problems.append(f"SpeculativeAlgorithm.{names.FROM_STRING} is missing")
-    return problems
-
-
-# -- engine API, sampling params, meta_info (read without importing GPU-only modules) --------------
-def _module_source(module_name: str) -> tuple[str, str]:
-    spec = importlib.util.find_spec(module_name)
-    if spec is None or not spec.origin:
-        raise EngineError(f"engine 'sglang': module {module_name} not found in the installed SGLang")
-    return spec.origin, Path(spec.origin).read_text()
-
-
-def check_engine_api(path: str = names.ENGINE, methods=names.ENGINE_METHODS,
-                     generate_kwargs=names.GENERATE_KWARGS) -> list[str]:
-    """Problems with the offline engine class: its methods and ``generate``'s keyword arguments.
-
-    Read from the source (ast): ``srt/entrypoints/engine.py`` imports GPU-only packages at module
-    level (flashinfer's TVM FFI, torchvision), which a CPU contract venv does not have.
-    """
-    module_name, _, class_name = path.partition(":")
-    origin, source = _module_source(module_name)
-    classes = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == class_name]
-    if not classes:
-        return [f"{origin}: no class {class_name}"]
-    defs = {n.name: n for n in classes[0].body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    problems = [f"{class_name}.{m} is missing" for m in methods if m not in defs]
-    if "generate" in defs:
-        args = defs["generate"].args
-        have = {a.arg for a in args.args + args.kwonlyargs}
-        problems += [f"{class_name}.generate has no parameter {k!r}" for k in generate_kwargs if k not in have]
-    return problems
-
-
-def check_sampling_keys(keys=names.SAMPLING_KEYS) -> list[str]:
-    import msgspec
-
-    fields = {f.name for f in msgspec.structs.fields(resolve(names.SAMPLING_PARAMS))}
-    return [f"SamplingParams has no field {k!r}" for k in keys if k not in fields]
-
-
-def check_meta_keys(keys=names.META_KEYS, module_name: str = names.META_SOURCE_MODULE) -> list[str]:
-    """Keys that never appear as a string literal in the module that builds ``meta_info``."""
-    origin, source = _module_source(module_name)
-    literals = {n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-    return [f"{origin} never produces meta_info key {k!r}" for k in keys if k not in literals]
-
-
-def finish_types(module_name: str = names.FINISH_SOURCE_MODULE) -> set[str]:
-    """The ``"type"`` values that the finish-reason classes' ``to_json`` produce (read by source)."""
-    _, source = _module_source(module_name)
-    found: set[str] = set()
-    for cls in ast.walk(ast.parse(source)):
-        if not isinstance(cls, ast.ClassDef):
-            continue
-        for fn in cls.body:
-            if not (isinstance(fn, ast.FunctionDef) and fn.name == "to_json"):
-                continue
-            for node in ast.walk(fn):
-                if isinstance(node, ast.Dict):
-                    for k, v in zip(node.keys, node.values):
-                        if isinstance(k, ast.Constant) and k.value == names.META_FINISH_TYPE and isinstance(v, ast.Constant):
-                            found.add(v.value)
-    return found
-
-
-def check_finish_types(mapped=None, module_name: str = names.FINISH_SOURCE_MODULE) -> list[str]:
-    """Mapped finish types that SGLang never produces."""
-    produced = finish_types(module_name)
-    mapped = names.FINISH_TYPES if mapped is None else mapped
-    return [f"SGLang never reports finish type {t!r} (it reports: {', '.join(sorted(produced))})"
-            for t in mapped if t not in produced]
-
-
-# -- processes ---------------------------------------------------------------------------------------
 class SglangEngine(Engine):
     """SGLang's offline engine behind the suite's :class:`Engine` interface (see module doc)."""
 
@@ -308,8 +129,8 @@ class SglangEngine(Engine):
         self.scope = str(options.get("acceptance_scope", "batch"))
         if self.scope not in _SCOPES:
             raise EngineError(f"engine 'sglang': option acceptance_scope must be 'batch' or 'request', got {self.scope!r}")
-        self.ddtree_algorithm = str(options.get("ddtree_algorithm", names.DEFAULT_DDTREE_ALGORITHM)).strip()
-        self.ddtree_budget_arg = str(options.get("ddtree_budget_arg", names.DEFAULT_DDTREE_BUDGET_ARG)).strip()
+        self.ddtree_algorithm = str(options.get("ddtree_algorithm", api.DEFAULT_DDTREE_ALGORITHM)).strip()
+        self.ddtree_budget_arg = str(options.get("ddtree_budget_arg", api.DEFAULT_DDTREE_BUDGET_ARG)).strip()
         if not self.ddtree_algorithm:
             raise EngineError("engine 'sglang': option ddtree_algorithm is empty")
         if not self.ddtree_budget_arg:
@@ -324,7 +145,7 @@ class SglangEngine(Engine):
         self.max_context = self.context_length or int(target.get("max_position_embeddings") or 0) or None
         self.block_size = None if drafter_dir is None else opts.drafter_block_size(self.name, drafter_dir)
         load_plugins()  # sgl.Engine does this first too (engine.py:286); plugins may register DDTree
-        self._dflash_ok, self._dflash_why = probe_algorithm(names.DFLASH_ALGORITHM)
+        self._dflash_ok, self._dflash_why = probe_algorithm(api.DFLASH_ALGORITHM)
         self.ddtree_ok, self.ddtree_why = probe_ddtree(self.ddtree_algorithm, self.ddtree_budget_arg)
         self.gpus = opts.cuda_device_count()
         self._engine = None
@@ -334,7 +155,7 @@ class SglangEngine(Engine):
     def capabilities(self) -> Capabilities:
         modes = ["plain"]
         notes = [(f"SGLang {self.version}; no per-round traces: acceptance from meta_info "
-                  f"{names.META_VERIFY_CT}/{names.META_CORRECT_DRAFTS}/{names.META_ACCEPT_HISTOGRAM} "
+                  f"{api.META_VERIFY_CT}/{api.META_CORRECT_DRAFTS}/{api.META_ACCEPT_HISTOGRAM} "
                   f"({self.scope} scope)")]
         if not self.gpus:
             notes.append("SGLang needs CUDA: no CUDA device is visible here, so no device is offered")
@@ -370,7 +191,7 @@ class SglangEngine(Engine):
 
     def _gpu_index(self, device: str) -> int:
         kind, _, index = device.partition(":")
-        if kind != names.DEVICE:
+        if kind != api.DEVICE:
             raise EngineError(f"engine 'sglang': device {device} not supported: SGLang runs on CUDA only here")
         if not self.gpus:
             raise EngineError("engine 'sglang': SGLang needs CUDA, and no CUDA device is visible here")
@@ -388,10 +209,10 @@ class SglangEngine(Engine):
         """
         gpu = 0
         kind, _, index = config.device.partition(":")
-        if kind == names.DEVICE and index.isdigit():
+        if kind == api.DEVICE and index.isdigit():
             gpu = int(index)
         kwargs = {"model_path": self.model_dir, "dtype": config.dtype, "tp_size": config.tensor_parallel_size,
-                  "random_seed": self.seed, "device": names.DEVICE, "base_gpu_id": gpu, "skip_tokenizer_init": True,
+                  "random_seed": self.seed, "device": api.DEVICE, "base_gpu_id": gpu, "skip_tokenizer_init": True,
                   "log_level": self.log_level}
         optional = {"context_length": self.context_length, "mem_fraction_static": self.mem_fraction_static,
                     "max_running_requests": self.max_running_requests, "attention_backend": self.attention_backend}
@@ -407,7 +228,7 @@ class SglangEngine(Engine):
         if config.mode == "dflash":
             if not self._dflash_ok:
                 raise EngineError(f"engine 'sglang': mode dflash unavailable: {self._dflash_why}")
-            algorithm = names.DFLASH_ALGORITHM
+            algorithm = api.DFLASH_ALGORITHM
         else:
             if not self.ddtree_ok:
                 raise EngineError(f"engine 'sglang': mode ddtree unavailable: {self.ddtree_why}")
@@ -418,7 +239,7 @@ class SglangEngine(Engine):
                       speculative_eagle_topk=1)
         if config.mode == "ddtree":
             kwargs[self.ddtree_budget_arg] = config.budget
-            if getattr(_algorithm(algorithm), names.SUPPORTS_OVERLAP, True) is False:
+            if getattr(contract_algorithm(algorithm), api.SUPPORTS_OVERLAP, True) is False:
                 kwargs["disable_overlap_schedule"] = True  # else create_worker refuses (spec_registry.py:137)
         return kwargs
 
@@ -446,7 +267,7 @@ class SglangEngine(Engine):
         kwargs = self.server_args(config)
         allow_children()
         try:
-            self._engine = resolve(names.ENGINE)(**kwargs)
+            self._engine = resolve(api.ENGINE)(**kwargs)
         except Exception as exc:
             raise EngineError(f"engine 'sglang': sgl.Engine({config.mode}, {config.dtype}, "
                               f"tp={config.tensor_parallel_size}) failed: {type(exc).__name__}: {exc}") from exc
@@ -459,7 +280,7 @@ class SglangEngine(Engine):
             "max_new_tokens": request.max_new_tokens,
             "temperature": request.temperature,
             "top_p": request.top_p,
-            "top_k": request.top_k if request.top_k > 0 else names.TOP_K_DISABLED,
+            "top_k": request.top_k if request.top_k > 0 else api.TOP_K_DISABLED,
             "stop_token_ids": list(request.stop_token_ids),
             "ignore_eos": True,  # stop only on the request's own stop_token_ids
         }
@@ -478,9 +299,9 @@ class SglangEngine(Engine):
         """Per-result acceptance fields from each request's meta_info (see module doc)."""
         counts = []
         for meta in metas:
-            rounds = int(meta.get(names.META_VERIFY_CT) or 0)
-            correct = int(meta.get(names.META_CORRECT_DRAFTS) or 0)
-            histogram = [int(n) for n in (meta.get(names.META_ACCEPT_HISTOGRAM) or [])]
+            rounds = int(meta.get(api.META_VERIFY_CT) or 0)
+            correct = int(meta.get(api.META_CORRECT_DRAFTS) or 0)
+            histogram = [int(n) for n in (meta.get(api.META_ACCEPT_HISTOGRAM) or [])]
             counts.append((rounds, correct, histogram))
         if self.scope == "batch":
             rounds = sum(c[0] for c in counts)
@@ -501,10 +322,10 @@ class SglangEngine(Engine):
 
     @staticmethod
     def _result(output: dict, extra: dict) -> RequestResult:
-        ids = [int(t) for t in output.get(names.OUTPUT_IDS) or []]
-        finish = (output.get(names.META_INFO) or {}).get(names.META_FINISH_REASON)
-        kind = finish.get(names.META_FINISH_TYPE) if isinstance(finish, dict) else finish
-        reason = names.FINISH_TYPES.get(str(kind))
+        ids = [int(t) for t in output.get(api.OUTPUT_IDS) or []]
+        finish = (output.get(api.META_INFO) or {}).get(api.META_FINISH_REASON)
+        kind = finish.get(api.META_FINISH_TYPE) if isinstance(finish, dict) else finish
+        reason = api.FINISH_TYPES.get(str(kind))
         if reason is None:
             return RequestResult(output_ids=ids, finish_reason="error", error=f"SGLang finish_reason {finish!r}")
         return RequestResult(output_ids=ids, finish_reason=reason, **extra)
@@ -537,7 +358,7 @@ class SglangEngine(Engine):
         if config.mode == "plain":
             extras = [{} for _ in outputs]
         else:
-            extras = self._aggregates([o.get(names.META_INFO) or {} for o in outputs])
+            extras = self._aggregates([o.get(api.META_INFO) or {} for o in outputs])
         for i, output, extra in zip(runnable, outputs, extras):
             results[i] = self._result(output, extra)
         return results  # type: ignore[return-value]

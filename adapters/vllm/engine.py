@@ -42,93 +42,18 @@ import gc
 import json
 import os
 import tempfile
-import typing
 import warnings
 
 import vllm  # noqa: F401  (a missing vLLM makes the registry say "engine 'vllm' is not available here")
 
 from .. import options as opts
 from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RoundTrace, RunConfig
-from . import names
-from .names import TESTED_VERSIONS
+from . import upstream_api as api
+from .probe import metric_delta, metric_snapshot, method_names, probe_method, spec_config_fields, version_tested
+from .upstream_api import TESTED_VERSIONS
 
 __all__ = ["VllmEngine", "TESTED_VERSIONS", "method_names", "spec_config_fields", "probe_method",
            "version_tested", "metric_snapshot"]
-
-def version_tested(version: str) -> bool:
-    return any(version == v or version.startswith(v + ".") for v in TESTED_VERSIONS)
-
-
-def _literal_values(annotation) -> set[str]:
-    """All string values of a (nested) Literal / Optional / Union annotation."""
-    found: set[str] = set()
-    if typing.get_origin(annotation) is typing.Literal:
-        for arg in typing.get_args(annotation):
-            found |= _literal_values(arg) if not isinstance(arg, str) else {arg}
-    else:
-        for arg in typing.get_args(annotation):
-            found |= _literal_values(arg)
-    return found
-
-
-def spec_config_fields() -> set[str]:
-    """Field names of the installed ``vllm.config.SpeculativeConfig``."""
-    from vllm.config import SpeculativeConfig
-
-    fields = getattr(SpeculativeConfig, "__dataclass_fields__", None) or getattr(SpeculativeConfig, "model_fields", {})
-    return set(fields)
-
-
-def method_names() -> set[str]:
-    """Speculative method names the installed ``SpeculativeConfig.method`` accepts."""
-    from vllm.config import SpeculativeConfig
-
-    hints = typing.get_type_hints(SpeculativeConfig, include_extras=False)
-    return _literal_values(hints["method"])
-
-
-def probe_method(method: str, budget_key: str = "num_speculative_tokens") -> tuple[bool, str]:
-    """Whether the installed vLLM accepts ``method`` with its budget under ``budget_key``, and why not.
-
-    ``SpeculativeConfig`` is a pydantic dataclass with ``extra="forbid"`` and a Literal ``method``:
-    a name outside the Literal or an unknown key is rejected, so reading both is exact.
-    """
-    fields = spec_config_fields()
-    if budget_key not in fields:
-        return False, f"SpeculativeConfig has no field {budget_key!r}"
-    methods = method_names()
-    if method not in methods:
-        return False, f"SpeculativeConfig.method does not accept {method!r} (accepted: {', '.join(sorted(methods))})"
-    return True, ""
-
-
-def metric_snapshot(llm) -> dict[str, object]:
-    """The speculative-decoding counters of ``llm`` now: name -> int, or list[int] for vectors."""
-    out: dict[str, object] = {}
-    for metric in llm.get_metrics():
-        if metric.name not in names.SPEC_METRICS:
-            continue
-        if hasattr(metric, "values"):
-            values = [int(v) for v in metric.values]
-            prev = out.get(metric.name)
-            out[metric.name] = values if prev is None else [a + b for a, b in zip(prev, values)]
-        else:
-            out[metric.name] = int(out.get(metric.name, 0)) + int(metric.value)
-    return out
-
-
-def _delta(before: dict, after: dict) -> dict[str, object]:
-    delta: dict[str, object] = {}
-    for key, now in after.items():
-        was = before.get(key)
-        if isinstance(now, list):
-            was = list(was or [])
-            was += [0] * (len(now) - len(was))
-            delta[key] = [a - b for a, b in zip(now, was)]
-        else:
-            delta[key] = now - (was or 0)
-    return delta
-
 
 class VllmEngine(Engine):
     """vLLM's offline engine behind the suite's :class:`Engine` interface (see module doc)."""
@@ -146,15 +71,15 @@ class VllmEngine(Engine):
                 f"vLLM {self.version} is outside the adapter's tested range ({', '.join(v + '.x' for v in TESTED_VERSIONS)})",
                 stacklevel=2,
             )
-        os.environ.setdefault(names.ENV_KVCACHE_SPACE,
+        os.environ.setdefault(api.ENV_KVCACHE_SPACE,
                               str(opts.number(self.name, "kv_cache_gib", options.get("kv_cache_gib", 1), float, 0.01)))
         self.in_process = opts.flag(self.name, "in_process", options.get("in_process", True))
         if self.in_process:
-            os.environ.setdefault(names.ENV_V1_MULTIPROCESSING, "0")
+            os.environ.setdefault(api.ENV_V1_MULTIPROCESSING, "0")
         self.scope = opts.choice(self.name, "acceptance_scope", options.get("acceptance_scope", "batch"),
                                  ("batch", "request"))
-        self.ddtree_method = str(options.get("ddtree_method", names.DEFAULT_DDTREE_METHOD))
-        self.ddtree_budget_key = str(options.get("ddtree_budget_key", names.DEFAULT_DDTREE_BUDGET_KEY))
+        self.ddtree_method = str(options.get("ddtree_method", api.DEFAULT_DDTREE_METHOD))
+        self.ddtree_budget_key = str(options.get("ddtree_budget_key", api.DEFAULT_DDTREE_BUDGET_KEY))
         self.seed = opts.number(self.name, "seed", options.get("seed", 0), int)
         target_config = opts.read_config(self.name, model_dir, "target")
         default_len = min(int(target_config.get("max_position_embeddings") or 4096), 4096)
@@ -184,7 +109,7 @@ class VllmEngine(Engine):
             else:
                 self.ddtree_why += f"; and {why}"
         self._trace_dir = tempfile.mkdtemp(prefix="ddtree-vllm-traces-") if self.plugin else None
-        self._dflash_ok, self._dflash_why = probe_method(names.DFLASH_METHOD)
+        self._dflash_ok, self._dflash_why = probe_method(api.DFLASH_METHOD)
         self._llm = None
         self._llm_key: tuple | None = None
 
@@ -243,12 +168,12 @@ class VllmEngine(Engine):
         if config.mode == "dflash":
             if not self._dflash_ok:
                 raise EngineError(f"engine 'vllm': {self._dflash_why}")
-            return {"method": names.DFLASH_METHOD, "model": self.drafter_dir,
+            return {"method": api.DFLASH_METHOD, "model": self.drafter_dir,
                     "num_speculative_tokens": self.block_size - 1}
         if not self.ddtree_ok:
             raise EngineError(f"engine 'vllm': mode ddtree unavailable: {self.ddtree_why}")
         if self.plugin:
-            return {"method": names.DFLASH_METHOD, "model": self.drafter_dir, "num_speculative_tokens": config.budget}
+            return {"method": api.DFLASH_METHOD, "model": self.drafter_dir, "num_speculative_tokens": config.budget}
         spec = {"method": self.ddtree_method, "model": self.drafter_dir, self.ddtree_budget_key: config.budget}
         if self.ddtree_budget_key != "num_speculative_tokens":
             spec.setdefault("num_speculative_tokens", self.block_size - 1)
@@ -336,7 +261,7 @@ class VllmEngine(Engine):
             n=1,
             temperature=request.temperature,
             top_p=request.top_p,
-            top_k=request.top_k if request.top_k > 0 else names.TOP_K_DISABLED,
+            top_k=request.top_k if request.top_k > 0 else api.TOP_K_DISABLED,
             seed=request.seed if sampled else None,
             max_tokens=request.max_new_tokens,
             stop_token_ids=list(request.stop_token_ids),
@@ -356,16 +281,16 @@ class VllmEngine(Engine):
             # reuse that LLM (the next call builds a fresh one).
             self._shutdown_llm()
             raise EngineError(f"engine 'vllm': generate failed: {type(exc).__name__}: {exc}") from exc
-        delta = _delta(before, metric_snapshot(llm)) if spec else {}
+        delta = metric_delta(before, metric_snapshot(llm)) if spec else {}
         return outputs, delta
 
     @staticmethod
     def _aggregates(delta: dict) -> dict:
-        drafts = int(delta.get(names.METRIC_DRAFTS, 0) or 0)
+        drafts = int(delta.get(api.METRIC_DRAFTS, 0) or 0)
         if drafts <= 0:
             return {"aggregate_only": True, "rounds": 0}
-        accepted = int(delta.get(names.METRIC_ACCEPTED, 0) or 0)
-        per_pos = delta.get(names.METRIC_ACCEPTED_PER_POS) or []
+        accepted = int(delta.get(api.METRIC_ACCEPTED, 0) or 0)
+        per_pos = delta.get(api.METRIC_ACCEPTED_PER_POS) or []
         return {
             "aggregate_only": True,
             "rounds": drafts,
@@ -376,7 +301,7 @@ class VllmEngine(Engine):
     @staticmethod
     def _result(output, extra: dict) -> RequestResult:
         completion = output.outputs[0]
-        reason = names.FINISH_REASONS.get(str(completion.finish_reason))
+        reason = api.FINISH_REASONS.get(str(completion.finish_reason))
         if reason is None:
             return RequestResult(output_ids=list(completion.token_ids), finish_reason="error",
                                  error=f"vLLM finish_reason {completion.finish_reason!r} ({completion.stop_reason!r})")

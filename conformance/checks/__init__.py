@@ -16,7 +16,7 @@ from ..settings import SettingsError, SuiteSettings
 from .acceptance import check_acceptance
 from .edges import check_lengths, check_prompt_shapes, check_special_tokens, check_stops
 from .golden_outputs import check_golden
-from .outputs import check_lossless
+from .lossless import check_lossless
 from .result import CheckResult
 from .sampling import VARIANTS, check_sampling
 from .tensor_parallel import check_tensor_parallel

@@ -13,7 +13,7 @@ from ddtree_conformance.adapters.interface import Request
 
 from ..session import SuiteSession
 from ..synthetic import edge_table, write_bigram_pair
-from .lossless import first_divergence
+from .output_comparison import first_divergence
 from .result import CheckResult
 
 __all__ = ["check_stops", "check_lengths", "check_prompt_shapes", "check_special_tokens"]

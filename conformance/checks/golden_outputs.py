@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ..golden_files import golden_path, load_golden
 from ..session import SuiteSession
-from .lossless import compare_outputs
-from .outputs import summarise_verdicts
+from .output_comparison import compare_outputs
+from .lossless import summarise_verdicts
 from .result import CheckResult
 
 __all__ = ["check_golden"]

@@ -1,66 +1,54 @@
-"""Greedy losslessness (check 1) and golden outputs (check 2): comparing two output sequences.
-
-fp32: the outputs must be equal token for token.
-bf16/fp16: the outputs may differ only after a first divergence that is a near-tie: the shared
-prefix is re-scored with the target (:class:`ddtree_conformance.scorer.TargetScorer`, fp32) and the
-top-1/top-2 logit gap at the divergence must be at most a calibrated bound
-(:mod:`ddtree_conformance.calibration` says how the bound is derived).
-"""
+"""Check 1: greedy lossless against the same engine's plain decoding."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal
+from collections import Counter
 
-from pydantic import BaseModel
+from ..session import SuiteSession
+from .output_comparison import compare_outputs
+from .result import CheckResult
 
-__all__ = ["Verdict", "compare_outputs", "first_divergence"]
-
-
-class Verdict(BaseModel):
-    """Per-prompt comparison result."""
-
-    prompt: str
-    kind: Literal["match", "near-tie", "divergence", "error"]
-    position: int | None = None  # index in the output of the first differing token
-    gap: float | None = None  # target top-1/top-2 gap there (re-scored)
-    expected: int | None = None
-    got: int | None = None
-    note: str = ""
+__all__ = ["check_lossless", "summarise_verdicts"]
 
 
-def first_divergence(expected: Sequence[int], got: Sequence[int]) -> int | None:
-    """Index of the first differing output token; a length difference counts at the shorter end."""
-    for i, (a, b) in enumerate(zip(expected, got)):
-        if a != b:
-            return i
-    return None if len(expected) == len(got) else min(len(expected), len(got))
+def summarise_verdicts(name: str, verdicts, session: SuiteSession) -> CheckResult:
+    counts = Counter(v.kind for v in verdicts)
+    bad = [v for v in verdicts if v.kind in ("divergence", "error")]
+    details = {"counts": dict(counts), "verdicts": [v.model_dump() for v in verdicts]}
+    if not bad:
+        rule = "exact" if session.exact else f"near-tie bound {session.near_tie_bound:.3g}"
+        return CheckResult.passed(name, f"{counts['match']} match, {counts['near-tie']} near-tie ({rule})", **details)
+    first = bad[0]
+    if first.kind == "error":
+        return CheckResult.failed(name, f"engine error on {first.prompt}: {first.note}", **details)
+    where = f"prompt {first.prompt} diverges at output token {first.position}"
+    what = f"expected {first.expected}, got {first.got}"
+    gap = "" if first.gap is None else f", target top-2 gap {first.gap:.4f} > bound {session.near_tie_bound:.3g}"
+    return CheckResult.failed(
+        name, f"not lossless: {len(bad)}/{len(verdicts)} prompts differ from plain; {where} ({what}{gap})", **details
+    )
 
 
-def compare_outputs(
-    prompt_id: str,
-    prompt_ids: Sequence[int],
-    expected: Sequence[int],
-    got: Sequence[int],
-    *,
-    exact: bool,
-    near_tie_bound: float = 0.0,
-    scorer=None,
-    got_error: str | None = None,
-) -> Verdict:
-    """Classify ``got`` against ``expected`` (both greedy outputs for the same prompt)."""
-    if got_error:
-        return Verdict(prompt=prompt_id, kind="error", note=got_error.splitlines()[0][:300])
-    pos = first_divergence(expected, got)
-    if pos is None:
-        return Verdict(prompt=prompt_id, kind="match")
-    exp_tok = expected[pos] if pos < len(expected) else None
-    got_tok = got[pos] if pos < len(got) else None
-    if exp_tok is None or got_tok is None:
-        note = f"output lengths differ ({len(expected)} expected, {len(got)} got) with equal prefixes"
-        return Verdict(prompt=prompt_id, kind="divergence", position=pos, expected=exp_tok, got=got_tok, note=note)
-    if exact or scorer is None:
-        return Verdict(prompt=prompt_id, kind="divergence", position=pos, expected=exp_tok, got=got_tok)
-    gap = scorer.gaps(list(prompt_ids), list(expected[: pos + 1]))[pos]
-    kind = "near-tie" if gap <= near_tie_bound else "divergence"
-    return Verdict(prompt=prompt_id, kind=kind, position=pos, gap=gap, expected=exp_tok, got=got_tok)
+def check_lossless(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
+    name = f"lossless[{mode}{'' if budget is None else f',B={budget}'}]"
+    if mode not in session.capabilities.modes:
+        return CheckResult.skipped(name, f"engine does not offer mode {mode}")
+    plain, spec = session.plain(), session.run(mode, budget)
+    verdicts = []
+    for prompt, p, s in zip(session.prompts, plain, spec):
+        if p.error:
+            verdicts.append(compare_outputs(prompt.id, prompt.prompt_ids, [], [], exact=True, got_error="plain: " + p.error))
+            continue
+        verdicts.append(
+            compare_outputs(
+                prompt.id,
+                prompt.prompt_ids,
+                p.output_ids,
+                s.output_ids,
+                exact=session.exact,
+                near_tie_bound=session.near_tie_bound,
+                scorer=None if session.exact else session.scorer,
+                got_error=s.error,
+            )
+        )
+    return summarise_verdicts(name, verdicts, session)

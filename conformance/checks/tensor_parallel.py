@@ -20,8 +20,8 @@ from __future__ import annotations
 from ..metrics import mean_tau
 from ..session import SuiteSession
 from .acceptance import TAU_REL_TOL
-from .lossless import compare_outputs
-from .outputs import summarise_verdicts
+from .output_comparison import compare_outputs
+from .lossless import summarise_verdicts
 from .result import CheckResult
 
 __all__ = ["check_tensor_parallel", "visible_devices", "tp_size"]
