@@ -50,26 +50,63 @@ MAX_BUDGET = 4096
 
 @dataclass
 class _Clock:
-    """Per-stage wall time; synchronises the device only when enabled."""
+    """Decode-loop time and, when ``enabled`` (``RunConfig.timing``), per-stage time, with no host sync.
+
+    On CUDA it records events on the device's current stream and reads them once, in
+    :meth:`finish` (one ``synchronize`` per request): the times are the device's own timeline, host
+    stalls included, so a stage that keeps the GPU idle is charged for it. Elsewhere it reads
+    ``time.perf_counter``. :meth:`start` and :meth:`finish` bracket the decode loop; the loop's
+    total becomes ``stages["round_device"]`` (CUDA events) or ``stages["round_wall"]`` (host
+    clock): the sum of the round (or, for plain decoding, step) times, what ``bench`` divides by
+    the number of rounds.
+    """
 
     enabled: bool
     device: torch.device
     stages: dict[str, float] = field(default_factory=dict)
+    _marks: list = field(default_factory=list)  # (stage name, start, end) as events or floats
+    _span: list = field(default_factory=list)
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+    @property
+    def _cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def _now(self):
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            return event
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self._span = [self._now()]
 
     @contextmanager
     def stage(self, name: str):
         if not self.enabled:
             yield
             return
-        self._sync()
-        t0 = time.perf_counter()
+        begin = self._now()
         yield
-        self._sync()
-        self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - t0
+        self._marks.append((name, begin, self._now()))
+
+    def _seconds(self, begin, end) -> float:
+        return begin.elapsed_time(end) / 1e3 if self._cuda else end - begin
+
+    def finish(self) -> dict[str, float]:
+        """Resolve every mark (one device sync on CUDA) and return the stage totals in seconds."""
+        if self._span:
+            self._span.append(self._now())
+        last = self._span[-1] if self._span else self._marks[-1][2] if self._marks else None
+        if self._cuda and last is not None:
+            last.synchronize()
+        for name, begin, end in self._marks:
+            self.stages[name] = self.stages.get(name, 0.0) + self._seconds(begin, end)
+        if len(self._span) == 2:
+            key = "round_device" if self._cuda else "round_wall"
+            self.stages[key] = self._seconds(*self._span)
+        self._marks, self._span = [], []
+        return self.stages
 
 
 class _LoadedPair:
@@ -300,6 +337,7 @@ class ReferenceEngine(Engine):
         t_prefill = time.perf_counter() - t0
         output, reason = emit_tokens([token], request.stop_token_ids, request.max_new_tokens)
         position, rounds = len(request.prompt_ids), 0
+        clock.start()
         while reason is None:
             with clock.stage("verify"):
                 ids = torch.tensor([token], dtype=torch.long, device=pair.device)
@@ -313,7 +351,7 @@ class ReferenceEngine(Engine):
             finish_reason=reason,
             rounds=rounds,
             acceptance_lengths=[1] * rounds,
-            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages=clock.stages),
+            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages=clock.finish()),
         )
 
     def _speculative(self, pair: _LoadedPair, request: Request, config: RunConfig) -> RequestResult:
@@ -329,6 +367,7 @@ class ReferenceEngine(Engine):
         start = len(request.prompt_ids)  # position of the root; also the committed cache length
         lengths: list[int] = []
         traces: list[RoundTrace] | None = [] if config.trace else None
+        clock.start()
         while reason is None:
             with clock.stage("draft"):
                 draft_logits = pair.draft_logits(root, start, context, context_start, draft_cache)
@@ -356,7 +395,7 @@ class ReferenceEngine(Engine):
             finish_reason=reason,
             rounds=len(lengths),
             acceptance_lengths=lengths,
-            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages=clock.stages),
+            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages=clock.finish()),
             traces=traces,
         )
 
