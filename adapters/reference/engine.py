@@ -19,7 +19,6 @@ from ddtree_conformance.spec import (
     SamplingParams,
     build_chain,
     build_tree,
-    build_tree_vectorized,
     choose_token,
     compact_dynamic_cache,
     compile_tree,
@@ -164,7 +163,8 @@ class _LoadedPair:
 class ReferenceEngine(Engine):
     """PyTorch + transformers reference; CPU and CUDA; fp32, bf16, fp16; greedy and sampling.
 
-    Options: ``builder`` = ``"heap"`` (default) or ``"vectorized"``.
+    Options: ``builder`` = ``"heap"`` (the only tree builder; the option stays so old settings fail
+    clearly rather than silently).
 
     ``tensor_parallel_size`` > 1 shards the target over that many ranks (:mod:`.tensor_parallel`):
     GPUs on CUDA, gloo processes on CPU. Every rank runs the same loop below.
@@ -186,9 +186,10 @@ class ReferenceEngine(Engine):
         if drafter_dir is not None:  # fail at construction, naming the field, not mid-run
             validate_pair(self.info, read_drafter_config(drafter_dir), drafter_dir)
         builder = options.get("builder", "heap")
-        if builder not in ("heap", "vectorized"):
-            raise EngineError(f"reference engine: builder must be 'heap' or 'vectorized', got {builder!r}")
-        self._build = build_tree if builder == "heap" else build_tree_vectorized
+        if builder != "heap":
+            raise EngineError(f"reference engine: builder must be 'heap' (the vectorized builder was removed), "
+                              f"got {builder!r}")
+        self._build = build_tree
         self._loaded: dict[tuple[str, str, int], _LoadedPair] = {}
         self._ranks: RankGroup | None = None
 
