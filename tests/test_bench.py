@@ -232,5 +232,18 @@ def test_bench_rejects_bad_options(pair, prompts, tmp_path):
     assert result.exit_code == 2 and "--repeats" in result.stderr
     result = CliRunner().invoke(app, bench_args(pair, prompts, tmp_path / "x.json", "--alpha", "0.7"))
     assert result.exit_code == 2 and "alpha" in result.stderr
-    result = CliRunner().invoke(app, bench_args(pair, prompts, tmp_path / "x.json", "--baselines", tmp_path / "none"))
-    assert result.exit_code == 2 and "no baseline file" in result.stderr
+    bad = tmp_path / "bad" / "test-cpu.json"
+    bad.parent.mkdir()
+    bad.write_text("{}")
+    result = CliRunner().invoke(app, bench_args(pair, prompts, tmp_path / "x.json", "--baselines", bad.parent))
+    assert result.exit_code == 2 and "bad/test-cpu.json" in result.stderr
+
+
+def test_bench_without_a_baseline_runs_fixed_repeats(pair, prompts, tmp_path):
+    out = tmp_path / "fixed.json"
+    result = CliRunner().invoke(app, bench_args(pair, prompts, out, "--modes", "ddtree", "--repeats", "2",
+                                                "--baselines", tmp_path / "none"))
+    assert result.exit_code == 0, result.output
+    assert "no baseline file" in result.stderr
+    sp = json.loads(out.read_text())["runs"][1]["speedup"]
+    assert not sp["sequential"] and sp["stop"]["decision"] == "fixed" and len(sp["samples"]) == 2
