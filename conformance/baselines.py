@@ -96,6 +96,7 @@ class PositionBand(_Model):
 
 
 class CostBaseline(_Model):
+    tau: float | None = Field(default=None, gt=0, description="decode tokens emitted per round (the cost model's tau)")
     step_over_round: float = Field(gt=0, description="plain decode step time / speculative round time")
     step_s: float | None = Field(default=None, description="plain decode step time, seconds")
     round_s: float | None = Field(default=None, description="speculative round time, seconds")
@@ -245,7 +246,8 @@ def entries_from_report(
                 # would make the baseline's own engine fail
                 band=_up(max(point * speedup_band, point - (low if low is not None else 0.0)) + 1e-4)),
             cost=None if not ratio or ratio <= 0 else CostBaseline(
-                step_over_round=_r(ratio, 6), step_s=_r(cm["step_s"], 9) if cm.get("step_s") else None,
+                tau=_r(cm["tau"], 6) if cm.get("tau") else None, step_over_round=_r(ratio, 6),
+                step_s=_r(cm["step_s"], 9) if cm.get("step_s") else None,
                 round_s=_r(cm["round_s"], 9) if cm.get("round_s") else None,
                 clock=report.get("bench", {}).get("clock")),
             source={

@@ -11,13 +11,17 @@ Procedure (one engine, one prompt set, greedy unless the requests say otherwise)
    ``device`` (``timings.stages["round_device"]``: the engine's decode loop timed with CUDA
    events), ``engine`` (``stages["round_wall"]`` or ``timings.decode``: the engine's host clock
    around its decode loop), else ``call`` (the wall clock of the ``generate`` call, prefill
-   included);
-4. the cost model, per repeat: ``step`` = plain decode seconds / plain decode steps, ``round`` =
-   method decode seconds / rounds, ``tau`` = accepted tokens (bonus included) / rounds; the
-   measured ratio is ``step / round`` and the repeat's speedup is ``tau x step / round``. At T=0
-   tau is the same in every repeat (the acceptance run is deterministic), so all the noise is in
-   the time ratio, and a shortfall splits into "accepts less" (tau) and "costs more" (round time
-   in plain steps). An engine that reports no rounds gets the plain tokens/s ratio instead;
+   included). An engine's time may not exceed the wall time of the call around it;
+4. the cost model, per repeat: ``step`` = plain decode seconds / plain decode tokens (one per
+   step), ``round`` = method decode seconds / rounds, ``tau`` = decode tokens emitted / rounds;
+   the measured ratio is ``step / round`` and the repeat's speedup is ``tau x step / round``,
+   which is exactly the decode tokens/s ratio: the engine's rounds cancel, so nothing it reports
+   but its clock moves the speedup, and tokens are counted from its outputs. At T=0 tau is the
+   same in every repeat (the acceptance run is deterministic), so the noise is in the time ratio,
+   and a shortfall splits into "accepts less" (tau) and "costs more" (round time in plain steps).
+   This tau counts emitted tokens, so it sits slightly under the acceptance tau (bonus included)
+   when the last round of a request is cut at ``max_new_tokens``. An engine that reports no rounds
+   gets tau 1 (its cost view is left out);
 5. the interval and the stopping rule are :mod:`ddtree_conformance.sequential`'s: with lower
    edges (from baselines) the repeats go on until every method's interval clears its edge or the
    plan's time budget or repeat cap is spent; without, ``repeats`` repeats and one look.
@@ -37,8 +41,7 @@ import numpy as np
 from ddtree_conformance.adapters.interface import Engine, Request, RequestResult, RunConfig
 
 from .metrics import acceptance_histogram, mean_tau, per_position_acceptance
-from .sequential import (DEFAULT_ALPHA, METHOD, SPENDING, Interval, SequentialPlan, cv, look_alpha, ratio_interval,
-                         verdict)
+from .sequential import METHOD, SPENDING, Interval, SequentialPlan, cv, look_alpha, ratio_interval, verdict
 
 __all__ = ["BenchError", "CallTiming", "acceptance_summary", "call_timing", "run_bench"]
 
@@ -52,23 +55,31 @@ class BenchError(RuntimeError):
 
 @dataclass
 class CallTiming:
-    """What one ``generate`` call contributes: decode seconds on ``clock``, the rounds (decode
-    steps for plain) they cover, decode tokens, and accepted tokens (None when not reported)."""
+    """What one ``generate`` call contributes: decode seconds on ``clock``, the call's wall seconds,
+    the rounds the engine reports (None when it reports none), and the decode tokens emitted."""
 
     seconds: float
+    wall: float
     clock: str
-    rounds: int
+    rounds: int | None
     tokens: int
-    accepted: int | None
 
     def __add__(self, other: "CallTiming") -> "CallTiming":
-        return CallTiming(self.seconds + other.seconds, self.clock if self.clock == other.clock else "mixed",
-                          self.rounds + other.rounds, self.tokens + other.tokens,
-                          None if self.accepted is None or other.accepted is None else self.accepted + other.accepted)
+        rounds = None if self.rounds is None or other.rounds is None else self.rounds + other.rounds
+        return CallTiming(self.seconds + other.seconds, self.wall + other.wall,
+                          self.clock if self.clock == other.clock else "mixed", rounds, self.tokens + other.tokens)
+
+
+# An engine's own decode time may exceed the wall time of the call around it only by clock noise.
+WALL_SLACK = (1.02, 0.002)  # relative, absolute seconds
 
 
 def call_timing(results: Sequence[RequestResult], wall_s: float) -> CallTiming:
-    """Decode seconds of one call on the best clock every result offers, with the rounds they cover."""
+    """Decode seconds of one call on the best clock every result offers, checked against the call's
+    wall clock; the rounds the engine reports; the decode tokens emitted (validated by output length).
+
+    Raises :class:`BenchError` when the engine reports more time than the call took.
+    """
     stages = [r.timings.stages for r in results]
     if all("round_device" in s for s in stages):
         clock, seconds = "device", sum(s["round_device"] for s in stages)
@@ -78,17 +89,14 @@ def call_timing(results: Sequence[RequestResult], wall_s: float) -> CallTiming:
         clock, seconds = "engine", sum(r.timings.decode for r in results)
     else:
         clock, seconds = "call", wall_s
+    if not (seconds >= 0 and seconds <= wall_s * WALL_SLACK[0] + WALL_SLACK[1]):
+        raise BenchError(f"the engine reports {seconds:.6f} s of decoding ({clock} clock) in a generate call that "
+                         f"took {wall_s:.6f} s: its timings cannot be right")
     # decode tokens: the first output token comes from the prefill, except on the call clock
     first = 0 if clock == "call" else 1
     tokens = sum(max(0, len(r.output_ids) - first) for r in results)
-    rounds = sum(r.rounds if r.rounds is not None else max(0, len(r.output_ids) - first) for r in results)
-    if all(r.acceptance_lengths is not None for r in results):
-        accepted: int | None = sum(sum(r.acceptance_lengths) for r in results)
-    elif all(r.rounds is not None and r.tau is not None for r in results):
-        accepted = round(sum(r.tau * r.rounds for r in results))
-    else:
-        accepted = None
-    return CallTiming(float(seconds), clock, int(rounds), int(tokens), accepted)
+    rounds = sum(r.rounds for r in results) if all(r.rounds is not None for r in results) else None
+    return CallTiming(float(seconds), float(wall_s), clock, rounds, int(tokens))
 
 
 def acceptance_summary(results: Sequence[RequestResult]) -> dict:
@@ -133,19 +141,25 @@ class _Repeat:
 
     def check(self) -> None:
         for key, t in self.totals.items():
-            if t.rounds == 0 or t.seconds <= 0 or t.tokens == 0:
-                raise BenchError(f"{_label(*key)}: a repeat timed no decode rounds (max_new_tokens too small, or "
-                                 "the engine reports zero decode time); nothing to measure")
+            if t.tokens == 0 or t.seconds <= 0 or t.rounds == 0:
+                raise BenchError(f"{_label(*key)}: a repeat timed no decode tokens (max_new_tokens too small, or "
+                                 "the engine reports zero decode time or rounds); nothing to measure")
 
     def sample(self, key: Run) -> dict:
-        """The cost-model sample of ``key`` against this repeat's plain run."""
+        """The cost-model sample of ``key`` against this repeat's plain run.
+
+        ``step`` = plain decode seconds / plain decode tokens (one token per plain step); ``tau`` =
+        decode tokens emitted / rounds; ``round`` = decode seconds / rounds. The rounds cancel in
+        ``tau x step / round``, which is the decode tokens/s ratio: what an engine reports about
+        its rounds or acceptance can shift the two factors, never the speedup.
+        """
         plain, method = self.totals[PLAIN], self.totals[key]
-        step, rnd = plain.seconds / plain.rounds, method.seconds / method.rounds
-        tau = method.accepted / method.rounds if method.accepted is not None else None
-        ratio = step / rnd
-        tps = (method.tokens / method.seconds) / (plain.tokens / plain.seconds)
-        return {"step_s": step, "round_s": rnd, "tau": tau, "ratio": ratio,
-                "speedup": tau * ratio if tau is not None else tps, "tokens_ratio": tps}
+        rounds = method.rounds if method.rounds is not None else method.tokens
+        step, rnd = plain.seconds / plain.tokens, method.seconds / rounds
+        tau = method.tokens / rounds
+        return {"step_s": step, "round_s": rnd, "tau": tau, "ratio": step / rnd, "speedup": tau * step / rnd,
+                "rounds_reported": method.rounds is not None,
+                "wall_ratio": (method.tokens / method.wall) / (plain.tokens / plain.wall)}
 
 
 def _order(methods: list[Run], r: int, i: int) -> list[Run]:
@@ -225,8 +239,9 @@ def run_bench(
                 samples = [h.sample(key)["speedup"] for h in history if key in h.totals]
                 found = verdict(ratio_interval(samples, look_alpha(plan.alpha, plan.look(n))), edges[label])
                 if found:
-                    stop[key] = {"decision": found, "reason": f"interval {'at or above' if found == 'pass' else 'below'} "
-                                 f"the edge {edges[label]:.4f} after {n} repeats", "repeats": n, "elapsed_s": elapsed}
+                    where = "at or above" if found == "pass" else "below"
+                    stop[key] = {"decision": found, "reason": f"interval {where} the edge {edges[label]:.4f} after "
+                                 f"{n} repeats", "repeats": n, "elapsed_s": elapsed}
                     active.remove(key)
                     continue
             if not sequential and n >= repeats:
@@ -258,8 +273,8 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
         "per_position": [], "histogram": {}, "rounds": sum(r.rounds or 0 for r in first[PLAIN]),
         "aggregate_only": False, "tokens": plain_runs[0].tokens,
         "tokens_per_s": [round(t.tokens / t.seconds, 3) for t in plain_runs],
-        "step_s": [t.seconds / t.rounds for t in plain_runs],
-        "cost_model": {"step_s": float(np.exp(np.mean(np.log([t.seconds / t.rounds for t in plain_runs]))))},
+        "step_s": [t.seconds / t.tokens for t in plain_runs],
+        "cost_model": {"step_s": float(np.exp(np.mean(np.log([t.seconds / t.tokens for t in plain_runs]))))},
     }]
     for key in methods:
         mode, budget = key
@@ -269,7 +284,7 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
         alpha_k = look_alpha(plan.alpha, look, sequential and _label(*key) in edges)
         interval = _interval(speedups, alpha_k)
         ratio_iv = _interval([row["ratio"] for row in rows], alpha_k)
-        taus = [row["tau"] for row in rows if row["tau"] is not None]
+        taus = [row["tau"] for row in rows]
         totals = [h.totals[key] for h in history[: len(rows)]]
         entry = {
             "mode": mode, "budget": budget, "label": _label(mode, budget),
@@ -277,9 +292,10 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
             "tokens": totals[0].tokens,
             "tokens_per_s": [round(t.tokens / t.seconds, 3) for t in totals],
             "cost_model": {
-                "definition": "speedup = tau x step / round; step = plain decode s / step, round = decode s / round",
-                "tau": float(np.mean(taus)) if taus else None,
-                "tau_constant": bool(taus) and max(taus) - min(taus) <= 1e-9 * max(taus),
+                "definition": "speedup = tau x step / round; tau = decode tokens / rounds, step = plain decode s "
+                              "/ plain decode tokens, round = decode s / rounds",
+                "tau": float(np.mean(taus)) if all(row["rounds_reported"] for row in rows) else None,
+                "tau_constant": max(taus) - min(taus) <= 1e-9 * max(taus),
                 "step_s": float(np.exp(np.mean(np.log([row["step_s"] for row in rows])))),
                 "round_s": float(np.exp(np.mean(np.log([row["round_s"] for row in rows])))),
                 "step_over_round": {**ratio_iv, "samples": [round(row["ratio"], 6) for row in rows]},
@@ -288,7 +304,7 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
                 **interval,
                 "median": round(float(np.median(speedups)), 4),
                 "samples": [round(float(x), 6) for x in speedups],
-                "tokens_ratio_samples": [round(float(row["tokens_ratio"]), 6) for row in rows],
+                "wall_ratio_samples": [round(float(row["wall_ratio"]), 6) for row in rows],
                 "cv": None if cv(speedups) is None else round(cv(speedups), 5),
                 "alpha": plan.alpha,
                 "sequential": sequential and _label(*key) in edges,

@@ -93,18 +93,24 @@ def _pct(x: float) -> str:
 def cost_view(run: dict, base: BaselineEntry, sp: dict) -> tuple[dict, str]:
     """speedup = tau x step/round, each factor against the baseline: ("accepts less", "costs more")."""
     cm = run.get("cost_model") or {}
-    tau = cm.get("tau") if cm.get("tau") is not None else run.get("tau")
-    details: dict = {"tau": tau, "tau_baseline": base.tau.value}
+    cost = base.cost
+    # like with like: the cost model's tau (tokens emitted per round) against the baseline's, else the
+    # acceptance tau against the baseline's acceptance tau
+    if cm.get("tau") is not None and cost is not None and cost.tau is not None:
+        tau, tau0 = cm["tau"], cost.tau
+    else:
+        tau, tau0 = run.get("tau"), base.tau.value
+    details: dict = {"tau": tau, "tau_baseline": tau0}
     parts = []
-    if isinstance(tau, (int, float)) and base.tau.value > 0:
-        details["tau_change"] = tau / base.tau.value - 1
-        details["accepts_less"] = tau < base.tau.value * (1 - 1e-4)  # baselines keep 4 decimals
+    if isinstance(tau, (int, float)) and tau0 > 0:
+        details["tau_change"] = tau / tau0 - 1
+        details["accepts_less"] = tau < tau0 * (1 - 1e-4)  # baselines keep a few decimals
         parts.append(("accepts less" if details["accepts_less"] else "accepts as much") +
-                     f": tau {tau:.3f} vs {base.tau.value:.3f} ({_pct(details['tau_change'])})")
+                     f": tau {tau:.3f} vs {tau0:.3f} ({_pct(details['tau_change'])})")
     ratios = _positive_samples((cm.get("step_over_round") or {}).get("samples"))
-    if ratios is not None and base.cost is not None:
+    if ratios is not None and cost is not None:
         iv = ratio_interval(ratios, _level(sp, len(ratios)))
-        c0 = base.cost.step_over_round
+        c0 = cost.step_over_round
         details.update({"step_over_round": iv.estimate, "step_over_round_ci": [iv.low, iv.high],
                         "step_over_round_baseline": c0,
                         "round_cost_change": c0 / iv.estimate - 1,
@@ -115,7 +121,7 @@ def cost_view(run: dict, base: BaselineEntry, sp: dict) -> tuple[dict, str]:
         word = "costs more" if details["costs_more"] else "costs less" if details["costs_less"] else "costs the same"
         parts.append(f"{word}: round time in plain steps {_pct(details['round_cost_change'])} "
                      f"[{_pct(lo)}, {_pct(hi)}] vs baseline")
-    elif base.cost is None:
+    elif cost is None:
         parts.append("no cost baseline (re-record the baseline with this suite)")
     else:
         parts.append("report has no step/round samples")

@@ -11,8 +11,10 @@ Run-report schema (``schema: ddtree-conformance/run-report``; check reports keep
 ``hardware_class``, ``environment`` (versions, platform), ``settings`` (the suite settings),
 ``runs``: one object per (mode, budget) with ``mode``, ``budget``, ``label``, ``tau``,
 ``tau_per_response_mean``, ``per_position`` (rate at depth 1..L), ``histogram`` (acceptance length
--> rounds), ``rounds``, and for bench runs ``tokens``, ``tokens_per_s`` (per repeat) and ``speedup``
-(``median``, ``ci_low``, ``ci_high``, ``confidence``, ``resamples``, ``samples``, ``cv``);
+-> rounds), ``rounds``, and for bench runs ``tokens``, ``tokens_per_s`` (per repeat), ``cost_model``
+(``tau``, ``step_s``, ``round_s``, ``step_over_round``) and ``speedup`` (``estimate``, ``median``,
+``ci_low``, ``ci_high``, ``confidence``, ``samples``, ``cv``, ``alpha``, ``sequential``, ``looks``,
+``edge``, ``stop``; see :mod:`ddtree_conformance.bench`);
 bench reports also carry ``bench`` (procedure), check reports ``counts`` and ``results``.
 """
 

@@ -33,6 +33,10 @@ class TimedEngine(Engine):
         self.round = rounds or {}
         self.rng = np.random.default_rng(seed)
         self.calls: list[tuple[str, int]] = []
+        self.t = 0.0  # simulated clock: each request takes its reported time plus 1 ms
+
+    def now(self) -> float:
+        return self.t
 
     def capabilities(self) -> Capabilities:
         return Capabilities(name="timed", modes=["plain", "dflash", "ddtree"], dtypes=["float32"], devices=["cpu"],
@@ -50,6 +54,7 @@ class TimedEngine(Engine):
                 lengths = [self.tau] * math.ceil(decode / self.tau)
                 per = self.round.get(config.budget if config.mode == "ddtree" else None, 0.02)
             seconds = per * len(lengths) * math.exp(self.rng.normal(0, self.noise))
+            self.t += seconds + 0.001
             stages = {self.clock: seconds} if self.clock else {}
             out.append(RequestResult(output_ids=[1] * request.max_new_tokens, finish_reason="length",
                                      rounds=len(lengths), acceptance_lengths=lengths,
@@ -64,20 +69,9 @@ def config(mode, budget):
     return RunConfig(mode=mode, budget=budget or 1)
 
 
-def ticking(step=1.0):
-    """A fake clock advancing ``step`` seconds per reading."""
-    state = {"t": 0.0}
-
-    def now():
-        state["t"] += step
-        return state["t"]
-
-    return now
-
-
 def test_cost_model_speedup_is_tau_times_step_over_round():
     engine = TimedEngine(step=0.010, rounds={16: 0.020}, tau=3)
-    out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], repeats=3)
+    out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], repeats=3, now=engine.now)
     run = out["runs"][1]
     assert out["bench"]["clock"] == "device" and out["bench"]["repeats"] == 3
     assert run["cost_model"]["tau"] == pytest.approx(3.0) and run["cost_model"]["tau_constant"]
@@ -91,7 +85,7 @@ def test_cost_model_speedup_is_tau_times_step_over_round():
 
 def test_repeats_are_paired_and_interleaved():
     engine = TimedEngine(rounds={4: 0.02, 8: 0.02})
-    run_bench(engine, REQUESTS, config, [("dflash", None), ("ddtree", 4)], repeats=2, warmup=False)
+    run_bench(engine, REQUESTS, config, [("dflash", None), ("ddtree", 4)], repeats=2, warmup=False, now=engine.now)
     calls = engine.calls
     assert len(calls) == 2 * 3 * 3  # repeats x requests x (plain + 2 methods)
     groups = [calls[i:i + 3] for i in range(0, len(calls), 3)]
@@ -108,7 +102,8 @@ def test_repeats_are_paired_and_interleaved():
 def test_sequential_stops_when_the_interval_clears_the_edge(edge, decision):
     engine = TimedEngine(rounds={16: 0.020}, tau=3, noise=0.01, seed=1)  # true speedup 1.5
     plan = SequentialPlan(min_repeats=3, max_repeats=40, time_budget_s=1e9)
-    out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], edges={"ddtree-B16": edge}, plan=plan)
+    out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], edges={"ddtree-B16": edge}, plan=plan,
+                    now=engine.now)
     sp = out["runs"][1]["speedup"]
     assert sp["sequential"] and sp["stop"]["decision"] == decision
     assert sp["stop"]["repeats"] == len(sp["samples"]) < 40
@@ -118,11 +113,12 @@ def test_sequential_stops_when_the_interval_clears_the_edge(edge, decision):
 
 def test_sequential_runs_out_of_time_inconclusive():
     engine = TimedEngine(rounds={16: 0.020}, tau=3, noise=0.01, seed=2)
-    plan = SequentialPlan(min_repeats=3, max_repeats=1000, time_budget_s=30)
+    plan = SequentialPlan(min_repeats=3, max_repeats=1000, time_budget_s=5)  # a repeat "takes" ~0.6 s
     out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], edges={"ddtree-B16": 1.5}, plan=plan,
-                    now=ticking(1.0))
+                    now=engine.now)
     sp = out["runs"][1]["speedup"]
-    assert sp["stop"]["decision"] == "inconclusive" and "time budget 30 s spent" in sp["stop"]["reason"]
+    assert sp["stop"]["decision"] == "inconclusive" and "time budget 5 s spent" in sp["stop"]["reason"]
+    assert 5 <= sp["stop"]["elapsed_s"] < 6 and sp["stop"]["repeats"] < 1000
     assert sp["ci_low"] < 1.5 <= sp["ci_high"]
 
 
@@ -130,7 +126,7 @@ def test_decided_runs_stop_and_the_others_go_on():
     engine = TimedEngine(rounds={4: 0.020, 8: 0.0201}, tau=3, noise=0.01, seed=3)
     plan = SequentialPlan(min_repeats=3, max_repeats=12, time_budget_s=1e9)
     out = run_bench(engine, REQUESTS, config, [("ddtree", 4), ("ddtree", 8)],
-                    edges={"ddtree-B4": 1.0, "ddtree-B8": 1.49}, plan=plan)
+                    edges={"ddtree-B4": 1.0, "ddtree-B8": 1.49}, plan=plan, now=engine.now)
     easy, hard = out["runs"][1]["speedup"], out["runs"][2]["speedup"]
     assert easy["stop"]["decision"] == "pass" and easy["stop"]["repeats"] == 3
     assert hard["stop"]["repeats"] > 3 and len(hard["samples"]) == hard["stop"]["repeats"]
@@ -139,7 +135,7 @@ def test_decided_runs_stop_and_the_others_go_on():
 @pytest.mark.parametrize("clock, expected", [("round_wall", "engine"), (None, "engine")])
 def test_clock_falls_back_to_the_engine_clock(clock, expected):
     engine = TimedEngine(rounds={16: 0.020}, clock=clock)
-    out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], repeats=2)
+    out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], repeats=2, now=engine.now)
     assert out["bench"]["clock"] == expected
     assert out["runs"][1]["speedup"]["estimate"] == pytest.approx(1.5)
 
@@ -147,7 +143,30 @@ def test_clock_falls_back_to_the_engine_clock(clock, expected):
 def test_call_clock_without_timings():
     result = RequestResult(output_ids=[1, 2, 3], finish_reason="length", rounds=None)
     timing = call_timing([result], wall_s=0.3)
-    assert (timing.clock, timing.seconds, timing.rounds, timing.tokens, timing.accepted) == ("call", 0.3, 3, 3, None)
+    assert (timing.clock, timing.seconds, timing.rounds, timing.tokens) == ("call", 0.3, None, 3)
+
+
+def test_engine_time_longer_than_the_call_is_refused():
+    result = RequestResult(output_ids=[1, 2, 3], finish_reason="length", rounds=2,
+                           timings=Timings(prefill=0.0, decode=0.5, stages={"round_device": 0.5}))
+    with pytest.raises(BenchError, match=r"reports 0\.500000 s of decoding \(device clock\) in a generate call that "
+                                         r"took 0\.100000 s"):
+        call_timing([result], wall_s=0.1)
+    assert call_timing([result], wall_s=0.5).seconds == 0.5
+
+
+def test_the_speedup_does_not_move_with_the_rounds_an_engine_reports():
+    """Halving the reported rounds doubles tau and the round time; tau x step / round stays."""
+    class FewerRounds(TimedEngine):
+        def generate(self, requests, config):
+            return [r.model_copy(update={"rounds": max(1, (r.rounds or 0) // 2), "acceptance_lengths": None})
+                    if config.mode != "plain" else r for r in super().generate(requests, config)]
+
+    honest, liar = TimedEngine(rounds={16: 0.020}), FewerRounds(rounds={16: 0.020})
+    a = run_bench(honest, REQUESTS, config, [("ddtree", 16)], repeats=2, now=honest.now)["runs"][1]
+    b = run_bench(liar, REQUESTS, config, [("ddtree", 16)], repeats=2, now=liar.now)["runs"][1]
+    assert a["speedup"]["estimate"] == pytest.approx(b["speedup"]["estimate"]) == pytest.approx(1.5)
+    assert b["cost_model"]["tau"] == pytest.approx(2 * a["cost_model"]["tau"])
 
 
 def test_failed_requests_and_empty_decode_are_errors():
@@ -158,8 +177,9 @@ def test_failed_requests_and_empty_decode_are_errors():
     with pytest.raises(BenchError, match="1 of 1 requests failed .out of memory"):
         run_bench(Failing(), REQUESTS, config, [("ddtree", 16)], repeats=2)
     short = [Request(prompt_ids=[1], max_new_tokens=1)]
-    with pytest.raises(BenchError, match="no decode rounds"):
-        run_bench(TimedEngine(), short, config, [("ddtree", 16)], repeats=2)
+    engine = TimedEngine()
+    with pytest.raises(BenchError, match="no decode tokens"):
+        run_bench(engine, short, config, [("ddtree", 16)], repeats=2, now=engine.now)
 
 
 # -------------------------------------------------------------------------- CLI, tiny real pair
@@ -200,8 +220,9 @@ def test_bench_writes_report_with_schema_and_three_files(pair, prompts, tmp_path
         assert len(sp["samples"]) == 3 and sp["ci_low"] <= sp["estimate"] <= sp["ci_high"]
         assert sp["confidence"] == 0.95 and sp["cv"] is not None and sp["stop"]["decision"] == "fixed"
         assert sum(run["histogram"].values()) == run["rounds"]
-        # the cost model: each repeat's speedup is tau x step / round
+        # the cost model: each repeat's speedup is tau x step / round; tau counts emitted tokens
         assert sp["samples"] == pytest.approx([cm["tau"] * r for r in cm["step_over_round"]["samples"]], rel=1e-4)
+        assert 1.0 <= cm["tau"] <= run["tau"] and cm["tau_constant"]
     # the report is accepted by baseline + gate: its own baseline passes tau, per-position and speedup
     bl = tmp_path / "bl"
     assert CliRunner().invoke(app, ["baseline", str(out), "--baselines", str(bl)]).exit_code == 0

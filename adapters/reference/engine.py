@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import torch
 
@@ -38,6 +36,7 @@ from .pair import (
     read_target_info,
     validate_pair,
 )
+from .clock import DecodeClock as _Clock
 from .tensor_parallel import RankGroup, local_device, shardable_sizes
 
 __all__ = ["ReferenceEngine", "MAX_BUDGET"]
@@ -45,67 +44,6 @@ __all__ = ["ReferenceEngine", "MAX_BUDGET"]
 # The verify batch is B + 1 tokens with a (B + 1) x (context + B + 1) mask, so memory grows with B^2;
 # the paper sweeps B up to 1024. Larger budgets are refused up front rather than by the allocator.
 MAX_BUDGET = 4096
-
-
-@dataclass
-class _Clock:
-    """Decode-loop time and, when ``enabled`` (``RunConfig.timing``), per-stage time, with no host sync.
-
-    On CUDA it records events on the device's current stream and reads them once, in
-    :meth:`finish` (one ``synchronize`` per request): the times are the device's own timeline, host
-    stalls included, so a stage that keeps the GPU idle is charged for it. Elsewhere it reads
-    ``time.perf_counter``. :meth:`start` and :meth:`finish` bracket the decode loop; the loop's
-    total becomes ``stages["round_device"]`` (CUDA events) or ``stages["round_wall"]`` (host
-    clock): the sum of the round (or, for plain decoding, step) times, what ``bench`` divides by
-    the number of rounds.
-    """
-
-    enabled: bool
-    device: torch.device
-    stages: dict[str, float] = field(default_factory=dict)
-    _marks: list = field(default_factory=list)  # (stage name, start, end) as events or floats
-    _span: list = field(default_factory=list)
-
-    @property
-    def _cuda(self) -> bool:
-        return self.device.type == "cuda"
-
-    def _now(self):
-        if self._cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record(torch.cuda.current_stream(self.device))
-            return event
-        return time.perf_counter()
-
-    def start(self) -> None:
-        self._span = [self._now()]
-
-    @contextmanager
-    def stage(self, name: str):
-        if not self.enabled:
-            yield
-            return
-        begin = self._now()
-        yield
-        self._marks.append((name, begin, self._now()))
-
-    def _seconds(self, begin, end) -> float:
-        return begin.elapsed_time(end) / 1e3 if self._cuda else end - begin
-
-    def finish(self) -> dict[str, float]:
-        """Resolve every mark (one device sync on CUDA) and return the stage totals in seconds."""
-        if self._span:
-            self._span.append(self._now())
-        last = self._span[-1] if self._span else self._marks[-1][2] if self._marks else None
-        if self._cuda and last is not None:
-            last.synchronize()
-        for name, begin, end in self._marks:
-            self.stages[name] = self.stages.get(name, 0.0) + self._seconds(begin, end)
-        if len(self._span) == 2:
-            key = "round_device" if self._cuda else "round_wall"
-            self.stages[key] = self._seconds(*self._span)
-        self._marks, self._span = [], []
-        return self.stages
 
 
 class _LoadedPair:

@@ -89,11 +89,13 @@ def bench(
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=stderr_console(), transient=True) as progress:
             task = progress.add_task(f"bench {settings.engine}", total=None)
+
+            def step(label: str) -> None:
+                progress.update(task, advance=1, description=f"bench {settings.engine}: {label}")
+
             try:
                 measured = run_bench(eng, requests, lambda m, b: session.config(m, b), runs, repeats=repeats,
-                                     edges=edges, plan=plan, warmup=warmup,
-                                     on_step=lambda label: progress.update(task, advance=1,
-                                                                           description=f"bench {settings.engine}: {label}"))
+                                     edges=edges, plan=plan, warmup=warmup, on_step=step)
             except BenchError as exc:
                 raise CliError(str(exc), exit_code=EXIT_FAILED) from exc
     finally:
@@ -102,8 +104,9 @@ def bench(
     report.update(measured)
     out_path = out if out is not None else REPORTS_DIR / f"bench-{settings.engine.replace(':', '_')}.json"
     paths = write_report(report, out_path)
-    table = Table(title=escape(f"bench: {settings.engine} on {settings.pair_name} ({settings.dtype}, {settings.device}, "
-                               f"{hw}), {report['bench']['repeats']} repeats, clock {report['bench']['clock']}"))
+    table = Table(title=escape(f"bench: {settings.engine} on {settings.pair_name} ({settings.dtype}, "
+                               f"{settings.device}, {hw}), {report['bench']['repeats']} repeats, clock "
+                               f"{report['bench']['clock']}"))
     for column, justify in (("run", "left"), ("tau", "right"), ("step ms", "right"), ("round ms", "right"),
                             ("speedup [CI]", "right"), ("CV", "right"), ("stopped", "left")):
         table.add_column(column, justify=justify, overflow="fold")
