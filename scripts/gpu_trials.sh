@@ -27,10 +27,10 @@ python3 -c "import ddtree_conformance.bench, torch; print('torch', torch.__versi
 for job in "$@"; do
   case "$job" in
     rounds)
-      timeout 240 python3 scripts/bench_reference_stages.py --shape 8b --device cuda --dtype bfloat16 \
+      timeout 200 python3 scripts/bench_reference_stages.py --shape 8b --device cuda --dtype bfloat16 \
         --prompt-len 512 --new-tokens 24 --repeats 3 --total-budget-s 150 --out "$OUT/rounds" ;;
     decisive-8b)
-      timeout 420 python3 scripts/gate_decisiveness.py --pair 8b --device cuda --dtype bfloat16 --prompts 1 \
+      timeout 380 python3 scripts/gate_decisiveness.py --pair 8b --device cuda --dtype bfloat16 --prompts 1 \
         --prompt-len 128 --new-tokens 16 --budget 32 --trials 8 --total-budget-s 300 --out "$OUT/decisive-8b" ;;
     decisive-fixture)
       timeout 240 python3 scripts/gate_decisiveness.py --pair fixture --device cuda --dtype bfloat16 --prompts 2 \
