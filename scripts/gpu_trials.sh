@@ -28,13 +28,14 @@ for job in "$@"; do
   case "$job" in
     rounds)
       timeout 200 python3 scripts/bench_reference_stages.py --shape 8b --device cuda --dtype bfloat16 \
-        --prompt-len 512 --new-tokens 24 --repeats 3 --total-budget-s 150 --out "$OUT/rounds" ;;
+        --prompt-len 512 --new-tokens 24 --repeats 3 --total-budget-s 150 --out "$OUT/rounds" || echo "rounds: exit $?" ;;
     decisive-8b)
       timeout 380 python3 scripts/gate_decisiveness.py --pair 8b --device cuda --dtype bfloat16 --prompts 1 \
-        --prompt-len 128 --new-tokens 16 --budget 32 --trials 8 --total-budget-s 300 --out "$OUT/decisive-8b" ;;
+        --prompt-len 128 --new-tokens 16 --budget 32 --trials 8 --total-budget-s 300 --out "$OUT/decisive-8b" || echo "decisive-8b: exit $?" ;;
     decisive-fixture)
       timeout 240 python3 scripts/gate_decisiveness.py --pair fixture --device cuda --dtype bfloat16 --prompts 2 \
-        --new-tokens 32 --budget 32 --trials 8 --total-budget-s 150 --out "$OUT/decisive-fixture" ;;
+        --new-tokens 32 --budget 32 --trials 8 --total-budget-s 150 --out "$OUT/decisive-fixture" \
+        || echo "decisive-fixture: exit $?" ;;
     *) echo "unknown job $job (rounds, decisive-8b, decisive-fixture)" >&2; exit 2 ;;
   esac
 done
