@@ -233,11 +233,12 @@ def run_bench(
         history.append(repeat)
         n = len(history)
         elapsed = now() - started
+        out_of_time = elapsed >= plan.time_budget_s or n >= plan.max_repeats
         for key in list(active):
             label = _label(*key)
-            if sequential and label in edges and n >= plan.min_repeats:
+            if sequential and label in edges and (plan.is_look(n) or (out_of_time and n >= 2)):
                 samples = [h.sample(key)["speedup"] for h in history if key in h.totals]
-                found = verdict(ratio_interval(samples, look_alpha(plan.alpha, plan.look(n))), edges[label])
+                found = verdict(ratio_interval(samples, plan.look_alpha), edges[label])
                 if found:
                     where = "at or above" if found == "pass" else "below"
                     stop[key] = {"decision": found, "reason": f"interval {where} the edge {edges[label]:.4f} after "
@@ -280,8 +281,12 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
         mode, budget = key
         rows = [h.sample(key) for h in history[: stop[key]["repeats"]]]
         speedups = [row["speedup"] for row in rows]
-        look = plan.look(len(rows)) if sequential and _label(*key) in edges else 1
-        alpha_k = look_alpha(plan.alpha, look, sequential and _label(*key) in edges)
+        banded = sequential and _label(*key) in edges
+        looks_planned = len(plan.looks()) if banded else 1
+        looks_taken = sum(1 for point in plan.looks() if point <= len(rows)) if banded else 1
+        if banded and not plan.is_look(len(rows)):
+            looks_taken += 1  # the final look when the budget ran out between planned looks
+        alpha_k = look_alpha(plan.alpha, looks_planned, banded)
         interval = _interval(speedups, alpha_k)
         ratio_iv = _interval([row["ratio"] for row in rows], alpha_k)
         taus = [row["tau"] for row in rows]
@@ -309,7 +314,10 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
                 "alpha": plan.alpha,
                 "sequential": sequential and _label(*key) in edges,
                 "min_repeats": plan.min_repeats,
-                "looks": look,
+                "max_repeats": plan.max_repeats,
+                "growth": plan.growth,
+                "looks": looks_taken,
+                "looks_planned": looks_planned,
                 "edge": edges.get(_label(*key)),
                 "stop": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in stop[key].items()},
             },
@@ -325,7 +333,8 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
         "ci": f"{METHOD}; {SPENDING}" if sequential else f"{METHOD}; one look at alpha {plan.alpha}",
         "sequential": sequential,
         "plan": {"alpha": plan.alpha, "min_repeats": plan.min_repeats, "max_repeats": plan.max_repeats,
-                 "time_budget_s": plan.time_budget_s} if sequential else {"alpha": plan.alpha, "repeats": repeats},
+                 "time_budget_s": plan.time_budget_s, "growth": plan.growth, "looks": list(plan.looks())}
+        if sequential else {"alpha": plan.alpha, "repeats": repeats},
         "tau_definition": "pooled: generated tokens / verification rounds over all prompts, bonus included",
         "requests": len(first[PLAIN]),
     }

@@ -26,7 +26,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from .baselines import BaselineEntry, BaselineFile
-from .sequential import DEFAULT_ALPHA, Interval, look_alpha, ratio_interval, verdict
+from .sequential import DEFAULT_ALPHA, Interval, look_alpha, planned_looks, ratio_interval, verdict
 
 __all__ = ["EXIT_PASS", "EXIT_REGRESSION", "EXIT_INCONCLUSIVE", "EXIT_MISSING", "GateRow", "evaluate", "exit_code",
            "speedup_interval"]
@@ -58,11 +58,18 @@ def _alpha(sp: dict) -> float:
 
 
 def _level(sp: dict, n: int) -> float:
-    """The alpha spent at the report's last look: sequential runs look once per repeat from min_repeats."""
+    """The level of each look of the report's run: alpha / K over the K planned looks of a sequential
+    run (:mod:`ddtree_conformance.sequential`), recomputed from its plan; alpha for a fixed-size run."""
     sequential = bool(sp.get("sequential"))
-    min_repeats = sp.get("min_repeats") if isinstance(sp.get("min_repeats"), int) else 2
-    look = max(1, n - max(2, min_repeats) + 1) if sequential else 1
-    return look_alpha(_alpha(sp), look, sequential)
+    if not sequential:
+        return _alpha(sp)
+    ints = {k: sp.get(k) for k in ("min_repeats", "max_repeats")}
+    growth = sp.get("growth")
+    if all(isinstance(v, int) and v >= 2 for v in ints.values()) and isinstance(growth, (int, float)) and growth > 1:
+        planned = len(planned_looks(ints["min_repeats"], max(ints["max_repeats"], ints["min_repeats"]), float(growth)))
+    else:  # no plan recorded: as many looks as repeats, the most conservative reading
+        planned = max(1, n)
+    return look_alpha(_alpha(sp), planned, True)
 
 
 def _positive_samples(values) -> list[float] | None:

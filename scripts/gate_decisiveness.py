@@ -54,7 +54,7 @@ from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.baselines import BaselineFile, entries_from_report
 from ddtree_conformance.bench import run_bench
 from ddtree_conformance.gate import evaluate
-from ddtree_conformance.sequential import SequentialPlan
+from ddtree_conformance.sequential import SequentialPlan, planned_looks
 from ddtree_conformance.testing.slow_engines import SlowBuild, SlowVerify, SlowVerify10, share_loaded
 
 ENGINES = {  # name -> (class, options, expected gate status of the speedup row)
@@ -82,6 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--baseline-repeats", type=int, default=10)
     p.add_argument("--min-repeats", type=int, default=3)
     p.add_argument("--max-repeats", type=int, default=40)
+    p.add_argument("--growth", type=float, default=1.5, help="planned looks grow by this factor")
     p.add_argument("--trial-budget-s", type=float, default=60.0, help="time budget of one verdict")
     p.add_argument("--total-budget-s", type=float, default=480.0, help="start no trial after this much wall time")
     p.add_argument("--simulate", type=int, default=2000, help="resampled replays per engine (0: none)")
@@ -117,21 +118,25 @@ def lower_bound(successes: int, trials: int, confidence: float = 0.95) -> float:
     return 0.0 if successes == 0 else float(stats.beta.ppf(1 - confidence, successes, trials - successes + 1))
 
 
-def _first_verdicts(logs: np.ndarray, edges: np.ndarray, alpha: float, min_repeats: int) -> np.ndarray:
+def _first_verdicts(logs: np.ndarray, edges: np.ndarray, alpha: float, min_repeats: int,
+                    growth: float) -> np.ndarray:
     """Vectorised sequential verdicts: +1 pass, -1 regression, 0 undecided, per row of ``logs``
-    (log samples in order), looking after every repeat from ``min_repeats`` as the bench does."""
+    (log samples in order), looking at the planned looks of a plan whose repeat cap is the row length,
+    each at alpha / K, exactly as the bench does (:mod:`ddtree_conformance.sequential`)."""
     sims, cap = logs.shape
+    points = np.array(planned_looks(min_repeats, max(cap, min_repeats), growth))
+    points = points[points <= cap]
     n = np.arange(1, cap + 1)
     mean = np.cumsum(logs, axis=1) / n
     var = (np.cumsum(logs**2, axis=1) - n * mean**2) / np.maximum(n - 1, 1)
     se = np.sqrt(np.maximum(var, 0) / n)
-    looks = np.maximum(1, n - min_repeats + 1)
-    q = stats.t.ppf(1 - alpha / (looks * (looks + 1)) / 2, df=np.maximum(n - 1, 1))
+    q = stats.t.ppf(1 - alpha / len(planned_looks(min_repeats, max(cap, min_repeats), growth)) / 2,
+                    df=np.maximum(n - 1, 1))
     low, high = np.exp(mean - q * se), np.exp(mean + q * se)
     decided = np.where(low >= edges[:, None], 1, np.where(high < edges[:, None], -1, 0))
-    decided[:, : min_repeats - 1] = 0
-    first = np.argmax(decided != 0, axis=1)
-    return decided[np.arange(sims), first]
+    at_looks = decided[:, points - 1]
+    first = np.argmax(at_looks != 0, axis=1)
+    return at_looks[np.arange(sims), first]
 
 
 def simulate(pool: list[float], correct_pool: list[float], expected: str, args, repeats_cap: int,
@@ -145,7 +150,7 @@ def simulate(pool: list[float], correct_pool: list[float], expected: str, args, 
     low = np.exp(mean - stats.t.ppf(1 - args.alpha / 2, args.baseline_repeats - 1) * se)
     edges = estimate - np.maximum(estimate * args.band, estimate - low)
     found = _first_verdicts(np.log(rng.choice(pool, (args.simulate, repeats_cap))), edges, args.alpha,
-                            args.min_repeats)
+                            args.min_repeats, args.growth)
     want = {"pass": 1, "fail": -1}[expected]
     return float(np.mean(found == want))
 
@@ -194,7 +199,8 @@ def write_table(summary: dict, out: Path) -> None:
     lines = [f"### Gate decisiveness: {m['pair']} ({m['dtype']}, {m['device_name']}), B={m['budget']}",
              "",
              f"- {m['prompts']} prompts x {m['new_tokens']} new tokens per repeat; band {m['band']:.1%}; alpha "
-             f"{m['alpha']}; looks from {m['min_repeats']} repeats; per-verdict budget {m['trial_budget_s']:g} s / "
+             f"{m['alpha']}; planned looks from {m['min_repeats']} repeats (growth {m.get('growth', 1.5)}), each "
+             f"at alpha/K; per-verdict budget {m['trial_budget_s']:g} s / "
              f"{m['max_repeats']} repeats",
              f"- baseline: speedup {b['value']:.4f}, edge {b['edge']:.4f} (band {b['band']:.4f}), "
              f"{b['repeats']} repeats, CV {b['cv']:.4f}, clock {b['clock']}; step {b['step_ms']:.2f} ms, "
@@ -282,11 +288,12 @@ def main(argv=None) -> int:
             "device_name": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor()
             or platform.machine(), "budget": args.budget, "prompts": len(requests), "new_tokens": args.new_tokens,
             "band": args.band, "alpha": args.alpha, "min_repeats": args.min_repeats, "max_repeats": args.max_repeats,
+            "growth": args.growth,
             "trial_budget_s": args.trial_budget_s, "goal_budget_s": args.goal_budget_s, "setup_s": setup_s,
             "warmup_s": warmup_s, "baseline_s": baseline_s,
             "torch": torch.__version__, "argv": sys.argv[1:] if argv is None else argv}
     plan = SequentialPlan(alpha=args.alpha, min_repeats=args.min_repeats, max_repeats=args.max_repeats,
-                          time_budget_s=args.trial_budget_s)
+                          time_budget_s=args.trial_budget_s, growth=args.growth)
     trials: list[dict] = []
     log = (args.out / "trials.jsonl").open("a")
     longest = 0.0

@@ -3,8 +3,8 @@
 #   rounds            round-time table, 8B-shaped pair, bf16, context 512, heap vs plain step, B = 16..1024
 #                     ($OUT/rounds/rounds.{md,json}; ~1.5 minutes)
 #   decisive-8b       gate decisiveness, 8B-shaped random-weight pair ($OUT/decisive-8b/{table.md,table.json,
-#                     trials.jsonl,baseline.json}; stops starting trials at 300 s, ~5.5 minutes)
-#   decisive-fixture  gate decisiveness, bundled fixture pair ($OUT/decisive-fixture/...; stops at 150 s, ~3 minutes)
+#                     trials.jsonl,baseline.json}; stops starting trials at 330 s, ~6.5 minutes)
+#   decisive-fixture  gate decisiveness, bundled fixture pair ($OUT/decisive-fixture/...; stops at 110 s, ~2.5 minutes)
 #
 #   bash scripts/gpu_trials.sh rounds decisive-8b     # one command, ~7 minutes
 #   bash scripts/gpu_trials.sh decisive-fixture       # one command, ~3 minutes
@@ -30,11 +30,13 @@ for job in "$@"; do
       timeout 200 python3 scripts/bench_reference_stages.py --shape 8b --device cuda --dtype bfloat16 \
         --prompt-len 512 --new-tokens 24 --repeats 3 --total-budget-s 150 --out "$OUT/rounds" || echo "rounds: exit $?" ;;
     decisive-8b)
-      timeout 380 python3 scripts/gate_decisiveness.py --pair 8b --device cuda --dtype bfloat16 --prompts 1 \
-        --prompt-len 128 --new-tokens 16 --budget 32 --trials 8 --total-budget-s 300 --out "$OUT/decisive-8b" || echo "decisive-8b: exit $?" ;;
+      timeout 420 python3 scripts/gate_decisiveness.py --pair 8b --device cuda --dtype bfloat16 --prompts 1 \
+        --prompt-len 128 --new-tokens 64 --budget 32 --trials 8 --band 0.01 --baseline-repeats 30 \
+        --trial-budget-s 150 --max-repeats 60 --total-budget-s 330 --out "$OUT/decisive-8b" || echo "decisive-8b: exit $?" ;;
     decisive-fixture)
-      timeout 240 python3 scripts/gate_decisiveness.py --pair fixture --device cuda --dtype bfloat16 --prompts 2 \
-        --new-tokens 32 --budget 32 --trials 8 --total-budget-s 150 --out "$OUT/decisive-fixture" \
+      timeout 180 python3 scripts/gate_decisiveness.py --pair fixture --device cuda --dtype bfloat16 --prompts 4 \
+        --new-tokens 64 --budget 32 --trials 8 --band 0.01 --baseline-repeats 20 --trial-budget-s 40 \
+        --total-budget-s 110 --out "$OUT/decisive-fixture" \
         || echo "decisive-fixture: exit $?" ;;
     *) echo "unknown job $job (rounds, decisive-8b, decisive-fixture)" >&2; exit 2 ;;
   esac

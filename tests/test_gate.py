@@ -42,6 +42,7 @@ def make_report(tau=4.0, ratios=BASE_RATIOS, positions=(0.9, 0.7, 0.5), sequenti
              "speedup": {"estimate": float(np.exp(np.mean(np.log(samples)))), "median": float(np.median(samples)),
                          "ci_low": low, "ci_high": high, "confidence": 0.95, "samples": samples, "cv": 0.01,
                          "alpha": 0.05, "sequential": sequential, "min_repeats": min_repeats,
+                         "max_repeats": 60, "growth": 1.5,
                          "stop": {"decision": "fixed", "reason": f"{len(samples)} fixed repeats",
                                   "repeats": len(samples)}}},
         ],
@@ -131,7 +132,8 @@ def test_the_interval_comes_from_the_samples_not_the_report(stored):
 
 
 def test_a_sequential_run_pays_for_its_looks(stored):
-    """Same samples: one look passes, the 18th look of a sequential run is wider and does not."""
+    """Same samples: one look passes; a sequential run (8 planned looks for 3..60 repeats, each at
+    alpha / 8) has a wider interval and does not."""
     rng = np.random.default_rng(0)
     ratios = 0.5 * np.exp(rng.normal(0, 0.006, 20))
     edge = load_baselines(stored).entries[0].speedup.lower
@@ -139,7 +141,12 @@ def test_a_sequential_run_pays_for_its_looks(stored):
     ratios = tuple(ratios * (edge + 0.002) / low)  # one look: the interval starts just above the edge
     fixed = speedup_interval(make_report(ratios=ratios)["runs"][1]["speedup"])
     seq = speedup_interval(make_report(ratios=ratios, sequential=True)["runs"][1]["speedup"])
-    assert seq.low < fixed.low and seq.level == pytest.approx(1 - 0.05 / (18 * 19))
+    assert seq.low < fixed.low and seq.level == pytest.approx(1 - 0.05 / 8)
+    unplanned = make_report(ratios=ratios, sequential=True)
+    for key in ("max_repeats", "growth"):
+        del unplanned["runs"][1]["speedup"][key]
+    # no plan recorded: read as a look at every repeat, the most conservative reading
+    assert speedup_interval(unplanned["runs"][1]["speedup"]).level == pytest.approx(1 - 0.05 / 20)
     base = load_baselines(stored)
     assert statuses(evaluate(make_report(ratios=ratios), base, HW), "speedup") == ["pass"]
     assert statuses(evaluate(make_report(ratios=ratios, sequential=True), base, HW), "speedup") == ["inconclusive"]

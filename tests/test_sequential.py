@@ -1,7 +1,7 @@
 """The sequential interval of the throughput gate, on synthetic samples with known truth.
 
 The true speedup is set; per-repeat samples are drawn around it; the sequential procedure runs as
-the bench runs it (a look after every repeat from ``min_repeats``, alpha spent as alpha/(k(k+1))).
+the bench runs it (looks at the planned geometric points only, each at alpha / K).
 Checked: each wrong verdict at the band's edge has probability <= alpha/2 (up to Monte-Carlo
 error), also with heavy-tailed noise; clear cases are decided within the repeat cap; a fixed run's
 interval covers at its nominal level.
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ddtree_conformance.sequential import SequentialPlan, cv, look_alpha, ratio_interval, verdict
+from ddtree_conformance.sequential import SequentialPlan, cv, look_alpha, planned_looks, ratio_interval, verdict
 
 ALPHA = 0.05
 PLAN = SequentialPlan(alpha=ALPHA, min_repeats=3, max_repeats=30)
@@ -26,8 +26,8 @@ def sequential_verdict(draw, plan: SequentialPlan = PLAN, edge: float = EDGE) ->
     samples: list[float] = []
     for n in range(1, plan.max_repeats + 1):
         samples.append(draw())
-        if n >= plan.min_repeats:
-            found = verdict(ratio_interval(samples, look_alpha(plan.alpha, plan.look(n))), edge)
+        if plan.is_look(n):
+            found = verdict(ratio_interval(samples, plan.look_alpha), edge)
             if found:
                 return found, n
     return None, plan.max_repeats
@@ -53,12 +53,15 @@ def heavy(sd):
     return lambda rng: sd * rng.standard_t(3) / math.sqrt(3.0)
 
 
-def test_spending_never_exceeds_alpha():
-    spent = [look_alpha(ALPHA, k) for k in range(1, 10_001)]
-    assert spent[0] == ALPHA / 2 and sum(spent) < ALPHA
-    assert sum(spent) == pytest.approx(ALPHA, rel=1e-3)
-    assert look_alpha(ALPHA, 7, sequential=False) == ALPHA
-    assert PLAN.look(3) == 1 and PLAN.look(10) == 8
+def test_planned_looks_spend_exactly_alpha():
+    assert PLAN.looks() == (3, 5, 8, 12, 18, 27, 30)
+    assert planned_looks(3, 60, 1.5) == (3, 5, 8, 12, 18, 27, 41, 60)
+    assert planned_looks(3, 3, 1.5) == (3,) and planned_looks(2, 4, 2.0) == (2, 4)
+    assert PLAN.look_alpha * len(PLAN.looks()) == pytest.approx(ALPHA)
+    assert look_alpha(ALPHA, 7) == pytest.approx(ALPHA / 7) and look_alpha(ALPHA, 7, sequential=False) == ALPHA
+    assert PLAN.is_look(12) and not PLAN.is_look(13)
+    with pytest.raises(ValueError, match="growth"):
+        SequentialPlan(growth=1.0)
 
 
 def test_interval_is_the_t_interval_of_the_logs():
