@@ -1,0 +1,278 @@
+"""Misbehaving engines (conformance/testing/misbehaving.py): none passes, each with its exact verdict.
+
+Every row runs ``ddtree-conformance check`` in this process (typer's CliRunner) on the random pair,
+two prompts, 8 new tokens, DDTree at B=4, one check family, and asserts the exit status, the
+verdict of each check and its message (which names the request and the field). Faults of the
+result run in-process (``--no-isolate``); faults of the process (crash, hang, OOM, no start) run
+isolated with short timeouts, the way a user runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddtree_conformance.cli import app
+from ddtree_conformance.testing import misbehaving
+from ddtree_conformance.testing.misbehaving import CATALOGUE
+
+PROMPTS = [
+    {"id": "a", "category": "x", "prompt_ids": [1, 2, 3, 4]},
+    {"id": "b", "category": "x", "prompt_ids": [9, 8, 7, 6, 5, 4, 3]},
+    {"id": "c", "category": "x", "prompt_ids": [11]},
+]
+M = "ddtree_conformance.testing.misbehaving:"
+
+
+@pytest.fixture(scope="module")
+def suite(random_pair, tmp_path_factory):
+    root = tmp_path_factory.mktemp("misbehaving")
+    prompts = root / "p.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    target, drafter = random_pair
+    return {"target": target, "drafter": drafter, "prompts": prompts, "root": root}
+
+
+def check(suite, engine: str, families: list[str], *extra: str):
+    """``ddtree-conformance check`` on the small run; returns (result, report or None, stderr lines)."""
+    out = suite["root"] / f"{engine.rsplit(':', 1)[-1]}-{'-'.join(families)}.json"
+    args = ["check", "--engine", engine, "--model", suite["target"], "--drafter", suite["drafter"],
+            "--prompts", suite["prompts"], "--pair-name", "random", "--golden-dir", suite["root"] / "golden",
+            "--max-new-tokens", "8", "--limit", "2", "--modes", "ddtree", "--budgets", "4", "--out", out]
+    for family in families:
+        args += ["--check", family]
+    result = CliRunner().invoke(app, [str(a) for a in (*args, *extra)])
+    report = json.loads(out.read_text()) if out.is_file() else None
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("[ddtree] ")]
+    return result, report, lines
+
+
+def verdicts(report) -> dict[str, tuple[str, str]]:
+    return {r["check"]: ("not run" if r["details"].get("not_run") else r["status"], r["message"])
+            for r in report["results"]}
+
+
+# fault -> (check family, regex the failing check's message must match in full)
+RESULT_FAULTS = {
+    "one result too few": ("lossless", re.escape(f"integrity: engine '{M}OneResultTooFew' returned 1 result for 2 "
+                                                 "requests (mode ddtree, budget 4)")),
+    "one result too many": ("lossless", re.escape(f"integrity: engine '{M}OneResultTooMany' returned 3 results for "
+                                                  "2 requests (mode ddtree, budget 4)")),
+    "results out of order": ("tree-structure", re.escape(
+        "integrity: request 0 (prompt a): field traces[0].start: 7, expected 4 (prompt of 4 tokens + 0 committed "
+        "after the prefill's token)")),
+    "negative output ids": ("lossless", re.escape(
+        "integrity: request 1 (prompt b): field output_ids: token -5 at index 7 is outside the vocabulary (size 97)")),
+    "ids beyond the vocabulary": ("lossless", re.escape(
+        "integrity: request 1 (prompt b): field output_ids: token 5000 at index 7 is outside the vocabulary "
+        "(size 97)")),
+    "output longer than max_new_tokens": ("lossless", re.escape(
+        "integrity: request 0 (prompt a): field output_ids: 9 tokens, more than max_new_tokens 8")),
+    "wrong finish_reason": ("lossless", re.escape("integrity: request 0 (prompt a): field finish_reason: 'stop', but "
+                                                  "the last output token ") + r"\d+" + re.escape(
+        " is not a stop token of the request []")),
+    "emits past a stop token": ("stop-token", re.escape("integrity: request 0 (prompt a): field output_ids: stop token ")
+                                + r"\d+ at index \d+" + re.escape(" is followed by 1 more token(s)")),
+    "tau 66 on a small block": ("acceptance", re.escape(
+        "integrity: request 0 (prompt a): field acceptance_lengths: round 0 accepts 66 tokens; each round's "
+        "acceptance length must be in 1..8 (the drafter's block size) in mode ddtree")),
+    "acceptance lengths do not add up": ("lossless", re.escape(
+        "integrity: request 0 (prompt a): field acceptance_lengths: ") + r"\d+ rounds committing \d+ tokens after "
+        r"the prefill's one do not add up to the output's 8 tokens \(the last round may only be cut short: "
+        r"expected \d+ < 8 <= \d+\)"),
+    "per-round acceptance dropped while promised": ("acceptance", re.escape(
+        "integrity: request 0 (prompt a): field acceptance_lengths: missing, though the engine's capabilities "
+        "promise per-round acceptance in mode ddtree")),
+    "traces dropped while promised": ("tree-structure", re.escape(
+        "integrity: request 0 (prompt a): field traces: missing, though traces were asked for and the engine's "
+        "capabilities promise them in mode ddtree")),
+    "garbage traces": ("tree-structure", re.escape("integrity: request 0 (prompt a): field traces[0].bonus: token ")
+                       + r"\d+, but the output has \d+ at index \d+"),
+    "results that are not RequestResults": ("lossless", re.escape(
+        "integrity: request 0 (prompt a): field result: not a RequestResult (dict)")),
+}
+
+
+@pytest.mark.parametrize("fault", list(RESULT_FAULTS))
+def test_corrupt_results_fail_naming_request_and_field(suite, fault):
+    family, message = RESULT_FAULTS[fault]
+    result, report, lines = check(suite, CATALOGUE[fault].engine, [family], "--no-isolate")
+    assert result.exit_code == 1, (result.exit_code, result.output)
+    assert lines == ["error: 1 of 1 checks failed"], lines
+    [(check_id, (status, text))] = verdicts(report).items()
+    assert check_id == f"{family}/ddtree-B4" and status == "fail"
+    assert re.fullmatch(message, text), text
+    assert "Traceback" not in result.output and "check crashed" not in text
+
+
+def test_every_catalogue_entry_is_tested():
+    process = {"cannot start", "hang at start-up", "hang in capabilities", "crash in generate", "hang in generate",
+               "out of memory", "unknown option", "no acceptance data (honest)"}
+    assert set(CATALOGUE) == set(RESULT_FAULTS) | process
+    assert len([f for f in CATALOGUE.values() if f.engine.startswith(M)]) >= 15
+
+
+def test_engine_without_acceptance_data_is_skipped_and_its_report_renders(suite):
+    result, report, _ = check(suite, CATALOGUE["no acceptance data (honest)"].engine, ["lossless", "acceptance"],
+                              "--no-isolate")
+    assert result.exit_code == 0, result.output
+    assert verdicts(report) == {
+        "lossless/ddtree-B4": ("pass", "2 match, 0 near-tie (exact)"),
+        "acceptance/ddtree-B4": ("skip", "engine reports neither per-round nor aggregate acceptance"),
+    }
+    assert report["runs"][0]["tau"] is None
+    html = Path(suite["root"] / "NoAcceptanceData-lossless-acceptance.html").read_text()
+    assert "<tr><td>ddtree-B4</td><td>-</td>" in html  # no tau: a dash, not a crash
+    assert html.count('src="data:image/png;base64,') == 4  # every plot drawn (placeholders where no data)
+
+
+def _log_pid(text: str) -> int:
+    return int(re.search(r"started helper process (\d+)", text).group(1))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# fault -> (--engine-timeout, first line on stderr (regex), line of the log tail, verdicts)
+PROCESS_FAULTS = {
+    "cannot start": (
+        10, re.escape(f"error: engine '{M}CannotStart' failed to start: RuntimeError: no accelerator found for this "
+                      "engine (simulated) (2 of 2 checks not run)"),
+        "looking for an accelerator (simulated)", ("not run", "not run")),
+    "hang at start-up": (
+        3, re.escape(f"error: engine '{M}HangAtStart' hung: no answer to start within 3 s (--engine-timeout); its "
+                     "process group was killed (2 of 2 checks not run)"),
+        "loading weights forever (simulated hang at start-up)", ("not run", "not run")),
+    "hang in capabilities": (
+        3, re.escape(f"error: engine '{M}HangInCapabilities' hung: no answer to capabilities within 3 s "
+                     "(--engine-timeout); its process group was killed (2 of 2 checks not run)"),
+        "capabilities() called: hanging (simulated)", ("not run", "not run")),
+    "crash in generate": (
+        10, re.escape(f"error: engine '{M}CrashInGenerate' crashed during generate: exit code 139 (1 of 2 checks not "
+                      "run)"),
+        "about to crash: simulated segfault in the engine's kernel", ("fail", "not run")),
+    "hang in generate": (
+        5, re.escape(f"error: engine '{M}HangInGenerate' hung: no answer to generate within 5 s (--engine-timeout); "
+                     "its process group was killed (1 of 2 checks not run)"),
+        "hanging in generate (simulated)", ("fail", "not run")),
+    "out of memory": (
+        10, re.escape(f"error: engine '{M}OutOfMemory' crashed during generate: killed by SIGKILL (as the "
+                      "out-of-memory killer does: out of memory?) (1 of 2 checks not run)"),
+        "allocating the KV cache (simulated out of memory: the OOM killer sends SIGKILL)", ("fail", "not run")),
+}
+
+
+@pytest.mark.parametrize("fault", list(PROCESS_FAULTS))
+def test_engine_that_cannot_start_or_dies_stops_the_run_with_exit_5(suite, fault):
+    timeout, first, tail_line, statuses = PROCESS_FAULTS[fault]
+    result, report, lines = check(suite, CATALOGUE[fault].engine, ["lossless", "tree-structure"],
+                                  "--engine-timeout", str(timeout))
+    assert result.exit_code == 5, (result.exit_code, result.output)
+    assert re.fullmatch(first, lines[0]), lines[0]
+    assert lines[1] == "--- engine log tail ---" and tail_line in lines[2:], lines
+    assert lines[2:].count(tail_line) == 1  # capabilities() asked once, start tried once: never retried
+    got = verdicts(report)
+    assert tuple(s for s, _ in got.values()) == statuses, got
+    if statuses[0] == "fail":
+        assert got["lossless/ddtree-B4"][1] == lines[0].removeprefix("error: ").rsplit(" (1 of 2", 1)[0]
+    assert got["tree-structure/ddtree-B4"][1].startswith("not run: ")
+    assert report["engine_failure"]["log_tail"].splitlines()[-1] == lines[-1]
+    if fault == "hang in generate":  # the helper process the engine started went with its process group
+        pid = _log_pid(result.stderr)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid), f"helper {pid} survived the engine's timeout"
+
+
+def test_unknown_option_is_refused_before_anything_starts(suite):
+    fault = CATALOGUE["unknown option"]
+    options = [a for k, v in fault.options.items() for a in ("-O", f"{k}={v}")]
+    result, report, lines = check(suite, fault.engine, ["lossless"], *options)
+    assert result.exit_code == 2 and report is None
+    assert lines == ["error: engine 'reference': unknown option(s) bulider; known: builder"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--engine", "nosuch"], "error: unknown engine 'nosuch'; known engines: "),
+    (["--budgets", "100000000"], "error: --budgets: budget 100000000 is outside 1..65536 (got '100000000')"),
+    (["--budgets", "5000", "--no-isolate"], "error: --budgets 5000: engine 'reference' accepts budgets up to 4096 "
+                                            "(capabilities().max_budget)"),
+    (["--device", "cuda", "--no-isolate"], "error: --device cuda: engine 'reference' can use cpu here"),
+], ids=["unknown-engine", "budget-above-any", "budget-above-engine", "device-not-here"])
+def test_usage_errors_are_one_line_and_exit_2(suite, args, message):
+    if "cuda" in args:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("CUDA is available here")
+    result, report, lines = check(suite, "reference", ["lossless"], *args)
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert len(lines) == 1 and lines[0].startswith(message), lines
+    assert report is None
+
+
+def test_generate_never_writes_an_invalid_result(suite, tmp_path):
+    out = tmp_path / "g.jsonl"
+    result = CliRunner().invoke(app, [str(a) for a in (
+        "generate", "--engine", CATALOGUE["ids beyond the vocabulary"].engine, "--model", suite["target"],
+        "--drafter", suite["drafter"], "--prompts", suite["prompts"], "--limit", "2", "--max-new-tokens", "8",
+        "--budget", "4", "--batch-size", "2", "--no-isolate", "--out", out)])
+    assert result.exit_code == 1, result.output
+    partial = out.with_name("g.jsonl.partial")
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("[ddtree] ")]
+    assert lines == [f"error: integrity: request 1 (prompt b): field output_ids: token 5000 at index 7 is outside the "
+                     f"vocabulary (size 97); 1 valid results kept in {partial}"]
+    assert not out.exists()
+    assert [json.loads(line)["id"] for line in partial.read_text().splitlines()] == ["a"]
+
+
+def test_generate_with_a_crashing_engine_exits_5_with_its_log_tail(suite, tmp_path):
+    result = CliRunner().invoke(app, [str(a) for a in (
+        "generate", "--engine", CATALOGUE["crash in generate"].engine, "--model", suite["target"],
+        "--drafter", suite["drafter"], "--prompts", suite["prompts"], "--limit", "2", "--out", tmp_path / "g.jsonl",
+        "--engine-timeout", "10")])
+    assert result.exit_code == 5, result.output
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("[ddtree] ")]
+    assert lines[0] == f"error: engine '{M}CrashInGenerate' crashed during generate: exit code 139"
+    assert lines[1:] == ["--- engine log tail ---", "about to crash: simulated segfault in the engine's kernel"]
+
+
+def test_pytest_items_after_the_engine_died_fail_fast_with_one_line(suite, tmp_path, capsys):
+    code = pytest.main(["-p", "no:cacheprovider", "-p", "no:randomly", "-q", "-rf", str(tmp_path),
+                        "--ddtree-engine", CATALOGUE["crash in generate"].engine,
+                        f"--ddtree-model={suite['target']}", f"--ddtree-drafter={suite['drafter']}",
+                        f"--ddtree-prompts={suite['prompts']}", "--ddtree-limit", "2", "--ddtree-max-new-tokens", "8",
+                        "--ddtree-modes", "ddtree", "--ddtree-budgets", "4", "--ddtree-check", "lossless",
+                        "--ddtree-check", "tree-structure", "--ddtree-engine-timeout", "10",
+                        f"--ddtree-golden-dir={tmp_path / 'golden'}"])
+    out, err = capsys.readouterr()
+    assert code == pytest.ExitCode.TESTS_FAILED, out + err
+    assert "2 failed" in out
+    died = f"engine '{M}CrashInGenerate' crashed during generate: exit code 139"
+    lines = out.splitlines()
+    first = lines.index(died)  # the item it happened in: the cause, then the engine's log tail
+    assert lines[first + 1: first + 3] == ["--- engine log tail ---",
+                                           "about to crash: simulated segfault in the engine's kernel"]
+    assert f"not run: engine '{M}CrashInGenerate' failed earlier and is not restarted: {died}" in lines[first + 3:]
+    assert "Traceback" not in out and "During handling" not in out
+
+
+def test_misbehaving_module_imports_no_torch():
+    """The process faults start in about a second because their module imports nothing heavy."""
+    import subprocess
+    import sys
+
+    code = "import sys, ddtree_conformance.testing.misbehaving; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+    assert misbehaving.CATALOGUE is CATALOGUE
