@@ -9,15 +9,25 @@ an engine call runs, so a long run shows where its time goes::
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["PREFIX", "HEARTBEAT_S", "Printer", "progress_printer", "Heartbeat"]
+__all__ = ["PREFIX", "HEARTBEAT_S", "Printer", "progress_printer", "heartbeat_interval", "Heartbeat"]
 
 PREFIX = "[ddtree] "
-HEARTBEAT_S = 30.0
+HEARTBEAT_S = 30.0  # default seconds between heartbeat lines; $DDTREE_HEARTBEAT_S overrides
+
+
+def heartbeat_interval() -> float:
+    """Seconds between heartbeat lines: ``$DDTREE_HEARTBEAT_S`` when it is a positive number, else 30."""
+    try:
+        value = float(os.environ.get("DDTREE_HEARTBEAT_S", HEARTBEAT_S))
+    except ValueError:
+        return HEARTBEAT_S
+    return value if value > 0 else HEARTBEAT_S
 
 Printer = Callable[[str], None]
 
@@ -35,8 +45,9 @@ def progress_printer(force: bool | None = None) -> Printer | None:
 class Heartbeat:
     """While the ``with`` block runs, call ``emit`` every ``interval_s`` s with what is awaited."""
 
-    def __init__(self, emit: Printer | None, engine: str, what: str, interval_s: float = HEARTBEAT_S) -> None:
-        self.emit, self.engine, self.what, self.interval_s = emit, engine, what, interval_s
+    def __init__(self, emit: Printer | None, engine: str, what: str, interval_s: float | None = None) -> None:
+        self.emit, self.engine, self.what = emit, engine, what
+        self.interval_s = heartbeat_interval() if interval_s is None else interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

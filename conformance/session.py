@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .adapters.interface import Capabilities, Engine, EngineDied, EngineUsageError, Mode, Request, RequestResult, RunConfig
 from .integrity import PairLimits, error_result, validate_results
-from .progress import HEARTBEAT_S, Heartbeat, Printer
+from .progress import Heartbeat, Printer
 from .settings import SuiteSettings
 
 __all__ = ["SuiteSettings", "SuiteSession", "EngineFactory", "UsedRun"]
@@ -46,8 +46,9 @@ class SuiteSession:
     """Runs and caches everything checks need. Close it when done."""
 
     def __init__(self, settings: SuiteSettings, engine_factory: EngineFactory | None = None, *,
-                 progress: Printer | None = None, heartbeat_s: float = HEARTBEAT_S) -> None:
+                 progress: Printer | None = None, heartbeat_s: float | None = None, flag_prefix: str = "--") -> None:
         self.settings = settings
+        self.flag_prefix = flag_prefix  # how messages spell options: "--budgets" (CLI), "--ddtree-budgets" (pytest)
         self._factory = engine_factory or self._default_factory
         self._engines: dict[tuple, Engine] = {}
         self._engine_info: dict[int, tuple[str, PairLimits]] = {}  # id(engine) -> (name, pair limits)
@@ -133,7 +134,7 @@ class SuiteSession:
                 raise self.dead_again()
             engine, name = self.engine, self.settings.engine
             try:
-                with self._heartbeat(name, "capabilities()"):
+                with self._heartbeat(name, "start and capabilities()"):
                     caps = engine.capabilities()
                 if not isinstance(caps, Capabilities):
                     raise TypeError(f"returned {type(caps).__name__}, not Capabilities")
@@ -167,18 +168,19 @@ class SuiteSession:
 
         s, caps = self.settings, self.capabilities
         who = f"engine {caps.name!r}"
+        p = self.flag_prefix
         if s.dtype not in caps.dtypes:
-            raise SettingsError(f"--dtype {s.dtype}: {who} supports {', '.join(caps.dtypes)} here")
+            raise SettingsError(f"{p}dtype {s.dtype}: {who} supports {', '.join(caps.dtypes)} here")
         kind = s.device.split(":", 1)[0]
         if s.device not in caps.devices and kind not in caps.devices:
-            raise SettingsError(f"--device {s.device}: {who} can use {', '.join(caps.devices) or 'no device'} here")
+            raise SettingsError(f"{p}device {s.device}: {who} can use {', '.join(caps.devices) or 'no device'} here")
         if s.tensor_parallel_size > caps.max_tensor_parallel:
-            raise SettingsError(f"--tensor-parallel-size {s.tensor_parallel_size}: {who} accepts at most "
+            raise SettingsError(f"{p}tensor-parallel-size {s.tensor_parallel_size}: {who} accepts at most "
                                 f"{caps.max_tensor_parallel} here (capabilities().max_tensor_parallel)")
         if "ddtree" in s.modes and "ddtree" in caps.modes and caps.max_budget is not None:
             too_big = [b for b in s.budgets if b > caps.max_budget]
             if too_big:
-                raise SettingsError(f"--budgets {','.join(map(str, too_big))}: {who} accepts budgets up to "
+                raise SettingsError(f"{p}budgets {','.join(map(str, too_big))}: {who} accepts budgets up to "
                                     f"{caps.max_budget} (capabilities().max_budget)")
 
     # -- inputs ----------------------------------------------------------------------------

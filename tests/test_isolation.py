@@ -192,7 +192,9 @@ def test_engine_dies_with_the_suite_even_on_kill_9(random_pair, tmp_path):
     """A suite killed with SIGKILL cannot clean up: its engine child must go by itself."""
     script = tmp_path / "suite.py"
     script.write_text(SUITE_THAT_GETS_KILLED)
-    suite = subprocess.Popen([sys.executable, str(script), *map(str, random_pair)], stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the killed suite cannot remove its engine's log folder
+    suite = subprocess.Popen([sys.executable, str(script), *map(str, random_pair)], stdout=subprocess.PIPE, text=True,
+                             env=env)
     try:
         child = int(suite.stdout.readline())
         time.sleep(0.5)  # into generate: the child hangs there

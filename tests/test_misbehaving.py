@@ -57,51 +57,54 @@ def verdicts(report) -> dict[str, tuple[str, str]]:
             for r in report["results"]}
 
 
-# fault -> (check family, regex the failing check's message must match in full)
+# fault -> regex the failing check's message must match in full (the check family: CATALOGUE[fault].checks)
 RESULT_FAULTS = {
-    "one result too few": ("lossless", re.escape(f"integrity: engine '{M}OneResultTooFew' returned 1 result for 2 "
-                                                 "requests (mode ddtree, budget 4)")),
-    "one result too many": ("lossless", re.escape(f"integrity: engine '{M}OneResultTooMany' returned 3 results for "
-                                                  "2 requests (mode ddtree, budget 4)")),
-    "results out of order": ("tree-structure", re.escape(
+    "one result too few": re.escape(
+        f"integrity: engine '{M}OneResultTooFew' returned 1 result for 2 requests (mode ddtree, budget 4)"),
+    "one result too many": re.escape(
+        f"integrity: engine '{M}OneResultTooMany' returned 3 results for 2 requests (mode ddtree, budget 4)"),
+    "results out of order": re.escape(
         "integrity: request 0 (prompt a): field traces[0].start: 7, expected 4 (prompt of 4 tokens + 0 committed "
-        "after the prefill's token)")),
-    "negative output ids": ("lossless", re.escape(
-        "integrity: request 1 (prompt b): field output_ids: token -5 at index 7 is outside the vocabulary (size 97)")),
-    "ids beyond the vocabulary": ("lossless", re.escape(
+        "after the prefill's token)"),
+    "negative output ids": re.escape(
+        "integrity: request 1 (prompt b): field output_ids: token -5 at index 7 is outside the vocabulary (size 97)"),
+    "ids beyond the vocabulary": re.escape(
         "integrity: request 1 (prompt b): field output_ids: token 5000 at index 7 is outside the vocabulary "
-        "(size 97)")),
-    "output longer than max_new_tokens": ("lossless", re.escape(
-        "integrity: request 0 (prompt a): field output_ids: 9 tokens, more than max_new_tokens 8")),
-    "wrong finish_reason": ("lossless", re.escape("integrity: request 0 (prompt a): field finish_reason: 'stop', but "
-                                                  "the last output token ") + r"\d+" + re.escape(
-        " is not a stop token of the request []")),
-    "emits past a stop token": ("stop-token", re.escape("integrity: request 0 (prompt a): field output_ids: stop token ")
-                                + r"\d+ at index \d+" + re.escape(" is followed by 1 more token(s)")),
-    "tau 66 on a small block": ("acceptance", re.escape(
+        "(size 97)"),
+    "output longer than max_new_tokens": re.escape(
+        "integrity: request 0 (prompt a): field output_ids: 9 tokens, more than max_new_tokens 8"),
+    "wrong finish_reason": re.escape(
+        "integrity: request 0 (prompt a): field finish_reason: 'stop', but the last output token ") + r"\d+"
+        + re.escape(" is not a stop token of the request []"),
+    "emits past a stop token": re.escape(
+        "integrity: request 0 (prompt a): field output_ids: stop token ") + r"\d+ at index \d+"
+        + re.escape(" is followed by 1 more token(s)"),
+    "tau 66 on a small block": re.escape(
         "integrity: request 0 (prompt a): field acceptance_lengths: round 0 accepts 66 tokens; each round's "
-        "acceptance length must be in 1..8 (the drafter's block size) in mode ddtree")),
-    "acceptance lengths do not add up": ("lossless", re.escape(
+        "acceptance length must be in 1..8 (the drafter's block size) in mode ddtree"),
+    "acceptance lengths do not add up": re.escape(
         "integrity: request 0 (prompt a): field acceptance_lengths: ") + r"\d+ rounds committing \d+ tokens after "
         r"the prefill's one do not add up to the output's 8 tokens \(the last round may only be cut short: "
-        r"expected \d+ < 8 <= \d+\)"),
-    "per-round acceptance dropped while promised": ("acceptance", re.escape(
+        r"expected \d+ < 8 <= \d+\)",
+    "per-round acceptance dropped while promised": re.escape(
         "integrity: request 0 (prompt a): field acceptance_lengths: missing, though the engine's capabilities "
-        "promise per-round acceptance in mode ddtree")),
-    "traces dropped while promised": ("tree-structure", re.escape(
+        "promise per-round acceptance in mode ddtree"),
+    "traces dropped while promised": re.escape(
         "integrity: request 0 (prompt a): field traces: missing, though traces were asked for and the engine's "
-        "capabilities promise them in mode ddtree")),
-    "garbage traces": ("tree-structure", re.escape("integrity: request 0 (prompt a): field traces[0].bonus: token ")
-                       + r"\d+, but the output has \d+ at index \d+"),
-    "results that are not RequestResults": ("lossless", re.escape(
-        "integrity: request 0 (prompt a): field result: not a RequestResult (dict)")),
+        "capabilities promise them in mode ddtree"),
+    "garbage traces": re.escape(
+        "integrity: request 0 (prompt a): field traces[0].bonus: token ") + r"\d+, but the output has \d+ at index \d+",
+    "results that are not RequestResults": re.escape(
+        "integrity: request 0 (prompt a): field result: not a RequestResult (dict)"),
 }
 
 
 @pytest.mark.parametrize("fault", list(RESULT_FAULTS))
 def test_corrupt_results_fail_naming_request_and_field(suite, fault):
-    family, message = RESULT_FAULTS[fault]
-    result, report, lines = check(suite, CATALOGUE[fault].engine, [family], "--no-isolate")
+    message, entry = RESULT_FAULTS[fault], CATALOGUE[fault]
+    [family] = entry.checks
+    assert not entry.isolate
+    result, report, lines = check(suite, entry.engine, [family], "--no-isolate")
     assert result.exit_code == 1, (result.exit_code, result.output)
     assert lines == ["error: 1 of 1 checks failed"], lines
     [(check_id, (status, text))] = verdicts(report).items()
@@ -118,8 +121,8 @@ def test_every_catalogue_entry_is_tested():
 
 
 def test_engine_without_acceptance_data_is_skipped_and_its_report_renders(suite):
-    result, report, _ = check(suite, CATALOGUE["no acceptance data (honest)"].engine, ["lossless", "acceptance"],
-                              "--no-isolate")
+    entry = CATALOGUE["no acceptance data (honest)"]
+    result, report, _ = check(suite, entry.engine, list(entry.checks), "--no-isolate")
     assert result.exit_code == 0, result.output
     assert verdicts(report) == {
         "lossless/ddtree-B4": ("pass", "2 match, 0 near-tie (exact)"),
@@ -143,40 +146,42 @@ def _alive(pid: int) -> bool:
         return False
 
 
-# fault -> (--engine-timeout, first line on stderr (regex), line of the log tail, verdicts)
+# fault -> (first line on stderr (regex), a line of the log tail, verdicts of the two checks); each runs
+# CATALOGUE[fault].checks isolated, with --engine-timeout CATALOGUE[fault].timeout
 PROCESS_FAULTS = {
     "cannot start": (
-        10, re.escape(f"error: engine '{M}CannotStart' failed to start: RuntimeError: no accelerator found for this "
-                      "engine (simulated) (2 of 2 checks not run)"),
+        re.escape(f"error: engine '{M}CannotStart' failed to start: RuntimeError: no accelerator found for this "
+                  "engine (simulated) (2 of 2 checks not run)"),
         "looking for an accelerator (simulated)", ("not run", "not run")),
     "hang at start-up": (
-        3, re.escape(f"error: engine '{M}HangAtStart' hung: no answer to start within 3 s (--engine-timeout); its "
-                     "process group was killed (2 of 2 checks not run)"),
+        re.escape(f"error: engine '{M}HangAtStart' hung: no answer to start within 3 s (--engine-timeout); its "
+                  "process group was killed (2 of 2 checks not run)"),
         "loading weights forever (simulated hang at start-up)", ("not run", "not run")),
     "hang in capabilities": (
-        3, re.escape(f"error: engine '{M}HangInCapabilities' hung: no answer to capabilities within 3 s "
-                     "(--engine-timeout); its process group was killed (2 of 2 checks not run)"),
+        re.escape(f"error: engine '{M}HangInCapabilities' hung: no answer to capabilities within 3 s "
+                  "(--engine-timeout); its process group was killed (2 of 2 checks not run)"),
         "capabilities() called: hanging (simulated)", ("not run", "not run")),
     "crash in generate": (
-        10, re.escape(f"error: engine '{M}CrashInGenerate' crashed during generate: exit code 139 (1 of 2 checks not "
-                      "run)"),
+        re.escape(f"error: engine '{M}CrashInGenerate' crashed during generate: exit code 139 (1 of 2 checks not "
+                  "run)"),
         "about to crash: simulated segfault in the engine's kernel", ("fail", "not run")),
     "hang in generate": (
-        5, re.escape(f"error: engine '{M}HangInGenerate' hung: no answer to generate within 5 s (--engine-timeout); "
-                     "its process group was killed (1 of 2 checks not run)"),
+        re.escape(f"error: engine '{M}HangInGenerate' hung: no answer to generate within 5 s (--engine-timeout); "
+                  "its process group was killed (1 of 2 checks not run)"),
         "hanging in generate (simulated)", ("fail", "not run")),
     "out of memory": (
-        10, re.escape(f"error: engine '{M}OutOfMemory' crashed during generate: killed by SIGKILL (as the "
-                      "out-of-memory killer does: out of memory?) (1 of 2 checks not run)"),
+        re.escape(f"error: engine '{M}OutOfMemory' crashed during generate: killed by SIGKILL (as the "
+                  "out-of-memory killer does: out of memory?) (1 of 2 checks not run)"),
         "allocating the KV cache (simulated out of memory: the OOM killer sends SIGKILL)", ("fail", "not run")),
 }
 
 
 @pytest.mark.parametrize("fault", list(PROCESS_FAULTS))
 def test_engine_that_cannot_start_or_dies_stops_the_run_with_exit_5(suite, fault):
-    timeout, first, tail_line, statuses = PROCESS_FAULTS[fault]
-    result, report, lines = check(suite, CATALOGUE[fault].engine, ["lossless", "tree-structure"],
-                                  "--engine-timeout", str(timeout))
+    first, tail_line, statuses = PROCESS_FAULTS[fault]
+    entry = CATALOGUE[fault]
+    assert entry.isolate and entry.checks == ("lossless", "tree-structure")
+    result, report, lines = check(suite, entry.engine, list(entry.checks), "--engine-timeout", f"{entry.timeout:g}")
     assert result.exit_code == 5, (result.exit_code, result.output)
     assert re.fullmatch(first, lines[0]), lines[0]
     assert lines[1] == "--- engine log tail ---" and tail_line in lines[2:], lines
@@ -276,3 +281,24 @@ def test_misbehaving_module_imports_no_torch():
     code = "import sys, ddtree_conformance.testing.misbehaving; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
     assert misbehaving.CATALOGUE is CATALOGUE
+
+
+def test_pytest_refuses_a_budget_above_the_engines_in_every_item(suite, tmp_path, capsys):
+    code = pytest.main(["-p", "no:cacheprovider", "-p", "no:randomly", "-q", str(tmp_path),
+                        "--ddtree-engine", "reference", "--ddtree-no-isolate",
+                        f"--ddtree-model={suite['target']}", f"--ddtree-drafter={suite['drafter']}",
+                        f"--ddtree-prompts={suite['prompts']}", "--ddtree-modes", "ddtree", "--ddtree-budgets", "4,5000",
+                        "--ddtree-check", "lossless", f"--ddtree-golden-dir={tmp_path / 'golden'}"])
+    out, err = capsys.readouterr()
+    assert code == pytest.ExitCode.TESTS_FAILED and "2 failed" in out, out + err
+    message = ("ddtree-conformance: --ddtree-budgets 5000: engine 'reference' accepts budgets up to 4096 "
+               "(capabilities().max_budget)")
+    assert out.splitlines().count(message) == 2, out
+
+
+def test_pytest_with_an_unknown_engine_stops_with_one_error(tmp_path, capsys):
+    code = pytest.main(["-p", "no:cacheprovider", "--co", "-q", str(tmp_path), "--ddtree-engine", "nosuch"])
+    out, err = capsys.readouterr()
+    assert code == pytest.ExitCode.USAGE_ERROR, out + err
+    assert "ERROR: ddtree-conformance: --ddtree-engine: unknown engine 'nosuch'; known engines: " in err
+    assert "Traceback" not in out + err

@@ -62,6 +62,8 @@ def check(
     printer = progress_printer()
     session = SuiteSession(settings, progress=printer)
     started = time.perf_counter()
+    if printer is not None:
+        printer(f"check: {len(checks)} checks against engine {settings.engine!r}")
     try:
         try:
             session.require_support()
@@ -69,7 +71,6 @@ def check(
             results = not_run(checks, f"the engine could not start: {one_line(exc)}")
         else:
             if printer is not None:
-                printer(f"check: {len(checks)} checks against engine {settings.engine!r}")
                 results = run_plan(session, checks, on_result=lambda r: printer(
                     f"check {r.check}: {r.status} ({r.details.get('elapsed_s', 0.0):.1f} s)"))
             else:

@@ -28,7 +28,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def conformance_session(request: pytest.FixtureRequest):
-    session = SuiteSession(settings_from_options(request.config))
+    session = SuiteSession(settings_from_options(request.config), flag_prefix="--ddtree-")
     yield session
     session.close()
 

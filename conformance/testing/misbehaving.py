@@ -271,39 +271,56 @@ class OutOfMemory(_Process):
 
 @dataclass(frozen=True)
 class Fault:
-    """One entry of :data:`CATALOGUE`: the engine (``module:Class`` spec), its options, what is wrong."""
+    """One entry of :data:`CATALOGUE`: the engine (``module:Class`` spec) and its options, what is
+    wrong, and how it is best shown: the check families to run, in its own process or not, and the
+    ``--engine-timeout`` (seconds) for the ones that hang."""
 
     engine: str
     fault: str
     options: dict = field(default_factory=dict)
+    checks: tuple[str, ...] = ("lossless",)
+    isolate: bool = False
+    timeout: float | None = None
 
 
 def _spec(cls: type) -> str:
     return f"{__name__}:{cls.__name__}"
 
 
+_DIES = ("lossless", "tree-structure")  # the first check meets the failure, the second is not run
+
 CATALOGUE: dict[str, Fault] = {
     "one result too few": Fault(_spec(OneResultTooFew), "drops the last result of a batch"),
     "one result too many": Fault(_spec(OneResultTooMany), "returns a result twice"),
-    "results out of order": Fault(_spec(ResultsOutOfOrder), "returns results in reverse order"),
+    "results out of order": Fault(_spec(ResultsOutOfOrder), "returns results in reverse order",
+                                  checks=("tree-structure",)),
     "negative output ids": Fault(_spec(NegativeOutputIds), "token id -5 in the output"),
     "ids beyond the vocabulary": Fault(_spec(IdsBeyondVocabulary), "token id past the vocabulary"),
     "output longer than max_new_tokens": Fault(_spec(OutputTooLong), "one token past max_new_tokens"),
     "wrong finish_reason": Fault(_spec(WrongFinishReason), "'stop' at the length limit"),
-    "emits past a stop token": Fault(_spec(EmitsPastStop), "tokens after the stop token"),
-    "tau 66 on a small block": Fault(_spec(Tau66), "acceptance lengths beyond the block size"),
+    "emits past a stop token": Fault(_spec(EmitsPastStop), "tokens after the stop token", checks=("stop-token",)),
+    "tau 66 on a small block": Fault(_spec(Tau66), "acceptance lengths beyond the block size",
+                                     checks=("acceptance",)),
     "acceptance lengths do not add up": Fault(_spec(LengthsDoNotAddUp), "one round more than the output holds"),
     "per-round acceptance dropped while promised": Fault(_spec(PerRoundAcceptanceDropped),
-                                                         "capabilities promise per-round acceptance"),
-    "traces dropped while promised": Fault(_spec(TracesDropped), "capabilities promise traces"),
-    "garbage traces": Fault(_spec(GarbageTraces), "trace bonus tokens differ from the output"),
+                                                         "capabilities promise per-round acceptance",
+                                                         checks=("acceptance",)),
+    "traces dropped while promised": Fault(_spec(TracesDropped), "capabilities promise traces",
+                                           checks=("tree-structure",)),
+    "garbage traces": Fault(_spec(GarbageTraces), "trace bonus tokens differ from the output",
+                            checks=("tree-structure",)),
     "results that are not RequestResults": Fault(_spec(NotResults), "dicts with a string for output_ids"),
-    "no acceptance data (honest)": Fault(_spec(NoAcceptanceData), "reports none, and says so: not a fault"),
-    "cannot start": Fault(_spec(CannotStart), "raises in __init__"),
-    "hang at start-up": Fault(_spec(HangAtStart), "never finishes __init__"),
-    "hang in capabilities": Fault(_spec(HangInCapabilities), "capabilities() never answers"),
-    "crash in generate": Fault(_spec(CrashInGenerate), "os._exit(139) in generate"),
-    "hang in generate": Fault(_spec(HangInGenerate), "starts a helper process, then sleeps"),
-    "out of memory": Fault(_spec(OutOfMemory), "SIGKILL in generate, as the OOM killer sends"),
-    "unknown option": Fault("reference", "a typo in an option name", {"bulider": "vectorized"}),
+    "no acceptance data (honest)": Fault(_spec(NoAcceptanceData), "reports none, and says so: not a fault",
+                                         checks=("lossless", "acceptance")),
+    "cannot start": Fault(_spec(CannotStart), "raises in __init__", checks=_DIES, isolate=True, timeout=10),
+    "hang at start-up": Fault(_spec(HangAtStart), "never finishes __init__", checks=_DIES, isolate=True, timeout=3),
+    "hang in capabilities": Fault(_spec(HangInCapabilities), "capabilities() never answers", checks=_DIES,
+                                  isolate=True, timeout=3),
+    "crash in generate": Fault(_spec(CrashInGenerate), "os._exit(139) in generate", checks=_DIES, isolate=True,
+                               timeout=10),
+    "hang in generate": Fault(_spec(HangInGenerate), "starts a helper process, then sleeps", checks=_DIES,
+                              isolate=True, timeout=5),
+    "out of memory": Fault(_spec(OutOfMemory), "SIGKILL in generate, as the OOM killer sends", checks=_DIES,
+                           isolate=True, timeout=10),
+    "unknown option": Fault("reference", "a typo in an option name", {"bulider": "vectorized"}, isolate=True),
 }
