@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import platform
 import re
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -64,6 +65,10 @@ class GoldenFile(BaseModel):
 
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
 
 
 def golden_path(golden_dir: str | Path, pair: str, prompt_set: str, dtype: str) -> Path:
@@ -141,16 +146,13 @@ def write_golden(golden_dir: str | Path, golden: GoldenFile, *, update: bool = F
     path = golden_path(golden_dir, golden.pair, golden.prompt_set, golden.dtype)
     if path.exists() and not update:
         raise GoldenExists(f"{path} exists; pass --update to replace it (a diff will be shown)")
-    old, note = None, []
+    old = None
     if path.exists():
         try:
             old = load_golden(golden_dir, golden.pair, golden.prompt_set, golden.dtype)
         except GoldenError as exc:
-            message = f"replacing an unreadable golden file: {exc}"
-            if warn is not None:
-                warn(message)
-            note = [message]
-    diff = note + diff_golden(old, golden)
+            (warn or _warn)(f"replacing an unreadable golden file: {exc}")
+    diff = diff_golden(old, golden)
     atomic_write(path, golden.model_dump_json(indent=1) + "\n", warn=warn)
     return path, diff
 

@@ -143,7 +143,8 @@ def test_update_replaces_a_corrupt_golden_file_with_a_warning_naming_it(tmp_path
     _, diff = write_golden(tmp_path, _golden(), update=True, warn=warned.append)
     assert warned == [f"replacing an unreadable golden file: {path}: not UTF-8 text (byte 0xff at offset 0); "
                       "is it a golden file?"]
-    assert diff[0] == warned[0] and load_golden(tmp_path, "p", "s", "float32").records["a"].output_ids == [1, 2, 3]
+    assert diff == ["new golden file: 1 prompts"]
+    assert load_golden(tmp_path, "p", "s", "float32").records["a"].output_ids == [1, 2, 3]
 
 
 def test_non_utf8_golden_file_is_one_error_naming_it(tmp_path):
@@ -161,3 +162,22 @@ def test_names_cannot_leave_the_golden_folder(tmp_path, pair, dtype):
     with pytest.raises(GoldenError, match="cannot name a golden file under"):
         golden_path(tmp_path, pair, "s", dtype)
     assert golden_path(tmp_path, "p", "../../elsewhere/s.jsonl", "float32") == tmp_path / "p" / "s-float32.json"
+
+
+def test_golden_check_on_a_corrupt_file_fails_naming_it_not_as_a_crash(random_pair, tmp_path):
+    from ddtree_conformance.checks import plan, run_plan
+    from ddtree_conformance.session import SuiteSession, SuiteSettings
+
+    target, drafter = random_pair
+    settings = SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", budgets=[4],
+                             modes=["ddtree"], max_new_tokens=4, limit=1, isolate=False, golden_dir=str(tmp_path))
+    path = golden_path(tmp_path, "random", "fixture", "float32")
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    session = SuiteSession(settings)
+    try:
+        [result] = run_plan(session, plan(settings, ["golden/"]))
+    finally:
+        session.close()
+    assert (result.status, result.message) == ("fail", f"{path}: not valid JSON (line 1: Expecting property name "
+                                                       "enclosed in double quotes)")

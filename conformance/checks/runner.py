@@ -21,7 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..adapters.interface import EngineDied
+from ..golden_files import GoldenError
 from ..integrity import PREFIX
+from ..prompts import PromptError
 from ..session import SuiteSession, UsedRun
 from .result import CheckResult
 
@@ -63,6 +65,8 @@ class PlannedCheck:
                 result = self.function(session, **self.params)
             except EngineDied:
                 raise
+            except (GoldenError, PromptError) as exc:  # an input file the check needs: one line naming it
+                result = CheckResult.failed(self.id, one_line(exc))
             except Exception as exc:  # a check crash is a failed check, not a dead run
                 if session.failure is not None:
                     raise session.failure from exc

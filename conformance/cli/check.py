@@ -47,6 +47,7 @@ def check(
     from ..adapters.registry import resolve_engine
     from ..checks import plan, run_plan
     from ..checks.runner import not_run, one_line
+    from ..golden_files import load_golden
     from ..progress import progress_printer
     from ..report import CHECK_SCHEMA, new_report, runs_from_session, write_report
     from ..session import SuiteSession
@@ -59,6 +60,8 @@ def check(
         tensor_parallel_size=tensor_parallel_size)
     resolve_engine(settings.engine, settings.engine_options)  # unknown engine or option: exit 2 before any work
     checks = plan(settings)
+    if any(c.id.split("/", 1)[0] in ("golden", "acceptance") for c in checks):  # they read the golden file
+        load_golden(settings.golden_dir, settings.pair_name, settings.prompt_set, settings.dtype)  # unreadable: exit 2
     printer = progress_printer()
     session = SuiteSession(settings, progress=printer)
     started = time.perf_counter()
