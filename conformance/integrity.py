@@ -137,6 +137,9 @@ def _ints(field: str, values, low: int, high: int | None = None) -> list[int]:
 
 def _outputs(result: RequestResult, request: Request, vocab: int | None) -> list[int]:
     output = _ids("output_ids", result.output_ids, vocab)
+    if not output:
+        raise IntegrityError("output_ids", "empty, but a result that is not an error holds at least the token chosen "
+                                           "after the prefill")
     if len(output) > request.max_new_tokens:
         raise IntegrityError("output_ids", f"{len(output)} tokens, more than max_new_tokens {request.max_new_tokens}")
     stops = set(request.stop_token_ids)

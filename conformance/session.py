@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from .adapters.interface import Capabilities, Engine, EngineDied, EngineUsageError, Mode, Request, RequestResult, RunConfig
+from .adapters.interface import (Capabilities, Engine, EngineDied, EngineUsageError, Mode, Request, RequestResult,
+                                 RunConfig)
 from .integrity import PairLimits, error_result, validate_results
 from .progress import Heartbeat, Printer
 from .settings import SuiteSettings

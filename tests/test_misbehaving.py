@@ -287,7 +287,8 @@ def test_pytest_refuses_a_budget_above_the_engines_in_every_item(suite, tmp_path
     code = pytest.main(["-p", "no:cacheprovider", "-p", "no:randomly", "-q", str(tmp_path),
                         "--ddtree-engine", "reference", "--ddtree-no-isolate",
                         f"--ddtree-model={suite['target']}", f"--ddtree-drafter={suite['drafter']}",
-                        f"--ddtree-prompts={suite['prompts']}", "--ddtree-modes", "ddtree", "--ddtree-budgets", "4,5000",
+                        f"--ddtree-prompts={suite['prompts']}", "--ddtree-modes", "ddtree",
+                        "--ddtree-budgets", "4,5000",
                         "--ddtree-check", "lossless", f"--ddtree-golden-dir={tmp_path / 'golden'}"])
     out, err = capsys.readouterr()
     assert code == pytest.ExitCode.TESTS_FAILED and "2 failed" in out, out + err
@@ -302,3 +303,62 @@ def test_pytest_with_an_unknown_engine_stops_with_one_error(tmp_path, capsys):
     assert code == pytest.ExitCode.USAGE_ERROR, out + err
     assert "ERROR: ddtree-conformance: --ddtree-engine: unknown engine 'nosuch'; known engines: " in err
     assert "Traceback" not in out + err
+
+
+# -- the rules themselves: the reference engine keeps them in every edge case ------------------------
+def test_reference_results_keep_every_integrity_rule(reference_engine, random_pair):
+    """Stops inside a round, at the prefill's token and at a round's end, limits from 1 token up,
+    traced: no rule fires on the correct engine (the rules never fail a correct engine)."""
+    from ddtree_conformance.adapters.interface import Request, RunConfig
+    from ddtree_conformance.integrity import PairLimits, result_problem
+
+    limits = PairLimits.read(*random_pair)
+    assert (limits.vocab_size, limits.block_size) == (97, 8)
+    caps = reference_engine.capabilities()
+    prompts = [[1, 2, 3, 4], [9, 8, 7, 6, 5, 4, 3], [11]]
+    plain = reference_engine.generate([Request(prompt_ids=p, max_new_tokens=12) for p in prompts],
+                                      RunConfig(mode="plain"))
+    requests = [Request(prompt_ids=p, max_new_tokens=n) for p in prompts for n in (1, 2, 3, 5, 12)]
+    requests += [Request(prompt_ids=p, max_new_tokens=12, stop_token_ids=[r.output_ids[i]])
+                 for p, r in zip(prompts, plain) for i in (0, 1, 4, 9)]
+    checked = 0
+    for mode, budget in (("plain", 1), ("dflash", 1), ("ddtree", 4), ("ddtree", 32)):
+        config = RunConfig(mode=mode, budget=budget, trace=True)
+        for request, result in zip(requests, reference_engine.generate(requests, config)):
+            assert result_problem(result, request, config, limits, caps) is None, (mode, request, result)
+            checked += 1
+    assert checked == 4 * len(requests)
+
+
+def test_rules_name_the_field_for_results_no_engine_should_send(random_pair):
+    from ddtree_conformance.adapters.interface import Request, RequestResult, RunConfig
+    from ddtree_conformance.integrity import PairLimits, validate_results
+
+    limits = PairLimits.read(*random_pair)
+    request = Request(prompt_ids=[1, 2], max_new_tokens=4, stop_token_ids=[7])
+    config = RunConfig(mode="ddtree", budget=4)
+    cases = {
+        "field output_ids: empty": RequestResult(output_ids=[], finish_reason="stop"),
+        "field output_ids: True at index 0 is not a token id": RequestResult.model_construct(
+            output_ids=[True], finish_reason="length"),
+        "field finish_reason: 'length', but the output ends with the stop token 7": RequestResult(
+            output_ids=[1, 2, 3, 7], finish_reason="length"),
+        "field finish_reason: 'length', but the output holds 2 tokens, not max_new_tokens 4": RequestResult(
+            output_ids=[1, 2], finish_reason="length"),
+        "field rounds: 3, but acceptance_lengths has 2 entries": RequestResult.model_construct(
+            output_ids=[1, 2, 3, 4], finish_reason="length", rounds=3, acceptance_lengths=[2, 1]),
+        "field acceptance_lengths: no rounds, but the output holds 4 tokens": RequestResult(
+            output_ids=[1, 2, 3, 4], finish_reason="length", rounds=0, acceptance_lengths=[]),
+        "field mean_acceptance: 9.5 is outside [1, 8]": RequestResult(
+            output_ids=[1, 2, 3, 4], finish_reason="length", mean_acceptance=9.5),
+        "field per_position_acceptance: depth 2: 1.5 is not a rate in [0, 1]": RequestResult(
+            output_ids=[1, 2, 3, 4], finish_reason="length", per_position_acceptance=[0.5, 1.5]),
+        "field error: the result is marked failed (finish_reason 'error') without a message": RequestResult(
+            output_ids=[], finish_reason="error"),
+    }
+    got = validate_results([request] * len(cases), list(cases.values()), config, limits, labels=["prompt x"] * 9)
+    for want, result in zip(cases, got):
+        assert result.finish_reason == "error" and result.output_ids == []
+        assert result.error.startswith("integrity: request ") and want in result.error, (want, result.error)
+    assert validate_results([request], "nonsense", config, limits)[0].error == (
+        "integrity: engine returned str, not a list of results")
