@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from .interface import EngineError
+from .interface import EngineError, UnknownOption
 
 __all__ = ["check_known", "flag", "number", "choice", "read_config", "drafter_block_size", "cuda_device_count"]
 
@@ -18,12 +18,12 @@ _FALSE = {"0", "false", "no", "off"}
 
 
 def check_known(engine: str, options: dict, known: Iterable[str]) -> None:
-    """Refuse options the engine does not know, listing the ones it does."""
+    """Refuse options the engine does not know (:class:`UnknownOption`), listing the ones it does."""
     known = set(known)
     unknown = sorted(set(options) - known)
     if unknown:
-        raise EngineError(f"engine '{engine}': unknown option(s) {', '.join(unknown)}; "
-                          f"known: {', '.join(sorted(known))}")
+        listed = ", ".join(sorted(known)) if known else "none (this engine takes no options)"
+        raise UnknownOption(f"engine '{engine}': unknown option(s) {', '.join(unknown)}; known: {listed}")
 
 
 def flag(engine: str, key: str, value) -> bool:

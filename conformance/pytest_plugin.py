@@ -42,8 +42,9 @@ _OPTIONS: list[tuple[str, dict[str, Any], str]] = [
                    "(turns the plugin on)"),
     ("engine_options", {"action": "append", "metavar": "KEY=VALUE"},
      "engine option (repeatable), as the CLI's -O/--engine-option"),
-    ("engine_timeout_s", {"type": float}, "seconds the engine may take to start, answer capabilities() or run one "
-                                          "generate before it is killed (default 900)"),
+    ("engine_timeout_s", {"type": float}, "seconds the engine may take to start, answer capabilities() (asked once) "
+                                          "or run one generate before its process group is killed and the "
+                                          "remaining items fail (default 900)"),
     ("model_dir", {}, "target model dir (default: the bundled fixture); write --ddtree-model=DIR"),
     ("drafter_dir", {}, "DFlash drafter dir (default: the bundled fixture); 'none' for no drafter"),
     ("pair", {}, "named model pair (fixture, qwen3-8b, qwen3-4b, or a pairs file's); default $DDTREE_PAIR"),
@@ -129,10 +130,22 @@ def item_group(settings) -> str:
     return f"{engine}-{settings.dtype}-{settings.pair_name}"
 
 
+def _check_engine_name(name: str) -> None:
+    """An engine name that is neither registered nor ``module:Class`` stops the run (no import)."""
+    from .adapters.registry import available_engines
+
+    name = name.strip()
+    known = available_engines()
+    if name not in known and ":" not in name:
+        raise pytest.UsageError(f"ddtree-conformance: --ddtree-engine: unknown engine {name!r}; known engines: "
+                                f"{', '.join(sorted(known))} (or give a 'module:Class' path)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not active(config):
         return
-    settings_from_options(config)  # a bad option or an unknown pair stops the run here, as one error
+    settings = settings_from_options(config)  # a bad option or an unknown pair stops the run here, as one error
+    _check_engine_name(settings.engine)
     if str(SUITE) in config.args:
         return
     if config.args_source != pytest.Config.ArgsSource.ARGS:

@@ -244,7 +244,10 @@ def render_html(report: dict) -> str:
         parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows]
         parts.append("</table>")
     parts.append('<h2>Plots</h2><div class="grid">')
-    for title, caption, data in plots(report):
+    # Runs without a tau (an engine that reports no acceptance data) have nothing to plot: left out,
+    # the plots show their "no data" placeholders instead of failing on the missing number.
+    plotted = {**report, "runs": [r for r in report.get("runs", []) if r.get("tau") is not None]}
+    for title, caption, data in plots(plotted):
         parts.append(f'<figure><h3>{esc(title)}</h3><img alt="{esc(title)}" src="data:image/png;base64,{data}">'
                      f"<figcaption>{esc(caption)}</figcaption></figure>")
     parts.append("</div>")

@@ -109,6 +109,7 @@ class ReferenceEngine(Engine):
     """
 
     name = "reference"
+    OPTIONS = ("builder",)
 
     # The spec steps this engine composes, one attribute each, so that a test-only mutant can
     # replace exactly one step (see tests/mutants.py).
@@ -119,7 +120,7 @@ class ReferenceEngine(Engine):
     emit_step = staticmethod(emit_tokens)
 
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
-        super().__init__(model_dir, drafter_dir, **options)
+        super().__init__(model_dir, drafter_dir, **options)  # refuses options other than OPTIONS
         self.info = read_target_info(model_dir)
         if drafter_dir is not None:  # fail at construction, naming the field, not mid-run
             validate_pair(self.info, read_drafter_config(drafter_dir), drafter_dir)
@@ -189,6 +190,9 @@ class ReferenceEngine(Engine):
         return pair
 
     def generate(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
+        if config.mode == "ddtree" and config.budget > MAX_BUDGET:  # refused here, never by the allocator
+            raise EngineError(f"reference engine: budget {config.budget} is above the largest it accepts, {MAX_BUDGET} "
+                              "(capabilities().max_budget)")
         tp = config.tensor_parallel_size
         if tp == 1:
             return self.generate_local(requests, config)

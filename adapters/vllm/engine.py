@@ -59,12 +59,11 @@ class VllmEngine(Engine):
     """vLLM's offline engine behind the suite's :class:`Engine` interface (see module doc)."""
 
     name = "vllm"
+    OPTIONS = ("max_model_len", "kv_cache_gib", "in_process", "enforce_eager", "max_num_seqs", "seed",
+               "acceptance_scope", "ddtree_method", "ddtree_budget_key", "ddtree_plugin", "ddtree_runner_class")
 
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
-        super().__init__(model_dir, drafter_dir, **options)
-        known = {"max_model_len", "kv_cache_gib", "in_process", "enforce_eager", "max_num_seqs", "seed",
-                 "acceptance_scope", "ddtree_method", "ddtree_budget_key", "ddtree_plugin", "ddtree_runner_class"}
-        opts.check_known(self.name, options, known)
+        super().__init__(model_dir, drafter_dir, **options)  # refuses options other than OPTIONS
         self.version = getattr(vllm, "__version__", "unknown")
         if not version_tested(self.version):
             warnings.warn(

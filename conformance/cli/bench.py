@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..paths import REPORTS_DIR
+from ..progress import progress_printer
 from . import options as opt
 from .base import EXIT_FAILED, CliError, command, stderr_console, stdout_console
 from .generate import require_support
@@ -83,15 +84,21 @@ def bench(
     session = SuiteSession(settings)
     try:
         eng = session.engine
+        session.require_support()  # every budget within capabilities().max_budget, dtype, device
         for mode in ["plain", *settings.modes]:
             require_support(eng, session.config(mode, settings.budgets[0]))
         requests = session.requests()
+        printer = progress_printer()
+        done = [0]
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=stderr_console(), transient=True) as progress:
             task = progress.add_task(f"bench {settings.engine}", total=None)
 
             def step(label: str) -> None:
                 progress.update(task, advance=1, description=f"bench {settings.engine}: {label}")
+                done[0] += 1
+                if printer is not None:  # CI logs: one line per timed run
+                    printer(f"bench {settings.engine}: {label} ({done[0]} runs)")
 
             try:
                 measured = run_bench(eng, requests, lambda m, b: session.config(m, b), runs, repeats=repeats,
