@@ -135,9 +135,9 @@ def test_conformance_items_run_beside_the_projects_own_options(subprocess_run):
 
 @pytest.mark.slow
 @pytest.mark.xfail(EDITABLE, strict=True, reason="BUG (conformance/pytest_plugin.py): from an editable install the "
-                   "plugin hands pytest the suite file inside the checkout, and pytest's default import mode imports it "
-                   "as bare `conformance.suite.test_conformance` with the repository root put first on sys.path, so "
-                   "bare `conformance` and `adapters` become importable in the user's run (a wheel install is fine)")
+                   "plugin hands pytest the suite file inside the checkout, and pytest's default import mode imports "
+                   "it as bare `conformance.suite.test_conformance` with the repository root put first on sys.path, "
+                   "so bare `conformance` and `adapters` become importable in the user's run (a wheel install is fine)")
 def test_a_conformance_run_imports_nothing_under_the_bare_names(subprocess_run):
     proc, project = subprocess_run
     probe = json.loads((project / "modules.json").read_text())

@@ -287,3 +287,68 @@ def test_the_cpu_workflow_cancels_superseded_runs():
     cpu = load("cpu.yml")
     assert cpu["concurrency"]["cancel-in-progress"] is True
     assert "package-smoke" in str(cpu["jobs"]["package"])
+
+
+def _fake_toolchain(tmp_path: Path) -> dict:
+    """``python3 -m venv`` whose venv's ``python`` logs its arguments, one call per line ('|'-joined)."""
+    fake, venv_bin, log = tmp_path / "fake", tmp_path / "venv-bin", tmp_path / "calls.log"
+    fake.mkdir()
+    venv_bin.mkdir()
+    (fake / "python3").write_text(
+        '#!/bin/bash\nif [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin"; '
+        f'echo \'export PATH="{venv_bin}:$PATH"\' > "$3/bin/activate"; exit 0; fi\nexit 1\n')
+    (venv_bin / "python").write_text(
+        f'#!/bin/bash\n(IFS="|"; echo "$*") >> "{log}"\n'
+        'case "$*" in *ddtree_conformance.pins*) echo 0.32.0 ;; *"pip freeze"*) echo "x==1" ;; esac\n')
+    (venv_bin / "ddtree-conformance").write_text("#!/bin/bash\necho ddtree-conformance 0.2.0\n")
+    for tool in (fake / "python3", venv_bin / "python", venv_bin / "ddtree-conformance"):
+        tool.chmod(0o755)
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    return {"PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "VENV": str(tmp_path / "venv"),
+            "REPORTS": str(reports), "SUITE_VERSION": "0.2.0", "ENGINE_VERSION": "", "ENGINE_REQUIREMENT": "",
+            "WHEELS": str(tmp_path / "no-wheels"), "LOG": str(log)}
+
+
+@pytest.mark.parametrize("engine, version, requirement, wheel, expected", [
+    ("vllm", "", "", False, ["ddtree-conformance[gpu]==0.2.0", "vllm==0.32.0"]),  # the release's own pin
+    ("sglang", "0.5.24", "", False, ["ddtree-conformance[gpu]==0.2.0", "sglang==0.5.24"]),
+    ("reference", "", "", False, ["ddtree-conformance[gpu]==0.2.0"]),
+    ("my_pkg.engine:Mine", "", "my-engine @ git+https://example.org/me/my-engine@abc123\nextra-dep==2",
+     False, ["ddtree-conformance[gpu]==0.2.0", "my-engine @ git+https://example.org/me/my-engine@abc123|extra-dep==2"]),
+    ("vllm", "0.32.0", "", True, ["{wheel}[gpu]", "vllm==0.32.0"]),  # this repository's CI: its own wheel
+])
+def test_install_step_installs_the_pinned_release_and_the_engine_version(engine, version, requirement, wheel,
+                                                                          expected, tmp_path):
+    install = step(load("conformance.yml"), "conformance", "install")["run"]
+    env = _fake_toolchain(tmp_path)
+    env.update({"ENGINE": engine, "ENGINE_VERSION": version, "ENGINE_REQUIREMENT": requirement})
+    if wheel:
+        wheels = tmp_path / "wheels"
+        wheels.mkdir()
+        (wheels / "ddtree_conformance-0.2.0-py3-none-any.whl").write_text("")
+        env["WHEELS"] = str(wheels)
+        expected = [e.format(wheel=wheels / "ddtree_conformance-0.2.0-py3-none-any.whl") for e in expected]
+    result = _bash(install, env, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    calls = Path(env["LOG"]).read_text().splitlines()
+    installs = [c.split("|", 4)[4] for c in calls if c.startswith("-m|pip|install|-q|") and "--upgrade" not in c]
+    assert installs == expected
+
+
+def test_job_summary_holds_the_markdown_report_the_counts_and_the_gate(tmp_path):
+    (summary_step,) = [s for s in steps(load("conformance.yml"), "conformance") if s.get("name") == "job summary"]
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "junit.xml").write_text(
+        '<testsuites><testsuite name="pytest" tests="5" failures="1" errors="0" skipped="2"></testsuite></testsuites>')
+    (reports / "bench.md").write_text("### ddtree-conformance bench: vllm on fixture\n| run | tau |\n")
+    env = {"REPORTS": str(reports), "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"), "GATE_EXIT": "4",
+           "ENGINE": "vllm", "PAIR": "fixture", "DTYPE": "bfloat16", "DDTREE_HARDWARE_CLASS": "gpu-h200"}
+    result = _bash(summary_step["run"], env, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## DDTree conformance: vllm on fixture (bfloat16, gpu-h200)" in summary
+    assert "GPU tier: 5 checks, 1 failed, 0 errors, 2 skipped" in summary
+    assert "### ddtree-conformance bench: vllm on fixture" in summary
+    assert "Gate exit status: 4" in summary
