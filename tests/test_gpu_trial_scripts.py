@@ -1,7 +1,7 @@
 """The GPU trial scripts run end to end on CPU with a tiny shape, so their first GPU run is not their first run.
 
 Only structure is checked (files written, one row per engine and budget): their numbers are for the
-GPU, where the lead runs them (docs/bench-and-gates.md gives the commands).
+GPU, where the lead runs them (docs/reference/bench-and-gates.md gives the commands).
 """
 
 from __future__ import annotations
