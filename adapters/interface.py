@@ -217,9 +217,7 @@ class Engine(abc.ABC):
 
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
         if type(self).OPTIONS is not None:
-            from .options import check_known
-
-            check_known(self.name, options, type(self).OPTIONS)
+            refuse_unknown_options(self.name, options, type(self).OPTIONS)
         self.model_dir = model_dir
         self.drafter_dir = drafter_dir
         self.options = options
@@ -240,3 +238,12 @@ class Engine(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def refuse_unknown_options(engine: str, options: dict, known) -> None:
+    """Refuse options the engine does not know (:class:`UnknownOption`), listing the ones it does."""
+    known = set(known)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        listed = ", ".join(sorted(known)) if known else "none (this engine takes no options)"
+        raise UnknownOption(f"engine '{engine}': unknown option(s) {', '.join(unknown)}; known: {listed}")
