@@ -32,8 +32,15 @@ Options (``--engine-option KEY=VALUE`` or ``SuiteSettings.engine_options``):
 ``enforce_eager`` (default True on CPU, vLLM's default elsewhere), ``max_num_seqs``, ``seed`` (0),
 ``acceptance_scope`` ("batch" | "request"), ``ddtree_method`` ("ddtree") and ``ddtree_budget_key``
 ("num_speculative_tokens"): the method name and budget key a DDTree-capable vLLM uses,
-``ddtree_plugin`` ("auto": the plugin when vLLM has no DDTree; "on"; "off") and
-``ddtree_runner_class`` ("module:Class", a runner subclass for the plugin: the suite's broken builds).
+``ddtree_plugin`` ("auto": the plugin when vLLM has no DDTree; "on"; "off"),
+``ddtree_runner_class`` ("module:Class", a runner subclass for the plugin: the suite's broken builds)
+and ``ddtree_max_budget`` (plugin only; default: unset). Unset, each DDTree budget gets its own
+``LLM`` started with ``num_speculative_tokens = B``, as an engine team deploys it. Set to M, one
+``LLM`` started with ``num_speculative_tokens = M`` serves every budget B <= M: the adapter asks for
+B per request (``SamplingParams.extra_args["ddtree"]["budget"]``), and the plugin then builds and
+schedules exactly the trees of an ``LLM`` started with B (the vLLM plugin tier checks their per-round
+acceptance against the reference at every budget). The drafter logits in traces are asked for per
+request too, so traced and untraced runs share one ``LLM``.
 """
 
 from __future__ import annotations
@@ -63,7 +70,8 @@ class VllmEngine(Engine):
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
         super().__init__(model_dir, drafter_dir, **options)
         known = {"max_model_len", "kv_cache_gib", "in_process", "enforce_eager", "max_num_seqs", "seed",
-                 "acceptance_scope", "ddtree_method", "ddtree_budget_key", "ddtree_plugin", "ddtree_runner_class"}
+                 "acceptance_scope", "ddtree_method", "ddtree_budget_key", "ddtree_plugin", "ddtree_runner_class",
+                 "ddtree_max_budget"}
         opts.check_known(self.name, options, known)
         self.version = getattr(vllm, "__version__", "unknown")
         if not version_tested(self.version):
@@ -108,6 +116,12 @@ class VllmEngine(Engine):
                 raise EngineError(f"engine 'vllm': ddtree_plugin=on but {why}")
             else:
                 self.ddtree_why += f"; and {why}"
+        max_budget = options.get("ddtree_max_budget")
+        self.shared_budget = (None if max_budget in (None, "", "none") else
+                              opts.number(self.name, "ddtree_max_budget", max_budget, int, 1))
+        if self.shared_budget is not None and not self.plugin:
+            raise EngineError(f"engine 'vllm': ddtree_max_budget needs the DDTree plugin (per-request budgets); "
+                              f"ddtree here: {self.ddtree_why or 'native vLLM DDTree'}")
         self._trace_dir = tempfile.mkdtemp(prefix="ddtree-vllm-traces-") if self.plugin else None
         self._dflash_ok, self._dflash_why = probe_method(api.DFLASH_METHOD)
         self._llm = None
@@ -140,6 +154,9 @@ class VllmEngine(Engine):
                 if self.plugin:
                     notes.append("ddtree runs through the out-of-tree plugin ddtree_vllm_plugin (exact "
                                   "per-round traces); dflash is stock vLLM")
+                    if self.shared_budget is not None:
+                        notes.append(f"ddtree budgets up to {self.shared_budget} share one LLM "
+                                     f"(num_speculative_tokens={self.shared_budget}, budget per request)")
             else:
                 notes.append(f"no ddtree in this vLLM: {self.ddtree_why}")
         if not version_tested(self.version):
@@ -173,7 +190,8 @@ class VllmEngine(Engine):
         if not self.ddtree_ok:
             raise EngineError(f"engine 'vllm': mode ddtree unavailable: {self.ddtree_why}")
         if self.plugin:
-            return {"method": api.DFLASH_METHOD, "model": self.drafter_dir, "num_speculative_tokens": config.budget}
+            return {"method": api.DFLASH_METHOD, "model": self.drafter_dir,
+                    "num_speculative_tokens": self._llm_budget(config)}
         spec = {"method": self.ddtree_method, "model": self.drafter_dir, self.ddtree_budget_key: config.budget}
         if self.ddtree_budget_key != "num_speculative_tokens":
             spec.setdefault("num_speculative_tokens", self.block_size - 1)
@@ -201,8 +219,9 @@ class VllmEngine(Engine):
         if config.tensor_parallel_size > caps_tp:
             raise EngineError(f"engine 'vllm': tensor_parallel_size {config.tensor_parallel_size} exceeds the "
                               f"{caps_tp} device(s) usable here")
-        key = (config.mode, config.budget if config.mode == "ddtree" else None, config.dtype, config.tensor_parallel_size,
-               config.trace_draft_logits if self._plugin_mode(config) else None)
+        # The plugin takes trace_draft_logits (and, when shared, the budget) per request: not in the key.
+        key = (config.mode, self._llm_budget(config) if config.mode == "ddtree" else None, config.dtype,
+               config.tensor_parallel_size)
         if self._llm is not None and self._llm_key == key:
             return self._llm
         self._shutdown_llm()
@@ -227,12 +246,20 @@ class VllmEngine(Engine):
     def _plugin_mode(self, config: RunConfig) -> bool:
         return self.plugin and config.mode == "ddtree"
 
+    def _shared(self, config: RunConfig) -> bool:
+        """This ddtree run uses the LLM shared by budgets up to ``ddtree_max_budget``."""
+        return self._plugin_mode(config) and self.shared_budget is not None and config.budget <= self.shared_budget
+
+    def _llm_budget(self, config: RunConfig) -> int:
+        """num_speculative_tokens of the LLM that runs ``config`` (mode ddtree)."""
+        return self.shared_budget if self._shared(config) else config.budget
+
     @property
     def _trace_path(self) -> str:
         return os.path.join(self._trace_dir, "rounds.jsonl")
 
     def _plugin_options(self, config: RunConfig) -> dict:
-        options = {"trace_path": self._trace_path, "trace_draft_logits": bool(config.trace_draft_logits)}
+        options = {"trace_path": self._trace_path}
         if self.runner_class:
             options["runner_class"] = str(self.runner_class)
         return options
@@ -255,8 +282,14 @@ class VllmEngine(Engine):
     def _round_trace(row: dict) -> RoundTrace:
         return RoundTrace(**{k: row[k] for k in RoundTrace.model_fields if k in row})
 
-    def _sampling_params(self, request: Request):
+    def _sampling_params(self, request: Request, config: RunConfig):
         sampled = request.temperature > 0
+        extra = {}
+        if self._plugin_mode(config):
+            own = {"trace_draft_logits": bool(config.trace_draft_logits)}
+            if self._shared(config):
+                own["budget"] = config.budget
+            extra["extra_args"] = {api.DDTREE_REQUEST_KEY: own}
         return vllm.SamplingParams(
             n=1,
             temperature=request.temperature,
@@ -267,15 +300,17 @@ class VllmEngine(Engine):
             stop_token_ids=list(request.stop_token_ids),
             ignore_eos=True,  # stop only on the request's own stop_token_ids
             detokenize=False,
+            **extra,
         )
 
-    def _run(self, llm, requests: list[Request], spec: bool) -> tuple[list, dict]:
+    def _run(self, llm, requests: list[Request], config: RunConfig) -> tuple[list, dict]:
+        spec = config.mode != "plain"
         if self._trace_dir is not None:
             open(self._trace_path, "w").close()
         before = metric_snapshot(llm) if spec else {}
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
         try:
-            outputs = llm.generate(prompts, [self._sampling_params(r) for r in requests], use_tqdm=False)
+            outputs = llm.generate(prompts, [self._sampling_params(r, config) for r in requests], use_tqdm=False)
         except Exception as exc:
             # An exception inside vLLM's engine loop can leave requests stuck in its scheduler: never
             # reuse that LLM (the next call builds a fresh one).
@@ -285,12 +320,14 @@ class VllmEngine(Engine):
         return outputs, delta
 
     @staticmethod
-    def _aggregates(delta: dict) -> dict:
+    def _aggregates(delta: dict, positions: int | None = None) -> dict:
+        """vLLM's counters as aggregates; ``positions`` cuts the per-position vector (as wide as the
+        LLM's num_speculative_tokens) to the run's budget when the LLM is shared by budgets."""
         drafts = int(delta.get(api.METRIC_DRAFTS, 0) or 0)
         if drafts <= 0:
             return {"aggregate_only": True, "rounds": 0}
         accepted = int(delta.get(api.METRIC_ACCEPTED, 0) or 0)
-        per_pos = delta.get(api.METRIC_ACCEPTED_PER_POS) or []
+        per_pos = (delta.get(api.METRIC_ACCEPTED_PER_POS) or [])[:positions]
         return {
             "aggregate_only": True,
             "rounds": drafts,
@@ -329,8 +366,8 @@ class VllmEngine(Engine):
         for group in groups:
             if not group:
                 continue
-            outputs, delta = self._run(llm, [requests[i] for i in group], spec)
-            extra = self._aggregates(delta) if spec else {}
+            outputs, delta = self._run(llm, [requests[i] for i in group], config)
+            extra = self._aggregates(delta, config.budget if self._shared(config) else None) if spec else {}
             if spec and self.scope == "batch":
                 extra["rounds"] = None  # batch-pooled aggregates: per-request rounds unknown
             rounds = self._read_traces() if self._plugin_mode(config) else None
