@@ -116,6 +116,9 @@ def test_capabilities_say_plugin(fp32):
     assert caps.traced("ddtree") and not caps.traced("dflash")
     assert any("ddtree_vllm_plugin" in note for note in caps.notes), caps.notes
     SUMMARY["capabilities_notes"] = caps.notes
+    SUMMARY["seconds"] = {"plain": fp32["plain_seconds"], "ddtree": fp32["ddtree_seconds"],
+                          "lossless_golden_acceptance_checks": fp32["checks"]["seconds"],
+                          "full_plan_b16": fp32["full"]["seconds"]}
 
 
 @pytest.mark.parametrize("budget", BUDGETS)

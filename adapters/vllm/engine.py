@@ -28,7 +28,7 @@ per-round acceptance lengths and, when asked, :class:`RoundTrace` objects (``tra
 
 Options (``--engine-option KEY=VALUE`` or ``SuiteSettings.engine_options``):
 ``max_model_len`` (default: the target's ``max_position_embeddings``, at most 4096),
-``kv_cache_gib`` (sets ``VLLM_CPU_KVCACHE_SPACE`` when unset; default 1), ``in_process`` (True),
+``kv_cache_gib`` (whole GiB, as vLLM reads it: sets ``VLLM_CPU_KVCACHE_SPACE`` when unset; default 1), ``in_process`` (True),
 ``enforce_eager`` (default True on CPU, vLLM's default elsewhere), ``max_num_seqs``, ``seed`` (0),
 ``acceptance_scope`` ("batch" | "request"), ``ddtree_method`` ("ddtree") and ``ddtree_budget_key``
 ("num_speculative_tokens"): the method name and budget key a DDTree-capable vLLM uses,
@@ -51,6 +51,7 @@ import os
 import tempfile
 import warnings
 
+import numpy
 import vllm  # noqa: F401  (a missing vLLM makes the registry say "engine 'vllm' is not available here")
 
 from .. import options as opts
@@ -80,7 +81,7 @@ class VllmEngine(Engine):
                 stacklevel=2,
             )
         os.environ.setdefault(api.ENV_KVCACHE_SPACE,
-                              str(opts.number(self.name, "kv_cache_gib", options.get("kv_cache_gib", 1), float, 0.01)))
+                              str(opts.number(self.name, "kv_cache_gib", options.get("kv_cache_gib", 1), int, 1)))
         self.in_process = opts.flag(self.name, "in_process", options.get("in_process", True))
         if self.in_process:
             os.environ.setdefault(api.ENV_V1_MULTIPROCESSING, "0")
@@ -264,16 +265,28 @@ class VllmEngine(Engine):
             options["runner_class"] = str(self.runner_class)
         return options
 
+    @property
+    def _logits_path(self) -> str:
+        return self._trace_path + ".logits"  # ddtree_vllm_plugin.runner.logits_path
+
     def _read_traces(self) -> dict[str, list[dict]]:
-        """The plugin's rounds since the file was last cleared, by external request id, in order."""
+        """The plugin's rounds since the files were last cleared, by external request id, in order;
+        drafter logits (float32 bytes beside the JSON lines) back in each row's ``draft_logits``."""
         by_request: dict[str, list[dict]] = {}
         try:
             with open(self._trace_path, encoding="utf-8") as fh:
                 lines = fh.readlines()
         except FileNotFoundError:
             return by_request
+        logits = None
         for line in lines:
             row = json.loads(line)
+            where = row.pop("draft_logits_f32", None)
+            if where is not None:
+                if logits is None:
+                    logits = numpy.fromfile(self._logits_path, dtype="<f4")
+                start, shape = where["offset"] // 4, where["shape"]
+                row["draft_logits"] = logits[start: start + shape[0] * shape[1]].reshape(shape).tolist()
             external = row["req_id"].rsplit("-", 1)[0]  # vLLM appends "-<8 random chars>" internally
             by_request.setdefault(external, []).append(row)
         return by_request
@@ -306,7 +319,8 @@ class VllmEngine(Engine):
     def _run(self, llm, requests: list[Request], config: RunConfig) -> tuple[list, dict]:
         spec = config.mode != "plain"
         if self._trace_dir is not None:
-            open(self._trace_path, "w").close()
+            for path in (self._trace_path, self._logits_path):
+                open(path, "w").close()
         before = metric_snapshot(llm) if spec else {}
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
         try:

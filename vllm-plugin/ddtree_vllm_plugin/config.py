@@ -48,7 +48,9 @@ class DDTreeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     trace_path: str | None = Field(default=None, description="append one JSON line per verified tree here")
-    trace_draft_logits: bool = Field(default=False, description="traces also carry the drafter logits [L, V]")
+    trace_draft_logits: bool = Field(default=False, description="traces also carry the drafter logits [L, V]: "
+                                                                 "float32 in <trace_path>.logits, each line's "
+                                                                 "draft_logits_f32 gives byte offset and shape")
     runner_class: str | None = Field(
         default=None, description="'module:Class' subclass of the DDTree runner (the suite's deliberately broken builds)"
     )

@@ -41,7 +41,7 @@ from .attention import UNSUPPORTED_LAYER_FEATURES, TreeAttentionImpl, TreeRows
 from .config import DDTreeConfigError, DDTreeOptions, request_options
 from .tree import NodeSampler, Tree, best_first_tree, visibility, walk
 
-__all__ = ["DDTreeCPUModelRunner", "TreeDrafter", "TreeSampler", "per_layer_context_k_norm"]
+__all__ = ["DDTreeCPUModelRunner", "TreeDrafter", "TreeSampler", "per_layer_context_k_norm", "logits_path"]
 
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID for padding sampled-token rows
 
@@ -354,13 +354,28 @@ class DDTreeCPUModelRunner(CPUModelRunner):
             "bonus": bonus,
             "top2_margins": [float(top2[p, 0] - top2[p, 1]) for p in path],
             "node_target_tokens": rows.argmax(dim=-1).tolist(),
-            "draft_logits": (self.draft_logits[self.input_batch.req_ids[i]].tolist()
+            "draft_logits": (self.draft_logits[self.input_batch.req_ids[i]]
                              if self.traces_draft_logits(self.input_batch.req_ids[i]) else None),
         }
 
     def _write_traces(self, traces: list[dict]) -> None:
+        """One JSON line per tree; drafter logits as float32 bytes in ``<trace_path>.logits``, the line
+        giving where (``draft_logits_f32``: byte offset and shape): as JSON they cost ~20 bytes a
+        value to write and parse, and a traced run carries tens of millions of them."""
         path = self.ddtree_options.trace_path
-        with self._trace_lock, open(path, "a", encoding="utf-8") as fh:
+        with self._trace_lock, open(path, "a", encoding="utf-8") as fh, open(logits_path(path), "ab") as raw:
             for trace in traces:
+                logits = trace.pop("draft_logits")
+                trace["draft_logits"] = None
+                if logits is not None:
+                    data = logits.to(torch.float32).contiguous().numpy()
+                    trace["draft_logits_f32"] = {"offset": raw.tell(), "shape": list(data.shape)}
+                    raw.write(data.astype("<f4", copy=False).tobytes())
                 fh.write(json.dumps(trace) + "\n")
+            raw.flush()
             fh.flush()
+
+
+def logits_path(trace_path: str) -> str:
+    """Where the drafter logits of the traces in ``trace_path`` go (float32, little-endian)."""
+    return trace_path + ".logits"
