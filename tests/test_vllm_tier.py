@@ -39,12 +39,12 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (pip install vllm
 from ddtree_conformance.metrics import mean_tau, per_position_acceptance  # noqa: E402
 from ddtree_conformance.paths import FIXTURE_DRAFTER  # noqa: E402
 from ddtree_conformance.session import SuiteSession, SuiteSettings  # noqa: E402
-from ddtree_conformance.testing.tiers import TierSummary, fixture_golden, run_checks  # noqa: E402
+from ddtree_conformance.testing.tiers import (  # noqa: E402
+    VLLM_TIER_ENGINE_OPTIONS, TierSummary, fixture_golden, run_checks)
 
 MAX_NEW_TOKENS = 64
 CHECKS = ["lossless", "golden", "acceptance"]
-#: the engine options of every vLLM tier session on the fixture pair (one shared engine process)
-ENGINE_OPTIONS = {"ddtree_max_budget": 128}
+ENGINE_OPTIONS = VLLM_TIER_ENGINE_OPTIONS  # shared with the other vLLM tier module: one engine process
 SUMMARY = TierSummary("VLLM_TIER_SUMMARY")
 
 

@@ -2,8 +2,8 @@
 
 :class:`VllmEngine` drives vLLM's offline :class:`vllm.LLM` in the process that constructs it.
 The suite wraps it in :class:`~ddtree_conformance.adapters.process.IsolatedEngine`, so each suite engine is one child
-process; inside it the adapter keeps one ``LLM`` per (mode, budget, dtype) configuration and
-rebuilds it only when the configuration changes (the previous one is shut down first).
+process; inside it the adapter keeps the ``LLM`` of the last (mode, budget, dtype) configuration
+(option ``live_llms``: of the last few) and builds another only when the configuration changes.
 
 By default vLLM's engine core runs in this same process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
 uniprocess executor): IsolatedEngine's child is a daemon process, which may not start children,
@@ -30,6 +30,8 @@ Options (``--engine-option KEY=VALUE`` or ``SuiteSettings.engine_options``):
 ``max_model_len`` (default: the target's ``max_position_embeddings``, at most 4096),
 ``kv_cache_gib`` (whole GiB, as vLLM reads it: sets ``VLLM_CPU_KVCACHE_SPACE`` when unset; default 1), ``in_process`` (True),
 ``enforce_eager`` (default True on CPU, vLLM's default elsewhere), ``max_num_seqs``, ``seed`` (0),
+``live_llms`` (1: how many ``LLM`` s, one per configuration, stay alive at once; the least recently
+used one is shut down to make room; 2 keeps plain and speculative both warm when checks alternate),
 ``acceptance_scope`` ("batch" | "request"), ``ddtree_method`` ("ddtree") and ``ddtree_budget_key``
 ("num_speculative_tokens"): the method name and budget key a DDTree-capable vLLM uses,
 ``ddtree_plugin`` ("auto": the plugin when vLLM has no DDTree; "on"; "off"),
@@ -46,16 +48,16 @@ request too, so traced and untraced runs share one ``LLM``.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import tempfile
 import warnings
+from collections import OrderedDict
 
-import numpy
 import vllm  # noqa: F401  (a missing vLLM makes the registry say "engine 'vllm' is not available here")
 
 from .. import options as opts
-from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RoundTrace, RunConfig
+from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RunConfig
+from . import plugin_traces
 from . import upstream_api as api
 from .probe import metric_delta, metric_snapshot, method_names, probe_method, spec_config_fields, version_tested
 from .upstream_api import TESTED_VERSIONS
@@ -72,7 +74,7 @@ class VllmEngine(Engine):
         super().__init__(model_dir, drafter_dir, **options)
         known = {"max_model_len", "kv_cache_gib", "in_process", "enforce_eager", "max_num_seqs", "seed",
                  "acceptance_scope", "ddtree_method", "ddtree_budget_key", "ddtree_plugin", "ddtree_runner_class",
-                 "ddtree_max_budget"}
+                 "ddtree_max_budget", "live_llms"}
         opts.check_known(self.name, options, known)
         self.version = getattr(vllm, "__version__", "unknown")
         if not version_tested(self.version):
@@ -125,8 +127,8 @@ class VllmEngine(Engine):
                               f"ddtree here: {self.ddtree_why or 'native vLLM DDTree'}")
         self._trace_dir = tempfile.mkdtemp(prefix="ddtree-vllm-traces-") if self.plugin else None
         self._dflash_ok, self._dflash_why = probe_method(api.DFLASH_METHOD)
-        self._llm = None
-        self._llm_key: tuple | None = None
+        self.live_llms = opts.number(self.name, "live_llms", options.get("live_llms", 1), int, 1)
+        self._llms: OrderedDict[tuple, object] = OrderedDict()  # key -> vllm.LLM, least recently used first
 
     # -- helpers ---------------------------------------------------------------------------
     @staticmethod
@@ -198,15 +200,18 @@ class VllmEngine(Engine):
             spec.setdefault("num_speculative_tokens", self.block_size - 1)
         return spec
 
-    def _shutdown_llm(self) -> None:
-        llm, self._llm, self._llm_key = self._llm, None, None
-        if llm is None:
-            return
-        try:
-            llm.llm_engine.engine_core.shutdown()
-        except Exception:  # best effort: the process may be on its way out anyway
-            pass
-        del llm
+    def _shutdown_llm(self, key: tuple | None = None) -> None:
+        """Shut down the LLM under ``key`` (None: every live one)."""
+        keys = list(self._llms) if key is None else [key]
+        for k in keys:
+            llm = self._llms.pop(k, None)
+            if llm is None:
+                continue
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # best effort: the process may be on its way out anyway
+                pass
+            del llm
         gc.collect()
 
     def _get_llm(self, config: RunConfig):
@@ -223,9 +228,11 @@ class VllmEngine(Engine):
         # The plugin takes trace_draft_logits (and, when shared, the budget) per request: not in the key.
         key = (config.mode, self._llm_budget(config) if config.mode == "ddtree" else None, config.dtype,
                config.tensor_parallel_size)
-        if self._llm is not None and self._llm_key == key:
-            return self._llm
-        self._shutdown_llm()
+        if key in self._llms:
+            self._llms.move_to_end(key)
+            return self._llms[key]
+        while len(self._llms) >= self.live_llms:  # the least recently used one makes room
+            self._shutdown_llm(next(iter(self._llms)))
         kwargs = dict(model=self.model_dir, dtype=config.dtype, seed=self.seed, max_model_len=self.max_model_len,
                       enforce_eager=self.enforce_eager, disable_log_stats=False, generation_config="vllm")
         spec = self._speculative_config(config)
@@ -238,11 +245,11 @@ class VllmEngine(Engine):
         if config.tensor_parallel_size > 1:
             kwargs["tensor_parallel_size"] = config.tensor_parallel_size
         try:
-            self._llm = vllm.LLM(**kwargs)
+            llm = vllm.LLM(**kwargs)
         except Exception as exc:
             raise EngineError(f"engine 'vllm': LLM({config.mode}, {config.dtype}) failed: {type(exc).__name__}: {exc}") from exc
-        self._llm_key = key
-        return self._llm
+        self._llms[key] = llm
+        return llm
 
     def _plugin_mode(self, config: RunConfig) -> bool:
         return self.plugin and config.mode == "ddtree"
@@ -264,36 +271,6 @@ class VllmEngine(Engine):
         if self.runner_class:
             options["runner_class"] = str(self.runner_class)
         return options
-
-    @property
-    def _logits_path(self) -> str:
-        return self._trace_path + ".logits"  # ddtree_vllm_plugin.runner.logits_path
-
-    def _read_traces(self) -> dict[str, list[dict]]:
-        """The plugin's rounds since the files were last cleared, by external request id, in order;
-        drafter logits (float32 bytes beside the JSON lines) back in each row's ``draft_logits``."""
-        by_request: dict[str, list[dict]] = {}
-        try:
-            with open(self._trace_path, encoding="utf-8") as fh:
-                lines = fh.readlines()
-        except FileNotFoundError:
-            return by_request
-        logits = None
-        for line in lines:
-            row = json.loads(line)
-            where = row.pop("draft_logits_f32", None)
-            if where is not None:
-                if logits is None:
-                    logits = numpy.fromfile(self._logits_path, dtype="<f4")
-                start, shape = where["offset"] // 4, where["shape"]
-                row["draft_logits"] = logits[start: start + shape[0] * shape[1]].reshape(shape).tolist()
-            external = row["req_id"].rsplit("-", 1)[0]  # vLLM appends "-<8 random chars>" internally
-            by_request.setdefault(external, []).append(row)
-        return by_request
-
-    @staticmethod
-    def _round_trace(row: dict) -> RoundTrace:
-        return RoundTrace(**{k: row[k] for k in RoundTrace.model_fields if k in row})
 
     def _sampling_params(self, request: Request, config: RunConfig):
         sampled = request.temperature > 0
@@ -319,8 +296,7 @@ class VllmEngine(Engine):
     def _run(self, llm, requests: list[Request], config: RunConfig) -> tuple[list, dict]:
         spec = config.mode != "plain"
         if self._trace_dir is not None:
-            for path in (self._trace_path, self._logits_path):
-                open(path, "w").close()
+            plugin_traces.clear(self._trace_path)
         before = metric_snapshot(llm) if spec else {}
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
         try:
@@ -328,7 +304,8 @@ class VllmEngine(Engine):
         except Exception as exc:
             # An exception inside vLLM's engine loop can leave requests stuck in its scheduler: never
             # reuse that LLM (the next call builds a fresh one).
-            self._shutdown_llm()
+            for key in [k for k, v in self._llms.items() if v is llm]:
+                self._shutdown_llm(key)
             raise EngineError(f"engine 'vllm': generate failed: {type(exc).__name__}: {exc}") from exc
         delta = metric_delta(before, metric_snapshot(llm)) if spec else {}
         return outputs, delta
@@ -384,7 +361,7 @@ class VllmEngine(Engine):
             extra = self._aggregates(delta, config.budget if self._shared(config) else None) if spec else {}
             if spec and self.scope == "batch":
                 extra["rounds"] = None  # batch-pooled aggregates: per-request rounds unknown
-            rounds = self._read_traces() if self._plugin_mode(config) else None
+            rounds = plugin_traces.read(self._trace_path) if self._plugin_mode(config) else None
             for i, output in zip(group, outputs):
                 own = dict(extra)
                 if rounds is not None:
@@ -394,7 +371,7 @@ class VllmEngine(Engine):
                     # acceptance stay vLLM's own metrics (batch-pooled), so both can be compared
                     own.update(aggregate_only=False, rounds=len(lengths), acceptance_lengths=lengths)
                     if config.trace:
-                        own["traces"] = [self._round_trace(r) for r in rows]
+                        own["traces"] = [plugin_traces.round_trace(r) for r in rows]
                 results[i] = self._result(output, own)
         return results  # type: ignore[return-value]
 

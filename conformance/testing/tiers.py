@@ -31,7 +31,13 @@ from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.golden_files import load_golden
 from ddtree_conformance.session import SuiteSession, SuiteSettings
 
-__all__ = ["run_checks", "fixture_golden", "TierSummary", "SharedEngines", "tier_engines", "write_summaries"]
+__all__ = ["run_checks", "fixture_golden", "TierSummary", "SharedEngines", "tier_engines", "write_summaries",
+           "VLLM_TIER_ENGINE_OPTIONS"]
+
+#: The engine options of every vLLM tier session on the fixture pair (tests/test_vllm_tier.py and
+#: tests/test_vllm_plugin_tier.py), so they share one engine process: DDTree budgets up to 128 on
+#: one LLM (budget per request), and plain and speculative LLMs both kept alive.
+VLLM_TIER_ENGINE_OPTIONS = {"ddtree_max_budget": 128, "live_llms": 2}
 
 
 def run_checks(session: SuiteSession, only: list[str] | None, **settings) -> dict:
