@@ -39,7 +39,7 @@ used one is shut down to make room; 2 keeps plain and speculative both warm when
 and ``ddtree_max_budget`` (plugin only; default: unset). Unset, each DDTree budget gets its own
 ``LLM`` started with ``num_speculative_tokens = B``, as an engine team deploys it. Set to M, one
 ``LLM`` started with ``num_speculative_tokens = M`` serves every budget B <= M: the adapter asks for
-B per request (``SamplingParams.extra_args["ddtree"]["budget"]``), and the plugin then builds and
+B < M per request (``SamplingParams.extra_args["ddtree"]["budget"]``), and the plugin then builds and
 schedules exactly the trees of an ``LLM`` started with B (the vLLM plugin tier checks their per-round
 acceptance against the reference at every budget). The drafter logits in traces are asked for per
 request too, so traced and untraced runs share one ``LLM``.
@@ -277,7 +277,7 @@ class VllmEngine(Engine):
         extra = {}
         if self._plugin_mode(config):
             own = {"trace_draft_logits": bool(config.trace_draft_logits)}
-            if self._shared(config):
+            if self._llm_budget(config) != config.budget:  # the shared LLM, started for a larger budget
                 own["budget"] = config.budget
             extra["extra_args"] = {api.DDTREE_REQUEST_KEY: own}
         return vllm.SamplingParams(
