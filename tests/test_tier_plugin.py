@@ -48,6 +48,7 @@ def test_no_file_without_the_variable(tmp_path, monkeypatch):
 
 
 class _Counting(Engine):
+    OPTIONS = ("x",)
     closed = 0
 
     def capabilities(self) -> Capabilities:
@@ -67,7 +68,7 @@ def test_shared_engines_are_borrowed(monkeypatch, random_pair):
 
     def create(settings, model_dir, drafter_dir):
         created.append((model_dir, drafter_dir))
-        return _Counting(model_dir, drafter_dir)
+        return _Counting(model_dir, drafter_dir, **settings.engine_options)
 
     monkeypatch.setattr(tiers.SharedEngines, "_create", staticmethod(create))
     shared = tiers.SharedEngines()
@@ -78,7 +79,8 @@ def test_shared_engines_are_borrowed(monkeypatch, random_pair):
         assert session.capabilities.name == "counting"
         session.close()
     assert created == [(target, drafter)] and _Counting.closed == 0
-    other = SuiteSettings(**base, engine_options={"x": 1})  # other engine options: another engine
+    other = SuiteSettings(**base, engine_options={"x": 1})  # other engine options: another engine (its handle
+    # must not re-check the options against the handle's own class)
     SuiteSession(other, engine_factory=shared.factory(other)).engine.capabilities()
     assert len(created) == 2 and len(shared) == 2
     shared.close()

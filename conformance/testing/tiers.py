@@ -97,6 +97,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
 class _Borrowed(Engine):
     """A session's handle on a shared engine: everything but ``close`` goes to the engine."""
 
+    OPTIONS = None  # the shared engine checked its own options when it was built
+
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine.model_dir, engine.drafter_dir, **engine.options)
         self.engine = engine
