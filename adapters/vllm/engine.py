@@ -365,10 +365,18 @@ class VllmEngine(Engine):
                 own = dict(extra)
                 if rounds is not None:
                     rows = rounds.get(str(output.request_id), [])
-                    lengths = [len(r["accepted"]) + 1 for r in rows]
-                    # per-round lengths from the plugin's traces; mean_acceptance and per-position
-                    # acceptance stay vLLM's own metrics (batch-pooled), so both can be compared
+                    # per-round lengths from the plugin's traces (tree-less steps as rounds of 1);
+                    # mean_acceptance and per-position acceptance stay vLLM's own metrics
+                    # (batch-pooled), so both can be compared
+                    lengths, untraced = plugin_traces.acceptance_lengths(
+                        rows, len(requests[i].prompt_ids), len(output.outputs[0].token_ids))
                     own.update(aggregate_only=False, rounds=len(lengths), acceptance_lengths=lengths)
+                    if config.trace and untraced:
+                        results[i] = RequestResult(
+                            output_ids=list(output.outputs[0].token_ids), finish_reason="error",
+                            error=f"vLLM ran {untraced} decode step(s) without a draft tree (its scheduler left "
+                                  "no room for one); such steps have no trace")
+                        continue
                     if config.trace:
                         own["traces"] = [plugin_traces.round_trace(r) for r in rows]
                 results[i] = self._result(output, own)

@@ -3,6 +3,13 @@
 The plugin appends one JSON line per verified tree to the trace path the adapter gives it, and
 the drafter logits of traced requests as float32 bytes to ``<trace path>.logits``; a line's
 ``draft_logits_f32`` holds their byte offset and shape (``ddtree_vllm_plugin.runner._write_traces``).
+
+Steps without a tree. vLLM's scheduler drops a request's draft tokens when they do not fit (near
+``max_model_len``, or when its token budget runs out); that step verifies only the root and commits
+one token, and the plugin writes no line for it. In the suite's convention such a step is a round
+of acceptance length 1; :func:`acceptance_lengths` puts it back where the rounds' root positions
+(``start``) skip ahead. No trace exists for it, so a traced run that had one says so
+(:class:`UntracedSteps`) instead of inventing a tree.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import numpy
 
 from ..interface import RoundTrace
 
-__all__ = ["logits_path", "clear", "read", "round_trace"]
+__all__ = ["logits_path", "clear", "read", "round_trace", "acceptance_lengths", "UntracedSteps"]
 
 
 def logits_path(trace_path: str) -> str:
@@ -51,3 +58,35 @@ def read(trace_path: str) -> dict[str, list[dict]]:
 
 def round_trace(row: dict) -> RoundTrace:
     return RoundTrace(**{k: row[k] for k in RoundTrace.model_fields if k in row})
+
+
+class UntracedSteps(ValueError):
+    """The request ran decode steps without a draft tree, which have no trace."""
+
+
+def acceptance_lengths(rows: list[dict], prompt_len: int, output_len: int) -> tuple[list[int], int]:
+    """Per-round acceptance lengths of one request from its trace rows, with every tree-less step
+    (see the module doc) as a round of length 1; and how many such steps there were.
+
+    The first round's root is the prefill's token, at position ``prompt_len``; each round's root
+    follows the tokens the previous rounds committed, and the output ends with the last round's.
+    Rows whose root lies behind the committed tokens (not a decode step of this request's output)
+    are left as they are: the suite's integrity check names them.
+    """
+    lengths: list[int] = []
+    plain = 0
+    position = prompt_len  # position of the next round's root
+    for row in rows:
+        start = row.get("start")
+        if isinstance(start, int) and start > position:
+            gap = start - position
+            lengths += [1] * gap
+            plain += gap
+            position = start
+        lengths.append(len(row["accepted"]) + 1)
+        position += lengths[-1]
+    tail = prompt_len + output_len - 1 - position  # output tokens after the last round's
+    if tail > 0:
+        lengths += [1] * tail
+        plain += tail
+    return lengths, plain
