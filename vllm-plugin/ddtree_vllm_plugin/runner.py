@@ -294,7 +294,11 @@ class DDTreeCPUModelRunner(CPUModelRunner):
                 rest = [r for r in range(root_row + 1, seg_end) if r not in set(keep)]
                 order = list(range(seg_start, root_row + 1)) + keep + rest
                 moves.append((i, [info.start + a for a in accepted], [info.start + 1 + j for j in range(len(accepted))]))
-                if self.ddtree_options.trace_path:
+                # A request prefilled in a step where others verify trees gets placeholder drafts
+                # (-1) from vLLM; that step's root is the prompt's last token: it is the prefill,
+                # whose token is not a round, so it gets no trace line.
+                prefill = info.start < int(self.input_batch.num_prompt_tokens[i])
+                if self.ddtree_options.trace_path and not prefill:
                     traces.append(self._trace(i, info, tree, rows, accepted, targets, bonus))
             order_rows += order
             order_positions += positions
