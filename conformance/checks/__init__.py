@@ -15,6 +15,7 @@ from ..session import SuiteSession
 from ..settings import SettingsError, SuiteSettings
 from .acceptance import check_acceptance
 from .edges import check_lengths, check_prompt_shapes, check_special_tokens, check_stops
+from .envelope import check_busy_batch, check_long_context
 from .golden_outputs import check_golden
 from .lossless import check_lossless
 from .result import CheckResult
@@ -33,6 +34,8 @@ PER_MODE_CHECKS: dict[str, Callable[..., CheckResult]] = {
     "max-new-tokens": check_lengths,
     "prompt-shapes": check_prompt_shapes,
     "token-0-and-mask-id": check_special_tokens,
+    "long-context": check_long_context,
+    "busy-batch": check_busy_batch,
     "tensor-parallel": check_tensor_parallel,
 }
 
