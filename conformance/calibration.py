@@ -19,11 +19,12 @@ uniform noise model below, and says so in every verdict.
    low-precision choice ("excused"); below that it is a wrong token.
 
 2. Excused-position ceiling. A bound alone lets an engine pick the runner-up at *every* near-tie.
-   A correct low-precision engine flips a position only where its own noise exceeds the fp32
-   top-2 gap ``g`` there. Model that noise as a calibration shift scaled by 2 (an engine up to
+   A correct low-precision engine flips a position only where its own noise *shrinks* the fp32
+   top-2 gap ``g`` there by more than ``g``. Measure that signed noise, ``shrink = gap_fp32 -
+   gap_low`` (positive when low precision narrows the gap), and scale it by 2 (an engine up to
    twice as noisy as the reference, the same factor as the bound): the flip probability at a
-   position is ``p(g) = P(2 * shift >= g)``. The manifest keeps the tail counts ``k(t)`` of
-   shifts ``>= t`` on a fixed log grid of thresholds out of ``N`` positions. For one position,
+   position is ``p(g) = P(2 * shrink >= g)``. The manifest keeps the tail counts ``k(t)`` of
+   shrinks ``>= t`` on a fixed log grid of thresholds out of ``N`` positions. For one position,
    ``p_hi(g)`` is the one-sided Clopper-Pearson upper limit (confidence ``1 - ALPHA``) of
    ``k(t) / N`` at the largest grid threshold ``t <= g / 2`` (rounding down the threshold only
    raises the estimate). Over a run's scored positions with fp32 top-2 gaps ``g_j`` the number of
@@ -120,6 +121,7 @@ class Calibration:
             return np.zeros_like(gaps)
         if not self.positions:  # uncalibrated: shifts uniform on [0, bound / 2]
             return np.clip(1.0 - gaps / self.bound, 0.0, 1.0) if self.bound > 0 else np.zeros_like(gaps)
+        # Past the last grid threshold the last count holds (the grid ends above any admissible shift).
         thresholds = np.array([t for t, _ in self.tail])
         limits = np.array([1.0] + [_upper_limit(k, self.positions) for _, k in self.tail])
         index = np.searchsorted(thresholds, gaps / 2, side="right")  # entries with threshold <= g / 2
@@ -242,7 +244,8 @@ def near_tie_bound(model_dir: str | Path, dtype: str) -> float:
 
 
 def measure_gap_shift(model_dir: str, dtype: str, sequences: list[list[int]], device: str = "cpu") -> list[float]:
-    """``|gap_low - gap_fp32|`` at every position of every sequence (module doc, 1)."""
+    """``gap_fp32 - gap_low`` (signed: positive when low precision narrows the fp32 top-2 gap) at
+    every position of every sequence (module doc, 1 and 2)."""
     from .scorer import TargetScorer
 
     exact, low = TargetScorer(model_dir, "float32", device), TargetScorer(model_dir, dtype, device)
@@ -252,7 +255,7 @@ def measure_gap_shift(model_dir: str, dtype: str, sequences: list[list[int]], de
         top = torch.topk(ref, 2, dim=-1).indices
         gap_ref = ref.gather(1, top[:, :1]) - ref.gather(1, top[:, 1:])
         gap_low = approx.gather(1, top[:, :1]) - approx.gather(1, top[:, 1:])
-        shifts += (gap_low - gap_ref).abs().squeeze(1).tolist()
+        shifts += (gap_ref - gap_low).squeeze(1).tolist()
     return shifts
 
 
@@ -285,20 +288,17 @@ def calibrate(model_dir: str, dtypes: list[str], sequences: list[list[int]], dev
               budgets: tuple[int, ...] = (16, 64, 256)) -> dict:
     """Measure each dtype on ``device`` and merge the result into the pair's manifest atomically.
 
-    ``sequences``: prompts followed by their fp32 greedy outputs (target and drafter shifts);
-    ``requests``: the greedy requests of those prompts, for the drafter round flip rate (with a
-    drafter only)."""
+    ``sequences``: prompts followed by their fp32 greedy outputs (target shifts and, with
+    ``drafter_dir``, drafter shifts); ``requests``: the greedy requests of those prompts, for the
+    drafter round flip rate. Fields not measured this time keep their earlier values."""
     path = Path(manifest) if manifest else manifest_path(model_dir)
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    section = data.setdefault(KEY, {})
-    section.pop("bounds", None)
-    measured = section.setdefault("measured", {})
     for dtype in dtypes:
-        shifts = sorted(measure_gap_shift(model_dir, dtype, sequences, device))
+        signed = measure_gap_shift(model_dir, dtype, sequences, device)
+        shifts, shrinks = sorted(abs(x) for x in signed), sorted(signed)
         n = len(shifts)
-        tail = [[t, n - _count_below(shifts, t)] for t in shift_thresholds()]
+        tail = [[t, n - _count_below(shrinks, t)] for t in shift_thresholds()]
         entry = {"positions": n, "max_shift": shifts[-1], "p99_shift": shifts[int(0.99 * (n - 1))],
-                 "shift_tail": [pair for pair in tail if pair[1] > 0] or [[shift_thresholds()[0], 0]],
+                 "shift_tail": tail,
                  "device": device, "torch": torch.__version__, "sequences": len(sequences)}
         if drafter_dir is not None:
             entry["drafter_max_shift"], entry["drafter_blocks"] = measure_drafter_shift(
@@ -309,12 +309,18 @@ def calibrate(model_dir: str, dtypes: list[str], sequences: list[list[int]], dev
                 entry["drafter_rounds"], entry["drafter_flips"] = measure_drafter_flips(
                     model_dir, drafter_dir, dtype, requests, device, budgets)
                 entry["drafter_budgets"] = list(budgets)
-        measured[f"{dtype}@{torch.device(device).type}"] = entry
-    section["method"] = ("ddtree_conformance.calibration: bound = 2 * max shift of the fp32 top-2 gap; ceiling from "
-                         "the shift tail (Clopper-Pearson, Poisson); drafter tolerance = 2 * max drafter logit shift; "
-                         "drafter round cap from the drafter-side flip rate of the reference replayed in fp32")
-    atomic_write(path, json.dumps(data, indent=2) + "\n")
-    return section
+        data = json.loads(path.read_text()) if path.is_file() else {}  # re-read: others may have merged meanwhile
+        section = data.setdefault(KEY, {})
+        section.pop("bounds", None)
+        key = f"{dtype}@{torch.device(device).type}"
+        old = section.setdefault("measured", {}).get(key, {})
+        section["measured"][key] = {**{k: v for k, v in old.items() if k.startswith("drafter_")}, **entry}
+        section["method"] = ("ddtree_conformance.calibration: bound = 2 * max |shift| of the fp32 top-2 gap; ceiling "
+                             "from the tail of gap shrinks (Clopper-Pearson, Poisson); drafter tolerance = 2 * max "
+                             "drafter logit shift; drafter round cap from the drafter-side flip rate of the reference "
+                             "replayed in fp32")
+        atomic_write(path, json.dumps(data, indent=2) + "\n")
+    return json.loads(path.read_text())[KEY]
 
 
 def _count_below(sorted_values: list[float], threshold: float) -> int:

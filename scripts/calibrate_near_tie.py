@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", default="16,64,256", help="budgets of the drafter round flip measurement")
     parser.add_argument("--flip-limit", type=int, default=None, help="prompts of the drafter round flip measurement")
     parser.add_argument("--manifest", default=None, help="write here instead of the pair's MANIFEST.json")
+    parser.add_argument("--target-only", action="store_true",
+                        help="measure the target's gap shifts only; keep the drafter values already measured")
     args = parser.parse_args(argv)
     t0 = time.time()
     prompts = load_prompts(args.prompts, tokenizer_dir=args.model)[: args.limit]
@@ -42,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     results = engine.generate(requests, RunConfig(mode="plain", device=args.device))
     engine.close()
     sequences = [p.prompt_ids + r.output_ids for p, r in zip(prompts, results)]
-    data = calibrate(args.model, args.dtypes, sequences, args.device, drafter_dir=args.drafter,
-                     manifest=args.manifest, requests=requests[: args.flip_limit] if args.drafter else None,
+    drafter = None if args.target_only else args.drafter
+    data = calibrate(args.model, args.dtypes, sequences, args.device, drafter_dir=drafter,
+                     manifest=args.manifest, requests=requests[: args.flip_limit] if drafter else None,
                      budgets=tuple(int(b) for b in args.budgets.split(",")))
     print(json.dumps(data, indent=1))
     if not args.manifest:

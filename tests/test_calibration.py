@@ -31,7 +31,7 @@ def _pair(tmp_path, section=None, extra_file=None):
 def _entry(shifts, drafter=0.05):
     shifts = np.asarray(shifts)
     return {"positions": int(shifts.size), "max_shift": float(shifts.max()),
-            "shift_tail": [[t, int((shifts >= t).sum())] for t in shift_thresholds() if (shifts >= t).any()],
+            "shift_tail": [[t, int((shifts >= t).sum())] for t in shift_thresholds()],
             "drafter_max_shift": drafter, "drafter_rounds": 1000, "drafter_flips": 3}
 
 
@@ -97,14 +97,15 @@ def test_the_fixture_manifest_calibrates_bf16_and_fp16():
         assert 0 < rules.bound <= MAX_BOUND and "MANIFEST.json" in rules.source
 
 
-def _rules(shifts) -> Calibration:
-    shifts = np.asarray(shifts)
-    tail = tuple((t, int((shifts >= t).sum())) for t in shift_thresholds())
-    return Calibration("bfloat16", float(2 * shifts.max()), 0.1, int(shifts.size), tail, "test", 0.01)
+def _rules(shrinks) -> Calibration:
+    """Calibration from signed gap shrinks (module doc, 2)."""
+    shrinks = np.asarray(shrinks)
+    tail = tuple((t, int((shrinks >= t).sum())) for t in shift_thresholds())
+    return Calibration("bfloat16", float(2 * np.abs(shrinks).max()), 0.1, int(shrinks.size), tail, "test", 0.01)
 
 
 def test_flip_probability_falls_with_the_gap():
-    rules = _rules(np.random.default_rng(1).exponential(0.02, 20000))
+    rules = _rules(np.random.default_rng(1).laplace(0.0, 0.02, 20000))
     values = [rules.flip_probability(g) for g in (0.0, 0.01, 0.05, 0.1, 0.2, 0.5, 5.0)]
     assert values[0] == 1.0 and values == sorted(values, reverse=True)
     assert values[-1] < 1e-3
@@ -112,15 +113,15 @@ def test_flip_probability_falls_with_the_gap():
 
 def test_ceiling_holds_for_a_correct_engine_and_catches_the_runner_up_engine():
     """Simulate the model behind the ceiling: positions with fp32 gaps like a greedy run's; a correct
-    engine's noise is a calibration-like shift (up to twice as large), and it flips a position when
-    its noise exceeds the gap. The runner-up engine flips every gap within the bound."""
+    engine's signed noise is a calibration-like shrink (up to twice as large), and it flips a position
+    when its noise shrinks the gap past zero. The runner-up engine flips every gap within the bound."""
     rng = np.random.default_rng(2)
-    rules = _rules(rng.exponential(0.02, 20000))
+    rules = _rules(rng.laplace(0.0, 0.02, 20000))
     over = 0
     trials = 60
     for _ in range(trials):
         gaps = np.concatenate([rng.exponential(6.0, 3000), rng.uniform(0, 0.3, 60)])  # ~2 % near-ties
-        noise = 2 * rng.exponential(0.02, gaps.size)
+        noise = 2 * rng.laplace(0.0, 0.02, gaps.size)
         flips = int((noise > gaps).sum())
         ceiling, mu = rules.ceiling(gaps.tolist())
         assert flips <= mu * 3 + 10

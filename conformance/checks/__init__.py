@@ -4,6 +4,14 @@ Each check is a function ``check(session, **params) -> CheckResult``. It reads o
 settings and the engine's capabilities, never the engine's name. :func:`plan` lists the checks a
 run will execute; :func:`run_plan` executes them (the CLI), and the pytest plugin turns each
 planned check into one test item.
+
+Every check runs in every dtype: float32 verdicts are exact; bfloat16/float16 verdicts score each
+output token against the fp32 target (:mod:`ddtree_conformance.token_scoring`) and replay each
+round with the fp32 reference (:mod:`ddtree_conformance.replay`), within the pair's calibration
+(:mod:`ddtree_conformance.calibration`). Per (mode, budget): lossless, golden, acceptance,
+tree-structure, stop-token, max-new-tokens, prompt-shapes, token-0-and-mask-id, long-context,
+busy-batch, tensor-parallel; per budget: branch-vs-chain; at the first budget and for dflash:
+sampling.
 """
 
 from __future__ import annotations
