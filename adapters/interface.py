@@ -10,7 +10,7 @@ JSON.
 from __future__ import annotations
 
 import abc
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -25,6 +25,9 @@ __all__ = [
     "Capabilities",
     "Engine",
     "EngineError",
+    "EngineUsageError",
+    "UnknownOption",
+    "EngineDied",
 ]
 
 Mode = Literal["plain", "dflash", "ddtree"]
@@ -177,6 +180,28 @@ class EngineError(RuntimeError):
     """An engine could not be created or could not run; the message names the engine and cause."""
 
 
+class EngineUsageError(EngineError):
+    """The engine was named or configured wrongly (unknown engine, unknown option): a usage error,
+    found before any model work."""
+
+
+class UnknownOption(EngineUsageError):
+    """An option the engine does not declare; the message names the engine and the option."""
+
+
+class EngineDied(EngineError):
+    """The engine could not start, crashed, hung past its timeout or was killed (out of memory).
+
+    Unlike an :class:`EngineError` raised by ``generate`` (the engine reports a failure and keeps
+    running), the engine is gone: nothing more can be asked of it. ``str(exc)`` is one line;
+    ``log_tail`` holds the last lines of the engine's log, when there is one.
+    """
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
 class Engine(abc.ABC):
     """A DDTree-capable inference engine, driven by the suite.
 
@@ -185,8 +210,14 @@ class Engine(abc.ABC):
     """
 
     name: str = "engine"
+    #: The options (``--engine-option KEY=VALUE``) this engine accepts. The registry refuses any other
+    #: before the engine is built (a usage error naming the engine and the option), and so does this
+    #: constructor. ``None``: the engine takes arbitrary options and checks them itself.
+    OPTIONS: ClassVar[tuple[str, ...] | None] = ()
 
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
+        if type(self).OPTIONS is not None:
+            refuse_unknown_options(self.name, options, type(self).OPTIONS)
         self.model_dir = model_dir
         self.drafter_dir = drafter_dir
         self.options = options
@@ -207,3 +238,12 @@ class Engine(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def refuse_unknown_options(engine: str, options: dict, known) -> None:
+    """Refuse options the engine does not know (:class:`UnknownOption`), listing the ones it does."""
+    known = set(known)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        listed = ", ".join(sorted(known)) if known else "none (this engine takes no options)"
+        raise UnknownOption(f"engine '{engine}': unknown option(s) {', '.join(unknown)}; known: {listed}")

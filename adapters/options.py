@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from .interface import EngineError
+from .interface import EngineError, UnknownOption, refuse_unknown_options  # noqa: F401  (UnknownOption re-exported)
 
 __all__ = ["check_known", "flag", "number", "choice", "read_config", "drafter_block_size", "cuda_device_count"]
 
@@ -18,12 +18,8 @@ _FALSE = {"0", "false", "no", "off"}
 
 
 def check_known(engine: str, options: dict, known: Iterable[str]) -> None:
-    """Refuse options the engine does not know, listing the ones it does."""
-    known = set(known)
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise EngineError(f"engine '{engine}': unknown option(s) {', '.join(unknown)}; "
-                          f"known: {', '.join(sorted(known))}")
+    """Refuse options the engine does not know (:class:`UnknownOption`), listing the ones it does."""
+    refuse_unknown_options(engine, options, known)
 
 
 def flag(engine: str, key: str, value) -> bool:

@@ -1,22 +1,59 @@
 """Running any engine in its own process.
 
 :class:`IsolatedEngine` wraps an engine spec (``reference``, ``vllm``, ``module:Class``...) and
-drives it in a spawned child. A crash, a hang past ``timeout_s`` or an OOM kill becomes failed
-:class:`RequestResult` entries carrying the tail of the child's log; the suite keeps running and
-the next call starts a fresh child. One child serves every configuration until it dies.
+drives it in a spawned child, which serves every configuration until it is closed or dies.
+
+* Timeouts. Start-up (building the engine), ``capabilities()`` and each ``generate`` must answer
+  within their timeout (the suite's ``--engine-timeout``). ``capabilities()`` is asked once and its
+  answer (or its failure) kept.
+* Death. A child that cannot start, crashes, hangs past its timeout or is killed (the
+  out-of-memory killer sends SIGKILL) raises :class:`~ddtree_conformance.adapters.interface.EngineDied`
+  carrying the tail of the child's log. The engine stays dead: every later call raises at once,
+  naming the first cause; it is never restarted behind the caller's back. An exception raised *by*
+  the engine's ``generate`` (it reports a failure and keeps running) still becomes one failed
+  :class:`RequestResult` per request.
+* Process groups. The child starts its own session, so it leads a process group that holds every
+  process the engine starts (SGLang's scheduler, tensor-parallel ranks). A hung or dead child is
+  ended by killing that whole group.
+* Dying with the suite. On Linux the child asks the kernel for SIGKILL when its parent dies
+  (``PR_SET_PDEATHSIG``), so it goes even when the suite is killed with ``kill -9``; a watchdog
+  thread in the child also ends its group when the parent's pid changes or a lifeline pipe from the
+  parent closes. Processes the engine starts must watch their own parent (the reference engine's
+  ranks and SGLang's scheduler do): after ``kill -9`` of the suite nobody is left to kill the group.
+  PR_SET_PDEATHSIG follows the parent *thread*: start engines from a thread that outlives them.
+* The child's log lives in a temporary folder, removed on :meth:`close` (or when the object is
+  garbage-collected); failures carry the log's tail in their message.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
+import signal
+import sys
 import tempfile
+import threading
 import traceback
+import weakref
 from pathlib import Path
 
-from .interface import Capabilities, Engine, EngineError, Request, RequestResult, RunConfig
+from .interface import (
+    Capabilities,
+    Engine,
+    EngineDied,
+    EngineError,
+    EngineUsageError,
+    Request,
+    RequestResult,
+    RunConfig,
+)
 
 __all__ = ["IsolatedEngine", "allow_children", "log_tail"]
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+WATCHDOG_PERIOD_S = 1.0
+CLOSE_GRACE_S = 10.0
 
 
 def allow_children() -> None:
@@ -39,24 +76,66 @@ def log_tail(path: str | Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _serve(conn, spec: str, model_dir: str, drafter_dir: str | None, options: dict, log_path: str,
-           torch_threads: int | None = None) -> None:
+# ---------------------------------------------------------------------------------- child side
+def _end_own_group() -> None:
+    """Kill this process's group if this process leads it (never the suite's group); else exit."""
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os._exit(1)
+
+
+def _die_with_parent(parent_pid: int, lifeline) -> None:
+    """Make this child die when the suite does, whatever the signal (see module doc)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl here: the watchdog below still works
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        _end_own_group()
+
+    def watch() -> None:
+        while True:
+            try:
+                if lifeline.poll(WATCHDOG_PERIOD_S):
+                    lifeline.recv_bytes()  # the parent never writes: only EOF (it died) gets here
+            except (EOFError, OSError):
+                _end_own_group()
+            if os.getppid() != parent_pid:
+                _end_own_group()
+
+    threading.Thread(target=watch, name="ddtree-parent-watchdog", daemon=True).start()
+
+
+def _serve(conn, lifeline, parent_pid: int, spec: str, model_dir: str, drafter_dir: str | None, options: dict,
+           log_path: str, torch_threads: int | None = None) -> None:
     """Child main: build the engine, then answer (command, payload) messages until 'close'."""
+    try:
+        os.setsid()  # lead a new session and process group: the parent kills the group on a hang
+    except OSError:
+        pass
+    _die_with_parent(parent_pid, lifeline)
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    if torch_threads:
-        import torch
-
-        torch.set_num_threads(torch_threads)
+    if torch_threads:  # for torch, if the engine uses it (importing it here would slow every start)
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(torch_threads)
     from .registry import create_engine
 
     try:
         engine = create_engine(spec, model_dir, drafter_dir, **options)
+    except EngineUsageError as exc:  # unknown option found by the engine itself: the caller's mistake
+        conn.send(("usage", str(exc)))
+        return
     except Exception as exc:  # reported to the parent as one line, with the log for details
         traceback.print_exc()
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
+    if torch_threads and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(torch_threads)
     conn.send(("ready", None))
     while True:
         try:
@@ -69,11 +148,12 @@ def _serve(conn, spec: str, model_dir: str, drafter_dir: str | None, options: di
                 conn.send(("ok", None))
                 return
             if command == "capabilities":
-                conn.send(("ok", engine.capabilities().model_dump()))
+                caps = engine.capabilities()
+                conn.send(("ok", caps.model_dump() if isinstance(caps, Capabilities) else caps))
             elif command == "generate":
                 requests = [Request(**r) for r in payload["requests"]]
                 results = engine.generate(requests, RunConfig(**payload["config"]))
-                conn.send(("ok", [r.model_dump() for r in results]))
+                conn.send(("ok", [r.model_dump() if isinstance(r, RequestResult) else r for r in results]))
             else:
                 conn.send(("error", f"unknown command {command!r}"))
         except Exception as exc:
@@ -81,16 +161,50 @@ def _serve(conn, spec: str, model_dir: str, drafter_dir: str | None, options: di
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
+# --------------------------------------------------------------------------------- parent side
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _kill_group(process) -> None:
+    """SIGKILL the child's process group (it leads one, see :func:`_serve`), then the child itself."""
+    if process is None:
+        return
+    pid = process.pid
+    if pid is not None:
+        try:
+            os.killpg(pid, signal.SIGKILL)  # a group led by the child: never the suite's own group
+        except (ProcessLookupError, PermissionError):
+            pass  # the child has not called setsid yet, or the group is already gone
+    if process.is_alive():
+        process.kill()
+    process.join(5)
+
+
+def _result(row):
+    if not isinstance(row, dict):
+        return row
+    try:
+        return RequestResult(**row)
+    except Exception:  # invalid: kept as sent, for the integrity rules to name the field
+        return RequestResult.model_construct(**{k: v for k, v in row.items() if k in RequestResult.model_fields})
+
+
 class IsolatedEngine(Engine):
     """An engine driven in a spawned child process (see module doc)."""
+
+    OPTIONS = None  # passed to the wrapped engine, which refuses the ones it does not know
 
     def __init__(
         self,
         spec: str,
         model_dir: str,
         drafter_dir: str | None = None,
-        timeout_s: float = 600.0,
-        start_timeout_s: float = 600.0,
+        timeout_s: float = 900.0,
+        start_timeout_s: float | None = None,
         torch_threads: int | None = None,
         **options,
     ) -> None:
@@ -98,59 +212,98 @@ class IsolatedEngine(Engine):
         self.spec = spec
         self.name = spec
         self.timeout_s = timeout_s
-        self.start_timeout_s = start_timeout_s
+        self.start_timeout_s = timeout_s if start_timeout_s is None else start_timeout_s
         self.torch_threads = torch_threads  # CPU threads of the child's torch (None: torch's default)
         self._process = None
         self._conn = None
+        self._lifeline = None
+        self._caps: Capabilities | None = None
+        self._caps_error: EngineError | None = None
+        self._dead: EngineDied | None = None
+        self._usage: EngineUsageError | None = None
         self._log_dir = tempfile.mkdtemp(prefix="ddtree-engine-")
         self.log_path = os.path.join(self._log_dir, "engine.log")
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self._log_dir, True)
+
+    @property
+    def pid(self) -> int | None:
+        """The child's pid (it also leads the child's process group), or None when none runs."""
+        return None if self._process is None else self._process.pid
+
+    @property
+    def dead(self) -> EngineDied | None:
+        """Why this engine died, or None while it can still be used."""
+        return self._dead
 
     # -- child lifecycle -------------------------------------------------------------------
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
+        life_read, life_write = ctx.Pipe(duplex=False)
         self._process = ctx.Process(
             target=_serve,
-            args=(child, self.spec, self.model_dir, self.drafter_dir, self.options, self.log_path, self.torch_threads),
+            args=(child, life_read, os.getpid(), self.spec, self.model_dir, self.drafter_dir, self.options,
+                  self.log_path, self.torch_threads),
             daemon=True,
         )
         self._process.start()
         child.close()
-        self._conn = parent
+        life_read.close()
+        self._conn, self._lifeline = parent, life_write
         status, payload = self._receive(self.start_timeout_s, "start")
-        if status != "ready":
+        if status == "usage":
             self._kill()
-            raise EngineError(f"engine {self.spec!r} failed to start: {payload}\n{log_tail(self.log_path)}")
+            self._usage = EngineUsageError(payload)
+            raise self._usage
+        if status != "ready":
+            self._die(f"engine {self.spec!r} failed to start: {payload}")
 
     def _kill(self) -> None:
-        if self._process is not None and self._process.is_alive():
-            self._process.kill()
-            self._process.join(5)
-        self._process, self._conn = None, None
+        _kill_group(self._process)
+        for conn in (self._conn, self._lifeline):
+            if conn is not None:
+                conn.close()
+        self._process, self._conn, self._lifeline = None, None, None
+
+    def _die(self, message: str):
+        """Record the death (with the log tail), end the child's group, raise :class:`EngineDied`."""
+        self._kill()
+        self._dead = EngineDied(message, log_tail(self.log_path))
+        raise self._dead
 
     def _receive(self, timeout: float, what: str):
-        if not self._conn.poll(timeout):
-            self._kill()
-            raise EngineError(f"engine {self.spec!r} hung: no answer to {what} within {timeout:.0f} s")
+        try:
+            ready = self._conn.poll(timeout)
+        except (EOFError, OSError):
+            ready = True  # the pipe broke: recv below reports how the child ended
+        if not ready:
+            self._die(f"engine {self.spec!r} hung: no answer to {what} within {timeout:g} s (--engine-timeout); "
+                      "its process group was killed")
         try:
             return self._conn.recv()
         except (EOFError, ConnectionError, OSError):
-            code = self._process.exitcode if self._process is not None else None
-            if self._process is not None:
-                self._process.join(5)
-                code = self._process.exitcode
-            self._kill()
-            hint = " (killed by signal 9: out of memory?)" if code == -9 else ""
-            raise EngineError(f"engine {self.spec!r} crashed during {what}: exit code {code}{hint}") from None
+            self._process.join(5)
+            code = self._process.exitcode
+            if code is not None and code < 0:
+                how = f"killed by {_signal_name(code)}"
+                if code == -signal.SIGKILL:
+                    how += " (as the out-of-memory killer does: out of memory?)"
+            else:
+                how = f"exit code {code}"
+            self._die(f"engine {self.spec!r} crashed during {what}: {how}")
 
     def _call(self, command: str, payload=None, timeout: float | None = None):
-        if self._process is None or not self._process.is_alive():
+        if self._usage is not None:
+            raise EngineUsageError(str(self._usage))
+        if self._dead is not None:
+            raise EngineDied(f"engine {self.spec!r} is not running: it failed earlier and is not restarted "
+                             f"({self._dead})", self._dead.log_tail)
+        if self._process is None:
             self._start()
         try:
             self._conn.send((command, payload))
         except (BrokenPipeError, OSError):
-            self._kill()
-            raise EngineError(f"engine {self.spec!r} is gone (pipe closed)") from None
+            self._die(f"engine {self.spec!r} is gone (its pipe closed) before {command}")
         status, result = self._receive(timeout or self.timeout_s, command)
         if status != "ok":
             raise EngineError(f"engine {self.spec!r}: {result}")
@@ -158,21 +311,41 @@ class IsolatedEngine(Engine):
 
     # -- Engine interface ------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
-        return Capabilities(**self._call("capabilities", timeout=self.start_timeout_s))
+        """Asked of the child once; the answer, or the failure, is kept."""
+        if self._caps is None and self._caps_error is None:
+            try:
+                answer = self._call("capabilities")
+                self._caps = Capabilities(**answer) if isinstance(answer, dict) else Capabilities.model_validate(answer)
+            except (EngineDied, EngineUsageError):
+                raise
+            except Exception as exc:  # the engine's own error, or an answer that is not Capabilities
+                self._caps_error = EngineError(f"engine {self.spec!r}: capabilities() failed: {exc}")
+        if self._caps_error is not None:
+            raise self._caps_error
+        return self._caps
 
     def generate(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
+        """Results as the child sent them; an error the engine raised becomes one failed result per
+        request. Raises :class:`EngineDied`. Nothing here is trusted: a row that is not a valid
+        result is passed on unvalidated (``model_construct``), and so is an answer that is not a
+        list, for the suite's integrity rules (:mod:`ddtree_conformance.integrity`) to name."""
         payload = {"requests": [r.model_dump() for r in requests], "config": config.model_dump()}
         try:
-            return [RequestResult(**r) for r in self._call("generate", payload)]
+            answer = self._call("generate", payload)
+        except EngineDied:
+            raise
         except EngineError as exc:
-            message = f"{exc}\n--- engine log tail ---\n{log_tail(self.log_path)}"
-            return [RequestResult(output_ids=[], finish_reason="error", error=message) for _ in requests]
+            return [RequestResult(output_ids=[], finish_reason="error", error=str(exc)) for _ in requests]
+        if not isinstance(answer, list):
+            return answer
+        return [_result(row) for row in answer]
 
     def close(self) -> None:
         if self._process is not None and self._process.is_alive():
             try:
                 self._conn.send(("close", None))
-                self._conn.poll(10)
+                self._conn.poll(CLOSE_GRACE_S)
             except (BrokenPipeError, OSError):
                 pass
         self._kill()
+        self._cleanup()

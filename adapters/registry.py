@@ -10,7 +10,10 @@ An engine is named in one of three ways:
 Built-in names win over entry points of the same name, so ``reference`` always means this
 repository's reference engine. Every failure is an :class:`~ddtree_conformance.adapters.interface.EngineError` whose
 message names the engine and the cause; importing an adapter whose engine is not installed gives
-"engine 'vllm' is not available here: ...", never a traceback.
+"engine 'vllm' is not available here: ...", never a traceback. Naming no engine that exists, or an
+option the engine does not declare (:attr:`Engine.OPTIONS`), is an
+:class:`~ddtree_conformance.adapters.interface.EngineUsageError` raised before anything is built:
+:func:`resolve_engine` is what front ends call first.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Literal
 
-from .interface import Engine, EngineError
+from .interface import Engine, EngineError, EngineUsageError
+from .options import check_known
 
 __all__ = [
     "BUILTIN_ENGINES",
@@ -32,6 +36,8 @@ __all__ = [
     "available_engines",
     "load_engine_class",
     "create_engine",
+    "resolve_engine",
+    "check_options",
     "UnknownEngine",
 ]
 
@@ -44,7 +50,7 @@ BUILTIN_ENGINES: dict[str, str] = {
 }
 
 
-class UnknownEngine(EngineError):
+class UnknownEngine(EngineUsageError):
     """No engine of that name is known here (a usage error, unlike an engine that fails to import)."""
 
 
@@ -128,6 +134,22 @@ def load_engine_class(spec: str | type[Engine]) -> type[Engine]:
     return obj
 
 
+def check_options(cls: type[Engine], options: dict, name: str | None = None) -> None:
+    """Refuse options ``cls`` does not declare in :attr:`Engine.OPTIONS` (an
+    :class:`~ddtree_conformance.adapters.interface.UnknownOption` naming the engine and the option);
+    an engine whose ``OPTIONS`` is None checks its own options when built."""
+    if cls.OPTIONS is not None:
+        check_known(name or getattr(cls, "name", cls.__name__), options, cls.OPTIONS)
+
+
+def resolve_engine(spec: str | type[Engine], options: dict | None = None) -> type[Engine]:
+    """The engine class named by ``spec``, after refusing options it does not declare: everything
+    that can be said about an engine and its options without building it (no model work)."""
+    cls = load_engine_class(spec)
+    check_options(cls, options or {}, spec if isinstance(spec, str) else None)
+    return cls
+
+
 def create_engine(
     spec: str | type[Engine],
     model_dir: str | Path,
@@ -139,5 +161,5 @@ def create_engine(
     Errors from the constructor (for example a :class:`~ddtree_conformance.adapters.reference.pair.PairError` for a
     drafter that does not fit the target) propagate unchanged: they already name the field.
     """
-    cls = load_engine_class(spec)
+    cls = resolve_engine(spec, options)
     return cls(str(model_dir), None if drafter_dir is None else str(drafter_dir), **options)

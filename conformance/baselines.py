@@ -8,8 +8,11 @@ band (same unit as the value); the lower edge of the acceptable range is ``value
 * ``tau``: pooled mean acceptance length (bonus included);
 * ``per_position``: per-depth acceptance rates (``values[d-1]`` for depth d) and one band; the
   floor at depth d is ``values[d-1] - band``;
-* ``speedup``: median throughput over plain decoding in the same process; the gate judges it by
-  the run's confidence interval, not the point value.
+* ``speedup``: throughput over plain decoding in the same process (the cost model's
+  tau x plain step time / round time, geometric mean over repeats); the gate judges it by the
+  run's confidence interval, not the point value;
+* ``cost`` (optional): the measured plain step time / round time and both times, so the gate can
+  say whether a slower run "accepts less" (tau) or "costs more" (round time in plain steps).
 
 Nothing here is ever judged against a baseline from another hardware class.
 """
@@ -37,6 +40,7 @@ __all__ = [
     "BaselineError",
     "BaselineExists",
     "Band",
+    "CostBaseline",
     "PositionBand",
     "BaselineEntry",
     "BaselineFile",
@@ -55,7 +59,10 @@ SCHEMA_VERSION = 1
 # Default tolerance bands used when a baseline is made from a report.
 DEFAULT_TAU_BAND = 0.05  # relative: a 5 % drop in tau is a regression
 DEFAULT_POSITION_BAND = 0.05  # absolute, in acceptance-rate units
-DEFAULT_SPEEDUP_BAND = 0.10  # relative; widened to the baseline run's own lower CI half-width
+# relative: a speedup more than 2 % below the baseline is a regression. Widened to the baseline run's
+# own lower CI half-width, so a noisy baseline cannot fail its own engine. 2 % sits half-way to the
+# smallest slowdown the gate must catch (a verify 5 % slower costs ~4 % of the round on an 8B target).
+DEFAULT_SPEEDUP_BAND = 0.02
 
 
 class BaselineError(ValueError):
@@ -88,6 +95,14 @@ class PositionBand(_Model):
         return [max(0.0, v - self.band) for v in self.values]
 
 
+class CostBaseline(_Model):
+    tau: float | None = Field(default=None, gt=0, description="decode tokens emitted per round (the cost model's tau)")
+    step_over_round: float = Field(gt=0, description="plain decode step time / speculative round time")
+    step_s: float | None = Field(default=None, description="plain decode step time, seconds")
+    round_s: float | None = Field(default=None, description="speculative round time, seconds")
+    clock: str | None = Field(default=None, description="device (CUDA events), engine or call")
+
+
 class BaselineEntry(_Model):
     hardware_class: str
     engine: str
@@ -97,6 +112,7 @@ class BaselineEntry(_Model):
     tau: Band
     per_position: PositionBand
     speedup: Band | None = Field(default=None, description="null when the run measured no throughput")
+    cost: CostBaseline | None = Field(default=None, description="the cost model's times; null without them")
     source: dict[str, Any] = Field(default_factory=dict, description="where the numbers came from")
 
     @property
@@ -212,6 +228,10 @@ def entries_from_report(
         if run.get("mode") == "plain" or run.get("tau") is None:
             continue
         speed = run.get("speedup")
+        point = None if not speed else speed.get("estimate", speed.get("median"))
+        low = None if not speed else speed.get("ci_low")
+        cm = run.get("cost_model") or {}
+        ratio = (cm.get("step_over_round") or {}).get("estimate")
         entries.append(BaselineEntry(
             hardware_class=hw,
             engine=settings.get("engine", "unknown"),
@@ -220,18 +240,24 @@ def entries_from_report(
             budget=run.get("budget") if run["mode"] == "ddtree" else None,
             tau=Band(value=_r(run["tau"]), band=_up(run["tau"] * tau_band)),
             per_position=PositionBand(values=[_r(v) for v in run.get("per_position", [])], band=position_band),
-            speedup=None if not speed else Band(
-                value=_r(speed["median"]),
+            speedup=None if point is None else Band(
+                value=_r(point),
                 # never narrower than the baseline run's own CI: a band tighter than the noise
-                # would make the baseline's own run inconclusive
-                band=_up(max(speed["median"] * speedup_band, speed["median"] - speed["ci_low"]) + 1e-4)),
+                # would make the baseline's own engine fail
+                band=_up(max(point * speedup_band, point - (low if low is not None else 0.0)) + 1e-4)),
+            cost=None if not ratio or ratio <= 0 else CostBaseline(
+                tau=_r(cm["tau"], 6) if cm.get("tau") else None, step_over_round=_r(ratio, 6),
+                step_s=_r(cm["step_s"], 9) if cm.get("step_s") else None,
+                round_s=_r(cm["round_s"], 9) if cm.get("round_s") else None,
+                clock=report.get("bench", {}).get("clock")),
             source={
                 "report_created": report.get("created"),
                 "prompts": settings.get("prompt_set"),
                 "limit": settings.get("limit"),
                 "max_new_tokens": settings.get("max_new_tokens"),
                 "dtype": settings.get("dtype"),
-                "repeats": report.get("bench", {}).get("repeats"),
+                "repeats": None if not speed else (speed.get("stop") or {}).get("repeats",
+                                                                                report.get("bench", {}).get("repeats")),
                 "speedup_cv": None if not speed else speed.get("cv"),
             },
         ))

@@ -1,72 +1,102 @@
-"""Throughput as a ratio against plain decoding, measured in the same process (doc §4).
+"""Throughput against plain decoding, measured in the same process, paired and interleaved (doc §4).
 
 Procedure (one engine, one prompt set, greedy unless the requests say otherwise):
 
-1. one untimed warm-up run of plain and of every (mode, budget), so lazy loading and first-call
-   allocations are not timed;
-2. ``repeats`` rounds; each round runs plain, then every method, in a rotated order so no method
-   always runs right after plain;
-3. tokens/s of a run = output tokens / sum over requests of (prefill + decode) seconds from
-   :class:`RequestResult.timings`, or the wall-clock seconds of the ``generate`` call when an
-   engine reports no timings (the report's ``timing_basis`` says which);
-4. speedup of a method in round r = its tokens/s / plain tokens/s of round r; the result is the
-   median over rounds with a seeded percentile-bootstrap confidence interval of that median.
+1. warm-up: one untimed call of plain and of every (mode, budget) on the first request;
+2. repeats: each repeat runs every request once under plain and once under every method, one
+   request per ``generate`` call, alternating: for request i of repeat r, plain runs first when
+   ``r + i`` is even and last when it is odd, and the methods rotate, so neither order nor drift
+   favours a side;
+3. times come from the best clock the engine offers, per call (``clock`` in the report):
+   ``device`` (``timings.stages["round_device"]``: the engine's decode loop timed with CUDA
+   events), ``engine`` (``stages["round_wall"]`` or ``timings.decode``: the engine's host clock
+   around its decode loop), else ``call`` (the wall clock of the ``generate`` call, prefill
+   included). An engine's time may not exceed the wall time of the call around it;
+4. the cost model, per repeat: ``step`` = plain decode seconds / plain decode tokens (one per
+   step), ``round`` = method decode seconds / rounds, ``tau`` = decode tokens emitted / rounds;
+   the measured ratio is ``step / round`` and the repeat's speedup is ``tau x step / round``,
+   which is exactly the decode tokens/s ratio: the engine's rounds cancel, so nothing it reports
+   but its clock moves the speedup, and tokens are counted from its outputs. At T=0 tau is the
+   same in every repeat (the acceptance run is deterministic), so the noise is in the time ratio,
+   and a shortfall splits into "accepts less" (tau) and "costs more" (round time in plain steps).
+   This tau counts emitted tokens, so it sits slightly under the acceptance tau (bonus included)
+   when the last round of a request is cut at ``max_new_tokens``. An engine that reports no rounds
+   gets tau 1 (its cost view is left out);
+5. the interval and the stopping rule are :mod:`ddtree_conformance.sequential`'s: with lower
+   edges (from baselines) the repeats go on until every method's interval clears its edge or the
+   plan's time budget or repeat cap is spent; without, ``repeats`` repeats and one look.
 
 Acceptance metrics (tau pooled over all rounds of all prompts, per-position acceptance,
-acceptance-length histogram) come from the first timed round; at T=0 every round is identical.
+acceptance-length histogram) come from the first timed repeat; at T=0 every repeat is identical.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ddtree_conformance.adapters.interface import Engine, Request, RequestResult, RunConfig
 
 from .metrics import acceptance_histogram, mean_tau, per_position_acceptance
+from .sequential import METHOD, SPENDING, Interval, SequentialPlan, cv, look_alpha, ratio_interval, verdict
 
-__all__ = ["BenchError", "Measurement", "bootstrap_median_ci", "acceptance_summary", "run_bench"]
+__all__ = ["BenchError", "CallTiming", "acceptance_summary", "call_timing", "run_bench"]
 
 Run = tuple[str, "int | None"]
+PLAIN: Run = ("plain", None)
 
 
 class BenchError(RuntimeError):
-    """A benchmark run failed (engine error, failed requests)."""
+    """A benchmark run failed (engine error, failed requests, no usable timings)."""
 
 
 @dataclass
-class Measurement:
-    tokens: int
+class CallTiming:
+    """What one ``generate`` call contributes: decode seconds on ``clock``, the call's wall seconds,
+    the rounds the engine reports (None when it reports none), and the decode tokens emitted."""
+
     seconds: float
-    basis: str
+    wall: float
+    clock: str
+    rounds: int | None
+    tokens: int
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
-
-
-def bootstrap_median_ci(samples: Sequence[float], *, resamples: int = 2000, confidence: float = 0.95,
-                        seed: int = 0) -> tuple[float, float, float]:
-    """(median, low, high): percentile bootstrap of the median, numpy-seeded."""
-    x = np.asarray(samples, dtype=float)
-    if x.size == 0:
-        raise ValueError("no samples")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, x.size, size=(resamples, x.size))
-    medians = np.median(x[idx], axis=1)
-    alpha = (1 - confidence) / 2
-    low, high = np.quantile(medians, [alpha, 1 - alpha])
-    return float(np.median(x)), float(low), float(high)
+    def __add__(self, other: "CallTiming") -> "CallTiming":
+        rounds = None if self.rounds is None or other.rounds is None else self.rounds + other.rounds
+        return CallTiming(self.seconds + other.seconds, self.wall + other.wall,
+                          self.clock if self.clock == other.clock else "mixed", rounds, self.tokens + other.tokens)
 
 
-def measure(results: Sequence[RequestResult], wall_s: float) -> Measurement:
-    tokens = sum(len(r.output_ids) for r in results)
-    if all(r.timings.prefill is not None and r.timings.decode is not None for r in results):
-        return Measurement(tokens, sum(r.timings.prefill + r.timings.decode for r in results), "prefill+decode")
-    return Measurement(tokens, wall_s, "wall")
+# An engine's own decode time may exceed the wall time of the call around it only by clock noise.
+WALL_SLACK = (1.02, 0.002)  # relative, absolute seconds
+
+
+def call_timing(results: Sequence[RequestResult], wall_s: float) -> CallTiming:
+    """Decode seconds of one call on the best clock every result offers, checked against the call's
+    wall clock; the rounds the engine reports; the decode tokens emitted (validated by output length).
+
+    Raises :class:`BenchError` when the engine reports more time than the call took.
+    """
+    stages = [r.timings.stages for r in results]
+    if all("round_device" in s for s in stages):
+        clock, seconds = "device", sum(s["round_device"] for s in stages)
+    elif all("round_wall" in s for s in stages):
+        clock, seconds = "engine", sum(s["round_wall"] for s in stages)
+    elif all(r.timings.decode is not None for r in results):
+        clock, seconds = "engine", sum(r.timings.decode for r in results)
+    else:
+        clock, seconds = "call", wall_s
+    if not (seconds >= 0 and seconds <= wall_s * WALL_SLACK[0] + WALL_SLACK[1]):
+        raise BenchError(f"the engine reports {seconds:.6f} s of decoding ({clock} clock) in a generate call that "
+                         f"took {wall_s:.6f} s: its timings cannot be right")
+    # decode tokens: the first output token comes from the prefill, except on the call clock
+    first = 0 if clock == "call" else 1
+    tokens = sum(max(0, len(r.output_ids) - first) for r in results)
+    rounds = sum(r.rounds for r in results) if all(r.rounds is not None for r in results) else None
+    return CallTiming(float(seconds), float(wall_s), clock, rounds, int(tokens))
 
 
 def acceptance_summary(results: Sequence[RequestResult]) -> dict:
@@ -100,6 +130,43 @@ def _label(mode: str, budget: int | None) -> str:
     return mode if budget is None else f"{mode}-B{budget}"
 
 
+@dataclass
+class _Repeat:
+    """One repeat's totals per configuration."""
+
+    totals: dict[Run, CallTiming] = field(default_factory=dict)
+
+    def add(self, key: Run, timing: CallTiming) -> None:
+        self.totals[key] = self.totals[key] + timing if key in self.totals else timing
+
+    def check(self) -> None:
+        for key, t in self.totals.items():
+            if t.tokens == 0 or t.seconds <= 0 or t.rounds == 0:
+                raise BenchError(f"{_label(*key)}: a repeat timed no decode tokens (max_new_tokens too small, or "
+                                 "the engine reports zero decode time or rounds); nothing to measure")
+
+    def sample(self, key: Run) -> dict:
+        """The cost-model sample of ``key`` against this repeat's plain run.
+
+        ``step`` = plain decode seconds / plain decode tokens (one token per plain step); ``tau`` =
+        decode tokens emitted / rounds; ``round`` = decode seconds / rounds. The rounds cancel in
+        ``tau x step / round``, which is the decode tokens/s ratio: what an engine reports about
+        its rounds or acceptance can shift the two factors, never the speedup.
+        """
+        plain, method = self.totals[PLAIN], self.totals[key]
+        rounds = method.rounds if method.rounds is not None else method.tokens
+        step, rnd = plain.seconds / plain.tokens, method.seconds / rounds
+        tau = method.tokens / rounds
+        return {"step_s": step, "round_s": rnd, "tau": tau, "ratio": step / rnd, "speedup": tau * step / rnd,
+                "rounds_reported": method.rounds is not None,
+                "wall_ratio": (method.tokens / method.wall) / (plain.tokens / plain.wall)}
+
+
+def _order(methods: list[Run], r: int, i: int) -> list[Run]:
+    rotated = methods[r % len(methods):] + methods[: r % len(methods)] if methods else []
+    return [PLAIN, *rotated] if (r + i) % 2 == 0 else [*rotated, PLAIN]
+
+
 def run_bench(
     engine: Engine,
     requests: list[Request],
@@ -107,93 +174,176 @@ def run_bench(
     runs: Sequence[Run],
     *,
     repeats: int = 5,
+    edges: dict[str, float] | None = None,
+    plan: SequentialPlan | None = None,
     warmup: bool = True,
-    resamples: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
     on_step: Callable[[str], None] | None = None,
+    now: Callable[[], float] = time.perf_counter,
 ) -> dict:
-    """Measure ``runs`` against plain; returns the ``bench`` and ``runs`` parts of a run report."""
-    if repeats < 1:
-        raise BenchError(f"repeats must be >= 1, got {repeats}")
-    configs: dict[Run, RunConfig] = {("plain", None): make_config("plain", None)}
+    """Measure ``runs`` against plain; returns the ``bench`` and ``runs`` parts of a run report.
+
+    ``edges`` maps a run label (``ddtree-B32``) to the lower edge of its speedup band: those runs go
+    sequential under ``plan`` (default :class:`SequentialPlan`); without edges, ``repeats`` fixed
+    repeats and one look at ``plan.alpha``.
+    """
+    if not requests:
+        raise BenchError("no requests to measure")
+    plan = plan or SequentialPlan()
+    edges = {k: v for k, v in (edges or {}).items() if k in {_label(*r) for r in runs}}
+    sequential = bool(edges)
+    if not sequential and repeats < 2:
+        raise BenchError(f"repeats must be >= 2 for an interval, got {repeats}")
+    configs: dict[Run, RunConfig] = {PLAIN: make_config("plain", None)}
     for mode, budget in runs:
         configs[(mode, budget)] = make_config(mode, budget)
+    methods = list(configs)[1:]
 
-    def once(key: Run) -> tuple[list[RequestResult], Measurement]:
-        started = time.perf_counter()
-        results = engine.generate(requests, configs[key])
-        wall = time.perf_counter() - started
+    def call(key: Run, batch: list[Request]) -> tuple[list[RequestResult], CallTiming]:
+        started = now()
+        results = engine.generate(batch, configs[key])
+        wall = now() - started
         failed = [r for r in results if r.finish_reason == "error"]
-        if failed:
-            first = (failed[0].error or "").strip().splitlines()
-            raise BenchError(f"{_label(*key)}: {len(failed)} of {len(results)} requests failed"
+        if failed or len(results) != len(batch):
+            first = (failed[0].error or "").strip().splitlines() if failed else ["wrong number of results"]
+            raise BenchError(f"{_label(*key)}: {len(failed)} of {len(batch)} requests failed"
                              f" ({first[-1] if first else 'no message'})")
         if on_step:
             on_step(_label(*key))
-        return results, measure(results, wall)
+        return results, call_timing(results, wall)
 
     if warmup:
         for key in configs:
-            once(key)
-    methods = list(configs)[1:]
-    plain_m: list[Measurement] = []
-    method_m: dict[Run, list[Measurement]] = {k: [] for k in methods}
-    first_results: dict[Run, list[RequestResult]] = {}
-    for r in range(repeats):
-        order = methods[r % len(methods):] + methods[: r % len(methods)] if methods else []
-        results, m = once(("plain", None))
-        first_results.setdefault(("plain", None), results)
-        plain_m.append(m)
-        for key in order:
-            results, m = once(key)
-            first_results.setdefault(key, results)
-            method_m[key].append(m)
+            call(key, requests[:1])
+    history: list[_Repeat] = []
+    first: dict[Run, list[RequestResult]] = {key: [] for key in configs}
+    active = list(methods)
+    stop: dict[Run, dict] = {}
+    started = now()
+    while active:
+        r = len(history)
+        repeat = _Repeat()
+        for i in range(len(requests)):
+            request = requests[(i + r) % len(requests)]
+            for key in _order(active, r, i):
+                results, timing = call(key, [request])
+                repeat.add(key, timing)
+                if r == 0:  # repeat 0 runs the requests in prompt order: the acceptance run
+                    first[key].append(results[0])
+        repeat.check()
+        history.append(repeat)
+        n = len(history)
+        elapsed = now() - started
+        out_of_time = elapsed >= plan.time_budget_s or n >= plan.max_repeats
+        for key in list(active):
+            label = _label(*key)
+            if sequential and label in edges and (plan.is_look(n) or (out_of_time and n >= 2)):
+                samples = [h.sample(key)["speedup"] for h in history if key in h.totals]
+                found = verdict(ratio_interval(samples, plan.look_alpha), edges[label])
+                if found:
+                    where = "at or above" if found == "pass" else "below"
+                    stop[key] = {"decision": found, "reason": f"interval {where} the edge {edges[label]:.4f} after "
+                                 f"{n} repeats", "repeats": n, "elapsed_s": elapsed}
+                    active.remove(key)
+                    continue
+            if not sequential and n >= repeats:
+                stop[key] = {"decision": "fixed", "reason": f"{repeats} fixed repeats", "repeats": n,
+                             "elapsed_s": elapsed}
+                active.remove(key)
+            elif sequential and (n >= plan.max_repeats or elapsed >= plan.time_budget_s):
+                why = (f"time budget {plan.time_budget_s:g} s spent" if elapsed >= plan.time_budget_s
+                       else f"repeat cap {plan.max_repeats} reached")
+                decided = "inconclusive" if label in edges else "fixed"
+                stop[key] = {"decision": decided, "reason": f"{why} after {n} repeats" +
+                             (": the interval still straddles the edge" if label in edges else ""),
+                             "repeats": n, "elapsed_s": elapsed}
+                active.remove(key)
+        if sequential and active and not any(_label(*k) in edges for k in active):
+            for key in active:  # only unbanded runs left: they were measured alongside, stop them too
+                stop[key] = {"decision": "fixed", "reason": f"measured alongside the banded runs ({n} repeats)",
+                             "repeats": n, "elapsed_s": elapsed}
+            active = []
 
-    bases = {m.basis for m in plain_m} | {m.basis for ms in method_m.values() for m in ms}
-    plain_tps = np.array([m.tokens_per_s for m in plain_m])
-    out_runs = []
-    for key in [("plain", None), *methods]:
+    return _report(history, first, methods, stop, edges, plan, sequential, repeats)
+
+
+def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> dict:
+    clocks = {t.clock for h in history for t in h.totals.values()}
+    plain_runs = [h.totals[PLAIN] for h in history]
+    out_runs = [{
+        "mode": "plain", "budget": None, "label": "plain", "tau": 1.0, "tau_per_response_mean": 1.0,
+        "per_position": [], "histogram": {}, "rounds": sum(r.rounds or 0 for r in first[PLAIN]),
+        "aggregate_only": False, "tokens": plain_runs[0].tokens,
+        "tokens_per_s": [round(t.tokens / t.seconds, 3) for t in plain_runs],
+        "step_s": [t.seconds / t.tokens for t in plain_runs],
+        "cost_model": {"step_s": float(np.exp(np.mean(np.log([t.seconds / t.tokens for t in plain_runs]))))},
+    }]
+    for key in methods:
         mode, budget = key
-        summary = acceptance_summary(first_results[key]) if mode != "plain" else {
-            "tau": 1.0, "tau_per_response_mean": 1.0, "per_position": [], "histogram": {},
-            "rounds": sum(len(r.output_ids) for r in first_results[key]), "aggregate_only": False,
-        }
-        ms = plain_m if mode == "plain" else method_m[key]
-        tps = np.array([m.tokens_per_s for m in ms])
+        rows = [h.sample(key) for h in history[: stop[key]["repeats"]]]
+        speedups = [row["speedup"] for row in rows]
+        banded = sequential and _label(*key) in edges
+        looks_planned = len(plan.looks()) if banded else 1
+        looks_taken = sum(1 for point in plan.looks() if point <= len(rows)) if banded else 1
+        if banded and not plan.is_look(len(rows)):
+            looks_taken += 1  # the final look when the budget ran out between planned looks
+        alpha_k = look_alpha(plan.alpha, looks_planned, banded)
+        interval = _interval(speedups, alpha_k)
+        ratio_iv = _interval([row["ratio"] for row in rows], alpha_k)
+        taus = [row["tau"] for row in rows]
+        totals = [h.totals[key] for h in history[: len(rows)]]
         entry = {
-            "mode": mode,
-            "budget": budget,
-            "label": _label(mode, budget),
-            **summary,
-            "tokens": ms[0].tokens,
-            "tokens_per_s": [round(float(t), 3) for t in tps],
+            "mode": mode, "budget": budget, "label": _label(mode, budget),
+            **acceptance_summary(first[key]),
+            "tokens": totals[0].tokens,
+            "tokens_per_s": [round(t.tokens / t.seconds, 3) for t in totals],
+            "cost_model": {
+                "definition": "speedup = tau x step / round; tau = decode tokens / rounds, step = plain decode s "
+                              "/ plain decode tokens, round = decode s / rounds",
+                "tau": float(np.mean(taus)) if all(row["rounds_reported"] for row in rows) else None,
+                "tau_constant": max(taus) - min(taus) <= 1e-9 * max(taus),
+                "step_s": float(np.exp(np.mean(np.log([row["step_s"] for row in rows])))),
+                "round_s": float(np.exp(np.mean(np.log([row["round_s"] for row in rows])))),
+                "step_over_round": {**ratio_iv, "samples": [round(row["ratio"], 6) for row in rows]},
+            },
+            "speedup": {
+                **interval,
+                "median": round(float(np.median(speedups)), 4),
+                "samples": [round(float(x), 6) for x in speedups],
+                "wall_ratio_samples": [round(float(row["wall_ratio"]), 6) for row in rows],
+                "cv": None if cv(speedups) is None else round(cv(speedups), 5),
+                "alpha": plan.alpha,
+                "sequential": sequential and _label(*key) in edges,
+                "min_repeats": plan.min_repeats,
+                "max_repeats": plan.max_repeats,
+                "growth": plan.growth,
+                "looks": looks_taken,
+                "looks_planned": looks_planned,
+                "edge": edges.get(_label(*key)),
+                "stop": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in stop[key].items()},
+            },
         }
-        if mode != "plain":
-            ratios = tps / plain_tps
-            median, low, high = bootstrap_median_ci(ratios, resamples=resamples, confidence=confidence, seed=seed)
-            cv = float(np.std(ratios, ddof=1) / np.mean(ratios)) if ratios.size > 1 else None
-            entry["speedup"] = {
-                "median": round(median, 4),
-                "ci_low": round(low, 4),
-                "ci_high": round(high, 4),
-                "confidence": confidence,
-                "resamples": resamples,
-                "samples": [round(float(x), 4) for x in ratios],
-                "cv": None if cv is None else round(cv, 4),
-            }
-            if ms[0].tokens != plain_m[0].tokens:
-                entry["note"] = (f"generated {ms[0].tokens} tokens vs plain {plain_m[0].tokens}: "
-                                 "tokens/s ratio is not a pure time-per-token ratio")
         out_runs.append(entry)
     bench = {
-        "repeats": repeats,
-        "warmup": warmup,
-        "interleaving": "per round: plain, then the methods in rotated order",
-        "timing_basis": "+".join(sorted(bases)),
-        "speedup_definition": "method tokens/s / plain tokens/s of the same round; median over rounds",
-        "ci": f"{int(confidence * 100)}% percentile bootstrap of the median, {resamples} resamples, seed {seed}",
+        "repeats": len(history),
+        "warmup": "one untimed call per configuration on the first request",
+        "interleaving": "per request, plain first or last in alternation, methods rotated per repeat",
+        "timing_basis": "+".join(sorted(clocks)),
+        "clock": "+".join(sorted(clocks)),
+        "speedup_definition": "tau x (plain step time / round time) per repeat; geometric mean over repeats",
+        "ci": f"{METHOD}; {SPENDING}" if sequential else f"{METHOD}; one look at alpha {plan.alpha}",
+        "sequential": sequential,
+        "plan": {"alpha": plan.alpha, "min_repeats": plan.min_repeats, "max_repeats": plan.max_repeats,
+                 "time_budget_s": plan.time_budget_s, "growth": plan.growth, "looks": list(plan.looks())}
+        if sequential else {"alpha": plan.alpha, "repeats": repeats},
         "tau_definition": "pooled: generated tokens / verification rounds over all prompts, bonus included",
-        "requests": len(requests),
+        "requests": len(first[PLAIN]),
     }
     return {"bench": bench, "runs": out_runs}
+
+
+def _interval(samples: list[float], alpha_k: float) -> dict:
+    if len(samples) < 2:  # no interval from one sample: the gate reads it as inconclusive
+        return {"estimate": float(samples[0]), "ci_low": None, "ci_high": None, "confidence": 1 - alpha_k,
+                "n": len(samples)}
+    iv: Interval = ratio_interval(samples, alpha_k)
+    return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in iv.as_dict().items()}

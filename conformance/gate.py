@@ -5,9 +5,16 @@ One row per (run, metric). Verdicts:
 * ``pass``: inside or above the band;
 * ``fail``: a regression: tau below ``baseline - band``; any per-position rate below its floor;
   speedup whose *entire* confidence interval lies below ``baseline - band``;
-* ``inconclusive``: the speedup interval straddles the lower band edge; neither pass nor fail;
+* ``inconclusive``: the speedup interval still straddles the lower band edge (the bench's time
+  budget or repeat cap ran out first, or it ran a fixed number of repeats); neither pass nor fail;
 * ``missing``: no baseline for this (hardware class, engine, pair, mode, budget), or the report
   lacks the measurement. Never a silent pass.
+
+The speedup interval is recomputed here from the report's per-repeat samples with
+:mod:`ddtree_conformance.sequential` (the look count follows from the repeats of a sequential run),
+never taken on trust from the report. Every speedup row also carries the cost-model view
+(``details``): speedup = tau x (plain step time / round time), each factor against the baseline's,
+so a shortfall reads as "accepts less" (tau), "costs more" (round time in plain steps), or both.
 
 Exit codes (:func:`exit_code`): 0 all pass; 1 any fail; 3 any inconclusive (and no fail);
 4 any missing (and no fail or inconclusive); 2 is the CLI's usage error (unreadable files).
@@ -15,11 +22,14 @@ Exit codes (:func:`exit_code`): 0 all pass; 1 any fail; 3 any inconclusive (and 
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
-from .baselines import BaselineFile
+from .baselines import BaselineEntry, BaselineFile
+from .sequential import DEFAULT_ALPHA, Interval, look_alpha, planned_looks, ratio_interval, verdict
 
-__all__ = ["EXIT_PASS", "EXIT_REGRESSION", "EXIT_INCONCLUSIVE", "EXIT_MISSING", "GateRow", "evaluate", "exit_code"]
+__all__ = ["EXIT_PASS", "EXIT_REGRESSION", "EXIT_INCONCLUSIVE", "EXIT_MISSING", "GateRow", "evaluate", "exit_code",
+           "speedup_interval"]
 
 EXIT_PASS = 0
 EXIT_REGRESSION = 1
@@ -36,12 +46,97 @@ class GateRow:
     band: str
     margin: float | None  # measured (or CI low for speedup) minus the lower band edge
     message: str = ""
+    details: dict | None = None  # speedup rows: the cost-model view
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def _speedup_row(label: str, run: dict, base) -> GateRow:
+def _alpha(sp: dict) -> float:
+    alpha = sp.get("alpha", DEFAULT_ALPHA)
+    return alpha if isinstance(alpha, (int, float)) and 0 < alpha < 0.5 else DEFAULT_ALPHA
+
+
+def _level(sp: dict, n: int) -> float:
+    """The level of each look of the report's run: alpha / K over the K planned looks of a sequential
+    run (:mod:`ddtree_conformance.sequential`), recomputed from its plan; alpha for a fixed-size run."""
+    sequential = bool(sp.get("sequential"))
+    if not sequential:
+        return _alpha(sp)
+    ints = {k: sp.get(k) for k in ("min_repeats", "max_repeats")}
+    growth = sp.get("growth")
+    if all(isinstance(v, int) and v >= 2 for v in ints.values()) and isinstance(growth, (int, float)) and growth > 1:
+        planned = len(planned_looks(ints["min_repeats"], max(ints["max_repeats"], ints["min_repeats"]), float(growth)))
+    else:  # no plan recorded: as many looks as repeats, the most conservative reading
+        planned = max(1, n)
+    return look_alpha(_alpha(sp), planned, True)
+
+
+def _positive_samples(values) -> list[float] | None:
+    if not isinstance(values, list) or len(values) < 2:
+        return None
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values):
+        return None
+    return [float(v) for v in values]
+
+
+def speedup_interval(sp: dict) -> Interval | None:
+    """The speedup interval from the report's per-repeat samples, or None when there are fewer than
+    two usable samples (reports of older suites fall back to their stored interval)."""
+    if "samples" in sp:
+        samples = _positive_samples(sp["samples"])
+        return None if samples is None else ratio_interval(samples, _level(sp, len(samples)))
+    point = sp.get("estimate", sp.get("median"))
+    if all(isinstance(sp.get(k), (int, float)) for k in ("ci_low", "ci_high")) and isinstance(point, (int, float)):
+        return Interval(float(point), float(sp["ci_low"]), float(sp["ci_high"]), float(sp.get("confidence", 0.95)),
+                        0)
+    return None
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f} %"
+
+
+def cost_view(run: dict, base: BaselineEntry, sp: dict) -> tuple[dict, str]:
+    """speedup = tau x step/round, each factor against the baseline: ("accepts less", "costs more")."""
+    cm = run.get("cost_model") or {}
+    cost = base.cost
+    # like with like: the cost model's tau (tokens emitted per round) against the baseline's, else the
+    # acceptance tau against the baseline's acceptance tau
+    if cm.get("tau") is not None and cost is not None and cost.tau is not None:
+        tau, tau0 = cm["tau"], cost.tau
+    else:
+        tau, tau0 = run.get("tau"), base.tau.value
+    details: dict = {"tau": tau, "tau_baseline": tau0}
+    parts = []
+    if isinstance(tau, (int, float)) and tau0 > 0:
+        details["tau_change"] = tau / tau0 - 1
+        details["accepts_less"] = tau < tau0 * (1 - 1e-4)  # baselines keep a few decimals
+        parts.append(("accepts less" if details["accepts_less"] else "accepts as much") +
+                     f": tau {tau:.3f} vs {tau0:.3f} ({_pct(details['tau_change'])})")
+    ratios = _positive_samples((cm.get("step_over_round") or {}).get("samples"))
+    if ratios is not None and cost is not None:
+        iv = ratio_interval(ratios, _level(sp, len(ratios)))
+        c0 = cost.step_over_round
+        details.update({"step_over_round": iv.estimate, "step_over_round_ci": [iv.low, iv.high],
+                        "step_over_round_baseline": c0,
+                        "round_cost_change": c0 / iv.estimate - 1,
+                        "round_cost_change_ci": [c0 / iv.high - 1, c0 / iv.low - 1]})
+        details["costs_more"] = iv.high < c0
+        details["costs_less"] = iv.low > c0
+        lo, hi = details["round_cost_change_ci"]
+        word = "costs more" if details["costs_more"] else "costs less" if details["costs_less"] else "costs the same"
+        parts.append(f"{word}: round time in plain steps {_pct(details['round_cost_change'])} "
+                     f"[{_pct(lo)}, {_pct(hi)}] vs baseline")
+    elif cost is None:
+        parts.append("no cost baseline (re-record the baseline with this suite)")
+    else:
+        parts.append("report has no step/round samples")
+    return details, "; ".join(parts)
+
+
+def _speedup_row(label: str, run: dict, entry: BaselineEntry) -> GateRow:
+    base = entry.speedup
     sp = run.get("speedup")
     if base is None:
         return GateRow(label, "speedup", "missing", "-", "-", None, "baseline has no speedup for this run")
@@ -49,14 +144,26 @@ def _speedup_row(label: str, run: dict, base) -> GateRow:
     if not sp:
         return GateRow(label, "speedup", "missing", "-", band, None,
                        "report has no throughput measurement (run `bench`)")
-    lo, hi, med = sp["ci_low"], sp["ci_high"], sp["median"]
-    measured = f"{med:.3f} [{lo:.3f}, {hi:.3f}]"
-    if lo >= base.lower:
-        return GateRow(label, "speedup", "pass", measured, band, lo - base.lower, "whole CI at or above the band")
-    if hi < base.lower:
-        return GateRow(label, "speedup", "fail", measured, band, hi - base.lower, "whole CI below the band")
-    return GateRow(label, "speedup", "inconclusive", measured, band, lo - base.lower,
-                   "CI straddles the lower band edge; rerun with more repeats")
+    interval = speedup_interval(sp)
+    if interval is None:
+        return GateRow(label, "speedup", "inconclusive", "-", band, None,
+                       "fewer than two usable per-repeat samples: no interval (run `bench` with more repeats)")
+    details, view = cost_view(run, entry, sp)
+    details["interval"] = {"estimate": interval.estimate, "low": interval.low, "high": interval.high,
+                           "confidence": interval.level, "n": interval.n}
+    stop = sp.get("stop") or {}
+    measured = f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
+    found = verdict(interval, base.lower)
+    if found == "pass":
+        return GateRow(label, "speedup", "pass", measured, band, interval.low - base.lower,
+                       f"whole interval at or above the band ({interval.n} repeats); {view}", details)
+    if found == "regression":
+        return GateRow(label, "speedup", "fail", measured, band, interval.high - base.lower,
+                       f"whole interval below the band ({interval.n} repeats); {view}", details)
+    why = stop.get("reason") or "the run stopped"
+    hint = "" if sp.get("sequential") else "; run `bench --baselines` to repeat until the interval decides"
+    return GateRow(label, "speedup", "inconclusive", measured, band, interval.low - base.lower,
+                   f"interval straddles the lower band edge: {why}{hint}; {view}", details)
 
 
 def evaluate(report: dict, baselines: BaselineFile | None, hw_class: str) -> list[GateRow]:
@@ -99,7 +206,7 @@ def evaluate(report: dict, baselines: BaselineFile | None, hw_class: str) -> lis
                                 f"d={worst + 1}: >= {floors[worst]:.3f} (band {base.per_position.band:.3f})",
                                 margins[worst],
                                 f"worst depth of {len(floors)}" + (f"; {below} below floor" if below else "")))
-        rows.append(_speedup_row(label, run, base.speedup))
+        rows.append(_speedup_row(label, run, base))
     return rows
 
 

@@ -1,13 +1,19 @@
 """Golden files: greedy outputs, top-2 gaps and acceptance traces for (pair, prompt set, dtype).
 
-One JSON file per key at ``<golden_dir>/<pair>/<prompt_set>-<dtype>.json``. Files are written
-atomically (temporary file + rename) and never overwritten unless asked; an update returns a
-readable diff of what changed.
+One JSON file per key at ``<golden_dir>/<pair>/<prompt_set>-<dtype>.json``; :func:`golden_path`
+refuses a pair name, prompt-set name or dtype that would put it anywhere else. Files are written
+atomically and durably (:func:`ddtree_conformance.files.atomic_write`) and never overwritten unless
+asked; an update returns a readable diff of what changed, and replaces an unreadable file with a
+warning naming it. A file that cannot be read (not UTF-8, not JSON, wrong fields) is one
+:class:`GoldenError` naming the file.
 """
 
 from __future__ import annotations
 
 import platform
+import re
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
@@ -58,8 +64,28 @@ class GoldenFile(BaseModel):
     records: dict[str, GoldenRecord]
 
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
+
+
 def golden_path(golden_dir: str | Path, pair: str, prompt_set: str, dtype: str) -> Path:
-    return Path(golden_dir) / pair / f"{Path(prompt_set).stem}-{dtype}.json"
+    """``<golden_dir>/<pair>/<prompt set stem>-<dtype>.json``; a :class:`GoldenError` for names that
+    would leave ``<golden_dir>/<pair>/`` (``../x``, ``a/b``, absolute paths)."""
+    stem = Path(str(prompt_set)).stem  # a file name: no separators left
+    for what, value in (("pair name", pair), ("dtype", dtype)):
+        if not isinstance(value, str) or not _NAME.fullmatch(value) or ".." in value:
+            raise GoldenError(f"{what} {value!r} cannot name a golden file under {golden_dir} (letters, digits, "
+                              "'.', '_', '-'; no '..')")
+    if not stem.strip():
+        raise GoldenError(f"prompt set {prompt_set!r} has no name to key a golden file by")
+    folder = Path(golden_dir) / pair
+    path = folder / f"{stem}-{dtype}.json"
+    if path.resolve().parent != folder.resolve():  # belt and braces: no name above gets here
+        raise GoldenError(f"golden file {path} would not be inside {folder}")
+    return path
 
 
 def load_golden(golden_dir: str | Path, pair: str, prompt_set: str, dtype: str) -> GoldenFile | None:
@@ -112,14 +138,22 @@ def _keys(golden: GoldenFile) -> set[str]:
     return {k for r in golden.records.values() for k in r.acceptance}
 
 
-def write_golden(golden_dir: str | Path, golden: GoldenFile, *, update: bool = False) -> tuple[Path, list[str]]:
-    """Write atomically; refuse to replace an existing file unless ``update``. Returns the diff."""
+def write_golden(golden_dir: str | Path, golden: GoldenFile, *, update: bool = False,
+                 warn: Callable[[str], None] | None = None) -> tuple[Path, list[str]]:
+    """Write atomically; refuse to replace an existing file unless ``update``. Returns the diff.
+
+    With ``update``, an existing file that cannot be read is replaced, with a warning naming it."""
     path = golden_path(golden_dir, golden.pair, golden.prompt_set, golden.dtype)
-    old = load_golden(golden_dir, golden.pair, golden.prompt_set, golden.dtype) if path.exists() else None
     if path.exists() and not update:
         raise GoldenExists(f"{path} exists; pass --update to replace it (a diff will be shown)")
+    old = None
+    if path.exists():
+        try:
+            old = load_golden(golden_dir, golden.pair, golden.prompt_set, golden.dtype)
+        except GoldenError as exc:
+            (warn or _warn)(f"replacing an unreadable golden file: {exc}")
     diff = diff_golden(old, golden)
-    atomic_write(path, golden.model_dump_json(indent=1) + "\n")
+    atomic_write(path, golden.model_dump_json(indent=1) + "\n", warn=warn)
     return path, diff
 
 

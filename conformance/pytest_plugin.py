@@ -42,8 +42,9 @@ _OPTIONS: list[tuple[str, dict[str, Any], str]] = [
                    "(turns the plugin on)"),
     ("engine_options", {"action": "append", "metavar": "KEY=VALUE"},
      "engine option (repeatable), as the CLI's -O/--engine-option"),
-    ("engine_timeout_s", {"type": float}, "seconds the engine may take to start, answer capabilities() or run one "
-                                          "generate before it is killed (default 900)"),
+    ("engine_timeout_s", {"type": float}, "seconds the engine may take to start, answer capabilities() (asked once) "
+                                          "or run one generate before its process group is killed and the "
+                                          "remaining items fail (default 900)"),
     ("model_dir", {}, "target model dir (default: the bundled fixture); write --ddtree-model=DIR"),
     ("drafter_dir", {}, "DFlash drafter dir (default: the bundled fixture); 'none' for no drafter"),
     ("pair", {}, "named model pair (fixture, qwen3-8b, qwen3-4b, or a pairs file's); default $DDTREE_PAIR"),
@@ -129,10 +130,29 @@ def item_group(settings) -> str:
     return f"{engine}-{settings.dtype}-{settings.pair_name}"
 
 
+def _check_engine_name(name: str) -> None:
+    """An engine name that is neither registered nor ``module:Class`` stops the run (no import)."""
+    from .adapters.registry import available_engines
+
+    name = name.strip()
+    known = available_engines()
+    if name not in known and ":" not in name:
+        raise pytest.UsageError(f"ddtree-conformance: --ddtree-engine: unknown engine {name!r}; known engines: "
+                                f"{', '.join(sorted(known))} (or give a 'module:Class' path)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not active(config):
         return
-    settings_from_options(config)  # a bad option or an unknown pair stops the run here, as one error
+    settings = settings_from_options(config)  # a bad option or an unknown pair stops the run here, as one error
+    _check_engine_name(settings.engine)
+    from .checks import plan
+    from .settings import SettingsError
+
+    try:
+        plan(settings)  # a --ddtree-check filter that keeps nothing is a usage error, never an empty pass
+    except SettingsError as exc:
+        raise pytest.UsageError(f"ddtree-conformance: {str(exc).replace('--check', '--ddtree-check', 1)}") from None
     if str(SUITE) in config.args:
         return
     if config.args_source != pytest.Config.ArgsSource.ARGS:
@@ -140,6 +160,39 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args[:] = [str(SUITE)]
     else:
         config.args.append(str(SUITE))
+
+
+class _SuiteModule(pytest.Module):
+    """The packaged suite file, collected as the module it is (``ddtree_conformance.suite.test_conformance``).
+
+    Left to pytest's default import mode, a suite file inside a source checkout would be imported
+    under the bare name ``conformance.suite.test_conformance``, with the checkout's root put first on
+    ``sys.path``: bare ``conformance`` and ``adapters`` would then leak into the user's run.
+    """
+
+    def _getobj(self):
+        import importlib
+
+        return importlib.import_module("ddtree_conformance.suite.test_conformance")
+
+
+def pytest_collect_directory(path, parent):
+    """The package folders above the suite file of a source checkout (``conformance/``,
+    ``conformance/suite/``) are collected as plain folders: a pytest Package would import their
+    ``__init__`` under the bare folder names."""
+    if not active(parent.config) or not (Path(path) / "__init__.py").is_file():
+        return None
+    folder = Path(path).resolve()
+    if folder.name != "ddtree_conformance" and folder in SUITE.resolve().parents and \
+            folder != SUITE.resolve().parent.parent.parent:
+        return pytest.Dir.from_parent(parent, path=Path(path))
+    return None
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if Path(module_path) == SUITE:
+        return _SuiteModule.from_parent(parent, path=Path(module_path))
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

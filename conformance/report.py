@@ -11,8 +11,10 @@ Run-report schema (``schema: ddtree-conformance/run-report``; check reports keep
 ``hardware_class``, ``environment`` (versions, platform), ``settings`` (the suite settings),
 ``runs``: one object per (mode, budget) with ``mode``, ``budget``, ``label``, ``tau``,
 ``tau_per_response_mean``, ``per_position`` (rate at depth 1..L), ``histogram`` (acceptance length
--> rounds), ``rounds``, and for bench runs ``tokens``, ``tokens_per_s`` (per repeat) and ``speedup``
-(``median``, ``ci_low``, ``ci_high``, ``confidence``, ``resamples``, ``samples``, ``cv``);
+-> rounds), ``rounds``, and for bench runs ``tokens``, ``tokens_per_s`` (per repeat), ``cost_model``
+(``tau``, ``step_s``, ``round_s``, ``step_over_round``) and ``speedup`` (``estimate``, ``median``,
+``ci_low``, ``ci_high``, ``confidence``, ``samples``, ``cv``, ``alpha``, ``sequential``, ``looks``,
+``edge``, ``stop``; see :mod:`ddtree_conformance.bench`);
 bench reports also carry ``bench`` (procedure), check reports ``counts`` and ``results``.
 """
 
@@ -133,7 +135,16 @@ def _speedup_cell(run: dict) -> str:
     sp = run.get("speedup")
     if not sp:
         return "-"
-    return f"{sp['median']:.3f}x [{sp['ci_low']:.3f}, {sp['ci_high']:.3f}]"
+    point = sp.get("estimate", sp.get("median"))
+    return f"{point:.3f}x [{_fmt(sp.get('ci_low'))}, {_fmt(sp.get('ci_high'))}]"
+
+
+def _cost_cell(run: dict) -> str:
+    cm = run.get("cost_model") or {}
+    ratio = (cm.get("step_over_round") or {}).get("estimate")
+    if cm.get("tau") is None or not ratio:
+        return "-"
+    return f"{cm['tau']:.2f} x {ratio:.3f} ({cm['step_s'] * 1e3:.2f} / {cm['round_s'] * 1e3:.2f} ms)"
 
 
 def _positions_cell(run: dict, depth: int = 4) -> str:
@@ -148,7 +159,7 @@ def _summary_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     bench = report.get("kind") == "bench"
     head = ["run", "tau", "tau (mean of responses)", "accept d=1/2/3/4"]
     if bench:
-        head += ["tokens/s (median)", "speedup [CI]", "CV"]
+        head += ["tokens/s (median)", "speedup [CI]", "tau x step/round (step / round)", "CV", "stopped"]
     rows = []
     for run in report.get("runs", []):
         row = [run.get("label") or run["mode"], _fmt(run.get("tau")), _fmt(run.get("tau_per_response_mean")),
@@ -157,7 +168,9 @@ def _summary_rows(report: dict) -> tuple[list[str], list[list[str]]]:
             tps = run.get("tokens_per_s") or []
             med = sorted(tps)[len(tps) // 2] if tps else None
             sp = run.get("speedup") or {}
-            row += [_fmt(med, 1), _speedup_cell(run), _fmt(sp.get("cv"), 3) if sp else "-"]
+            stop = sp.get("stop") or {}
+            row += [_fmt(med, 1), _speedup_cell(run), _cost_cell(run), _fmt(sp.get("cv"), 3) if sp else "-",
+                    f"{stop['decision']} after {stop['repeats']}" if stop else "-"]
         rows.append(row)
     return head, rows
 
@@ -170,6 +183,9 @@ def _context_lines(report: dict) -> list[str]:
     if b:
         lines.append(f"{b['repeats']} interleaved repeats ({b['interleaving']}); timing basis: {b['timing_basis']}; "
                      f"CI: {b['ci']}")
+        if b.get("speedup_definition"):
+            lines.append(f"speedup: {b['speedup_definition']}" + (f"; sequential plan {b['plan']}"
+                                                                   if b.get("sequential") else ""))
         lines.append(f"tau: {b['tau_definition']}")
     counts = report.get("counts")
     if counts:
@@ -229,7 +245,10 @@ def render_html(report: dict) -> str:
         parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows]
         parts.append("</table>")
     parts.append('<h2>Plots</h2><div class="grid">')
-    for title, caption, data in plots(report):
+    # Runs without a tau (an engine that reports no acceptance data) have nothing to plot: left out,
+    # the plots show their "no data" placeholders instead of failing on the missing number.
+    plotted = {**report, "runs": [r for r in report.get("runs", []) if r.get("tau") is not None]}
+    for title, caption, data in plots(plotted):
         parts.append(f'<figure><h3>{esc(title)}</h3><img alt="{esc(title)}" src="data:image/png;base64,{data}">'
                      f"<figcaption>{esc(caption)}</figcaption></figure>")
     parts.append("</div>")

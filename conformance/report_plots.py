@@ -20,6 +20,13 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def _interval(sp: dict) -> tuple[float, float, float]:
+    """(point, low, high) of a speedup entry: the geometric-mean estimate, or an older report's median."""
+    point = sp.get("estimate", sp.get("median"))
+    low, high = sp.get("ci_low"), sp.get("ci_high")
+    return point, point if low is None else low, point if high is None else high
+
+
 def _empty(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#666")
     ax.set_xticks([])
@@ -76,31 +83,32 @@ def plots(report: dict) -> list[tuple[str, str, str]]:
         tree_m = [r for r in tree if r.get("speedup")]
         if tree_m:
             x = [r["budget"] for r in tree_m]
-            med = [r["speedup"]["median"] for r in tree_m]
-            err = [[m - r["speedup"]["ci_low"] for m, r in zip(med, tree_m)],
-                   [r["speedup"]["ci_high"] - m for m, r in zip(med, tree_m)]]
-            ax.errorbar(x, med, yerr=err, fmt="o-", capsize=4, color=_COLOURS[0], label="DDTree (median, CI)")
+            ivs = [_interval(r["speedup"]) for r in tree_m]
+            med = [iv[0] for iv in ivs]
+            err = [[iv[0] - iv[1] for iv in ivs], [iv[2] - iv[0] for iv in ivs]]
+            ax.errorbar(x, med, yerr=err, fmt="o-", capsize=4, color=_COLOURS[0], label="DDTree (estimate, CI)")
             for xi, m in zip(x, med):
                 ax.annotate(f"{m:.2f}x", (xi, m), textcoords="offset points", xytext=(10, 4), fontsize=8)
         for r in chain:
             if r.get("speedup"):
-                sp = r["speedup"]
-                ax.axhspan(sp["ci_low"], sp["ci_high"], color=_COLOURS[1], alpha=0.12, label="DFlash CI")
-                ax.axhline(sp["median"], color=_COLOURS[1], ls="--", label=f"DFlash chain ({sp['median']:.2f}x)")
+                point, low, high = _interval(r["speedup"])
+                ax.axhspan(low, high, color=_COLOURS[1], alpha=0.12, label="DFlash CI")
+                ax.axhline(point, color=_COLOURS[1], ls="--", label=f"DFlash chain ({point:.2f}x)")
         ax.axhline(1.0, color="#888", ls=":", label="plain (1.00x)")
         if tree_m:
             budget_axes(ax, "speedup over plain (x)")
         else:
             ax.set_ylabel("speedup over plain (x)")
             ax.set_xticks([])
-        lows = [r["speedup"]["ci_low"] for r in measured] + [1.0]
-        highs = [r["speedup"]["ci_high"] for r in measured] + [1.0]
+        lows = [_interval(r["speedup"])[1] for r in measured] + [1.0]
+        highs = [_interval(r["speedup"])[2] for r in measured] + [1.0]
         ax.set_ylim(min(lows) * 0.9, max(highs) * 1.25)
         ax.legend(fontsize=8, loc="upper left", ncol=2, frameon=False)
     else:
         _empty(ax, "no throughput measured in this run\n(use `ddtree-conformance bench`)")
     ci = (report.get("bench") or {}).get("ci", "")
-    caption = "Median tokens/s ratio to plain decoding" + (f"; bars and band: {ci}." if ci else ".")
+    caption = "Speedup over plain decoding (tau x plain step time / round time)" + (f"; bars and band: {ci}." if ci
+                                                                                    else ".")
     plots.append(("speedup vs budget", caption, _png(fig)))
 
     # 3. per-position acceptance

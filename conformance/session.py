@@ -3,32 +3,65 @@
 Checks ask the session for runs (``session.run("ddtree", 32, trace=True)``); the session asks
 the engine once per distinct configuration and keeps the results. The engine runs in its own
 process unless ``isolate`` is off (mutant self-tests inject in-process engines).
+
+Nothing the engine returns is trusted: every batch passes :func:`ddtree_conformance.integrity.validate_results`
+before a check sees it, so a broken result reaches checks as an error result naming the request
+and the field. ``capabilities()`` is asked once; its answer or its failure is kept. An engine that
+cannot start or dies (:class:`~ddtree_conformance.adapters.interface.EngineDied`) is recorded in
+:attr:`SuiteSession.failure` and every later engine call raises at once: the run stops there.
+While :meth:`SuiteSession.watch` is active, the session notes which runs a check used
+(:class:`UsedRun`), so the check runner can tell a check that consumed failed results.
 """
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from .adapters.interface import Capabilities, Engine, Mode, Request, RequestResult, RunConfig
+from .adapters.interface import (Capabilities, Engine, EngineDied, EngineUsageError, Mode, Request, RequestResult,
+                                 RunConfig)
+from .integrity import PairLimits, error_result, validate_results
+from .progress import Heartbeat, Printer
 from .settings import SuiteSettings
 
-__all__ = ["SuiteSettings", "SuiteSession", "EngineFactory"]
+__all__ = ["SuiteSettings", "SuiteSession", "EngineFactory", "UsedRun"]
 
 EngineFactory = Callable[[str, "str | None"], Engine]
+
+
+@dataclass(frozen=True)
+class UsedRun:
+    """One run a check asked for: who ran it, what, and the (validated) results."""
+
+    engine: str
+    label: str
+    results: list[RequestResult]
+    prompts: list[str]
 
 
 class SuiteSession:
     """Runs and caches everything checks need. Close it when done."""
 
-    def __init__(self, settings: SuiteSettings, engine_factory: EngineFactory | None = None) -> None:
+    def __init__(self, settings: SuiteSettings, engine_factory: EngineFactory | None = None, *,
+                 progress: Printer | None = None, heartbeat_s: float | None = None, flag_prefix: str = "--") -> None:
         self.settings = settings
+        self.flag_prefix = flag_prefix  # how messages spell options: "--budgets" (CLI), "--ddtree-budgets" (pytest)
         self._factory = engine_factory or self._default_factory
         self._engines: dict[tuple, Engine] = {}
+        self._engine_info: dict[int, tuple[str, PairLimits]] = {}  # id(engine) -> (name, pair limits)
         self._runs: dict[tuple, list[RequestResult]] = {}
         self._scratch = tempfile.TemporaryDirectory(prefix="ddtree-suite-")
+        self.progress, self.heartbeat_s = progress, heartbeat_s
+        self.failure: EngineDied | None = None  # the engine could not start or died: nothing more runs
+        self._caps: Capabilities | None = None
+        self._caps_error: Exception | None = None
+        self._support_error: Exception | None = None
+        self._support_checked = False
+        self._used: list[UsedRun] | None = None
         if settings.torch_threads:
             import torch
 
@@ -37,19 +70,47 @@ class SuiteSession:
     # -- engines ---------------------------------------------------------------------------
     def _default_factory(self, model_dir: str, drafter_dir: str | None) -> Engine:
         s = self.settings
+        from ddtree_conformance.adapters.registry import create_engine, resolve_engine
+
+        resolve_engine(s.engine, s.engine_options)  # unknown engine or option: a usage error, nothing started
         if s.isolate:
             from ddtree_conformance.adapters.process import IsolatedEngine
 
             return IsolatedEngine(s.engine, model_dir, drafter_dir, timeout_s=s.engine_timeout_s,
-                                  torch_threads=s.torch_threads, **s.engine_options)
-        from ddtree_conformance.adapters.registry import create_engine
-
+                                  start_timeout_s=s.engine_timeout_s, torch_threads=s.torch_threads,
+                                  **s.engine_options)
         return create_engine(s.engine, model_dir, drafter_dir, **s.engine_options)
+
+    def _fail(self, exc: EngineDied) -> EngineDied:
+        if self.failure is None:
+            self.failure = exc
+        return exc
+
+    def dead_again(self) -> EngineDied:
+        """What every call after the engine's failure raises: one line naming the first cause."""
+        first = str(self.failure).split("\n", 1)[0]
+        return EngineDied(f"not run: engine {self.settings.engine!r} failed earlier and is not restarted: {first}")
+
+    def _heartbeat(self, name: str, what: str) -> Heartbeat:
+        return Heartbeat(self.progress, name, what, self.heartbeat_s)
 
     def engine_for(self, model_dir: str, drafter_dir: str | None) -> Engine:
         key = (str(model_dir), None if drafter_dir is None else str(drafter_dir))
         if key not in self._engines:
-            self._engines[key] = self._factory(*key)
+            if self.failure is not None:
+                raise self.dead_again()
+            name = self.settings.engine
+            try:
+                with self._heartbeat(name, "start"):
+                    engine = self._factory(*key)
+            except (EngineUsageError, EngineDied) as exc:
+                if isinstance(exc, EngineDied):
+                    self._fail(exc)
+                raise
+            except Exception as exc:  # an in-process engine that cannot be built: it cannot start
+                raise self._fail(EngineDied(f"engine {name!r} failed to start: {type(exc).__name__}: {exc}")) from exc
+            self._engines[key] = engine
+            self._engine_info[id(engine)] = (name, PairLimits.read(*key))
         return self._engines[key]
 
     def reference_for(self, model_dir: str, drafter_dir: str | None) -> Engine:
@@ -59,35 +120,68 @@ class SuiteSession:
         key = ("oracle", str(model_dir), None if drafter_dir is None else str(drafter_dir))
         if key not in self._engines:
             self._engines[key] = ReferenceEngine(*key[1:])
+            self._engine_info[id(self._engines[key])] = ("reference (oracle)", PairLimits.read(*key[1:]))
         return self._engines[key]
 
     @property
     def engine(self) -> Engine:
         return self.engine_for(self.settings.model_dir, self.settings.drafter_dir)
 
-    @cached_property
+    @property
     def capabilities(self) -> Capabilities:
-        return self.engine.capabilities()
+        """The engine's capabilities, asked once; a failure (a hang, an error) is kept and re-raised."""
+        if self._caps is None and self._caps_error is None:
+            if self.failure is not None:
+                raise self.dead_again()
+            engine, name = self.engine, self.settings.engine
+            try:
+                with self._heartbeat(name, "start and capabilities()"):
+                    caps = engine.capabilities()
+                if not isinstance(caps, Capabilities):
+                    raise TypeError(f"returned {type(caps).__name__}, not Capabilities")
+                self._caps = caps
+            except EngineDied as exc:
+                self._caps_error = self._fail(exc)
+            except EngineUsageError as exc:
+                self._caps_error = exc
+            except Exception as exc:
+                self._caps_error = self._fail(EngineDied(f"engine {name!r}: capabilities() failed: "
+                                                         f"{type(exc).__name__}: {exc}"))
+        if self._caps_error is not None:
+            raise self._caps_error
+        return self._caps
 
     def require_support(self) -> None:
         """Refuse, before any check runs, settings the engine says it cannot run here: one
-        :class:`~ddtree_conformance.settings.SettingsError` naming the option and the engine's limit."""
+        :class:`~ddtree_conformance.settings.SettingsError` naming the option and the engine's limit.
+        The outcome is kept: a second call raises the same error at once."""
+        if not self._support_checked:
+            try:
+                self._require_support()
+            except Exception as exc:
+                self._support_error = exc
+            self._support_checked = True
+        if self._support_error is not None:
+            raise self._support_error
+
+    def _require_support(self) -> None:
         from .settings import SettingsError
 
         s, caps = self.settings, self.capabilities
         who = f"engine {caps.name!r}"
+        p = self.flag_prefix
         if s.dtype not in caps.dtypes:
-            raise SettingsError(f"--dtype {s.dtype}: {who} supports {', '.join(caps.dtypes)} here")
+            raise SettingsError(f"{p}dtype {s.dtype}: {who} supports {', '.join(caps.dtypes)} here")
         kind = s.device.split(":", 1)[0]
         if s.device not in caps.devices and kind not in caps.devices:
-            raise SettingsError(f"--device {s.device}: {who} can use {', '.join(caps.devices) or 'no device'} here")
+            raise SettingsError(f"{p}device {s.device}: {who} can use {', '.join(caps.devices) or 'no device'} here")
         if s.tensor_parallel_size > caps.max_tensor_parallel:
-            raise SettingsError(f"--tensor-parallel-size {s.tensor_parallel_size}: {who} accepts at most "
+            raise SettingsError(f"{p}tensor-parallel-size {s.tensor_parallel_size}: {who} accepts at most "
                                 f"{caps.max_tensor_parallel} here (capabilities().max_tensor_parallel)")
         if "ddtree" in s.modes and "ddtree" in caps.modes and caps.max_budget is not None:
             too_big = [b for b in s.budgets if b > caps.max_budget]
             if too_big:
-                raise SettingsError(f"--budgets {','.join(map(str, too_big))}: {who} accepts budgets up to "
+                raise SettingsError(f"{p}budgets {','.join(map(str, too_big))}: {who} accepts budgets up to "
                                     f"{caps.max_budget} (capabilities().max_budget)")
 
     # -- inputs ----------------------------------------------------------------------------
@@ -146,10 +240,60 @@ class SuiteSession:
             tuple(r.model_dump_json() for r in requests),
         )
         if key not in self._runs:
+            if self.failure is not None:
+                raise self.dead_again()
             config = self.config(mode, budget, trace=trace, trace_draft_logits=trace_draft_logits,
                                  tensor_parallel_size=tp)
-            self._runs[key] = engine.generate(requests, config)
+            self._runs[key] = self._generate(engine, requests, config)
+        if self._used is not None:
+            name = self._engine_info.get(id(engine), (self.settings.engine, None))[0]
+            label = mode if mode != "ddtree" else f"ddtree-B{budget}"
+            self._used.append(UsedRun(name, label, self._runs[key], self.labels(requests)))
         return self._runs[key]
+
+    def _generate(self, engine: Engine, requests: list[Request], config: RunConfig) -> list[RequestResult]:
+        """One engine call, validated (module doc). An exception the engine raises (it keeps running)
+        becomes one error result per request; :class:`EngineDied` stops the session."""
+        name, limits = self._engine_info.get(id(engine), (getattr(engine, "name", "engine"), PairLimits()))
+        oracle = name.endswith("(oracle)")
+        try:
+            with self._heartbeat(name, f"generate {len(requests)} request{'' if len(requests) == 1 else 's'} "
+                                       f"({config.mode}{f', B={config.budget}' if config.mode == 'ddtree' else ''})"):
+                results = engine.generate(requests, config)
+        except EngineDied as exc:
+            raise self._fail(exc)
+        except Exception as exc:
+            message = f"engine {name!r} raised {type(exc).__name__}: {exc}"
+            return [error_result(message) for _ in requests]
+        caps = engine.capabilities() if oracle else self.capabilities
+        return validate_results(requests, results, config, limits, caps, self.labels(requests), name)
+
+    def labels(self, requests: list[Request]) -> list[str]:
+        """How messages name each request: its prompt id when it is a prompt of the set."""
+        try:
+            ids = {tuple(p.prompt_ids): p.id for p in self.prompts}
+        except Exception:  # the prompt set cannot be read: name requests by their ids
+            ids = {}
+        out = []
+        for r in requests:
+            pid = ids.get(tuple(r.prompt_ids))
+            if pid is not None:
+                out.append(f"prompt {pid}")
+            else:
+                shown = ", ".join(map(str, r.prompt_ids[:6])) + (", ..." if len(r.prompt_ids) > 6 else "")
+                out.append(f"prompt ids [{shown}]")
+        return out
+
+    @contextlib.contextmanager
+    def watch(self) -> Iterator[list[UsedRun]]:
+        """Note every run asked for inside the block (memoised or not) in the yielded list."""
+        previous, self._used = self._used, []
+        try:
+            yield self._used
+        finally:
+            used, self._used = self._used, previous
+            if previous is not None:
+                previous.extend(used)
 
     def plain(self) -> list[RequestResult]:
         return self.run("plain")

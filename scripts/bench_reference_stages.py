@@ -1,13 +1,20 @@
-"""Reference engine per-stage time per DDTree round against budget, vs one plain decode step.
+#!/usr/bin/env python
+"""Round-time table: the reference engine's DDTree round, per stage, against one plain decode step.
 
-    python scripts/bench_reference_stages.py --shape 8b --device cuda --dtype bfloat16 --out stages.json
+    python scripts/bench_reference_stages.py --shape 8b --device cuda --dtype bfloat16 --out $OUT/rounds
 
-An 8B-shaped Qwen3 target (hidden 4096, 36 layers, 32/8 heads of 128, vocab 151,936) and a
-5-layer DFlash drafter of the z-lab b16 shape, random weights, built directly on the device.
-Random weights accept almost nothing, which is what this measures: the cost of one round
-(draft, build, compile, verify, walk, commit) at each budget, with the heap and the vectorized
-builders, as a ratio to one plain decode step at the same context length. Numbers go in notes;
-nothing here is a test.
+An 8B-shaped Qwen3 target and a drafter of the z-lab Qwen3-8B-DFlash-b16 shape with random weights,
+built on the device (``ddtree_conformance.testing.shaped_pair``); one prompt of ``--prompt-len``
+tokens (context 512 by default). For every budget B: one untimed DDTree call, then ``--repeats``
+pairs of (plain, DDTree) calls in alternating order. Times are the engine's own CUDA-event times
+(no host sync per round): the plain step is the plain decode span / steps, the round the DDTree
+decode span / rounds, and the stages (draft, build, compile, verify, walk, commit) their per-round
+spans. Random weights accept almost nothing, which is what this measures: the cost of one round.
+
+One reference engine and one set of feature hooks on the target for the whole run (checked after
+every budget). After each budget ``OUT/rounds.json`` and ``OUT/rounds.md`` are rewritten, so a run
+cut short keeps its rows; no new budget starts past ``--total-budget-s``. The tree builder is the
+heap (the tensor-only builder was removed, see conformance/spec/tree.py).
 """
 
 from __future__ import annotations
@@ -17,103 +24,123 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from ddtree_conformance.adapters.interface import Request, RunConfig
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.testing.shaped_pair import SHAPES, build_shaped_pair, random_prompts
 
-from ddtree_conformance.adapters.interface import Request, RunConfig  # noqa: E402
-from ddtree_conformance.adapters.reference.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids  # noqa: E402
-from ddtree_conformance.adapters.reference.engine import ReferenceEngine  # noqa: E402
-from ddtree_conformance.testing.random_pair import drafter_config_dict  # noqa: E402
-
-SHAPES = {
-    "8b": dict(hidden=4096, inter=12288, layers=36, heads=32, kv=8, head_dim=128, vocab=151936, draft_layers=5),
-    "tiny": dict(hidden=128, inter=384, layers=4, heads=4, kv=2, head_dim=32, vocab=4096, draft_layers=1),
-}
+STAGES = ("draft", "build", "compile", "verify", "walk", "commit")
 
 
-def build(shape: dict, dtype: torch.dtype, device: str, root: Path):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    cfg = Qwen3Config(vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["inter"],
-                      num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
-                      num_key_value_heads=shape["kv"], head_dim=shape["head_dim"], max_position_embeddings=40960,
-                      rope_theta=1e6, tie_word_embeddings=False)
-    cfg.save_pretrained(root / "target")
-    ids = default_target_layer_ids(shape["layers"], shape["draft_layers"])
-    raw = drafter_config_dict(vocab_size=shape["vocab"], hidden_size=shape["hidden"], num_heads=shape["heads"],
-                              head_dim=shape["head_dim"], num_layers=shape["draft_layers"],
-                              num_target_layers=shape["layers"], target_layer_ids=ids,
-                              mask_token_id=shape["vocab"] - 2, intermediate_size=shape["inter"])
-    raw["num_key_value_heads"] = shape["kv"]
-    (root / "drafter").mkdir(parents=True, exist_ok=True)
-    (root / "drafter" / "config.json").write_text(json.dumps(raw))
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            target = Qwen3ForCausalLM(cfg).eval()
-            drafter = DFlashDrafter(DFlashConfig.from_dict(raw)).eval()
-    finally:
-        torch.set_default_dtype(previous)
-    return target, drafter
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="8b")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024])
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=24)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--total-budget-s", type=float, default=300.0, help="start no budget after this much wall time")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+    return p.parse_args(argv)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="8b")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024])
-    parser.add_argument("--builders", nargs="+", default=["heap", "vectorized"])
-    parser.add_argument("--prompt-len", type=int, default=512)
-    parser.add_argument("--new-tokens", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+def hook_count(target) -> int:
+    return sum(len(layer._forward_hooks) for layer in target.model.layers)
 
+
+def per_round(result) -> dict:
+    stages = result.timings.stages
+    rounds = max(1, result.rounds or 0)
+    clock = "round_device" if "round_device" in stages else "round_wall"
+    out = {k: stages[k] / rounds * 1e3 for k in STAGES if k in stages}
+    out["round"] = stages[clock] / rounds * 1e3
+    out["tau"] = sum(result.acceptance_lengths) / rounds if result.acceptance_lengths else None
+    return out
+
+
+def write(out: Path, meta: dict, rows: list[dict]) -> None:
+    (out / "rounds.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
+    lines = [f"### Round time vs plain step: {meta['shape']}-shaped Qwen3 (random weights), {meta['dtype']}, "
+             f"{meta['device_name']}, context {meta['prompt_len']}",
+             "",
+             f"- clock: {meta['clock']}; {meta['repeats']} alternating (plain, DDTree) pairs per budget after one "
+             f"untimed call; medians; {meta['new_tokens']} new tokens; torch {meta['torch']}",
+             f"- feature hooks on the target: {meta['hooks']} (one per drafter feature layer, checked every budget)",
+             "",
+             "| B | plain step ms | round ms | round / plain step | " + " | ".join(f"{s} ms" for s in STAGES)
+             + " | tau |",
+             "|---:|---:|---:|---:|" + "---:|" * len(STAGES) + "---:|"]
+    for r in rows:
+        lines.append(f"| {r['budget']} | {r['plain_step_ms']:.2f} | {r['round_ms']:.2f} | {r['round_over_step']:.2f} | "
+                     + " | ".join(f"{r['stages_ms'].get(s, float('nan')):.2f}" for s in STAGES)
+                     + f" | {r['tau']:.2f} |")
+    (out / "rounds.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
     dtype = getattr(torch, args.dtype)
-    root = Path(tempfile.mkdtemp(prefix="bench-stages-"))
-    target, drafter = build(SHAPES[args.shape], dtype, args.device, root)
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, SHAPES[args.shape]["vocab"] - 2, (args.prompt_len,), generator=g).tolist()
-    request = Request(prompt_ids=prompt, max_new_tokens=args.new_tokens)
-    rows = []
+    target_dir, drafter_dir, target, drafter = build_shaped_pair(args.shape, dtype, args.device,
+                                                                 tempfile.mkdtemp(prefix="rounds-"))
+    engine = ReferenceEngine(str(target_dir), str(drafter_dir))
+    engine.use_models(target, drafter, RunConfig(mode="ddtree", dtype=args.dtype, device=args.device))
+    hooks = hook_count(target)
+    assert hooks == len(drafter.config.target_layer_ids), hooks
+    request = Request(prompt_ids=random_prompts(1, args.prompt_len, SHAPES[args.shape]["vocab"])[0],
+                      max_new_tokens=args.new_tokens)
 
-    def measure(engine, mode, budget):
+    def run(mode: str, budget: int) -> dict:
         config = RunConfig(mode=mode, budget=budget, dtype=args.dtype, device=args.device, timing=True)
-        engine.use_models(target, drafter, config)
-        engine.generate([request], config)  # warm-up (kernels, allocator)
-        per_round = []
-        for _ in range(args.repeats):
-            result = engine.generate([request], config)[0]
-            per_round.append({k: v / result.rounds for k, v in result.timings.stages.items()})
-        return {k: statistics.median(r[k] for r in per_round) for k in per_round[0]}
+        return per_round(engine.generate([request], config)[0])
 
-    reference = ReferenceEngine(str(root / "target"), str(root / "drafter"))
-    plain = measure(reference, "plain", 1)
-    plain_step = plain["verify"]
-    print(f"plain decode step: {plain_step * 1e3:.2f} ms ({args.shape}, {args.dtype}, {args.device}, "
-          f"context {args.prompt_len})")
-    header = "builder     B     draft  build  compile verify  walk  commit | round ms  x plain step"
-    print(header)
-    for builder in args.builders:
-        engine = ReferenceEngine(str(root / "target"), str(root / "drafter"), builder=builder)
-        for budget in args.budgets:
-            stages = measure(engine, "ddtree", budget)
-            total = sum(stages.values())
-            row = {"builder": builder, "budget": budget, **{k: v * 1e3 for k, v in stages.items()},
-                   "round_ms": total * 1e3, "ratio_to_plain_step": total / plain_step}
-            rows.append(row)
-            print(f"{builder:10} {budget:5} " + " ".join(f"{stages.get(k, 0) * 1e3:6.2f}" for k in
-                  ("draft", "build", "compile", "verify", "walk", "commit")) + f" | {total * 1e3:8.2f}  {row['ratio_to_plain_step']:6.2f}",
-                  flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps({"plain_step_ms": plain_step * 1e3, "shape": args.shape,
-                                              "dtype": args.dtype, "device": args.device,
-                                              "torch": torch.__version__, "rows": rows}, indent=1))
+    run("plain", 1)  # warm-up
+    meta = {"shape": args.shape, "dtype": args.dtype, "device": args.device, "prompt_len": args.prompt_len,
+            "new_tokens": args.new_tokens, "repeats": args.repeats, "torch": torch.__version__, "hooks": hooks,
+            "clock": "CUDA events" if args.device.startswith("cuda") else "host perf_counter",
+            "device_name": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
+            "builder": "heap"}
+    rows: list[dict] = []
+    longest = 0.0
+    for budget in args.budgets:
+        elapsed = time.perf_counter() - started
+        if elapsed + longest > args.total_budget_s:
+            print(f"total budget {args.total_budget_s:g} s: stopping before B={budget} (elapsed {elapsed:.0f} s)")
+            break
+        t0 = time.perf_counter()
+        run("ddtree", budget)  # untimed: first call at this budget
+        plains, trees = [], []
+        for rep in range(args.repeats):
+            order = ("plain", "ddtree") if rep % 2 == 0 else ("ddtree", "plain")
+            for mode in order:
+                (plains if mode == "plain" else trees).append(run(mode, budget))
+        if hook_count(target) != hooks:
+            raise SystemExit(f"feature hooks grew from {hooks} to {hook_count(target)} at B={budget}")
+        ratios = [t["round"] / p["round"] for p, t in zip(plains, trees)]
+        row = {"budget": budget, "plain_step_ms": statistics.median(p["round"] for p in plains),
+               "round_ms": statistics.median(t["round"] for t in trees),
+               "round_over_step": statistics.median(ratios),
+               "stages_ms": {s: statistics.median(t[s] for t in trees) for s in STAGES if s in trees[0]},
+               "tau": statistics.median(t["tau"] for t in trees), "samples": {"plain": plains, "ddtree": trees}}
+        rows.append(row)
+        longest = time.perf_counter() - t0
+        print(f"B={budget:5} plain {row['plain_step_ms']:7.2f} ms  round {row['round_ms']:7.2f} ms  "
+              f"x{row['round_over_step']:.2f}  " + " ".join(f"{s} {v:.2f}" for s, v in row["stages_ms"].items())
+              + f"  ({longest:.1f} s)", flush=True)
+        write(args.out, meta, rows)
+    meta["elapsed_s"] = time.perf_counter() - started
+    write(args.out, meta, rows)
+    print((args.out / "rounds.md").read_text(), flush=True)
     return 0
 
 

@@ -624,7 +624,7 @@ def estimate_acceptance(target, drafter, prompts, *, device, new_tokens=64, budg
     Round: root at position r, drafter context = target features of 0..r-1; the accepted depth is
     the longest tree path matching the greedy continuation. Per-response tau, averaged.
     """
-    from ddtree_conformance.spec.tree import build_chain, build_tree_vectorized
+    from ddtree_conformance.spec.tree import build_chain, build_tree
 
     tap = FeatureTap(target, drafter.config.target_layer_ids)
     embed, head = target.get_input_embeddings(), target.get_output_embeddings()
@@ -646,7 +646,7 @@ def estimate_acceptance(target, drafter, prompts, *, device, new_tokens=64, budg
                 block[0, 0] = seq[r]
                 pos = torch.arange(0, r + size, device=device)[None]
                 logits = head(drafter(embed(block), feats[None, :r], pos)[0, 1:])
-                tree = build_chain(logits) if mode == "dflash" else build_tree_vectorized(logits, int(mode[6:]))
+                tree = build_chain(logits) if mode == "dflash" else build_tree(logits, int(mode[6:]))
                 children = tree.children
                 node, depth = 0, 0
                 while True:

@@ -11,8 +11,12 @@ from ddtree_conformance.adapters.interface import EngineError
 
 
 def test_unknown_options_listed():
-    with pytest.raises(EngineError, match=r"engine 'x': unknown option\(s\) colour; known: seed, size"):
+    from ddtree_conformance.adapters.interface import UnknownOption
+
+    with pytest.raises(UnknownOption, match=r"engine 'x': unknown option\(s\) colour; known: seed, size"):
         opts.check_known("x", {"colour": 1, "seed": 2}, ["seed", "size"])
+    with pytest.raises(UnknownOption, match=r"known: none \(this engine takes no options\)"):
+        opts.check_known("x", {"colour": 1}, [])
 
 
 @pytest.mark.parametrize("value,want", [(True, True), ("on", True), ("1", True), ("No", False), (0, False)])

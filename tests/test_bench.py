@@ -1,16 +1,188 @@
-"""bench: interleaved repeats against plain, bootstrap CI, and the run report it writes."""
+"""bench: paired, interleaved repeats; the cost model; sequential stopping; the report it writes.
+
+The statistics run on a synthetic engine whose step and round times are set (no timed
+assertions); the CLI runs once on the tiny random pair.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from ddtree_conformance.bench import bootstrap_median_ci
+from ddtree_conformance.adapters.interface import Capabilities, Engine, Request, RequestResult, RunConfig, Timings
+from ddtree_conformance.baselines import Band, BaselineEntry, BaselineFile, PositionBand, write_baselines
+from ddtree_conformance.bench import BenchError, call_timing, run_bench
 from ddtree_conformance.cli import app
+from ddtree_conformance.sequential import SequentialPlan
 from ddtree_conformance.testing.random_pair import write_random_pair
+
+
+class TimedEngine(Engine):
+    """Synthetic engine: plain steps of ``step`` s, rounds of ``round`` s accepting ``tau`` tokens, with
+    multiplicative log-normal noise of ``noise`` per call; records the call order."""
+
+    name = "timed"
+
+    def __init__(self, step=0.010, rounds=None, tau=3, noise=0.0, seed=0, clock="round_device", **options):
+        super().__init__("m", "d")
+        self.step, self.tau, self.noise, self.clock = step, tau, noise, clock
+        self.round = rounds or {}
+        self.rng = np.random.default_rng(seed)
+        self.calls: list[tuple[str, int]] = []
+        self.t = 0.0  # simulated clock: each request takes its reported time plus 1 ms
+
+    def now(self) -> float:
+        return self.t
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(name="timed", modes=["plain", "dflash", "ddtree"], dtypes=["float32"], devices=["cpu"],
+                            sampling=False, traces=False, per_round_acceptance=True)
+
+    def generate(self, requests, config):
+        out = []
+        for request in requests:
+            self.calls.append((config.mode if config.mode != "ddtree" else f"ddtree-B{config.budget}",
+                               request.prompt_ids[0]))
+            decode = request.max_new_tokens - 1
+            if config.mode == "plain":
+                lengths, per = [1] * decode, self.step
+            else:
+                lengths = [self.tau] * math.ceil(decode / self.tau)
+                per = self.round.get(config.budget if config.mode == "ddtree" else None, 0.02)
+            seconds = per * len(lengths) * math.exp(self.rng.normal(0, self.noise))
+            self.t += seconds + 0.001
+            stages = {self.clock: seconds} if self.clock else {}
+            out.append(RequestResult(output_ids=[1] * request.max_new_tokens, finish_reason="length",
+                                     rounds=len(lengths), acceptance_lengths=lengths,
+                                     timings=Timings(prefill=0.001, decode=seconds, stages=stages)))
+        return out
+
+
+REQUESTS = [Request(prompt_ids=[i + 1, 2], max_new_tokens=13) for i in range(3)]
+
+
+def config(mode, budget):
+    return RunConfig(mode=mode, budget=budget or 1)
+
+
+def test_cost_model_speedup_is_tau_times_step_over_round():
+    engine = TimedEngine(step=0.010, rounds={16: 0.020}, tau=3)
+    out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], repeats=3, now=engine.now)
+    run = out["runs"][1]
+    assert out["bench"]["clock"] == "device" and out["bench"]["repeats"] == 3
+    assert run["cost_model"]["tau"] == pytest.approx(3.0) and run["cost_model"]["tau_constant"]
+    assert run["cost_model"]["step_s"] == pytest.approx(0.010) and run["cost_model"]["round_s"] == pytest.approx(0.020)
+    assert run["cost_model"]["step_over_round"]["estimate"] == pytest.approx(0.5)
+    sp = run["speedup"]
+    assert sp["estimate"] == pytest.approx(1.5) and sp["ci_low"] == pytest.approx(1.5) == sp["ci_high"]
+    assert sp["samples"] == [1.5] * 3 and sp["stop"]["decision"] == "fixed" and not sp["sequential"]
+    assert run["tau"] == pytest.approx(3.0) and sum(run["histogram"].values()) == run["rounds"]
+
+
+def test_repeats_are_paired_and_interleaved():
+    engine = TimedEngine(rounds={4: 0.02, 8: 0.02})
+    run_bench(engine, REQUESTS, config, [("dflash", None), ("ddtree", 4)], repeats=2, warmup=False, now=engine.now)
+    calls = engine.calls
+    assert len(calls) == 2 * 3 * 3  # repeats x requests x (plain + 2 methods)
+    groups = [calls[i:i + 3] for i in range(0, len(calls), 3)]
+    for index, group in enumerate(groups):  # one request per group, every config once
+        assert len({prompt for _, prompt in group}) == 1 and sorted(c for c, _ in group) == sorted(
+            ["plain", "dflash", "ddtree-B4"])
+        r, i = divmod(index, 3)
+        assert (group[0][0] == "plain") == ((r + i) % 2 == 0) and (group[-1][0] == "plain") == ((r + i) % 2 == 1)
+    # methods rotate between repeats
+    assert [c for c, _ in groups[0] if c != "plain"] != [c for c, _ in groups[3] if c != "plain"]
+
+
+@pytest.mark.parametrize("edge, decision", [(1.40, "pass"), (1.60, "regression")])
+def test_sequential_stops_when_the_interval_clears_the_edge(edge, decision):
+    engine = TimedEngine(rounds={16: 0.020}, tau=3, noise=0.01, seed=1)  # true speedup 1.5
+    plan = SequentialPlan(min_repeats=3, max_repeats=40, time_budget_s=1e9)
+    out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], edges={"ddtree-B16": edge}, plan=plan,
+                    now=engine.now)
+    sp = out["runs"][1]["speedup"]
+    assert sp["sequential"] and sp["stop"]["decision"] == decision
+    assert sp["stop"]["repeats"] == len(sp["samples"]) < 40
+    assert sp["looks"] == sp["stop"]["repeats"] - 2 and sp["edge"] == edge
+    assert (sp["ci_low"] >= edge) if decision == "pass" else (sp["ci_high"] < edge)
+
+
+def test_sequential_runs_out_of_time_inconclusive():
+    engine = TimedEngine(rounds={16: 0.020}, tau=3, noise=0.01, seed=2)
+    plan = SequentialPlan(min_repeats=3, max_repeats=1000, time_budget_s=5)  # a repeat "takes" ~0.6 s
+    out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], edges={"ddtree-B16": 1.5}, plan=plan,
+                    now=engine.now)
+    sp = out["runs"][1]["speedup"]
+    assert sp["stop"]["decision"] == "inconclusive" and "time budget 5 s spent" in sp["stop"]["reason"]
+    assert 5 <= sp["stop"]["elapsed_s"] < 6 and sp["stop"]["repeats"] < 1000
+    assert sp["ci_low"] < 1.5 <= sp["ci_high"]
+
+
+def test_decided_runs_stop_and_the_others_go_on():
+    engine = TimedEngine(rounds={4: 0.020, 8: 0.0201}, tau=3, noise=0.01, seed=3)
+    plan = SequentialPlan(min_repeats=3, max_repeats=12, time_budget_s=1e9)
+    out = run_bench(engine, REQUESTS, config, [("ddtree", 4), ("ddtree", 8)],
+                    edges={"ddtree-B4": 1.0, "ddtree-B8": 1.49}, plan=plan, now=engine.now)
+    easy, hard = out["runs"][1]["speedup"], out["runs"][2]["speedup"]
+    assert easy["stop"]["decision"] == "pass" and easy["stop"]["repeats"] == 3
+    assert hard["stop"]["repeats"] > 3 and len(hard["samples"]) == hard["stop"]["repeats"]
+
+
+@pytest.mark.parametrize("clock, expected", [("round_wall", "engine"), (None, "engine")])
+def test_clock_falls_back_to_the_engine_clock(clock, expected):
+    engine = TimedEngine(rounds={16: 0.020}, clock=clock)
+    out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], repeats=2, now=engine.now)
+    assert out["bench"]["clock"] == expected
+    assert out["runs"][1]["speedup"]["estimate"] == pytest.approx(1.5)
+
+
+def test_call_clock_without_timings():
+    result = RequestResult(output_ids=[1, 2, 3], finish_reason="length", rounds=None)
+    timing = call_timing([result], wall_s=0.3)
+    assert (timing.clock, timing.seconds, timing.rounds, timing.tokens) == ("call", 0.3, None, 3)
+
+
+def test_engine_time_longer_than_the_call_is_refused():
+    result = RequestResult(output_ids=[1, 2, 3], finish_reason="length", rounds=2,
+                           timings=Timings(prefill=0.0, decode=0.5, stages={"round_device": 0.5}))
+    with pytest.raises(BenchError, match=r"reports 0\.500000 s of decoding \(device clock\) in a generate call that "
+                                         r"took 0\.100000 s"):
+        call_timing([result], wall_s=0.1)
+    assert call_timing([result], wall_s=0.5).seconds == 0.5
+
+
+def test_the_speedup_does_not_move_with_the_rounds_an_engine_reports():
+    """Halving the reported rounds doubles tau and the round time; tau x step / round stays."""
+    class FewerRounds(TimedEngine):
+        def generate(self, requests, config):
+            return [r.model_copy(update={"rounds": max(1, (r.rounds or 0) // 2), "acceptance_lengths": None})
+                    if config.mode != "plain" else r for r in super().generate(requests, config)]
+
+    honest, liar = TimedEngine(rounds={16: 0.020}), FewerRounds(rounds={16: 0.020})
+    a = run_bench(honest, REQUESTS, config, [("ddtree", 16)], repeats=2, now=honest.now)["runs"][1]
+    b = run_bench(liar, REQUESTS, config, [("ddtree", 16)], repeats=2, now=liar.now)["runs"][1]
+    assert a["speedup"]["estimate"] == pytest.approx(b["speedup"]["estimate"]) == pytest.approx(1.5)
+    assert b["cost_model"]["tau"] == pytest.approx(2 * a["cost_model"]["tau"])
+
+
+def test_failed_requests_and_empty_decode_are_errors():
+    class Failing(TimedEngine):
+        def generate(self, requests, config):
+            return [RequestResult(output_ids=[], finish_reason="error", error="boom\nout of memory")]
+
+    with pytest.raises(BenchError, match="1 of 1 requests failed .out of memory"):
+        run_bench(Failing(), REQUESTS, config, [("ddtree", 16)], repeats=2)
+    short = [Request(prompt_ids=[1], max_new_tokens=1)]
+    engine = TimedEngine()
+    with pytest.raises(BenchError, match="no decode tokens"):
+        run_bench(engine, short, config, [("ddtree", 16)], repeats=2, now=engine.now)
+
+
+# -------------------------------------------------------------------------- CLI, tiny real pair
 
 
 @pytest.fixture(scope="module")
@@ -26,40 +198,31 @@ def prompts(tmp_path_factory):
     return path
 
 
-def test_bootstrap_is_seeded_and_brackets_the_median():
-    samples = [1.9, 2.0, 2.1, 2.05, 1.95]
-    first = bootstrap_median_ci(samples, seed=3)
-    assert first == bootstrap_median_ci(samples, seed=3)
-    median, low, high = first
-    assert median == pytest.approx(2.0) and low <= median <= high
-    assert min(samples) <= low and high <= max(samples)
+def bench_args(pair, prompts, out, *extra):
+    target, drafter = pair
+    return [str(a) for a in ("bench", "--model", target, "--drafter", drafter, "--prompts", prompts,
+                             "--pair-name", "random", "--max-new-tokens", "6", "--budgets", "4", "--no-isolate",
+                             "--out", out, "--hardware-class", "test-cpu", *extra)]
 
 
 def test_bench_writes_report_with_schema_and_three_files(pair, prompts, tmp_path):
-    target, drafter = pair
     out = tmp_path / "reports" / "bench.json"
-    result = CliRunner().invoke(app, [str(a) for a in (
-        "bench", "--model", target, "--drafter", drafter, "--prompts", prompts, "--pair-name", "random",
-        "--max-new-tokens", "6", "--budgets", "4", "--repeats", "5", "--no-isolate", "--out", out,
-        "--hardware-class", "test-cpu")])
+    result = CliRunner().invoke(app, bench_args(pair, prompts, out, "--repeats", "3"))
     assert result.exit_code == 0, result.output
     assert out.is_file() and out.with_suffix(".md").is_file() and out.with_suffix(".html").is_file()
     report = json.loads(out.read_text())
     assert report["schema"] == "ddtree-conformance/run-report" and report["schema_version"] == 1
     assert report["kind"] == "bench" and report["hardware_class"] == "test-cpu"
-    assert report["bench"]["repeats"] == 5 and report["bench"]["timing_basis"] == "prefill+decode"
+    assert report["bench"]["repeats"] == 3 and report["bench"]["clock"] == "engine"  # CPU: the engine's host clock
     assert [r["label"] for r in report["runs"]] == ["plain", "dflash", "ddtree-B4"]
-    for run in report["runs"]:
-        assert len(run["tokens_per_s"]) == 5 and run["tau"] >= 1.0
-        assert {"per_position", "histogram", "tau_per_response_mean", "rounds"} <= set(run)
     for run in report["runs"][1:]:
-        sp = run["speedup"]
-        assert len(sp["samples"]) == 5 and sp["ci_low"] <= sp["median"] <= sp["ci_high"]
-        assert sp["confidence"] == 0.95 and sp["resamples"] == 2000 and sp["cv"] is not None
+        sp, cm = run["speedup"], run["cost_model"]
+        assert len(sp["samples"]) == 3 and sp["ci_low"] <= sp["estimate"] <= sp["ci_high"]
+        assert sp["confidence"] == 0.95 and sp["cv"] is not None and sp["stop"]["decision"] == "fixed"
         assert sum(run["histogram"].values()) == run["rounds"]
-        # speedup per round is the method's tokens/s over the same round's plain tokens/s
-        plain = np.array(report["runs"][0]["tokens_per_s"])
-        assert sp["median"] == pytest.approx(float(np.median(np.array(run["tokens_per_s"]) / plain)), rel=1e-2)
+        # the cost model: each repeat's speedup is tau x step / round; tau counts emitted tokens
+        assert sp["samples"] == pytest.approx([cm["tau"] * r for r in cm["step_over_round"]["samples"]], rel=1e-4)
+        assert 1.0 <= cm["tau"] <= run["tau"] and cm["tau_constant"]
     # the report is accepted by baseline + gate: its own baseline passes tau, per-position and speedup
     bl = tmp_path / "bl"
     assert CliRunner().invoke(app, ["baseline", str(out), "--baselines", str(bl)]).exit_code == 0
@@ -67,8 +230,41 @@ def test_bench_writes_report_with_schema_and_three_files(pair, prompts, tmp_path
     assert gated.exit_code == 0, gated.output
 
 
-def test_bench_rejects_bad_repeats(pair, prompts):
-    target, drafter = pair
-    result = CliRunner().invoke(app, ["bench", "--model", str(target), "--drafter", str(drafter),
-                                      "--prompts", str(prompts), "--repeats", "0"])
+@pytest.mark.parametrize("speedup, code", [(0.01, 0), (100.0, 1)])
+def test_bench_against_baselines_goes_sequential_and_gate_decides(pair, prompts, tmp_path, speedup, code):
+    """An edge far below (far above) any real speedup: decided at the first look, pass (regression)."""
+    entry = BaselineEntry(hardware_class="test-cpu", engine="reference", pair="random", mode="ddtree", budget=4,
+                          tau=Band(value=1.0, band=1.0), per_position=PositionBand(values=[], band=0.05),
+                          speedup=Band(value=speedup, band=0.0))
+    write_baselines(tmp_path / "bl" / "test-cpu.json", BaselineFile(entries=[entry]))
+    out = tmp_path / "seq.json"
+    result = CliRunner().invoke(app, bench_args(pair, prompts, out, "--modes", "ddtree", "--baselines",
+                                                tmp_path / "bl", "--min-repeats", "3"))
+    assert result.exit_code == 0, result.output
+    sp = json.loads(out.read_text())["runs"][1]["speedup"]
+    assert sp["sequential"] and sp["stop"]["repeats"] == 3
+    assert sp["stop"]["decision"] == ("pass" if code == 0 else "regression")
+    gated = CliRunner().invoke(app, ["gate", str(out), "--baselines", str(tmp_path / "bl")])
+    assert gated.exit_code == code, gated.output
+
+
+def test_bench_rejects_bad_options(pair, prompts, tmp_path):
+    result = CliRunner().invoke(app, bench_args(pair, prompts, tmp_path / "x.json", "--repeats", "1"))
     assert result.exit_code == 2 and "--repeats" in result.stderr
+    result = CliRunner().invoke(app, bench_args(pair, prompts, tmp_path / "x.json", "--alpha", "0.7"))
+    assert result.exit_code == 2 and "alpha" in result.stderr
+    bad = tmp_path / "bad" / "test-cpu.json"
+    bad.parent.mkdir()
+    bad.write_text("{}")
+    result = CliRunner().invoke(app, bench_args(pair, prompts, tmp_path / "x.json", "--baselines", bad.parent))
+    assert result.exit_code == 2 and "bad/test-cpu.json" in result.stderr
+
+
+def test_bench_without_a_baseline_runs_fixed_repeats(pair, prompts, tmp_path):
+    out = tmp_path / "fixed.json"
+    result = CliRunner().invoke(app, bench_args(pair, prompts, out, "--modes", "ddtree", "--repeats", "2",
+                                                "--baselines", tmp_path / "none"))
+    assert result.exit_code == 0, result.output
+    assert "no baseline file" in result.stderr
+    sp = json.loads(out.read_text())["runs"][1]["speedup"]
+    assert not sp["sequential"] and sp["stop"]["decision"] == "fixed" and len(sp["samples"]) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -14,19 +15,21 @@ from ddtree_conformance.cli import app
 
 # Engines that need no model compute, so CLI plumbing is tested quickly.
 FAKE_ENGINES = '''
-from ddtree_conformance.adapters.interface import Capabilities, Engine, EngineError, RequestResult
+from ddtree_conformance.adapters.interface import Capabilities, Engine, EngineError, RequestResult, Timings
 
 class _Base(Engine):
     def capabilities(self):
         return Capabilities(name=self.name, modes=["plain", "dflash", "ddtree"], dtypes=["float32"],
-                            devices=["cpu"], sampling=True, traces=False, per_round_acceptance=True)
+                            devices=["cpu"], sampling=True, traces=False, per_round_acceptance=False)
 
 class EchoEngine(_Base):
-    """Output = the stop ids followed by the prompt; one round."""
+    """Output: the prompt repeated up to max_new_tokens (a valid result); the stop ids it was given
+    are echoed in the timings' stage names."""
     name = "echo"
     def generate(self, requests, config):
-        return [RequestResult(output_ids=r.stop_token_ids + r.prompt_ids + [r.max_new_tokens],
-                              finish_reason="length", rounds=1, acceptance_lengths=[2]) for r in requests]
+        return [RequestResult(output_ids=(r.prompt_ids * r.max_new_tokens)[:r.max_new_tokens], finish_reason="length",
+                              timings=Timings(stages={f"stop {t}": 0.0 for t in r.stop_token_ids}))
+                for r in requests]
 
 class CrashEngine(_Base):
     """Fails on its second batch."""
@@ -36,8 +39,7 @@ class CrashEngine(_Base):
         type(self).calls += 1
         if type(self).calls > 1:
             raise EngineError("crash engine: device lost")
-        return [RequestResult(output_ids=[1], finish_reason="length", rounds=1, acceptance_lengths=[1])
-                for r in requests]
+        return [RequestResult(output_ids=[1] * r.max_new_tokens, finish_reason="length") for r in requests]
 
 class FailingRequestEngine(_Base):
     name = "failing"
@@ -173,14 +175,16 @@ def test_generate_stop_tokens_limits_and_text(pair, tmp_path, fake_engines):
     rows = read_jsonl(out)
     assert [r["id"] for r in rows] == ["t", "i"]
     assert rows[0]["prompt_ids"] == [11, 12]
-    assert rows[0]["output_ids"] == [5, 7, 11, 12, 9]  # eos ids from generation_config; per-prompt limit
-    assert rows[1]["output_ids"] == [5, 7, 3, 64]  # default limit 64
+    assert rows[0]["output_ids"] == [11, 12] * 4 + [11]  # the prompt's own limit, 9
+    assert rows[1]["output_ids"] == [3] * 64  # default limit 64
+    assert all(set(r["timings"]["stages"]) == {"stop 5", "stop 7"} for r in rows)  # eos ids from generation_config
 
     result = invoke(*common, "--stop-token", "1", "--stop-token", "2", "--max-new-tokens", "3")
     assert result.exit_code == 0, result.output
     rows = read_jsonl(out)
     assert len(rows) == 3
-    assert rows[0]["output_ids"] == [1, 2, 11, 12, 3]  # explicit options win
+    assert rows[0]["output_ids"] == [11, 12, 11]  # explicit options win
+    assert set(rows[0]["timings"]["stages"]) == {"stop 1", "stop 2"}
 
 
 def test_generate_crash_keeps_partial_results(pair, prompts_file, tmp_path, fake_engines):
@@ -346,7 +350,8 @@ def test_check_passes_reference_and_writes_report(pair, prompts_file, tmp_path):
                     "--check", "lossless", "--check", "tree-structure", "--no-isolate", "--out", out)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert report["schema_version"] == 1 and report["counts"] == {"pass": 4, "fail": 0, "skip": 0}
+    assert report["schema_version"] == 1 and report["counts"] == {"pass": 4, "fail": 0, "skip": 0,
+                                                                  "not_run": 0}
 
 
 def test_check_fails_a_mutant_with_exit_1(pair, prompts_file, tmp_path):
@@ -389,3 +394,83 @@ def test_check_runs_the_tp_check_on_cpu_when_asked(tmp_path):
 def test_check_rejects_bad_budgets(pair, prompts_file, tmp_path):
     result = invoke("check", *_suite_args(pair, prompts_file, tmp_path), "--budgets", "0,4")
     assert_usage_error(result, "--budgets")
+
+
+def test_help_documents_the_exit_statuses():
+    for command in ([], ["check"]):
+        text = " ".join(invoke(*command, "--help").stdout.split())
+        for code in range(6):
+            assert f"{code} " in text
+        assert "5 the engine could not start, hung past --engine-timeout, or died" in text
+
+
+def test_check_prints_one_line_per_check_and_a_heartbeat_when_not_a_terminal(pair, prompts_file, tmp_path):
+    runner = CliRunner(env={"DDTREE_HEARTBEAT_S": "0.5"})
+    result = runner.invoke(app, [str(a) for a in (
+        "check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--budgets", "4", "--modes", "ddtree",
+        "--check", "lossless", "--check", "tree-structure", "--engine-timeout", "4",
+        "--engine", "ddtree_conformance.testing.misbehaving:HangInGenerate", "-O", "helper=false",
+        "--out", tmp_path / "r.json")])
+    assert result.exit_code == 5, result.output
+    progress = [line for line in result.stderr.splitlines() if line.startswith("[ddtree] ")]
+    name = "ddtree_conformance.testing.misbehaving:HangInGenerate"
+    assert progress[0] == f"[ddtree] check: 2 checks against engine '{name}'"
+    beats = [line for line in progress if line.startswith(f"[ddtree] waiting for engine '{name}': generate 2 requests "
+                                                          "(plain), ")]
+    assert beats and beats[0].endswith(" s")
+    assert re.fullmatch(r"\[ddtree\] check lossless/ddtree-B4: fail \(\d+\.\d s\)", progress[-1]), progress
+
+
+def test_check_with_a_passing_engine_prints_progress_lines(pair, prompts_file, tmp_path):
+    result = invoke("check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--budgets", "4", "--modes",
+                    "ddtree", "--check", "lossless", "--no-isolate", "--out", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"^\[ddtree\] check lossless/ddtree-B4: pass \(\d+\.\d s\)$", result.stderr, re.M), result.stderr
+
+
+def test_record_limit_update_over_a_corrupt_file_and_pair_names(pair, prompts_file, tmp_path):
+    golden = tmp_path / "golden"
+    args = ["record", *_suite_args(pair, prompts_file, golden), "--budgets", "4"]
+    first = invoke(*args, "--limit", "1")
+    assert first.exit_code == 0, first.output
+    path = golden / "random" / "p-float32.json"
+    assert list(json.loads(path.read_text())["records"]) == ["m1"]
+    path.write_bytes(b"\x00\xffgarbage")
+    assert_usage_error(invoke(*args), "exists", "--update")  # refused before the run, as for a good file
+    updated = invoke(*args, "--update")
+    assert updated.exit_code == 0, updated.output
+    warning = f"warning: replacing an unreadable golden file: {path}: not UTF-8 text (byte 0xff at offset 1)"
+    assert any(line.startswith(warning) for line in updated.stderr.splitlines()), updated.stderr
+    assert list(json.loads(path.read_text())["records"]) == ["m1", "c1"]
+    escaped = invoke("record", *_suite_args(pair, prompts_file, golden), "--pair-name", "../x")
+    assert_usage_error(escaped, "--pair-name: '../x' is not a pair name")
+    assert not (tmp_path / "x").exists()
+
+
+def test_check_on_a_non_utf8_golden_file_names_it(pair, prompts_file, tmp_path):
+    golden = tmp_path / "golden"
+    (golden / "random").mkdir(parents=True)
+    bad = golden / "random" / "p-float32.json"
+    bad.write_bytes(b"\xe9")
+    args = ["check", *_suite_args(pair, prompts_file, golden), "--budgets", "4", "--modes", "ddtree", "--no-isolate",
+            "--out", tmp_path / "r.json"]
+    assert_usage_error(invoke(*args, "--check", "golden"),
+                       f"{bad}: not UTF-8 text (byte 0xe9 at offset 0); is it a golden file?")
+    assert not (tmp_path / "r.json").exists()
+    assert invoke(*args, "--check", "lossless").exit_code == 0  # a plan that does not read it runs
+
+
+def test_generate_refuses_a_budget_above_the_engines(pair, prompts_file, tmp_path):
+    args = base_args(pair, prompts_file, tmp_path / "o.jsonl")
+    args[args.index("--budget") + 1] = "5000"
+    assert_usage_error(invoke(*args, "--no-isolate"), "--budget 5000: engine 'reference' accepts budgets up to 4096")
+    args[args.index("--budget") + 1] = "100000000"
+    assert_usage_error(invoke(*args), "--budget: Input should be less than or equal to 65536")
+    assert not (tmp_path / "o.jsonl.partial").exists()
+
+
+def test_unknown_engine_option_is_refused_by_every_command(pair, prompts_file, tmp_path):
+    for command in (base_args(pair, prompts_file, tmp_path / "o.jsonl"),
+                    ["check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--out", tmp_path / "r.json"]):
+        assert_usage_error(invoke(*command, "-O", "bulider=vectorized"),
+                           "engine 'reference': unknown option(s) bulider; known: builder")

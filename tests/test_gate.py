@@ -5,38 +5,54 @@ from __future__ import annotations
 import copy
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from ddtree_conformance.baselines import (BaselineError, entries_from_report, load_baselines, merge_entries,
                                    write_baselines)
 from ddtree_conformance.cli import app
-from ddtree_conformance.gate import EXIT_INCONCLUSIVE, EXIT_MISSING, EXIT_PASS, EXIT_REGRESSION, evaluate, exit_code
+from ddtree_conformance.gate import (EXIT_INCONCLUSIVE, EXIT_MISSING, EXIT_PASS, EXIT_REGRESSION, evaluate, exit_code,
+                                     speedup_interval)
 
 HW = "test-hw"
 
 
-def make_report(tau=4.0, speedup=(2.0, 1.9, 2.1), positions=(0.9, 0.7, 0.5)) -> dict:
-    median, low, high = speedup
+BASE_RATIOS = (0.495, 0.5, 0.505, 0.4975, 0.5025)  # step/round per repeat: speedup 2.0 at tau 4
+
+
+def make_report(tau=4.0, ratios=BASE_RATIOS, positions=(0.9, 0.7, 0.5), sequential=False, min_repeats=3,
+                stored_ci=None) -> dict:
+    """A bench report whose per-repeat speedups are ``tau x ratios`` (the cost model)."""
+    samples = [tau * r for r in ratios]
+    low, high = stored_ci or (min(samples), max(samples))
     return {
         "schema": "ddtree-conformance/run-report", "schema_version": 1, "kind": "bench",
         "created": "2026-01-01T00:00:00+00:00", "hardware_class": HW, "environment": {},
         "settings": {"engine": "reference", "pair_name": "fixture", "dtype": "float32", "device": "cpu",
                      "prompt_set": "fixture", "limit": 2, "max_new_tokens": 8},
-        "bench": {"repeats": 5},
+        "bench": {"repeats": len(samples), "clock": "device"},
         "runs": [
             {"mode": "plain", "budget": None, "label": "plain", "tau": 1.0, "per_position": [], "histogram": {}},
             {"mode": "ddtree", "budget": 16, "label": "ddtree-B16", "tau": tau, "per_position": list(positions),
              "histogram": {"1": 2, "4": 5},
-             "speedup": {"median": median, "ci_low": low, "ci_high": high, "confidence": 0.95, "resamples": 2000,
-                         "samples": [median] * 5, "cv": 0.02}},
+             "cost_model": {"tau": tau, "step_s": 0.010, "round_s": 0.020,
+                            "step_over_round": {"estimate": float(np.exp(np.mean(np.log(ratios)))),
+                                                "samples": list(ratios)}},
+             "speedup": {"estimate": float(np.exp(np.mean(np.log(samples)))), "median": float(np.median(samples)),
+                         "ci_low": low, "ci_high": high, "confidence": 0.95, "samples": samples, "cv": 0.01,
+                         "alpha": 0.05, "sequential": sequential, "min_repeats": min_repeats,
+                         "max_repeats": 60, "growth": 1.5,
+                         "stop": {"decision": "fixed", "reason": f"{len(samples)} fixed repeats",
+                                  "repeats": len(samples)}}},
         ],
     }
 
 
 @pytest.fixture
 def stored(tmp_path):
-    """Baselines written from the reference report: tau 4.0 (band 5 %), speedup 2.0 (band 0.2)."""
+    """Baselines written from the reference report: tau 4.0 (band 5 %), speedup 2.0 (band 2 %: edge 1.96),
+    step/round 0.5."""
     path = tmp_path / "baselines" / f"{HW}.json"
     write_baselines(path, merge_entries(None, entries_from_report(make_report())))
     return path
@@ -56,6 +72,17 @@ def statuses(rows, metric):
     return [r.status for r in rows if r.metric == metric]
 
 
+def speedup_row(rows):
+    return next(r for r in rows if r.metric == "speedup")
+
+
+def test_baseline_entry_from_report(stored):
+    entry = load_baselines(stored).entries[0]
+    assert entry.speedup.value == pytest.approx(2.0, abs=1e-3)
+    assert entry.speedup.lower == pytest.approx(1.96, abs=2e-3)  # 2 % band; the report's own CI is narrower
+    assert entry.cost.step_over_round == pytest.approx(0.5, abs=1e-4) and entry.cost.clock == "device"
+
+
 def test_ten_percent_tau_drop_fails(stored, tmp_path):
     rows = evaluate(make_report(tau=3.6), load_baselines(stored), HW)
     assert statuses(rows, "tau") == ["fail"]
@@ -66,7 +93,7 @@ def test_ten_percent_tau_drop_fails(stored, tmp_path):
 
 
 def test_within_band_passes(stored, tmp_path):
-    report = make_report(tau=3.9, speedup=(1.95, 1.85, 2.05), positions=(0.88, 0.68, 0.47))
+    report = make_report(tau=3.9, ratios=(0.507, 0.51, 0.5085, 0.509, 0.5095), positions=(0.88, 0.68, 0.47))
     rows = evaluate(report, load_baselines(stored), HW)
     assert {r.status for r in rows} == {"pass"}, rows
     result = gate_cli(tmp_path, report, stored)
@@ -80,20 +107,71 @@ def test_per_position_below_floor_fails(stored):
     assert exit_code(rows) == EXIT_REGRESSION
 
 
-def test_speedup_ci_straddling_band_is_inconclusive(stored, tmp_path):
-    # band lower edge 1.8: the CI [1.6, 1.95] straddles it; the median alone would pass
-    report = make_report(speedup=(1.85, 1.6, 1.95))
+def test_speedup_interval_straddling_the_edge_is_inconclusive(stored, tmp_path):
+    report = make_report(ratios=(0.475, 0.505, 0.4875, 0.4975, 0.4825))  # interval ~[1.90, 2.02], edge 1.96
     rows = evaluate(report, load_baselines(stored), HW)
     assert statuses(rows, "speedup") == ["inconclusive"]
+    assert "5 fixed repeats" in speedup_row(rows).message and "bench --baselines" in speedup_row(rows).message
     assert exit_code(rows) == EXIT_INCONCLUSIVE
     result = gate_cli(tmp_path, report, stored)
     assert result.exit_code == 3, result.output
     assert "INCONCLUSIVE" in result.output
 
 
-def test_speedup_ci_entirely_below_fails(stored):
-    rows = evaluate(make_report(speedup=(1.5, 1.4, 1.7)), load_baselines(stored), HW)
+def test_speedup_interval_entirely_below_fails(stored):
+    rows = evaluate(make_report(ratios=(0.45, 0.4525, 0.4475, 0.45, 0.455)), load_baselines(stored), HW)
     assert statuses(rows, "speedup") == ["fail"]
+
+
+def test_the_interval_comes_from_the_samples_not_the_report(stored):
+    """A report whose stored interval claims a pass while its samples say regression fails."""
+    report = make_report(ratios=(0.45, 0.4525, 0.4475, 0.45, 0.455), stored_ci=(1.99, 2.05))
+    assert statuses(evaluate(report, load_baselines(stored), HW), "speedup") == ["fail"]
+    single = make_report(ratios=(0.5,))
+    assert statuses(evaluate(single, load_baselines(stored), HW), "speedup") == ["inconclusive"]
+
+
+def test_a_sequential_run_pays_for_its_looks(stored):
+    """Same samples: one look passes; a sequential run (8 planned looks for 3..60 repeats, each at
+    alpha / 8) has a wider interval and does not."""
+    rng = np.random.default_rng(0)
+    ratios = 0.5 * np.exp(rng.normal(0, 0.006, 20))
+    edge = load_baselines(stored).entries[0].speedup.lower
+    low = speedup_interval(make_report(ratios=tuple(ratios))["runs"][1]["speedup"]).low
+    ratios = tuple(ratios * (edge + 0.002) / low)  # one look: the interval starts just above the edge
+    fixed = speedup_interval(make_report(ratios=ratios)["runs"][1]["speedup"])
+    seq = speedup_interval(make_report(ratios=ratios, sequential=True)["runs"][1]["speedup"])
+    assert seq.low < fixed.low and seq.level == pytest.approx(1 - 0.05 / 8)
+    unplanned = make_report(ratios=ratios, sequential=True)
+    for key in ("max_repeats", "growth"):
+        del unplanned["runs"][1]["speedup"][key]
+    # no plan recorded: read as a look at every repeat, the most conservative reading
+    assert speedup_interval(unplanned["runs"][1]["speedup"]).level == pytest.approx(1 - 0.05 / 20)
+    base = load_baselines(stored)
+    assert statuses(evaluate(make_report(ratios=ratios), base, HW), "speedup") == ["pass"]
+    assert statuses(evaluate(make_report(ratios=ratios, sequential=True), base, HW), "speedup") == ["inconclusive"]
+
+
+def test_cost_model_view_separates_accepting_less_from_costing_more(stored):
+    base = load_baselines(stored)
+    less = speedup_row(evaluate(make_report(tau=3.7), base, HW))  # same cost, tau -7.5 %
+    assert less.status == "fail" and less.details["accepts_less"] and not less.details["costs_more"]
+    assert "accepts less: tau 3.700 vs 4.000" in less.message and "costs the same" in less.message
+    dearer = speedup_row(evaluate(make_report(ratios=(0.47, 0.4725, 0.4675, 0.47, 0.4715)), base, HW))
+    assert dearer.status == "fail" and dearer.details["costs_more"] and not dearer.details["accepts_less"]
+    assert dearer.details["round_cost_change"] == pytest.approx(0.5 / 0.4703 - 1, rel=1e-2)
+    assert "costs more: round time in plain steps +6.3 %" in dearer.message
+
+
+def test_report_of_an_older_suite_uses_its_stored_interval(stored):
+    report = make_report()
+    sp = report["runs"][1]["speedup"]
+    for key in ("samples", "estimate", "sequential", "alpha", "min_repeats", "stop"):
+        sp.pop(key)
+    sp.update(median=1.95, ci_low=1.6, ci_high=1.99)
+    report["runs"][1].pop("cost_model")
+    row = speedup_row(evaluate(report, load_baselines(stored), HW))
+    assert row.status == "inconclusive" and row.measured == "1.950 [1.600, 1.990]"
 
 
 def test_missing_baseline_is_its_own_status(stored, tmp_path):
@@ -109,8 +187,19 @@ def test_missing_baseline_is_its_own_status(stored, tmp_path):
 
 
 def test_fail_outranks_inconclusive(stored):
-    rows = evaluate(make_report(tau=3.0, speedup=(1.85, 1.6, 1.95)), load_baselines(stored), HW)
+    rows = evaluate(make_report(tau=3.0, ratios=(0.6, 0.66, 0.63, 0.65, 0.64)), load_baselines(stored), HW)
+    assert statuses(rows, "speedup") == ["inconclusive"]
     assert exit_code(rows) == EXIT_REGRESSION
+
+
+def test_gate_json_carries_the_cost_view(stored, tmp_path):
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(make_report(tau=3.7)))
+    result = invoke("gate", path, "--baselines", stored, "--out", tmp_path / "gate.json")
+    assert result.exit_code == 1, result.output
+    rows = json.loads((tmp_path / "gate.json").read_text())["rows"]
+    details = next(r for r in rows if r["metric"] == "speedup")["details"]
+    assert details["accepts_less"] and details["interval"]["n"] == 5
 
 
 def test_baseline_refuses_without_update_and_shows_diff(tmp_path):

@@ -88,3 +88,96 @@ def test_golden_check_catches_changed_output(random_pair, tmp_path):
     results = run_plan(broken, plan(settings, ["golden/ddtree"]))
     broken.close()
     assert results[0].status == "fail" and "diverges at output token" in results[0].message
+
+
+# -- safe writes and reads ---------------------------------------------------------------------
+def test_atomic_write_fsyncs_file_and_folder_and_leaves_no_temp(tmp_path, monkeypatch):
+    import os
+
+    from ddtree_conformance import files
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(files.os, "fsync", lambda fd: (synced.append(os.fstat(fd).st_mode), real_fsync(fd)))
+    files.atomic_write(tmp_path / "a.json", "{}\n")
+    import stat
+
+    assert [stat.S_ISREG(m) for m in synced] == [True, False]  # the file before the rename, the folder after
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+
+
+def test_atomic_write_removes_its_temp_file_on_any_exception(tmp_path, monkeypatch):
+    from ddtree_conformance import files
+
+    def broken_replace(src, dst):
+        raise KeyboardInterrupt  # not even an Exception
+
+    monkeypatch.setattr(files.os, "replace", broken_replace)
+    with pytest.raises(KeyboardInterrupt):
+        files.atomic_write(tmp_path / "a.json", "{}\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_next_write_removes_temp_files_a_killed_writer_left_and_names_them(tmp_path):
+    from ddtree_conformance.files import atomic_write
+
+    path = golden_path(tmp_path, "p", "s", "float32")
+    path.parent.mkdir(parents=True)
+    stale = [path.parent / f".{path.name}.ab12cd_9.tmp", path.parent / f".{path.name}.zz99aa00"]  # new and old style
+    other = path.parent / ".other.json.ab12cd_9.tmp"  # another file's: not ours to remove
+    for p in (*stale, other):
+        p.write_text("half")
+    warned: list[str] = []
+    atomic_write(path, "{}\n", warn=warned.append)
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, other.name])
+    assert [w.split(":")[0] for w in warned] == [f"removed {p}" for p in sorted(stale)]
+
+
+def test_update_replaces_a_corrupt_golden_file_with_a_warning_naming_it(tmp_path):
+    path = golden_path(tmp_path, "p", "s", "float32")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\xff\xfe not json")
+    with pytest.raises(GoldenExists):
+        write_golden(tmp_path, _golden())
+    warned: list[str] = []
+    _, diff = write_golden(tmp_path, _golden(), update=True, warn=warned.append)
+    assert warned == [f"replacing an unreadable golden file: {path}: not UTF-8 text (byte 0xff at offset 0); "
+                      "is it a golden file?"]
+    assert diff == ["new golden file: 1 prompts"]
+    assert load_golden(tmp_path, "p", "s", "float32").records["a"].output_ids == [1, 2, 3]
+
+
+def test_non_utf8_golden_file_is_one_error_naming_it(tmp_path):
+    path = golden_path(tmp_path, "p", "s", "float32")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b'{"pair": "\xe9"}')
+    with pytest.raises(GoldenError, match=r"not UTF-8 text \(byte 0xe9 at offset 10\)") as info:
+        load_golden(tmp_path, "p", "s", "float32")
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("pair, dtype", [("../x", "float32"), ("a/b", "float32"), ("/abs", "float32"),
+                                         ("..", "float32"), ("p", "float32/../../x"), ("", "float32")])
+def test_names_cannot_leave_the_golden_folder(tmp_path, pair, dtype):
+    with pytest.raises(GoldenError, match="cannot name a golden file under"):
+        golden_path(tmp_path, pair, "s", dtype)
+    assert golden_path(tmp_path, "p", "../../elsewhere/s.jsonl", "float32") == tmp_path / "p" / "s-float32.json"
+
+
+def test_golden_check_on_a_corrupt_file_fails_naming_it_not_as_a_crash(random_pair, tmp_path):
+    from ddtree_conformance.checks import plan, run_plan
+    from ddtree_conformance.session import SuiteSession, SuiteSettings
+
+    target, drafter = random_pair
+    settings = SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", budgets=[4],
+                             modes=["ddtree"], max_new_tokens=4, limit=1, isolate=False, golden_dir=str(tmp_path))
+    path = golden_path(tmp_path, "random", "fixture", "float32")
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    session = SuiteSession(settings)
+    try:
+        [result] = run_plan(session, plan(settings, ["golden/"]))
+    finally:
+        session.close()
+    assert (result.status, result.message) == ("fail", f"{path}: not valid JSON (line 1: Expecting property name "
+                                                       "enclosed in double quotes)")

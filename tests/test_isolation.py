@@ -1,8 +1,11 @@
-"""Engines in their own process: results cross the pipe; a crash or a hang fails that engine only."""
+"""Engines in their own process: results cross the pipe; a crash, a hang or a failed start is an
+EngineDied carrying the log tail, the engine stays dead, its process group is killed, and the child
+dies with the suite whatever kills the suite."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -10,26 +13,53 @@ import time
 import pytest
 import torch
 
-from ddtree_conformance.adapters.interface import EngineError, Request, RunConfig
+from ddtree_conformance.adapters.interface import EngineDied, EngineUsageError, Request, RunConfig
 from ddtree_conformance.adapters.process import IsolatedEngine
 
+# Light engines (no torch): their processes start in about a second.
 BAD_ENGINES = textwrap.dedent(
     """
     import os, time
-    from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+    from ddtree_conformance.adapters.interface import Capabilities, Engine, EngineError, RequestResult
 
-    class CrashingEngine(ReferenceEngine):
+    class Light(Engine):
+        name = "light"
+
+        def capabilities(self):
+            return Capabilities(name=self.name, modes=["plain"], dtypes=["float32"], devices=["cpu"], sampling=False,
+                                traces=False, per_round_acceptance=False)
+
+        def generate(self, requests, config):
+            return [RequestResult(output_ids=[1], finish_reason="length") for r in requests]
+
+    class CrashingEngine(Light):
         def generate(self, requests, config):
             print("about to crash: simulated segfault")
             os._exit(139)
 
-    class HangingEngine(ReferenceEngine):
+    class HangingEngine(Light):
         def generate(self, requests, config):
             time.sleep(600)
 
-    class FailingInit(ReferenceEngine):
+    class FailingInit(Light):
         def __init__(self, *a, **k):
             raise RuntimeError("no accelerator for this engine")
+
+    class RaisingEngine(Light):
+        def generate(self, requests, config):
+            raise EngineError("device lost")
+
+    class CountingCapabilities(Light):
+        OPTIONS = ("counter",)
+
+        def __init__(self, model_dir, drafter_dir=None, counter=None):
+            super().__init__(model_dir, drafter_dir)
+            self.counter = counter
+
+        def capabilities(self):
+            with open(self.counter, "a") as handle:
+                handle.write("x")
+            return super().capabilities()
     """
 )
 
@@ -58,28 +88,120 @@ def test_isolated_reference_matches_in_process(random_pair, reference_engine):
     assert remote[0].traces == local[0].traces
 
 
-def test_crash_becomes_failed_results_with_log_tail(random_pair, bad_engines):
+def test_crash_raises_engine_died_with_log_tail_and_stays_dead(random_pair, bad_engines):
     target, drafter = random_pair
     engine = IsolatedEngine(f"{bad_engines}:CrashingEngine", str(target), str(drafter))
-    results = engine.generate([Request(prompt_ids=[1], max_new_tokens=4)] * 2, RunConfig(mode="plain"))
-    assert [r.finish_reason for r in results] == ["error", "error"]
-    assert "crashed" in results[0].error and "exit code 139" in results[0].error
-    assert "simulated segfault" in results[0].error  # the log tail travels with the failure
+    with pytest.raises(EngineDied, match="crashed during generate: exit code 139") as info:
+        engine.generate([Request(prompt_ids=[1], max_new_tokens=4)] * 2, RunConfig(mode="plain"))
+    assert "simulated segfault" in info.value.log_tail  # the log tail travels with the failure
+    assert engine.dead is info.value and engine.pid is None
+    with pytest.raises(EngineDied, match="failed earlier and is not restarted.*exit code 139"):
+        engine.capabilities()  # no fresh child behind the caller's back
+    log_dir = os.path.dirname(engine.log_path)
     engine.close()
+    assert not os.path.exists(log_dir)  # the engine's log folder goes with it
 
 
-def test_hang_times_out_and_the_next_call_gets_a_fresh_child(random_pair, bad_engines):
+def test_error_raised_by_generate_becomes_failed_results(random_pair, bad_engines):
     target, drafter = random_pair
-    engine = IsolatedEngine(f"{bad_engines}:HangingEngine", str(target), str(drafter), timeout_s=3)
+    with IsolatedEngine(f"{bad_engines}:RaisingEngine", str(target), str(drafter)) as engine:
+        results = engine.generate([Request(prompt_ids=[1], max_new_tokens=4)] * 2, RunConfig(mode="plain"))
+        assert [r.finish_reason for r in results] == ["error", "error"]
+        assert "EngineError: device lost" in results[0].error
+        assert engine.dead is None and engine.capabilities().name == "light"  # still running
+
+
+def test_hang_times_out_kills_the_group_and_is_not_restarted(random_pair, bad_engines):
+    target, drafter = random_pair
+    engine = IsolatedEngine(f"{bad_engines}:HangingEngine", str(target), str(drafter), timeout_s=3, start_timeout_s=60)
+    engine.capabilities()
+    child = engine.pid
     started = time.monotonic()
-    results = engine.generate([Request(prompt_ids=[1], max_new_tokens=4)], RunConfig(mode="plain"))
-    assert "hung" in results[0].error and time.monotonic() - started < 60
-    assert engine.capabilities().name == "reference"  # a fresh child answers
+    with pytest.raises(EngineDied, match=r"hung: no answer to generate within 3 s \(--engine-timeout\)"):
+        engine.generate([Request(prompt_ids=[1], max_new_tokens=4)], RunConfig(mode="plain"))
+    assert time.monotonic() - started < 60
+    assert not _alive(child)
+    with pytest.raises(EngineDied, match="not restarted"):
+        engine.generate([Request(prompt_ids=[1], max_new_tokens=4)], RunConfig(mode="plain"))
     engine.close()
+
+
+def test_capabilities_are_asked_once(random_pair, bad_engines, tmp_path):
+    target, drafter = random_pair
+    counter = tmp_path / "calls"
+    with IsolatedEngine(f"{bad_engines}:CountingCapabilities", str(target), str(drafter),
+                        counter=str(counter)) as engine:
+        assert engine.capabilities() == engine.capabilities()
+    assert counter.read_text() == "x"
 
 
 def test_failing_start_names_the_engine_and_cause(random_pair, bad_engines):
     target, drafter = random_pair
     engine = IsolatedEngine(f"{bad_engines}:FailingInit", str(target), str(drafter))
-    with pytest.raises(EngineError, match="FailingInit.*failed to start.*no accelerator"):
+    with pytest.raises(EngineDied, match="FailingInit.*failed to start.*no accelerator") as info:
         engine.capabilities()
+    assert "RuntimeError: no accelerator" in info.value.log_tail  # the child's traceback is in its log
+
+
+def test_unknown_option_found_in_the_child_is_a_usage_error(random_pair, bad_engines):
+    target, drafter = random_pair
+    engine = IsolatedEngine(f"{bad_engines}:CountingCapabilities", str(target), str(drafter), countr="x")
+    with pytest.raises(EngineUsageError, match=r"unknown option\(s\) countr; known: counter"):
+        engine.capabilities()
+    with pytest.raises(EngineUsageError, match="countr"):  # kept, not retried
+        engine.capabilities()
+    engine.close()
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting to be reaped counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_dead(pid: int, seconds: float = 20.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+SUITE_THAT_GETS_KILLED = textwrap.dedent(
+    """
+    import sys
+    from ddtree_conformance.adapters.interface import Request, RunConfig
+    from ddtree_conformance.adapters.process import IsolatedEngine
+
+    if __name__ == "__main__":
+        engine = IsolatedEngine("ddtree_conformance.testing.misbehaving:HangInGenerate", sys.argv[1], sys.argv[2],
+                                timeout_s=600, helper=False)
+        engine.capabilities()
+        print(engine.pid, flush=True)
+        engine.generate([Request(prompt_ids=[1], max_new_tokens=4)], RunConfig(mode="plain"))
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+def test_engine_dies_with_the_suite_even_on_kill_9(random_pair, tmp_path):
+    """A suite killed with SIGKILL cannot clean up: its engine child must go by itself."""
+    script = tmp_path / "suite.py"
+    script.write_text(SUITE_THAT_GETS_KILLED)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the killed suite cannot remove its engine's log folder
+    suite = subprocess.Popen([sys.executable, str(script), *map(str, random_pair)], stdout=subprocess.PIPE, text=True,
+                             env=env)
+    try:
+        child = int(suite.stdout.readline())
+        time.sleep(0.5)  # into generate: the child hangs there
+        assert _alive(child)
+        suite.kill()
+        suite.wait(10)
+        assert _wait_dead(child), f"engine child {child} outlived the suite"
+    finally:
+        if suite.poll() is None:
+            suite.kill()

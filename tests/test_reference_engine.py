@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from ddtree_conformance.adapters.interface import Request, RunConfig
+from ddtree_conformance.adapters.interface import EngineError, Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 
 VOCAB = 97  # write_random_pair default
@@ -73,13 +73,9 @@ def test_lossless_greedy_fp32(traced_results, plain_results, key):
         assert got.finish_reason == "length"
 
 
-def test_lossless_vectorized_builder(random_pair, plain_results):
-    engine = ReferenceEngine(str(random_pair[0]), str(random_pair[1]), builder="vectorized")
-    try:
-        results = engine.generate(_requests()[:8], RunConfig(mode="ddtree", budget=64))
-    finally:
-        engine.close()
-    assert [r.output_ids for r in results] == [r.output_ids for r in plain_results[:8]]
+def test_removed_vectorized_builder_is_refused(random_pair):
+    with pytest.raises(EngineError, match="builder must be 'heap'"):
+        ReferenceEngine(str(random_pair[0]), str(random_pair[1]), builder="vectorized")
 
 
 def test_budgets_accept_more(traced_results):

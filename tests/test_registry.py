@@ -177,3 +177,35 @@ def test_create_engine_pair_error_propagates(pair, tmp_path):
     target, _ = pair
     with pytest.raises(PairError, match="target model dir not found"):
         create_engine("reference", tmp_path / "missing", None)
+
+
+def test_every_engine_refuses_options_it_does_not_declare(pair, fake_modules):
+    from ddtree_conformance.adapters.interface import EngineUsageError, UnknownOption
+    from ddtree_conformance.adapters.registry import check_options, resolve_engine
+
+    target, drafter = pair
+    # the reference engine (it used to ignore a typo silently), before anything is built...
+    with pytest.raises(UnknownOption, match=r"^engine 'reference': unknown option\(s\) bulider; known: builder$"):
+        resolve_engine("reference", {"bulider": "vectorized"})
+    # ... and when built directly
+    with pytest.raises(UnknownOption, match="bulider"):
+        ReferenceEngine(str(target), str(drafter), bulider="vectorized")
+    assert resolve_engine("reference", {"builder": "vectorized"}) is ReferenceEngine
+    # an engine that declares no options refuses any (Engine.OPTIONS defaults to none)
+    good = load_engine_class("ddtc_fake_engines:Good")
+    with pytest.raises(UnknownOption, match=r"engine 'good': unknown option\(s\) x; known: none"):
+        check_options(good, {"x": 1}, "good")
+    with pytest.raises(UnknownOption):
+        good("m", None, x=1)
+    assert issubclass(UnknownOption, EngineUsageError) and issubclass(registry.UnknownEngine, EngineUsageError)
+
+
+def test_reference_refuses_a_budget_above_its_max_before_allocating(pair):
+    from ddtree_conformance.adapters.interface import Request, RunConfig
+    from ddtree_conformance.adapters.reference.engine import MAX_BUDGET
+
+    target, drafter = pair
+    engine = ReferenceEngine(str(target), str(drafter))
+    assert engine.capabilities().max_budget == MAX_BUDGET
+    with pytest.raises(EngineError, match=f"budget {MAX_BUDGET + 1} is above the largest it accepts"):
+        engine.generate([Request(prompt_ids=[1], max_new_tokens=2)], RunConfig(mode="ddtree", budget=MAX_BUDGET + 1))

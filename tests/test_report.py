@@ -95,3 +95,16 @@ def test_check_writes_three_files_with_acceptance_runs(tmp_path):
     assert out.with_suffix(".md").is_file()
     html = out.with_suffix(".html").read_text()
     assert "lossless/ddtree-B4" in html and 'src="data:image/png;base64,' in html
+
+
+def test_html_for_an_engine_without_acceptance_data_renders():
+    """Runs whose tau is None (no acceptance data reported) used to crash the plots (NoneType.__format__)."""
+    report = bench_report()
+    report["kind"] = "check"
+    report["runs"] = [{"mode": m, "budget": b, "label": label, "tau": None, "tau_per_response_mean": None,
+                       "per_position": [], "histogram": {}, "rounds": 0, "aggregate_only": True}
+                      for m, b, label in (("dflash", None, "dflash"), ("ddtree", 16, "ddtree-B16"))]
+    text = render_html(report)
+    assert_self_contained(text)
+    assert "<tr><td>ddtree-B16</td><td>-</td>" in text
+    assert "| ddtree-B16 | - |" in render_markdown(report)

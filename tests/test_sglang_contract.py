@@ -27,7 +27,8 @@ pytestmark = pytest.mark.sglang
 
 sglang = pytest.importorskip("sglang", reason="SGLang is not installed here (bash .ci/sglang-tier or tox -e sglang)")
 
-from ddtree_conformance.adapters.sglang import engine as sg
+from ddtree_conformance.adapters.sglang import contract  # noqa: E402
+from ddtree_conformance.adapters.sglang import engine as sg  # noqa: E402
 
 TARGET, DRAFTER = str(FIXTURE_TARGET), str(FIXTURE_DRAFTER)
 BUILTINS_0_5_23 = {"DFLASH", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "NGRAM", "STANDALONE", "UNO"}
@@ -69,12 +70,12 @@ def register_algorithm():
 @pytest.fixture
 def pr29907_budget_field(monkeypatch):
     """The ServerArgs of a SGLang with PR #29907: the real fields plus ``speculative_ddtree_budget``."""
-    real = sg.server_args_fields
+    real = contract.server_args_fields
 
     def fields():
         return {**real(), api.DEFAULT_DDTREE_BUDGET_ARG: int | None}
 
-    monkeypatch.setattr(sg, "server_args_fields", fields)
+    monkeypatch.setattr(contract, "server_args_fields", fields)  # where probe_ddtree and check_server_args read it
 
 
 # -- version ---------------------------------------------------------------------------------------

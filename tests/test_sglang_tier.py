@@ -15,7 +15,8 @@ isolated in a child process, device ``cuda``). What is checked:
 SGLang runs on CUDA only: on a machine without a CUDA GPU every test skips with "SGLang needs a CUDA
 GPU; this machine has none". Run: ``python -m pytest -m sglang tests/test_sglang_tier.py`` (tox -e
 sglang, .ci/sglang-tier). Extra engine options as JSON in ``SGLANG_TIER_OPTIONS`` (for example
-``{"attention_backend": "triton"}``); ``SGLANG_TIER_SUMMARY=<file>`` writes the measured numbers.
+``{"attention_backend": "triton"}``); ``SGLANG_TIER_SUMMARY=<file>`` writes the measured numbers (when
+the run ends, by the terminal-summary hook of :mod:`ddtree_conformance.testing.tiers`).
 """
 
 from __future__ import annotations
@@ -31,17 +32,18 @@ NO_GPU = "SGLang needs a CUDA GPU; this machine has none"
 HAVE_CUDA = torch.cuda.is_available()
 
 pytestmark = [pytest.mark.sglang, pytest.mark.gpu, pytest.mark.skipif(not HAVE_CUDA, reason=NO_GPU)]
+pytest_plugins = ["ddtree_conformance.testing.tiers"]
 
 if HAVE_CUDA:
     pytest.importorskip("sglang", reason="SGLang is not installed here (bash .ci/sglang-tier or tox -e sglang)")
 
 from ddtree_conformance.metrics import mean_tau
 from ddtree_conformance.session import SuiteSession, SuiteSettings
-from ddtree_conformance.testing.tiers import fixture_golden, run_checks
+from ddtree_conformance.testing.tiers import TierSummary, fixture_golden, run_checks
 
 MAX_NEW_TOKENS = 64
 BUDGETS = [16, 64]
-SUMMARY: dict = {}
+SUMMARY = TierSummary("SGLANG_TIER_SUMMARY")
 
 
 def _options() -> dict:
@@ -141,10 +143,3 @@ def test_ddtree_fp32(fp32, budget):
     assert len(out["results"]) == 2
     for check_id, result in out["results"].items():
         assert result.status == "pass", f"{check_id}: {result.message}"
-
-
-def test_zz_write_summary():
-    path = os.environ.get("SGLANG_TIER_SUMMARY")
-    if path:
-        with open(path, "w") as fh:
-            json.dump(SUMMARY, fh, indent=2, default=str)

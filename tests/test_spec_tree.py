@@ -1,4 +1,4 @@
-"""Tree construction (ddtree_conformance.spec.tree): builders agree, are optimal, monotone and well formed."""
+"""Tree construction (ddtree_conformance.spec.tree): the heap builder is optimal, monotone and well formed."""
 
 from __future__ import annotations
 
@@ -7,14 +7,13 @@ import math
 
 import pytest
 import torch
-from hypothesis import assume, example, given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ddtree_conformance.spec.tree import (
     DraftTree,
     build_chain,
     build_tree,
-    build_tree_vectorized,
     per_depth_topk,
 )
 
@@ -129,13 +128,10 @@ def check_structure(tree: DraftTree, logits: torch.Tensor, budget: int) -> None:
 # Tests
 
 
-@settings(max_examples=1000)
+@settings(max_examples=500)
 @given(logits=draft_logits(), budget=st.integers(1, 80))
-def test_heap_and_vectorized_builders_identical(logits, budget):
-    heap = build_tree(logits, budget)
-    vec = build_tree_vectorized(logits, budget)
-    assert heap.same_as(vec), (heap, vec)
-    check_structure(heap, logits, budget)
+def test_heap_tree_is_well_formed(logits, budget):
+    check_structure(build_tree(logits, budget), logits, budget)
 
 
 def _assert_best_prefixes(tree: DraftTree, logits: torch.Tensor, budget: int) -> None:
@@ -151,22 +147,11 @@ def test_heap_tree_is_the_best_prefixes_by_brute_force(logits, budget):
     _assert_best_prefixes(build_tree(logits, budget), logits, budget)
 
 
-@settings(max_examples=300)
-@given(logits=draft_logits(max_depth=4, max_vocab=6, max_prefixes=400), budget=st.integers(1, 450))
-@example(
-    logits=torch.tensor([[0.0, 0.0, 0.0, NEG_INF, NEG_INF], [0.0, NEG_INF, 0.0, NEG_INF, NEG_INF], [NEG_INF, NEG_INF, NEG_INF, 0.0, NEG_INF]]),
-    budget=29,
-)
-def test_vectorized_tree_is_the_best_prefixes_by_brute_force(logits, budget):
-    _assert_best_prefixes(build_tree_vectorized(logits, budget), logits, budget)
-
-
-# Regression cases for the vectorized builder (found by the tests above). Both are score ties
-# that the builder's pruning assumes away: a candidate (beam slot j', rank r') with j' <= j and
-# r' <= r is assumed to beat (j, r), but when the two float64 sums are *equal* (both -inf, or a
-# huge |log-prob| absorbing the parents' difference) the tie goes to the smaller rank path, which
-# can be (j, r). The heap builder (and the brute force) keep (j, r); the vectorized one pruned it.
-VECTORIZED_TIE_CASES = [
+# Score ties that defeat beam pruning (found against the removed vectorized builder): a candidate
+# (beam slot j', rank r') with j' <= j and r' <= r need not beat (j, r) when the two float64 sums are
+# *equal* (both -inf, or a huge |log-prob| absorbing the parents' difference): the tie goes to the
+# smaller rank path, which can be (j, r). The heap builder (and the brute force) keep (j, r).
+TIE_CASES = [
     pytest.param(
         [[0.0, 0.0, 0.0, NEG_INF, NEG_INF], [0.0, NEG_INF, 0.0, NEG_INF, NEG_INF], [NEG_INF, NEG_INF, NEG_INF, 0.0, NEG_INF]],
         29,
@@ -180,12 +165,10 @@ VECTORIZED_TIE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("rows, budget", VECTORIZED_TIE_CASES)
-def test_vectorized_builder_on_tied_scores(rows, budget):
+@pytest.mark.parametrize("rows, budget", TIE_CASES)
+def test_heap_builder_on_tied_scores(rows, budget):
     logits = torch.tensor(rows, dtype=torch.float32)
-    heap = build_tree(logits, budget)
-    _assert_best_prefixes(heap, logits, budget)  # the heap is right
-    assert build_tree_vectorized(logits, budget).same_as(heap)
+    _assert_best_prefixes(build_tree(logits, budget), logits, budget)
 
 
 @settings(max_examples=200)
@@ -239,9 +222,7 @@ def test_depth_limited_tree_is_the_chain_when_argmax_dominates(logits, margin):
     peaked = torch.where(torch.isinf(logits), logits, torch.zeros_like(logits))
     winners = torch.argmax(torch.log_softmax(logits, -1), dim=-1)
     peaked[torch.arange(depth), winners] = margin
-    chain = build_chain(peaked)
-    for build in (build_tree, build_tree_vectorized):
-        assert build(peaked, depth).same_as(chain)
+    assert build_tree(peaked, depth).same_as(build_chain(peaked))
 
 
 def _expected_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -270,8 +251,7 @@ def test_per_depth_topk_ties_on_full_qwen_vocabulary():
     _, ids = per_depth_topk(logits, 8)
     assert ids[0].tolist() == [3, 7, 100_000, 151_935, 11, 151_934, 0, 1]
     budget = 256
-    heap, vec = build_tree(logits, budget), build_tree_vectorized(logits, budget)
-    assert heap.same_as(vec)
+    heap = build_tree(logits, budget)
     assert heap.num_nodes == budget
     paths = token_paths(heap)
     # by hand: the four tied depth-1 maxima (smaller id first), the two logit-4 tokens, then
@@ -294,11 +274,10 @@ def test_per_depth_topk_ties_on_full_qwen_vocabulary():
 
 def test_budget_larger_than_prefixes_and_errors():
     logits = torch.tensor([[0.0, 0.0, NEG_INF], [1.0, 1.0, 1.0]])
-    for build in (build_tree, build_tree_vectorized):
-        tree = build(logits, 1000)
-        assert tree.num_nodes == num_prefixes(2, 3)
-        assert token_paths(tree)[:2] == [(0,), (1,)]
-        with pytest.raises(ValueError):
-            build(logits, 0)
-        with pytest.raises(ValueError):
-            build(torch.zeros(0, 4), 4)
+    tree = build_tree(logits, 1000)
+    assert tree.num_nodes == num_prefixes(2, 3)
+    assert token_paths(tree)[:2] == [(0,), (1,)]
+    with pytest.raises(ValueError):
+        build_tree(logits, 0)
+    with pytest.raises(ValueError):
+        build_tree(torch.zeros(0, 4), 4)

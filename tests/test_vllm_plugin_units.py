@@ -175,6 +175,35 @@ def test_plain_request_accepted():
     assert plugin_config.request_problem(SimpleNamespace(temperature=1.0, top_k=5, top_p=0.9)) is None
 
 
+@pytest.mark.parametrize("extra,needle", [
+    ({"ddtree": {"budget": 14}}, "extra_args['ddtree'].budget is 14; this instance takes budgets from the drafter "
+                                 "horizon L = 15 to its num_speculative_tokens = 64"),
+    ({"ddtree": {"budget": 65}}, "extra_args['ddtree'].budget is 65"),
+    ({"ddtree": {"budget": "16"}}, "extra_args['ddtree'].budget: Input should be a valid integer"),
+    ({"ddtree": {"budget": True}}, "extra_args['ddtree'].budget: Input should be a valid integer"),
+    ({"ddtree": {"trace_draft_logits": "yes"}}, "extra_args['ddtree'].trace_draft_logits: Input should be a valid "
+                                               "boolean"),
+    ({"ddtree": {"nodes": 16}}, "extra_args['ddtree'].nodes: Extra inputs are not permitted"),
+    ({"ddtree": [16]}, "extra_args['ddtree'] must be a dict, got list"),
+])
+def test_request_budget_refusals(extra, needle):
+    problem = plugin_config.request_problem(SimpleNamespace(extra_args=extra), (15, 64))
+    assert problem is not None and needle in problem, problem
+
+
+@pytest.mark.parametrize("extra", [None, {}, {"other_plugin": 1}, {"ddtree": {}}, {"ddtree": None},
+                                   {"ddtree": {"budget": 15}}, {"ddtree": {"budget": 64, "trace_draft_logits": True}}])
+def test_request_budget_accepted(extra):
+    assert plugin_config.request_problem(SimpleNamespace(extra_args=extra), (15, 64)) is None
+    options = plugin_config.request_options(SimpleNamespace(extra_args=extra))
+    assert options.budget in (None, 15, 64)
+
+
+def test_budget_range_is_horizon_to_num_speculative_tokens():
+    assert plugin_config.budget_range(_vllm_config()) == (15, 16)
+    assert plugin_config.budget_range(_vllm_config(**{"speculative_config.num_speculative_tokens": 64})) == (15, 64)
+
+
 def test_register_never_raises(monkeypatch, caplog):
     import ddtree_vllm_plugin as plugin
     from ddtree_vllm_plugin import hooks

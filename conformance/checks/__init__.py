@@ -3,7 +3,8 @@
 Each check is a function ``check(session, **params) -> CheckResult``. It reads only the session's
 settings and the engine's capabilities, never the engine's name. :func:`plan` lists the checks a
 run will execute; :func:`run_plan` executes them (the CLI), and the pytest plugin turns each
-planned check into one test item.
+planned check into one test item. How checks run (crashes, failed results, a dead engine) is
+:mod:`.runner`'s business: :class:`PlannedCheck` and :func:`run_plan` live there.
 
 Every check runs in every dtype: float32 verdicts are exact; bfloat16/float16 verdicts score each
 output token against the fp32 target (:mod:`ddtree_conformance.token_scoring`) and replay each
@@ -17,9 +18,7 @@ sampling.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from ..session import SuiteSession
 from ..settings import SettingsError, SuiteSettings
 from .acceptance import check_acceptance
 from .edges import check_lengths, check_prompt_shapes, check_special_tokens, check_stops
@@ -27,6 +26,7 @@ from .envelope import check_busy_batch, check_long_context
 from .golden_outputs import check_golden
 from .lossless import check_lossless
 from .result import CheckResult
+from .runner import PlannedCheck, run_plan
 from .sampling import VARIANTS, check_sampling
 from .tensor_parallel import check_tensor_parallel
 from .trees import check_branch_vs_chain, check_tree_structure
@@ -46,19 +46,6 @@ PER_MODE_CHECKS: dict[str, Callable[..., CheckResult]] = {
     "busy-batch": check_busy_batch,
     "tensor-parallel": check_tensor_parallel,
 }
-
-
-@dataclass(frozen=True)
-class PlannedCheck:
-    id: str
-    function: Callable[..., CheckResult]
-    params: dict = field(default_factory=dict)
-
-    def run(self, session: SuiteSession) -> CheckResult:
-        try:
-            return self.function(session, **self.params)
-        except Exception as exc:  # an engine or check crash is a failed check, not a dead run
-            return CheckResult.failed(self.id, f"check crashed: {type(exc).__name__}: {exc}")
 
 
 def _runs(settings: SuiteSettings) -> list[tuple[str, int | None]]:
@@ -100,14 +87,3 @@ def plan(settings: SuiteSettings, only: list[str] | None = None) -> list[Planned
                                 f"({', '.join(sorted({c.id.split('/')[0] for c in checks}))})")
         checks = kept
     return checks
-
-
-def run_plan(session: SuiteSession, checks: list[PlannedCheck], on_result=None) -> list[CheckResult]:
-    results = []
-    for check in checks:
-        result = check.run(session)
-        result = result.model_copy(update={"check": check.id})
-        results.append(result)
-        if on_result:
-            on_result(result)
-    return results

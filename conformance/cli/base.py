@@ -20,8 +20,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from .. import __version__
-from ..adapters.interface import EngineError
-from ..adapters.registry import UnknownEngine
+from ..adapters.interface import EngineDied, EngineError, EngineUsageError
 from ..golden_files import GoldenError
 from ..prompts import PromptError
 from ..settings import SettingsError
@@ -53,11 +52,14 @@ EXIT_ENGINE = 5  # the engine under test could not start, hung past --engine-tim
 
 EXIT_STATUSES: dict[int, str] = {
     EXIT_OK: "all checks passed",
-    EXIT_FAILED: "a check failed (conformance failure) or the gate found a regression",
-    EXIT_USAGE: "usage error: bad option, bad input file or unusable model dir; nothing was run",
+    EXIT_FAILED: "a check failed (conformance failure, or a result that breaks the integrity rules) or the gate "
+                 "found a regression",
+    EXIT_USAGE: "usage error: bad option, unknown engine or engine option, a budget above the engine's largest, "
+                "bad input file or unusable model dir; nothing was run",
     EXIT_INCONCLUSIVE: "gate only: inconclusive (the interval still straddles the band when its budget ran out)",
     EXIT_MISSING_BASELINE: "gate only: a baseline or a measurement is missing",
-    EXIT_ENGINE: "the engine could not start, hung past --engine-timeout, or died; its log tail is printed",
+    EXIT_ENGINE: "the engine could not start, hung past --engine-timeout, or died (crash, out of memory); the run "
+                 "stopped there (the report marks the remaining checks not run) and the engine's log tail is printed",
 }
 
 EXIT_HELP = "Exit statuses: " + "; ".join(f"{code} {text}" for code, text in EXIT_STATUSES.items()) + "."
@@ -119,8 +121,11 @@ def cli_errors() -> Iterator[None]:
         fail(str(exc).split("\n", 1)[0], exc.exit_code, tail)
     except CliError as exc:
         fail(str(exc), exc.exit_code)
-    except (SettingsError, UnknownEngine) as exc:
+    except (SettingsError, EngineUsageError) as exc:  # unknown engine or option: nothing was started
         fail(str(exc))
+    except EngineDied as exc:  # could not start, crashed, hung, killed: one line, then its log tail
+        tail = f"--- engine log tail ---\n{exc.log_tail}" if exc.log_tail.strip() else ""
+        fail(str(exc).split("\n", 1)[0], EXIT_ENGINE, tail)
     except EngineError as exc:  # raised by an engine in this process while starting: it cannot start
         first, _, rest = str(exc).partition("\n")
         fail(first, EXIT_ENGINE, rest)

@@ -12,11 +12,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..paths import REPORTS_DIR
+from ..progress import progress_printer
 from . import options as opt
 from .base import EXIT_FAILED, CliError, command, stderr_console, stdout_console
 from .generate import require_support
 
 __all__ = ["bench", "baseline", "gate"]
+
+
+GateAgainst = Annotated[Optional[Path], typer.Option(
+    "--baselines", help="Go sequential: repeat until every run's speedup interval clears the lower edge of its "
+                        "band in these baselines (file, or folder holding <hardware-class>.json), or the time "
+                        "budget is spent. Without it: --repeats fixed repeats.")]
 
 
 @command()
@@ -34,10 +41,17 @@ def bench(
     prompts: opt.Prompts = None,
     limit: opt.Limit = None,
     max_new_tokens: opt.MaxNewTokens = None,
-    repeats: Annotated[int, typer.Option("--repeats", "-r", help="Interleaved timed rounds (>= 5 for a gate).")] = 5,
-    resamples: Annotated[int, typer.Option("--resamples", help="Bootstrap resamples for the CI.")] = 2000,
-    seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
-    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="One untimed run per config first.")] = True,
+    repeats: Annotated[int, typer.Option("--repeats", "-r", help="Fixed repeats when no --baselines are given.")] = 5,
+    baselines: GateAgainst = None,
+    alpha: Annotated[float, typer.Option("--alpha", help="Error budget of the interval (each wrong verdict <= "
+                                                         "alpha/2), spent over the looks.")] = 0.05,
+    min_repeats: Annotated[int, typer.Option("--min-repeats", help="Sequential: first look after this many "
+                                                                   "repeats.")] = 3,
+    max_repeats: Annotated[int, typer.Option("--max-repeats", help="Sequential: stop undecided after this many "
+                                                                   "repeats.")] = 60,
+    time_budget: Annotated[float, typer.Option("--time-budget", help="Sequential: stop undecided once the timed "
+                                                                     "repeats have taken this many seconds.")] = 600.0,
+    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="One untimed call per config first.")] = True,
     isolate: opt.Isolate = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="JSON report path (.md and .html beside it).",
                                                 show_default="reports/bench-<engine>.json")] = None,
@@ -46,15 +60,18 @@ def bench(
     threads: opt.Threads = None,
     hardware_class: opt.HardwareClass = None,
 ) -> None:
-    """Measure speedup over plain decoding (interleaved repeats, bootstrap CI), tau and acceptance."""
+    """Measure speedup over plain decoding: paired, interleaved repeats; sequential against --baselines."""
     from ..bench import BenchError, run_bench
     from ..report import new_report, write_report
+    from ..sequential import SequentialPlan
     from ..session import SuiteSession
 
-    if repeats < 1:
-        raise CliError(f"--repeats must be >= 1, got {repeats}")
-    if resamples < 100:
-        raise CliError(f"--resamples must be >= 100, got {resamples}")
+    if repeats < 2:
+        raise CliError(f"--repeats must be >= 2 (an interval needs two repeats), got {repeats}")
+    try:
+        plan = SequentialPlan(alpha=alpha, min_repeats=min_repeats, max_repeats=max_repeats, time_budget_s=time_budget)
+    except ValueError as exc:
+        raise CliError(f"--alpha/--min-repeats/--max-repeats/--time-budget: {exc}") from None
     settings = opt.run_settings(
         engine=engine, model_dir=model, drafter_dir=drafter, pair=pair, pairs_file=pairs_file, pair_name=pair_name,
         modes=modes, budgets=budgets, dtype=dtype, device=device, prompt_set=prompts, limit=limit,
@@ -63,21 +80,29 @@ def bench(
     hw = opt.hw_class(settings.device, hardware_class)
     runs = [("dflash", None)] if "dflash" in settings.modes else []
     runs += [("ddtree", b) for b in settings.budgets] if "ddtree" in settings.modes else []
+    edges = _edges(baselines, hw, settings, runs) if baselines is not None else None
     session = SuiteSession(settings)
     try:
         eng = session.engine
+        session.require_support()  # every budget within capabilities().max_budget, dtype, device
         for mode in ["plain", *settings.modes]:
             require_support(eng, session.config(mode, settings.budgets[0]))
         requests = session.requests()
-        total = (len(runs) + 1) * (repeats + int(warmup))
+        printer = progress_printer()
+        done = [0]
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=stderr_console(), transient=True) as progress:
-            task = progress.add_task(f"bench {settings.engine}", total=total)
+            task = progress.add_task(f"bench {settings.engine}", total=None)
+
+            def step(label: str) -> None:
+                progress.update(task, advance=1, description=f"bench {settings.engine}: {label}")
+                done[0] += 1
+                if printer is not None:  # CI logs: one line per timed run
+                    printer(f"bench {settings.engine}: {label} ({done[0]} runs)")
+
             try:
                 measured = run_bench(eng, requests, lambda m, b: session.config(m, b), runs, repeats=repeats,
-                                     warmup=warmup, resamples=resamples, seed=seed,
-                                     on_step=lambda label: progress.update(task, advance=1,
-                                                                           description=f"bench {settings.engine}: {label}"))
+                                     edges=edges, plan=plan, warmup=warmup, on_step=step)
             except BenchError as exc:
                 raise CliError(str(exc), exit_code=EXIT_FAILED) from exc
     finally:
@@ -86,21 +111,54 @@ def bench(
     report.update(measured)
     out_path = out if out is not None else REPORTS_DIR / f"bench-{settings.engine.replace(':', '_')}.json"
     paths = write_report(report, out_path)
-    table = Table(title=escape(f"bench: {settings.engine} on {settings.pair_name} ({settings.dtype}, {settings.device}, {hw}), "
-                               f"{repeats} repeats"))
-    for column, justify in (("run", "left"), ("tau", "right"), ("tokens/s", "right"), ("speedup [95% CI]", "right"),
-                            ("CV", "right")):
-        table.add_column(column, justify=justify)
+    table = Table(title=escape(f"bench: {settings.engine} on {settings.pair_name} ({settings.dtype}, "
+                               f"{settings.device}, {hw}), {report['bench']['repeats']} repeats, clock "
+                               f"{report['bench']['clock']}"))
+    for column, justify in (("run", "left"), ("tau", "right"), ("step ms", "right"), ("round ms", "right"),
+                            ("speedup [CI]", "right"), ("CV", "right"), ("stopped", "left")):
+        table.add_column(column, justify=justify, overflow="fold")
     for run in report["runs"]:
-        sp = run.get("speedup")
-        tps = sorted(run["tokens_per_s"])[len(run["tokens_per_s"]) // 2]
-        table.add_row(run["label"], f"{run['tau']:.3f}", f"{tps:.1f}",
-                      "-" if not sp else f"{sp['median']:.3f}x [{sp['ci_low']:.3f}, {sp['ci_high']:.3f}]",
-                      "-" if not sp or sp["cv"] is None else f"{sp['cv']:.3f}")
+        sp, cm = run.get("speedup"), run.get("cost_model") or {}
+        table.add_row(run["label"], f"{run['tau']:.3f}", f"{cm['step_s'] * 1e3:.2f}" if cm.get("step_s") else "-",
+                      f"{cm['round_s'] * 1e3:.2f}" if cm.get("round_s") else "-",
+                      "-" if not sp else f"{sp['estimate']:.3f}x [{_fmt(sp['ci_low'])}, {_fmt(sp['ci_high'])}]",
+                      "-" if not sp or sp["cv"] is None else f"{sp['cv']:.3f}",
+                      "-" if not sp else escape(f"{sp['stop']['decision']}: {sp['stop']['reason']}"))
     console = stdout_console()
     console.print(table)
-    console.print(escape(f"timing basis: {report['bench']['timing_basis']}; wrote {', '.join(map(str, paths))}"),
-                  soft_wrap=True)
+    console.print(escape(f"wrote {', '.join(map(str, paths))}"), soft_wrap=True)
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _edges(baselines: Path, hw: str, settings, runs) -> dict[str, float]:
+    """Lower speedup edges per run label from the baselines of this hardware class. Runs without a
+    speedup baseline are measured alongside, with no edge; with none at all the bench runs its fixed
+    --repeats (the gate then reports the baseline as missing). An unreadable file is an error."""
+    from ..baselines import BaselineError, baseline_path, load_baselines
+
+    path = baseline_path(baselines, hw)
+    labels = ", ".join(m if b is None else f"{m}-B{b}" for m, b in runs)
+    if not path.exists():
+        stderr_console().print(escape(f"note: no baseline file {path} for hardware class {hw}: "
+                                      f"--repeats fixed repeats, not sequential"), soft_wrap=True)
+        return {}
+    try:
+        loaded = load_baselines(path)
+    except BaselineError as exc:
+        raise CliError(str(exc)) from None
+    edges = {}
+    for mode, budget in runs:
+        entry = loaded.find(hw, settings.engine, settings.pair_name, mode, budget)
+        if entry is not None and entry.speedup is not None:
+            edges[mode if budget is None else f"{mode}-B{budget}"] = entry.speedup.lower
+    if not edges:
+        stderr_console().print(escape(f"note: {path} has no speedup baseline for {settings.engine} on "
+                                      f"{settings.pair_name} ({labels}): --repeats fixed repeats, not sequential"),
+                               soft_wrap=True)
+    return edges
 
 
 def _load_report_or_fail(path: Path) -> dict:
@@ -120,7 +178,8 @@ def baseline(
     update: Annotated[bool, typer.Option("--update", help="Replace existing entries; prints the diff.")] = False,
     tau_band: Annotated[float, typer.Option("--tau-band", help="Tau band, as a fraction of tau.")] = 0.05,
     position_band: Annotated[float, typer.Option("--position-band", help="Per-position band, absolute.")] = 0.05,
-    speedup_band: Annotated[float, typer.Option("--speedup-band", help="Speedup band, fraction of speedup.")] = 0.10,
+    speedup_band: Annotated[float, typer.Option("--speedup-band", help="Speedup band, fraction of speedup (widened "
+                                                                       "to the report's own interval).")] = 0.02,
 ) -> None:
     """Write baselines (tau, per-position floors, speedup, with bands) from a run report."""
     from ..baselines import BaselineError, BaselineExists, baseline_path, entries_from_report, load_baselines

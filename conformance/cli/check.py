@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Annotated, Optional
 
@@ -12,7 +13,7 @@ from rich.table import Table
 
 from ..paths import REPORTS_DIR
 from . import options as opt
-from .base import EXIT_FAILED, EXIT_HELP, CliError, command, stderr_console, stdout_console
+from .base import EXIT_FAILED, EXIT_HELP, CliError, EngineFailed, command, stderr_console, stdout_console
 
 __all__ = ["check", "record"]
 
@@ -42,7 +43,12 @@ def check(
     hardware_class: opt.HardwareClass = None,
     tensor_parallel_size: opt.TensorParallel = None,
 ) -> None:
+    from ..adapters.interface import EngineDied
+    from ..adapters.registry import resolve_engine
     from ..checks import plan, run_plan
+    from ..checks.runner import not_run, one_line
+    from ..golden_files import load_golden
+    from ..progress import progress_printer
     from ..report import CHECK_SCHEMA, new_report, runs_from_session, write_report
     from ..session import SuiteSession
 
@@ -52,15 +58,33 @@ def check(
         max_new_tokens=max_new_tokens, checks=only, isolate=isolate, golden_dir=golden_dir,
         engine_options=engine_option, engine_timeout_s=engine_timeout, torch_threads=threads,
         tensor_parallel_size=tensor_parallel_size)
+    resolve_engine(settings.engine, settings.engine_options)  # unknown engine or option: exit 2 before any work
     checks = plan(settings)
-    session = SuiteSession(settings)
+    if any(c.id.split("/", 1)[0] in ("golden", "acceptance") for c in checks):  # they read the golden file
+        load_golden(settings.golden_dir, settings.pair_name, settings.prompt_set, settings.dtype)  # unreadable: exit 2
+    printer = progress_printer()
+    session = SuiteSession(settings, progress=printer)
     started = time.perf_counter()
+    if printer is not None:
+        printer(f"check: {len(checks)} checks against engine {settings.engine!r}")
     try:
-        session.require_support()
-        with Progress(console=stderr_console(), transient=True) as progress:
-            task = progress.add_task(f"{settings.engine}: {len(checks)} checks", total=len(checks))
-            results = run_plan(session, checks, on_result=lambda r: progress.advance(task))
-        run_metrics = runs_from_session(session)
+        try:
+            session.require_support()
+        except EngineDied as exc:
+            results = not_run(checks, f"the engine could not start: {one_line(exc)}")
+        else:
+            if printer is not None:
+                results = run_plan(session, checks, on_result=lambda r: printer(
+                    f"check {r.check}: {r.status} ({r.details.get('elapsed_s', 0.0):.1f} s)"))
+            else:
+                with Progress(console=stderr_console(), transient=True) as progress:
+                    task = progress.add_task(f"{settings.engine}: {len(checks)} checks", total=len(checks))
+                    results = run_plan(session, checks, on_result=lambda r: progress.advance(task))
+        failure = session.failure
+        try:
+            run_metrics = runs_from_session(session)
+        except Exception:  # a dead engine leaves partial runs: the report keeps the checks' results
+            run_metrics = []
     finally:
         session.close()
     elapsed = time.perf_counter() - started
@@ -69,18 +93,26 @@ def check(
         table.add_column(column, overflow="fold")
     colours = {"pass": "green", "fail": "red", "skip": "yellow"}
     for r in results:
-        table.add_row(escape(r.check), f"[{colours[r.status]}]{r.status}[/]", escape(r.message))
+        status = "not run" if r.details.get("not_run") else r.status
+        table.add_row(escape(r.check), f"[{colours[r.status]}]{status}[/]", escape(r.message))
     console = stdout_console()
     console.print(table)
-    counts = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
+    counts = {s: sum(r.status == s and not r.details.get("not_run") for r in results) for s in ("pass", "fail", "skip")}
+    counts["not_run"] = sum(bool(r.details.get("not_run")) for r in results)
     report = new_report("check", settings.model_dump(), opt.hw_class(settings.device, hardware_class),
                         schema=CHECK_SCHEMA)
     report.update({"elapsed_s": round(elapsed, 2), "counts": counts, "results": [r.model_dump() for r in results],
                    "runs": run_metrics})
+    if failure is not None:
+        report["engine_failure"] = {"message": str(failure), "log_tail": failure.log_tail}
     out_path = out if out is not None else REPORTS_DIR / f"check-{settings.engine.replace(':', '_')}.json"
     out_path, md_path, html_path = write_report(report, out_path)
-    console.print(escape(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped "
+    not_run_note = f", {counts['not_run']} not run" if counts["not_run"] else ""
+    console.print(escape(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped{not_run_note} "
                          f"in {elapsed:.0f} s; report {out_path} (+ {md_path.name}, {html_path.name})"), soft_wrap=True)
+    if failure is not None:
+        skipped = f" ({counts['not_run']} of {len(results)} checks not run)" if counts["not_run"] else ""
+        raise EngineFailed(f"{one_line(failure)}{skipped}", failure.log_tail)
     if counts["fail"]:
         raise CliError(f"{counts['fail']} of {len(results)} checks failed", exit_code=EXIT_FAILED)
 
@@ -118,7 +150,8 @@ def record(
                                progress=lambda key: stderr_console().print(escape(f"recorded {key}")))
     finally:
         session.close()
-    written, diff = write_golden(settings.golden_dir, golden, update=update)
+    written, diff = write_golden(settings.golden_dir, golden, update=update,
+                                 warn=lambda text: print(f"warning: {text}", file=sys.stderr, flush=True))
     console = stdout_console()
     for line in diff:
         console.print(escape(line), soft_wrap=True)

@@ -13,9 +13,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..adapters.interface import Engine, EngineError, Request, RequestResult, RunConfig
-from ..adapters.registry import create_engine, list_engines, load_engine_class
+from ..adapters.interface import Capabilities, Engine, EngineDied, EngineError, Request, RequestResult, RunConfig
+from ..adapters.registry import create_engine, list_engines, load_engine_class, resolve_engine
+from ..integrity import PairLimits, is_integrity_error, validate_results
 from ..paths import REPORTS_DIR
+from ..progress import Heartbeat, progress_printer
 from ..prompts import Prompt, load_prompts
 from ..settings import GenerateSettings
 from . import options as opt
@@ -29,7 +31,7 @@ DEFAULT_MAX_NEW_TOKENS = 64
 
 def open_engine(settings: GenerateSettings) -> Engine:
     """The engine under test: in its own process unless ``--no-isolate``."""
-    load_engine_class(settings.engine)  # unknown or unavailable engines fail before any model work
+    resolve_engine(settings.engine, settings.engine_options)  # unknown engine/option: fails before any model work
     if settings.isolate:
         from ..adapters.process import IsolatedEngine
 
@@ -39,8 +41,9 @@ def open_engine(settings: GenerateSettings) -> Engine:
     return create_engine(settings.engine, settings.model_dir, settings.drafter_dir, **settings.engine_options)
 
 
-def require_support(engine: Engine, config: RunConfig) -> None:
-    """Fail early when the engine says it cannot run this config here."""
+def require_support(engine: Engine, config: RunConfig) -> Capabilities:
+    """Fail early (a usage error) when the engine says it cannot run this config here; returns its
+    capabilities."""
     caps = engine.capabilities()
     if config.mode not in caps.modes:
         hint = " (no drafter given?)" if config.mode != "plain" and engine.drafter_dir is None else ""
@@ -53,6 +56,13 @@ def require_support(engine: Engine, config: RunConfig) -> None:
     if config.device not in caps.devices and device_kind not in caps.devices:
         raise CliError(f"engine {caps.name!r} cannot use device {config.device} here; available: "
                        f"{', '.join(caps.devices)}")
+    if config.mode == "ddtree" and caps.max_budget is not None and config.budget > caps.max_budget:
+        raise CliError(f"--budget {config.budget}: engine {caps.name!r} accepts budgets up to {caps.max_budget} "
+                       "(capabilities().max_budget)")
+    if config.tensor_parallel_size > caps.max_tensor_parallel:
+        raise CliError(f"--tensor-parallel-size {config.tensor_parallel_size}: engine {caps.name!r} accepts at most "
+                       f"{caps.max_tensor_parallel} here (capabilities().max_tensor_parallel)")
+    return caps
 
 
 def default_stop_tokens(model: str | Path) -> list[int]:
@@ -96,28 +106,37 @@ def run_prompts(
     batch_size: int = 4,
     on_chunk: Callable[[int, list[RequestResult]], None] | None = None,
     description: str = "generating",
+    validate: Callable[[int, list[Request], list[RequestResult]], list[RequestResult]] | None = None,
 ) -> list[RequestResult]:
-    """Run requests through ``engine.generate`` in chunks, with a progress bar on stderr.
+    """Run requests through ``engine.generate`` in chunks, with a progress bar on stderr (progress
+    lines and a heartbeat when stderr is not a terminal).
 
-    ``on_chunk(start_index, results)`` is called after every chunk (for incremental output).
+    ``validate(start_index, chunk, results)`` checks each chunk's results (the integrity rules) before
+    ``on_chunk(start_index, results)`` sees them (for incremental output). Without ``validate``, a
+    chunk with a result count other than its request count is an :class:`EngineError`.
     """
     results: list[RequestResult] = []
     console = stderr_console()
+    printer = None if console.is_terminal else progress_printer(True)
+    name = getattr(engine, "name", "engine")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=not console.is_terminal) as progress:
         task = progress.add_task(description, total=len(requests))
         for start in range(0, len(requests), batch_size):
             chunk = list(requests[start: start + batch_size])
-            out = engine.generate(chunk, config)
-            if len(out) != len(chunk):
-                raise EngineError(f"engine {engine.name!r} returned {len(out)} results for {len(chunk)} requests")
+            with Heartbeat(printer, name, f"generate {len(chunk)} request{'' if len(chunk) == 1 else 's'}"):
+                out = engine.generate(chunk, config)
+            if validate is not None:
+                out = validate(start, chunk, out)
+            elif not isinstance(out, list) or len(out) != len(chunk):
+                got = len(out) if isinstance(out, list) else type(out).__name__
+                raise EngineError(f"engine {name!r} returned {got} results for {len(chunk)} requests")
             results.extend(out)
             if on_chunk is not None:
                 on_chunk(start, out)
             progress.advance(task, len(chunk))
-            if not console.is_terminal:
-                print(f"[ddtree] {description}: {min(start + batch_size, len(requests))}/{len(requests)} requests",
-                      flush=True, file=console.file)
+            if printer is not None:
+                printer(f"{description}: {min(start + batch_size, len(requests))}/{len(requests)} requests")
     return results
 
 
@@ -226,23 +245,39 @@ def generate(
         top_k=top_k, seed=seed, stop_token_ids=stop_token, batch_size=batch_size, engine_options=engine_option,
         engine_timeout_s=engine_timeout, isolate=isolate, torch_threads=threads)
     config = RunConfig(mode=settings.mode, budget=settings.budget, dtype=settings.dtype, device=settings.device,
-                       trace=trace)
+                       trace=trace, tensor_parallel_size=settings.tensor_parallel_size)
     prompt_set = load_prompts(settings.prompt_set, tokenizer_dir=settings.model_dir)
     prompt_set = prompt_set[: settings.limit] if settings.limit else prompt_set
     stops = settings.stop_token_ids if settings.stop_token_ids is not None else default_stop_tokens(settings.model_dir)
     requests = build_requests(prompt_set, settings, stops)
     out_path = out if out is not None else REPORTS_DIR / f"generate-{settings.mode}.jsonl"
 
+    labels = [f"prompt {p.id}" for p in prompt_set]
+    limits = PairLimits.read(settings.model_dir, settings.drafter_dir)
+
     with open_engine(settings) as eng:
-        require_support(eng, config)
+        with Heartbeat(progress_printer(), settings.engine, "start and capabilities()"):
+            caps = require_support(eng, config)
         with JsonlSink(out_path) as sink:
 
+            def validate(start: int, chunk: list[Request], got: list[RequestResult]) -> list[RequestResult]:
+                return validate_results(chunk, got, config, limits, caps, labels[start: start + len(chunk)],
+                                        settings.engine, first_index=start)
+
             def write_chunk(start: int, chunk: list[RequestResult]) -> None:
-                sink.write([result_row(prompt_set[start + i], r) for i, r in enumerate(chunk)])
+                bad = next((i for i, r in enumerate(chunk) if is_integrity_error(r)), None)
+                valid = chunk if bad is None else chunk[:bad]
+                sink.write([result_row(prompt_set[start + i], r) for i, r in enumerate(valid)])
+                if bad is not None:  # never written: the file holds only results that keep the rules
+                    kept = f"; {sink.rows} valid results kept in {sink.partial}" if sink.rows else ""
+                    raise CliError(f"{chunk[bad].error.splitlines()[0]}{kept}", exit_code=EXIT_FAILED)
 
             try:
                 results = run_prompts(eng, requests, config, batch_size=settings.batch_size, on_chunk=write_chunk,
-                                      description=f"{settings.engine} {settings.mode}")
+                                      description=f"{settings.engine} {settings.mode}", validate=validate)
+            except EngineDied as exc:
+                kept = f" ({sink.rows} results kept in {sink.partial})" if sink.rows else ""
+                raise EngineDied(f"{str(exc).splitlines()[0]}{kept}", exc.log_tail) from exc
             except EngineError as exc:
                 kept = f" ({sink.rows} results kept in {sink.partial})" if sink.rows else ""
                 raise EngineError(f"{exc}{kept}") from exc

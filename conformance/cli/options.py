@@ -24,8 +24,10 @@ EngineOptions = Annotated[
 ]
 EngineTimeout = Annotated[
     Optional[float],
-    typer.Option("--engine-timeout", help="Seconds the engine may take to start, to answer capabilities() and to "
-                                          "run each generate before it counts as hung and is killed. (default 900)"),
+    typer.Option("--engine-timeout", help="Seconds the engine may take to start, to answer capabilities() (asked "
+                                          "once) and to run each generate; past it the engine counts as hung, its "
+                                          "process group is killed and the run stops with exit status 5. An "
+                                          "engine run with --no-isolate cannot be timed out. (default 900)"),
 ]
 Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Target model dir (HF format).",
                                                show_default="the bundled fixture target")]

@@ -5,7 +5,7 @@ Read in order: :mod:`.tree` (construction), :mod:`.verify` (compile the verify b
 """
 
 from .commit import compact_dynamic_cache, emit_tokens, kept_rows, select_feedback_rows
-from .tree import DraftTree, build_chain, build_tree, build_tree_vectorized, per_depth_topk
+from .tree import DraftTree, build_chain, build_tree, per_depth_topk
 from .verify import VerifyInputs, ancestor_visibility, compile_tree
 from .walk import SamplingParams, WalkResult, choose_token, processed_probs, top2_margin, walk_tree
 
@@ -17,7 +17,6 @@ __all__ = [
     "ancestor_visibility",
     "build_chain",
     "build_tree",
-    "build_tree_vectorized",
     "choose_token",
     "compact_dynamic_cache",
     "compile_tree",

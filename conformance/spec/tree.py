@@ -1,13 +1,12 @@
 """Draft-tree construction (algorithm doc §3, "Construction").
 
 A DDTree is the set of the B most probable prefixes under the drafter's factorised distribution
-``Q(y) = prod_i q_i(y_i)``. Two builders return the identical tree:
+``Q(y) = prod_i q_i(y_i)``. :func:`build_tree` follows the paper's best-first heap, one pop per
+node. (A tensor-only builder used to sit beside it; it was removed: staying identical to the heap
+under float ties needs a check whose result the host must read every round, so it could not avoid
+a host sync, and on an H200 its rounds were 1.4-1.7x the heap's.)
 
-* :func:`build_tree` follows the paper's best-first heap, one pop per node;
-* :func:`build_tree_vectorized` uses only tensor ops (per-depth beam of B, then one global sort),
-  which is what a GPU integration wants.
-
-Conventions shared by both (they make the tree a pure function of the logits):
+Conventions (they make the tree a pure function of the logits):
 
 * log-probabilities are the exact ``log_softmax`` over the full vocabulary, in float32;
 * per depth, tokens are ranked by log-prob, ties broken by the smaller token id (stable sort);
@@ -32,7 +31,6 @@ __all__ = [
     "DraftTree",
     "per_depth_topk",
     "build_tree",
-    "build_tree_vectorized",
     "build_chain",
 ]
 
@@ -155,111 +153,6 @@ def build_tree(draft_logits: torch.Tensor, budget: int) -> DraftTree:
             s = -neg_score + lp[depth][0]
             heapq.heappush(heap, (-s, rank_path + (0,), node, depth + 1, 0, -neg_score))
     return _tree_from_lists(tokens, depths, parents, ranks, scores, draft_logits.device)
-
-
-def _lex_order(primary: torch.Tensor, rank_paths: torch.Tensor) -> torch.Tensor:
-    """Permutation sorting by ``primary`` ascending, then rank paths lexicographically.
-
-    ``rank_paths`` is ``[M, D]`` padded with -1 after a prefix's last depth, so a prefix sorts
-    before its extensions. Implemented as stable sorts from the least significant key up.
-    """
-    order = torch.arange(primary.shape[0], device=primary.device)
-    for col in range(rank_paths.shape[1] - 1, -1, -1):
-        order = order[torch.sort(rank_paths[order, col], stable=True).indices]
-    return order[torch.sort(primary[order], stable=True).indices]
-
-
-def build_tree_vectorized(draft_logits: torch.Tensor, budget: int) -> DraftTree:
-    """Tensor-only DDTree construction, identical to :func:`build_tree` (doc §3).
-
-    The best B prefixes are prefix-closed, and the best B prefixes of depth d extend only the best
-    B prefixes of depth d-1. So a beam of width B per depth holds every candidate; one global sort
-    of the L beams by (score desc, rank path) then gives the nodes in heap pop order.
-    """
-    depth_limit, _, k = _check_inputs(draft_logits, budget)
-    device = draft_logits.device
-    top_lp, top_ids = per_depth_topk(draft_logits, k)
-
-    beam_scores = top_lp[0]  # [k]; k <= budget, so the whole first depth fits
-    beam_paths = torch.arange(k, device=device).unsqueeze(1)  # [k, 1] rank paths
-    beam_parent = torch.full((k,), -1, dtype=torch.long, device=device)  # entry id of parent
-    levels = [(beam_scores, beam_paths, beam_parent)]
-    frontier = []  # (scores, rank paths, depth) of the best entries the beams dropped
-    offset = 0
-    for depth in range(2, depth_limit + 1):
-        n_beam = beam_scores.shape[0]
-        # The beam is in key order, so candidate (parent j, rank r) is beaten by every (j', r')
-        # with j' <= j and r' <= r: it can only make the top B if (j + 1) * (r + 1) <= B.
-        parent_slot, child_rank = torch.nonzero(
-            (torch.arange(1, n_beam + 1, device=device).unsqueeze(1)
-             * torch.arange(1, k + 1, device=device).unsqueeze(0)) <= budget,
-            as_tuple=True,
-        )
-        cand_scores = beam_scores[parent_slot] + top_lp[depth - 1][child_rank]
-        cand_paths = torch.cat([beam_paths[parent_slot], child_rank.unsqueeze(1)], dim=1)
-        order = _lex_order(-cand_scores, cand_paths)
-        keep = order[:budget]
-        # Best candidates this depth did not keep: the first pruned rank of every parent, and
-        # the first candidate past the beam. Everything dropped (and every descendant) sorts
-        # after one of these, unless float ties break the pruning argument; checked below.
-        first_pruned = torch.div(budget, torch.arange(1, n_beam + 1, device=device), rounding_mode="floor")
-        pruned = first_pruned < k
-        slots = torch.arange(n_beam, device=device)[pruned]
-        ranks = first_pruned[pruned]
-        frontier.append((beam_scores[slots] + top_lp[depth - 1][ranks],
-                         torch.cat([beam_paths[slots], ranks.unsqueeze(1)], dim=1), depth))
-        if order.shape[0] > budget:
-            nxt = order[budget : budget + 1]
-            frontier.append((cand_scores[nxt], cand_paths[nxt], depth))
-        beam_parent = offset + parent_slot[keep]
-        offset += n_beam
-        beam_scores, beam_paths = cand_scores[keep], cand_paths[keep]
-        levels.append((beam_scores, beam_paths, beam_parent))
-
-    scores = torch.cat([lv[0] for lv in levels])
-    parent_entry = torch.cat([lv[2] for lv in levels])
-    paths = torch.full((scores.shape[0], depth_limit), -1, dtype=torch.long, device=device)
-    depths = torch.empty(scores.shape[0], dtype=torch.long, device=device)
-    row = 0
-    for d, (s, p, _) in enumerate(levels, start=1):
-        paths[row : row + s.shape[0], :d] = p
-        depths[row : row + s.shape[0]] = d
-        row += s.shape[0]
-
-    chosen = _lex_order(-scores, paths)[:budget]  # entry ids in pop order
-    if frontier:
-        # Exactness guard: the beam/pruning argument assumes (j', r') <= (j, r) implies a better
-        # key, which fails when float64 sums tie (-inf, or absorption). If any dropped entry
-        # sorts before the last chosen node, defer to the heap, which is exact by construction.
-        f_scores = torch.cat([scores[chosen[-1:]]] + [f[0] for f in frontier])
-        f_paths = torch.full((f_scores.shape[0], depth_limit), -1, dtype=torch.long, device=device)
-        f_paths[0] = paths[chosen[-1]]
-        row = 1
-        for s_, p_, d_ in frontier:
-            f_paths[row : row + s_.shape[0], :d_] = p_
-            row += s_.shape[0]
-        if int(_lex_order(-f_scores, f_paths)[0]) != 0 or chosen.shape[0] < budget:
-            return build_tree(draft_logits, budget)
-    node_of_entry = torch.full((scores.shape[0],), -1, dtype=torch.long, device=device)
-    node_of_entry[chosen] = torch.arange(1, chosen.shape[0] + 1, device=device)
-    chosen_parent = parent_entry[chosen]
-    parents = torch.where(
-        chosen_parent < 0, torch.zeros_like(chosen_parent), node_of_entry[chosen_parent.clamp(min=0)]
-    )
-    chosen_depths = depths[chosen]
-    chosen_ranks = paths[chosen, chosen_depths - 1]
-    chosen_tokens = top_ids[chosen_depths - 1, chosen_ranks]
-
-    def with_root(values: torch.Tensor, root_value) -> torch.Tensor:
-        return torch.cat([torch.tensor([root_value], dtype=values.dtype, device=device), values])
-
-    return DraftTree(
-        tokens=with_root(chosen_tokens, -1),
-        depths=with_root(chosen_depths, 0),
-        parents=with_root(parents, -1),
-        ranks=with_root(chosen_ranks, -1),
-        scores=with_root(scores[chosen], 0.0),
-    )
 
 
 def build_chain(draft_logits: torch.Tensor) -> DraftTree:

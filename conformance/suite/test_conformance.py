@@ -1,12 +1,21 @@
-"""Conformance checks as pytest items (collected when ``--ddtree-engine`` is given)."""
+"""Conformance checks as pytest items (collected when ``--ddtree-engine`` is given).
+
+Before the first check, the session refuses settings the engine cannot run here (a budget above
+its ``max_budget``, a dtype or device it lacks) and unknown engine options: every item then fails
+with that one line. An engine that cannot start or dies fails the item it happened in, with the
+engine's log tail; every later item fails at once with one line naming the cause (the engine is
+not restarted).
+"""
 
 from __future__ import annotations
 
 import pytest
 
+from ddtree_conformance.adapters.interface import EngineDied, EngineUsageError
 from ddtree_conformance.checks import plan
 from ddtree_conformance.pytest_plugin import item_group, settings_from_options
 from ddtree_conformance.session import SuiteSession
+from ddtree_conformance.settings import SettingsError
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -19,7 +28,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def conformance_session(request: pytest.FixtureRequest):
-    session = SuiteSession(settings_from_options(request.config))
+    session = SuiteSession(settings_from_options(request.config), flag_prefix="--ddtree-")
     yield session
     session.close()
 
@@ -30,9 +39,28 @@ def junit_class(request: pytest.FixtureRequest, record_xml_attribute) -> None:
     record_xml_attribute("classname", "ddtree." + item_group(settings_from_options(request.config)))
 
 
+def _engine_failure(session: SuiteSession, exc: EngineDied) -> str:
+    """One line naming the cause; the first report of a failure also shows the engine's log tail."""
+    line = " ".join(str(exc).split("\n", 1)[0].split())
+    if getattr(session, "_failure_reported", False) or not exc.log_tail.strip():
+        return line
+    session._failure_reported = True
+    return f"{line}\n--- engine log tail ---\n{exc.log_tail}"
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestExperimentalApiWarning")
+@pytest.mark.filterwarnings("ignore:record_xml_attribute is incompatible")  # the class name is set all the same
 def test_conformance(conformance_session: SuiteSession, planned_check, junit_class) -> None:
-    result = planned_check.run(conformance_session)
+    failure = None  # pytest.fail outside the except blocks: no chained exceptions in the report
+    try:
+        conformance_session.require_support()
+        result = planned_check.run(conformance_session)
+    except (SettingsError, EngineUsageError) as exc:
+        failure = f"ddtree-conformance: {exc}"
+    except EngineDied as exc:
+        failure = _engine_failure(conformance_session, exc)
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)
     if result.status == "skip":
         pytest.skip(result.message)
     if result.status == "fail":

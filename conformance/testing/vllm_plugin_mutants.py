@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ddtree_vllm_plugin.runner import DDTreeCPUModelRunner
 
-__all__ = ["FlatPositions", "FirstRowsKV", "PLUGIN_MUTANTS"]
+__all__ = ["FlatPositions", "FirstRowsKV", "PLUGIN_MUTANTS", "PLUGIN_MUTANT_FAILS"]
 
 
 class FlatPositions(DDTreeCPUModelRunner):
@@ -33,4 +33,11 @@ class FirstRowsKV(DDTreeCPUModelRunner):
 PLUGIN_MUTANTS = {
     "flat-positions": f"{__name__}:FlatPositions",
     "first-rows-kv": f"{__name__}:FirstRowsKV",
+}
+
+#: The checks each broken build fails (of lossless, acceptance, tree-structure), on its first prompt
+#: already. Wrong KV rows leave every trace well-formed: only outputs and acceptance show them.
+PLUGIN_MUTANT_FAILS = {
+    "flat-positions": {"lossless", "acceptance", "tree-structure"},
+    "first-rows-kv": {"lossless", "acceptance"},
 }

@@ -11,14 +11,20 @@ speculative config is DFlash; the node budget B is ``num_speculative_tokens``::
 Anything the plugin does not support is refused here, before the engine starts, with one
 :class:`DDTreeConfigError` naming the setting. Per-request features (logprobs, penalties,
 structured output, ...) are refused when the request arrives: :func:`request_problem`.
+
+One instance serves every budget up to its own: a request may ask for a smaller one, and for the
+drafter logits in its traces, through ``SamplingParams(extra_args={"ddtree": {"budget": b,
+"trace_draft_logits": True}})`` (:class:`DDTreeRequest`), with ``L <= b <= num_speculative_tokens``.
+Its trees are then exactly those of an instance started with ``num_speculative_tokens = b``: the
+same best-first builder at budget ``b``, and only its ``b`` nodes are scheduled.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["DDTreeOptions", "DDTreeConfigError", "TESTED_VERSIONS", "WORKER_CLS", "requested", "options_of",
-           "validate", "request_problem", "MAX_BUDGET"]
+__all__ = ["DDTreeOptions", "DDTreeRequest", "DDTreeConfigError", "TESTED_VERSIONS", "WORKER_CLS", "requested",
+           "options_of", "validate", "request_problem", "request_options", "budget_range", "MAX_BUDGET"]
 
 #: vLLM releases (major.minor) and platform the plugin was tested on.
 TESTED_VERSIONS = ("0.32",)
@@ -42,10 +48,49 @@ class DDTreeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     trace_path: str | None = Field(default=None, description="append one JSON line per verified tree here")
-    trace_draft_logits: bool = Field(default=False, description="traces also carry the drafter logits [L, V]")
+    trace_draft_logits: bool = Field(default=False, description="traces also carry the drafter logits [L, V]: "
+                                                                 "float32 in <trace_path>.logits, each line's "
+                                                                 "draft_logits_f32 gives byte offset and shape")
     runner_class: str | None = Field(
         default=None, description="'module:Class' subclass of the DDTree runner (the suite's deliberately broken builds)"
     )
+
+
+class DDTreeRequest(BaseModel):
+    """``SamplingParams.extra_args["ddtree"]``: one request's settings (all optional)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    budget: int | None = Field(default=None, description="this request's node budget B (default: the instance's "
+                                                          "num_speculative_tokens); L <= B <= num_speculative_tokens")
+    trace_draft_logits: bool | None = Field(default=None, description="this request's traces carry the drafter "
+                                                                       "logits (default: the instance's option)")
+
+
+#: Where a request's DDTree settings live.
+REQUEST_KEY = "ddtree"
+
+
+def request_options(params) -> DDTreeRequest:
+    """The request's :class:`DDTreeRequest` (defaults when it has none); ValueError naming the field."""
+    extra = getattr(params, "extra_args", None) or {}
+    raw = extra.get(REQUEST_KEY) if isinstance(extra, dict) else None
+    if raw is None:
+        return DDTreeRequest()
+    if not isinstance(raw, dict):
+        raise ValueError(f"DDTree: SamplingParams.extra_args['{REQUEST_KEY}'] must be a dict, got {type(raw).__name__}")
+    try:
+        return DDTreeRequest(**raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"DDTree: SamplingParams.extra_args['{REQUEST_KEY}'].{where}: {first['msg']}") from None
+
+
+def budget_range(vllm_config) -> tuple[int, int]:
+    """The budgets a request may ask for on this instance: (drafter horizon L, num_speculative_tokens)."""
+    spec = vllm_config.speculative_config
+    return _drafter_horizon(spec), int(spec.num_speculative_tokens)
 
 
 def requested(vllm_config) -> bool:
@@ -131,8 +176,16 @@ def _drafter_horizon(spec) -> int:
     return block - 1
 
 
-def request_problem(params) -> str | None:
-    """Why a request's SamplingParams cannot run under DDTree, or None."""
+def request_problem(params, budgets: tuple[int, int] | None = None) -> str | None:
+    """Why a request's SamplingParams cannot run under DDTree, or None. ``budgets``: the
+    instance's :func:`budget_range`, which a per-request budget must lie in."""
+    try:
+        own = request_options(params)
+    except ValueError as exc:
+        return str(exc)
+    if own.budget is not None and budgets is not None and not budgets[0] <= own.budget <= budgets[1]:
+        return (f"DDTree: SamplingParams.extra_args['{REQUEST_KEY}'].budget is {own.budget}; this instance takes "
+                f"budgets from the drafter horizon L = {budgets[0]} to its num_speculative_tokens = {budgets[1]}")
     checks = (
         (getattr(params, "logprobs", None) is not None, "logprobs"),
         (getattr(params, "prompt_logprobs", None) is not None, "prompt_logprobs"),

@@ -4,7 +4,8 @@
   validates the configuration (:func:`.config.validate`, one clear error) and selects the DDTree
   worker through ``parallel_config.worker_cls``;
 * ``InputProcessor._validate_params`` (runs when a request arrives): refuses sampling features the
-  tree walk does not implement (:func:`.config.request_problem`).
+  tree walk does not implement, and per-request budgets outside the instance's range
+  (:func:`.config.request_problem`).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def install() -> None:
         def _validate_params(self, params, *args, **kwargs):
             result = stock_validate(self, params, *args, **kwargs)
             if config.requested(self.vllm_config):
-                problem = config.request_problem(params)
+                problem = config.request_problem(params, config.budget_range(self.vllm_config))
                 if problem is not None:
                     raise ValueError(problem)
             return result

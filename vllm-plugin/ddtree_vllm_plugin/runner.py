@@ -20,6 +20,11 @@ One verification round of a request, as the V1 runner runs it (doc §3 names in 
 
 The steps a broken integration gets wrong (:meth:`node_positions`, :meth:`compact_kv`) are
 methods, so the suite's deliberately broken builds override exactly one of them.
+
+Budgets. The instance's ``num_speculative_tokens`` is the largest budget; each request builds its
+trees at its own budget (:meth:`DDTreeCPUModelRunner.budget_of`, default the instance's), and
+:meth:`DDTreeCPUModelRunner.take_draft_token_ids` hands the scheduler only the nodes built, so a
+request at budget ``b`` is verified exactly as on an instance started with ``b``.
 """
 
 from __future__ import annotations
@@ -33,10 +38,10 @@ from vllm.v1.spec_decode.dflash import DFlashProposer
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
 from .attention import UNSUPPORTED_LAYER_FEATURES, TreeAttentionImpl, TreeRows
-from .config import DDTreeConfigError, DDTreeOptions
+from .config import DDTreeConfigError, DDTreeOptions, request_options
 from .tree import NodeSampler, Tree, best_first_tree, visibility, walk
 
-__all__ = ["DDTreeCPUModelRunner", "TreeDrafter", "TreeSampler", "per_layer_context_k_norm"]
+__all__ = ["DDTreeCPUModelRunner", "TreeDrafter", "TreeSampler", "per_layer_context_k_norm", "logits_path"]
 
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID for padding sampled-token rows
 
@@ -95,12 +100,13 @@ class TreeDrafter(DFlashProposer):
         out = torch.zeros(batch, width, dtype=torch.int64)
         req_ids = runner.input_batch.req_ids[:batch]
         for i, req_id in enumerate(req_ids):
-            tree = best_first_tree(logits[i], runner.budget)
+            tree = best_first_tree(logits[i], runner.budget_of(req_id))
             runner.trees[req_id] = tree
-            if runner.ddtree_options.trace_draft_logits:
+            if runner.traces_draft_logits(req_id):
                 runner.draft_logits[req_id] = logits[i].float().clone()
             nodes = tree.tokens[1: width + 1]
             out[i, : len(nodes)] = torch.tensor(nodes, dtype=torch.int64)
+            runner.drafted[req_id] = len(nodes)
         self.num_speculative_tokens = runner.budget
         return out
 
@@ -134,6 +140,7 @@ class DDTreeCPUModelRunner(CPUModelRunner):
         self.drafter.ddtree_runner = self
         self.rejection_sampler = TreeSampler(self)
         self.trees: dict[str, Tree] = {}  # req_id -> tree proposed for its next round
+        self.drafted: dict[str, int] = {}  # req_id -> nodes drafted in this step (trims the scheduler's drafts)
         self.draft_logits: dict[str, torch.Tensor] = {}  # req_id -> its drafter logits (traces only)
         self._batch: list[TreeRows] = []  # trees verified in the current step
         self._sequential_positions: torch.Tensor | None = None
@@ -166,6 +173,33 @@ class DDTreeCPUModelRunner(CPUModelRunner):
         if inner is not None and hasattr(inner, "_normalize_context_k"):
             inner._normalize_context_k = per_layer_context_k_norm(inner)
 
+    # -- per-request settings (SamplingParams.extra_args["ddtree"], checked when the request arrived) --
+    def _request_options(self, req_id: str):
+        state = self.requests.get(req_id)
+        return request_options(getattr(state, "sampling_params", None))
+
+    def budget_of(self, req_id: str) -> int:
+        """The request's budget: its own (``extra_args``), else the instance's ``num_speculative_tokens``."""
+        own = self._request_options(req_id).budget
+        return self.budget if own is None else min(int(own), self.budget)
+
+    def traces_draft_logits(self, req_id: str) -> bool:
+        own = self._request_options(req_id).trace_draft_logits
+        return self.ddtree_options.trace_draft_logits if own is None else bool(own)
+
+    def take_draft_token_ids(self):
+        """vLLM's drafts, each request's row cut to the nodes its tree has (the drafter's output is
+        as wide as the instance's budget). Rows the drafter did not fill this step (it was skipped
+        near max_model_len: all zeros) keep the request's budget, as on an instance started with it."""
+        drafts = super().take_draft_token_ids()
+        if drafts is None:
+            return None
+        drafts.draft_token_ids = [
+            list(ids[: self.drafted[req_id] if req_id in self.drafted else self.budget_of(req_id)])
+            for req_id, ids in zip(drafts.req_ids, drafts.draft_token_ids)
+        ]
+        return drafts
+
     def _update_states(self, scheduler_output):
         for req_id in getattr(scheduler_output, "finished_req_ids", ()) or ():
             self.trees.pop(req_id, None)
@@ -181,6 +215,7 @@ class DDTreeCPUModelRunner(CPUModelRunner):
         logits_indices, spec_metadata, max_sampled = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
         self._batch = []
         self._feedback = None
+        self.drafted = {}
         total = int(scheduler_output.total_num_scheduled_tokens)
         self._sequential_positions = self.positions[:total].clone()
         if spec_metadata is None:
@@ -319,13 +354,28 @@ class DDTreeCPUModelRunner(CPUModelRunner):
             "bonus": bonus,
             "top2_margins": [float(top2[p, 0] - top2[p, 1]) for p in path],
             "node_target_tokens": rows.argmax(dim=-1).tolist(),
-            "draft_logits": (self.draft_logits[self.input_batch.req_ids[i]].tolist()
-                             if self.ddtree_options.trace_draft_logits else None),
+            "draft_logits": (self.draft_logits[self.input_batch.req_ids[i]]
+                             if self.traces_draft_logits(self.input_batch.req_ids[i]) else None),
         }
 
     def _write_traces(self, traces: list[dict]) -> None:
+        """One JSON line per tree; drafter logits as float32 bytes in ``<trace_path>.logits``, the line
+        giving where (``draft_logits_f32``: byte offset and shape): as JSON they cost ~20 bytes a
+        value to write and parse, and a traced run carries tens of millions of them."""
         path = self.ddtree_options.trace_path
-        with self._trace_lock, open(path, "a", encoding="utf-8") as fh:
+        with self._trace_lock, open(path, "a", encoding="utf-8") as fh, open(logits_path(path), "ab") as raw:
             for trace in traces:
+                logits = trace.pop("draft_logits")
+                trace["draft_logits"] = None
+                if logits is not None:
+                    data = logits.to(torch.float32).contiguous().numpy()
+                    trace["draft_logits_f32"] = {"offset": raw.tell(), "shape": list(data.shape)}
+                    raw.write(data.astype("<f4", copy=False).tobytes())
                 fh.write(json.dumps(trace) + "\n")
+            raw.flush()
             fh.flush()
+
+
+def logits_path(trace_path: str) -> str:
+    """Where the drafter logits of the traces in ``trace_path`` go (float32, little-endian)."""
+    return trace_path + ".logits"

@@ -50,13 +50,14 @@ def ranked_tokens(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, tor
     """Per depth, the ``k`` best tokens and their log-probs: log-prob descending, smaller id first."""
     logp = torch.log_softmax(draft_logits.float(), dim=-1)
     k = min(k, logp.shape[-1])
-    # Candidates: everything at least as good as the k-th value, then an exact two-key order.
+    # Candidates: everything at least as good as the k-th value, in id order; a stable sort by
+    # log-prob, descending, keeps equal values in that order: smaller id first.
     kth = torch.topk(logp, k, dim=-1).values[:, -1:]
     tokens, values = [], []
     for row, bound in zip(logp, kth):
         ids = torch.nonzero(row >= bound, as_tuple=True)[0]
         vals = row[ids]
-        order = sorted(range(ids.numel()), key=lambda j: (-float(vals[j]), int(ids[j])))[:k]
+        order = torch.sort(vals, descending=True, stable=True).indices[:k]
         tokens.append(ids[order])
         values.append(vals[order])
     return torch.stack(tokens), torch.stack(values)

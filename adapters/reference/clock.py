@@ -1,0 +1,64 @@
+"""How the reference engine times its decode loop and its stages (see :class:`DecodeClock`)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["DecodeClock"]
+
+
+@dataclass
+class DecodeClock:
+    """Decode-loop time, and per-stage time when ``enabled``, with no host sync per round.
+
+    CUDA: events on the device's current stream, read once in :meth:`finish` (one synchronize per
+    request), so times are the device's own timeline, host stalls included. Elsewhere:
+    ``perf_counter``. :meth:`start`/:meth:`finish` bracket the decode loop, whose span becomes
+    ``stages["round_device"]`` (CUDA events) or ``stages["round_wall"]``: what ``bench`` divides by
+    the rounds (plain: steps).
+    """
+
+    enabled: bool
+    device: torch.device
+    stages: dict[str, float] = field(default_factory=dict)
+    _marks: list = field(default_factory=list)  # (stage, begin, end): events or floats
+    _span: list = field(default_factory=list)
+
+    def _now(self):
+        if self.device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def start(self) -> None:
+        self._span = [self._now()]
+
+    @contextmanager
+    def stage(self, name: str):
+        if not self.enabled:
+            yield
+            return
+        begin = self._now()
+        yield
+        self._marks.append((name, begin, self._now()))
+
+    def finish(self) -> dict[str, float]:
+        """Resolve every mark (one device sync on CUDA); the stage totals in seconds."""
+        cuda = self.device.type == "cuda"
+        if self._span:
+            self._span.append(self._now())
+        last = self._span[-1] if self._span else self._marks[-1][2] if self._marks else None
+        if cuda and last is not None:
+            last.synchronize()
+        seconds = (lambda a, b: a.elapsed_time(b) / 1e3) if cuda else (lambda a, b: b - a)
+        for name, begin, end in self._marks:
+            self.stages[name] = self.stages.get(name, 0.0) + seconds(begin, end)
+        if len(self._span) == 2:
+            self.stages["round_device" if cuda else "round_wall"] = seconds(*self._span)
+        self._marks, self._span = [], []
+        return self.stages

@@ -1,0 +1,112 @@
+"""Running planned checks: one :class:`PlannedCheck` per check id, :func:`run_plan` for a list.
+
+Rules that hold for every check, whatever it does:
+
+* A check never crashes the run: an exception becomes a failed check ("check crashed: ...").
+* A check that used a run holding a failed result (the engine's own error, or one the integrity
+  rules made, :mod:`ddtree_conformance.integrity`) fails, with the first such message (which names
+  the request and the field). A broken run never looks like a pass, and never hides behind a skip.
+  The check's own verdict is kept in the details (``check_status``, ``check_message``).
+* An engine that cannot start or dies (:class:`~ddtree_conformance.adapters.interface.EngineDied`)
+  stops the run: the check it happened in fails with the cause, and :func:`run_plan` marks every
+  remaining check "not run" (a skip with ``details["not_run"]``) without asking the engine again.
+  :meth:`PlannedCheck.run` raises it (the pytest plugin turns it into one failing item per check).
+* Each result carries its wall time in ``details["elapsed_s"]``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..adapters.interface import EngineDied
+from ..golden_files import GoldenError
+from ..integrity import PREFIX
+from ..prompts import PromptError
+from ..session import SuiteSession, UsedRun
+from .result import CheckResult
+
+__all__ = ["PlannedCheck", "run_plan", "not_run", "consumed_error", "one_line"]
+
+
+def one_line(text: object) -> str:
+    return " ".join(str(text).split("\n", 1)[0].split())
+
+
+def consumed_error(used: Sequence[UsedRun]) -> str | None:
+    """The message of the first failed result in the runs a check used, naming run and request."""
+    for run in used:
+        for index, result in enumerate(run.results):
+            if result.finish_reason != "error":
+                continue
+            text = one_line(result.error or "no message")
+            if text.startswith(PREFIX):
+                return text
+            who = "the reference engine (oracle)" if run.engine.endswith("(oracle)") else "engine"
+            prompt = run.prompts[index] if index < len(run.prompts) else f"request {index}"
+            return f"{who} error in the {run.label} run on request {index} ({prompt}): {text}"
+    return None
+
+
+@dataclass(frozen=True)
+class PlannedCheck:
+    id: str
+    function: Callable[..., CheckResult]
+    params: dict = field(default_factory=dict)
+
+    def run(self, session: SuiteSession) -> CheckResult:
+        """The check's result (see module doc); raises :class:`EngineDied` when the engine is gone."""
+        if session.failure is not None:
+            raise session.dead_again()
+        started = time.perf_counter()
+        with session.watch() as used:
+            try:
+                result = self.function(session, **self.params)
+            except EngineDied:
+                raise
+            except (GoldenError, PromptError) as exc:  # an input file the check needs: one line naming it
+                result = CheckResult.failed(self.id, one_line(exc))
+            except Exception as exc:  # a check crash is a failed check, not a dead run
+                if session.failure is not None:
+                    raise session.failure from exc
+                result = CheckResult.failed(self.id, f"check crashed: {type(exc).__name__}: {one_line(exc)}")
+        if session.failure is not None:  # the engine died inside, whatever the check made of it
+            raise session.failure
+        error = consumed_error(used)
+        if error is not None:
+            result = CheckResult.failed(self.id, error, check_status=result.status, check_message=result.message,
+                                        **{k: v for k, v in result.details.items()
+                                           if k not in ("check_status", "check_message")})
+        details = {**result.details, "elapsed_s": round(time.perf_counter() - started, 2)}
+        return result.model_copy(update={"check": self.id, "details": details})
+
+
+def not_run(checks: Sequence[PlannedCheck], reason: str) -> list[CheckResult]:
+    """``checks`` marked not run (skips with ``details["not_run"]``), each saying why."""
+    return [CheckResult(check=c.id, status="skip", message=f"not run: {reason}", details={"not_run": True})
+            for c in checks]
+
+
+def run_plan(session: SuiteSession, checks: list[PlannedCheck],
+             on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
+    """Run ``checks`` in order; stops at an engine failure (module doc). ``session.failure`` then
+    says what happened."""
+    results: list[CheckResult] = []
+    for index, check in enumerate(checks):
+        started = time.perf_counter()
+        try:
+            result = check.run(session)
+        except EngineDied as exc:
+            result = CheckResult(check=check.id, status="fail", message=one_line(exc),
+                                 details={"engine_failed": True,
+                                          "elapsed_s": round(time.perf_counter() - started, 2)})
+            results.append(result)
+            if on_result:
+                on_result(result)
+            results += not_run(checks[index + 1:], f"the engine failed during {check.id}")
+            break
+        results.append(result)
+        if on_result:
+            on_result(result)
+    return results

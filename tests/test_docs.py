@@ -1,0 +1,110 @@
+"""The documentation matches the code and the tree: links resolve, every option, exit status and
+check family is documented, the README's layout table names what is there, the example reports
+load, and docs/ holds user documentation only (no working notes or raw logs)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def markdown_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_docs_hold_user_documentation_only():
+    top = sorted(p.name for p in DOCS.iterdir() if p.is_file() or any(p.iterdir()))  # git keeps no empty folder
+    assert top == ["README.md", "algorithm.md", "examples", "guides", "reference"], top
+    notes = [p for p in DOCS.rglob("*") if re.search(r"session-note|\.log$|run\d|h200-", p.name)]
+    assert not notes, f"working notes and raw logs belong in issue notes: {notes}"
+
+
+def test_relative_links_resolve():
+    broken = []
+    for md in markdown_files():
+        for target in LINK.findall(md.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (md.parent / path).resolve()
+            if not resolved.exists():
+                broken.append(f"{md.relative_to(ROOT)}: {target}")
+            elif anchor and resolved.suffix == ".md":
+                anchors = {_anchor(h) for h in re.findall(r"^#+ (.*)$", resolved.read_text(), flags=re.M)}
+                if anchor not in anchors:
+                    broken.append(f"{md.relative_to(ROOT)}: {target} (no heading #{anchor})")
+    assert not broken, "\n".join(broken)
+
+
+def test_every_option_is_documented_with_both_spellings():
+    from ddtree_conformance.settings import OPTION_FLAGS, SuiteSettings, pytest_flag
+
+    text = (DOCS / "reference" / "options.md").read_text()
+    missing = []
+    for field, flag in OPTION_FLAGS.items():
+        if f"`{flag}" not in text:
+            missing.append(flag)
+        if field in SuiteSettings.model_fields and f"`{pytest_flag(field)}" not in text:
+            missing.append(pytest_flag(field))
+    assert not missing, f"docs/reference/options.md lacks {missing}"
+
+
+def test_every_exit_status_is_documented():
+    from ddtree_conformance.cli.base import EXIT_STATUSES
+
+    text = (DOCS / "reference" / "exit-statuses.md").read_text()
+    rows = {int(m) for m in re.findall(r"^\| (\d) \|", text, flags=re.M)}
+    assert rows == set(EXIT_STATUSES)
+
+
+def test_every_check_family_is_documented():
+    from ddtree_conformance.checks import plan
+    from ddtree_conformance.settings import build_settings
+
+    families = {c.id.split("/")[0] for c in plan(build_settings({})[0])}
+    text = (DOCS / "reference" / "checks.md").read_text()
+    assert {f for f in families if f"`{f}/" not in text} == set()
+
+
+def test_readme_layout_table_names_what_is_there():
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Layout"):readme.index("## Using it")]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    named = set()
+    for row in rows:
+        cell = row.split("|")[1]
+        entries = re.findall(r"`([^`]+)`", cell)
+        folder = ""
+        for entry in entries:  # `conformance/bench.py`, `baselines.py`: later names share the first one's folder
+            path = entry if "/" in entry.rstrip("/") or not folder else folder + entry
+            folder = path.rsplit("/", 1)[0] + "/" if "/" in path.rstrip("/") else folder
+            assert (ROOT / path).exists(), f"README layout names {path}, which does not exist"
+            named.add(path.rstrip("/"))
+    expected = {f"conformance/{p.name}" for p in (ROOT / "conformance").iterdir()
+                if p.suffix == ".py" and p.name != "__init__.py" or (p.is_dir() and (p / "__init__.py").exists())}
+    expected |= {f"adapters/{p.name}" for p in (ROOT / "adapters").iterdir()
+                 if p.suffix == ".py" and p.name != "__init__.py" or (p.is_dir() and (p / "__init__.py").exists())}
+    expected |= {"vllm-plugin", "golden", "docs", "tests", "scripts", ".github", ".ci"}
+    assert not expected - named, f"the README layout table does not name {sorted(expected - named)}"
+
+
+@pytest.mark.parametrize("name", ["check-reference.json", "bench-reference.json"])
+def test_example_reports_load(name):
+    from ddtree_conformance.report import load_report
+
+    report = load_report(DOCS / "examples" / name)
+    assert report["kind"] in ("check", "bench")
+    for suffix in (".md", ".html"):
+        assert (DOCS / "examples" / name).with_suffix(suffix).is_file()

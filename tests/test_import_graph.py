@@ -1,0 +1,185 @@
+"""The layout holds: the spec on the ground floor, adapters above it, the rest of the suite on top.
+
+Every module under ``conformance/`` and ``adapters/`` is parsed with :mod:`ast` (nothing is
+imported), its imports are resolved to ``ddtree_conformance.*`` names (relative imports included),
+and the layers are checked:
+
+    spec  <-  adapters.interface  <-  adapters.*  <-  the rest of ddtree_conformance
+
+A module may import its own layer and the layers below it, never one above. Also: no module in those
+folders is over 400 lines, and no file of the project points into ``../shared`` (the project stands
+alone).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "ddtree_conformance"
+SOURCES = {"conformance": PACKAGE, "adapters": f"{PACKAGE}.adapters"}
+BARE = ("conformance", "adapters")  # installed names would collide with other distributions
+MAX_LINES = 400
+LAYERS = ["spec", "adapters.interface", "adapters", "suite"]  # bottom to top
+
+
+def module_name(path: Path, root: Path = ROOT) -> tuple[str, bool]:
+    """(dotted module name, is a package's ``__init__``) of a source file."""
+    rel = path.relative_to(root).with_suffix("")
+    parts = [SOURCES[rel.parts[0]], *rel.parts[1:]]
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
+
+
+def project_imports(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """``(line, module)`` for every import of this project (and of the bare names) in ``path``."""
+    module, is_package = module_name(path, root)
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                found.append((node.lineno, node.module or ""))
+                continue
+            base = package.split(".")
+            if node.level - 1 >= len(base):
+                found.append((node.lineno, "." * node.level + (node.module or "")))  # leaves the package
+                continue
+            base = base[: len(base) - (node.level - 1)]
+            if node.module:
+                found.append((node.lineno, ".".join([*base, node.module])))
+            else:  # from . import a, b: each name may be a module
+                found += [(node.lineno, ".".join([*base, a.name])) for a in node.names]
+    return [(line, name) for line, name in found if name.split(".")[0] in (PACKAGE, *BARE) or name.startswith(".")]
+
+
+def layer(module: str) -> str:
+    if module == f"{PACKAGE}.spec" or module.startswith(f"{PACKAGE}.spec."):
+        return "spec"
+    if module == f"{PACKAGE}.adapters.interface" or module.startswith(f"{PACKAGE}.adapters.interface."):
+        return "adapters.interface"
+    if module == f"{PACKAGE}.adapters" or module.startswith(f"{PACKAGE}.adapters."):
+        return "adapters"
+    return "suite"
+
+
+def source_files(root: Path = ROOT) -> list[Path]:
+    return sorted(p for folder in SOURCES for p in (root / folder).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _label(path: Path, root: Path = ROOT) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def layering_violations(root: Path = ROOT) -> list[str]:
+    problems = []
+    for path in source_files(root):
+        module, _ = module_name(path, root)
+        own = LAYERS.index(layer(module))
+        for line, target in project_imports(path, root):
+            if target.split(".")[0] in BARE:
+                problems.append(f"{_label(path, root)}:{line} imports bare {target!r} (the import name is {PACKAGE})")
+            elif target.startswith("."):
+                problems.append(f"{_label(path, root)}:{line} relative import {target!r} leaves the package")
+            elif LAYERS.index(layer(target)) > own:
+                problems.append(f"{_label(path, root)}:{line} ({layer(module)}) imports {target} ({layer(target)}), "
+                                f"a layer above it")
+    return problems
+
+
+def test_the_sources_are_found():
+    assert len(source_files()) > 50
+    assert {module_name(p)[0] for p in source_files()} >= {f"{PACKAGE}.spec.tree", f"{PACKAGE}.adapters.interface",
+                                                          f"{PACKAGE}.checks", f"{PACKAGE}.cli.base"}
+
+
+def test_the_spec_imports_nothing_of_the_project():
+    spec_files = [p for p in source_files() if layer(module_name(p)[0]) == "spec"]
+    assert len(spec_files) >= 5
+    outside = [f"{_label(p)}:{line} imports {target}" for p in spec_files for line, target in project_imports(p)
+               if layer(target) != "spec" or target.startswith(".")]
+    assert not outside, "the spec must stand on the ground floor:\n" + "\n".join(outside)
+
+
+def test_layers_only_import_downwards():
+    problems = layering_violations()
+    assert not problems, "\n".join(problems)
+
+
+def test_adapters_interface_imports_only_the_spec():
+    interface = ROOT / "adapters" / "interface.py"
+    assert all(layer(t) == "spec" for _, t in project_imports(interface)), project_imports(interface)
+
+
+def test_the_layer_check_can_fail(tmp_path):
+    """Imports that break the layering, in a throw-away tree, are each reported."""
+    files = {
+        "conformance/spec/tree.py": "from ..settings import SuiteSettings\n",  # the spec reaching up
+        "conformance/spec/walk.py": "from .tree import x\nimport numpy\n",  # fine
+        "adapters/engine.py": "from ddtree_conformance.checks import plan\nfrom .interface import Engine\n",
+        "adapters/interface.py": "from .registry import EngineRegistry\n",  # interface above adapters
+        "conformance/cli.py": "import adapters.interface\n",  # a bare top-level name
+        "conformance/report.py": "from .adapters.interface import Engine\nfrom .spec import tree\n",  # fine
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    problems = layering_violations(tmp_path)
+    assert [p.split(" ", 1)[0] for p in problems] == [
+        "adapters/engine.py:1", "adapters/interface.py:1", "conformance/cli.py:1", "conformance/spec/tree.py:1"]
+    assert "imports ddtree_conformance.settings (suite)" in problems[-1]
+    assert "imports bare 'adapters.interface'" in problems[2]
+
+
+def test_no_module_over_400_lines():
+    long = {_label(p): n for p in source_files() if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by concept): {long}"
+
+
+def _project_files() -> list[Path]:
+    """The project's files: what git tracks (plus untracked, unignored ones); a walk without git."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                                capture_output=True, text=True, check=True, timeout=60).stdout.split("\0")
+        return [ROOT / name for name in listed if name and (ROOT / name).is_file()]
+    except (OSError, subprocess.SubprocessError):
+        skip = {".git", ".venv", ".venv-vllm", ".venv-sglang", "node", "__pycache__", ".tox", "build", "dist"}
+        return [p for p in ROOT.rglob("*") if p.is_file() and not skip & set(p.relative_to(ROOT).parts)
+                and not any(part.endswith(".egg-info") for part in p.parts)]
+
+
+def test_nothing_points_into_shared():
+    needles = ("../shared", "/work/shared", "shared/docs/")
+    hits = []
+    for path in _project_files():
+        if path.suffix in (".safetensors", ".png", ".whl", ".gz") or path.stat().st_size > 5_000_000:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        if path == Path(__file__).resolve():
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if any(n in line for n in needles):
+                hits.append(f"{_label(path)}:{number}: {line.strip()[:120]}")
+    assert not hits, "the project must stand alone; these point outside it:\n" + "\n".join(hits)
+
+
+@pytest.mark.parametrize("name", BARE)
+def test_no_bare_top_level_package_is_importable_from_elsewhere(name, tmp_path):
+    """From a folder outside the repository, the bare names are not this project's packages."""
+    import sys
+
+    code = f"import importlib.util; s = importlib.util.find_spec({name!r}); print(s.origin if s else None)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin"})
+    origin = out.stdout.strip()
+    assert origin == "None" or not Path(origin).resolve().is_relative_to(ROOT), origin
