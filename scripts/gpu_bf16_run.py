@@ -7,13 +7,15 @@ plan in bfloat16 and float16 on every fixture prompt, and run every mutant in bf
 
 Stages (each in its own processes, logs under OUT/logs):
 1. calibration: ``scripts/calibrate_near_tie.py`` on the device, merged into
-   ``golden/fixture/MANIFEST.json`` (copied to OUT/MANIFEST.json);
+   ``golden/fixture/MANIFEST.json`` (copied to OUT/MANIFEST.json); beside it,
 2. golden files ``golden/records/fixture/fixture-<dtype>-<device kind>.json`` for bfloat16 and float16
    (copied to OUT/golden/), recorded by the reference engine, in parallel;
 3. in parallel: the default plan on the reference engine in bfloat16 and in float16 on all prompts
-   with budgets up to 1024 (reports OUT/check-reference-<dtype>.{json,md,html}), and the mutation
-   table in bfloat16 on ``--mutant-limit`` prompts, sharded over ``--jobs`` processes
-   (OUT/mutants-bfloat16-<i>.json);
+   with budgets up to 1024 (reports OUT/check-reference-<dtype>.{json,md,html});
+
+From the start, beside stages 1-3: the mutation table in bfloat16 on ``--mutant-limit`` prompts,
+sharded over ``--jobs`` processes (OUT/mutants-bfloat16-<i>.json, rewritten after every mutant);
+mutants that start before the calibration ends use the manifest's calibration as it was.
 4. OUT/summary.md: check counts, excused positions and rounds per check, and the mutation table.
 
 Every stage has a deadline (``--deadline`` seconds in all); what finished is summarised either way.
@@ -87,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads per process")
     parser.add_argument("--deadline", type=float, default=460.0, help="seconds for the whole run")
     parser.add_argument("--skip-calibration", action="store_true")
+    parser.add_argument("--stage12-share", type=float, default=0.45,
+                        help="share of the deadline for calibration and golden recording (they run side by side)")
     parser.add_argument("--golden-dir", default=str(ROOT / "golden/records"),
                         help="where the golden files are read and the new ones written")
     args = parser.parse_args(argv)
@@ -100,13 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     limit = [] if args.limit is None else ["--limit", str(args.limit)]
     status: dict = {}
 
-    if not args.skip_calibration:  # 1. calibration (everything after reads it)
-        cmd = [py, "scripts/calibrate_near_tie.py", "--model", "golden/fixture/target", "--drafter",
-               "golden/fixture/drafter", "--device", args.device, "--max-new-tokens", str(args.max_new_tokens),
-               "--flip-limit", str(args.flip_limit), "--budgets", "16,64,256"]
-        status |= _wait([("calibration", _start(cmd, out / "logs/calibration.log", env))],
-                        started + 0.30 * args.deadline)
-        shutil.copy(ROOT / "golden/fixture/MANIFEST.json", out / "MANIFEST.json")
+    mutants = []  # the mutants run from the start, beside everything else, until the deadline
+    for i in range(args.jobs):
+        cmd = [py, "scripts/mutation_table.py", "--dtype", "bfloat16", "--device", args.device, "--budgets",
+               args.mutant_budgets, "--limit", str(args.mutant_limit), "--threads", str(args.threads),
+               "--shard", f"{i}/{args.jobs}", "--json", str(out / f"mutants-bfloat16-{i}.json")]
+        mutants.append((f"mutants {i}/{args.jobs}", _start(cmd, out / f"logs/mutants-{i}.log", env)))
 
     record = ("from ddtree_conformance.checks.golden_outputs import device_golden_path\n"
               "from ddtree_conformance.files import atomic_write\n"
@@ -122,9 +125,17 @@ def main(argv: list[str] | None = None) -> int:
               "path = device_golden_path(s.golden_dir, s.pair_name, s.prompt_set, s.dtype, s.device)\n"
               "atomic_write(path, golden.model_dump_json(indent=1) + '\\n')\n"
               "print('wrote', path)\n").format(threads=args.threads, new=args.max_new_tokens, lim=args.limit)
-    procs = [(f"golden {d}", _start([py, "-c", record, d, args.device, args.budgets, args.golden_dir],
-                                    out / f"logs/golden-{d}.log", env)) for d in ("bfloat16", "float16")]
-    status |= _wait(procs, started + 0.45 * args.deadline)
+    stage12 = []
+    if not args.skip_calibration:  # 1. calibration (the checks after it read it), beside 2.
+        cmd = [py, "scripts/calibrate_near_tie.py", "--model", "golden/fixture/target", "--drafter",
+               "golden/fixture/drafter", "--device", args.device, "--max-new-tokens", str(args.max_new_tokens),
+               "--flip-limit", str(args.flip_limit), "--budgets", "16,64,256"]
+        stage12.append(("calibration", _start(cmd, out / "logs/calibration.log", env)))
+    stage12 += [(f"golden {d}", _start([py, "-c", record, d, args.device, args.budgets, args.golden_dir],
+                                       out / f"logs/golden-{d}.log", env)) for d in ("bfloat16", "float16")]
+    status |= _wait(stage12, started + args.stage12_share * args.deadline)
+    if not args.skip_calibration:
+        shutil.copy(ROOT / "golden/fixture/MANIFEST.json", out / "MANIFEST.json")
     (out / "golden").mkdir(exist_ok=True)
     for d in ("bfloat16", "float16"):
         path = Path(args.golden_dir) / f"fixture/fixture-{d}-{kind}.json"
@@ -138,12 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                str(args.threads), "--golden-dir", args.golden_dir, "--out", str(out / f"check-reference-{d}.json"),
                *limit]
         procs.append((f"check {d}", _start(cmd, out / f"logs/check-{d}.log", env)))
-    for i in range(args.jobs):
-        cmd = [py, "scripts/mutation_table.py", "--dtype", "bfloat16", "--device", args.device, "--budgets",
-               args.mutant_budgets, "--limit", str(args.mutant_limit), "--threads", str(args.threads),
-               "--shard", f"{i}/{args.jobs}", "--json", str(out / f"mutants-bfloat16-{i}.json")]
-        procs.append((f"mutants {i}/{args.jobs}", _start(cmd, out / f"logs/mutants-{i}.log", env)))
-    status |= _wait(procs, deadline)
+    status |= _wait(procs + mutants, deadline)
     summary = summarise(out, status, time.time() - started)
     (out / "summary.md").write_text(summary)
     print(summary)
@@ -155,8 +161,12 @@ def summarise(out: Path, status: dict, seconds: float) -> str:
     lines += [f"| {k} | {v} |" for k, v in status.items()]
     for d in ("bfloat16", "float16"):
         path = out / f"check-reference-{d}.json"
-        if not path.is_file():
-            lines += ["", f"## reference {d}: no report (see logs/check-{d}.log)"]
+        if not path.is_file():  # stopped at the deadline: the progress lines say what finished
+            log = out / f"logs/check-{d}.log"
+            done = [ln.strip() for ln in log.read_text(errors="replace").splitlines()
+                    if ln.startswith("[ddtree] check ")] if log.is_file() else []
+            lines += ["", f"## reference {d}: no report, {len(done)} checks finished (logs/check-{d}.log)", ""]
+            lines += [f"- {ln}" for ln in done]
             continue
         report = json.loads(path.read_text())
         lines += ["", f"## reference {d}: {report.get('counts')} in {report.get('elapsed_s')} s", "",

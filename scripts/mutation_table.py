@@ -18,6 +18,7 @@ import time
 
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.checks import plan, run_plan
+from ddtree_conformance.files import atomic_write
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.session import SuiteSession, SuiteSettings
 from ddtree_conformance.testing.mutants import MUTANTS
@@ -77,9 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {label} | {args.dtype} | {', '.join(r.check for r in failed) or '-'} | "
               f"{(failed[0].message if failed else 'all pass')[:300]} | {counts} | {rows[-1]['seconds']} s |",
               flush=True)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(rows, handle, indent=1)
+        if args.json:  # after every engine: a run stopped at a deadline keeps the rows it finished
+            atomic_write(args.json, json.dumps(rows, indent=1) + "\n")
     if holes:
         print("NOT CAUGHT / WRONG:", ", ".join(holes))
         return 1

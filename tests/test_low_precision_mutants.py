@@ -32,7 +32,8 @@ ROWS = {
     mutants.FirstRowsCompaction: ("random", [16], ["lossless/ddtree"], {"bfloat16": "outside the near-tie bound"}),
     mutants.FirstRowsFeedback: ("fixture", [16], ["acceptance/ddtree"], {"bfloat16": "lossless but slower"}),
     mutants.NonZeroTreeSize: ("random", [16], ["token-0-and-mask-id/ddtree"], {"bfloat16": "token 0"}),
-    mutants.MaskIdDropped: ("random", [16], ["token-0-and-mask-id/dflash"], {"bfloat16": "mask-id tokens dropped"}),
+    mutants.MaskIdDropped: ("random", [16], ["token-0-and-mask-id/dflash"],  # caught by integrity: lengths vs output
+                            {"bfloat16": "field acceptance_lengths"}),
     mutants.TopKTopPIgnored: ("random", [16], ["sampling/ddtree-B16/T=1,top_k=3"], {"bfloat16": "probability 0"}),
     mutants.DrafterPositionsOffByOne: ("fixture", [16], ["acceptance/ddtree"],
                                        {"bfloat16": "lossless but slower", "float32": "lossless but slower"}),
@@ -41,7 +42,7 @@ ROWS = {
     mutants.RunnerUpWithinBound: ("fixture", [16], ["lossless/ddtree"],
                                   {"bfloat16": "above the ceiling", "float32": "not lossless"}),
     mutants.AcceptanceOverReported: ("random", [16], ["acceptance/ddtree"],
-                                     {"bfloat16": "do not describe the output", "float32": "do not describe the output"}),
+                                     {"bfloat16": "do not add up", "float32": "do not add up"}),
     mutants.BudgetCappedAbove128: ("fixture", [256], ["acceptance/ddtree-B256"],
                                    {"bfloat16": "lossless but slower", "float32": "lossless but slower"}),
     mutants.CompactionPast512: ("fixture", [16], ["long-context/ddtree"],

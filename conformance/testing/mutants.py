@@ -207,13 +207,14 @@ class CompactionPast512(ReferenceEngine):
 
 
 class BatchSettingsMixedUp(ReferenceEngine):
-    """Each request of a batch runs with the next request's sampling parameters, stop tokens and
-    length limit (a per-request settings table read one slot off); batches of alike requests hide it."""
+    """Each request of a batch runs with the next request's sampling parameters (a per-request
+    sampling table read one slot off); batches of alike requests hide it. Lengths and stop tokens stay
+    right, so the result is well-formed and only comparing each request with its solo run finds it."""
 
     name = "mutant-batch-settings-mixed-up"
 
     def generate_local(self, requests, config):
-        settings = ("max_new_tokens", "stop_token_ids", "temperature", "top_p", "top_k", "seed")
+        settings = ("temperature", "top_p", "top_k", "seed")
         mixed = [r.model_copy(update={k: getattr(requests[(i + 1) % len(requests)], k) for k in settings})
                  for i, r in enumerate(requests)]
         return super().generate_local(mixed, config)
