@@ -1,49 +1,251 @@
-"""The near-tie bound for low-precision comparisons (doc §7), and how it is derived.
+"""Calibration of low-precision verdicts: the near-tie bound, the excused-position ceiling and the
+drafter tolerance; where the values come from and how each is derived.
 
-Derivation. Two greedy runs in bf16 can pick different tokens at a position only if low-precision
-noise moves the target's top-1/top-2 logit gap across zero. Teacher-force the target over real
-outputs once in fp32 and once in the low dtype; at every position take the fp32 top-1 and top-2
-tokens and measure how far the low-precision gap between *those two tokens* moves:
-``delta = |gap_low - gap_fp32|``. Two independent low-precision computations (engine and
-reference) can each move it, so the bound is ``2 * max(delta)``: a first divergence whose fp32 gap
-is at or below it is explained by numerics; above it, it is a real divergence.
+Source. Calibration values come only from the pair's own manifest, ``<pair dir>/MANIFEST.json``
+(the pair dir is the target dir's parent), key ``near_tie_calibration``; nothing else beside the
+model is read. :func:`calibrate` (``scripts/calibrate_near_tie.py``) writes the raw measurements
+there, one entry per ``<dtype>@<device kind>``; every number used is derived from them here, at
+load, and range-checked: a derived bound above :data:`MAX_BOUND` (or a drafter tolerance above
+:data:`MAX_DRAFTER_TOLERANCE`) is refused with a :class:`CalibrationError` naming the file and
+field. A pair without calibration uses the published choice :data:`DEFAULT_BOUND` with the
+uniform noise model below, and says so in every verdict.
 
-The bound is stored per pair in ``<pair dir>/calibration.json`` (the pair dir is the target dir's
-parent) by :func:`calibrate` (``scripts/calibrate_near_tie.py``), the maximum over every
-device calibrated; without that file the published choice of 0.5 is used.
+1. Near-tie bound (nats). Teacher-force the target over real sequences (prompts and their fp32
+   greedy outputs) once in fp32 and once in the low dtype. At every position take the fp32 top-1
+   and top-2 tokens and measure how far the low-precision gap between *those two tokens* moves:
+   ``shift = |gap_low - gap_fp32|``. Two independent low-precision computations (the engine's
+   and the reference's) can each move it, so ``bound = 2 * max(shift)`` over every device
+   measured. An engine token whose fp32 logit is at least ``top-1 - bound`` may be an honest
+   low-precision choice ("excused"); below that it is a wrong token.
+
+2. Excused-position ceiling. A bound alone lets an engine pick the runner-up at *every* near-tie.
+   A correct low-precision engine flips a position only where its own noise *shrinks* the fp32
+   top-2 gap ``g`` there by more than ``g``. Measure that signed noise, ``shrink = gap_fp32 -
+   gap_low`` (positive when low precision narrows the gap), and scale it by 2 (an engine up to
+   twice as noisy as the reference, the same factor as the bound): the flip probability at a
+   position is ``p(g) = P(2 * shrink >= g)``. The manifest keeps the tail counts ``k(t)`` of
+   shrinks ``>= t`` on a fixed log grid of thresholds out of ``N`` positions. For one position,
+   ``p_hi(g)`` is the one-sided Clopper-Pearson upper limit (confidence ``1 - ALPHA``) of
+   ``k(t) / N`` at the largest grid threshold ``t <= g / 2`` (rounding down the threshold only
+   raises the estimate). Over a run's scored positions with fp32 top-2 gaps ``g_j`` the number of
+   flips of a correct engine is a sum of independent Bernoulli(``p_j``) draws; a Poisson law with
+   mean ``mu = sum_j p_hi(g_j)`` has a heavier upper tail than that sum, so the ceiling is its
+   ``1 - ALPHA`` quantile: ``ceiling = poisson.ppf(1 - ALPHA, mu)``. More excused positions than
+   the ceiling fail the check. The ceiling follows the run's own gaps (a run full of near-ties
+   gets a higher one), while an engine that takes the runner-up wherever the gap is within the
+   bound flips every near-tie, far more than ``mu``. The false-alarm rate is at most about
+   ``2 * ALPHA`` per check (calibration limit and run quantile).
+
+3. Drafter tolerance (logits). The drafter is run over the same sequences at anchor positions,
+   in fp32 and in the low dtype (each on its own dtype's target features, as in an engine). Over
+   the tokens that can enter a tree (the top :data:`DRAFTER_TOP` per depth of either side),
+   ``tolerance = 2 * max |logit_low - logit_fp32|``. A tree difference is a drafter near-tie only
+   when logits within this tolerance explain it (:mod:`ddtree_conformance.replay`).
+
+4. Drafter round cap. The reference engine runs greedily in the low dtype over the calibration
+   prompts at budgets 16, 64 and 256, and every round is replayed in fp32
+   (:mod:`ddtree_conformance.replay`); ``k`` of ``R`` rounds differ on the drafter side only (same
+   tokens, different length). A correct engine flips a round's tree with probability at most
+   ``p = 2 * upper(k, R)`` (Clopper-Pearson, doubled like the bound), and the cap on a run of ``n``
+   rounds is ``binom.ppf(1 - ALPHA, n, p)``.
+
+In float32 everything is exact: bound 0, ceiling 0, drafter tolerance :data:`FP32_DRAFTER_TOLERANCE`
+(two correct fp32 implementations, measured 7.6e-6 apart).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
 
 from .files import atomic_write
 
-__all__ = ["DEFAULT_BOUND", "calibration_path", "near_tie_bound", "measure_gap_shift", "calibrate"]
+__all__ = [
+    "ALPHA", "DEFAULT_BOUND", "MAX_BOUND", "MAX_DRAFTER_TOLERANCE", "FP32_DRAFTER_TOLERANCE", "DRAFTER_TOP",
+    "CalibrationError", "Calibration", "manifest_path", "load_calibration", "near_tie_bound",
+    "shift_thresholds", "measure_gap_shift", "measure_drafter_shift", "calibrate",
+]
 
+ALPHA = 1e-3
 DEFAULT_BOUND = 0.5  # nats; a published choice (doc §7), used when a pair has no calibration
+MAX_BOUND = 2.0  # nats: a token e^2 (7.4x) less likely than the top-1 is no tie in any dtype
+FP32_DRAFTER_TOLERANCE = 1e-3  # fp32 drafter logits of two correct implementations (measured 7.6e-6 apart)
+MAX_DRAFTER_TOLERANCE = 4.0  # logits: beyond this, "within tolerance" would excuse any tree
+DEFAULT_DRAFTER_TOLERANCE = 0.5  # logits, for pairs without calibration
+DEFAULT_DRAFTER_FLIP_RATE = 0.05  # share of rounds, for pairs without calibration
+DRAFTER_TOP = 64
+KEY = "near_tie_calibration"
 
 
-def calibration_path(model_dir: str | Path) -> Path:
-    return Path(model_dir).resolve().parent / "calibration.json"
+class CalibrationError(ValueError):
+    """A pair's calibration cannot be used; the message names the file and the field."""
+
+
+def shift_thresholds() -> list[float]:
+    """The fixed log grid (1e-4 .. 3.2 nats, four steps a decade) on which shift tail counts are kept."""
+    return [float(f"{1e-4 * 10 ** (i / 4):.4g}") for i in range(0, 19)]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The derived values for one dtype (see the module doc)."""
+
+    dtype: str
+    bound: float
+    drafter_tolerance: float
+    positions: int  # calibration positions behind the tail counts (0: uncalibrated)
+    tail: tuple[tuple[float, int], ...]  # (threshold, count of shifts >= threshold), ascending thresholds
+    source: str
+    drafter_flip_rate: float = 0.0  # upper limit of the share of rounds a correct engine's tree flips
+
+    @property
+    def exact(self) -> bool:
+        return self.dtype == "float32"
+
+    def flip_probability(self, gap: float) -> float:
+        """``p_hi(g)``: upper limit of the chance that a correct engine flips a position of fp32 top-2 gap ``g``."""
+        return float(self.flip_probabilities([gap])[0])
+
+    def flip_probabilities(self, gaps):
+        """:meth:`flip_probability` of many gaps at once (numpy array)."""
+        import numpy as np
+
+        gaps = np.asarray(gaps, dtype=float)
+        if self.exact:
+            return np.zeros_like(gaps)
+        if not self.positions:  # uncalibrated: shifts uniform on [0, bound / 2]
+            return np.clip(1.0 - gaps / self.bound, 0.0, 1.0) if self.bound > 0 else np.zeros_like(gaps)
+        # Past the last grid threshold the last count holds (the grid ends above any admissible shift).
+        thresholds = np.array([t for t, _ in self.tail])
+        limits = np.array([1.0] + [_upper_limit(k, self.positions) for _, k in self.tail])
+        index = np.searchsorted(thresholds, gaps / 2, side="right")  # entries with threshold <= g / 2
+        return limits[index]
+
+    def ceiling(self, gaps: list[float]) -> tuple[int, float]:
+        """Most excused positions a correct engine shows over positions with fp32 top-2 ``gaps``,
+        and the expected count ``mu`` behind it."""
+        if self.exact or len(gaps) == 0:
+            return 0, 0.0
+        from scipy.stats import poisson
+
+        mu = float(self.flip_probabilities(gaps).sum())
+        return (int(poisson.ppf(1 - ALPHA, mu)) if mu > 0 else 0), mu
+
+    def describe(self) -> str:
+        if self.exact:
+            return "float32: exact"
+        return f"{self.dtype} bound {self.bound:.3g} nats, drafter tolerance {self.drafter_tolerance:.3g} ({self.source})"
+
+
+def manifest_path(model_dir: str | Path) -> Path:
+    return Path(model_dir).resolve().parent / "MANIFEST.json"
+
+
+def _check_weights(manifest: dict, pair_dir: Path, path: Path) -> None:
+    """The manifest's calibration belongs to the weights it lists: the target weights must match."""
+    entry = (manifest.get("files") or {}).get("target/model.safetensors")
+    weights = pair_dir / "target" / "model.safetensors"
+    if not entry or not weights.is_file():
+        return
+    if weights.stat().st_size != entry.get("bytes"):
+        raise CalibrationError(f"{path}: files.target/model.safetensors lists {entry.get('bytes')} bytes, the target "
+                               f"weights have {weights.stat().st_size}: this calibration is for other weights")
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    if digest != entry.get("sha256"):
+        raise CalibrationError(f"{path}: files.target/model.safetensors sha256 differs from the target weights: "
+                               "this calibration is for other weights")
+
+
+def _number(value, path: Path, field: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CalibrationError(f"{path}: field {KEY}.{field} must be a finite number, got {value!r}")
+    if not low <= value <= high:
+        raise CalibrationError(f"{path}: field {KEY}.{field} = {value} is outside {low}..{high}")
+    return float(value)
+
+
+def load_calibration(model_dir: str | Path, dtype: str) -> Calibration:
+    """The derived calibration of the pair of ``model_dir`` for ``dtype`` (see the module doc)."""
+    if dtype == "float32":
+        return Calibration("float32", 0.0, FP32_DRAFTER_TOLERANCE, 0, (), "exact", 0.0)
+    path = manifest_path(model_dir)
+    default = Calibration(dtype, DEFAULT_BOUND, DEFAULT_DRAFTER_TOLERANCE, 0, (),
+                          f"uncalibrated: no {KEY} for {dtype} in {path}; default bound", DEFAULT_DRAFTER_FLIP_RATE)
+    if not path.is_file():
+        return default
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CalibrationError(f"{path}: not a readable JSON manifest ({exc})") from None
+    data = manifest.get(KEY) if isinstance(manifest, dict) else None
+    if data is None:
+        return default
+    measured = data.get("measured") if isinstance(data, dict) else None
+    if not isinstance(measured, dict):
+        raise CalibrationError(f"{path}: field {KEY}.measured must be an object")
+    entries = {k: v for k, v in measured.items() if k.split("@")[0] == dtype}
+    if not entries:
+        return default
+    _check_weights(manifest, path.parent, path)
+    # Entries without a drafter measurement (older ones) leave the drafter values to those with one.
+    bound, tolerance, worst_rate, chosen, flip_rate = 0.0, None, -1.0, None, None
+    for key, entry in entries.items():
+        if not isinstance(entry, dict):
+            raise CalibrationError(f"{path}: field {KEY}.measured.{key} must be an object")
+        shift = _number(entry.get("max_shift"), path, f"measured.{key}.max_shift", 0.0, MAX_BOUND / 2)
+        if "drafter_max_shift" in entry:
+            drafter = _number(entry["drafter_max_shift"], path, f"measured.{key}.drafter_max_shift", 0.0,
+                              MAX_DRAFTER_TOLERANCE / 2)
+            tolerance = max(tolerance or 0.0, 2 * drafter)
+        positions = int(_number(entry.get("positions"), path, f"measured.{key}.positions", 1, 1e9))
+        tail = entry.get("shift_tail", [])
+        if not isinstance(tail, list):
+            raise CalibrationError(f"{path}: field {KEY}.measured.{key}.shift_tail must be a list of [threshold, count]")
+        pairs = []
+        for i, item in enumerate(tail):
+            if not (isinstance(item, list) and len(item) == 2):
+                raise CalibrationError(f"{path}: field {KEY}.measured.{key}.shift_tail.{i} must be [threshold, count]")
+            pairs.append((_number(item[0], path, f"measured.{key}.shift_tail.{i}", 0.0, 100.0),
+                          int(_number(item[1], path, f"measured.{key}.shift_tail.{i}", 0, positions))))
+        bound = max(bound, 2 * shift)
+        if "drafter_rounds" in entry:
+            rounds = int(_number(entry["drafter_rounds"], path, f"measured.{key}.drafter_rounds", 1, 1e9))
+            flips = int(_number(entry.get("drafter_flips"), path, f"measured.{key}.drafter_flips", 0, rounds))
+            flip_rate = max(flip_rate or 0.0, 2 * _upper_limit(flips, rounds))
+        rate = sum(k for _, k in pairs) / positions
+        if pairs and rate > worst_rate:  # the noisiest device's tail covers the others
+            worst_rate, chosen = rate, (positions, tuple(sorted(pairs)))
+    positions, tail = chosen or (0, ())  # no tail measured: the uniform model of an uncalibrated pair
+    tolerance = DEFAULT_DRAFTER_TOLERANCE if tolerance is None else tolerance
+    flip_rate = DEFAULT_DRAFTER_FLIP_RATE if flip_rate is None else flip_rate
+    return Calibration(dtype, round(bound, 6), round(tolerance, 6), positions, tail,
+                       f"calibrated on {', '.join(sorted(entries))}, {path.parent.name}/MANIFEST.json", flip_rate)
+
+
+@lru_cache(maxsize=4096)
+def _upper_limit(count: int, total: int) -> float:
+    """One-sided Clopper-Pearson upper limit (confidence 1 - ALPHA) of ``count / total``."""
+    from scipy.stats import beta
+
+    return 1.0 if count >= total else float(beta.ppf(1 - ALPHA, count + 1, total - count))
 
 
 def near_tie_bound(model_dir: str | Path, dtype: str) -> float:
-    if dtype == "float32":
-        return 0.0
-    path = calibration_path(model_dir)
-    if path.is_file():
-        data = json.loads(path.read_text())
-        if dtype in data.get("bounds", {}):
-            return float(data["bounds"][dtype])
-    return DEFAULT_BOUND
+    return load_calibration(model_dir, dtype).bound
+
+
+# ----------------------------------------------------------------------------- measuring
 
 
 def measure_gap_shift(model_dir: str, dtype: str, sequences: list[list[int]], device: str = "cpu") -> list[float]:
-    """``|gap_low - gap_fp32|`` at every position of every sequence (see module doc)."""
+    """``gap_fp32 - gap_low`` (signed: positive when low precision narrows the fp32 top-2 gap) at
+    every position of every sequence (module doc, 1 and 2)."""
     from .scorer import TargetScorer
 
     exact, low = TargetScorer(model_dir, "float32", device), TargetScorer(model_dir, dtype, device)
@@ -53,25 +255,75 @@ def measure_gap_shift(model_dir: str, dtype: str, sequences: list[list[int]], de
         top = torch.topk(ref, 2, dim=-1).indices
         gap_ref = ref.gather(1, top[:, :1]) - ref.gather(1, top[:, 1:])
         gap_low = approx.gather(1, top[:, :1]) - approx.gather(1, top[:, 1:])
-        shifts += (gap_low - gap_ref).abs().squeeze(1).tolist()
+        shifts += (gap_ref - gap_low).squeeze(1).tolist()
     return shifts
 
 
-def calibrate(model_dir: str, dtypes: list[str], sequences: list[list[int]], device: str = "cpu") -> dict:
-    """Measure the bound for each dtype and write ``calibration.json`` atomically."""
-    path = calibration_path(model_dir)
-    data = json.loads(path.read_text()) if path.is_file() else {"bounds": {}, "measured": {}}
+def measure_drafter_shift(model_dir: str, drafter_dir: str, dtype: str, sequences: list[list[int]],
+                          device: str = "cpu", stride: int = 8) -> tuple[float, int]:
+    """Largest ``|drafter logit low - fp32|`` over the top :data:`DRAFTER_TOP` tokens per depth of
+    either side, at every ``stride``-th position of each sequence (module doc, 3); and the count of
+    drafter blocks measured."""
+    from .adapters.reference.engine import _LoadedPair
+    from .adapters.reference.pair import TORCH_DTYPES
+
+    pairs = [_LoadedPair.load(model_dir, drafter_dir, TORCH_DTYPES[d], device) for d in ("float32", dtype)]
+    worst, blocks = 0.0, 0
+    with torch.inference_mode():
+        for seq in sequences:
+            ids = torch.tensor(seq, dtype=torch.long, device=device)
+            positions = torch.arange(len(seq), device=device)
+            features = [pair.forward(ids, positions, None)[1] for pair in pairs]
+            for anchor in range(1, len(seq) - 1, stride):
+                logits = [pair.draft_logits(seq[anchor], anchor, feats[:anchor], 0, None).float()
+                          for pair, feats in zip(pairs, features)]
+                top = torch.cat([torch.topk(x, DRAFTER_TOP, dim=-1).indices for x in logits], dim=-1)
+                diff = (logits[1].gather(1, top) - logits[0].gather(1, top)).abs().max()
+                worst, blocks = max(worst, float(diff)), blocks + 1
+    return worst, blocks
+
+
+def calibrate(model_dir: str, dtypes: list[str], sequences: list[list[int]], device: str = "cpu",
+              drafter_dir: str | None = None, manifest: str | Path | None = None, requests: list | None = None,
+              budgets: tuple[int, ...] = (16, 64, 256)) -> dict:
+    """Measure each dtype on ``device`` and merge the result into the pair's manifest atomically.
+
+    ``sequences``: prompts followed by their fp32 greedy outputs (target shifts and, with
+    ``drafter_dir``, drafter shifts); ``requests``: the greedy requests of those prompts, for the
+    drafter round flip rate. Fields not measured this time keep their earlier values."""
+    path = Path(manifest) if manifest else manifest_path(model_dir)
     for dtype in dtypes:
-        shifts = sorted(measure_gap_shift(model_dir, dtype, sequences, device))
-        # Several devices may be calibrated in turn; the bound covers all of them.
-        data["bounds"][dtype] = max(round(2 * shifts[-1], 4), data["bounds"].get(dtype, 0.0))
-        data["measured"][f"{dtype}@{torch.device(device).type}"] = {
-            "positions": len(shifts),
-            "max_shift": shifts[-1],
-            "p99_shift": shifts[int(0.99 * (len(shifts) - 1))],
-            "device": device,
-            "torch": torch.__version__,
-        }
-    data["method"] = "bound = 2 * max |gap_low - gap_fp32| over teacher-forced positions (ddtree_conformance.calibration)"
-    atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
-    return data
+        signed = measure_gap_shift(model_dir, dtype, sequences, device)
+        shifts, shrinks = sorted(abs(x) for x in signed), sorted(signed)
+        n = len(shifts)
+        tail = [[t, n - _count_below(shrinks, t)] for t in shift_thresholds()]
+        entry = {"positions": n, "max_shift": shifts[-1], "p99_shift": shifts[int(0.99 * (n - 1))],
+                 "shift_tail": tail,
+                 "device": device, "torch": torch.__version__, "sequences": len(sequences)}
+        if drafter_dir is not None:
+            entry["drafter_max_shift"], entry["drafter_blocks"] = measure_drafter_shift(
+                model_dir, drafter_dir, dtype, sequences, device)
+            if requests:
+                from .replay import measure_drafter_flips
+
+                entry["drafter_rounds"], entry["drafter_flips"] = measure_drafter_flips(
+                    model_dir, drafter_dir, dtype, requests, device, budgets)
+                entry["drafter_budgets"] = list(budgets)
+        data = json.loads(path.read_text()) if path.is_file() else {}  # re-read: others may have merged meanwhile
+        section = data.setdefault(KEY, {})
+        section.pop("bounds", None)
+        key = f"{dtype}@{torch.device(device).type}"
+        old = section.setdefault("measured", {}).get(key, {})
+        section["measured"][key] = {**{k: v for k, v in old.items() if k.startswith("drafter_")}, **entry}
+        section["method"] = ("ddtree_conformance.calibration: bound = 2 * max |shift| of the fp32 top-2 gap; ceiling "
+                             "from the tail of gap shrinks (Clopper-Pearson, Poisson); drafter tolerance = 2 * max "
+                             "drafter logit shift; drafter round cap from the drafter-side flip rate of the reference "
+                             "replayed in fp32")
+        atomic_write(path, json.dumps(data, indent=2) + "\n")
+    return json.loads(path.read_text())[KEY]
+
+
+def _count_below(sorted_values: list[float], threshold: float) -> int:
+    import bisect
+
+    return bisect.bisect_left(sorted_values, threshold)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["mean_tau", "per_position_acceptance", "acceptance_histogram"]
+__all__ = ["mean_tau", "per_position_acceptance", "acceptance_histogram", "paired_band"]
 
 
 def mean_tau(per_prompt_lengths: Sequence[Sequence[int]]) -> float:
@@ -28,3 +28,19 @@ def acceptance_histogram(per_prompt_lengths: Sequence[Sequence[int]]) -> dict[in
         for n in lengths:
             counts[n] = counts.get(n, 0) + 1
     return dict(sorted(counts.items()))
+
+
+def paired_band(values: Sequence[float], reference: Sequence[float], alpha: float) -> tuple[float, float]:
+    """Two-sided ``1 - alpha`` bootstrap band (percentile, 9999 resamples, fixed seed) of the mean
+    per-prompt difference ``values - reference``. All differences equal: the band is that value."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    diffs = np.asarray(values, dtype=float) - np.asarray(reference, dtype=float)
+    if diffs.size == 0:
+        return 0.0, 0.0
+    if np.all(diffs == diffs[0]):
+        return float(diffs[0]), float(diffs[0])
+    result = bootstrap((diffs,), np.mean, confidence_level=1 - alpha, method="percentile", n_resamples=9999,
+                       random_state=np.random.default_rng(0))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)

@@ -30,6 +30,7 @@ from typing import Any
 
 from .files import atomic_write, read_json_object
 from .report_plots import plots
+from .report_trees import trees_html
 
 __all__ = ["RUN_SCHEMA", "RUN_SCHEMA_VERSION", "ReportError", "new_report", "environment", "write_report",
            "load_report", "render_markdown", "render_html"]
@@ -252,6 +253,7 @@ def render_html(report: dict) -> str:
                      f"<figcaption>{esc(caption)}</figcaption></figure>")
     parts.append("</div>")
     results = report.get("results") or []
+    parts.append(trees_html(results))
     if results:
         order = {"fail": 0, "skip": 1, "pass": 2}
         parts.append("<h2>Checks</h2><table><tr><th>check</th><th>status</th><th>message</th></tr>")

@@ -132,7 +132,7 @@ class SuiteSettings(BaseModel):
     drafter_dir: str | None = str(FIXTURE_DRAFTER)
     pair_name: str = "fixture"
     modes: list[Literal["dflash", "ddtree"]] = Field(default_factory=lambda: ["dflash", "ddtree"], min_length=1)
-    budgets: list[int] = Field(default_factory=lambda: [16, 64], min_length=1)
+    budgets: list[int] = Field(default_factory=lambda: [16, 64, 256], min_length=1)
     dtype: DType = "float32"
     device: str = "cpu"
     prompt_set: str = "fixture"

@@ -1,9 +1,12 @@
 """Run the conformance plan against every mutant engine and print the mutation table.
 
-    python scripts/mutation_table.py --model DIR --drafter DIR --prompts SET [--budget 16]
+    python scripts/mutation_table.py [--dtype bfloat16] [--device cuda] [--budgets 16,256] [--limit 8]
+                                     [--only NAME ...] [--shard I/N] [--include-correct] [--json F]
 
-Each row: mutant, the checks that failed, the first failure's message. A mutant that no check
-fails is a hole in the suite; the script exits 1 then.
+Defaults: the fixture pair, budgets 16 and 256 (the budget-above-128 mutant needs the large one),
+32 new tokens. Each row: mutant, the checks that failed, the first failure's message. A mutant
+that no check fails is a hole in the suite, and a correct reference that fails is a false alarm;
+the script exits 1 for either.
 """
 
 from __future__ import annotations
@@ -15,34 +18,46 @@ import time
 
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.checks import plan, run_plan
+from ddtree_conformance.files import atomic_write
+from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.session import SuiteSession, SuiteSettings
 from ddtree_conformance.testing.mutants import MUTANTS
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     import torch
 
-    torch.set_num_threads(1)  # tiny models: threads only contend on small CPUs
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--drafter", required=True)
-    parser.add_argument("--prompts", required=True)
+    parser.add_argument("--model", default=str(FIXTURE_TARGET))
+    parser.add_argument("--drafter", default=str(FIXTURE_DRAFTER))
+    parser.add_argument("--prompts", default="fixture")
     parser.add_argument("--pair-name", default="fixture")
-    parser.add_argument("--budget", type=int, default=16)
-    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--budgets", default="16,256")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--limit", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--sampling-requests", type=int, default=150)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (tiny models: 1)")
+    parser.add_argument("--only", nargs="*", default=None, help="mutant names (substrings) to run")
+    parser.add_argument("--shard", default=None, help="I/N: run every N-th engine starting at I (parallel runs)")
     parser.add_argument("--json", default=None, help="also write the rows as JSON here")
     parser.add_argument("--include-correct", action="store_true", help="also run the correct reference engine")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
 
     settings = SuiteSettings(model_dir=args.model, drafter_dir=args.drafter, prompt_set=args.prompts,
-                             pair_name=args.pair_name, budgets=[args.budget], limit=args.limit,
-                             max_new_tokens=args.max_new_tokens, isolate=False,
-                             sampling_requests=args.sampling_requests)
+                             pair_name=args.pair_name, budgets=[int(b) for b in args.budgets.split(",")],
+                             limit=args.limit, max_new_tokens=args.max_new_tokens, isolate=False, dtype=args.dtype,
+                             device=args.device, sampling_requests=args.sampling_requests)
     engines = dict(MUTANTS)
     if args.include_correct:
         engines = {"correct reference": ReferenceEngine, **engines}
+    if args.only:
+        engines = {k: v for k, v in engines.items() if any(o in k for o in args.only)}
+    if args.shard:
+        index, count = (int(x) for x in args.shard.split("/"))
+        engines = {k: v for i, (k, v) in enumerate(engines.items()) if i % count == index}
     rows, holes = [], []
     for label, cls in engines.items():
         t0 = time.time()
@@ -53,19 +68,18 @@ def main() -> int:
             session.close()
         failed = [r for r in results if r.status == "fail"]
         counts = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
-        rows.append({"engine": label, "failed": [r.check for r in failed],
+        rows.append({"engine": label, "dtype": args.dtype, "device": args.device, "failed": [r.check for r in failed],
                      "message": failed[0].message if failed else "", "counts": counts,
                      "seconds": round(time.time() - t0, 1)})
         if label != "correct reference" and not failed:
             holes.append(label)
         if label == "correct reference" and failed:
             holes.append(label + " (fails: " + ", ".join(r.check for r in failed) + ")")
-        print(f"| {label} | {', '.join(r.check for r in failed) or '-'} | "
-              f"{(failed[0].message if failed else 'all pass')[:220]} | {counts} | {rows[-1]['seconds']} s |",
+        print(f"| {label} | {args.dtype} | {', '.join(r.check for r in failed) or '-'} | "
+              f"{(failed[0].message if failed else 'all pass')[:300]} | {counts} | {rows[-1]['seconds']} s |",
               flush=True)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(rows, handle, indent=1)
+        if args.json:  # after every engine: a run stopped at a deadline keeps the rows it finished
+            atomic_write(args.json, json.dumps(rows, indent=1) + "\n")
     if holes:
         print("NOT CAUGHT / WRONG:", ", ".join(holes))
         return 1

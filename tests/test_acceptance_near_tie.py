@@ -1,70 +1,144 @@
-"""The acceptance check's drafter near-tie rule (conformance/checks/acceptance.py), on stand-in runs.
+"""Acceptance by replay (conformance/replay.py, adapters/reference/replay.py).
 
-A per-round difference from the reference is excused only when the engine's traced rerun reproduces
-it and, at that round, the contexts agree, the drafter logits are within DRAFT_LOGIT_TOL and the
-trees differ. Every other case must stay a failure.
+The replay of the reference's own run is that run, bit for bit; lengths that cannot describe the
+output are named; a differing round is excused only by a near-tie that explains it, and never by
+drafter logits that are equal, far apart, or that do not build the engine's tree.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
+import torch
 
-from ddtree_conformance.adapters.interface import Request, RequestResult, RoundTrace
-from ddtree_conformance.checks.acceptance import DRAFT_LOGIT_TOL, drafter_near_tie
+from ddtree_conformance.adapters.interface import Request, RoundTrace, RunConfig
+from ddtree_conformance.adapters.reference.replay import ReplayRound, replay_result
+from ddtree_conformance.calibration import Calibration, load_calibration
+from ddtree_conformance.replay import (
+    ReplayRun,
+    drafter_flips_within,
+    drafter_round_cap,
+    golden_lengths,
+    judge_rounds,
+    lengths_problem,
+)
+from ddtree_conformance.spec import build_tree
 
-
-def _trace(start=10, root=5, tokens=(5, 7, 8), parents=(-1, 0, 0), logits=((0.0, 1.0, 2.0),)):
-    n = len(tokens)
-    return RoundTrace(start=start, root_token=root, tree_tokens=list(tokens), parents=list(parents),
-                      depths=[0] + [1] * (n - 1), positions=[start] + [start + 1] * (n - 1), accepted=[],
-                      target_tokens=[9], bonus=9, top2_margins=[1.0], draft_logits=[list(r) for r in logits])
-
-
-def _result(lengths, traces):
-    return RequestResult(output_ids=[1], finish_reason="length", rounds=len(lengths), acceptance_lengths=lengths,
-                         traces=traces)
-
-
-class StandIn:
-    """Just what drafter_near_tie reads from a SuiteSession."""
-
-    def __init__(self, engine_result, reference_result):
-        self.engine_result, self.reference_result = engine_result, reference_result
-        self.settings = SimpleNamespace(model_dir="m", drafter_dir="d")
-        self.reference = object()
-
-    def requests(self):
-        return [Request(prompt_ids=[1, 2], max_new_tokens=4)]
-
-    def reference_for(self, model_dir, drafter_dir):
-        return self.reference
-
-    def run(self, mode, budget, *, trace=False, trace_draft_logits=False, requests=None, engine=None):
-        assert trace and trace_draft_logits
-        return [self.reference_result] if engine is self.reference else [self.engine_result]
+BF16 = Calibration("bfloat16", 0.3, 0.2, 0, (), "test", 0.01)
 
 
-REF = _result([2, 1], [_trace(), _trace(start=12)])
+@pytest.mark.parametrize("output, lengths, finish, problem", [
+    ([1, 2, 3, 4], [2, 1], "length", None),
+    ([1, 2, 3, 4], [2, 3], "length", None),  # last round cut by the length limit
+    ([1, 2, 3, 4], [2, 3], "error", "cut short"),
+    ([1, 2, 3], [2, 3], "length", "rounds before the last already pass the end"),  # a round that emits nothing
+    ([1, 2, 3, 4], [3, 2], "length", "rounds before the last already pass the end"),  # reported one too high
+    ([1, 2, 3, 4, 5, 6], [2, 1], "length", "add up to 3 + 1 prefill token = 4, but the output holds 6"),
+    ([1, 2], [0, 1], "length", "acceptance length 0 is outside"),
+    ([1, 2, 3], [2, 17], "length", "acceptance length 17 is outside 1..16"),
+    ([1], [], "stop", None),
+])
+def test_lengths_must_describe_the_output(output, lengths, finish, problem):
+    found = lengths_problem(output, lengths, finish, 16)
+    assert (found is None) if problem is None else (problem in found), found
 
 
-def test_tie_is_excused():
-    mine = _result([1, 2], [_trace(tokens=(5, 8, 7), logits=((0.0, 1.0, 2.0 + 1e-5),)), _trace(start=11)])
-    why = drafter_near_tie(StandIn(mine, REF), "ddtree", 2, 0, 0, [1, 2])
-    assert why is not None and "flip the tree" in why
+def test_golden_lengths_are_the_prefix_run():
+    assert golden_lengths([3, 4, 2, 5], 8) == [3, 4]  # 1 + 3 = 4 < 8, 1 + 3 + 4 = 8: stop
+    assert golden_lengths([3, 4, 2, 5], 64) == [3, 4, 2, 5]
 
 
-@pytest.mark.parametrize("case", ["far-logits", "not-reproduced", "same-tree", "other-context"])
-def test_everything_else_stays_a_failure(case):
-    logits = ((0.0, 1.0, 2.0 + 1e-5),)
-    tokens, start, lengths = (5, 8, 7), 10, [1, 2]
-    if case == "far-logits":
-        logits = ((0.0, 1.0, 2.0 + 100 * DRAFT_LOGIT_TOL),)
-    if case == "same-tree":
-        tokens = (5, 7, 8)
-    if case == "other-context":
-        start = 11
-    traced = _result([1, 3] if case == "not-reproduced" else lengths,
-                     [_trace(start=start, tokens=tokens, logits=logits), _trace(start=11)])
-    assert drafter_near_tie(StandIn(traced, REF), "ddtree", 2, 0, 0, lengths) is None
+def test_replay_of_the_reference_run_is_that_run(reference_engine, random_pair):
+    request = Request(prompt_ids=[5, 17, 33, 2, 9], max_new_tokens=40)
+    for mode, budget in (("ddtree", 16), ("dflash", 1)):
+        result = reference_engine.generate([request], RunConfig(mode=mode, budget=budget))[0]
+        rounds = replay_result(reference_engine, request, result.output_ids, result.acceptance_lengths, mode, budget)
+        assert [r.length for r in rounds] == result.acceptance_lengths
+        assert all(r.draft_logits is None for r in rounds)  # logits are kept only for differing rounds
+
+
+def test_replay_follows_the_engine_path_after_a_difference(reference_engine):
+    request = Request(prompt_ids=[5, 17, 33, 2, 9], max_new_tokens=40)
+    result = reference_engine.generate([request], RunConfig(mode="ddtree", budget=16))[0]
+    lengths = list(result.acceptance_lengths)
+    r = next(i for i, n in enumerate(lengths) if n >= 2)
+    changed = lengths[:r] + [1, lengths[r] - 1] + lengths[r + 1:]  # claim round r stopped one token early
+    rounds = replay_result(reference_engine, request, result.output_ids, changed, "ddtree", 16)
+    assert rounds[r].length == lengths[r] and rounds[r].draft_logits is not None
+    offset = 1 + sum(lengths[:r])
+    assert rounds[r + 1].offset == offset + 1 and rounds[r + 1].root == result.output_ids[offset]  # engine's context
+
+
+def _round(tokens, length, draft_logits=None, gaps=None):
+    return ReplayRound(index=0, offset=1, start=5, root=9, length=length, tokens=tokens, tree_tokens=[9],
+                       parents=[-1], accepted=[], path_gaps=gaps or [1.0] * length, draft_logits=draft_logits)
+
+
+def test_target_near_tie_is_excused_only_within_the_bound():
+    run = ReplayRun()
+    output = [9, 4, 8]  # the engine took 8 at output position 2 where the replay's walk took 7
+    judge_rounds(run, "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 0.1])], BF16, "ddtree", 8, [0, 0, 0.1])
+    assert [v.kind for v in run.target] == ["target-near-tie"] and not run.differs
+    run = ReplayRun()
+    judge_rounds(run, "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 0.1])], BF16, "ddtree", 8, [0, 0, 0.9])
+    assert run.differs and "commits 8 where the fp32 target chose 7" in run.differs[0].note
+    run = ReplayRun()
+    exact = Calibration("float32", 0.0, 1e-3, 0, (), "exact", 0.0)
+    judge_rounds(run, "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 0.0])], exact, "ddtree", 8, [0, 0, 0.0])
+    assert run.differs  # float32 excuses no target difference
+
+
+def _boundary_logits():
+    """Depth 1: token 3 clearly first; depth 2: tokens 5 and 6 nearly tied for the last slot of B=2."""
+    logits = torch.full((2, 12), -10.0)
+    logits[0, 3] = 8.0
+    logits[1, 5] = 4.0
+    logits[1, 6] = 3.99
+    return logits
+
+
+def test_drafter_flip_needs_logits_within_the_tolerance():
+    logits = _boundary_logits()
+    tree = build_tree(logits, 2)
+    assert tree.tokens.tolist() == [-1, 3, 5]
+    assert drafter_flips_within(logits, "ddtree", 2, [3, 6], 0.01)  # 6 can take 5's place
+    assert not drafter_flips_within(logits, "ddtree", 2, [3, 6], 1e-4)
+    assert not drafter_flips_within(logits, "ddtree", 2, [3], 1.0)  # depth 1 is far from any boundary
+
+
+def _traces(logits):
+    trace = RoundTrace(start=5, root_token=9, tree_tokens=[9, 3, 6], parents=[-1, 0, 1], depths=[0, 1, 2],
+                       positions=[5, 6, 7], accepted=[1, 2], target_tokens=[3, 6, 1], bonus=1, top2_margins=[1, 1, 1],
+                       draft_logits=logits.tolist())
+    return lambda: [trace]
+
+
+def test_drafter_excuse_rules():
+    logits = _boundary_logits()
+    # The engine accepted [3, 6] plus a bonus (length 3); the replay's tree lacked 6 (length 2).
+    output, lengths, replayed = [9, 3, 6, 1], [3], lambda: [_round([3, 6], 2, draft_logits=logits)]
+    near = logits.clone()
+    near[1, 6] = 4.005  # the engine's own logits put 6 first
+    cases = {
+        "excused": (_traces(near), "drafter-near-tie"),
+        "no engine logits": (None, "drafter-near-tie"),
+        "identical logits": (_traces(logits), "exactly"),
+        "far logits": (_traces(logits + torch.linspace(0, 3, 12)), "more than the tolerance"),
+        "logits that do not build its tree": (_traces(logits - 0.001), "does not match its round"),
+    }
+    for name, (engine_logits, expect) in cases.items():
+        run = ReplayRun()
+        judge_rounds(run, "p", lengths, output, replayed(), BF16, "ddtree", 2, [0.0] * 4, engine_logits)
+        verdicts = run.drafter + run.differs
+        assert len(verdicts) == 1, name
+        assert expect in (verdicts[0].kind + " " + verdicts[0].note), (name, verdicts[0].note)
+    run = ReplayRun()  # a round the tolerance cannot explain (tau 66 style: every round far longer)
+    judge_rounds(run, "p", lengths, output, [_round([3, 6], 2, draft_logits=logits)],
+                 Calibration("bfloat16", 0.3, 1e-5, 0, (), "test", 0.01), "ddtree", 2, [0.0] * 4, None)
+    assert run.differs and "no drafter logits within the tolerance" in run.differs[0].note
+
+
+def test_drafter_round_cap_grows_with_rounds_but_stays_small():
+    rules = load_calibration("/nonexistent/target", "bfloat16")
+    assert 0 < drafter_round_cap(rules, 100) < drafter_round_cap(rules, 1000) < 100
+    exact = load_calibration("/nonexistent/target", "float32")
+    assert drafter_round_cap(exact, 1000) <= 5

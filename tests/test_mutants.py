@@ -1,8 +1,10 @@
 """Mutation self-test: every broken reference engine fails the suite, naming the symptom.
 
-One mutant per bug class 1-5 and 7 of algorithm doc §6 (conformance/testing/mutants.py). Each row
-names the checks that must catch the mutant and a phrase its message must contain. The correct
-engine must pass the very same checks, so a row cannot pass by a check that always fails.
+One mutant per bug class 1-5 and 7 of algorithm doc §6, and one per low-precision, envelope and
+batch failure (conformance/testing/mutants.py). Each row names the checks that must catch the
+mutant and a phrase its message must contain. The correct engine must pass the very same checks,
+so a row cannot pass by a check that always fails. float32 rows run on the random test pair;
+tests/test_low_precision_mutants.py runs every mutant in bfloat16.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ CAUGHT_BY = {
     # integrity rules (ddtree_conformance.integrity) catch it before the check compares outputs.
     mutants.MaskIdDropped: (["token-0-and-mask-id/dflash"], "do not add up to the output"),
     mutants.TopKTopPIgnored: (["sampling/ddtree-B16/T=1,top_k=3"], "probability 0"),
+    mutants.RunnerUpBelowTwiceBound: (["lossless/ddtree"], "not lossless"),
+    mutants.RunnerUpWithinBound: (["lossless/ddtree"], "not lossless"),
+    mutants.AcceptanceOverReported: (["acceptance/ddtree"], "do not describe the output"),
+    mutants.BatchSettingsMixedUp: (["busy-batch/ddtree"], "in a batch of"),
 }
 
 
@@ -100,7 +106,7 @@ def test_aggregate_only_engine_compared_on_tau_and_skips_trace_checks(settings):
     from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 
     settings = settings.model_copy(update={"model_dir": str(FIXTURE_TARGET), "drafter_dir": str(FIXTURE_DRAFTER),
-                                           "prompt_set": "fixture", "pair_name": "fixture", "limit": 4,
+                                           "prompt_set": "fixture", "pair_name": "fixture", "limit": 6,
                                            "golden_dir": "/nonexistent", "max_new_tokens": 32})
     names = ["acceptance/ddtree", "tree-structure/ddtree", "branch-vs-chain"]
     good = {r.check: r for r in _run(settings, _aggregate_only(ReferenceEngine), names)}

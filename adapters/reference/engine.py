@@ -86,14 +86,19 @@ class _LoadedPair:
             features = torch.cat([self._features[i][0] for i in self.drafter.config.target_layer_ids], dim=-1)
         return out.logits[0], features
 
-    def draft_logits(self, root: int, start: int, context: torch.Tensor, context_start: int, cache) -> torch.Tensor:
-        """Drafter logits ``[S-1, V]`` for the positions after ``root`` (doc §1)."""
+    def draft_logits(self, root: int, start: int, context: torch.Tensor, context_start: int, cache,
+                     block_offset: int = 0) -> torch.Tensor:
+        """Drafter logits ``[S-1, V]`` for the positions after ``root`` (doc §1).
+
+        ``block_offset`` moves the block's positions against the context's (0 is right; mutants only)."""
         drafter = self.drafter
         size = drafter.block_size
         block = torch.full((1, size), drafter.config.mask_token_id, dtype=torch.long, device=self.device)
         block[0, 0] = root
         embeds = self.target.get_input_embeddings()(block)
-        positions = torch.arange(context_start, start + size, device=self.device).unsqueeze(0)
+        positions = torch.arange(context_start, start + size, device=self.device)
+        positions[start - context_start:] += block_offset
+        positions = positions.unsqueeze(0)
         hidden = drafter(embeds, context.unsqueeze(0), positions, cache)
         return self.target.get_output_embeddings()(hidden[0, 1:])
 
@@ -118,6 +123,7 @@ class ReferenceEngine(Engine):
     compact_step = staticmethod(compact_dynamic_cache)
     feedback_step = staticmethod(select_feedback_rows)
     emit_step = staticmethod(emit_tokens)
+    block_position_offset = 0  # drafter block positions relative to the context's (mutants only)
 
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
         super().__init__(model_dir, drafter_dir, **options)  # refuses options other than OPTIONS
@@ -313,7 +319,8 @@ class ReferenceEngine(Engine):
         clock.start()
         while reason is None:
             with clock.stage("draft"):
-                draft_logits = pair.draft_logits(root, start, context, context_start, draft_cache)
+                draft_logits = pair.draft_logits(root, start, context, context_start, draft_cache,
+                                                 self.block_position_offset)
             with clock.stage("build"):
                 tree = build_chain(draft_logits) if config.mode == "dflash" else self._build(draft_logits, config.budget)
             with clock.stage("compile"):

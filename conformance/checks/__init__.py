@@ -5,6 +5,14 @@ settings and the engine's capabilities, never the engine's name. :func:`plan` li
 run will execute; :func:`run_plan` executes them (the CLI), and the pytest plugin turns each
 planned check into one test item. How checks run (crashes, failed results, a dead engine) is
 :mod:`.runner`'s business: :class:`PlannedCheck` and :func:`run_plan` live there.
+
+Every check runs in every dtype: float32 verdicts are exact; bfloat16/float16 verdicts score each
+output token against the fp32 target (:mod:`ddtree_conformance.token_scoring`) and replay each
+round with the fp32 reference (:mod:`ddtree_conformance.replay`), within the pair's calibration
+(:mod:`ddtree_conformance.calibration`). Per (mode, budget): lossless, golden, acceptance,
+tree-structure, stop-token, max-new-tokens, prompt-shapes, token-0-and-mask-id, long-context,
+busy-batch, tensor-parallel; per budget: branch-vs-chain; at the first budget and for dflash:
+sampling.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from collections.abc import Callable
 from ..settings import SettingsError, SuiteSettings
 from .acceptance import check_acceptance
 from .edges import check_lengths, check_prompt_shapes, check_special_tokens, check_stops
+from .envelope import check_busy_batch, check_long_context
 from .golden_outputs import check_golden
 from .lossless import check_lossless
 from .result import CheckResult
@@ -33,6 +42,8 @@ PER_MODE_CHECKS: dict[str, Callable[..., CheckResult]] = {
     "max-new-tokens": check_lengths,
     "prompt-shapes": check_prompt_shapes,
     "token-0-and-mask-id": check_special_tokens,
+    "long-context": check_long_context,
+    "busy-batch": check_busy_batch,
     "tensor-parallel": check_tensor_parallel,
 }
 

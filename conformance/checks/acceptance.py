@@ -1,40 +1,189 @@
-"""Check 3: cross-engine acceptance against the reference (doc §4 metrics).
+"""Check 3: acceptance against the fp32 reference, round by round (doc §4 metrics).
 
-In fp32, an engine's per-round acceptance lengths must equal the reference engine's on the same
-prompts. Engines that report only aggregates are compared on mean tau (relative tolerance) and
-per-position acceptance (absolute tolerance in points). The reference side comes from the golden
-acceptance traces when they exist for this configuration, else from a live reference run. This
-catches lossless-but-slow bugs (wrong drafter positions, wrong hidden-state rows, RoPE mismatch).
+Engines with per-round acceptance lengths: the lengths must describe the output
+(:func:`~ddtree_conformance.replay.lengths_problem`), and every round is replayed with the fp32
+reference on the engine's own context and compared (:mod:`ddtree_conformance.replay`); a round may
+differ only by a reproducible near-tie, and drafter near-tie rounds are capped. Where the engine's
+output and lengths equal the float32 golden file's, the golden acceptance *is* that replay, so no
+reference runs. This catches lossless-but-slow bugs (wrong drafter positions, wrong feedback rows,
+RoPE mismatch, capped budgets) in every dtype.
+
+Engines that report only aggregates: per-prompt mean tau (and acceptance at depths 1-4) is compared
+with the reference engine's at the same dtype and device, within a paired bootstrap band over the
+prompts (:func:`~ddtree_conformance.metrics.paired_band`).
 """
 
 from __future__ import annotations
 
-from ..metrics import mean_tau, per_position_acceptance
+from ddtree_conformance.adapters.interface import Request, RequestResult
+
+from ..calibration import ALPHA
+from ..metrics import mean_tau, paired_band, per_position_acceptance
+from ..replay import ReplayRun, drafter_round_cap, golden_lengths, judge_rounds, lengths_problem
 from ..session import SuiteSession
+from ..token_scoring import rules_for, score_output, target_logits
 from .result import CheckResult
 
-__all__ = ["TAU_REL_TOL", "POSITION_ABS_TOL", "DRAFT_LOGIT_TOL", "reference_acceptance", "check_acceptance",
-           "drafter_near_tie"]
+__all__ = ["MIN_BAND_PROMPTS", "check_acceptance", "judge_per_round", "judge_aggregates", "block_size"]
 
-TAU_REL_TOL = 0.02  # aggregate-only engines: mean tau within 2 %
-DRAFT_LOGIT_TOL = 1e-3  # fp32 drafter logits of two correct implementations (measured: 7.6e-6 apart)
-POSITION_ABS_TOL = 0.02  # ... and per-position acceptance within 2 points
+MIN_BAND_PROMPTS = 5  # a bootstrap band over fewer prompts says nothing
 
 
-def reference_acceptance(session: SuiteSession, mode: str, budget: int | None) -> tuple[list[list[int]], str]:
-    """Per-prompt acceptance lengths of the reference engine, and where they came from."""
-    from ..golden_files import load_golden
+def block_size(drafter_dir: str | None) -> int | None:
+    if drafter_dir is None:
+        return None
+    from ddtree_conformance.adapters.reference.dflash import DFlashConfig
 
-    golden = load_golden(session.settings.golden_dir, session.settings.pair_name, session.settings.prompt_set,
-                         session.settings.dtype)
+    try:
+        return DFlashConfig.from_dir(drafter_dir).block_size
+    except (OSError, ValueError):
+        return None
+
+
+def _golden_runs(session: SuiteSession, mode: str, budget: int | None) -> dict[tuple, list[int]] | None:
+    """(prompt ids, output) -> golden float32 lengths of the reference for this run, when recorded."""
+    from ..golden_files import GoldenError, load_golden
+
+    s = session.settings
+    try:
+        golden = load_golden(s.golden_dir, s.pair_name, s.prompt_set, "float32")
+    except GoldenError:
+        return None
+    if golden is None or golden.max_new_tokens < s.max_new_tokens:
+        return None
     key = mode if mode == "dflash" else f"ddtree-{budget}"
-    if golden is not None and all(key in rec.acceptance for rec in golden.records.values()):
-        wanted = session.settings.max_new_tokens
-        if golden.max_new_tokens == wanted:
-            return [golden.records[p.id].acceptance[key] for p in session.prompts], "golden"
-    reference = session.reference_for(session.settings.model_dir, session.settings.drafter_dir)
-    results = session.run(mode, budget, engine=reference)
-    return [r.acceptance_lengths or [] for r in results], "live reference run"
+    runs = {}
+    for record in golden.records.values():
+        if key in record.acceptance:
+            lengths = golden_lengths(record.acceptance[key], s.max_new_tokens)
+            runs[(tuple(record.prompt_ids), tuple(record.output_ids[: s.max_new_tokens]))] = lengths
+    return runs
+
+
+def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | None, labels: list[str],
+                    requests: list[Request], results: list[RequestResult], *, model_dir: str | None = None,
+                    drafter_dir: str | None = None, use_golden: bool = True, logits_fn=None,
+                    traced_run=None) -> CheckResult:
+    """Replay every round of greedy ``results`` with the fp32 reference and judge them (module doc)."""
+    from ddtree_conformance.adapters.reference.replay import replay_result
+
+    s = session.settings
+    model_dir, drafter_dir = model_dir or s.model_dir, drafter_dir or s.drafter_dir
+    rules = rules_for(session)
+    size = block_size(drafter_dir)
+    for label, result in zip(labels, results):
+        problem = lengths_problem(result.output_ids, result.acceptance_lengths or [], result.finish_reason, size)
+        if problem:
+            return CheckResult.failed(name, f"{label}: acceptance lengths {_short(result.acceptance_lengths)} do not "
+                                            f"describe the output: {problem} (acceptance over-reported?)")
+    golden = _golden_runs(session, mode, budget) if use_golden else None
+    fn = logits_fn or target_logits(model_dir, s.device)
+    traced: list | None = None
+
+    def engine_traces(index: int):
+        """The engine's per-round traces of prompt ``index``, from a traced rerun that reproduces the
+        run (else None: its trees and logits would describe another run)."""
+        nonlocal traced
+        if traced_run is None:
+            return None
+        if traced is None:
+            traced = traced_run()  # {prompt index: traced result}
+        if index not in traced:
+            return None
+        mine, base = traced[index], results[index]
+        if (mine.output_ids, mine.acceptance_lengths) != (base.output_ids, base.acceptance_lengths):
+            return None
+        return mine.traces
+
+    run, from_golden, reference, top2 = ReplayRun(), 0, None, []
+    for index, (label, request, result) in enumerate(zip(labels, requests, results)):
+        lengths = result.acceptance_lengths or []
+        if not rules.exact:  # the target near-tie rounds count against the excused-position ceiling
+            top2 += score_output(fn, request.prompt_ids, result.output_ids).top2
+        key = (tuple(request.prompt_ids), tuple(result.output_ids))
+        if golden is not None and golden.get(key) == lengths and not request.stop_token_ids:
+            run.rounds += len(lengths)
+            run.engine_lengths.append(lengths)
+            run.reference_lengths.append(lengths)
+            from_golden += 1
+            continue
+        reference = reference or session.reference_for(model_dir, drafter_dir)
+        replayed = replay_result(reference, request, result.output_ids, lengths, mode, budget or 1, s.device)
+        gaps = score_output(fn, request.prompt_ids, result.output_ids).gaps if not rules.exact else ()
+        judge_rounds(run, label, lengths, result.output_ids, replayed, rules, mode, budget or 1, gaps,
+                     lambda index=index: engine_traces(index))
+    source = f"{from_golden} prompts from the float32 golden file, {len(results) - from_golden} replayed live"
+    tau, ref_tau = mean_tau(run.engine_lengths), mean_tau(run.reference_lengths)
+    details = {"tau": tau, "reference_tau": ref_tau, "rounds": run.rounds, "source": source,
+               "target_near_tie_rounds": [v.describe() for v in run.target[:50]],
+               "drafter_near_tie_rounds": [v.describe() for v in run.drafter[:50]],
+               "differing_rounds": [v.describe() for v in run.differs[:50]]}
+    if run.rounds == 0:
+        if all(len(r.output_ids) <= 1 for r in results):
+            return CheckResult.skipped(name, "every output is the prefill token alone (max_new_tokens or a stop "
+                                             "token): no speculative round to compare")
+        return CheckResult.failed(name, "the engine reports per-round acceptance but no rounds", **details)
+    if run.differs:
+        first = run.differs[0]
+        return CheckResult.failed(
+            name, f"per-round acceptance differs from the fp32 reference replayed on the engine's context in "
+                  f"{len(run.differs)}/{run.rounds} rounds; first: {first.describe()}; {run.lengths_around(first)}; "
+                  f"tau {tau:.3f} vs replay "
+                  f"{ref_tau:.3f} (lossless but slower: drafter positions, feedback rows, RoPE or budget?)",
+            first_round=first.__dict__, **details)
+    ceiling, mu = rules.ceiling(top2)
+    if len(run.target) > ceiling:
+        return CheckResult.failed(
+            name, f"{len(run.target)}/{run.rounds} rounds excused as target near-ties, above the ceiling {ceiling} a "
+                  f"correct engine reaches at these gaps (expected <= {mu:.1f}); first: {run.target[0].describe()}",
+            first_round=run.target[0].__dict__, **details)
+    cap = drafter_round_cap(rules, run.rounds)
+    if len(run.drafter) > cap:
+        return CheckResult.failed(
+            name, f"{len(run.drafter)}/{run.rounds} rounds excused as drafter near-ties, above the cap {cap} a "
+                  f"correct engine reaches ({run.drafter[0].describe()}); tau {tau:.3f} vs replay {ref_tau:.3f}",
+            first_round=run.drafter[0].__dict__, **details)
+    excused = ""
+    if run.target or run.drafter:
+        excused = (f" except {len(run.target)} target near-tie and {len(run.drafter)} drafter near-tie rounds (cap "
+                   f"{cap})")
+    return CheckResult.passed(name, f"per-round acceptance equals the reference{excused} over {run.rounds} rounds "
+                                    f"({source}); tau {tau:.3f} vs {ref_tau:.3f}", **details)
+
+
+def judge_aggregates(name: str, results: list[RequestResult], reference: list[RequestResult],
+                     what: str) -> CheckResult:
+    """Per-prompt mean tau (and acceptance at depths 1-4) within a paired bootstrap band of ``reference``."""
+    pairs = [(r.mean_acceptance if r.mean_acceptance is not None else r.tau, ref)
+             for r, ref in zip(results, reference)]
+    pairs = [(a, ref) for a, ref in pairs if a is not None]
+    if not pairs:
+        return CheckResult.skipped(name, "engine reports neither per-round nor aggregate acceptance")
+    mine = [a for a, _ in pairs]
+    theirs = [ref.tau or 0.0 for _, ref in pairs]
+    tau, ref_tau = sum(mine) / len(mine), sum(theirs) / len(theirs)
+    if len(pairs) < MIN_BAND_PROMPTS and mine != theirs:
+        return CheckResult.skipped(name, f"aggregate tau {tau:.3f} vs {what} {ref_tau:.3f} on {len(pairs)} prompts: "
+                                         f"the bootstrap band needs at least {MIN_BAND_PROMPTS} (raise --limit)")
+    low, high = paired_band(mine, theirs, ALPHA / 5)
+    if not low <= 0.0 <= high:
+        return CheckResult.failed(name, f"mean tau {tau:.3f} vs {what} {ref_tau:.3f}: the per-prompt difference's "
+                                        f"{1 - ALPHA / 5:.4%} bootstrap band [{low:.3f}, {high:.3f}] over {len(pairs)} "
+                                        f"prompts excludes 0", tau=tau, reference_tau=ref_tau)
+    got_pos = [r.per_position_acceptance for r in results]
+    if all(got_pos):
+        depth = min(4, min(len(p) for p in got_pos))
+        ref_pos = [per_position_acceptance([r.acceptance_lengths or []], depth) for r in reference]
+        for d in range(depth):
+            a = [p[d] for p in got_pos]
+            b = [p[d] if d < len(p) else 0.0 for p in ref_pos]
+            low_d, high_d = paired_band(a, b, ALPHA / 5)
+            if not low_d <= 0.0 <= high_d:
+                return CheckResult.failed(name, f"acceptance at depth {d + 1}: {sum(a) / len(a):.3f} vs {what} "
+                                                f"{sum(b) / len(b):.3f}, band [{low_d:.3f}, {high_d:.3f}] excludes 0")
+    return CheckResult.passed(name, f"aggregate tau {tau:.3f} vs {what} {ref_tau:.3f}: difference band "
+                                    f"[{low:.3f}, {high:.3f}] over {len(pairs)} prompts holds 0", tau=tau,
+                              reference_tau=ref_tau)
 
 
 def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
@@ -42,80 +191,31 @@ def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> Ch
     caps = session.capabilities
     if mode not in caps.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
-    if not session.exact:
-        return CheckResult.skipped(name, "acceptance is compared with the reference in float32 only")
-    expected, source = reference_acceptance(session, mode, budget)
     results = session.run(mode, budget)
-    errors = [r.error for r in results if r.error]
-    if errors:
-        return CheckResult.failed(name, f"engine error: {errors[0].splitlines()[0]}")
-    ref_tau = mean_tau(expected)
-    if caps.per_round(mode) and all(r.acceptance_lengths is not None for r in results):
-        got = [r.acceptance_lengths for r in results]
-        ties: list[str] = []
-        for index, (prompt, want, have) in enumerate(zip(session.prompts, expected, got)):
-            if want != have:
-                first = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
-                why = drafter_near_tie(session, mode, budget, index, first, have) if caps.draft_logits else None
-                if why is not None:
-                    ties.append(f"{prompt.id} round {first}: {why}")
-                    continue
-                return CheckResult.failed(
-                    name,
-                    f"per-round acceptance differs from the reference ({source}) on {prompt.id} at round {first}: "
-                    f"{have[first:first + 4]} vs {want[first:first + 4]}; tau {mean_tau(got):.3f} vs {ref_tau:.3f} "
-                    f"(lossless but slower: drafter positions, feedback rows or RoPE?)",
-                    tau=mean_tau(got),
-                    reference_tau=ref_tau,
-                )
-        if ties:
-            return CheckResult.passed(
-                name, f"per-round acceptance equals the reference ({source}) except {len(ties)} drafter near-tie(s): "
-                      f"{ties[0]}; tau {mean_tau(got):.3f} vs {ref_tau:.3f}", tau=mean_tau(got), reference_tau=ref_tau,
-                near_ties=ties)
-        return CheckResult.passed(name, f"per-round acceptance equals the reference ({source}); tau {ref_tau:.3f}",
-                                  tau=ref_tau)
-    # Aggregates only.
-    taus = [r.mean_acceptance for r in results if r.mean_acceptance is not None]
-    if not taus:
-        return CheckResult.skipped(name, "engine reports neither per-round nor aggregate acceptance")
-    tau = sum(taus) / len(taus)
-    if abs(tau - ref_tau) > TAU_REL_TOL * ref_tau:
-        return CheckResult.failed(name, f"mean tau {tau:.3f} vs reference {ref_tau:.3f} ({source}): "
-                                        f"outside {TAU_REL_TOL:.0%}", tau=tau, reference_tau=ref_tau)
-    ref_pos = per_position_acceptance(expected)
-    positions = [r.per_position_acceptance for r in results if r.per_position_acceptance]
-    if positions:
-        got_pos = [sum(col) / len(col) for col in zip(*positions)]
-        for d, (a, b) in enumerate(zip(got_pos, ref_pos), start=1):
-            if abs(a - b) > POSITION_ABS_TOL:
-                return CheckResult.failed(name, f"acceptance at depth {d}: {a:.3f} vs reference {b:.3f}, "
-                                                f"outside {POSITION_ABS_TOL * 100:.0f} points")
-    return CheckResult.passed(name, f"aggregate tau {tau:.3f} within {TAU_REL_TOL:.0%} of reference {ref_tau:.3f}")
+    for prompt, result in zip(session.prompts, results):
+        if result.error:
+            return CheckResult.failed(name, f"engine error on {prompt.id}: {result.error.splitlines()[0]}")
+    labels = [p.id for p in session.prompts]
+    if caps.per_round(mode):
+        missing = [label for label, r in zip(labels, results) if r.acceptance_lengths is None]
+        if missing:
+            return CheckResult.failed(name, f"engine promises per-round acceptance in mode {mode} but returned none "
+                                            f"for {missing[0]} ({len(missing)}/{len(labels)} prompts)")
+        traced_run = None
+        if caps.traced(mode):
+            def traced_run():  # the tree checks' traced run (memoised), by prompt index
+                from .trees import traced_run as shared
 
-
-def drafter_near_tie(session: SuiteSession, mode: str, budget: int | None, index: int, round_index: int,
-                     lengths: list[int]) -> str | None:
-    """Why round ``round_index`` of prompt ``index`` may differ from the reference: a drafter near-tie
-    (see the module doc), or None when it is not one."""
-    traced = session.run(mode, budget, trace=True, trace_draft_logits=True)[index]
-    if traced.acceptance_lengths != lengths or not traced.traces or round_index >= len(traced.traces):
-        return None  # not reproducible with traces: no excuse
-    mine = traced.traces[round_index]
-    if mine.draft_logits is None:
-        return None
+                indices, traced = shared(session, mode, budget)
+                return dict(zip(indices, traced))
+        return judge_per_round(session, name, mode, budget, labels, session.requests(), results,
+                               traced_run=traced_run)
     reference = session.reference_for(session.settings.model_dir, session.settings.drafter_dir)
-    request = session.requests()[index]
-    ref = session.run(mode, budget, requests=[request], engine=reference, trace=True, trace_draft_logits=True)[0]
-    if not ref.traces or round_index >= len(ref.traces) or ref.traces[round_index].draft_logits is None:
-        return None
-    theirs = ref.traces[round_index]
-    if theirs.start != mine.start or theirs.root_token != mine.root_token:
-        return None  # different context: an earlier divergence, not a tie
-    import torch
+    expected = session.run(mode, budget, engine=reference)
+    s = session.settings
+    return judge_aggregates(name, results, expected, f"reference ({s.dtype}, {s.device})")
 
-    gap = float((torch.tensor(mine.draft_logits) - torch.tensor(theirs.draft_logits)).abs().max())
-    same_tree = (mine.tree_tokens, mine.parents) == (theirs.tree_tokens, theirs.parents)
-    if gap > DRAFT_LOGIT_TOL or same_tree:
-        return None
-    return f"drafter logits {gap:.1e} apart flip the tree ({len(mine.tree_tokens) - 1} nodes)"
+
+def _short(values, n: int = 12) -> str:
+    values = list(values or [])
+    return str(values) if len(values) <= n else f"{values[:n]} ... ({len(values)} rounds)"

@@ -1,14 +1,38 @@
-"""Check 2: outputs equal the golden file for (model pair, prompt set, dtype)."""
+"""Check 2: outputs agree with the golden file for (model pair, prompt set, dtype[, device]).
+
+float32: equal token for token. bfloat16/float16: the golden file of that dtype (the device's own
+``<prompt set>-<dtype>-<device kind>.json`` when recorded, else ``<prompt set>-<dtype>.json``)
+must exist and hold the prompts; the outputs are scored against the fp32 target like the lossless
+check's, and how many equal the golden output is reported.
+"""
 
 from __future__ import annotations
 
-from ..golden_files import golden_path, load_golden
+from pathlib import Path
+
+from ..golden_files import GoldenFile, golden_path, load_golden
 from ..session import SuiteSession
-from .output_comparison import compare_outputs
-from .lossless import summarise_verdicts
+from .output_comparison import GreedyCase, judge_greedy
 from .result import CheckResult
 
-__all__ = ["check_golden"]
+__all__ = ["check_golden", "device_golden_path", "load_device_golden"]
+
+
+def device_golden_path(golden_dir, pair: str, prompt_set: str, dtype: str, device: str) -> Path:
+    """``<pair>/<prompt set>-<dtype>-<device kind>.json``: low-precision goldens differ by device."""
+    return golden_path(golden_dir, pair, prompt_set, f"{dtype}-{device.split(':', 1)[0]}")
+
+
+def load_device_golden(settings) -> tuple[GoldenFile | None, Path]:
+    """The golden file for the settings' dtype and device (float32: one for every device)."""
+    s = settings
+    if s.dtype != "float32":
+        keyed = f"{s.dtype}-{s.device.split(':', 1)[0]}"
+        if golden_path(s.golden_dir, s.pair_name, s.prompt_set, keyed).is_file():
+            return (load_golden(s.golden_dir, s.pair_name, s.prompt_set, keyed),
+                    golden_path(s.golden_dir, s.pair_name, s.prompt_set, keyed))
+    return (load_golden(s.golden_dir, s.pair_name, s.prompt_set, s.dtype),
+            golden_path(s.golden_dir, s.pair_name, s.prompt_set, s.dtype))
 
 
 def check_golden(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
@@ -16,8 +40,7 @@ def check_golden(session: SuiteSession, mode: str, budget: int | None) -> CheckR
     name = f"golden[{mode}{'' if budget is None else f',B={budget}'}]"
     if mode not in session.capabilities.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
-    golden = load_golden(s.golden_dir, s.pair_name, s.prompt_set, s.dtype)
-    path = golden_path(s.golden_dir, s.pair_name, s.prompt_set, s.dtype)
+    golden, path = load_device_golden(s)
     if golden is None:
         return CheckResult.skipped(name, f"no golden file {path} (record one with `ddtree-conformance record`)")
     if golden.max_new_tokens < s.max_new_tokens:
@@ -27,23 +50,14 @@ def check_golden(session: SuiteSession, mode: str, budget: int | None) -> CheckR
     missing = [p.id for p in session.prompts if p.id not in golden.records]
     if missing:
         return CheckResult.failed(name, f"prompts {missing[:3]} are not in the golden file {path}")
-    results = session.run(mode, budget)
-    verdicts = []
-    for prompt, result in zip(session.prompts, results):
+    cases = []
+    for prompt, result in zip(session.prompts, session.run(mode, budget)):
         record = golden.records[prompt.id]
         if record.prompt_ids != prompt.prompt_ids:
             return CheckResult.failed(name, f"{prompt.id}: prompt ids differ from the golden file {path}")
-        expected = record.output_ids[: s.max_new_tokens]
-        verdicts.append(
-            compare_outputs(
-                prompt.id,
-                prompt.prompt_ids,
-                expected,
-                result.output_ids,
-                exact=session.exact,
-                near_tie_bound=session.near_tie_bound,
-                scorer=None if session.exact else session.scorer,
-                got_error=result.error,
-            )
-        )
-    return summarise_verdicts(name, verdicts, session)
+        cases.append(GreedyCase(prompt.id, prompt.prompt_ids, result.output_ids,
+                                record.output_ids[: s.max_new_tokens], error=result.error))
+    verdict = judge_greedy(session, cases, what=f"golden ({path.name})")
+    if verdict.problem:
+        return CheckResult.failed(name, f"differs from the golden file: {verdict.problem}", **verdict.details)
+    return CheckResult.passed(name, f"{verdict.summary} ({path.name})", **verdict.details)

@@ -89,6 +89,9 @@ def check_sampling(session: SuiteSession, mode: str, budget: int | None, variant
     p_value, note = transition_test(table, params, sequences)
     rounds = sum(r.rounds or 0 for r in results)
     tokens = sum(len(r.output_ids) for r in results)
+    if tokens == 0 or note == "too few transitions for a test":
+        return CheckResult.failed(name, f"{len(requests)} sampled requests gave {tokens} tokens: nothing to test "
+                                        f"against the target distribution")
     detail = f"{len(requests)} requests, {tokens} tokens, {rounds} rounds; {note}; p = {p_value:.3g}"
     if p_value < ALPHA:
         return CheckResult.failed(name, f"sampled outputs do not follow the target distribution: {detail} "

@@ -4,10 +4,10 @@ Sharding the target over N GPUs changes reduction order, and integrations have s
 drafter's hidden-state feedback or the tree mask wrongly only under TP. So, for each speculative
 run, the check runs the prompt set at ``tensor_parallel_size=1`` and at ``N`` and compares:
 
-* outputs: the TP=1 output is the expected one; fp32 must match exactly, bf16/fp16 may differ only
-  after a near-tie first divergence (the lossless check's rule, :func:`compare_outputs`);
+* outputs: the TP=1 output is the expected one; fp32 must match exactly;
 * acceptance: fp32 per-round acceptance lengths equal (engines with aggregates only: mean tau
-  within :data:`TAU_REL_TOL`); bf16/fp16 pooled tau within :data:`TAU_REL_TOL`.
+  within a paired bootstrap band over the prompts); bf16/fp16 both outputs scored against the fp32
+  target (:mod:`ddtree_conformance.token_scoring`) and per-prompt tau within that band.
 
 N is the settings' ``tensor_parallel_size`` when above 1 (the pair's or ``--tensor-parallel-size``),
 else as many devices as are visible, capped by the engine's ``capabilities().max_tensor_parallel``.
@@ -17,11 +17,11 @@ than two devices are visible.
 
 from __future__ import annotations
 
-from ..metrics import mean_tau
+from ..calibration import ALPHA
+from ..metrics import mean_tau, paired_band
 from ..session import SuiteSession
-from .acceptance import TAU_REL_TOL
-from .output_comparison import compare_outputs
-from .lossless import summarise_verdicts
+from ..token_scoring import window
+from .output_comparison import GreedyCase, first_divergence, judge_greedy
 from .result import CheckResult
 
 __all__ = ["check_tensor_parallel", "visible_devices", "tp_size"]
@@ -67,55 +67,54 @@ def check_tensor_parallel(session: SuiteSession, mode: str, budget: int | None) 
         return CheckResult.skipped(name, why)
     one = session.run(mode, budget, tensor_parallel_size=1)
     many = session.run(mode, budget, tensor_parallel_size=n)
-    verdicts = []
+    cases = []
     for prompt, a, b in zip(session.prompts, one, many):
-        if a.error:
-            verdicts.append(compare_outputs(prompt.id, prompt.prompt_ids, [], [], exact=True,
-                                            got_error="TP=1: " + a.error))
-            continue
-        verdicts.append(compare_outputs(
-            prompt.id, prompt.prompt_ids, a.output_ids, b.output_ids, exact=session.exact,
-            near_tie_bound=session.near_tie_bound, scorer=None if session.exact else session.scorer,
-            got_error=None if not b.error else f"TP={n}: {b.error}",
-        ))
-    outputs = summarise_verdicts(name, verdicts, session)
-    bad = [v for v in verdicts if v.kind in ("divergence", "error")]
-    if bad:
-        first = bad[0]
-        if first.kind == "error":
-            return CheckResult.failed(name, f"engine error on {first.prompt}: {first.note}", tp=n, **outputs.details)
-        gap = "" if first.gap is None else f", target top-2 gap {first.gap:.4f} > bound {session.near_tie_bound:.3g}"
-        return CheckResult.failed(
-            name,
-            f"TP={n} output differs from TP=1 on {len(bad)}/{len(verdicts)} prompts; prompt {first.prompt} diverges "
-            f"at output token {first.position} (TP=1 {first.expected}, TP={n} {first.got}{gap})",
-            tp=n, **outputs.details,
-        )
-
-    tau_one = mean_tau([r.acceptance_lengths or [] for r in one]) if caps.per_round_acceptance else None
-    tau_many = mean_tau([r.acceptance_lengths or [] for r in many]) if caps.per_round_acceptance else None
-    if session.exact and caps.per_round_acceptance and all(r.acceptance_lengths is not None for r in one + many):
+        error = f"TP=1: {a.error}" if a.error else (f"TP={n}: {b.error}" if b.error else None)
+        cases.append(GreedyCase(prompt.id, prompt.prompt_ids, b.output_ids, a.output_ids, error=error))
+        if session.settings.dtype != "float32":
+            cases.append(GreedyCase(f"{prompt.id} (TP=1)", prompt.prompt_ids, a.output_ids))
+    verdict = judge_greedy(session, cases, what="TP=1")
+    if verdict.problem and verdict.problem.startswith("engine error"):
+        return CheckResult.failed(name, verdict.problem, tp=n)
+    if verdict.problem:
+        if session.settings.dtype == "float32":
+            first = next(c for c in cases if list(c.got) != list(c.expected))
+            pos = first_divergence(first.expected, first.got)
+            return CheckResult.failed(
+                name, f"TP={n} output differs from TP=1 on {len(verdict.differing)}/{len(session.prompts)} prompts; "
+                      f"prompt {first.label} diverges at output token {pos} (TP=1 {window(list(first.expected), pos)} | "
+                      f"TP={n} {window(list(first.got), pos)})", tp=n, **verdict.details)
+        return CheckResult.failed(name, f"TP={n} output: {verdict.problem}", tp=n, **verdict.details)
+    summary = verdict.summary
+    per_round = caps.per_round(mode) and all(r.acceptance_lengths is not None for r in one + many)
+    if per_round:
+        tau_one = mean_tau([r.acceptance_lengths for r in one])
+        tau_many = mean_tau([r.acceptance_lengths for r in many])
+    if session.settings.dtype == "float32" and per_round:
         for prompt, a, b in zip(session.prompts, one, many):
             if a.acceptance_lengths != b.acceptance_lengths:
                 want, have = a.acceptance_lengths, b.acceptance_lengths
-                first = next((i for i, (x, y) in enumerate(zip(want, have)) if x != y), min(len(want), len(have)))
+                first = first_divergence(want, have)
                 return CheckResult.failed(
                     name,
                     f"TP={n} per-round acceptance differs from TP=1 on {prompt.id} at round {first}: "
-                    f"{have[first:first + 4]} vs {want[first:first + 4]}; tau {tau_many:.3f} vs {tau_one:.3f} "
+                    f"TP=1 {window(want, first)} | TP={n} {window(have, first)}; tau {tau_many:.3f} vs {tau_one:.3f} "
                     "(outputs equal: drafter feedback or tree under sharding?)",
                     tp=n, tau=tau_many, tau_tp1=tau_one,
                 )
-        return CheckResult.passed(name, f"TP={n} ({why}): {outputs.message}; per-round acceptance equals TP=1 "
+        return CheckResult.passed(name, f"TP={n} ({why}): {summary}; per-round acceptance equals TP=1 "
                                         f"(tau {tau_one:.3f})", tp=n, tau=tau_one)
-    if tau_one is None or not any(r.acceptance_lengths for r in one):
-        taus = [[r.mean_acceptance for r in rs if r.mean_acceptance is not None] for rs in (one, many)]
-        if not taus[0] or not taus[1]:
-            return CheckResult.passed(name, f"TP={n} ({why}): {outputs.message}; engine reports no acceptance",
-                                      tp=n)
-        tau_one, tau_many = (sum(t) / len(t) for t in taus)
-    if abs(tau_many - tau_one) > TAU_REL_TOL * tau_one:
-        return CheckResult.failed(name, f"TP={n} mean tau {tau_many:.3f} vs TP=1 {tau_one:.3f}: outside "
-                                        f"{TAU_REL_TOL:.0%}", tp=n, tau=tau_many, tau_tp1=tau_one)
-    return CheckResult.passed(name, f"TP={n} ({why}): {outputs.message}; tau {tau_many:.3f} vs TP=1 "
-                                    f"{tau_one:.3f} (within {TAU_REL_TOL:.0%})", tp=n, tau=tau_many)
+    taus = [[r.tau for r in rs] for rs in (one, many)]
+    if any(t is None for t in taus[0] + taus[1]):
+        return CheckResult.passed(name, f"TP={n} ({why}): {summary}; engine reports no acceptance to compare", tp=n)
+    if len(taus[0]) < 5:
+        return CheckResult.passed(name, f"TP={n} ({why}): {summary}; tau not compared on {len(taus[0])} prompts (the "
+                                        "bootstrap band needs 5)", tp=n)
+    low, high = paired_band(taus[1], taus[0], ALPHA)
+    tau_one, tau_many = sum(taus[0]) / len(taus[0]), sum(taus[1]) / len(taus[1])
+    if not low <= 0.0 <= high:
+        return CheckResult.failed(name, f"TP={n} mean tau {tau_many:.3f} vs TP=1 {tau_one:.3f}: the per-prompt "
+                                        f"difference's bootstrap band [{low:.3f}, {high:.3f}] excludes 0", tp=n,
+                                  tau=tau_many, tau_tp1=tau_one)
+    return CheckResult.passed(name, f"TP={n} ({why}): {summary}; tau {tau_many:.3f} vs TP=1 {tau_one:.3f} (difference "
+                                    f"band [{low:.3f}, {high:.3f}])", tp=n, tau=tau_many)

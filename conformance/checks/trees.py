@@ -8,9 +8,29 @@ from ddtree_conformance.adapters.interface import RoundTrace
 from ddtree_conformance.spec import build_chain, build_tree
 
 from ..session import SuiteSession
+from ..token_scoring import rules_for
 from .result import CheckResult
 
-__all__ = ["trace_problems", "check_tree_structure", "check_branch_vs_chain"]
+__all__ = ["MAX_LEAVES", "TRACED_PROMPTS", "traced_run", "trace_problems", "check_tree_structure",
+           "check_branch_vs_chain"]
+
+MAX_LEAVES = 48  # root-to-leaf chains run per round (every leaf of trees up to about B=64)
+# Prompts of the traced runs: structural bugs show in every round, so ~20 prompts (some 250 rounds,
+# spread over the prompt set's categories) have the power of 80, at a quarter of the cost of
+# carrying every round's drafter logits back from the engine.
+TRACED_PROMPTS = 20
+
+
+def traced_run(session: SuiteSession, mode: str, budget: int | None):
+    """``(prompt indices, results)`` of the one traced run per (mode, budget) that the tree checks
+    share (and the acceptance check reads to explain a differing round): every k-th prompt."""
+    caps = session.capabilities
+    step = max(1, len(session.prompts) // TRACED_PROMPTS)
+    indices = list(range(0, len(session.prompts), step))[:TRACED_PROMPTS]
+    requests = session.requests()
+    results = session.run(mode, budget, trace=True, trace_draft_logits=caps.draft_logits,
+                          requests=[requests[i] for i in indices])
+    return indices, results
 
 
 def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True) -> list[str]:
@@ -92,9 +112,9 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
     if not caps.traced(mode):
         return CheckResult.skipped(name, f"engine gives no per-round traces in mode {mode}")
     limit = budget if mode == "ddtree" else None
-    results = session.run(mode, budget, trace=True, trace_draft_logits=caps.draft_logits)
+    indices, results = traced_run(session, mode, budget)
     rounds = 0
-    for prompt, result in zip(session.prompts, results):
+    for prompt, result in zip([session.prompts[i] for i in indices], results):
         if result.error:
             return CheckResult.failed(name, f"engine error on {prompt.id}: {result.error.splitlines()[0]}")
         for r, trace in enumerate(result.traces or []):
@@ -106,6 +126,8 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
             if problems:
                 return CheckResult.failed(name, f"{prompt.id} round {r}: {problems[0]}", problems=problems)
     if rounds == 0:
+        if all(len(r.output_ids) <= 1 for r in results):
+            return CheckResult.skipped(name, "every output is the prefill token alone: no round to trace")
         return CheckResult.failed(name, "engine claims traces but returned none")
     spec = "; trees equal the spec's" if caps.draft_logits else "; drafter logits not reported, spec-tree equality not checked"
     return CheckResult.passed(name, f"{rounds} rounds well-formed{spec}")
@@ -120,10 +142,16 @@ def check_branch_vs_chain(session: SuiteSession, budget: int) -> CheckResult:
     if not caps.traced("ddtree"):
         return CheckResult.skipped(name, "engine gives no per-round traces in mode ddtree")
     s = session.settings
-    results = session.run("ddtree", budget, trace=True)
+    from ..scorer import shared_scorer
+
+    scorer = shared_scorer(str(s.model_dir), "float32", s.device)
+    rules = rules_for(session)
+    indices, results = traced_run(session, "ddtree", budget)
     nodes = mismatches = 0
     first = None
-    for prompt, result in list(zip(session.prompts, results))[: s.branch_prompts]:
+    excused: list[float] = []
+    top2_gaps: list[float] = []
+    for prompt, result in list(zip([session.prompts[i] for i in indices], results))[: s.branch_prompts]:
         if result.error:
             return CheckResult.failed(name, f"engine error on {prompt.id}: {result.error.splitlines()[0]}")
         full = list(prompt.prompt_ids) + list(result.output_ids)
@@ -133,30 +161,48 @@ def check_branch_vs_chain(session: SuiteSession, budget: int) -> CheckResult:
             committed = full[: trace.start]
             children = {p for p in trace.parents[1:]}
             leaves = [i for i in range(len(trace.tree_tokens)) if i not in children]
+            if len(leaves) > MAX_LEAVES:  # large budgets: leaves spread over the tree, each path a chain run
+                step = len(leaves) / MAX_LEAVES
+                leaves = [leaves[int(k * step)] for k in range(MAX_LEAVES - 1)] + [leaves[-1]]
             for leaf in leaves:
                 path, node = [], leaf
                 while node != -1:
                     path.append(node)
                     node = trace.parents[node]
                 path.reverse()  # root .. leaf
-                logits = session.scorer.logits(committed + [trace.tree_tokens[i] for i in path])
+                logits = scorer.logits(committed + [trace.tree_tokens[i] for i in path])
                 tail = logits[len(committed) :]
                 for offset, node in enumerate(path):
                     nodes += 1
-                    chain_token = int(torch.argmax(tail[offset]))
-                    if chain_token == trace.node_target_tokens[node]:
+                    row = tail[offset]
+                    top = torch.topk(row, 2).values
+                    top2_gaps.append(float(top[0] - top[1]))
+                    chain_token, got = int(torch.argmax(row)), trace.node_target_tokens[node]
+                    if chain_token == got:
                         continue
-                    top = torch.topk(tail[offset], 2).values
-                    gap = float(top[0] - top[1])
-                    if not session.exact and gap <= session.near_tie_bound:
+                    # the tree's token must itself be within the bound of the chain's top-1
+                    gap = float(top[0] - row[got]) if 0 <= got < row.shape[0] else float("inf")
+                    if not rules.exact and gap <= rules.bound:
+                        excused.append(gap)
                         continue
                     mismatches += 1
-                    first = first or (prompt.id, r, node, trace.node_target_tokens[node], chain_token, gap)
+                    first = first or (prompt.id, r, node, got, chain_token, gap)
+    if nodes == 0:
+        if all(len(r.output_ids) <= 1 for r in results[: s.branch_prompts]):
+            return CheckResult.skipped(name, "every output is the prefill token alone: no tree to check")
+        return CheckResult.failed(name, "engine promises per-round traces in mode ddtree but returned none to check")
     if mismatches:
         pid, r, node, got, want, gap = first
         return CheckResult.failed(
             name,
             f"{mismatches}/{nodes} node checks differ from the chain run of their ancestors; first: {pid} round {r} "
-            f"node {node}: tree gives {got}, chain gives {want} (gap {gap:.3f}); mask, positions or KV wrong",
+            f"node {node}: tree gives {got}, chain gives {want} ({gap:.3f} below the chain's top-1, bound "
+            f"{rules.bound:.3g}); mask, positions or KV wrong",
         )
-    return CheckResult.passed(name, f"{nodes} node checks equal their chain runs")
+    ceiling, mu = rules.ceiling(top2_gaps)
+    if len(excused) > ceiling:
+        return CheckResult.failed(name, f"{len(excused)}/{nodes} node checks differ from their chain runs within the "
+                                        f"near-tie bound, above the ceiling {ceiling} (expected <= {mu:.1f}); mask, "
+                                        "positions or KV wrong")
+    near = f", {len(excused)} within the near-tie bound (ceiling {ceiling})" if excused else ""
+    return CheckResult.passed(name, f"{nodes} node checks equal their chain runs{near}")

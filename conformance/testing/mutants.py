@@ -1,4 +1,5 @@
-"""Deliberately broken reference engines, one per bug class of algorithm doc §6.
+"""Deliberately broken reference engines: one per bug class of algorithm doc §6, and one per
+low-precision, envelope and batch failure (issue 13).
 
 Each replaces exactly one spec step of :class:`ddtree_conformance.adapters.reference.engine.ReferenceEngine`. The
 suite must fail every one of them with a message naming the symptom (tests/test_mutants.py).
@@ -20,6 +21,7 @@ from ddtree_conformance.spec import (
     select_feedback_rows,
     walk_tree,
 )
+from ddtree_conformance.spec.walk import WalkResult
 from ddtree_conformance.spec.tree import DraftTree
 
 __all__ = ["MUTANTS"]
@@ -119,6 +121,105 @@ class TopKTopPIgnored(ReferenceEngine):
     )
 
 
+class DrafterPositionsOffByOne(ReferenceEngine):
+    """Drafter block positions one past where the context puts them: lossless, acceptance collapses."""
+
+    name = "mutant-drafter-positions-off-by-one"
+    block_position_offset = 1
+
+
+def _bf16_bound(model_dir: str) -> float:
+    from ddtree_conformance.calibration import load_calibration
+
+    return load_calibration(model_dir, "bfloat16").bound
+
+
+def _runner_up_walk(threshold: float):
+    """A greedy walk that takes the runner-up wherever the top-2 gap is below ``threshold``."""
+
+    def walk(tree, logits, params, generator):
+        if not params.greedy:
+            return walk_tree(tree, logits, params, generator)
+        children, accepted, chosen, node = tree.children, [], {}, 0
+        while True:
+            top = torch.topk(logits[node].float(), 2)
+            pick = 1 if float(top.values[0] - top.values[1]) < threshold else 0
+            token = int(top.indices[pick])
+            chosen[node] = token
+            child = children[node].get(token)
+            if child is None:
+                return WalkResult(accepted=accepted, bonus=token, target_tokens=chosen)
+            accepted.append(child)
+            node = child
+
+    return walk
+
+
+class RunnerUpBelowTwiceBound(ReferenceEngine):
+    """Takes the target's runner-up wherever its top-2 gap is below twice the pair's bf16 near-tie
+    bound (a fixed threshold, so it is wrong in every dtype)."""
+
+    name = "mutant-runner-up-below-twice-bound"
+    factor = 2.0
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.walk_step = _runner_up_walk(self.factor * _bf16_bound(self.model_dir))
+
+
+class RunnerUpWithinBound(RunnerUpBelowTwiceBound):
+    """Takes the runner-up wherever the top-2 gap is within the bf16 bound: every token it emits is
+    within the bound, so in bf16 only the excused-position ceiling can catch it."""
+
+    name = "mutant-runner-up-within-bound"
+    factor = 1.0
+
+
+class AcceptanceOverReported(ReferenceEngine):
+    """Reports every round's acceptance length one higher than achieved."""
+
+    name = "mutant-acceptance-over-reported"
+
+    def _speculative(self, pair, request, config):
+        result = super()._speculative(pair, request, config)
+        return result.model_copy(update={"acceptance_lengths": [n + 1 for n in result.acceptance_lengths]})
+
+
+class BudgetCappedAbove128(ReferenceEngine):
+    """Trees of budgets above 128 keep only 128 nodes (a fixed-size node buffer): lossless, slower."""
+
+    name = "mutant-budget-capped-above-128"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        build = self._build
+        self._build = lambda logits, budget: build(logits, min(budget, 128))
+
+
+class CompactionPast512(ReferenceEngine):
+    """KV compaction keeps the first rows instead of the accepted path's once the context passes 512."""
+
+    name = "mutant-compaction-past-512"
+    compact_step = staticmethod(
+        lambda cache, prefix_len, accepted: compact_dynamic_cache(
+            cache, prefix_len, accepted if prefix_len <= 512 else list(range(1, len(accepted) + 1)))
+    )
+
+
+class BatchSettingsMixedUp(ReferenceEngine):
+    """Each request of a batch runs with the next request's sampling parameters (a per-request
+    sampling table read one slot off); batches of alike requests hide it. Lengths and stop tokens stay
+    right, so the result is well-formed and only comparing each request with its solo run finds it."""
+
+    name = "mutant-batch-settings-mixed-up"
+
+    def generate_local(self, requests, config):
+        settings = ("temperature", "top_p", "top_k", "seed")
+        mixed = [r.model_copy(update={k: getattr(requests[(i + 1) % len(requests)], k) for k in settings})
+                 for i, r in enumerate(requests)]
+        return super().generate_local(mixed, config)
+
+
 MUTANTS = {
     "flat-positions (bug 1)": FlatPositions,
     "sibling-mask (bug 2)": SiblingMask,
@@ -127,4 +228,11 @@ MUTANTS = {
     "nonzero-tree-size (bug 5)": NonZeroTreeSize,
     "mask-id-dropped (bug 5)": MaskIdDropped,
     "top-k-top-p-ignored (bug 7)": TopKTopPIgnored,
+    "drafter-positions-off-by-one": DrafterPositionsOffByOne,
+    "runner-up-below-twice-bound": RunnerUpBelowTwiceBound,
+    "runner-up-within-bound": RunnerUpWithinBound,
+    "acceptance-over-reported": AcceptanceOverReported,
+    "budget-capped-above-128": BudgetCappedAbove128,
+    "compaction-past-512": CompactionPast512,
+    "batch-settings-mixed-up": BatchSettingsMixedUp,
 }

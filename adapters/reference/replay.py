@@ -1,0 +1,132 @@
+"""Replaying an engine's rounds with the reference: the reference's drafter, tree and walk run on
+exactly the contexts that the engine's output and per-round acceptance lengths fix.
+
+Round ``r`` of an engine's result starts after ``c_r = 1 + sum(lengths[:r])`` output tokens (the
+first output token comes from the prefill): its context is ``prompt + output[:c_r]``, its root the
+last committed token ``output[c_r - 1]`` at position ``len(prompt) + c_r - 1``. The replay drafts,
+builds the spec tree, verifies it with the ancestor mask and walks it greedily there, exactly as
+:class:`~ddtree_conformance.adapters.reference.engine.ReferenceEngine` does, then commits *the
+engine's* round (its accepted tokens, its bonus as the next root), so every later round is judged
+in the engine's own context:
+
+* when the engine's accepted path is a path of the replay's tree, its verify rows are kept, as the
+  reference's own commit would (so a replay of the reference's own run is bit for bit that run);
+* otherwise the tree rows are dropped and the engine's accepted tokens run as a causal chain after
+  the root, giving the cache rows and drafter feedback of exactly that context.
+
+Only greedy (temperature 0) results are replayed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ddtree_conformance.spec import (
+    build_chain,
+    build_tree,
+    compact_dynamic_cache,
+    compile_tree,
+    select_feedback_rows,
+    top2_margin,
+    walk_tree,
+)
+
+from ..interface import Request, RunConfig
+
+__all__ = ["ReplayRound", "replay_result"]
+
+
+@dataclass
+class ReplayRound:
+    """One replayed round: the reference's choices on the engine's context."""
+
+    index: int
+    offset: int  # c_r: output index of the first token this round emits
+    start: int  # position of the root
+    root: int
+    length: int  # the reference's acceptance length here
+    tokens: list[int]  # the reference's accepted tokens, then its bonus
+    tree_tokens: list[int]  # root first
+    parents: list[int]
+    accepted: list[int]  # accepted node indices
+    path_gaps: list[float]  # fp32 target top-1/top-2 gap at the root and each accepted node
+    draft_logits: torch.Tensor | None  # [L, V] float32 on CPU, kept for rounds that differ
+
+
+def _tree(draft_logits: torch.Tensor, mode: str, budget: int):
+    return build_chain(draft_logits) if mode == "dflash" else build_tree(draft_logits, budget)
+
+
+def _path_nodes(tree, tokens: list[int]) -> list[int] | None:
+    """Node indices of ``tokens`` as a path from the root of ``tree``, or None when it is not one."""
+    children, node, nodes = tree.children, 0, []
+    for token in tokens:
+        node = children[node].get(token)
+        if node is None:
+            return None
+        nodes.append(node)
+    return nodes
+
+
+def replay_result(engine, request: Request, output: list[int], lengths: list[int], mode: str, budget: int,
+                  device: str = "cpu", keep_logits=None) -> list[ReplayRound]:
+    """Replay the rounds of one greedy ``output`` with per-round ``lengths`` (see the module doc).
+
+    ``engine`` is a :class:`ReferenceEngine`; it runs in float32 on ``device``. ``keep_logits(r,
+    engine_tokens, reference_tokens)`` says whether to keep round ``r``'s drafter logits (default:
+    when the round differs from the engine's). Rounds stop where the lengths run past the output.
+    """
+    config = RunConfig(mode=mode, budget=budget, dtype="float32", device=device)
+    pair = engine._pair(config)
+    rounds: list[ReplayRound] = []
+    if not output:
+        return rounds
+    with torch.inference_mode():
+        cache, _, features = engine._prefill(pair, request)
+        draft_cache = pair.drafter.new_cache()
+        context, context_start = features, 0
+        start, offset = len(request.prompt_ids), 1
+        root = output[0]
+        for index, length in enumerate(lengths):
+            if offset >= len(output):
+                break  # lengths that run past the output (the acceptance check reports the sum)
+            draft_logits = pair.draft_logits(root, start, context, context_start, draft_cache)
+            tree = _tree(draft_logits, mode, budget)
+            verify = compile_tree(tree, root, start, dtype=pair.dtype)
+            logits, feats = pair.forward(verify.input_ids, verify.position_ids, cache, verify.attention_mask)
+            walk = walk_tree(tree, logits)
+            tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
+            engine_tokens = output[offset: offset + length]
+            if keep_logits is not None:
+                keep = keep_logits(index, engine_tokens, tokens)
+            else:
+                keep = engine_tokens != tokens[:len(engine_tokens)] or length != len(tokens)
+            rounds.append(ReplayRound(
+                index=index, offset=offset, start=start, root=root, length=len(walk.accepted) + 1, tokens=tokens,
+                tree_tokens=verify.input_ids.tolist(), parents=tree.parents.tolist(), accepted=list(walk.accepted),
+                path_gaps=top2_margin(logits[[0, *walk.accepted]]).tolist(),
+                draft_logits=draft_logits.float().cpu() if keep else None))
+            if offset + length > len(output) or index == len(lengths) - 1:
+                break  # the last round: nothing to commit
+            accepted_tokens = output[offset: offset + length - 1]
+            nodes = _path_nodes(tree, accepted_tokens)
+            if nodes is not None:
+                compact_dynamic_cache(cache, start, nodes)
+                context = select_feedback_rows(feats, nodes)
+            else:
+                compact_dynamic_cache(cache, start, [])
+                root_row = select_feedback_rows(feats, [])
+                if accepted_tokens:
+                    ids = torch.tensor(accepted_tokens, dtype=torch.long, device=pair.device)
+                    positions = torch.arange(start + 1, start + 1 + len(accepted_tokens), device=pair.device)
+                    _, chain = pair.forward(ids, positions, cache)
+                    context = torch.cat([root_row, chain], dim=0)
+                else:
+                    context = root_row
+            context_start = start
+            start += length
+            offset += length
+            root = output[offset - 1]
+    return rounds

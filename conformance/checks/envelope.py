@@ -1,0 +1,150 @@
+"""Checks of the operating envelope: long contexts and busy batches.
+
+* long-context: prompts that fill most of the pair's context window (built by joining the prompt
+  set's prompts), run plain and speculative: outputs judged like the lossless check's, and for
+  engines with per-round acceptance every round replayed with the fp32 reference like the
+  acceptance check's. Bugs that show only at large positions (a cache block boundary, RoPE
+  scaling) live here.
+* busy-batch: one generate call mixing greedy and sampled requests with different lengths, stop
+  tokens and limits, each compared with the same request run alone: greedy requests like the
+  lossless check's (equal in float32, scored in bfloat16/float16), sampled requests equal when the
+  engine's batch and solo runs agree; an engine whose sampled results depend on the batch is
+  judged for them by the sampling check's distribution test, and this check says so. The budget
+  is one per generate call in the engine interface, so a batch cannot mix budgets.
+"""
+
+from __future__ import annotations
+
+from ddtree_conformance.adapters.interface import Request
+
+from ..session import SuiteSession
+from .acceptance import block_size, judge_per_round
+from .edges import stop_rule_problem
+from .output_comparison import GreedyCase, judge_greedy
+from .result import CheckResult
+
+__all__ = ["LONG_PROMPTS", "LONG_NEW_TOKENS", "long_prompts", "check_long_context", "busy_batch_requests",
+           "check_busy_batch"]
+
+LONG_PROMPTS = 3
+LONG_NEW_TOKENS = 32
+
+
+def _label(kind: str, mode: str, budget: int | None) -> str:
+    return f"{kind}[{mode}{'' if budget is None else f',B={budget}'}]"
+
+
+def long_prompts(session: SuiteSession, limit: int, new_tokens: int) -> list[list[int]]:
+    """Up to :data:`LONG_PROMPTS` prompts of ``limit - new_tokens - block size`` tokens, each the
+    prompt set's prompts joined, starting at a different one."""
+    base = [p.prompt_ids for p in session.prompts]
+    length = limit - new_tokens - (block_size(session.settings.drafter_dir) or 16)
+    out = []
+    for k in range(min(LONG_PROMPTS, len(base))):
+        ids, i = [], k
+        while len(ids) < length:
+            ids += base[i % len(base)]
+            i += 1
+        out.append(ids[:length])
+    return out
+
+
+def check_long_context(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
+    name = _label("long-context", mode, budget)
+    caps = session.capabilities
+    if mode not in caps.modes:
+        return CheckResult.skipped(name, f"engine does not offer mode {mode}")
+    limit = caps.max_context
+    new_tokens = min(LONG_NEW_TOKENS, session.settings.max_new_tokens)
+    if not limit:
+        return CheckResult.skipped(name, "engine states no context limit (capabilities().max_context)")
+    prompts = long_prompts(session, limit, new_tokens)
+    if not prompts or len(prompts[0]) < limit // 2:
+        return CheckResult.skipped(name, f"context limit {limit} leaves no room for a long prompt")
+    requests = [Request(prompt_ids=ids, max_new_tokens=new_tokens) for ids in prompts]
+    labels = [f"long prompt {k} ({len(ids)} tokens)" for k, ids in enumerate(prompts)]
+    plain = session.run("plain", requests=requests)
+    spec = session.run(mode, budget, requests=requests)
+    cases = [GreedyCase(label, r.prompt_ids, s.output_ids, p.output_ids, error=s.error or p.error)
+             for label, r, p, s in zip(labels, requests, plain, spec)]
+    if session.settings.dtype != "float32":
+        cases += [GreedyCase(f"{label} (plain)", r.prompt_ids, p.output_ids) for label, r, p in zip(labels, requests, plain)]
+    verdict = judge_greedy(session, cases, what="plain")
+    if verdict.problem:
+        return CheckResult.failed(name, f"not lossless at {len(prompts[0])}-token contexts: {verdict.problem}",
+                                  **verdict.details)
+    summary = f"{len(prompts)} prompts of {len(prompts[0])} tokens (context limit {limit}): {verdict.summary}"
+    if not caps.per_round(mode):
+        return CheckResult.passed(name, summary + "; engine reports no per-round acceptance", **verdict.details)
+    if any(r.acceptance_lengths is None for r in spec):
+        return CheckResult.failed(name, f"engine promises per-round acceptance in mode {mode} but returned none")
+    replay = judge_per_round(session, name, mode, budget, labels, requests, spec, use_golden=False)
+    if replay.status == "fail":
+        return CheckResult.failed(name, f"at {len(prompts[0])}-token contexts: {replay.message}", **replay.details)
+    return CheckResult.passed(name, f"{summary}; {replay.message}", **verdict.details)
+
+
+def busy_batch_requests(session: SuiteSession) -> tuple[list[Request], list[str]]:
+    """Greedy requests of different limits (one with a stop token) interleaved with sampled ones."""
+    n = min(24, session.settings.max_new_tokens)
+    prompts = [p.prompt_ids for p in session.prompts[:3]]
+    prompts = [prompts[i % len(prompts)] for i in range(3)]
+    plain = session.plain()
+    stop = plain[0].output_ids[min(3, len(plain[0].output_ids) - 1)] if plain[0].output_ids else None
+    greedy = [Request(prompt_ids=prompts[0], max_new_tokens=n),
+              Request(prompt_ids=prompts[1], max_new_tokens=max(1, n // 2 + 1)),
+              Request(prompt_ids=prompts[2][: max(1, len(prompts[2]) // 2)], max_new_tokens=max(1, n // 3))]
+    labels = [f"greedy request {i} (max_new_tokens {r.max_new_tokens})" for i, r in enumerate(greedy)]
+    if stop is not None:
+        greedy.append(Request(prompt_ids=prompts[0], max_new_tokens=n, stop_token_ids=[stop]))
+        labels.append(f"greedy request 3 (stop token {stop})")
+    sampled = []
+    if session.capabilities.sampling:
+        sampled = [Request(prompt_ids=prompts[1], max_new_tokens=n, temperature=1.0, seed=11),
+                   Request(prompt_ids=prompts[2], max_new_tokens=max(1, n // 2), temperature=0.8, top_k=5, seed=12),
+                   Request(prompt_ids=prompts[0], max_new_tokens=n, temperature=1.0, top_p=0.7, seed=13)]
+    requests, names = [], []
+    for i in range(max(len(greedy), len(sampled))):  # greedy, sampled, greedy, ... so neighbours differ
+        for group, group_names in ((greedy, labels), (sampled, [f"sampled request {j}" for j in range(len(sampled))])):
+            if i < len(group):
+                requests.append(group[i])
+                names.append(group_names[i])
+    return requests, names
+
+
+def check_busy_batch(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
+    name = _label("busy-batch", mode, budget)
+    caps = session.capabilities
+    if mode not in caps.modes:
+        return CheckResult.skipped(name, f"engine does not offer mode {mode}")
+    requests, labels = busy_batch_requests(session)
+    batch = session.run(mode, budget, requests=requests)
+    alone = [session.run(mode, budget, requests=[r])[0] for r in requests]
+    greedy, sampled_equal, sampled_total = [], 0, 0
+    for label, request, b, a in zip(labels, requests, batch, alone):
+        if a.error or b.error:
+            return CheckResult.failed(name, f"in a batch of {len(requests)} mixed requests: {label}: engine error: "
+                                            f"{(b.error or a.error).splitlines()[0]}")
+        problem = stop_rule_problem(b.output_ids, b.finish_reason, request.stop_token_ids, request.max_new_tokens)
+        if problem:
+            return CheckResult.failed(name, f"in a batch of {len(requests)} mixed requests: {label}: {problem} "
+                                            "(another request's settings?)")
+        if request.temperature > 0:
+            sampled_total += 1
+            sampled_equal += b.output_ids == a.output_ids
+            continue
+        greedy.append(GreedyCase(f"{label} (in the batch vs alone)", request.prompt_ids, b.output_ids, a.output_ids))
+        if session.settings.dtype != "float32":
+            greedy.append(GreedyCase(f"{label} (alone)", request.prompt_ids, a.output_ids))
+    verdict = judge_greedy(session, greedy, what="the request alone")
+    if verdict.problem:
+        return CheckResult.failed(name, f"in a batch of {len(requests)} mixed requests: {verdict.problem}",
+                                  **verdict.details)
+    sampled = ""
+    if sampled_total:
+        sampled = (f"; {sampled_equal}/{sampled_total} sampled requests equal alone" +
+                   ("" if sampled_equal == sampled_total else
+                    " (the others differ: this engine's samples depend on the batch, so they are judged by the "
+                    "sampling check's distribution test)"))
+    return CheckResult.passed(name, f"{len(requests)} requests in one batch: greedy {verdict.summary}{sampled}",
+                              **verdict.details)

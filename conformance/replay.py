@@ -1,0 +1,278 @@
+"""Acceptance by replay: every round of an engine judged against the fp32 reference on the engine's
+own context (:mod:`ddtree_conformance.adapters.reference.replay` runs the reference there).
+
+A round whose acceptance length or tokens differ from the replay's is excused only when the replay
+shows, at that round, a near-tie that explains the difference:
+
+* target near-tie: the first token where the engine's round and the replay's walk part is the
+  engine's token at a node of the replayed path, and its fp32 logit there is within the near-tie
+  bound of the top-1 (the walk took the other side of a near-tie);
+* drafter near-tie: the tokens agree and only the lengths differ, so one tree held the deciding
+  path ``D`` (the common tokens, ``min`` of the two lengths deep) and the other did not. The
+  replay's drafter logits, moved by at most the calibrated drafter tolerance toward the engine's
+  side (``D``'s tokens up, every other token at those depths down, or the reverse), must flip
+  ``D``'s membership of the rebuilt spec tree. When the engine reports its own drafter logits for
+  the round (a traced rerun that reproduces the run), they must also be non-zero and at most the
+  tolerance away from the replay's, and the spec tree built from them must hold ``D`` exactly
+  when the engine's round says so.
+
+Excused drafter rounds are capped per run: a correct engine flips a round's tree with
+probability at most ``p``, the calibration's measured rate of such rounds (reference in the low
+dtype replayed in fp32; Clopper-Pearson upper limit, doubled for an engine twice as noisy),
+``p = FP32_DRAFTER_FLIP_RATE`` in float32; the cap is the ``1 - ALPHA`` binomial quantile over the
+run's rounds. Excused target rounds are excused positions of token scoring and count against its
+ceiling. Anything else is a failure, named by prompt and round, with both sides shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .calibration import ALPHA, DRAFTER_TOP, Calibration
+
+__all__ = ["FP32_DRAFTER_FLIP_RATE", "RoundVerdict", "ReplayRun", "lengths_problem", "golden_lengths",
+           "drafter_flips_within", "judge_rounds", "drafter_round_cap"]
+
+FP32_DRAFTER_FLIP_RATE = 1e-3  # float32: trees flip only at exact drafter ties (1e-6 apart) across devices
+
+
+@dataclass
+class RoundVerdict:
+    prompt: str
+    round: int
+    kind: str  # equal | target-near-tie | drafter-near-tie | differs
+    engine_length: int
+    reference_length: int
+    engine_tokens: list[int]
+    reference_tokens: list[int]
+    note: str = ""
+    reference_tree: dict | None = None  # tokens, parents, accepted: for the report's drawing
+    engine_tree: dict | None = None
+
+    def describe(self) -> str:
+        return (f"{self.prompt} round {self.round}: engine length {self.engine_length} tokens {self.engine_tokens}, "
+                f"reference replay length {self.reference_length} tokens {self.reference_tokens}"
+                + (f" ({self.note})" if self.note else ""))
+
+
+@dataclass
+class ReplayRun:
+    """Round verdicts of one check's prompts."""
+
+    rounds: int = 0
+    engine_lengths: list[list[int]] = field(default_factory=list)
+    reference_lengths: list[list[int]] = field(default_factory=list)
+    target: list[RoundVerdict] = field(default_factory=list)
+    drafter: list[RoundVerdict] = field(default_factory=list)
+    differs: list[RoundVerdict] = field(default_factory=list)
+    by_prompt: dict = field(default_factory=dict)  # prompt -> (engine lengths, replay lengths)
+
+    def lengths_around(self, verdict: RoundVerdict) -> str:
+        """Both sides' per-round lengths around ``verdict``'s round."""
+        from .token_scoring import window
+
+        mine, theirs = self.by_prompt.get(verdict.prompt, ([], []))
+        return f"lengths engine {window(mine, verdict.round)} | replay {window(theirs, verdict.round)}"
+
+
+def lengths_problem(output: Sequence[int], lengths: Sequence[int], finish_reason: str,
+                    block_size: int | None = None) -> str | None:
+    """Why per-round ``lengths`` cannot describe ``output``, or None.
+
+    Convention: the first output token comes from the prefill; round ``r`` emits ``lengths[r]``
+    tokens (accepted + bonus), the last round possibly cut short by a stop token or the length
+    limit. So ``1 + sum(lengths[:-1]) < len(output) <= 1 + sum(lengths)``, with equality unless the
+    run finished by stop or length inside its last round.
+    """
+    n = len(output)
+    bad = [x for x in lengths if x < 1 or (block_size is not None and x > block_size)]
+    if bad:
+        return f"acceptance length {bad[0]} is outside 1..{block_size or 'block size'}"
+    total = 1 + sum(lengths)
+    if not lengths:
+        return None if n <= 1 else f"no rounds reported for {n} output tokens"
+    if n > total:
+        return f"acceptance lengths add up to {total - 1} + 1 prefill token = {total}, but the output holds {n} tokens"
+    if n <= total - lengths[-1]:
+        return (f"acceptance lengths add up to {total} tokens (1 prefill + rounds), more than the {n} output tokens "
+                f"hold: the rounds before the last already pass the end of the output")
+    if n < total and finish_reason not in ("stop", "length"):
+        return f"the last round is cut short ({n} of {total} tokens) but finish_reason is {finish_reason!r}"
+    return None
+
+
+def golden_lengths(lengths: Sequence[int], max_new_tokens: int) -> list[int]:
+    """The rounds of a longer reference run that a run limited to ``max_new_tokens`` makes (greedy
+    runs with a smaller limit are prefixes of longer ones)."""
+    kept, emitted = [], 1
+    for length in lengths:
+        if emitted >= max_new_tokens:
+            break
+        kept.append(length)
+        emitted += length
+    return kept
+
+
+def _build(draft_logits: torch.Tensor, mode: str, budget: int):
+    from ddtree_conformance.spec import build_chain, build_tree
+
+    return build_chain(draft_logits) if mode == "dflash" else build_tree(draft_logits, budget)
+
+
+def _holds(tree, tokens: Sequence[int]) -> bool:
+    children, node = tree.children, 0
+    for token in tokens:
+        node = children[node].get(int(token))
+        if node is None:
+            return False
+    return True
+
+
+def drafter_flips_within(draft_logits: torch.Tensor, mode: str, budget: int, path: Sequence[int],
+                         tolerance: float) -> bool:
+    """Whether moving every drafter logit by at most ``tolerance`` flips ``path``'s membership of the
+    spec tree (``path``'s tokens up and the rest down at its depths, or the reverse)."""
+    present = _holds(_build(draft_logits, mode, budget), path)
+    depth = len(path)
+    if depth == 0 or depth > draft_logits.shape[0] or tolerance <= 0:
+        return False
+    sign = -1.0 if present else 1.0
+    moved = draft_logits.clone().float()
+    rows = torch.arange(depth)
+    shift = torch.full_like(moved[:depth], -sign * tolerance)
+    shift[rows, torch.tensor([int(t) for t in path])] = sign * tolerance
+    moved[:depth] += shift
+    return _holds(_build(moved, mode, budget), path) != present
+
+
+def _logit_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest |a - b| over the tokens that can enter a tree: the top DRAFTER_TOP per depth of either."""
+    k = min(DRAFTER_TOP, a.shape[-1])
+    top = torch.cat([torch.topk(a, k, dim=-1).indices, torch.topk(b, k, dim=-1).indices], dim=-1)
+    return float((a.gather(1, top) - b.gather(1, top)).abs().max())
+
+
+def _first_token_difference(engine_tokens: Sequence[int], reference_tokens: Sequence[int]) -> int | None:
+    for j, (a, b) in enumerate(zip(engine_tokens, reference_tokens)):
+        if a != b:
+            return j
+    return None
+
+
+def _tree_dict(tokens, parents, accepted) -> dict:
+    return {"tokens": list(tokens), "parents": list(parents), "accepted": list(accepted)}
+
+
+def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], output: Sequence[int], replayed,
+                 rules: Calibration, mode: str, budget: int, token_gaps: Sequence[float],
+                 engine_traces=None) -> None:
+    """Classify every replayed round of one prompt into ``run`` (see the module doc).
+
+    ``replayed``: :class:`~ddtree_conformance.adapters.reference.replay.ReplayRound` list;
+    ``token_gaps``: token scoring's fp32 gap of each output token below the top-1;
+    ``engine_traces``: a function giving the engine's per-round traces of this prompt from a rerun
+    that reproduces it (or None); called only for a round that differs.
+    """
+    run.engine_lengths.append(list(engine_lengths))
+    run.reference_lengths.append([r.length for r in replayed])
+    run.by_prompt[prompt] = (list(engine_lengths), [r.length for r in replayed])
+    for rnd in replayed:
+        run.rounds += 1
+        le = engine_lengths[rnd.index]
+        mine = list(output[rnd.offset: rnd.offset + le])
+        theirs = rnd.tokens
+        if le == rnd.length and mine == theirs[:len(mine)]:
+            continue
+        verdict = RoundVerdict(prompt, rnd.index, "differs", le, rnd.length, mine, theirs,
+                               reference_tree=_tree_dict(rnd.tree_tokens, rnd.parents, rnd.accepted))
+        traces = engine_traces() if engine_traces is not None else None
+        trace = traces[rnd.index] if traces and rnd.index < len(traces) else None
+        if trace is not None:
+            verdict.engine_tree = _tree_dict(trace.tree_tokens, trace.parents, trace.accepted)
+        j = _first_token_difference(mine, theirs)
+        if j is not None:
+            position = rnd.offset + j
+            gap = token_gaps[position] if position < len(token_gaps) else float("inf")
+            node_gap = rnd.path_gaps[j] if j < len(rnd.path_gaps) else float("inf")
+            if gap <= rules.bound and node_gap <= rules.bound and not rules.exact:
+                verdict.kind, verdict.note = "target-near-tie", (
+                    f"fp32 target near-tie at output position {position}: engine token {mine[j]} is {gap:.3g} below "
+                    f"the top-1 {theirs[j]}, within the bound {rules.bound:.3g}")
+                run.target.append(verdict)
+            else:
+                verdict.note = (f"at output position {position} the engine commits {mine[j]} where the fp32 target "
+                                f"chose {theirs[j]} ({gap:.3g} below the top-1, bound {rules.bound:.3g})")
+                run.differs.append(verdict)
+            continue
+        path = theirs[:min(le, rnd.length)]
+        why = _drafter_excuse(rnd, path, le > rnd.length, rules, mode, budget,
+                              None if trace is None else trace.draft_logits)
+        if why.startswith("excused: "):
+            verdict.kind, verdict.note = "drafter-near-tie", why.removeprefix("excused: ")
+            run.drafter.append(verdict)
+        else:
+            verdict.note = why
+            run.differs.append(verdict)
+
+
+def _drafter_excuse(rnd, path: list[int], engine_holds: bool, rules: Calibration, mode: str, budget: int,
+                    engine_logits) -> str:
+    side = "held" if engine_holds else "lacked"
+    if rnd.draft_logits is None:
+        return "replay kept no drafter logits for this round"
+    if not drafter_flips_within(rnd.draft_logits, mode, budget, path, rules.drafter_tolerance):
+        return (f"the engine's tree {side} the path {path}, but no drafter logits within the tolerance "
+                f"{rules.drafter_tolerance:.3g} of the reference's flip it (drafter positions, feedback rows or RoPE?)")
+    if engine_logits is not None:
+        mine = torch.as_tensor(engine_logits, dtype=torch.float32)
+        if mine.shape != rnd.draft_logits.shape:
+            return f"the engine's drafter logits have shape {tuple(mine.shape)}, the reference's {tuple(rnd.draft_logits.shape)}"
+        distance = _logit_distance(mine, rnd.draft_logits)
+        if distance == 0.0:
+            return "the engine reports the reference's drafter logits exactly, so they cannot flip the tree"
+        if distance > rules.drafter_tolerance:
+            return (f"the engine's drafter logits are {distance:.3g} from the reference's on the same context, more "
+                    f"than the tolerance {rules.drafter_tolerance:.3g} (drafter positions, feedback rows or RoPE?)")
+        if _holds(_build(mine, mode, budget), path) != engine_holds:
+            return f"the spec tree of the engine's own drafter logits does not match its round (path {path})"
+        return f"excused: drafter logits {distance:.2g} apart flip the path {path} (engine's tree {side} it)"
+    return f"excused: drafter logits within {rules.drafter_tolerance:.3g} flip the path {path} (engine's tree {side} it)"
+
+
+def drafter_round_cap(rules: Calibration, rounds: int) -> int:
+    """Most drafter-excused rounds a correct engine shows in ``rounds`` rounds (module doc)."""
+    from scipy.stats import binom
+
+    p = FP32_DRAFTER_FLIP_RATE if rules.exact else min(1.0, rules.drafter_flip_rate)
+    return int(binom.ppf(1 - ALPHA, rounds, p)) if rounds else 0
+
+
+def measure_drafter_flips(model_dir: str, drafter_dir: str, dtype: str, requests: list, device: str = "cpu",
+                          budgets: Sequence[int] = (16, 64, 256)) -> tuple[int, int]:
+    """``(rounds, drafter-side rounds)``: the reference engine run greedily in ``dtype`` at each budget,
+    every round replayed in fp32, counting rounds whose tokens agree but whose lengths differ (the
+    tree held or lacked the deciding path: a drafter-side flip). Feeds the drafter round cap."""
+    from ddtree_conformance.adapters.interface import RunConfig
+    from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+    from ddtree_conformance.adapters.reference.replay import replay_result
+
+    engine = ReferenceEngine(model_dir, drafter_dir)
+    rounds = flips = 0
+    try:
+        for budget in budgets:
+            results = engine.generate(requests, RunConfig(mode="ddtree", budget=budget, dtype=dtype, device=device))
+            for request, result in zip(requests, results):
+                lengths = result.acceptance_lengths or []
+                replayed = replay_result(engine, request, result.output_ids, lengths, "ddtree", budget, device,
+                                         keep_logits=lambda *_: False)
+                for rnd in replayed:
+                    rounds += 1
+                    mine = result.output_ids[rnd.offset: rnd.offset + lengths[rnd.index]]
+                    if lengths[rnd.index] != rnd.length and _first_token_difference(mine, rnd.tokens) is None:
+                        flips += 1
+    finally:
+        engine.close()
+    return rounds, flips

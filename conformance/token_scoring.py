@@ -1,0 +1,185 @@
+"""Scoring every output token of a low-precision run against the fp32 target (doc §7, made strict).
+
+Each engine output is teacher-forced through the fp32 reference target, one causal forward over
+``prompt + output``, and every output position is scored in the context the engine itself
+produced (after an excused position, scoring goes on along the engine's own path):
+
+* the engine's token is the fp32 argmax: a match;
+* its fp32 logit is within the calibrated bound of the top-1 (``logit >= top1 - bound``): an
+  *excused* position, a low-precision near-tie;
+* otherwise the position is *outside the bound*: a wrong token, whatever came before.
+
+A run fails on any position outside the bound, and when it has more excused positions than the
+ceiling a correct engine can reach at the run's own fp32 gaps (:mod:`ddtree_conformance.calibration`
+derives both). In float32 the bound is 0, so scoring is exact.
+
+Scores are cached per process (the same output is scored once however many checks read it), and
+the fp32 scorer is one per (model, device) (:func:`ddtree_conformance.scorer.shared_scorer`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+
+from .calibration import MAX_BOUND, Calibration, CalibrationError, load_calibration
+
+__all__ = ["PositionScores", "ScoredRun", "target_logits", "table_logits", "score_output", "score_run",
+           "rules_for", "window"]
+
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_SIZE = 50_000
+
+
+@dataclass(frozen=True)
+class PositionScores:
+    """Per output position: the fp32 argmax, the engine token's distance below the top-1, and the
+    fp32 top-1/top-2 gap (the smallest move that could flip the position)."""
+
+    argmax: tuple[int, ...]
+    gaps: tuple[float, ...]
+    top2: tuple[float, ...]
+
+
+def target_logits(model_dir: str, device: str):
+    """A logits function ``sequence -> [T, V]`` of the fp32 target (one cached scorer per process)."""
+    from .scorer import shared_scorer
+
+    scorer = shared_scorer(str(model_dir), "float32", device)
+    key = ("target", str(model_dir), device)
+    return key, scorer.logits
+
+
+def table_logits(table: torch.Tensor, name: str):
+    """A logits function of a bigram table (synthetic pairs): row ``table[token]`` after each token."""
+    key = ("table", name, tuple(table.flatten().tolist()))
+    return key, lambda sequence: table[torch.tensor(sequence, dtype=torch.long)].float()
+
+
+def score_output(logits_fn, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> PositionScores:
+    """Score every position of ``output_ids`` after ``prompt_ids`` (cached)."""
+    key_fn, fn = logits_fn
+    key = (key_fn, tuple(prompt_ids), tuple(output_ids))
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    if not output_ids:
+        scores = PositionScores((), (), ())
+    else:
+        logits = fn(list(prompt_ids) + list(output_ids[:-1]))[len(prompt_ids) - 1:].float()
+        top = torch.topk(logits, 2, dim=-1)
+        tokens = torch.tensor(list(output_ids), dtype=torch.long, device=logits.device).unsqueeze(1)
+        gaps = (top.values[:, 0] - logits.gather(1, tokens).squeeze(1)).clamp(min=0.0)
+        scores = PositionScores(tuple(top.indices[:, 0].tolist()), tuple(gaps.tolist()),
+                                tuple((top.values[:, 0] - top.values[:, 1]).tolist()))
+    _CACHE[key] = scores
+    if len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return scores
+
+
+def window(values: Sequence, position: int, before: int = 3, after: int = 3) -> str:
+    """``values`` around ``position``, that entry bracketed: ``... 4 7 [9] 2 5 ...``."""
+    lo, hi = max(0, position - before), min(len(values), position + after + 1)
+    cells = [f"[{values[i]}]" if i == position else str(values[i]) for i in range(lo, hi)]
+    return ("... " if lo > 0 else "") + " ".join(cells) + (" ..." if hi < len(values) else "")
+
+
+@dataclass
+class ScoredRun:
+    """Every scored position of one check's outputs, and the verdict on them."""
+
+    rules: Calibration
+    outputs: int = 0
+    positions: int = 0
+    excused: list[dict] = field(default_factory=list)  # label, position, got, argmax, gap
+    outside: list[dict] = field(default_factory=list)
+    top2: list[float] = field(default_factory=list)
+    detail: dict = field(default_factory=dict)  # label -> (output, argmax) for failure messages
+
+    def add(self, label: str, prompt_ids: Sequence[int], output_ids: Sequence[int], logits_fn) -> PositionScores:
+        scores = score_output(logits_fn, prompt_ids, output_ids)
+        self.outputs += 1
+        self.positions += len(output_ids)
+        self.top2 += list(scores.top2)
+        for i, (token, best, gap) in enumerate(zip(output_ids, scores.argmax, scores.gaps)):
+            if token == best or gap == 0.0:
+                continue
+            entry = {"label": label, "position": i, "got": token, "argmax": best, "gap": round(gap, 6)}
+            (self.excused if gap <= self.rules.bound else self.outside).append(entry)
+            self.detail.setdefault(label, (list(output_ids), list(scores.argmax)))
+        return scores
+
+    @property
+    def ceiling(self) -> tuple[int, float]:
+        return self.rules.ceiling(self.top2)
+
+    @property
+    def largest_excused(self) -> float:
+        return max((e["gap"] for e in self.excused), default=0.0)
+
+    def summary(self) -> str:
+        if self.rules.exact:
+            return f"{self.positions} positions scored exactly"
+        ceiling, mu = self.ceiling
+        return (f"{self.positions} positions scored, {len(self.excused)} excused (largest gap "
+                f"{self.largest_excused:.3g} <= bound {self.rules.bound:.3g}; ceiling {ceiling}, expected <= "
+                f"{mu:.1f})")
+
+    def problem(self) -> str | None:
+        """Why these outputs fail (first position outside the bound; or the ceiling), else None."""
+        notes = []
+        if self.outside:
+            first = self.outside[0]
+            output, argmax = self.detail[first["label"]]
+            pos = first["position"]
+            notes.append(
+                f"{len(self.outside)}/{self.positions} output positions outside the near-tie bound "
+                f"{self.rules.bound:.3g}; first: {first['label']} output position {pos}: engine token {first['got']} "
+                f"is {first['gap']:.4g} below the fp32 top-1 {first['argmax']} (engine {window(output, pos)} | fp32 "
+                f"argmax on the engine's path {window(argmax, pos)})")
+        ceiling, mu = self.ceiling
+        if not self.rules.exact and len(self.excused) > ceiling:
+            notes.append(
+                f"{len(self.excused)}/{self.positions} positions excused as near-ties, above the ceiling {ceiling} a "
+                f"correct engine reaches at these gaps (expected <= {mu:.1f}): the engine takes the runner-up at "
+                f"near-ties far more often than low-precision noise does")
+        return "; ".join(notes) or None
+
+    def details(self) -> dict:
+        ceiling, mu = self.ceiling
+        return {"positions": self.positions, "excused": len(self.excused), "largest_excused_gap": self.largest_excused,
+                "outside": len(self.outside), "ceiling": ceiling, "expected_excused": round(mu, 3),
+                "bound": self.rules.bound, "excused_positions": self.excused[:50], "outside_positions": self.outside[:50]}
+
+
+@lru_cache(maxsize=16)
+def _calibration(model_dir: str, dtype: str) -> Calibration:
+    return load_calibration(model_dir, dtype)
+
+
+def rules_for(session) -> Calibration:
+    """The session's low-precision rules: the pair's calibration, or the settings' bound (range-checked)."""
+    s = session.settings
+    rules = _calibration(str(s.model_dir), s.dtype)
+    override = getattr(s, "near_tie_bound", None)
+    if override is not None and not rules.exact:
+        if not 0.0 <= override <= MAX_BOUND:
+            raise CalibrationError(f"near_tie_bound {override} is outside 0..{MAX_BOUND} nats")
+        from dataclasses import replace
+
+        rules = replace(rules, bound=float(override), source="settings near_tie_bound")
+    return rules
+
+
+def score_run(session, items, logits_fn=None, rules: Calibration | None = None) -> ScoredRun:
+    """Score ``items`` (``(label, prompt_ids, output_ids)``) with the session's fp32 target."""
+    run = ScoredRun(rules or rules_for(session))
+    fn = logits_fn or target_logits(session.settings.model_dir, session.settings.device)
+    for label, prompt_ids, output_ids in items:
+        run.add(label, prompt_ids, output_ids, fn)
+    return run

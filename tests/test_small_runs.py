@@ -1,0 +1,47 @@
+"""Small runs (issue 14, item 6): one or two prompts, one or eight new tokens. Every check that
+applies runs, one that needs more skips with its reason, and the correct reference never fails."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.checks import PER_MODE_CHECKS, plan, run_plan
+from ddtree_conformance.session import SuiteSession, SuiteSettings
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def settings(random_pair, tmp_path_factory) -> SuiteSettings:
+    target, drafter = random_pair
+    g = torch.Generator().manual_seed(21)
+    path = tmp_path_factory.mktemp("small") / "small.jsonl"
+    with path.open("w") as handle:
+        for i, n in enumerate([6, 13, 20]):
+            handle.write(json.dumps({"id": f"s{i}", "prompt_ids": torch.randint(0, 96, (n,), generator=g).tolist()})
+                         + "\n")
+    return SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", prompt_set=str(path),
+                         budgets=[16], isolate=False, branch_prompts=1, branch_rounds=1)
+
+
+@pytest.mark.parametrize("limit, new_tokens", [(1, 1), (2, 8), (1, 3)])
+def test_small_runs_never_fail_the_reference(settings, limit, new_tokens):
+    settings = settings.model_copy(update={"limit": limit, "max_new_tokens": new_tokens})
+    names = [*PER_MODE_CHECKS, "branch-vs-chain"]
+    session = SuiteSession(settings, engine_factory=lambda m, d: ReferenceEngine(m, d))
+    try:
+        results = run_plan(session, plan(settings, names))
+    finally:
+        session.close()
+    failed = [(r.check, r.message) for r in results if r.status == "fail"]
+    assert not failed, failed
+    skipped = {r.check: r.message for r in results if r.status == "skip"}
+    assert all(reason for reason in skipped.values())
+    assert sum(r.status == "pass" for r in results) >= 10, skipped
+    if new_tokens == 1:  # one token is the prefill token: no speculative round anywhere
+        assert "no speculative round" in skipped["acceptance/ddtree-B16"]
+        assert "stop token" in skipped["stop-token/ddtree-B16"]
