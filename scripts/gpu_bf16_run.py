@@ -89,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads per process")
     parser.add_argument("--deadline", type=float, default=460.0, help="seconds for the whole run")
     parser.add_argument("--skip-calibration", action="store_true")
+    parser.add_argument("--skip-golden", action="store_true", help="record no golden files (the golden check then "
+                        "uses those already there, or skips)")
+    parser.add_argument("--mutant-device", default=None, help="device of the mutant runs (default: --device); the "
+                        "GPU time-slices between processes, so mutants on the host's cores leave it to the checks")
+    parser.add_argument("--float16-limit", type=int, default=None, help="prompts of the float16 check (default: --limit)")
     parser.add_argument("--stage12-share", type=float, default=0.45,
                         help="share of the deadline for calibration and golden recording (they run side by side)")
     parser.add_argument("--golden-dir", default=str(ROOT / "golden/records"),
@@ -106,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
     mutants = []  # the mutants run from the start, beside everything else, until the deadline
     for i in range(args.jobs):
-        cmd = [py, "scripts/mutation_table.py", "--dtype", "bfloat16", "--device", args.device, "--budgets",
+        cmd = [py, "scripts/mutation_table.py", "--dtype", "bfloat16", "--device", args.mutant_device or args.device, "--budgets",
                args.mutant_budgets, "--limit", str(args.mutant_limit), "--threads", str(args.threads),
                "--shard", f"{i}/{args.jobs}", "--json", str(out / f"mutants-bfloat16-{i}.json")]
         mutants.append((f"mutants {i}/{args.jobs}", _start(cmd, out / f"logs/mutants-{i}.log", env)))
@@ -131,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                "golden/fixture/drafter", "--device", args.device, "--max-new-tokens", str(args.max_new_tokens),
                "--flip-limit", str(args.flip_limit), "--budgets", "16,64,256"]
         stage12.append(("calibration", _start(cmd, out / "logs/calibration.log", env)))
-    stage12 += [(f"golden {d}", _start([py, "-c", record, d, args.device, args.budgets, args.golden_dir],
-                                       out / f"logs/golden-{d}.log", env)) for d in ("bfloat16", "float16")]
+    if not args.skip_golden:
+        stage12 += [(f"golden {d}", _start([py, "-c", record, d, args.device, args.budgets, args.golden_dir],
+                                           out / f"logs/golden-{d}.log", env)) for d in ("bfloat16", "float16")]
     status |= _wait(stage12, started + args.stage12_share * args.deadline)
     if not args.skip_calibration:
         shutil.copy(ROOT / "golden/fixture/MANIFEST.json", out / "MANIFEST.json")
@@ -147,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [py, "-c", "from ddtree_conformance.cli import app; app()", "check", "--dtype", d, "--device",
                args.device, "--budgets", args.budgets, "--max-new-tokens", str(args.max_new_tokens), "--threads",
                str(args.threads), "--golden-dir", args.golden_dir, "--out", str(out / f"check-reference-{d}.json"),
-               *limit]
+               *(["--limit", str(args.float16_limit)] if d == "float16" and args.float16_limit else limit)]
         procs.append((f"check {d}", _start(cmd, out / f"logs/check-{d}.log", env)))
     status |= _wait(procs + mutants, deadline)
     summary = summarise(out, status, time.time() - started)

@@ -43,8 +43,8 @@ class FlatPositions(ReferenceEngine):
 def _causal_mask(tree, root, start, prefix_len=None, dtype=torch.float32):
     verify = compile_tree(tree, root, start, prefix_len, dtype)
     n = verify.input_ids.shape[0]
-    causal = torch.tril(torch.ones((n, n), dtype=torch.bool))
     mask = verify.attention_mask.clone()
+    causal = torch.tril(torch.ones((n, n), dtype=torch.bool, device=mask.device))
     block = mask[0, 0, :, -n:]
     block.zero_()
     block.masked_fill_(~causal, torch.finfo(dtype).min)
