@@ -72,7 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--trials", type=int, default=10, help="trials per engine")
-    p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of " + ", ".join(ENGINES))
+    p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of " + ", ".join(ENGINES).replace("%", "%%"))
     p.add_argument("--prompts", type=int, default=2, help="requests per repeat")
     p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens (shaped pairs)")
     p.add_argument("--new-tokens", type=int, default=16, help="max new tokens per request")

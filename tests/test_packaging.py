@@ -181,3 +181,9 @@ def test_prompt_shapes_runs_with_two_prompts():
     finally:
         session.close()
     assert result.status == "pass", result.message
+
+
+def test_the_package_version_is_the_distribution_version():
+    import ddtree_conformance
+
+    assert ddtree_conformance.__version__ == PYPROJECT["project"]["version"]

@@ -175,9 +175,18 @@ class VllmEngine(Engine):
             draft_logits=self.plugin,
             traced_modes=["ddtree"] if self.plugin else None,
             max_context=self.max_model_len,
+            max_budget=self._plugin_max_budget(),
             max_tensor_parallel=max(1, opts.cuda_device_count()) if self.cuda else 1,
             notes=notes,
         )
+
+    def _plugin_max_budget(self) -> int | None:
+        """The largest budget the DDTree plugin verifies (it refuses larger ones at start-up)."""
+        if not self.plugin:
+            return None
+        from ddtree_vllm_plugin.config import MAX_BUDGET
+
+        return MAX_BUDGET
 
     def _speculative_config(self, config: RunConfig) -> dict | None:
         if config.mode == "plain":

@@ -74,8 +74,7 @@ def check(
             results = not_run(checks, f"the engine could not start: {one_line(exc)}")
         else:
             if printer is not None:
-                results = run_plan(session, checks, on_result=lambda r: printer(
-                    f"check {r.check}: {r.status} ({r.details.get('elapsed_s', 0.0):.1f} s)"))
+                results = run_plan(session, checks, on_result=lambda r: printer(progress_line(r)))
             else:
                 with Progress(console=stderr_console(), transient=True) as progress:
                     task = progress.add_task(f"{settings.engine}: {len(checks)} checks", total=len(checks))
@@ -156,3 +155,13 @@ def record(
     for line in diff:
         console.print(escape(line), soft_wrap=True)
     console.print(escape(f"wrote {written}"), soft_wrap=True)
+
+
+def progress_line(result) -> str:
+    """``check ID: STATUS (S s)``, and for anything but a pass the message's first line, so a CI log
+    stopped at a deadline still says why a check failed."""
+    line = f"check {result.check}: {result.status} ({result.details.get('elapsed_s', 0.0):.1f} s)"
+    if result.status != "pass" and result.message:
+        first = result.message.splitlines()[0]
+        line += ": " + (first if len(first) <= 400 else first[:399] + "…")
+    return line

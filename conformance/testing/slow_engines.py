@@ -76,6 +76,7 @@ class SlowVerify(ReferenceEngine):
     """The reference engine with every tree verify ``verify_slowdown`` (default 5 %) slower."""
 
     name = "slow-verify"
+    OPTIONS = (*ReferenceEngine.OPTIONS, "verify_slowdown")
     default_slowdown = 0.05
 
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
@@ -103,6 +104,7 @@ class SlowBuild(ReferenceEngine):
     """The reference engine with every DDTree build ``build_extra_s`` (default 2 ms) slower."""
 
     name = "slow-build"
+    OPTIONS = (*ReferenceEngine.OPTIONS, "build_extra_s")
 
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
         extra = float(options.pop("build_extra_s", 0.002))
