@@ -16,6 +16,9 @@ shows, at that round, a near-tie that explains the difference:
   tolerance away from the replay's, and the spec tree built from them must hold ``D`` exactly
   when the engine's round says so.
 
+The last round, when the output's end (the length limit or a stop token) cuts it, is compared only
+as far as the output shows: past its end neither side's tokens are observable.
+
 Excused drafter rounds are capped per run: a correct engine flips a round's tree with
 probability at most ``p``, the calibration's measured rate of such rounds (reference in the low
 dtype replayed in fp32; Clopper-Pearson upper limit, doubled for an engine twice as noisy),
@@ -186,6 +189,8 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
         theirs = rnd.tokens
         if le == rnd.length and mine == theirs[:len(mine)]:
             continue
+        if len(mine) < le and rnd.length >= len(mine) and mine == theirs[:len(mine)]:
+            continue  # the last round, cut by the output's end, agrees as far as the output shows
         verdict = RoundVerdict(prompt, rnd.index, "differs", le, rnd.length, mine, theirs,
                                reference_tree=_tree_dict(rnd.tree_tokens, rnd.parents, rnd.accepted))
         traces = engine_traces() if engine_traces is not None else None

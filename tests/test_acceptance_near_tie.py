@@ -87,6 +87,15 @@ def test_target_near_tie_is_excused_only_within_the_bound():
     assert run.differs  # float32 excuses no target difference
 
 
+def test_a_last_round_cut_by_the_output_end_is_compared_as_far_as_it_shows():
+    output = [9, 4, 7]  # the output ends after two tokens of the last round
+    for engine_length, replay_length, equal in ((4, 6, True), (5, 2, True), (5, 1, False)):
+        run = ReplayRun()
+        judge_rounds(run, "p", [engine_length], output, [_round([4, 7, 5, 6, 1, 2][:replay_length], replay_length)],
+                     BF16, "ddtree", 8, [0, 0, 0])
+        assert (not run.differs and not run.drafter) == equal, (engine_length, replay_length)
+
+
 def _boundary_logits():
     """Depth 1: token 3 clearly first; depth 2: tokens 5 and 6 nearly tied for the last slot of B=2."""
     logits = torch.full((2, 12), -10.0)
