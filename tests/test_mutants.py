@@ -32,7 +32,7 @@ CAUGHT_BY = {
     mutants.TopKTopPIgnored: (["sampling/ddtree-B16/T=1,top_k=3"], "probability 0"),
     mutants.RunnerUpBelowTwiceBound: (["lossless/ddtree"], "not lossless"),
     mutants.RunnerUpWithinBound: (["lossless/ddtree"], "not lossless"),
-    mutants.AcceptanceOverReported: (["acceptance/ddtree"], "do not describe the output"),
+    mutants.AcceptanceOverReported: (["acceptance/ddtree"], "do not add up"),
     mutants.BatchSettingsMixedUp: (["busy-batch/ddtree"], "in a batch of"),
 }
 

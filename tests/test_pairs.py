@@ -223,7 +223,7 @@ def test_engine_suite_on_an_unreachable_hub_pair_is_skipped_with_the_reason(tmp_
                                        "-p", "no:randomly")
     assert code == pytest.ExitCode.OK, out + err
     assert OFFLINE_8B in out
-    assert "3 skipped" in out  # lossless/dflash, /ddtree-B16, /ddtree-B64
+    assert "4 skipped" in out  # lossless/dflash, /ddtree-B16, /ddtree-B64, /ddtree-B256
 
 
 # -- prompts for a pair ------------------------------------------------------------------------
