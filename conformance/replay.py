@@ -16,6 +16,11 @@ shows, at that round, a near-tie that explains the difference:
   tolerance away from the replay's, and the spec tree built from them must hold ``D`` exactly
   when the engine's round says so.
 
+A shorter round whose traced tree holds fewer nodes than the budget, where the spec tree of that
+many nodes accepts exactly the engine's length, is classed a cut round (a scheduler that cuts trees
+when its token budget runs out, as vLLM's does, or a budget cap): not excused, since the engine then
+accepts less than DDTree at its budget, but named for what it is in the failure.
+
 The last round, when the output's end (the length limit or a stop token) cuts it, is compared only
 as far as the output shows: past its end neither side's tokens are observable.
 
@@ -70,6 +75,7 @@ class ReplayRun:
     reference_lengths: list[list[int]] = field(default_factory=list)
     target: list[RoundVerdict] = field(default_factory=list)
     drafter: list[RoundVerdict] = field(default_factory=list)
+    cut: list[RoundVerdict] = field(default_factory=list)  # shorter on a smaller traced tree the spec agrees with
     differs: list[RoundVerdict] = field(default_factory=list)
     by_prompt: dict = field(default_factory=dict)  # prompt -> (engine lengths, replay lengths)
 
@@ -123,6 +129,14 @@ def _build(draft_logits: torch.Tensor, mode: str, budget: int):
     from ddtree_conformance.spec import build_chain, build_tree
 
     return build_chain(draft_logits) if mode == "dflash" else build_tree(draft_logits, budget)
+
+
+def _accepted_length(tree, tokens: Sequence[int], most: int) -> int:
+    """The acceptance length of a walk along ``tokens`` (the target's choices) on ``tree``, at most ``most``."""
+    k = 0
+    while k + 1 < most and _holds(tree, tokens[:k + 1]):
+        k += 1
+    return k + 1
 
 
 def _holds(tree, tokens: Sequence[int]) -> bool:
@@ -212,6 +226,15 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
                                 f"chose {theirs[j]} ({gap:.3g} below the top-1, bound {rules.bound:.3g})")
                 run.differs.append(verdict)
             continue
+        nodes = len(trace.tree_tokens) - 1 if trace is not None else budget
+        if mode == "ddtree" and nodes < budget and le < rnd.length and rnd.draft_logits is not None:
+            expected = _accepted_length(_build(rnd.draft_logits, mode, nodes), theirs, rnd.length)
+            if expected == le:  # the engine verified a smaller tree (cut); at that size the spec agrees
+                verdict.kind, verdict.note = "cut-tree", (
+                    f"the engine's trace holds {nodes} of B={budget} nodes (its scheduler cut the tree); the spec "
+                    f"tree of {nodes} nodes accepts exactly {le}")
+                run.cut.append(verdict)
+                continue
         path = theirs[:min(le, rnd.length)]
         why = _drafter_excuse(rnd, path, le > rnd.length, rules, mode, budget,
                               None if trace is None else trace.draft_logits)

@@ -27,9 +27,10 @@ import os
 import pytest
 import torch
 
-from ddtree_conformance.adapters.interface import EngineError
+from ddtree_conformance.adapters.interface import EngineDied, EngineError
 from ddtree_conformance.adapters.registry import list_engines, load_engine_class
 from ddtree_conformance.checks import plan
+from ddtree_conformance.checks.runner import one_line
 from ddtree_conformance.checks.sampling import check_sampling
 from ddtree_conformance.pairs import DEFAULT_PAIR, PairUnavailable, get_pair, resolve_pair
 from ddtree_conformance.pytest_plugin import raw_options
@@ -170,7 +171,11 @@ def test_conformance_on_cuda(engine_sessions, engine_name, dtype, gpu_check):
     if gpu_check.function is check_sampling and dtype != "float32":
         pytest.skip("the GPU tier checks sampling once per engine, in float32")
     session = engine_sessions.get(engine_name, dtype)
-    result = gpu_check.run(session)
+    try:
+        result = gpu_check.run(session)
+    except EngineDied as exc:  # as the suite does: the cause in one line, the engine's log tail, no traceback
+        tail = f"\n{exc.log_tail}" if getattr(exc, "log_tail", "") else ""
+        pytest.fail(f"engine {engine_name} ({dtype}) stopped: {one_line(exc)}{tail}", pytrace=False)
     print(f"{engine_name} {dtype} {gpu_check.id}: {result.status}: {result.message}")
     if result.status == "skip":
         pytest.skip(result.message)

@@ -116,3 +116,40 @@ def test_aggregate_only_engine_compared_on_tau_and_skips_trace_checks(settings):
     assert "no per-round traces" in good["tree-structure/ddtree-B16"].message
     bad = _run(settings, _aggregate_only(mutants.FirstRowsFeedback), ["acceptance/ddtree"])
     assert bad[0].status == "fail" and "mean tau" in bad[0].message, bad[0].message
+
+
+def _batch_pooled(engine_class):
+    """An engine that reports acceptance pooled over each batch (as vLLM's counters do): one tau and
+    one per-depth curve for every request, no per-request rounds."""
+    from ddtree_conformance.metrics import mean_tau, per_position_acceptance
+
+    class BatchPooled(engine_class):
+        name = f"batch-pooled-{engine_class.name}"
+
+        def capabilities(self):
+            return super().capabilities().model_copy(update={"traces": False, "per_round_acceptance": False,
+                                                              "traced_modes": None})
+
+        def generate(self, requests, config):
+            results = super().generate(requests, config)
+            if config.mode == "plain":
+                return results
+            lengths = [r.acceptance_lengths or [] for r in results]
+            pooled = {"acceptance_lengths": None, "aggregate_only": True, "traces": None, "rounds": None,
+                      "mean_acceptance": mean_tau(lengths), "per_position_acceptance": per_position_acceptance(lengths, 7)}
+            return [r.model_copy(update=pooled) for r in results]
+
+    return BatchPooled
+
+
+def test_batch_pooled_aggregates_compared_pooled(settings):
+    # Pooled aggregates give no per-prompt values: tau is held to 2 % of the reference's pooled tau.
+    from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+
+    settings = settings.model_copy(update={"model_dir": str(FIXTURE_TARGET), "drafter_dir": str(FIXTURE_DRAFTER),
+                                           "prompt_set": "fixture", "pair_name": "fixture", "limit": 6,
+                                           "golden_dir": "/nonexistent", "max_new_tokens": 32})
+    (good,) = _run(settings, _batch_pooled(ReferenceEngine), ["acceptance/ddtree"])
+    assert good.status == "pass" and "batch-pooled tau" in good.message, good.message
+    (bad,) = _run(settings, _batch_pooled(mutants.FirstRowsFeedback), ["acceptance/ddtree"])
+    assert bad.status == "fail" and "batch-pooled tau" in bad.message, bad.message

@@ -152,6 +152,11 @@ def test_per_round_acceptance_equals_reference(fp32, budget):
     SUMMARY.setdefault("tau", {})[budget] = {"plugin_traces": tau, "vllm_metrics": metric_tau,
                                              "check": result.message, "seconds": fp32["ddtree_seconds"][budget]}
     assert metric_tau is not None and abs(metric_tau - tau) < 1e-9, (metric_tau, tau)
+    if budget == max(BUDGETS) and result.status == "fail":
+        # the scheduler cuts trees here (test below): the check names those rounds, and nothing else differs
+        assert result.message.startswith(f"the engine verified smaller trees than B={budget}"), result.message
+        assert not result.details["differing_rounds"], result.details["differing_rounds"]
+        return
     assert result.status == "pass", result.message
     assert "per-round acceptance equals the reference" in result.message
 

@@ -174,7 +174,9 @@ class VllmEngine(Engine):
             per_round_acceptance=self.plugin,
             draft_logits=self.plugin,
             traced_modes=["ddtree"] if self.plugin else None,
-            max_context=self.max_model_len,
+            # With one LLM shared by budgets up to M, vLLM's scheduler reserves M + 1 slots a step and cuts
+            # every tree that does not fit under max_model_len: full trees only up to max_model_len - M - 1.
+            max_context=self.max_model_len - (self.shared_budget + 1 if self.shared_budget else 0),
             max_budget=self._plugin_max_budget(),
             max_tensor_parallel=max(1, opts.cuda_device_count()) if self.cuda else 1,
             notes=notes,

@@ -10,7 +10,9 @@ RoPE mismatch, capped budgets) in every dtype.
 
 Engines that report only aggregates: per-prompt mean tau (and acceptance at depths 1-4) is compared
 with the reference engine's at the same dtype and device, within a paired bootstrap band over the
-prompts (:func:`~ddtree_conformance.metrics.paired_band`).
+prompts (:func:`~ddtree_conformance.metrics.paired_band`). Aggregates pooled over a whole batch (one
+value for every request, no per-request rounds) have no per-prompt spread: their pooled tau is held
+to 2 % of the reference's pooled tau, acceptance at depths 1-4 to 2 points.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from .result import CheckResult
 __all__ = ["MIN_BAND_PROMPTS", "check_acceptance", "judge_per_round", "judge_aggregates", "block_size"]
 
 MIN_BAND_PROMPTS = 5  # a bootstrap band over fewer prompts says nothing
+POOLED_TAU_REL_TOL = 0.02  # batch-pooled aggregates: tau within 2 % of the reference's pooled tau
+POOLED_POSITION_ABS_TOL = 0.02  # ... and acceptance at depths 1-4 within 2 points
 
 
 def block_size(drafter_dir: str | None) -> int | None:
@@ -117,6 +121,7 @@ def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | N
     details = {"tau": tau, "reference_tau": ref_tau, "rounds": run.rounds, "source": source,
                "target_near_tie_rounds": [v.describe() for v in run.target[:50]],
                "drafter_near_tie_rounds": [v.describe() for v in run.drafter[:50]],
+               "cut_tree_rounds": [v.describe() for v in run.cut[:50]],
                "differing_rounds": [v.describe() for v in run.differs[:50]]}
     if run.rounds == 0:
         if all(len(r.output_ids) <= 1 for r in results):
@@ -130,6 +135,14 @@ def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | N
                   f"{len(run.differs)}/{run.rounds} rounds; first: {first.describe()}; {run.lengths_around(first)}; "
                   f"tau {tau:.3f} vs replay "
                   f"{ref_tau:.3f} (lossless but slower: drafter positions, feedback rows, RoPE or budget?)",
+            first_round=first.__dict__, **details)
+    if run.cut:
+        first = run.cut[0]
+        return CheckResult.failed(
+            name, f"the engine verified smaller trees than B={budget} in {len(run.cut)}/{run.rounds} rounds and "
+                  f"accepted less there (its traces hold fewer nodes; the spec tree of that size accepts exactly the "
+                  f"engine's length: a scheduler or cap that cuts trees, not a wrong tree); first: {first.describe()}; "
+                  f"{run.lengths_around(first)}; tau {tau:.3f} vs replay {ref_tau:.3f}",
             first_round=first.__dict__, **details)
     ceiling, mu = rules.ceiling(top2)
     if len(run.target) > ceiling:
@@ -160,6 +173,8 @@ def judge_aggregates(name: str, results: list[RequestResult], reference: list[Re
     if not pairs:
         return CheckResult.skipped(name, "engine reports neither per-round nor aggregate acceptance")
     mine = [a for a, _ in pairs]
+    if len(pairs) > 1 and len(set(mine)) == 1 and all(r.rounds is None for r in results):
+        return _judge_pooled(name, results, [ref for _, ref in pairs], mine[0], what)
     theirs = [ref.tau or 0.0 for _, ref in pairs]
     tau, ref_tau = sum(mine) / len(mine), sum(theirs) / len(theirs)
     if len(pairs) < MIN_BAND_PROMPTS and mine != theirs:
@@ -184,6 +199,33 @@ def judge_aggregates(name: str, results: list[RequestResult], reference: list[Re
     return CheckResult.passed(name, f"aggregate tau {tau:.3f} vs {what} {ref_tau:.3f}: difference band "
                                     f"[{low:.3f}, {high:.3f}] over {len(pairs)} prompts holds 0", tau=tau,
                               reference_tau=ref_tau)
+
+
+def _judge_pooled(name: str, results: list[RequestResult], reference: list[RequestResult], tau: float,
+                  what: str) -> CheckResult:
+    """Batch-pooled aggregates (one value for the whole batch, no per-request rounds, as vLLM's
+    speculative-decoding counters give): no per-prompt difference exists to bootstrap, so the pooled
+    tau (all committed tokens over all rounds) is compared with the reference's pooled tau within
+    :data:`POOLED_TAU_REL_TOL`, and acceptance at depths 1-4 within :data:`POOLED_POSITION_ABS_TOL`."""
+    ref_lengths = [ref.acceptance_lengths or [] for ref in reference]
+    ref_tau = mean_tau(ref_lengths)
+    rel = abs(tau - ref_tau) / ref_tau if ref_tau else float("inf")
+    if rel > POOLED_TAU_REL_TOL:
+        return CheckResult.failed(name, f"batch-pooled tau {tau:.3f} vs {what} {ref_tau:.3f}: {rel:.1%} apart, more than "
+                                        f"{POOLED_TAU_REL_TOL:.0%} (lossless but slower: drafter positions, feedback "
+                                        "rows, RoPE or budget?)", tau=tau, reference_tau=ref_tau)
+    got = results[0].per_position_acceptance
+    if got:
+        depth = min(4, len(got))
+        expected = per_position_acceptance(ref_lengths, depth)
+        for d in range(depth):
+            want = expected[d] if d < len(expected) else 0.0
+            if abs(got[d] - want) > POOLED_POSITION_ABS_TOL:
+                return CheckResult.failed(name, f"batch-pooled acceptance at depth {d + 1}: {got[d]:.3f} vs {what} "
+                                                f"{want:.3f}, more than {POOLED_POSITION_ABS_TOL} apart")
+    return CheckResult.passed(name, f"batch-pooled tau {tau:.3f} vs {what} {ref_tau:.3f} ({rel:.1%} apart, within "
+                                    f"{POOLED_TAU_REL_TOL:.0%}; pooled aggregates give no per-prompt band)",
+                              tau=tau, reference_tau=ref_tau)
 
 
 def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
