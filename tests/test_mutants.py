@@ -153,3 +153,23 @@ def test_batch_pooled_aggregates_compared_pooled(settings):
     assert good.status == "pass" and "batch-pooled tau" in good.message, good.message
     (bad,) = _run(settings, _batch_pooled(mutants.FirstRowsFeedback), ["acceptance/ddtree"])
     assert bad.status == "fail" and "batch-pooled tau" in bad.message, bad.message
+
+
+def test_aggregate_only_engine_with_a_drafter_that_is_not_the_pairs_fails_against_the_golden(settings, tmp_path):
+    # A live reference given the same wrong drafter would share the fault; the golden file does not.
+    import shutil
+
+    from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET, RECORDS_DIR
+
+    drafter = tmp_path / "drafter"
+    shutil.copytree(FIXTURE_DRAFTER, drafter)
+    config = json.loads((drafter / "config.json").read_text())
+    holder = config.get("dflash_config", config)
+    assert holder["target_layer_ids"] == [0, 2]
+    holder["target_layer_ids"] = [1, 3]  # features from other layers than the drafter was trained on
+    (drafter / "config.json").write_text(json.dumps(config))
+    settings = settings.model_copy(update={"model_dir": str(FIXTURE_TARGET), "drafter_dir": str(drafter),
+                                           "prompt_set": "fixture", "pair_name": "fixture", "limit": 6,
+                                           "max_new_tokens": 32, "golden_dir": str(RECORDS_DIR)})
+    (result,) = _run(settings, _batch_pooled(ReferenceEngine), ["acceptance/dflash"])
+    assert result.status == "fail" and "golden" in result.message, result.message

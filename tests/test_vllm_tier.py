@@ -176,3 +176,4 @@ def test_broken_drafter_lossless_but_fails_acceptance(broken, real, golden):
     assert n_plain == len(real["plain"]), "broken drafter must stay lossless"
     assert res["acceptance/dflash"].status == "fail", res["acceptance/dflash"].message
     assert "batch-pooled tau" in res["acceptance/dflash"].message  # vLLM's counters pool over the batch
+    assert "golden" in res["acceptance/dflash"].message  # the pair's own acceptance, not a reference sharing the fault

@@ -252,10 +252,40 @@ def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> Ch
                 return dict(zip(indices, traced))
         return judge_per_round(session, name, mode, budget, labels, session.requests(), results,
                                traced_run=traced_run)
+    golden = _golden_reference(session, mode, budget)
+    if golden is not None:
+        return judge_aggregates(name, results, *golden)
     reference = session.reference_for(session.settings.model_dir, session.settings.drafter_dir)
     expected = session.run(mode, budget, engine=reference)
     s = session.settings
     return judge_aggregates(name, results, expected, f"reference ({s.dtype}, {s.device})")
+
+
+def _golden_reference(session: SuiteSession, mode: str, budget: int | None) -> tuple[list[RequestResult], str] | None:
+    """float32 runs of a pair with a golden file holding every prompt: the golden acceptance, as results.
+    It is the reference run on the pair's own files, so a drafter that is not the pair's (wrong layer
+    ids in its config, other weights) shows against it, where a live reference would share the fault."""
+    from ..golden_files import GoldenError, golden_path, load_golden
+
+    s = session.settings
+    if s.dtype != "float32":
+        return None
+    try:
+        golden = load_golden(s.golden_dir, s.pair_name, s.prompt_set, "float32")
+    except GoldenError:
+        return None
+    if golden is None or golden.max_new_tokens < s.max_new_tokens:
+        return None
+    key = mode if mode == "dflash" else f"ddtree-{budget}"
+    out = []
+    for prompt in session.prompts:
+        record = golden.records.get(prompt.id)
+        if record is None or record.prompt_ids != prompt.prompt_ids or key not in record.acceptance:
+            return None
+        out.append(RequestResult(output_ids=record.output_ids[: s.max_new_tokens], finish_reason="length",
+                                 acceptance_lengths=golden_lengths(record.acceptance[key], s.max_new_tokens)))
+    path = golden_path(s.golden_dir, s.pair_name, s.prompt_set, "float32")
+    return out, f"golden ({path.name})"
 
 
 def _short(values, n: int = 12) -> str:
