@@ -174,8 +174,7 @@ class VllmEngine(Engine):
             per_round_acceptance=self.plugin,
             draft_logits=self.plugin,
             traced_modes=["ddtree"] if self.plugin else None,
-            # With one LLM shared by budgets up to M, vLLM's scheduler reserves M + 1 slots a step and cuts
-            # every tree that does not fit under max_model_len: full trees only up to max_model_len - M - 1.
+            # one LLM shared by budgets up to M: full trees only below max_model_len - M - 1 (M + 1 slots a step)
             max_context=self.max_model_len - (self.shared_budget + 1 if self.shared_budget else 0),
             max_budget=self._plugin_max_budget(),
             max_tensor_parallel=max(1, opts.cuda_device_count()) if self.cuda else 1,
