@@ -22,7 +22,9 @@ when its token budget runs out, as vLLM's does, or a budget cap): not excused, s
 accepts less than DDTree at its budget, but named for what it is in the failure.
 
 The last round, when the output's end (the length limit or a stop token) cuts it, is compared only
-as far as the output shows: past its end neither side's tokens are observable.
+as far as the output shows: past its end neither side's tokens are observable. For the same reason
+tau counts that round's emitted tokens on both sides, so a length claimed past the end cannot
+inflate it.
 
 Excused drafter rounds are capped per run: a correct engine flips a round's tree with
 probability at most ``p``, the calibration's measured rate of such rounds (reference in the low
@@ -42,7 +44,7 @@ import torch
 from .calibration import ALPHA, DRAFTER_TOP, Calibration
 
 __all__ = ["FP32_DRAFTER_FLIP_RATE", "RoundVerdict", "ReplayRun", "lengths_problem", "golden_lengths",
-           "drafter_flips_within", "judge_rounds", "drafter_round_cap"]
+           "emitted_lengths", "drafter_flips_within", "judge_rounds", "drafter_round_cap"]
 
 FP32_DRAFTER_FLIP_RATE = 1e-3  # float32: trees flip only at exact drafter ties (1e-6 apart) across devices
 
@@ -131,6 +133,16 @@ def _build(draft_logits: torch.Tensor, mode: str, budget: int):
     return build_chain(draft_logits) if mode == "dflash" else build_tree(draft_logits, budget)
 
 
+def emitted_lengths(lengths: Sequence[int], output_len: int) -> list[int]:
+    """``lengths`` with the last round cut to the tokens the output holds after the earlier rounds."""
+    lengths = list(lengths)
+    if lengths:
+        left = output_len - 1 - sum(lengths[:-1])
+        if 1 <= left < lengths[-1]:
+            lengths[-1] = left
+    return lengths
+
+
 def _accepted_length(tree, tokens: Sequence[int], most: int) -> int:
     """The acceptance length of a walk along ``tokens`` (the target's choices) on ``tree``, at most ``most``."""
     k = 0
@@ -193,8 +205,10 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
     ``engine_traces``: a function giving the engine's per-round traces of this prompt from a rerun
     that reproduces it (or None); called only for a round that differs.
     """
-    run.engine_lengths.append(list(engine_lengths))
-    run.reference_lengths.append([r.length for r in replayed])
+    # tau counts what the output shows: a last round cut by the output's end counts its emitted tokens
+    # on both sides, so a length claimed past the end (unobservable) cannot inflate it
+    run.engine_lengths.append(emitted_lengths(engine_lengths, len(output)))
+    run.reference_lengths.append(emitted_lengths([r.length for r in replayed], len(output)))
     run.by_prompt[prompt] = (list(engine_lengths), [r.length for r in replayed])
     for rnd in replayed:
         run.rounds += 1

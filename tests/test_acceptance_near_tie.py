@@ -151,3 +151,15 @@ def test_drafter_round_cap_grows_with_rounds_but_stays_small():
     assert 0 < drafter_round_cap(rules, 100) < drafter_round_cap(rules, 1000) < 100
     exact = load_calibration("/nonexistent/target", "float32")
     assert drafter_round_cap(exact, 1000) <= 5
+
+
+def test_a_length_claimed_past_the_output_end_does_not_inflate_tau():
+    from ddtree_conformance.replay import emitted_lengths
+
+    # output of 8 tokens: prefill 1 + rounds of 2 and 3 + 2 tokens of a last round the length limit cut
+    assert emitted_lengths([2, 3, 2], 8) == [2, 3, 2]
+    assert emitted_lengths([2, 3, 8], 8) == emitted_lengths([2, 3, 3], 8) == [2, 3, 2]  # 8 claimed, 2 shown
+    run = ReplayRun()
+    output = [9, 4, 7]
+    judge_rounds(run, "p", [16], output, [_round([4, 7, 5], 3)], BF16, "ddtree", 8, [0, 0, 0])
+    assert run.engine_lengths == [[2]] and run.reference_lengths == [[2]] and not run.differs

@@ -15,6 +15,7 @@ import torch
 
 from ddtree_conformance.adapters.interface import EngineDied, EngineUsageError, Request, RunConfig
 from ddtree_conformance.adapters.process import IsolatedEngine
+from ddtree_conformance.testing.processes import pid_alive
 
 # Light engines (no torch): their processes start in about a second.
 BAD_ENGINES = textwrap.dedent(
@@ -120,7 +121,7 @@ def test_hang_times_out_kills_the_group_and_is_not_restarted(random_pair, bad_en
     with pytest.raises(EngineDied, match=r"hung: no answer to generate within 3 s \(--engine-timeout\)"):
         engine.generate([Request(prompt_ids=[1], max_new_tokens=4)], RunConfig(mode="plain"))
     assert time.monotonic() - started < 60
-    assert not _alive(child)
+    assert not pid_alive(child)
     with pytest.raises(EngineDied, match="not restarted"):
         engine.generate([Request(prompt_ids=[1], max_new_tokens=4)], RunConfig(mode="plain"))
     engine.close()
@@ -153,19 +154,10 @@ def test_unknown_option_found_in_the_child_is_a_usage_error(random_pair, bad_eng
     engine.close()
 
 
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie waiting to be reaped counts as dead)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _wait_dead(pid: int, seconds: float = 20.0) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not pid_alive(pid):
             return True
         time.sleep(0.1)
     return False
@@ -198,7 +190,7 @@ def test_engine_dies_with_the_suite_even_on_kill_9(random_pair, tmp_path):
     try:
         child = int(suite.stdout.readline())
         time.sleep(0.5)  # into generate: the child hangs there
-        assert _alive(child)
+        assert pid_alive(child)
         suite.kill()
         suite.wait(10)
         assert _wait_dead(child), f"engine child {child} outlived the suite"

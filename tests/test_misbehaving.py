@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from ddtree_conformance.cli import app
 from ddtree_conformance.testing import misbehaving
 from ddtree_conformance.testing.misbehaving import CATALOGUE
+from ddtree_conformance.testing.processes import pid_alive
 
 PROMPTS = [
     {"id": "a", "category": "x", "prompt_ids": [1, 2, 3, 4]},
@@ -138,14 +139,6 @@ def _log_pid(text: str) -> int:
     return int(re.search(r"started helper process (\d+)", text).group(1))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 # fault -> (first line on stderr (regex), a line of the log tail, verdicts of the two checks); each runs
 # CATALOGUE[fault].checks isolated, with --engine-timeout CATALOGUE[fault].timeout
 PROCESS_FAULTS = {
@@ -195,9 +188,9 @@ def test_engine_that_cannot_start_or_dies_stops_the_run_with_exit_5(suite, fault
     if fault == "hang in generate":  # the helper process the engine started went with its process group
         pid = _log_pid(result.stderr)
         deadline = time.monotonic() + 10
-        while _alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive(pid), f"helper {pid} survived the engine's timeout"
+        assert not pid_alive(pid), f"helper {pid} survived the engine's timeout"
 
 
 def test_unknown_option_is_refused_before_anything_starts(suite):

@@ -129,21 +129,14 @@ def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | N
                                              "token): no speculative round to compare")
         return CheckResult.failed(name, "the engine reports per-round acceptance but no rounds", **details)
     if run.differs:
-        first = run.differs[0]
-        return CheckResult.failed(
-            name, f"per-round acceptance differs from the fp32 reference replayed on the engine's context in "
-                  f"{len(run.differs)}/{run.rounds} rounds; first: {first.describe()}; {run.lengths_around(first)}; "
-                  f"tau {tau:.3f} vs replay "
-                  f"{ref_tau:.3f} (lossless but slower: drafter positions, feedback rows, RoPE or budget?)",
-            first_round=first.__dict__, **details)
+        return _rounds_failed(name, run, run.differs, tau, ref_tau, details,
+                              "per-round acceptance differs from the fp32 reference replayed on the engine's context",
+                              "lossless but slower: drafter positions, feedback rows, RoPE or budget?")
     if run.cut:
-        first = run.cut[0]
-        return CheckResult.failed(
-            name, f"the engine verified smaller trees than B={budget} in {len(run.cut)}/{run.rounds} rounds and "
-                  f"accepted less there (its traces hold fewer nodes; the spec tree of that size accepts exactly the "
-                  f"engine's length: a scheduler or cap that cuts trees, not a wrong tree); first: {first.describe()}; "
-                  f"{run.lengths_around(first)}; tau {tau:.3f} vs replay {ref_tau:.3f}",
-            first_round=first.__dict__, **details)
+        return _rounds_failed(name, run, run.cut, tau, ref_tau, details,
+                              f"the engine verified smaller trees than B={budget} and accepted less",
+                              "its traces hold fewer nodes; the spec tree of that size accepts exactly the engine's "
+                              "length: a scheduler or cap that cuts trees, not a wrong tree")
     ceiling, mu = rules.ceiling(top2)
     if len(run.target) > ceiling:
         return CheckResult.failed(
@@ -162,6 +155,15 @@ def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | N
                    f"{cap})")
     return CheckResult.passed(name, f"per-round acceptance equals the reference{excused} over {run.rounds} rounds "
                                     f"({source}); tau {tau:.3f} vs {ref_tau:.3f}", **details)
+
+
+def _rounds_failed(name: str, run: ReplayRun, verdicts: list, tau: float, ref_tau: float, details: dict,
+                   what: str, why: str) -> CheckResult:
+    """``what`` in N/M rounds, the first named with both sides' lengths around it, then ``why``."""
+    first = verdicts[0]
+    return CheckResult.failed(
+        name, f"{what} in {len(verdicts)}/{run.rounds} rounds; first: {first.describe()}; {run.lengths_around(first)}; "
+              f"tau {tau:.3f} vs replay {ref_tau:.3f} ({why})", first_round=first.__dict__, **details)
 
 
 def judge_aggregates(name: str, results: list[RequestResult], reference: list[RequestResult],

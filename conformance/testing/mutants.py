@@ -21,7 +21,6 @@ from ddtree_conformance.spec import (
     select_feedback_rows,
     walk_tree,
 )
-from ddtree_conformance.spec.walk import WalkResult
 from ddtree_conformance.spec.tree import DraftTree
 
 __all__ = ["MUTANTS"]
@@ -135,22 +134,17 @@ def _bf16_bound(model_dir: str) -> float:
 
 
 def _runner_up_walk(threshold: float):
-    """A greedy walk that takes the runner-up wherever the top-2 gap is below ``threshold``."""
+    """The spec's walk, fed target logits whose runner-up is lifted above the top-1 wherever their gap
+    is below ``threshold``: a greedy walk that takes the runner-up there."""
 
     def walk(tree, logits, params, generator):
-        if not params.greedy:
-            return walk_tree(tree, logits, params, generator)
-        children, accepted, chosen, node = tree.children, [], {}, 0
-        while True:
-            top = torch.topk(logits[node].float(), 2)
-            pick = 1 if float(top.values[0] - top.values[1]) < threshold else 0
-            token = int(top.indices[pick])
-            chosen[node] = token
-            child = children[node].get(token)
-            if child is None:
-                return WalkResult(accepted=accepted, bonus=token, target_tokens=chosen)
-            accepted.append(child)
-            node = child
+        if params.greedy:
+            logits = logits.float().clone()
+            top = torch.topk(logits, 2, dim=-1)
+            close = (top.values[:, 0] - top.values[:, 1]) < threshold
+            rows = torch.nonzero(close).flatten()
+            logits[rows, top.indices[rows, 1]] = top.values[rows, 0] + 1.0  # the runner-up now leads
+        return walk_tree(tree, logits, params, generator)
 
     return walk
 

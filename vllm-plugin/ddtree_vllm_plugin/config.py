@@ -77,14 +77,19 @@ def request_options(params) -> DDTreeRequest:
     raw = extra.get(REQUEST_KEY) if isinstance(extra, dict) else None
     if raw is None:
         return DDTreeRequest()
+    return _validated(DDTreeRequest, raw, f"SamplingParams.extra_args['{REQUEST_KEY}']", ValueError)
+
+
+def _validated(model, raw, what: str, error: type[Exception]):
+    """``model(**raw)``, or one ``error`` naming ``what`` and the first bad field."""
     if not isinstance(raw, dict):
-        raise ValueError(f"DDTree: SamplingParams.extra_args['{REQUEST_KEY}'] must be a dict, got {type(raw).__name__}")
+        raise error(f"DDTree: {what} must be a dict, got {type(raw).__name__}")
     try:
-        return DDTreeRequest(**raw)
+        return model(**raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"DDTree: SamplingParams.extra_args['{REQUEST_KEY}'].{where}: {first['msg']}") from None
+        raise error(f"DDTree: {what}.{where}: {first['msg']}") from None
 
 
 def budget_range(vllm_config) -> tuple[int, int]:
@@ -102,14 +107,7 @@ def options_of(vllm_config) -> DDTreeOptions:
     raw = vllm_config.additional_config["ddtree"]
     if raw is None:
         raw = {}
-    if not isinstance(raw, dict):
-        raise DDTreeConfigError(f"DDTree: additional_config['ddtree'] must be a dict, got {type(raw).__name__}")
-    try:
-        return DDTreeOptions(**raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise DDTreeConfigError(f"DDTree: additional_config['ddtree'].{where}: {first['msg']}") from None
+    return _validated(DDTreeOptions, raw, "additional_config['ddtree']", DDTreeConfigError)
 
 
 def _version_ok(version: str) -> bool:
