@@ -165,8 +165,15 @@ class SuiteSession:
             raise self._support_error
 
     def _require_support(self) -> None:
+        from .calibration import CalibrationError
         from .settings import SettingsError
+        from .token_scoring import rules_for
 
+        if self.settings.dtype != "float32":  # a broken calibration is bad input: refuse it up front, named
+            try:
+                rules_for(self)
+            except CalibrationError as exc:
+                raise SettingsError(str(exc)) from None
         s, caps = self.settings, self.capabilities
         who = f"engine {caps.name!r}"
         p = self.flag_prefix

@@ -129,3 +129,21 @@ def test_ceiling_holds_for_a_correct_engine_and_catches_the_runner_up_engine():
         runner_up = int((gaps <= rules.bound).sum())
         assert runner_up > ceiling, (runner_up, ceiling, mu)
     assert over / trials <= 5 * ALPHA + 0.01  # false alarms stay rare
+
+
+def test_a_broken_calibration_is_refused_before_any_check_naming_file_and_field(random_pair, tmp_path):
+    import shutil
+
+    from ddtree_conformance.session import SuiteSession, SuiteSettings
+    from ddtree_conformance.settings import SettingsError
+
+    target, drafter = (shutil.copytree(p, tmp_path / p.name) for p in map(type(tmp_path), random_pair))
+    (tmp_path / "MANIFEST.json").write_text(json.dumps(
+        {"near_tie_calibration": {"measured": {"bfloat16@cpu": {"positions": 10, "max_shift": 7.5}}}}))
+    session = SuiteSession(SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), dtype="bfloat16",
+                                         isolate=False, torch_threads=1))
+    try:
+        with pytest.raises(SettingsError, match=r"MANIFEST.json: field near_tie_calibration.measured.*max_shift"):
+            session.require_support()
+    finally:
+        session.close()
