@@ -30,6 +30,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -96,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--float16-limit", type=int, default=None, help="prompts of the float16 check (default: --limit)")
     parser.add_argument("--stage12-share", type=float, default=0.45,
                         help="share of the deadline for calibration and golden recording (they run side by side)")
+    parser.add_argument("--check-dtypes", default="bfloat16,float16",
+                        help="dtypes of the stage-3 default-plan runs (empty: none)")
+    parser.add_argument("--pack-logs", action="store_true", help="end with OUT/logs packed into OUT/logs.tar.gz and "
+                        "no HTML reports (the device tool brings back at most 8 files)")
     parser.add_argument("--golden-dir", default=str(ROOT / "golden/records"),
                         help="where the golden files are read and the new ones written")
     args = parser.parse_args(argv)
@@ -149,23 +154,29 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copy(path, out / "golden" / path.name)
 
     procs = []
-    for d in ("bfloat16", "float16"):  # 3. the default plan, and the mutants, all at once
+    for d in [d for d in args.check_dtypes.split(",") if d]:  # 3. the default plan, and the mutants, all at once
         cmd = [py, "-c", "from ddtree_conformance.cli import app; app()", "check", "--dtype", d, "--device",
                args.device, "--budgets", args.budgets, "--max-new-tokens", str(args.max_new_tokens), "--threads",
                str(args.threads), "--golden-dir", args.golden_dir, "--out", str(out / f"check-reference-{d}.json"),
                *(["--limit", str(args.float16_limit)] if d == "float16" and args.float16_limit else limit)]
         procs.append((f"check {d}", _start(cmd, out / f"logs/check-{d}.log", env)))
     status |= _wait(procs + mutants, deadline)
-    summary = summarise(out, status, time.time() - started)
+    summary = summarise(out, status, time.time() - started, [d for d in args.check_dtypes.split(",") if d])
     (out / "summary.md").write_text(summary)
     print(summary)
+    if args.pack_logs:
+        with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+            tar.add(out / "logs", arcname="logs")
+        shutil.rmtree(out / "logs")
+        for html in out.glob("*.html"):
+            html.unlink()
     return 0
 
 
-def summarise(out: Path, status: dict, seconds: float) -> str:
+def summarise(out: Path, status: dict, seconds: float, dtypes: list[str]) -> str:
     lines = [f"# Issue 13 GPU run ({seconds:.0f} s)", "", "| stage | exit |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in status.items()]
-    for d in ("bfloat16", "float16"):
+    for d in dtypes:
         path = out / f"check-reference-{d}.json"
         if not path.is_file():  # stopped at the deadline: the progress lines say what finished
             log = out / f"logs/check-{d}.log"
