@@ -32,7 +32,7 @@ from .files import atomic_write, read_json_object
 from .report_plots import plots
 from .report_trees import trees_html
 
-__all__ = ["RUN_SCHEMA", "RUN_SCHEMA_VERSION", "ReportError", "new_report", "environment", "write_report",
+__all__ = ["RUN_SCHEMA", "RUN_SCHEMA_VERSION", "ReportError", "new_report", "environment", "write_partial_report", "write_report",
            "load_report", "render_markdown", "render_html"]
 
 RUN_SCHEMA = "ddtree-conformance/run-report"
@@ -107,6 +107,22 @@ def report_paths(out: str | Path) -> tuple[Path, Path, Path]:
     out = Path(out)
     json_path = out if out.suffix == ".json" else out.with_name(out.name + ".json")
     return json_path, json_path.with_suffix(".md"), json_path.with_suffix(".html")
+
+
+def write_partial_report(report: dict[str, Any], finished: list, planned: list, out: str | Path) -> Path:
+    """The JSON report of a check run still going: ``finished`` results, the rest of ``planned`` not
+    run, ``"partial": true``. Rewritten after every check, so a run killed at a deadline (or by the
+    OOM killer) leaves a report of what finished; the complete report replaces it at the end."""
+    done = {r.check for r in finished}
+    pending = [{"check": c.id, "status": "skip", "message": "not run: the run stopped before this check",
+                "details": {"not_run": True}} for c in planned if c.id not in done]
+    results = [r.model_dump() for r in finished] + pending
+    counts = {s: sum(r.status == s and not r.details.get("not_run") for r in finished) for s in ("pass", "fail", "skip")}
+    counts["not_run"] = len(planned) - sum(not r.details.get("not_run") for r in finished)
+    body = dict(report, partial=True, counts=counts, results=results)
+    json_path = report_paths(out)[0]
+    atomic_write(json_path, json.dumps(body, indent=1) + "\n")
+    return json_path
 
 
 def write_report(report: dict[str, Any], out: str | Path) -> tuple[Path, Path, Path]:
@@ -198,6 +214,9 @@ def _context_lines(report: dict) -> list[str]:
 
 def render_markdown(report: dict) -> str:
     out = [f"### {_title(report)}", ""]
+    if report.get("partial"):
+        out += [f"**Partial report: the run stopped before it finished ({report.get('counts', {}).get('not_run', '?')} "
+                "checks not run).**", ""]
     out += [f"- {line}" for line in _context_lines(report)]
     out.append("")
     head, rows = _summary_rows(report)

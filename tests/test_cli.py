@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ddtree_conformance.cli import app
+from ddtree_conformance.report import render_markdown
 
 # Engines that need no model compute, so CLI plumbing is tested quickly.
 FAKE_ENGINES = '''
@@ -425,7 +426,34 @@ def test_check_with_a_passing_engine_prints_progress_lines(pair, prompts_file, t
     result = invoke("check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--budgets", "4", "--modes",
                     "ddtree", "--check", "lossless", "--no-isolate", "--out", tmp_path / "r.json")
     assert result.exit_code == 0, result.output
-    assert re.search(r"^\[ddtree\] check lossless/ddtree-B4: pass \(\d+\.\d s\)$", result.stderr, re.M), result.stderr
+    line = r"^\[ddtree\] check lossless/ddtree-B4: pass \(\d+\.\d s\): 2 match, 0 near-tie \(exact\)$"
+    assert re.search(line, result.stderr, re.M), result.stderr
+
+
+def test_a_check_run_stopped_midway_leaves_a_partial_report(pair, prompts_file, tmp_path, monkeypatch):
+    """The JSON report is rewritten after every check: a run killed at a deadline keeps what finished."""
+    import ddtree_conformance.checks as checks
+
+    real = checks.run_plan
+
+    def stopped_after_the_first(session, planned, on_result=None):
+        def first_then_stop(result):
+            on_result(result)
+            raise KeyboardInterrupt  # what a kill at the deadline leaves: the reports written so far
+        return real(session, planned, on_result=first_then_stop)
+
+    monkeypatch.setattr(checks, "run_plan", stopped_after_the_first)
+    out = tmp_path / "r.json"
+    invoke("check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--budgets", "4", "--modes", "ddtree",
+           "--check", "lossless", "--check", "tree-structure", "--no-isolate", "--out", out)
+    report = json.loads(out.read_text())
+    assert report["partial"] is True and report["schema"] == "ddtree-conformance/check-report"
+    assert [(r["check"], r["status"]) for r in report["results"]] == [("lossless/ddtree-B4", "pass"),
+                                                                       ("tree-structure/ddtree-B4", "skip")]
+    assert report["results"][1]["message"] == "not run: the run stopped before this check"
+    assert report["counts"] == {"pass": 1, "fail": 0, "skip": 0, "not_run": 1}
+    assert "Partial report" in render_markdown(report)
+    assert not out.with_suffix(".md").exists()  # Markdown and HTML come with the complete report only
 
 
 def test_record_limit_update_over_a_corrupt_file_and_pair_names(pair, prompts_file, tmp_path):

@@ -49,7 +49,7 @@ def check(
     from ..checks.runner import not_run, one_line
     from ..golden_files import load_golden
     from ..progress import progress_printer
-    from ..report import CHECK_SCHEMA, new_report, runs_from_session, write_report
+    from ..report import CHECK_SCHEMA, new_report, runs_from_session, write_partial_report, write_report
     from ..session import SuiteSession
 
     settings = opt.run_settings(
@@ -62,6 +62,9 @@ def check(
     checks = plan(settings)
     if any(c.id.split("/", 1)[0] in ("golden", "acceptance") for c in checks):  # they read the golden file
         load_golden(settings.golden_dir, settings.pair_name, settings.prompt_set, settings.dtype)  # unreadable: exit 2
+    out_path = out if out is not None else REPORTS_DIR / f"check-{settings.engine.replace(':', '_')}.json"
+    partial = new_report("check", settings.model_dump(), opt.hw_class(settings.device, hardware_class),
+                         schema=CHECK_SCHEMA)
     printer = progress_printer()
     session = SuiteSession(settings, progress=printer)
     started = time.perf_counter()
@@ -73,12 +76,18 @@ def check(
         except EngineDied as exc:
             results = not_run(checks, f"the engine could not start: {one_line(exc)}")
         else:
+            finished: list = []
+
+            def keep(result) -> None:  # the partial report: a run killed at a deadline keeps what finished
+                finished.append(result)
+                write_partial_report(partial, finished, checks, out_path)
+
             if printer is not None:
-                results = run_plan(session, checks, on_result=lambda r: printer(progress_line(r)))
+                results = run_plan(session, checks, on_result=lambda r: (keep(r), printer(progress_line(r))))
             else:
                 with Progress(console=stderr_console(), transient=True) as progress:
                     task = progress.add_task(f"{settings.engine}: {len(checks)} checks", total=len(checks))
-                    results = run_plan(session, checks, on_result=lambda r: progress.advance(task))
+                    results = run_plan(session, checks, on_result=lambda r: (keep(r), progress.advance(task)))
         failure = session.failure
         try:
             run_metrics = runs_from_session(session)
@@ -98,13 +107,11 @@ def check(
     console.print(table)
     counts = {s: sum(r.status == s and not r.details.get("not_run") for r in results) for s in ("pass", "fail", "skip")}
     counts["not_run"] = sum(bool(r.details.get("not_run")) for r in results)
-    report = new_report("check", settings.model_dump(), opt.hw_class(settings.device, hardware_class),
-                        schema=CHECK_SCHEMA)
+    report = dict(partial)
     report.update({"elapsed_s": round(elapsed, 2), "counts": counts, "results": [r.model_dump() for r in results],
                    "runs": run_metrics})
     if failure is not None:
         report["engine_failure"] = {"message": str(failure), "log_tail": failure.log_tail}
-    out_path = out if out is not None else REPORTS_DIR / f"check-{settings.engine.replace(':', '_')}.json"
     out_path, md_path, html_path = write_report(report, out_path)
     not_run_note = f", {counts['not_run']} not run" if counts["not_run"] else ""
     console.print(escape(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped{not_run_note} "
@@ -158,10 +165,10 @@ def record(
 
 
 def progress_line(result) -> str:
-    """``check ID: STATUS (S s)``, and for anything but a pass the message's first line, so a CI log
-    stopped at a deadline still says why a check failed."""
+    """``check ID: STATUS (S s): first line of the message``, so a CI log stopped at a deadline still
+    says why a check failed, and what a pass measured (excused positions and rounds, tau)."""
     line = f"check {result.check}: {result.status} ({result.details.get('elapsed_s', 0.0):.1f} s)"
-    if result.status != "pass" and result.message:
+    if result.message:
         first = result.message.splitlines()[0]
         line += ": " + (first if len(first) <= 400 else first[:399] + "…")
     return line
