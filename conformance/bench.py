@@ -40,7 +40,7 @@ import numpy as np
 
 from ddtree_conformance.adapters.interface import Engine, Request, RequestResult, RunConfig
 
-from .metrics import acceptance_histogram, mean_tau, per_position_acceptance
+from .metrics import acceptance_histogram, emitted_lengths, mean_tau, per_position_acceptance
 from .sequential import METHOD, SPENDING, Interval, SequentialPlan, cv, look_alpha, ratio_interval, verdict
 
 __all__ = ["BenchError", "CallTiming", "acceptance_summary", "call_timing", "run_bench"]
@@ -100,8 +100,13 @@ def call_timing(results: Sequence[RequestResult], wall_s: float) -> CallTiming:
 
 
 def acceptance_summary(results: Sequence[RequestResult]) -> dict:
-    """tau (pooled and per-response mean), per-position acceptance and histogram of one run."""
-    lengths = [r.acceptance_lengths for r in results if r.acceptance_lengths]
+    """tau (pooled and per-response mean), per-position acceptance and histogram of one run.
+
+    A last round cut short by the length limit or a stop token counts the tokens it emitted, not
+    the length the engine reports for it: engines differ in what they report there, and a length
+    past the output's end is a claim nobody can check (claimed as the block size, it would lift the
+    gate's tau by about one token per round on 64-token outputs)."""
+    lengths = [emitted_lengths(r.acceptance_lengths, len(r.output_ids)) for r in results if r.acceptance_lengths]
     if lengths and len(lengths) == len(results):
         per_response = [sum(ls) / len(ls) for ls in lengths]
         return {

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["mean_tau", "per_position_acceptance", "acceptance_histogram", "paired_band"]
+__all__ = ["emitted_lengths", "mean_tau", "per_position_acceptance", "acceptance_histogram", "paired_band"]
+
+
+def emitted_lengths(lengths: Sequence[int], output_len: int) -> list[int]:
+    """``lengths`` with the last round cut to the tokens the output holds after the earlier rounds."""
+    lengths = list(lengths)
+    if lengths:
+        left = output_len - 1 - sum(lengths[:-1])
+        if 1 <= left < lengths[-1]:
+            lengths[-1] = left
+    return lengths
 
 
 def mean_tau(per_prompt_lengths: Sequence[Sequence[int]]) -> float:

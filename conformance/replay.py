@@ -42,9 +42,10 @@ from dataclasses import dataclass, field
 import torch
 
 from .calibration import ALPHA, DRAFTER_TOP, Calibration
+from .metrics import emitted_lengths
 
 __all__ = ["FP32_DRAFTER_FLIP_RATE", "RoundVerdict", "ReplayRun", "lengths_problem", "golden_lengths",
-           "emitted_lengths", "drafter_flips_within", "judge_rounds", "drafter_round_cap"]
+           "drafter_flips_within", "judge_rounds", "drafter_round_cap"]
 
 FP32_DRAFTER_FLIP_RATE = 1e-3  # float32: trees flip only at exact drafter ties (1e-6 apart) across devices
 
@@ -131,16 +132,6 @@ def _build(draft_logits: torch.Tensor, mode: str, budget: int):
     from ddtree_conformance.spec import build_chain, build_tree
 
     return build_chain(draft_logits) if mode == "dflash" else build_tree(draft_logits, budget)
-
-
-def emitted_lengths(lengths: Sequence[int], output_len: int) -> list[int]:
-    """``lengths`` with the last round cut to the tokens the output holds after the earlier rounds."""
-    lengths = list(lengths)
-    if lengths:
-        left = output_len - 1 - sum(lengths[:-1])
-        if 1 <= left < lengths[-1]:
-            lengths[-1] = left
-    return lengths
 
 
 def _accepted_length(tree, tokens: Sequence[int], most: int) -> int:

@@ -154,7 +154,7 @@ def test_drafter_round_cap_grows_with_rounds_but_stays_small():
 
 
 def test_a_length_claimed_past_the_output_end_does_not_inflate_tau():
-    from ddtree_conformance.replay import emitted_lengths
+    from ddtree_conformance.metrics import emitted_lengths
 
     # output of 8 tokens: prefill 1 + rounds of 2 and 3 + 2 tokens of a last round the length limit cut
     assert emitted_lengths([2, 3, 2], 8) == [2, 3, 2]

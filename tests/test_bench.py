@@ -169,6 +169,22 @@ def test_the_speedup_does_not_move_with_the_rounds_an_engine_reports():
     assert b["cost_model"]["tau"] == pytest.approx(2 * a["cost_model"]["tau"])
 
 
+def test_a_cut_last_round_counts_the_tokens_it_emitted_not_the_length_claimed():
+    """12 decode tokens in rounds of 5: the last round emits 2. An engine that claims it accepted the
+    whole block there (16, which no output can contradict) gets the same tau as an honest one."""
+    class ClaimsAFullLastRound(TimedEngine):
+        def generate(self, requests, config):
+            return [r.model_copy(update={"acceptance_lengths": r.acceptance_lengths[:-1] + [16]})
+                    if config.mode != "plain" else r for r in super().generate(requests, config)]
+
+    honest, liar = TimedEngine(tau=5), ClaimsAFullLastRound(tau=5)
+    a = run_bench(honest, REQUESTS, config, [("ddtree", 16)], repeats=2, now=honest.now)["runs"][1]
+    b = run_bench(liar, REQUESTS, config, [("ddtree", 16)], repeats=2, now=liar.now)["runs"][1]
+    for run in (a, b):
+        assert run["tau"] == pytest.approx(4.0) == pytest.approx(run["cost_model"]["tau"])  # 12 tokens / 3 rounds
+        assert run["histogram"] == {"2": 3, "5": 6} and run["per_position"][:2] == pytest.approx([1.0, 6 / 9])
+
+
 def test_failed_requests_and_empty_decode_are_errors():
     class Failing(TimedEngine):
         def generate(self, requests, config):
@@ -222,7 +238,7 @@ def test_bench_writes_report_with_schema_and_three_files(pair, prompts, tmp_path
         assert sum(run["histogram"].values()) == run["rounds"]
         # the cost model: each repeat's speedup is tau x step / round; tau counts emitted tokens
         assert sp["samples"] == pytest.approx([cm["tau"] * r for r in cm["step_over_round"]["samples"]], rel=1e-4)
-        assert 1.0 <= cm["tau"] <= run["tau"] and cm["tau_constant"]
+        assert 1.0 <= cm["tau"] == pytest.approx(run["tau"]) and cm["tau_constant"]
     # the report is accepted by baseline + gate: its own baseline passes tau, per-position and speedup
     bl = tmp_path / "bl"
     assert CliRunner().invoke(app, ["baseline", str(out), "--baselines", str(bl)]).exit_code == 0
