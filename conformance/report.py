@@ -32,8 +32,8 @@ from .files import atomic_write, read_json_object
 from .report_plots import plots
 from .report_trees import trees_html
 
-__all__ = ["RUN_SCHEMA", "RUN_SCHEMA_VERSION", "ReportError", "new_report", "environment", "write_partial_report", "write_report",
-           "load_report", "render_markdown", "render_html"]
+__all__ = ["RUN_SCHEMA", "RUN_SCHEMA_VERSION", "ReportError", "new_report", "environment", "write_partial_report",
+           "write_report", "load_report", "render_markdown", "render_html"]
 
 RUN_SCHEMA = "ddtree-conformance/run-report"
 RUN_SCHEMA_VERSION = 1
@@ -117,7 +117,8 @@ def write_partial_report(report: dict[str, Any], finished: list, planned: list, 
     pending = [{"check": c.id, "status": "skip", "message": "not run: the run stopped before this check",
                 "details": {"not_run": True}} for c in planned if c.id not in done]
     results = [r.model_dump() for r in finished] + pending
-    counts = {s: sum(r.status == s and not r.details.get("not_run") for r in finished) for s in ("pass", "fail", "skip")}
+    counts = {s: sum(r.status == s and not r.details.get("not_run") for r in finished)
+              for s in ("pass", "fail", "skip")}
     counts["not_run"] = len(planned) - sum(not r.details.get("not_run") for r in finished)
     body = dict(report, partial=True, counts=counts, results=results)
     json_path = report_paths(out)[0]
@@ -215,8 +216,8 @@ def _context_lines(report: dict) -> list[str]:
 def render_markdown(report: dict) -> str:
     out = [f"### {_title(report)}", ""]
     if report.get("partial"):
-        out += [f"**Partial report: the run stopped before it finished ({report.get('counts', {}).get('not_run', '?')} "
-                "checks not run).**", ""]
+        not_run = report.get("counts", {}).get("not_run", "?")
+        out += [f"**Partial report: the run stopped before it finished ({not_run} checks not run).**", ""]
     out += [f"- {line}" for line in _context_lines(report)]
     out.append("")
     head, rows = _summary_rows(report)

@@ -432,7 +432,7 @@ def test_check_with_a_passing_engine_prints_progress_lines(pair, prompts_file, t
 
 def test_a_check_run_stopped_midway_leaves_a_partial_report(pair, prompts_file, tmp_path, monkeypatch):
     """The JSON report is rewritten after every check: a run killed at a deadline keeps what finished."""
-    import ddtree_conformance.checks as checks
+    from ddtree_conformance import checks
 
     real = checks.run_plan
 
