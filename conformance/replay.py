@@ -194,7 +194,9 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
     ``replayed``: :class:`~ddtree_conformance.adapters.reference.replay.ReplayRound` list;
     ``token_gaps``: token scoring's fp32 gap of each output token below the top-1;
     ``engine_traces``: a function giving the engine's per-round traces of this prompt from a rerun
-    that reproduces it (or None); called only for a round that differs.
+    that reproduces it (or None); called for a round whose tokens agree but whose length differs
+    (the drafter side: the engine's tree and drafter logits decide the excuse), and to draw a failing
+    round, never for a target near tie.
     """
     # tau counts what the output shows: a last round cut by the output's end counts its emitted tokens
     # on both sides, so a length claimed past the end (unobservable) cannot inflate it
@@ -212,12 +214,17 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
             continue  # the last round, cut by the output's end, agrees as far as the output shows
         verdict = RoundVerdict(prompt, rnd.index, "differs", le, rnd.length, mine, theirs,
                                reference_tree=_tree_dict(rnd.tree_tokens, rnd.parents, rnd.accepted))
-        traces = engine_traces() if engine_traces is not None else None
-        trace = traces[rnd.index] if traces and rnd.index < len(traces) else None
-        if trace is not None:
-            verdict.engine_tree = _tree_dict(trace.tree_tokens, trace.parents, trace.accepted)
+
+        def engine_trace(verdict=verdict, rnd=rnd):
+            """The engine's trace of this round (also drawn in the report), when a rerun reproduces it."""
+            traces = engine_traces() if engine_traces is not None else None
+            trace = traces[rnd.index] if traces and rnd.index < len(traces) else None
+            if trace is not None:
+                verdict.engine_tree = _tree_dict(trace.tree_tokens, trace.parents, trace.accepted)
+            return trace
+
         j = _first_token_difference(mine, theirs)
-        if j is not None:
+        if j is not None:  # the target side decides; the engine's trace is only drawn for a failure
             position = rnd.offset + j
             gap = token_gaps[position] if position < len(token_gaps) else float("inf")
             node_gap = rnd.path_gaps[j] if j < len(rnd.path_gaps) else float("inf")
@@ -227,10 +234,12 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
                     f"the top-1 {theirs[j]}, within the bound {rules.bound:.3g}")
                 run.target.append(verdict)
             else:
+                engine_trace()
                 verdict.note = (f"at output position {position} the engine commits {mine[j]} where the fp32 target "
                                 f"chose {theirs[j]} ({gap:.3g} below the top-1, bound {rules.bound:.3g})")
                 run.differs.append(verdict)
             continue
+        trace = engine_trace()  # the drafter side decides: the engine's own tree and drafter logits
         nodes = len(trace.tree_tokens) - 1 if trace is not None else budget
         if mode == "ddtree" and nodes < budget and le < rnd.length and rnd.draft_logits is not None:
             expected = _accepted_length(_build(rnd.draft_logits, mode, nodes), theirs, rnd.length)

@@ -68,7 +68,12 @@ def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | N
                     requests: list[Request], results: list[RequestResult], *, model_dir: str | None = None,
                     drafter_dir: str | None = None, use_golden: bool = True, logits_fn=None,
                     traced_run=None) -> CheckResult:
-    """Replay every round of greedy ``results`` with the fp32 reference and judge them (module doc)."""
+    """Replay every round of greedy ``results`` with the fp32 reference and judge them (module doc).
+
+    A round that differs is explained with the engine's own traces (its tree, its drafter logits)
+    from a traced rerun that reproduces the prompt's output and lengths: ``traced_run(index)`` gives
+    the traced result of ``requests[index]``; by default, where the engine can trace in ``mode``,
+    that request is rerun alone with traces. Only prompts with a round to explain are rerun."""
     from ddtree_conformance.adapters.reference.replay import replay_result
 
     s = session.settings
@@ -82,20 +87,24 @@ def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | N
                                             f"describe the output: {problem} (acceptance over-reported?)")
     golden = _golden_runs(session, mode, budget) if use_golden else None
     fn = logits_fn or target_logits(model_dir, s.device)
-    traced: list | None = None
+    caps = session.capabilities
+    if traced_run is None and caps.traced(mode):
+        def traced_run(index: int) -> RequestResult:
+            return session.run(mode, budget, trace=True, trace_draft_logits=caps.draft_logits,
+                               requests=[requests[index]])[0]
+    traced: dict[int, RequestResult] = {}
 
     def engine_traces(index: int):
         """The engine's per-round traces of prompt ``index``, from a traced rerun that reproduces the
         run (else None: its trees and logits would describe another run)."""
-        nonlocal traced
         if traced_run is None:
             return None
-        if traced is None:
-            traced = traced_run()  # {prompt index: traced result}
         if index not in traced:
-            return None
+            if run.differs:  # already failing: another traced rerun would change no verdict
+                return None
+            traced[index] = traced_run(index)
         mine, base = traced[index], results[index]
-        if (mine.output_ids, mine.acceptance_lengths) != (base.output_ids, base.acceptance_lengths):
+        if mine.error or (mine.output_ids, mine.acceptance_lengths) != (base.output_ids, base.acceptance_lengths):
             return None
         return mine.traces
 
@@ -247,11 +256,16 @@ def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> Ch
                                             f"for {missing[0]} ({len(missing)}/{len(labels)} prompts)")
         traced_run = None
         if caps.traced(mode):
-            def traced_run():  # the tree checks' traced run (memoised), by prompt index
+            def traced_run(index: int) -> RequestResult:
+                """Prompt ``index`` from the tree checks' traced run (memoised) when it holds it, else
+                that prompt rerun alone with traces."""
                 from .trees import traced_run as shared
 
                 indices, traced = shared(session, mode, budget)
-                return dict(zip(indices, traced))
+                if index in indices:
+                    return traced[indices.index(index)]
+                return session.run(mode, budget, trace=True, trace_draft_logits=caps.draft_logits,
+                                   requests=[session.requests()[index]])[0]
         return judge_per_round(session, name, mode, budget, labels, session.requests(), results,
                                traced_run=traced_run)
     golden = _golden_reference(session, mode, budget)
