@@ -100,7 +100,7 @@ def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | N
         if traced_run is None:
             return None
         if index not in traced:
-            if run.differs:  # already failing: another traced rerun would change no verdict
+            if run.differs or run.cut:  # already failing: another traced rerun would change no verdict
                 return None
             traced[index] = traced_run(index)
         mine, base = traced[index], results[index]
