@@ -9,10 +9,7 @@ rows run on the trained fixture pair, on three prompts.
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import torch
 
 from ddtree_conformance.adapters.interface import Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
@@ -21,7 +18,7 @@ from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.session import SuiteSession, SuiteSettings
 from ddtree_conformance.testing import mutants
-from ddtree_conformance.testing.random_pair import write_random_pair
+from ddtree_conformance.testing.random_pair import write_random_pair, write_random_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -59,12 +56,8 @@ def pairs(tmp_path_factory):
     """Settings per pair name: the calibrated random pair and the fixture (3 prompts)."""
     root = tmp_path_factory.mktemp("lp-pair")
     target, drafter = write_random_pair(root, seed=3, max_position_embeddings=640)
-    g = torch.Generator().manual_seed(7)
     path = root / "prompts.jsonl"
-    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (5, 11, 19, 26)]
-    with path.open("w") as handle:
-        for i, ids in enumerate(prompts):
-            handle.write(json.dumps({"id": f"lp{i}", "category": "random", "prompt_ids": ids}) + "\n")
+    prompts = write_random_prompts(path, [5, 11, 19, 26], seed=7, prefix="lp")
     engine = ReferenceEngine(str(target))
     requests = [Request(prompt_ids=ids, max_new_tokens=48) for ids in prompts]
     outputs = engine.generate(requests, RunConfig(mode="plain"))

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.session import SuiteSession, SuiteSettings
 from ddtree_conformance.testing import mutants
+from ddtree_conformance.testing.random_pair import write_random_prompts
 
 # mutant -> (check-id substrings to run, substring of the first failing message)
 CAUGHT_BY = {
@@ -40,12 +40,8 @@ CAUGHT_BY = {
 @pytest.fixture(scope="module")
 def settings(random_pair, tmp_path_factory) -> SuiteSettings:
     target, drafter = random_pair
-    g = torch.Generator().manual_seed(5)
     path = tmp_path_factory.mktemp("prompts") / "mutants.jsonl"
-    with path.open("w") as handle:
-        for i, n in enumerate([3, 9, 17, 30]):
-            ids = torch.randint(0, 96, (n,), generator=g).tolist()
-            handle.write(json.dumps({"id": f"m{i}", "category": "random", "prompt_ids": ids}) + "\n")
+    write_random_prompts(path, [3, 9, 17, 30], seed=5, prefix="m")
     return SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", prompt_set=str(path),
                          budgets=[16], max_new_tokens=24, isolate=False, sampling_requests=120, branch_prompts=2,
                          branch_rounds=2)

@@ -3,14 +3,12 @@ applies runs, one that needs more skips with its reason, and the correct referen
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import torch
 
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.checks import PER_MODE_CHECKS, plan, run_plan
 from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.testing.random_pair import write_random_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -18,12 +16,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def settings(random_pair, tmp_path_factory) -> SuiteSettings:
     target, drafter = random_pair
-    g = torch.Generator().manual_seed(21)
     path = tmp_path_factory.mktemp("small") / "small.jsonl"
-    with path.open("w") as handle:
-        for i, n in enumerate([6, 13, 20]):
-            handle.write(json.dumps({"id": f"s{i}", "prompt_ids": torch.randint(0, 96, (n,), generator=g).tolist()})
-                         + "\n")
+    write_random_prompts(path, [6, 13, 20], seed=21, prefix="s")
     return SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", prompt_set=str(path),
                          budgets=[16], isolate=False, branch_prompts=1, branch_rounds=1)
 

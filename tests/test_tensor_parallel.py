@@ -6,27 +6,21 @@ runs unsharded, so a correct engine is exactly equal; each mutant breaks one thi
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import torch
 
 from ddtree_conformance.adapters.interface import EngineError, Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.testing.random_pair import write_random_prompts
 from ddtree_conformance.testing.tp_engines import ShardedReference, TpAcceptanceDrift, TpOutputDrift
 
 
 @pytest.fixture(scope="module")
 def settings(random_pair, tmp_path_factory) -> SuiteSettings:
     target, drafter = random_pair
-    g = torch.Generator().manual_seed(11)
     path = tmp_path_factory.mktemp("prompts") / "tp.jsonl"
-    with path.open("w") as handle:
-        for i, n in enumerate([4, 11, 19, 27]):
-            ids = torch.randint(0, 96, (n,), generator=g).tolist()
-            handle.write(json.dumps({"id": f"tp{i}", "category": "random", "prompt_ids": ids}) + "\n")
+    write_random_prompts(path, [4, 11, 19, 27], seed=11, prefix="tp")
     return SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", prompt_set=str(path),
                          budgets=[16], max_new_tokens=24, isolate=False, tensor_parallel_size=2)
 

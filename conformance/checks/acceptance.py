@@ -44,8 +44,8 @@ def block_size(drafter_dir: str | None) -> int | None:
         return None
 
 
-def _golden_runs(session: SuiteSession, mode: str, budget: int | None) -> dict[tuple, list[int]] | None:
-    """(prompt ids, output) -> golden float32 lengths of the reference for this run, when recorded."""
+def _float32_golden(session: SuiteSession):
+    """The pair's float32 golden file when it holds outputs at least as long as this run's, else None."""
     from ..golden_files import GoldenError, load_golden
 
     s = session.settings
@@ -53,9 +53,20 @@ def _golden_runs(session: SuiteSession, mode: str, budget: int | None) -> dict[t
         golden = load_golden(s.golden_dir, s.pair_name, s.prompt_set, "float32")
     except GoldenError:
         return None
-    if golden is None or golden.max_new_tokens < s.max_new_tokens:
+    return None if golden is None or golden.max_new_tokens < s.max_new_tokens else golden
+
+
+def _golden_key(mode: str, budget: int | None) -> str:
+    return mode if mode == "dflash" else f"ddtree-{budget}"
+
+
+def _golden_runs(session: SuiteSession, mode: str, budget: int | None) -> dict[tuple, list[int]] | None:
+    """(prompt ids, output) -> golden float32 lengths of the reference for this run, when recorded."""
+    s = session.settings
+    golden = _float32_golden(session)
+    if golden is None:
         return None
-    key = mode if mode == "dflash" else f"ddtree-{budget}"
+    key = _golden_key(mode, budget)
     runs = {}
     for record in golden.records.values():
         if key in record.acceptance:
@@ -281,18 +292,13 @@ def _golden_reference(session: SuiteSession, mode: str, budget: int | None) -> t
     """float32 runs of a pair with a golden file holding every prompt: the golden acceptance, as results.
     It is the reference run on the pair's own files, so a drafter that is not the pair's (wrong layer
     ids in its config, other weights) shows against it, where a live reference would share the fault."""
-    from ..golden_files import GoldenError, golden_path, load_golden
+    from ..golden_files import golden_path
 
     s = session.settings
-    if s.dtype != "float32":
+    golden = _float32_golden(session) if s.dtype == "float32" else None
+    if golden is None:
         return None
-    try:
-        golden = load_golden(s.golden_dir, s.pair_name, s.prompt_set, "float32")
-    except GoldenError:
-        return None
-    if golden is None or golden.max_new_tokens < s.max_new_tokens:
-        return None
-    key = mode if mode == "dflash" else f"ddtree-{budget}"
+    key = _golden_key(mode, budget)
     out = []
     for prompt in session.prompts:
         record = golden.records.get(prompt.id)

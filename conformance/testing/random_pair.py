@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["drafter_config_dict", "write_random_pair"]
+__all__ = ["drafter_config_dict", "write_random_pair", "write_random_prompts"]
 
 
 def drafter_config_dict(
@@ -116,3 +116,15 @@ def write_random_pair(
     save_drafter(drafter, root / "drafter")
     (root / "PAIR.json").write_text(json.dumps({"kind": "random", "seed": seed}) + "\n")
     return root / "target", root / "drafter"
+
+
+def write_random_prompts(path: str | Path, lengths: list[int], *, seed: int, prefix: str = "p",
+                         vocab: int = 96) -> list[list[int]]:
+    """A prompt set (JSON lines ``{"id": "<prefix><i>", "category": "random", "prompt_ids": ...}``) of
+    random token ids below ``vocab``, one prompt per length, seeded; returns the prompts' ids."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+    with Path(path).open("w") as handle:
+        for i, ids in enumerate(prompts):
+            handle.write(json.dumps({"id": f"{prefix}{i}", "category": "random", "prompt_ids": ids}) + "\n")
+    return prompts
