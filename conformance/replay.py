@@ -44,7 +44,7 @@ import torch
 from .calibration import ALPHA, DRAFTER_TOP, Calibration
 from .metrics import emitted_lengths
 
-__all__ = ["FP32_DRAFTER_FLIP_RATE", "RoundVerdict", "ReplayRun", "lengths_problem", "golden_lengths",
+__all__ = ["FP32_DRAFTER_FLIP_RATE", "RoundVerdict", "ReplayRun", "golden_lengths",
            "drafter_flips_within", "judge_rounds", "drafter_round_cap"]
 
 FP32_DRAFTER_FLIP_RATE = 1e-3  # float32: trees flip only at exact drafter ties (1e-6 apart) across devices
@@ -88,32 +88,6 @@ class ReplayRun:
 
         mine, theirs = self.by_prompt.get(verdict.prompt, ([], []))
         return f"lengths engine {window(mine, verdict.round)} | replay {window(theirs, verdict.round)}"
-
-
-def lengths_problem(output: Sequence[int], lengths: Sequence[int], finish_reason: str,
-                    block_size: int | None = None) -> str | None:
-    """Why per-round ``lengths`` cannot describe ``output``, or None.
-
-    Convention: the first output token comes from the prefill; round ``r`` emits ``lengths[r]``
-    tokens (accepted + bonus), the last round possibly cut short by a stop token or the length
-    limit. So ``1 + sum(lengths[:-1]) < len(output) <= 1 + sum(lengths)``, with equality unless the
-    run finished by stop or length inside its last round.
-    """
-    n = len(output)
-    bad = [x for x in lengths if x < 1 or (block_size is not None and x > block_size)]
-    if bad:
-        return f"acceptance length {bad[0]} is outside 1..{block_size or 'block size'}"
-    total = 1 + sum(lengths)
-    if not lengths:
-        return None if n <= 1 else f"no rounds reported for {n} output tokens"
-    if n > total:
-        return f"acceptance lengths add up to {total - 1} + 1 prefill token = {total}, but the output holds {n} tokens"
-    if n <= total - lengths[-1]:
-        return (f"acceptance lengths add up to {total} tokens (1 prefill + rounds), more than the {n} output tokens "
-                f"hold: the rounds before the last already pass the end of the output")
-    if n < total and finish_reason not in ("stop", "length"):
-        return f"the last round is cut short ({n} of {total} tokens) but finish_reason is {finish_reason!r}"
-    return None
 
 
 def golden_lengths(lengths: Sequence[int], max_new_tokens: int) -> list[int]:

@@ -1,7 +1,7 @@
 """Check 3: acceptance against the fp32 reference, round by round (doc §4 metrics).
 
-Engines with per-round acceptance lengths: the lengths must describe the output
-(:func:`~ddtree_conformance.replay.lengths_problem`), and every round is replayed with the fp32
+Engines with per-round acceptance lengths (which the integrity rules have already held to the
+output, :mod:`ddtree_conformance.integrity`): every round is replayed with the fp32
 reference on the engine's own context and compared (:mod:`ddtree_conformance.replay`); a round may
 differ only by a reproducible near-tie, and drafter near-tie rounds are capped. Where the engine's
 output and lengths equal the float32 golden file's, the golden acceptance *is* that replay, so no
@@ -21,7 +21,7 @@ from ddtree_conformance.adapters.interface import Request, RequestResult
 
 from ..calibration import ALPHA
 from ..metrics import mean_tau, paired_band, per_position_acceptance
-from ..replay import ReplayRun, drafter_round_cap, golden_lengths, judge_rounds, lengths_problem
+from ..replay import ReplayRun, drafter_round_cap, golden_lengths, judge_rounds
 from ..session import SuiteSession
 from ..token_scoring import rules_for, score_output, target_logits
 from .result import CheckResult
@@ -78,31 +78,29 @@ def _golden_runs(session: SuiteSession, mode: str, budget: int | None) -> dict[t
 def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | None, labels: list[str],
                     requests: list[Request], results: list[RequestResult], *, model_dir: str | None = None,
                     drafter_dir: str | None = None, use_golden: bool = True, logits_fn=None,
-                    traced_run=None) -> CheckResult:
+                    traced_run=None, engine=None) -> CheckResult:
     """Replay every round of greedy ``results`` with the fp32 reference and judge them (module doc).
 
     A round that differs is explained with the engine's own traces (its tree, its drafter logits)
     from a traced rerun that reproduces the prompt's output and lengths: ``traced_run(index)`` gives
     the traced result of ``requests[index]``; by default, where the engine can trace in ``mode``,
-    that request is rerun alone with traces. Only prompts with a round to explain are rerun."""
+    that request is rerun alone with traces on ``engine`` (the one that produced ``results``; default:
+    the session's). Only prompts with a round to explain are rerun.
+
+    ``results`` passed the integrity rules (every ``session.run`` validates): their acceptance lengths
+    describe their outputs."""
     from ddtree_conformance.adapters.reference.replay import replay_result
 
     s = session.settings
     model_dir, drafter_dir = model_dir or s.model_dir, drafter_dir or s.drafter_dir
     rules = rules_for(session)
-    size = block_size(drafter_dir)
-    for label, result in zip(labels, results):
-        problem = lengths_problem(result.output_ids, result.acceptance_lengths or [], result.finish_reason, size)
-        if problem:
-            return CheckResult.failed(name, f"{label}: acceptance lengths {_short(result.acceptance_lengths)} do not "
-                                            f"describe the output: {problem} (acceptance over-reported?)")
     golden = _golden_runs(session, mode, budget) if use_golden else None
     fn = logits_fn or target_logits(model_dir, s.device)
     caps = session.capabilities
     if traced_run is None and caps.traced(mode):
         def traced_run(index: int) -> RequestResult:
             return session.run(mode, budget, trace=True, trace_draft_logits=caps.draft_logits,
-                               requests=[requests[index]])[0]
+                               requests=[requests[index]], engine=engine)[0]
     traced: dict[int, RequestResult] = {}
 
     def engine_traces(index: int):
@@ -308,8 +306,3 @@ def _golden_reference(session: SuiteSession, mode: str, budget: int | None) -> t
                                  acceptance_lengths=golden_lengths(record.acceptance[key], s.max_new_tokens)))
     path = golden_path(s.golden_dir, s.pair_name, s.prompt_set, "float32")
     return out, f"golden ({path.name})"
-
-
-def _short(values, n: int = 12) -> str:
-    values = list(values or [])
-    return str(values) if len(values) <= n else f"{values[:n]} ... ({len(values)} rounds)"

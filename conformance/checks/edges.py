@@ -205,7 +205,7 @@ def check_special_tokens(session: SuiteSession, mode: str, budget: int | None) -
         return CheckResult.failed(name, f"engine promises per-round acceptance but returned none for prompt {missing[0]}")
     replay = judge_per_round(session, name, mode, budget, [f"prompt {r.prompt_ids}" for r in requests], requests,
                              results, model_dir=target, drafter_dir=drafter, use_golden=False,
-                             logits_fn=table_logits(table, "edges"))
+                             logits_fn=table_logits(table, "edges"), engine=engine)
     if replay.status == "fail":
         return CheckResult.failed(name, f"{replay.message}: nodes with token 0 or the mask id lost from the tree?",
                                   **replay.details)
