@@ -9,7 +9,7 @@ Steps without a tree. vLLM's scheduler drops a request's draft tokens when they 
 one token, and the plugin writes no line for it. In the suite's convention such a step is a round
 of acceptance length 1; :func:`acceptance_lengths` puts it back where the rounds' root positions
 (``start``) skip ahead. No trace exists for it, so a traced run that had one says so
-(:class:`UntracedSteps`) instead of inventing a tree.
+(the adapter returns an error result naming the steps) instead of inventing a tree.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy
 
 from ..interface import RoundTrace
 
-__all__ = ["logits_path", "clear", "read", "round_trace", "acceptance_lengths", "UntracedSteps"]
+__all__ = ["logits_path", "clear", "read", "round_trace", "acceptance_lengths"]
 
 
 def logits_path(trace_path: str) -> str:
@@ -58,10 +58,6 @@ def read(trace_path: str) -> dict[str, list[dict]]:
 
 def round_trace(row: dict) -> RoundTrace:
     return RoundTrace(**{k: row[k] for k in RoundTrace.model_fields if k in row})
-
-
-class UntracedSteps(ValueError):
-    """The request ran decode steps without a draft tree, which have no trace."""
 
 
 def acceptance_lengths(rows: list[dict], prompt_len: int, output_len: int) -> tuple[list[int], int]:
