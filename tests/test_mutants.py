@@ -34,6 +34,7 @@ CAUGHT_BY = {
     mutants.RunnerUpWithinBound: (["lossless/ddtree"], "not lossless"),
     mutants.AcceptanceOverReported: (["acceptance/ddtree"], "do not add up"),
     mutants.BatchSettingsMixedUp: (["busy-batch/ddtree"], "in a batch of"),
+    mutants.SampledSettingsRotated: (["busy-batch/ddtree"], "outside the request's support"),
 }
 
 

@@ -9,22 +9,27 @@
   tokens and limits, each compared with the same request run alone: greedy requests like the
   lossless check's (equal in float32, scored in bfloat16/float16), sampled requests equal when the
   engine's batch and solo runs agree; an engine whose sampled results depend on the batch is
-  judged for them by the sampling check's distribution test, and this check says so. The budget
-  is one per generate call in the engine interface, so a batch cannot mix budgets.
+  judged for them by the sampling check's distribution test, and this check says so. Whatever the
+  batch does to the samples, every sampled token must lie in the support of its own request's
+  processed target distribution (its top-k and top-p, on the fp32 target along the output's own
+  path, within the near-tie bound): a request sampled with another request's top-k or top-p fails
+  here. The budget is one per generate call in the engine interface, so a batch cannot mix budgets.
 """
 
 from __future__ import annotations
 
 from ddtree_conformance.adapters.interface import Request
+from ddtree_conformance.spec import SamplingParams, processed_probs
 
 from ..session import SuiteSession
 from .acceptance import block_size, judge_per_round
 from .edges import stop_rule_problem
+from ..token_scoring import rules_for, target_logits
 from .output_comparison import GreedyCase, judge_greedy
 from .result import CheckResult
 
 __all__ = ["LONG_PROMPTS", "LONG_NEW_TOKENS", "long_prompts", "check_long_context", "busy_batch_requests",
-           "check_busy_batch"]
+           "outside_support", "check_busy_batch"]
 
 LONG_PROMPTS = 3
 LONG_NEW_TOKENS = 32
@@ -112,6 +117,35 @@ def busy_batch_requests(session: SuiteSession) -> tuple[list[Request], list[str]
     return requests, names
 
 
+TOP_P_SLACK = 1e-3  # nucleus computed at top_p + this: engines sum probabilities in their own order
+
+
+def outside_support(session: SuiteSession, request: Request, output: list[int]) -> str | None:
+    """The first sampled token of ``output`` outside its request's top-k/top-p support, or None.
+
+    The support is that of the processed fp32 target distribution at each position of the output's
+    own path (:func:`ddtree_conformance.spec.processed_probs`); a token is in it when its fp32 logit
+    is at least the smallest logit of the support minus the near-tie bound (0 in float32)."""
+    if request.top_k <= 0 and request.top_p >= 1.0 or not output:
+        return None  # temperature alone keeps every token possible
+    rules = rules_for(session)
+    _, logits_fn = target_logits(session.settings.model_dir, session.settings.device)
+    prompt = list(request.prompt_ids)
+    logits = logits_fn(prompt + list(output[:-1]))[len(prompt) - 1:].float().cpu()
+    params = SamplingParams(temperature=request.temperature, top_k=request.top_k,
+                            top_p=min(1.0, request.top_p + TOP_P_SLACK))
+    for position, (row, token) in enumerate(zip(logits, output)):
+        support = processed_probs(row, params) > 0
+        edge = float(row[support].min())
+        if float(row[token]) < edge - rules.bound:
+            rank = int((row > row[token]).sum()) + 1
+            return (f"sampled token {token} at output position {position} is rank {rank} of the fp32 target there, "
+                    f"outside the request's support (top_k {request.top_k}, top_p {request.top_p}: "
+                    f"{int(support.sum())} tokens; {edge - float(row[token]):.3g} below its weakest, bound "
+                    f"{rules.bound:.3g})")
+    return None
+
+
 def check_busy_batch(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
     name = _label("busy-batch", mode, budget)
     caps = session.capabilities
@@ -130,6 +164,10 @@ def check_busy_batch(session: SuiteSession, mode: str, budget: int | None) -> Ch
             return CheckResult.failed(name, f"in a batch of {len(requests)} mixed requests: {label}: {problem} "
                                             "(another request's settings?)")
         if request.temperature > 0:
+            problem = outside_support(session, request, b.output_ids)
+            if problem:
+                return CheckResult.failed(name, f"in a batch of {len(requests)} mixed requests: {label}: {problem} "
+                                                "(another request's sampling settings?)")
             sampled_total += 1
             sampled_equal += b.output_ids == a.output_ids
             continue
@@ -142,7 +180,8 @@ def check_busy_batch(session: SuiteSession, mode: str, budget: int | None) -> Ch
                                   **verdict.details)
     sampled = ""
     if sampled_total:
-        sampled = (f"; {sampled_equal}/{sampled_total} sampled requests equal alone" +
+        sampled = (f"; {sampled_total} sampled requests within their own top-k/top-p support, "
+                   f"{sampled_equal}/{sampled_total} equal alone" +
                    ("" if sampled_equal == sampled_total else
                     " (the others differ: this engine's samples depend on the batch, so they are judged by the "
                     "sampling check's distribution test)"))

@@ -214,6 +214,23 @@ class BatchSettingsMixedUp(ReferenceEngine):
         return super().generate_local(mixed, config)
 
 
+class SampledSettingsRotated(ReferenceEngine):
+    """Each *sampled* request of a batch runs with the next sampled request's temperature, top-k and
+    top-p (greedy requests untouched). Samples may depend on the batch in a correct engine too, so
+    only the support of each request's own top-k/top-p gives this away."""
+
+    name = "mutant-sampled-settings-rotated"
+
+    def generate_local(self, requests, config):
+        settings = ("temperature", "top_p", "top_k")
+        sampled = [i for i, r in enumerate(requests) if r.temperature > 0]
+        mixed = list(requests)
+        for j, i in enumerate(sampled):
+            source = requests[sampled[(j + 1) % len(sampled)]]
+            mixed[i] = requests[i].model_copy(update={k: getattr(source, k) for k in settings})
+        return super().generate_local(mixed, config)
+
+
 MUTANTS = {
     "flat-positions (bug 1)": FlatPositions,
     "sibling-mask (bug 2)": SiblingMask,
@@ -229,4 +246,5 @@ MUTANTS = {
     "budget-capped-above-128": BudgetCappedAbove128,
     "compaction-past-512": CompactionPast512,
     "batch-settings-mixed-up": BatchSettingsMixedUp,
+    "sampled-settings-rotated": SampledSettingsRotated,
 }
