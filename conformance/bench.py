@@ -41,6 +41,7 @@ import numpy as np
 from ddtree_conformance.adapters.interface import Engine, Request, RequestResult, RunConfig
 
 from .metrics import acceptance_histogram, emitted_lengths, mean_tau, per_position_acceptance
+from . import run as run_identity
 from .sequential import METHOD, SPENDING, Interval, SequentialPlan, cv, look_alpha, ratio_interval, verdict
 
 __all__ = ["BenchError", "CallTiming", "acceptance_summary", "call_timing", "run_bench"]
@@ -132,7 +133,7 @@ def acceptance_summary(results: Sequence[RequestResult]) -> dict:
 
 
 def _label(mode: str, budget: int | None) -> str:
-    return mode if budget is None else f"{mode}-B{budget}"
+    return run_identity.Run(mode, budget).label
 
 
 @dataclass

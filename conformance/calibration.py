@@ -3,7 +3,7 @@ drafter tolerance; where the values come from and how each is derived.
 
 Source. Calibration values come only from the pair's own manifest, ``<pair dir>/MANIFEST.json``
 (the pair dir is the target dir's parent), key ``near_tie_calibration``; nothing else beside the
-model is read. :func:`calibrate` (``scripts/calibrate_near_tie.py``) writes the raw measurements
+model is read. :func:`ddtree_conformance.calibrate.calibrate` (``scripts/calibrate_near_tie.py``) writes the raw measurements
 there, one entry per ``<dtype>@<device kind>``; every number used is derived from them here, at
 load, and range-checked: a derived bound above :data:`MAX_BOUND` (or a drafter tolerance above
 :data:`MAX_DRAFTER_TOLERANCE`) is refused with a :class:`CalibrationError` naming the file and
@@ -62,14 +62,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import torch
-
-from .files import atomic_write
-
 __all__ = [
     "ALPHA", "DEFAULT_BOUND", "MAX_BOUND", "MAX_DRAFTER_TOLERANCE", "FP32_DRAFTER_TOLERANCE", "DRAFTER_TOP",
     "CalibrationError", "Calibration", "manifest_path", "load_calibration", "near_tie_bound",
-    "shift_thresholds", "measure_gap_shift", "measure_drafter_shift", "calibrate",
+    "shift_thresholds",
 ]
 
 ALPHA = 1e-3
@@ -238,92 +234,3 @@ def _upper_limit(count: int, total: int) -> float:
 
 def near_tie_bound(model_dir: str | Path, dtype: str) -> float:
     return load_calibration(model_dir, dtype).bound
-
-
-# ----------------------------------------------------------------------------- measuring
-
-
-def measure_gap_shift(model_dir: str, dtype: str, sequences: list[list[int]], device: str = "cpu") -> list[float]:
-    """``gap_fp32 - gap_low`` (signed: positive when low precision narrows the fp32 top-2 gap) at
-    every position of every sequence (module doc, 1 and 2)."""
-    from .scorer import TargetScorer
-
-    exact, low = TargetScorer(model_dir, "float32", device), TargetScorer(model_dir, dtype, device)
-    shifts: list[float] = []
-    for seq in sequences:
-        ref, approx = exact.logits(seq), low.logits(seq)
-        top = torch.topk(ref, 2, dim=-1).indices
-        gap_ref = ref.gather(1, top[:, :1]) - ref.gather(1, top[:, 1:])
-        gap_low = approx.gather(1, top[:, :1]) - approx.gather(1, top[:, 1:])
-        shifts += (gap_ref - gap_low).squeeze(1).tolist()
-    return shifts
-
-
-def measure_drafter_shift(model_dir: str, drafter_dir: str, dtype: str, sequences: list[list[int]],
-                          device: str = "cpu", stride: int = 8) -> tuple[float, int]:
-    """Largest ``|drafter logit low - fp32|`` over the top :data:`DRAFTER_TOP` tokens per depth of
-    either side, at every ``stride``-th position of each sequence (module doc, 3); and the count of
-    drafter blocks measured."""
-    from .adapters.reference.engine import _LoadedPair
-    from .adapters.reference.pair import TORCH_DTYPES
-
-    pairs = [_LoadedPair.load(model_dir, drafter_dir, TORCH_DTYPES[d], device) for d in ("float32", dtype)]
-    worst, blocks = 0.0, 0
-    with torch.inference_mode():
-        for seq in sequences:
-            ids = torch.tensor(seq, dtype=torch.long, device=device)
-            positions = torch.arange(len(seq), device=device)
-            features = [pair.forward(ids, positions, None)[1] for pair in pairs]
-            for anchor in range(1, len(seq) - 1, stride):
-                logits = [pair.draft_logits(seq[anchor], anchor, feats[:anchor], 0, None).float()
-                          for pair, feats in zip(pairs, features)]
-                top = torch.cat([torch.topk(x, DRAFTER_TOP, dim=-1).indices for x in logits], dim=-1)
-                diff = (logits[1].gather(1, top) - logits[0].gather(1, top)).abs().max()
-                worst, blocks = max(worst, float(diff)), blocks + 1
-    return worst, blocks
-
-
-def calibrate(model_dir: str, dtypes: list[str], sequences: list[list[int]], device: str = "cpu",
-              drafter_dir: str | None = None, manifest: str | Path | None = None, requests: list | None = None,
-              budgets: tuple[int, ...] = (16, 64, 256)) -> dict:
-    """Measure each dtype on ``device`` and merge the result into the pair's manifest atomically.
-
-    ``sequences``: prompts followed by their fp32 greedy outputs (target shifts and, with
-    ``drafter_dir``, drafter shifts); ``requests``: the greedy requests of those prompts, for the
-    drafter round flip rate. Fields not measured this time keep their earlier values."""
-    path = Path(manifest) if manifest else manifest_path(model_dir)
-    for dtype in dtypes:
-        signed = measure_gap_shift(model_dir, dtype, sequences, device)
-        shifts, shrinks = sorted(abs(x) for x in signed), sorted(signed)
-        n = len(shifts)
-        tail = [[t, n - _count_below(shrinks, t)] for t in shift_thresholds()]
-        entry = {"positions": n, "max_shift": shifts[-1], "p99_shift": shifts[int(0.99 * (n - 1))],
-                 "shift_tail": tail,
-                 "device": device, "torch": torch.__version__, "sequences": len(sequences)}
-        if drafter_dir is not None:
-            entry["drafter_max_shift"], entry["drafter_blocks"] = measure_drafter_shift(
-                model_dir, drafter_dir, dtype, sequences, device)
-            if requests:
-                from .replay import measure_drafter_flips
-
-                entry["drafter_rounds"], entry["drafter_flips"] = measure_drafter_flips(
-                    model_dir, drafter_dir, dtype, requests, device, budgets)
-                entry["drafter_budgets"] = list(budgets)
-        data = json.loads(path.read_text()) if path.is_file() else {}  # re-read: others may have merged meanwhile
-        section = data.setdefault(KEY, {})
-        section.pop("bounds", None)
-        key = f"{dtype}@{torch.device(device).type}"
-        old = section.setdefault("measured", {}).get(key, {})
-        section["measured"][key] = {**{k: v for k, v in old.items() if k.startswith("drafter_")}, **entry}
-        section["method"] = ("ddtree_conformance.calibration: bound = 2 * max |shift| of the fp32 top-2 gap; ceiling "
-                             "from the tail of gap shrinks (Clopper-Pearson, Poisson); drafter tolerance = 2 * max "
-                             "drafter logit shift; drafter round cap from the drafter-side flip rate of the reference "
-                             "replayed in fp32")
-        atomic_write(path, json.dumps(data, indent=2) + "\n")
-    return json.loads(path.read_text())[KEY]
-
-
-def _count_below(sorted_values: list[float], threshold: float) -> int:
-    import bisect
-
-    return bisect.bisect_left(sorted_values, threshold)

@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, ValidationError
 
 from .files import atomic_write, read_json_object
+from .run import Run
 from .metrics import mean_tau
 
 __all__ = [
@@ -174,12 +175,11 @@ def record_golden(session, budgets: list[int], progress=None) -> GoldenFile:
                            top2_gaps=[round(g, 6) for g in session.scorer.gaps(p.prompt_ids, r.output_ids)])
         for p, r in zip(session.prompts, plain)
     }
-    runs = [("dflash", None)] + [("ddtree", b) for b in budgets]
-    for mode, budget in runs:
-        if mode not in session.capabilities.modes:
+    for run in [Run("dflash")] + [Run("ddtree", b) for b in budgets]:
+        if run.mode not in session.capabilities.modes:
             continue
-        key = mode if budget is None else f"ddtree-{budget}"
-        for prompt, result in zip(session.prompts, session.run(mode, budget)):
+        key = run.golden_key
+        for prompt, result in zip(session.prompts, session.run(run.mode, run.budget)):
             if result.acceptance_lengths is not None:
                 records[prompt.id].acceptance[key] = result.acceptance_lengths
         if progress:

@@ -150,9 +150,9 @@ def pytest_configure(config: pytest.Config) -> None:
     from .settings import SettingsError
 
     try:
-        plan(settings)  # a --ddtree-check filter that keeps nothing is a usage error, never an empty pass
+        plan(settings, flag_prefix="--ddtree-")  # a filter that keeps nothing is a usage error, never an empty pass
     except SettingsError as exc:
-        raise pytest.UsageError(f"ddtree-conformance: {str(exc).replace('--check', '--ddtree-check', 1)}") from None
+        raise pytest.UsageError(f"ddtree-conformance: {exc}") from None
     if str(SUITE) in config.args:
         return
     if config.args_source != pytest.Config.ArgsSource.ARGS:

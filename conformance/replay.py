@@ -149,7 +149,7 @@ def _logit_distance(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.gather(1, top) - b.gather(1, top)).abs().max())
 
 
-def _first_token_difference(engine_tokens: Sequence[int], reference_tokens: Sequence[int]) -> int | None:
+def first_token_difference(engine_tokens: Sequence[int], reference_tokens: Sequence[int]) -> int | None:
     for j, (a, b) in enumerate(zip(engine_tokens, reference_tokens)):
         if a != b:
             return j
@@ -197,7 +197,7 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
                 verdict.engine_tree = _tree_dict(trace.tree_tokens, trace.parents, trace.accepted)
             return trace
 
-        j = _first_token_difference(mine, theirs)
+        j = first_token_difference(mine, theirs)
         if j is not None:  # the target side decides; the engine's trace is only drawn for a failure
             position = rnd.offset + j
             gap = token_gaps[position] if position < len(token_gaps) else float("inf")
@@ -264,31 +264,3 @@ def drafter_round_cap(rules: Calibration, rounds: int) -> int:
 
     p = FP32_DRAFTER_FLIP_RATE if rules.exact else min(1.0, rules.drafter_flip_rate)
     return int(binom.ppf(1 - ALPHA, rounds, p)) if rounds else 0
-
-
-def measure_drafter_flips(model_dir: str, drafter_dir: str, dtype: str, requests: list, device: str = "cpu",
-                          budgets: Sequence[int] = (16, 64, 256)) -> tuple[int, int]:
-    """``(rounds, drafter-side rounds)``: the reference engine run greedily in ``dtype`` at each budget,
-    every round replayed in fp32, counting rounds whose tokens agree but whose lengths differ (the
-    tree held or lacked the deciding path: a drafter-side flip). Feeds the drafter round cap."""
-    from ddtree_conformance.adapters.interface import RunConfig
-    from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-    from ddtree_conformance.adapters.reference.replay import replay_result
-
-    engine = ReferenceEngine(model_dir, drafter_dir)
-    rounds = flips = 0
-    try:
-        for budget in budgets:
-            results = engine.generate(requests, RunConfig(mode="ddtree", budget=budget, dtype=dtype, device=device))
-            for request, result in zip(requests, results):
-                lengths = result.acceptance_lengths or []
-                replayed = replay_result(engine, request, result.output_ids, lengths, "ddtree", budget, device,
-                                         keep_logits=lambda *_: False)
-                for rnd in replayed:
-                    rounds += 1
-                    mine = result.output_ids[rnd.offset: rnd.offset + lengths[rnd.index]]
-                    if lengths[rnd.index] != rnd.length and _first_token_difference(mine, rnd.tokens) is None:
-                        flips += 1
-    finally:
-        engine.close()
-    return rounds, flips

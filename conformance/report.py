@@ -31,6 +31,7 @@ from typing import Any
 from .files import atomic_write, read_json_object
 from .report_plots import plots
 from .report_trees import trees_html
+from .run import Run
 
 __all__ = ["RUN_SCHEMA", "RUN_SCHEMA_VERSION", "ReportError", "new_report", "environment", "write_partial_report",
            "write_report", "load_report", "render_markdown", "render_html"]
@@ -291,20 +292,21 @@ def runs_from_session(session) -> list[dict[str, Any]]:
     prompt set (no new engine work); one entry per (mode, budget), no throughput."""
     from .bench import acceptance_summary
 
-    if not session._engines:
+    engine = session.engines.started()
+    if engine is None:
         return []
     default = tuple(r.model_dump_json() for r in session.requests())
-    engine_id = id(session.engine)
+    tp = session.settings.tensor_parallel_size
     found: dict[tuple, list] = {}
-    for key, results in session._runs.items():
-        eid, mode, budget, _trace, _logits, tp, requests = key  # SuiteSession.run's memo key
-        if (eid == engine_id and mode != "plain" and requests == default and tp == session.settings.tensor_parallel_size
-                and (mode, budget) not in found):
-            found[(mode, budget)] = results
+    for stored in session.runs():
+        run = stored.run
+        if (stored.engine_id == id(engine) and run.speculative and stored.requests == default and run.tensor_parallel_size == tp
+                and (run.mode, run.budget) not in found):
+            found[(run.mode, run.budget)] = stored.results
     runs = []
     for (mode, budget), results in sorted(found.items(), key=lambda kv: (kv[0][0] != "dflash", kv[0][1] or 0)):
         if any(r.finish_reason == "error" for r in results):
             continue
-        label = mode if budget is None else f"{mode}-B{budget}"
-        runs.append({"mode": mode, "budget": budget, "label": label, **acceptance_summary(results)})
+        runs.append({"mode": mode, "budget": budget, "label": Run(mode, budget).label,
+                     **acceptance_summary(results)})
     return runs

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .adapters.interface import DType, Mode
+from .adapters.interface import Capabilities, DType, Mode
 from .paths import FIXTURE_DRAFTER, FIXTURE_TARGET, RECORDS_DIR
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "pytest_flag",
     "build_settings",
     "parse_engine_options",
+    "unsupported",
 ]
 
 MAX_BUDGET = 1 << 16  # no engine drafts trees this large; engines refuse above their own max_budget
@@ -304,3 +305,31 @@ def build_settings(raw: dict[str, Any], *, kind: type[SuiteSettings] = SuiteSett
             shown = f" (got {given!r})" if given is not None and not isinstance(given, dict) else ""
             messages.append(f"{_flag_for(field, flag_prefix)}: {msg}{shown}")
         raise SettingsError("; ".join(messages)) from None
+
+
+def unsupported(caps: Capabilities, *, dtype: str, device: str, budgets: list[int] = (), modes: list[str] = (),
+                tensor_parallel_size: int = 1, prefix: str = "--", budget_flag: str = "budgets",
+                no_drafter: bool = False) -> str | None:
+    """Why the engine cannot run these options here (one line naming the option as the caller spells
+    it, with ``prefix``, and the engine's limit), else None: the one place options meet capabilities.
+
+    ``modes`` are checked only where the caller needs every one of them (``generate``, ``bench``); a
+    conformance run skips the checks of a mode the engine lacks instead."""
+    who = f"engine {caps.name!r}"
+    for mode in modes:
+        if mode not in caps.modes:
+            hint = " (no drafter given?)" if mode != "plain" and no_drafter else ""
+            return f"{who} cannot run mode {mode} here{hint}; it supports: {', '.join(caps.modes)}"
+    if dtype not in caps.dtypes:
+        return f"{prefix}dtype {dtype}: {who} supports {', '.join(caps.dtypes)} here"
+    if device not in caps.devices and device.split(":", 1)[0] not in caps.devices:
+        return f"{prefix}device {device}: {who} can use {', '.join(caps.devices) or 'no device'} here"
+    if tensor_parallel_size > caps.max_tensor_parallel:
+        return (f"{prefix}tensor-parallel-size {tensor_parallel_size}: {who} accepts at most "
+                f"{caps.max_tensor_parallel} here (capabilities().max_tensor_parallel)")
+    if "ddtree" in caps.modes and caps.max_budget is not None:
+        too_big = [b for b in budgets if b > caps.max_budget]
+        if too_big:
+            return (f"{prefix}{budget_flag} {','.join(map(str, too_big))}: {who} accepts budgets up to "
+                    f"{caps.max_budget} (capabilities().max_budget)")
+    return None

@@ -162,9 +162,10 @@ def _calibration(model_dir: str, dtype: str) -> Calibration:
     return load_calibration(model_dir, dtype)
 
 
-def rules_for(session) -> Calibration:
-    """The session's low-precision rules: the pair's calibration, or the settings' bound (range-checked)."""
-    s = session.settings
+def rules_for(settings) -> Calibration:
+    """A run's low-precision rules (``settings``: a SuiteSettings): the pair's calibration, or the
+    settings' bound (range-checked)."""
+    s = settings
     rules = _calibration(str(s.model_dir), s.dtype)
     override = getattr(s, "near_tie_bound", None)
     if override is not None and not rules.exact:
@@ -178,7 +179,7 @@ def rules_for(session) -> Calibration:
 
 def score_run(session, items, logits_fn=None, rules: Calibration | None = None) -> ScoredRun:
     """Score ``items`` (``(label, prompt_ids, output_ids)``) with the session's fp32 target."""
-    run = ScoredRun(rules or rules_for(session))
+    run = ScoredRun(rules or rules_for(session.settings))
     fn = logits_fn or target_logits(session.settings.model_dir, session.settings.device)
     for label, prompt_ids, output_ids in items:
         run.add(label, prompt_ids, output_ids, fn)

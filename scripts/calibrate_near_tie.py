@@ -18,7 +18,8 @@ import time
 
 from ddtree_conformance.adapters.interface import Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.calibration import calibrate, load_calibration
+from ddtree_conformance.calibrate import calibrate
+from ddtree_conformance.calibration import load_calibration
 from ddtree_conformance.prompts import load_prompts
 
 

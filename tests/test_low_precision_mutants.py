@@ -2,7 +2,7 @@
 correct reference passes the very same checks in both dtypes.
 
 Most rows run on a tiny random pair calibrated here (its MANIFEST.json is written by
-:func:`ddtree_conformance.calibration.calibrate`), with a context window of 640 so a long prompt
+:func:`ddtree_conformance.calibrate.calibrate`), with a context window of 640 so a long prompt
 reaches past position 512. Mutants that only slow acceptance need a drafter that drafts well: those
 rows run on the trained fixture pair, on three prompts.
 """
@@ -13,7 +13,7 @@ import pytest
 
 from ddtree_conformance.adapters.interface import Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.calibration import calibrate
+from ddtree_conformance.calibrate import calibrate
 from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.session import SuiteSession, SuiteSettings

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..run import Run
 from ..settings import SettingsError, SuiteSettings
 from .acceptance import check_acceptance
 from .edges import check_lengths, check_prompt_shapes, check_special_tokens, check_stops
@@ -31,7 +32,9 @@ from .sampling import VARIANTS, check_sampling
 from .tensor_parallel import check_tensor_parallel
 from .trees import check_branch_vs_chain, check_tree_structure
 
-__all__ = ["CheckResult", "PlannedCheck", "plan", "run_plan", "PER_MODE_CHECKS"]
+__all__ = ["CheckResult", "PlannedCheck", "plan", "run_plan", "needs_golden", "PER_MODE_CHECKS", "GOLDEN_FAMILIES"]
+
+GOLDEN_FAMILIES = frozenset({"golden", "acceptance"})  # families that read the pair's golden file
 
 PER_MODE_CHECKS: dict[str, Callable[..., CheckResult]] = {
     "lossless": check_lossless,
@@ -48,42 +51,45 @@ PER_MODE_CHECKS: dict[str, Callable[..., CheckResult]] = {
 }
 
 
-def _runs(settings: SuiteSettings) -> list[tuple[str, int | None]]:
-    runs: list[tuple[str, int | None]] = []
+def _runs(settings: SuiteSettings) -> list[Run]:
+    runs: list[Run] = []
     for mode in settings.modes:
         if mode == "ddtree":
-            runs += [("ddtree", b) for b in settings.budgets]
+            runs += [Run("ddtree", b) for b in settings.budgets]
         elif mode == "dflash":
-            runs.append(("dflash", None))
+            runs.append(Run("dflash"))
     return runs
 
 
-def _suffix(mode: str, budget: int | None) -> str:
-    return mode if budget is None else f"{mode}-B{budget}"
+def needs_golden(checks: list[PlannedCheck]) -> bool:
+    """Whether these checks read the pair's golden file (a run that cannot read it stops before any work)."""
+    return any(c.family in GOLDEN_FAMILIES for c in checks)
 
 
-def plan(settings: SuiteSettings, only: list[str] | None = None) -> list[PlannedCheck]:
+def plan(settings: SuiteSettings, only: list[str] | None = None, *, flag_prefix: str = "--") -> list[PlannedCheck]:
     """The checks for ``settings``; ``only`` (default ``settings.checks``) keeps check ids containing one
-    of the given names. A filter that keeps nothing is a :class:`~ddtree_conformance.settings.SettingsError`:
-    a run that checks nothing must never look like a pass."""
+    of the given names. A filter that keeps nothing is a :class:`~ddtree_conformance.settings.SettingsError`
+    naming the option as the caller spells it (``flag_prefix``): a run that checks nothing must never
+    look like a pass."""
     checks: list[PlannedCheck] = []
-    for mode, budget in _runs(settings):
+    runs = _runs(settings)
+    for run in runs:
         for name, fn in PER_MODE_CHECKS.items():
-            checks.append(PlannedCheck(f"{name}/{_suffix(mode, budget)}", fn, {"mode": mode, "budget": budget}))
-    ddtree_budgets = [b for m, b in _runs(settings) if m == "ddtree"]
-    for budget in ddtree_budgets:
-        checks.append(PlannedCheck(f"branch-vs-chain/ddtree-B{budget}", check_branch_vs_chain, {"budget": budget}))
-    sampled = [("ddtree", ddtree_budgets[0])] if ddtree_budgets else []
-    sampled += [("dflash", None)] if "dflash" in settings.modes else []
-    for mode, budget in sampled:
+            checks.append(PlannedCheck(run.check_id(name), fn, {"mode": run.mode, "budget": run.budget}, name, run))
+    ddtree = [run for run in runs if run.mode == "ddtree"]
+    for run in ddtree:
+        checks.append(PlannedCheck(run.check_id("branch-vs-chain"), check_branch_vs_chain, {"budget": run.budget},
+                                   "branch-vs-chain", run))
+    sampled = ddtree[:1] + [run for run in runs if run.mode == "dflash"]
+    for run in sampled:
         for variant in VARIANTS:
-            checks.append(PlannedCheck(f"sampling/{_suffix(mode, budget)}/{variant}", check_sampling,
-                                       {"mode": mode, "budget": budget, "variant": variant}))
+            checks.append(PlannedCheck(run.check_id("sampling", variant), check_sampling,
+                                       {"mode": run.mode, "budget": run.budget, "variant": variant}, "sampling", run))
     only = only if only is not None else settings.checks
     if only:
         kept = [c for c in checks if any(name in c.id for name in only)]
         if not kept:
-            raise SettingsError(f"--check {','.join(only)} keeps none of the {len(checks)} planned checks "
-                                f"({', '.join(sorted({c.id.split('/')[0] for c in checks}))})")
+            raise SettingsError(f"{flag_prefix}check {','.join(only)} keeps none of the {len(checks)} planned checks "
+                                f"({', '.join(sorted({c.family for c in checks}))})")
         checks = kept
     return checks

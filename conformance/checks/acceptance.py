@@ -24,6 +24,7 @@ from ..metrics import mean_tau, paired_band, per_position_acceptance
 from ..replay import ReplayRun, drafter_round_cap, golden_lengths, judge_rounds
 from ..session import SuiteSession
 from ..token_scoring import rules_for, score_output, target_logits
+from ..run import Run
 from .result import CheckResult
 
 __all__ = ["MIN_BAND_PROMPTS", "check_acceptance", "judge_per_round", "judge_aggregates", "block_size"]
@@ -56,17 +57,13 @@ def _float32_golden(session: SuiteSession):
     return None if golden is None or golden.max_new_tokens < s.max_new_tokens else golden
 
 
-def _golden_key(mode: str, budget: int | None) -> str:
-    return mode if mode == "dflash" else f"ddtree-{budget}"
-
-
 def _golden_runs(session: SuiteSession, mode: str, budget: int | None) -> dict[tuple, list[int]] | None:
     """(prompt ids, output) -> golden float32 lengths of the reference for this run, when recorded."""
     s = session.settings
     golden = _float32_golden(session)
     if golden is None:
         return None
-    key = _golden_key(mode, budget)
+    key = Run(mode, budget).golden_key
     runs = {}
     for record in golden.records.values():
         if key in record.acceptance:
@@ -93,7 +90,7 @@ def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | N
 
     s = session.settings
     model_dir, drafter_dir = model_dir or s.model_dir, drafter_dir or s.drafter_dir
-    rules = rules_for(session)
+    rules = rules_for(session.settings)
     golden = _golden_runs(session, mode, budget) if use_golden else None
     fn = logits_fn or target_logits(model_dir, s.device)
     caps = session.capabilities
@@ -249,7 +246,7 @@ def _judge_pooled(name: str, results: list[RequestResult], reference: list[Reque
 
 
 def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
-    name = f"acceptance[{mode}{'' if budget is None else f',B={budget}'}]"
+    name = Run(mode, budget).check_id("acceptance")
     caps = session.capabilities
     if mode not in caps.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
@@ -296,7 +293,7 @@ def _golden_reference(session: SuiteSession, mode: str, budget: int | None) -> t
     golden = _float32_golden(session) if s.dtype == "float32" else None
     if golden is None:
         return None
-    key = _golden_key(mode, budget)
+    key = Run(mode, budget).golden_key
     out = []
     for prompt in session.prompts:
         record = golden.records.get(prompt.id)

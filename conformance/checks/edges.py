@@ -20,6 +20,7 @@ from ..session import SuiteSession
 from ..synthetic import edge_table, write_bigram_pair
 from ..token_scoring import rules_for, table_logits
 from .output_comparison import GreedyCase, judge_greedy, mismatch
+from ..run import Run
 from .result import CheckResult
 
 __all__ = ["check_stops", "check_lengths", "check_prompt_shapes", "check_special_tokens", "stop_rule_problem"]
@@ -29,7 +30,7 @@ STOP_INDEX = 5  # the stop token is the plain output's 6th token, so it lands mi
 
 
 def _label(kind: str, mode: str, budget: int | None) -> str:
-    return f"{kind}[{mode}{'' if budget is None else f',B={budget}'}]"
+    return Run(mode, budget).check_id(kind)
 
 
 def _offered(session: SuiteSession, name: str, mode: str) -> CheckResult | None:
@@ -183,7 +184,7 @@ def check_special_tokens(session: SuiteSession, mode: str, budget: int | None) -
             seq.append(int(table[seq[-1]].argmax()))
         expected.append(seq[len(r.prompt_ids):])
     results = session.run(mode, budget, requests=requests, engine=engine)
-    rules = rules_for(session)
+    rules = rules_for(session.settings)
     top2 = table.topk(2, dim=-1).values
     exact = bool(((top2[:, 0] - top2[:, 1]) > rules.bound).all())  # every table gap is beyond the bound
     cases = [GreedyCase(f"prompt {r.prompt_ids}", r.prompt_ids, got.output_ids, want, error=got.error)

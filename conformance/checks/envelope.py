@@ -26,6 +26,7 @@ from .acceptance import block_size, judge_per_round
 from .edges import stop_rule_problem
 from ..token_scoring import rules_for, target_logits
 from .output_comparison import GreedyCase, judge_greedy
+from ..run import Run
 from .result import CheckResult
 
 __all__ = ["LONG_PROMPTS", "LONG_NEW_TOKENS", "long_prompts", "check_long_context", "busy_batch_requests",
@@ -36,7 +37,7 @@ LONG_NEW_TOKENS = 32
 
 
 def _label(kind: str, mode: str, budget: int | None) -> str:
-    return f"{kind}[{mode}{'' if budget is None else f',B={budget}'}]"
+    return Run(mode, budget).check_id(kind)
 
 
 def long_prompts(session: SuiteSession, limit: int, new_tokens: int) -> list[list[int]]:
@@ -128,7 +129,7 @@ def outside_support(session: SuiteSession, request: Request, output: list[int]) 
     is at least the smallest logit of the support minus the near-tie bound (0 in float32)."""
     if request.top_k <= 0 and request.top_p >= 1.0 or not output:
         return None  # temperature alone keeps every token possible
-    rules = rules_for(session)
+    rules = rules_for(session.settings)
     _, logits_fn = target_logits(session.settings.model_dir, session.settings.device)
     prompt = list(request.prompt_ids)
     logits = logits_fn(prompt + list(output[:-1]))[len(prompt) - 1:].float().cpu()

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..golden_files import GoldenFile, golden_path, load_golden
 from ..session import SuiteSession
 from .output_comparison import GreedyCase, judge_greedy
+from ..run import Run
 from .result import CheckResult
 
 __all__ = ["check_golden", "device_golden_path", "load_device_golden"]
@@ -37,7 +38,7 @@ def load_device_golden(settings) -> tuple[GoldenFile | None, Path]:
 
 def check_golden(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
     s = session.settings
-    name = f"golden[{mode}{'' if budget is None else f',B={budget}'}]"
+    name = Run(mode, budget).check_id("golden")
     if mode not in session.capabilities.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
     golden, path = load_device_golden(s)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..session import SuiteSession
 from .output_comparison import GreedyCase, judge_greedy
+from ..run import Run
 from .result import CheckResult
 
 __all__ = ["check_lossless", "speculative_cases"]
@@ -34,7 +35,7 @@ def speculative_cases(session: SuiteSession, spec, plain, labels=None, prompts=N
 
 
 def check_lossless(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
-    name = f"lossless[{mode}{'' if budget is None else f',B={budget}'}]"
+    name = Run(mode, budget).check_id("lossless")
     if mode not in session.capabilities.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
     plain, spec = session.plain(), session.run(mode, budget)

@@ -59,7 +59,7 @@ def judge_greedy(session, cases: list[GreedyCase], *, logits_fn=None, rules=None
                  compare_low_precision: bool = False) -> GreedyVerdict:
     """Judge ``cases`` by the session's dtype (module doc). ``compare_low_precision`` also demands
     equality in bf16/fp16 (where low precision cannot excuse a difference)."""
-    rules = rules or rules_for(session)
+    rules = rules or rules_for(session.settings)
     for case in cases:
         if case.error:
             return GreedyVerdict(f"engine error on {case.label}: {case.error.splitlines()[0][:300]}", "", {}, [])

@@ -24,6 +24,7 @@ from ..adapters.interface import EngineDied
 from ..golden_files import GoldenError
 from ..integrity import PREFIX
 from ..prompts import PromptError
+from ..run import Run
 from ..session import SuiteSession, UsedRun
 from .result import CheckResult
 
@@ -43,7 +44,7 @@ def consumed_error(used: Sequence[UsedRun]) -> str | None:
             text = one_line(result.error or "no message")
             if text.startswith(PREFIX):
                 return text
-            who = "the reference engine (oracle)" if run.engine.endswith("(oracle)") else "engine"
+            who = run.engine.role.value
             prompt = run.prompts[index] if index < len(run.prompts) else f"request {index}"
             return f"{who} error in the {run.label} run on request {index} ({prompt}): {text}"
     return None
@@ -51,9 +52,14 @@ def consumed_error(used: Sequence[UsedRun]) -> str | None:
 
 @dataclass(frozen=True)
 class PlannedCheck:
+    """One check of a plan: its id (``family/run label[/variant]``), the function and its arguments,
+    the check family and the run it judges (None for checks that are not about one run)."""
+
     id: str
     function: Callable[..., CheckResult]
     params: dict = field(default_factory=dict)
+    family: str = ""
+    judged_run: Run | None = None
 
     def run(self, session: SuiteSession) -> CheckResult:
         """The check's result (see module doc); raises :class:`EngineDied` when the engine is gone."""

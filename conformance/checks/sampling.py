@@ -18,6 +18,7 @@ from ddtree_conformance.spec import SamplingParams, processed_probs
 
 from ..session import SuiteSession
 from ..synthetic import sampling_table, write_bigram_pair
+from ..run import Run
 from .result import CheckResult
 
 __all__ = ["ALPHA", "VARIANTS", "transition_test", "check_sampling"]
@@ -64,7 +65,7 @@ def transition_test(table: torch.Tensor, params: SamplingParams, sequences: list
 
 
 def check_sampling(session: SuiteSession, mode: str, budget: int | None, variant: str) -> CheckResult:
-    name = f"sampling[{mode}{'' if budget is None else f',B={budget}'},{variant}]"
+    name = Run(mode, budget).check_id("sampling", variant)
     caps = session.capabilities
     if not caps.sampling:
         return CheckResult.skipped(name, "engine does not support sampling")

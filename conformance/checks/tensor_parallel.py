@@ -22,6 +22,7 @@ from ..metrics import mean_tau, paired_band
 from ..session import SuiteSession
 from ..token_scoring import window
 from .output_comparison import GreedyCase, first_divergence, judge_greedy
+from ..run import Run
 from .result import CheckResult
 
 __all__ = ["check_tensor_parallel", "visible_devices", "tp_size"]
@@ -58,7 +59,7 @@ def tp_size(session: SuiteSession) -> tuple[int, str]:
 
 
 def check_tensor_parallel(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
-    name = f"tensor-parallel[{mode}{'' if budget is None else f',B={budget}'}]"
+    name = Run(mode, budget).check_id("tensor-parallel")
     caps = session.capabilities
     if mode not in caps.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")

@@ -9,6 +9,7 @@ from ddtree_conformance.spec import build_chain, build_tree
 
 from ..session import SuiteSession
 from ..token_scoring import rules_for
+from ..run import Run
 from .result import CheckResult
 
 __all__ = ["MAX_LEAVES", "TRACED_PROMPTS", "traced_run", "trace_problems", "check_tree_structure",
@@ -105,7 +106,7 @@ def _spec_tree_problem(trace: RoundTrace, mode: str, budget: int | None, device:
 
 
 def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
-    name = f"tree-structure[{mode}{'' if budget is None else f',B={budget}'}]"
+    name = Run(mode, budget).check_id("tree-structure")
     caps = session.capabilities
     if mode not in caps.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
@@ -135,7 +136,7 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
 
 def check_branch_vs_chain(session: SuiteSession, budget: int) -> CheckResult:
     """Every node's target token equals the target's choice after its ancestor path as a chain."""
-    name = f"branch-vs-chain[B={budget}]"
+    name = Run("ddtree", budget).check_id("branch-vs-chain")
     caps = session.capabilities
     if "ddtree" not in caps.modes:
         return CheckResult.skipped(name, "engine does not offer mode ddtree")
@@ -145,7 +146,7 @@ def check_branch_vs_chain(session: SuiteSession, budget: int) -> CheckResult:
     from ..scorer import shared_scorer
 
     scorer = shared_scorer(str(s.model_dir), "float32", s.device)
-    rules = rules_for(session)
+    rules = rules_for(session.settings)
     indices, results = traced_run(session, "ddtree", budget)
     nodes = mismatches = 0
     first = None

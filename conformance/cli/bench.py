@@ -13,9 +13,10 @@ from rich.table import Table
 
 from ..paths import REPORTS_DIR
 from ..progress import progress_printer
+from ..run import Run
+from ..settings import unsupported
 from . import options as opt
 from .base import EXIT_FAILED, CliError, command, stderr_console, stdout_console
-from .generate import require_support
 
 __all__ = ["bench", "baseline", "gate"]
 
@@ -85,8 +86,10 @@ def bench(
     try:
         eng = session.engine
         session.require_support()  # every budget within capabilities().max_budget, dtype, device
-        for mode in ["plain", *settings.modes]:
-            require_support(eng, session.config(mode, settings.budgets[0]))
+        problem = unsupported(session.capabilities, dtype=settings.dtype, device=settings.device,
+                              modes=["plain", *settings.modes], no_drafter=settings.drafter_dir is None)
+        if problem:
+            raise CliError(problem)
         requests = session.requests()
         printer = progress_printer()
         done = [0]
@@ -140,7 +143,7 @@ def _edges(baselines: Path, hw: str, settings, runs) -> dict[str, float]:
     from ..baselines import BaselineError, baseline_path, load_baselines
 
     path = baseline_path(baselines, hw)
-    labels = ", ".join(m if b is None else f"{m}-B{b}" for m, b in runs)
+    labels = ", ".join(Run(m, b).label for m, b in runs)
     if not path.exists():
         stderr_console().print(escape(f"note: no baseline file {path} for hardware class {hw}: "
                                       f"--repeats fixed repeats, not sequential"), soft_wrap=True)
@@ -153,7 +156,7 @@ def _edges(baselines: Path, hw: str, settings, runs) -> dict[str, float]:
     for mode, budget in runs:
         entry = loaded.find(hw, settings.engine, settings.pair_name, mode, budget)
         if entry is not None and entry.speedup is not None:
-            edges[mode if budget is None else f"{mode}-B{budget}"] = entry.speedup.lower
+            edges[Run(mode, budget).label] = entry.speedup.lower
     if not edges:
         stderr_console().print(escape(f"note: {path} has no speedup baseline for {settings.engine} on "
                                       f"{settings.pair_name} ({labels}): --repeats fixed repeats, not sequential"),

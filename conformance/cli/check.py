@@ -45,7 +45,7 @@ def check(
 ) -> None:
     from ..adapters.interface import EngineDied
     from ..adapters.registry import resolve_engine
-    from ..checks import plan, run_plan
+    from ..checks import needs_golden, plan, run_plan
     from ..checks.runner import not_run, one_line
     from ..golden_files import load_golden
     from ..progress import progress_printer
@@ -60,7 +60,7 @@ def check(
         tensor_parallel_size=tensor_parallel_size)
     resolve_engine(settings.engine, settings.engine_options)  # unknown engine or option: exit 2 before any work
     checks = plan(settings)
-    if any(c.id.split("/", 1)[0] in ("golden", "acceptance") for c in checks):  # they read the golden file
+    if needs_golden(checks):
         load_golden(settings.golden_dir, settings.pair_name, settings.prompt_set, settings.dtype)  # unreadable: exit 2
     out_path = out if out is not None else REPORTS_DIR / f"check-{settings.engine.replace(':', '_')}.json"
     partial = new_report("check", settings.model_dump(), opt.hw_class(settings.device, hardware_class),

@@ -19,7 +19,7 @@ from ..integrity import PairLimits, is_integrity_error, validate_results
 from ..paths import REPORTS_DIR
 from ..progress import Heartbeat, progress_printer
 from ..prompts import Prompt, load_prompts
-from ..settings import GenerateSettings
+from ..settings import GenerateSettings, unsupported
 from . import options as opt
 from .base import EXIT_FAILED, CliError, command, stderr_console, stdout_console
 
@@ -42,26 +42,14 @@ def open_engine(settings: GenerateSettings) -> Engine:
 
 
 def require_support(engine: Engine, config: RunConfig) -> Capabilities:
-    """Fail early (a usage error) when the engine says it cannot run this config here; returns its
-    capabilities."""
+    """Fail early (a usage error) when the engine says it cannot run this config here
+    (:func:`~ddtree_conformance.settings.unsupported`); returns its capabilities."""
     caps = engine.capabilities()
-    if config.mode not in caps.modes:
-        hint = " (no drafter given?)" if config.mode != "plain" and engine.drafter_dir is None else ""
-        raise CliError(f"engine {caps.name!r} cannot run mode {config.mode} here{hint}; it supports: "
-                       f"{', '.join(caps.modes)}")
-    if config.dtype not in caps.dtypes:
-        raise CliError(f"engine {caps.name!r} does not support dtype {config.dtype}; it supports: "
-                       f"{', '.join(caps.dtypes)}")
-    device_kind = config.device.split(":", 1)[0]
-    if config.device not in caps.devices and device_kind not in caps.devices:
-        raise CliError(f"engine {caps.name!r} cannot use device {config.device} here; available: "
-                       f"{', '.join(caps.devices)}")
-    if config.mode == "ddtree" and caps.max_budget is not None and config.budget > caps.max_budget:
-        raise CliError(f"--budget {config.budget}: engine {caps.name!r} accepts budgets up to {caps.max_budget} "
-                       "(capabilities().max_budget)")
-    if config.tensor_parallel_size > caps.max_tensor_parallel:
-        raise CliError(f"--tensor-parallel-size {config.tensor_parallel_size}: engine {caps.name!r} accepts at most "
-                       f"{caps.max_tensor_parallel} here (capabilities().max_tensor_parallel)")
+    problem = unsupported(caps, dtype=config.dtype, device=config.device, modes=[config.mode],
+                          budgets=[config.budget] if config.mode == "ddtree" else [], budget_flag="budget",
+                          tensor_parallel_size=config.tensor_parallel_size, no_drafter=engine.drafter_dir is None)
+    if problem:
+        raise CliError(problem)
     return caps
 
 

@@ -42,9 +42,9 @@ def junit_class(request: pytest.FixtureRequest, record_xml_attribute) -> None:
 def _engine_failure(session: SuiteSession, exc: EngineDied) -> str:
     """One line naming the cause; the first report of a failure also shows the engine's log tail."""
     line = " ".join(str(exc).split("\n", 1)[0].split())
-    if getattr(session, "_failure_reported", False) or not exc.log_tail.strip():
+    if session.engines.failure_reported or not exc.log_tail.strip():
         return line
-    session._failure_reported = True
+    session.engines.failure_reported = True
     return f"{line}\n--- engine log tail ---\n{exc.log_tail}"
 
 

@@ -1,0 +1,149 @@
+"""A conformance session: the engine under test, the inputs, and the runs checks ask for.
+
+Checks ask the session for runs (``session.run("ddtree", 32, trace=True)``); the session asks the
+engine once per distinct (engine, run, requests) and keeps the validated results. Three parts do
+the work, each readable on its own:
+
+* :class:`~.inputs.SuiteInputs`: settings, prompts, requests, runs and their configs;
+* :class:`~.engines.EngineLifecycle`: starting the engines (in their own process unless ``isolate``
+  is off), capabilities, the engine's failure state, and every validated ``generate`` call;
+* :class:`~.store.RunStore`: memoised results, read through :meth:`~.store.RunStore.runs`, and the
+  runs a check used (:meth:`SuiteSession.watch`).
+
+Nothing the engine returns is trusted: every batch passes
+:func:`ddtree_conformance.integrity.validate_results` before a check sees it. An engine that cannot
+start or dies is recorded in :attr:`SuiteSession.failure`; every later engine call raises at once.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+from ..adapters.interface import Capabilities, Engine, EngineDied, Mode, Request, RequestResult, RunConfig
+from ..calibration import CalibrationError
+from ..progress import Printer
+from ..run import Run
+from ..settings import SettingsError, SuiteSettings
+from ..token_scoring import rules_for
+from .engines import EngineFactory, EngineInfo, EngineLifecycle, EngineRole
+from .inputs import SuiteInputs
+from .store import RunStore, StoredRun, StoreKey, UsedRun
+
+__all__ = ["SuiteSettings", "SuiteSession", "EngineFactory", "EngineRole", "EngineInfo", "UsedRun", "StoredRun"]
+
+
+class SuiteSession:
+    """Runs and caches everything checks need. Close it when done."""
+
+    def __init__(self, settings: SuiteSettings, engine_factory: EngineFactory | None = None, *,
+                 progress: Printer | None = None, heartbeat_s: float | None = None, flag_prefix: str = "--") -> None:
+        self.settings = settings
+        self.flag_prefix = flag_prefix  # how messages spell options: "--budgets" (CLI), "--ddtree-budgets" (pytest)
+        self.inputs = SuiteInputs(settings)
+        self.engines = EngineLifecycle(settings, engine_factory, progress=progress, heartbeat_s=heartbeat_s,
+                                       flag_prefix=flag_prefix)
+        self.store = RunStore()
+        self._scratch = tempfile.TemporaryDirectory(prefix="ddtree-suite-")
+        if settings.torch_threads:
+            import torch
+
+            torch.set_num_threads(settings.torch_threads)
+
+    # -- the engine under test (EngineLifecycle) ------------------------------------------------
+    @property
+    def failure(self) -> EngineDied | None:
+        return self.engines.failure
+
+    def dead_again(self) -> EngineDied:
+        return self.engines.dead_again()
+
+    @property
+    def engine(self) -> Engine:
+        return self.engines.engine
+
+    def engine_for(self, model_dir: str, drafter_dir: str | None) -> Engine:
+        return self.engines.engine_for(model_dir, drafter_dir)
+
+    def reference_for(self, model_dir: str, drafter_dir: str | None) -> Engine:
+        return self.engines.reference_for(model_dir, drafter_dir)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.engines.capabilities
+
+    def require_support(self) -> None:
+        """Refuse, before any check runs, what this run cannot do: a broken low-precision calibration
+        (bad input, named) and settings beyond the engine's capabilities (one ``SettingsError``)."""
+        def check_calibration() -> None:
+            if self.settings.dtype != "float32":
+                try:
+                    rules_for(self.settings)
+                except CalibrationError as exc:
+                    raise SettingsError(str(exc)) from None
+
+        self.engines.require_support(check_calibration)
+
+    # -- inputs (SuiteInputs) --------------------------------------------------------------------
+    @property
+    def prompts(self):
+        return self.inputs.prompts
+
+    def requests(self, **overrides) -> list[Request]:
+        return self.inputs.requests(**overrides)
+
+    def labels(self, requests: list[Request]) -> list[str]:
+        return self.inputs.labels(requests)
+
+    def config(self, mode: Mode, budget: int | None = None) -> RunConfig:
+        return self.inputs.config(self.inputs.run(mode, budget))
+
+    @property
+    def scorer(self):
+        return self.inputs.scorer
+
+    # -- runs (RunStore) -------------------------------------------------------------------------
+    def run(self, mode: Mode, budget: int | None = None, *, trace: bool = False,
+            requests: list[Request] | None = None, engine: Engine | None = None, trace_draft_logits: bool = False,
+            tensor_parallel_size: int | None = None) -> list[RequestResult]:
+        """Results for ``requests`` (default: the prompt set) under one configuration, memoised.
+        ``tensor_parallel_size`` defaults to the settings' (the TP check asks for 1 and N)."""
+        run = self.inputs.run(mode, budget, trace=trace, draft_logits=trace_draft_logits,
+                              tensor_parallel_size=tensor_parallel_size)
+        return self.results(run, requests, engine)
+
+    def results(self, run: Run, requests: list[Request] | None = None,
+                engine: Engine | None = None) -> list[RequestResult]:
+        """Results of ``run`` for ``requests`` (default: the prompt set) on ``engine`` (default: the
+        engine under test), memoised; validated by the integrity rules."""
+        requests = requests if requests is not None else self.requests()
+        engine = engine or self.engine
+        info, labels = self.engines.info(engine), self.labels(requests)
+        key = StoreKey.of(id(engine), run, requests)
+        if self.failure is not None and not self.store.has(key):
+            raise self.dead_again()
+        results = self.store.get_or_make(key, info, lambda: self.engines.generate(
+            engine, requests, self.inputs.config(run), labels))
+        self.store.note_use(info, run, results, labels)
+        return results
+
+    def plain(self) -> list[RequestResult]:
+        return self.run("plain")
+
+    def runs(self) -> Iterator[StoredRun]:
+        """Every run the session made (the store's public read API)."""
+        return self.store.runs()
+
+    def watch(self) -> AbstractContextManager[list[UsedRun]]:
+        """Note every run asked for inside the block (memoised or not) in the yielded list."""
+        return self.store.watch()
+
+    @property
+    def scratch(self) -> Path:
+        return Path(self._scratch.name)
+
+    def close(self) -> None:
+        self.engines.close()
+        self._scratch.cleanup()

@@ -1,0 +1,68 @@
+"""What a session runs on: its settings, the prompt set, the requests built from it, and runs.
+
+:class:`SuiteInputs` reads the prompt set once (formatted for the pair, cut to ``limit``), builds
+the default requests, turns a mode and budget into a :class:`~ddtree_conformance.run.Run` with the
+session's tensor-parallel size, and a run into the engine's ``RunConfig`` at the session's dtype
+and device. :meth:`SuiteInputs.labels` names requests in messages.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from ..adapters.interface import Mode, Request, RunConfig
+from ..prompts import Prompt, format_prompts, load_prompts
+from ..run import Run
+from ..scorer import TargetScorer
+from ..settings import SuiteSettings
+
+__all__ = ["SuiteInputs"]
+
+
+class SuiteInputs:
+    """The settings, prompts and requests of a session (module doc)."""
+
+    def __init__(self, settings: SuiteSettings) -> None:
+        self.settings = settings
+
+    @cached_property
+    def prompts(self) -> list[Prompt]:
+        s = self.settings
+        prompts = load_prompts(s.prompt_set, tokenizer_dir=s.model_dir)
+        prompts = format_prompts(prompts, s.model_dir, s.prompt_format)
+        return prompts[: s.limit] if s.limit else prompts
+
+    def requests(self, **overrides) -> list[Request]:
+        """One request per prompt: ``max_new_tokens`` from the settings, unless overridden."""
+        base = {"max_new_tokens": self.settings.max_new_tokens, **overrides}
+        return [Request(prompt_ids=p.prompt_ids, **base) for p in self.prompts]
+
+    def run(self, mode: Mode, budget: int | None = None, *, trace: bool = False, draft_logits: bool = False,
+            tensor_parallel_size: int | None = None) -> Run:
+        """The :class:`Run` of ``mode`` at ``budget``; the tensor-parallel size defaults to the settings'."""
+        tp = tensor_parallel_size or self.settings.tensor_parallel_size
+        return Run(mode, budget, trace=trace, draft_logits=draft_logits, tensor_parallel_size=tp)
+
+    def config(self, run: Run) -> RunConfig:
+        return run.config(self.settings.dtype, self.settings.device)
+
+    def labels(self, requests: list[Request]) -> list[str]:
+        """How messages name each request: its prompt id when it is a prompt of the set."""
+        try:
+            ids = {tuple(p.prompt_ids): p.id for p in self.prompts}
+        except Exception:  # the prompt set cannot be read: name requests by their ids
+            ids = {}
+        out = []
+        for r in requests:
+            pid = ids.get(tuple(r.prompt_ids))
+            if pid is not None:
+                out.append(f"prompt {pid}")
+            else:
+                shown = ", ".join(map(str, r.prompt_ids[:6])) + (", ..." if len(r.prompt_ids) > 6 else "")
+                out.append(f"prompt ids [{shown}]")
+        return out
+
+    @cached_property
+    def scorer(self) -> TargetScorer:
+        """fp32 re-scorer of the target, on the session's device."""
+        return TargetScorer(self.settings.model_dir, "float32", self.settings.device)
