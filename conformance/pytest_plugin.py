@@ -61,6 +61,10 @@ _OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("golden_dir", {}, "root of the golden files (default: the bundled ones)"),
     ("torch_threads", {"type": int}, "torch CPU threads per process; 0: torch's default (default 1)"),
     ("tensor_parallel_size", {"type": int}, "devices each engine shards the target over (default: the pair's, 1)"),
+    ("held_out_prompts", {"type": int}, "prompts drawn at run time from the target, added to the prompt set "
+                                        "(default one per 20 prompts, at least 1; 0: none)"),
+    ("run_seed", {"type": int}, "seed of the held-out prompts and the request order (default: drawn at the run's "
+                                "start; the report records it)"),
 ]
 
 

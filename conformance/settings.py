@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .adapters.interface import Capabilities, DType, Mode
 from .paths import FIXTURE_DRAFTER, FIXTURE_TARGET, RECORDS_DIR
@@ -60,6 +61,8 @@ OPTION_FLAGS: dict[str, str] = {
     "golden_dir": "--golden-dir",
     "torch_threads": "--threads",
     "tensor_parallel_size": "--tensor-parallel-size",
+    "held_out_prompts": "--held-out-prompts",
+    "run_seed": "--run-seed",
     # generate
     "mode": "--mode",
     "budget": "--budget",
@@ -150,6 +153,11 @@ class SuiteSettings(BaseModel):
     branch_rounds: int = Field(default=3, ge=1, description="rounds per prompt checked branch-vs-chain")
     branch_prompts: int = Field(default=4, ge=1)
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs the engine shards the target over")
+    held_out_prompts: int | None = Field(default=None, ge=0, le=100_000, description="prompts drawn at run time "
+                                         "from the target, added to the prompt set (ddtree_conformance.held_out); "
+                                         "None: one per 20 prompts of the set, at least one")
+    run_seed: int | None = Field(default=None, ge=0, lt=2**63, description="seed of the held-out prompts and the "
+                                 "request order; None: drawn at the run's start (the report records it)")
     torch_threads: int | None = Field(
         default=None, ge=1, description="torch CPU threads in the suite and engine processes (None: torch's default)"
     )
@@ -224,6 +232,14 @@ class SuiteSettings(BaseModel):
     @classmethod
     def _checks(cls, value: list[str] | None) -> list[str] | None:
         return value or None
+
+    @model_validator(mode="after")
+    def _draw_run_seed(self) -> "SuiteSettings":
+        """A run without ``run_seed`` draws one now: every run sees other held-out prompts and another
+        request order, and its settings (the report) record the seed that repeats it."""
+        if self.run_seed is None:
+            self.run_seed = secrets.randbits(32)
+        return self
 
 
 class GenerateSettings(SuiteSettings):

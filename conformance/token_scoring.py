@@ -20,15 +20,16 @@ the fp32 scorer is one per (model, device) (:func:`ddtree_conformance.scorer.sha
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
 
 from .calibration import MAX_BOUND, Calibration, CalibrationError, load_calibration
+from .scorer import shared_scorer
 
-__all__ = ["PositionScores", "ScoredRun", "target_logits", "table_logits", "score_output", "score_run",
+__all__ = ["PositionScores", "ScoredRun", "LogitsSource", "target_logits", "table_logits", "score_output", "score_run",
            "rules_for", "window"]
 
 _CACHE: OrderedDict = OrderedDict()
@@ -45,25 +46,31 @@ class PositionScores:
     top2: tuple[float, ...]
 
 
-def target_logits(model_dir: str, device: str):
-    """A logits function ``sequence -> [T, V]`` of the fp32 target (one cached scorer per process)."""
-    from .scorer import shared_scorer
+@dataclass(frozen=True)
+class LogitsSource:
+    """A logits function ``sequence -> [T, V]`` (float32, one row per position) and the key its
+    scores are cached under (two sources with one key give the same logits)."""
 
+    key: tuple
+    fn: Callable[[list[int]], torch.Tensor]
+
+
+def target_logits(model_dir: str, device: str) -> LogitsSource:
+    """The fp32 target's logits (one cached scorer per process)."""
     scorer = shared_scorer(str(model_dir), "float32", device)
-    key = ("target", str(model_dir), device)
-    return key, scorer.logits
+    return LogitsSource(("target", str(model_dir), device), scorer.logits)
 
 
-def table_logits(table: torch.Tensor, name: str):
-    """A logits function of a bigram table (synthetic pairs): row ``table[token]`` after each token."""
-    key = ("table", name, tuple(table.flatten().tolist()))
-    return key, lambda sequence: table[torch.tensor(sequence, dtype=torch.long)].float()
+def table_logits(table: torch.Tensor, name: str) -> LogitsSource:
+    """A bigram table's logits (synthetic pairs): row ``table[token]`` after each token."""
+    return LogitsSource(("table", name, tuple(table.flatten().tolist())),
+                        lambda sequence: table[torch.tensor(sequence, dtype=torch.long)].float())
 
 
-def score_output(logits_fn, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> PositionScores:
+def score_output(source: LogitsSource, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> PositionScores:
     """Score every position of ``output_ids`` after ``prompt_ids`` (cached)."""
-    key_fn, fn = logits_fn
-    key = (key_fn, tuple(prompt_ids), tuple(output_ids))
+    fn = source.fn
+    key = (source.key, tuple(prompt_ids), tuple(output_ids))
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]

@@ -416,7 +416,7 @@ def test_check_prints_one_line_per_check_and_a_heartbeat_when_not_a_terminal(pai
     progress = [line for line in result.stderr.splitlines() if line.startswith("[ddtree] ")]
     name = "ddtree_conformance.testing.misbehaving:HangInGenerate"
     assert progress[0] == f"[ddtree] check: 2 checks against engine '{name}'"
-    beats = [line for line in progress if line.startswith(f"[ddtree] waiting for engine '{name}': generate 2 requests "
+    beats = [line for line in progress if line.startswith(f"[ddtree] waiting for engine '{name}': generate 3 requests "
                                                           "(plain), ")]
     assert beats and beats[0].endswith(" s")
     assert re.fullmatch(r"\[ddtree\] check lossless/ddtree-B4: fail \(\d+\.\d s\): .*hung: no answer to.*", progress[-1]), progress
@@ -426,8 +426,11 @@ def test_check_with_a_passing_engine_prints_progress_lines(pair, prompts_file, t
     result = invoke("check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--budgets", "4", "--modes",
                     "ddtree", "--check", "lossless", "--no-isolate", "--out", tmp_path / "r.json")
     assert result.exit_code == 0, result.output
-    line = r"^\[ddtree\] check lossless/ddtree-B4: pass \(\d+\.\d s\): 2 match, 0 near-tie \(exact\)$"
+    line = r"^\[ddtree\] check lossless/ddtree-B4: pass \(\d+\.\d s\): 3 match, 0 near-tie \(exact\)$"
     assert re.search(line, result.stderr, re.M), result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())  # the seed drawn and the held-out prompt it gave
+    seed = report["settings"]["run_seed"]
+    assert isinstance(seed, int) and [p["id"] for p in report["held_out_prompts"]] == [f"held-out-{seed}-0"]
 
 
 def test_a_check_run_stopped_midway_leaves_a_partial_report(pair, prompts_file, tmp_path, monkeypatch):

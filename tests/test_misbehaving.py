@@ -53,6 +53,14 @@ def check(suite, engine: str, families: list[str], *extra: str):
     return result, report, lines
 
 
+def any_request(pattern: str) -> str:
+    """``pattern`` with its request named as any request of the run: the engine gets the requests shuffled
+    and beside a held-out prompt (ddtree_conformance.session.mixing), so which one a fault lands on varies."""
+    pattern = re.sub(r"request\\ [01]\\ \\\(prompt\\ [ab]\\\)", r"request \\d+ \\(prompt [^)]+\\)", pattern)
+    return re.sub(r"returned\\ \d+\\ results?\\ for\\ \d+\\ requests", r"returned \\d+ results? for \\d+ requests",
+                  pattern)
+
+
 def verdicts(report) -> dict[str, tuple[str, str]]:
     return {r["check"]: ("not run" if r["details"].get("not_run") else r["status"], r["message"])
             for r in report["results"]}
@@ -110,7 +118,7 @@ def test_corrupt_results_fail_naming_request_and_field(suite, fault):
     assert lines == ["error: 1 of 1 checks failed"], lines
     [(check_id, (status, text))] = verdicts(report).items()
     assert check_id == f"{family}/ddtree-B4" and status == "fail"
-    assert re.fullmatch(message, text), text
+    assert re.fullmatch(any_request(message), text), text
     assert "Traceback" not in result.output and "check crashed" not in text
 
 
@@ -126,7 +134,7 @@ def test_engine_without_acceptance_data_is_skipped_and_its_report_renders(suite)
     result, report, _ = check(suite, entry.engine, list(entry.checks), "--no-isolate")
     assert result.exit_code == 0, result.output
     assert verdicts(report) == {
-        "lossless/ddtree-B4": ("pass", "2 match, 0 near-tie (exact)"),
+        "lossless/ddtree-B4": ("pass", "3 match, 0 near-tie (exact)"),  # 2 prompts and a held-out one
         "acceptance/ddtree-B4": ("skip", "engine reports neither per-round nor aggregate acceptance"),
     }
     assert report["runs"][0]["tau"] is None

@@ -254,7 +254,7 @@ def test_session_applies_the_pairs_prompt_format():
     settings = SuiteSettings(prompt_format="text", limit=3)
     session = SuiteSession(settings)
     try:
-        assert [p.prompt_ids for p in session.prompts] == [
+        assert [p.prompt_ids for p in session.inputs.bundled] == [
             p.prompt_ids for p in load_prompts("fixture", tokenizer_dir=FIXTURE_TARGET)[:3]]
     finally:
         session.close()

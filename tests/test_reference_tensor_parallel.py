@@ -17,7 +17,8 @@ from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.session import SuiteSession, SuiteSettings
 from ddtree_conformance.testing.tp_engines import DriverOnlyKvMove, RankDiesInRun, RankFailsToStart, RankLocalResult
 
-SETTINGS = SuiteSettings(limit=4, budgets=[16], max_new_tokens=32, tensor_parallel_size=2, torch_threads=1)
+SETTINGS = SuiteSettings(limit=4, budgets=[16], max_new_tokens=32, tensor_parallel_size=2, torch_threads=1,
+                         held_out_prompts=0)  # "4 match": the four prompts of the set
 
 
 def _tp_check(engine_class=None, **updates):

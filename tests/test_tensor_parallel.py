@@ -22,7 +22,8 @@ def settings(random_pair, tmp_path_factory) -> SuiteSettings:
     path = tmp_path_factory.mktemp("prompts") / "tp.jsonl"
     write_random_prompts(path, [4, 11, 19, 27], seed=11, prefix="tp")
     return SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", prompt_set=str(path),
-                         budgets=[16], max_new_tokens=24, isolate=False, tensor_parallel_size=2)
+                         budgets=[16], max_new_tokens=24, isolate=False, tensor_parallel_size=2,
+                         held_out_prompts=0)  # the counts below are of these four prompts
 
 
 def _tp_results(settings: SuiteSettings, engine_class, **updates):

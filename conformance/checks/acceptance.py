@@ -284,7 +284,8 @@ def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> Ch
 
 
 def _golden_reference(session: SuiteSession, mode: str, budget: int | None) -> tuple[list[RequestResult], str] | None:
-    """float32 runs of a pair with a golden file holding every prompt: the golden acceptance, as results.
+    """float32 runs of a pair with a golden file holding every prompt of the set: the golden acceptance,
+    as results (the held-out prompts of the run, which no golden file holds, from the live reference).
     It is the reference run on the pair's own files, so a drafter that is not the pair's (wrong layer
     ids in its config, other weights) shows against it, where a live reference would share the fault."""
     from ..golden_files import golden_path
@@ -295,11 +296,15 @@ def _golden_reference(session: SuiteSession, mode: str, budget: int | None) -> t
         return None
     key = Run(mode, budget).golden_key
     out = []
-    for prompt in session.prompts:
+    for prompt in session.inputs.bundled:
         record = golden.records.get(prompt.id)
         if record is None or record.prompt_ids != prompt.prompt_ids or key not in record.acceptance:
             return None
         out.append(RequestResult(output_ids=record.output_ids[: s.max_new_tokens], finish_reason="length",
                                  acceptance_lengths=golden_lengths(record.acceptance[key], s.max_new_tokens)))
+    if session.inputs.held_out:
+        reference = session.reference_for(s.model_dir, s.drafter_dir)
+        out += session.run(mode, budget, engine=reference, requests=session.requests()[len(out):])
     path = golden_path(s.golden_dir, s.pair_name, s.prompt_set, "float32")
-    return out, f"golden ({path.name})"
+    held_out = f" and the live reference on {len(session.inputs.held_out)} held-out" if session.inputs.held_out else ""
+    return out, f"golden ({path.name}{held_out})"

@@ -145,10 +145,11 @@ def check_prompt_shapes(session: SuiteSession, mode: str, budget: int | None) ->
     greedy = []
     for label, prompts in cases.items():
         requests = [Request(prompt_ids=ids, max_new_tokens=n_new) for ids in prompts]
-        plain = session.run("plain", requests=requests)
-        spec = session.run(mode, budget, requests=requests)
-        if label == "mixed-length batch":  # each request alone must give the same as in the batch
-            alone = [session.run(mode, budget, requests=[r])[0] for r in requests]
+        batch = label == "mixed-length batch"  # each request alone must give the same as in the batch
+        plain = session.run("plain", requests=requests, together=batch)
+        spec = session.run(mode, budget, requests=requests, together=batch)
+        if batch:
+            alone = [session.run(mode, budget, requests=[r], together=True)[0] for r in requests]
             for i, (a, b) in enumerate(zip(alone, spec)):
                 greedy.append(GreedyCase(f"{label} request {i} (in the batch vs alone)", requests[i].prompt_ids,
                                          b.output_ids, a.output_ids, error=a.error or b.error))

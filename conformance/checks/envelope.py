@@ -130,7 +130,7 @@ def outside_support(session: SuiteSession, request: Request, output: list[int]) 
     if request.top_k <= 0 and request.top_p >= 1.0 or not output:
         return None  # temperature alone keeps every token possible
     rules = rules_for(session.settings)
-    _, logits_fn = target_logits(session.settings.model_dir, session.settings.device)
+    logits_fn = target_logits(session.settings.model_dir, session.settings.device).fn
     prompt = list(request.prompt_ids)
     logits = logits_fn(prompt + list(output[:-1]))[len(prompt) - 1:].float().cpu()
     params = SamplingParams(temperature=request.temperature, top_k=request.top_k,
@@ -153,8 +153,8 @@ def check_busy_batch(session: SuiteSession, mode: str, budget: int | None) -> Ch
     if mode not in caps.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
     requests, labels = busy_batch_requests(session)
-    batch = session.run(mode, budget, requests=requests)
-    alone = [session.run(mode, budget, requests=[r])[0] for r in requests]
+    batch = session.run(mode, budget, requests=requests, together=True)
+    alone = [session.run(mode, budget, requests=[r], together=True)[0] for r in requests]
     greedy, sampled_equal, sampled_total = [], 0, 0
     for label, request, b, a in zip(labels, requests, batch, alone):
         if a.error or b.error:

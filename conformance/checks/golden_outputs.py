@@ -48,11 +48,11 @@ def check_golden(session: SuiteSession, mode: str, budget: int | None) -> CheckR
         return CheckResult.skipped(
             name, f"golden file holds {golden.max_new_tokens} new tokens, the run asks for {s.max_new_tokens}"
         )
-    missing = [p.id for p in session.prompts if p.id not in golden.records]
+    missing = [p.id for p in session.inputs.bundled if p.id not in golden.records]
     if missing:
         return CheckResult.failed(name, f"prompts {missing[:3]} are not in the golden file {path}")
     cases = []
-    for prompt, result in zip(session.prompts, session.run(mode, budget)):
+    for prompt, result in zip(session.inputs.bundled, session.run(mode, budget)):  # held-out prompts come last
         record = golden.records[prompt.id]
         if record.prompt_ids != prompt.prompt_ids:
             return CheckResult.failed(name, f"{prompt.id}: prompt ids differ from the golden file {path}")

@@ -26,8 +26,9 @@ def traced_run(session: SuiteSession, mode: str, budget: int | None):
     """``(prompt indices, results)`` of the one traced run per (mode, budget) that the tree checks
     share (and the acceptance check reads to explain a differing round): every k-th prompt."""
     caps = session.capabilities
-    step = max(1, len(session.prompts) // TRACED_PROMPTS)
-    indices = list(range(0, len(session.prompts), step))[:TRACED_PROMPTS]
+    bundled = len(session.inputs.bundled)
+    step = max(1, bundled // TRACED_PROMPTS)
+    indices = list(range(0, bundled, step))[:TRACED_PROMPTS] + list(range(bundled, len(session.prompts)))
     requests = session.requests()
     results = session.run(mode, budget, trace=True, trace_draft_logits=caps.draft_logits,
                           requests=[requests[i] for i in indices])

@@ -42,6 +42,8 @@ def check(
     threads: opt.Threads = None,
     hardware_class: opt.HardwareClass = None,
     tensor_parallel_size: opt.TensorParallel = None,
+    held_out_prompts: opt.HeldOutPrompts = None,
+    run_seed: opt.RunSeed = None,
 ) -> None:
     from ..adapters.interface import EngineDied
     from ..adapters.registry import resolve_engine
@@ -57,7 +59,7 @@ def check(
         modes=modes, budgets=budgets, dtype=dtype, device=device, prompt_set=prompts, limit=limit,
         max_new_tokens=max_new_tokens, checks=only, isolate=isolate, golden_dir=golden_dir,
         engine_options=engine_option, engine_timeout_s=engine_timeout, torch_threads=threads,
-        tensor_parallel_size=tensor_parallel_size)
+        tensor_parallel_size=tensor_parallel_size, held_out_prompts=held_out_prompts, run_seed=run_seed)
     resolve_engine(settings.engine, settings.engine_options)  # unknown engine or option: exit 2 before any work
     checks = plan(settings)
     if needs_golden(checks):
@@ -93,6 +95,7 @@ def check(
             run_metrics = runs_from_session(session)
         except Exception:  # a dead engine leaves partial runs: the report keeps the checks' results
             run_metrics = []
+        held_out = [{"id": p.id, "prompt_ids": p.prompt_ids} for p in session.inputs.drawn_held_out()]
     finally:
         session.close()
     elapsed = time.perf_counter() - started
@@ -109,7 +112,7 @@ def check(
     counts["not_run"] = sum(bool(r.details.get("not_run")) for r in results)
     report = dict(partial)
     report.update({"elapsed_s": round(elapsed, 2), "counts": counts, "results": [r.model_dump() for r in results],
-                   "runs": run_metrics})
+                   "runs": run_metrics, "held_out_prompts": held_out})
     if failure is not None:
         report["engine_failure"] = {"message": str(failure), "log_tail": failure.log_tail}
     out_path, md_path, html_path = write_report(report, out_path)
@@ -146,7 +149,8 @@ def record(
     settings = opt.run_settings(
         engine="reference", model_dir=model, drafter_dir=drafter, pair_name=pair_name,
         budgets=budgets or "16,32,64,256", dtype=dtype, device=device, prompt_set=prompts, limit=limit,
-        max_new_tokens=max_new_tokens, isolate=False, golden_dir=golden_dir, torch_threads=threads)
+        max_new_tokens=max_new_tokens, isolate=False, golden_dir=golden_dir, torch_threads=threads,
+        held_out_prompts=0)  # golden files hold the prompt set's prompts only
     path = golden_path(settings.golden_dir, settings.pair_name, settings.prompt_set, settings.dtype)
     if path.exists() and not update:
         raise GoldenExists(f"{path} exists; pass --update to replace it (a diff will be shown)")

@@ -65,6 +65,12 @@ Threads = Annotated[Optional[int], typer.Option("--threads", help="torch CPU thr
 TensorParallel = Annotated[Optional[int], typer.Option(
     "--tensor-parallel-size", help="Shard the target over N devices in every run; the tensor-parallel check "
                                    "compares N with 1. With 1, that check uses the GPUs visible.")]
+HeldOutPrompts = Annotated[Optional[int], typer.Option(
+    "--held-out-prompts", help="Prompts drawn at run time from the target and added to the prompt set (an engine "
+                               "cannot know them); 0: none.", show_default="one per 20 prompts, at least 1")]
+RunSeed = Annotated[Optional[int], typer.Option(
+    "--run-seed", help="Seed of the held-out prompts and of the order and batching of requests; the report "
+                       "records the one used.", show_default="drawn at the run's start")]
 HardwareClass = Annotated[Optional[str], typer.Option(
     "--hardware-class", help="Hardware class the report is filed under (default: from the device, e.g. "
                              "cpu-x86_64-2c, cuda-NVIDIA-H200; or $DDTREE_HARDWARE_CLASS).")]

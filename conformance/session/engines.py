@@ -21,6 +21,7 @@ from ..adapters.registry import create_engine, resolve_engine
 from ..integrity import PairLimits, error_result, validate_results
 from ..progress import Heartbeat, Printer
 from ..settings import SettingsError, SuiteSettings, unsupported
+from .mixing import Arrangement
 
 __all__ = ["EngineFactory", "EngineRole", "EngineInfo", "EngineLifecycle"]
 
@@ -169,25 +170,40 @@ class EngineLifecycle:
         if self._support_error is not None:
             raise self._support_error
 
-    def generate(self, engine: Engine, requests: list[Request], config: RunConfig,
-                 labels: Sequence[str]) -> list[RequestResult]:
-        """One engine call, validated. An exception the engine raises (it keeps running) becomes one
-        error result per request; :class:`EngineDied` stops the session."""
+    def generate(self, engine: Engine, requests: list[Request], config: RunConfig, labels: Sequence[str],
+                 arrangement: Arrangement | None = None,
+                 companion_labels: Sequence[str] = ()) -> tuple[list[RequestResult], list[RequestResult]]:
+        """One engine call, validated: ``(results, companion results)``, each in the caller's order.
+
+        With an ``arrangement`` (:mod:`.mixing`) the engine gets ``requests`` and the companions in
+        the arrangement's order; the results are put back before they are validated, so messages name
+        the caller's requests. An exception the engine raises (it keeps running) becomes one error
+        result per request; :class:`EngineDied` stops the session."""
         if self.failure is not None:
             raise self.dead_again()
         info = self.info(engine)
-        count = f"{len(requests)} request{'' if len(requests) == 1 else 's'}"
+        sent = arrangement.requests(requests) if arrangement else list(requests)
+        count = f"{len(sent)} request{'' if len(sent) == 1 else 's'}"
         what = f"({config.mode}{f', B={config.budget}' if config.mode == 'ddtree' else ''})"
         try:
             with self.heartbeat(info.name, f"generate {count} {what}"):
-                results = engine.generate(requests, config)
+                results = engine.generate(sent, config)
         except EngineDied as exc:
             raise self._fail(exc)
         except Exception as exc:
             message = f"engine {info.name!r} raised {type(exc).__name__}: {exc}"
-            return [error_result(message) for _ in requests]
+            errors = [error_result(message) for _ in sent]
+            return errors[: len(requests)], errors[len(requests):]
         caps = engine.capabilities() if info.oracle else self.capabilities
-        return validate_results(requests, results, config, info.limits, caps, labels, info.name)
+        if arrangement is None:
+            return validate_results(requests, results, config, info.limits, caps, labels, info.name), []
+        if not isinstance(results, (list, tuple)) or len(results) != len(sent):  # cannot be put back: all fail
+            errors = validate_results(sent, results, config, info.limits, caps, None, info.name)
+            return errors[: len(requests)], errors[len(requests):]
+        own, others = arrangement.split(results, len(requests))
+        companions = [request for request, _ in arrangement.companions]
+        return (validate_results(requests, own, config, info.limits, caps, labels, info.name),
+                validate_results(companions, others, config, info.limits, caps, companion_labels, info.name))
 
     def close(self) -> None:
         for engine in self._engines.values():

@@ -11,10 +11,12 @@ from __future__ import annotations
 from functools import cached_property
 
 from ..adapters.interface import Mode, Request, RunConfig
+from ..held_out import HELD_OUT_SHARE, held_out_prompts
 from ..prompts import Prompt, format_prompts, load_prompts
 from ..run import Run
 from ..scorer import TargetScorer
 from ..settings import SuiteSettings
+from ..token_scoring import target_logits
 
 __all__ = ["SuiteInputs"]
 
@@ -26,11 +28,30 @@ class SuiteInputs:
         self.settings = settings
 
     @cached_property
-    def prompts(self) -> list[Prompt]:
+    def bundled(self) -> list[Prompt]:
+        """The prompt set's prompts, formatted for the pair, cut to ``limit``."""
         s = self.settings
         prompts = load_prompts(s.prompt_set, tokenizer_dir=s.model_dir)
         prompts = format_prompts(prompts, s.model_dir, s.prompt_format)
         return prompts[: s.limit] if s.limit else prompts
+
+    @cached_property
+    def held_out(self) -> list[Prompt]:
+        """Prompts drawn for this run from the fp32 target (:mod:`ddtree_conformance.held_out`)."""
+        s = self.settings
+        count = s.held_out_prompts
+        if count is None:
+            count = max(1, -(-len(self.bundled) // HELD_OUT_SHARE))
+        return held_out_prompts(target_logits(s.model_dir, s.device).fn, self.bundled, count, s.run_seed)
+
+    def drawn_held_out(self) -> list[Prompt]:
+        """The held-out prompts when the run has drawn them (for the report), else []: nothing is drawn."""
+        return self.__dict__.get("held_out", [])
+
+    @cached_property
+    def prompts(self) -> list[Prompt]:
+        """Every prompt of the run: the bundled ones, then the held-out ones."""
+        return self.bundled + self.held_out
 
     def requests(self, **overrides) -> list[Request]:
         """One request per prompt: ``max_new_tokens`` from the settings, unless overridden."""

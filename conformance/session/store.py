@@ -39,8 +39,9 @@ class StoredRun:
     engine: EngineInfo
     engine_id: int
     run: Run
-    requests: tuple[str, ...]
+    requests: tuple[str, ...]  # as in its StoreKey
     results: list[RequestResult]
+    request_list: tuple[Request, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,21 @@ class RunStore:
     def has(self, key: StoreKey) -> bool:
         return key in self._runs
 
-    def get_or_make(self, key: StoreKey, engine: EngineInfo,
+    def get_or_make(self, key: StoreKey, engine: EngineInfo, requests: list[Request],
                     make: Callable[[], list[RequestResult]]) -> list[RequestResult]:
         if key not in self._runs:
-            self._runs[key] = StoredRun(engine, key.engine_id, key.run, key.requests, make())
+            self._runs[key] = StoredRun(engine, key.engine_id, key.run, key.requests, make(), tuple(requests))
         return self._runs[key].results
+
+    def answered(self, engine_id: int, run: Run) -> list[tuple[Request, RequestResult]]:
+        """Every greedy request already answered by one engine in one run, with its result, once each."""
+        seen: dict[str, tuple[Request, RequestResult]] = {}
+        for stored in self._runs.values():
+            if stored.engine_id == engine_id and stored.run == run:
+                for text, request, result in zip(stored.requests, stored.request_list, stored.results):
+                    if request.temperature == 0 and result.finish_reason != "error":
+                        seen.setdefault(text, (request, result))
+        return list(seen.values())
 
     def note_use(self, engine: EngineInfo, run: Run, results: list[RequestResult], prompts: list[str]) -> None:
         if self._used is not None:

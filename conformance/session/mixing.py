@@ -1,0 +1,62 @@
+"""How a check's requests reach the engine: shuffled, and mixed with other checks' requests.
+
+An engine must not be able to tell which check a request belongs to, by position, count or
+company. So every engine call a check asks for (unless the check needs that exact batch: busy-batch
+and prompt-shapes' "in the batch vs alone") is sent
+
+* in a seeded random order (results are put back in the check's order before anything reads them);
+* with one to :data:`MAX_COMPANIONS` *companions* (when there are any): greedy requests that other checks already asked of
+  the same engine in the same run (same mode, budget and tracing), drawn at random. A companion's
+  new output is compared with its first one: in float32 a correct engine gives the same greedy
+  output whatever else is in the batch, so a difference fails the check in whose call it showed,
+  naming both runs. In low precision batch composition may move logits, so companions are sent
+  but not compared.
+
+The seed is the run's ``run_seed`` (the report records it), so a run repeats exactly.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..adapters.interface import Request, RequestResult
+
+__all__ = ["MAX_COMPANIONS", "Arrangement", "RequestMixer"]
+
+MAX_COMPANIONS = 2
+
+
+@dataclass(frozen=True)
+class Arrangement:
+    """One engine call: ``order[k]`` is the index (into own requests, then companions) sent k-th."""
+
+    companions: list[tuple[Request, RequestResult]]
+    order: list[int]
+
+    def requests(self, own: Sequence[Request]) -> list[Request]:
+        everything = list(own) + [request for request, _ in self.companions]
+        return [everything[i] for i in self.order]
+
+    def split(self, results: Sequence[RequestResult], n_own: int) -> tuple[list[RequestResult], list[RequestResult]]:
+        """The engine's results (in sent order) back in the caller's order: (own, companions)."""
+        placed: list[RequestResult | None] = [None] * len(self.order)
+        for position, index in enumerate(self.order):
+            placed[index] = results[position]
+        return placed[:n_own], placed[n_own:]  # type: ignore[return-value]
+
+
+class RequestMixer:
+    """Arranges engine calls from one seeded stream (module doc)."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+
+    def arrange(self, n_own: int, pool: Sequence[tuple[Request, RequestResult]]) -> Arrangement:
+        most = min(MAX_COMPANIONS, len(pool))
+        count = self._rng.randint(min(1, most), most)
+        companions = self._rng.sample(list(pool), count)
+        order = list(range(n_own + count))
+        self._rng.shuffle(order)
+        return Arrangement(companions, order)

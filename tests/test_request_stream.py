@@ -1,0 +1,116 @@
+"""Fresh, unordered requests (issue 20, item 3): held-out prompts drawn per run, requests shuffled and
+mixed with other checks' requests; each shown failing an engine that exploits a fixed, public stream."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddtree_conformance.adapters.interface import Request, RunConfig
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.checks import plan, run_plan
+from ddtree_conformance.held_out import HELD_OUT_CATEGORY, held_out_prompts
+from ddtree_conformance.prompts import load_prompts
+from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import mixing
+from ddtree_conformance.testing.random_pair import write_random_prompts
+from ddtree_conformance.testing.stream_adversaries import KnowsPublicPrompts, RepeatedRequestBug, public_prompts
+from ddtree_conformance.token_scoring import target_logits
+
+
+@pytest.fixture(scope="module")
+def settings(random_pair, tmp_path_factory) -> SuiteSettings:
+    target, drafter = random_pair
+    path = tmp_path_factory.mktemp("stream") / "p.jsonl"
+    write_random_prompts(path, [5, 9, 14], seed=3, prefix="s")
+    return SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", prompt_set=str(path),
+                         golden_dir=str(path.parent / "golden"), modes=["ddtree"], budgets=[4], max_new_tokens=12,
+                         isolate=False, torch_threads=1, run_seed=5)
+
+
+def _run(settings: SuiteSettings, engine_class, families: list[str], **updates):
+    settings = settings.model_copy(update=updates)
+    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
+    try:
+        checks = plan(settings, families)
+        return session, {c.id: r for c, r in zip(checks, run_plan(session, checks))}
+    finally:
+        session.close()
+
+
+def test_held_out_prompts_follow_the_seed_and_the_sets_shape(settings):
+    bundled = load_prompts(settings.prompt_set)
+    fn = target_logits(settings.model_dir, "cpu").fn
+    first, again, other = (held_out_prompts(fn, bundled, 3, seed) for seed in (5, 5, 6))
+    assert [p.prompt_ids for p in first] == [p.prompt_ids for p in again]
+    assert [p.prompt_ids for p in first] != [p.prompt_ids for p in other]
+    lengths = {len(p.prompt_ids) for p in bundled}
+    for prompt in first:
+        assert prompt.category == HELD_OUT_CATEGORY and len(prompt.prompt_ids) in lengths
+        opening = prompt.meta["opening"]
+        assert any(p.prompt_ids[:opening] == prompt.prompt_ids[:opening] for p in bundled)
+
+
+def test_a_run_adds_held_out_prompts_after_the_set(settings):
+    session = SuiteSession(settings)
+    try:
+        assert [p.id for p in session.prompts[:3]] == ["s0", "s1", "s2"]
+        assert [p.id for p in session.inputs.held_out] == ["held-out-5-0"]  # one per 20 prompts, at least one
+        assert len(session.requests()) == 4
+    finally:
+        session.close()
+
+
+def test_an_engine_that_knows_the_public_prompts_fails_on_a_held_out_one(settings):
+    public_prompts(p.prompt_ids for p in load_prompts(settings.prompt_set))
+    families = ["lossless", "acceptance"]
+    _, before = _run(settings, KnowsPublicPrompts, families, held_out_prompts=0)
+    assert [r.status for r in before.values()] == ["pass", "pass"], before  # the hole: the public set alone
+    _, after = _run(settings, KnowsPublicPrompts, families)
+    result = after["acceptance/ddtree-B4"]
+    assert result.status == "fail", result.message
+    assert "held-out-5-0 round" in result.message and "per-round acceptance differs" in result.message
+
+
+class Spy(ReferenceEngine):
+    """The reference engine, noting every batch it is given."""
+
+    batches: list[tuple[str, list[tuple[int, ...]]]] = []
+
+    def generate_local(self, requests: list[Request], config: RunConfig):
+        Spy.batches.append((config.mode, [tuple(r.prompt_ids) for r in requests]))
+        return super().generate_local(requests, config)
+
+
+def test_requests_reach_the_engine_shuffled_and_mixed_but_batch_checks_get_their_batch(settings):
+    Spy.batches = []
+    session, results = _run(settings, Spy, ["lossless", "stop-token", "busy-batch"])
+    assert all(r.status == "pass" for r in results.values()), results
+    default = [tuple(r.prompt_ids) for r in session.requests()]
+    ddtree = [batch for mode, batch in Spy.batches if mode == "ddtree"]
+    assert sorted(ddtree[0]) == sorted(default) and ddtree[0] != default  # the seed-5 run shuffles the first call
+    stop_call = ddtree[1]  # stop-token's call: its requests and other checks' answered ones beside them
+    assert len(stop_call) > min(3, len(default)) and set(stop_call) & set(default)
+    from ddtree_conformance.checks.envelope import busy_batch_requests
+
+    # busy-batch's batch arrives as built, alone and in order (it is about batching)
+    with_session = SuiteSession(settings)
+    try:
+        with_session.engines._engines[(settings.model_dir, settings.drafter_dir)] = ReferenceEngine(
+            settings.model_dir, settings.drafter_dir)
+        expected = [tuple(r.prompt_ids) for r in busy_batch_requests(with_session)[0]]
+    finally:
+        with_session.close()
+    assert expected in ddtree
+
+
+def test_a_response_cache_bug_fails_once_requests_are_asked_again(settings, monkeypatch):
+    families = ["lossless", "stop-token", "max-new-tokens"]
+    monkeypatch.setattr(mixing, "MAX_COMPANIONS", 0)
+    _, before = _run(settings, RepeatedRequestBug, families)
+    assert [r.status for r in before.values()] == ["pass"] * 3, before  # each request asked once: never a hit
+    monkeypatch.undo()
+    _, after = _run(settings, RepeatedRequestBug, families)
+    failed = [r for r in after.values() if r.status == "fail"]
+    assert failed, after
+    assert "asked again in a batch with other checks' requests, gave another result" in failed[0].message
+    assert "greedy float32 outputs must not depend on the batch" in failed[0].message
