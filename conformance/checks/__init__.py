@@ -28,7 +28,7 @@ from .golden_outputs import check_golden
 from .lossless import check_lossless
 from .result import CheckResult
 from .runner import PlannedCheck, run_plan
-from .sampling import VARIANTS, check_sampling
+from .sampling import DRAWN, VARIANTS, check_sampling
 from .tensor_parallel import check_tensor_parallel
 from .trees import check_branch_vs_chain, check_tree_structure
 
@@ -82,7 +82,7 @@ def plan(settings: SuiteSettings, only: list[str] | None = None, *, flag_prefix:
                                    "branch-vs-chain", run))
     sampled = ddtree[:1] + [run for run in runs if run.mode == "dflash"]
     for run in sampled:
-        for variant in VARIANTS:
+        for variant in [*VARIANTS, DRAWN]:
             checks.append(PlannedCheck(run.check_id("sampling", variant), check_sampling,
                                        {"mode": run.mode, "budget": run.budget, "variant": variant}, "sampling", run))
     only = only if only is not None else settings.checks

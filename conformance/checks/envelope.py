@@ -42,8 +42,9 @@ def _label(kind: str, mode: str, budget: int | None) -> str:
 
 def long_prompts(session: SuiteSession, limit: int, new_tokens: int) -> list[list[int]]:
     """Up to :data:`LONG_PROMPTS` prompts of ``limit - new_tokens - block size`` tokens, each the
-    prompt set's prompts joined, starting at a different one."""
-    base = [p.prompt_ids for p in session.prompts]
+    prompt set's prompts joined, starting at a different one (the set's own prompts only: the same
+    long contexts every run, so a bug that shows at some of them shows in every run)."""
+    base = [p.prompt_ids for p in session.inputs.bundled]
     length = limit - new_tokens - (block_size(session.settings.drafter_dir) or 16)
     out = []
     for k in range(min(LONG_PROMPTS, len(base))):

@@ -6,9 +6,19 @@ outputs must follow the request's processed target distribution (temperature, to
 applied to the table row of ``prev``), which is known exactly. Test: Pearson chi-square over all
 rows (cells with expected count < 5 pooled per row), false-alarm rate ``ALPHA`` per variant; a
 token with zero probability under top-k/top-p fails at once.
+
+Three variants are fixed points (:data:`VARIANTS`). The fourth, ``drawn``, covers the legal range:
+each run draws, from its ``run_seed``, one setting in each stratum of :func:`drawn_settings`
+(temperature near 0, top-p near 1, top-k large, top-k 1, and all three at once), sends their
+requests to the engine in one mixed batch, and tests each stratum on its own share of the requests
+(false-alarm rate ``ALPHA`` split over the strata). The settings drawn are in the message and the
+report, so a failing run repeats with ``--run-seed``.
 """
 
 from __future__ import annotations
+
+import math
+import random
 
 import torch
 from scipy.stats import chi2
@@ -21,7 +31,7 @@ from ..synthetic import sampling_table, write_bigram_pair
 from ..run import Run
 from .result import CheckResult
 
-__all__ = ["ALPHA", "VARIANTS", "transition_test", "check_sampling"]
+__all__ = ["ALPHA", "VARIANTS", "DRAWN", "drawn_settings", "transition_test", "check_sampling"]
 
 ALPHA = 1e-3  # false-alarm rate of one variant's test on a correct engine
 VARIANTS = {
@@ -29,7 +39,32 @@ VARIANTS = {
     "T=1,top_k=3": SamplingParams(temperature=1.0, top_k=3),
     "T=0.8,top_p=0.7": SamplingParams(temperature=0.8, top_p=0.7),
 }
+DRAWN = "drawn"  # the variant whose settings each run draws (module doc)
 NEW_TOKENS = 24
+
+
+def drawn_settings(seed: int, vocab: int) -> dict[str, SamplingParams]:
+    """One setting per stratum of the legal range, drawn from ``seed`` (module doc)."""
+    rng = random.Random(seed)
+
+    def temperature(low: float, high: float) -> float:  # log-uniform: as many draws near 0 as near 1
+        return round(math.exp(rng.uniform(math.log(low), math.log(high))), 4)
+
+    return {
+        "temperature near 0": SamplingParams(temperature=temperature(0.05, 0.5)),
+        "top_p near 1": SamplingParams(temperature=temperature(0.7, 1.4), top_p=round(rng.uniform(0.9, 0.995), 4)),
+        "top_k large": SamplingParams(temperature=temperature(0.7, 1.4), top_k=rng.randint(vocab - vocab // 4, vocab - 1)),
+        "top_k 1": SamplingParams(temperature=temperature(0.3, 2.0), top_k=1),
+        "all three": SamplingParams(temperature=temperature(0.2, 2.0), top_k=rng.randint(2, vocab - 1),
+                                    top_p=round(rng.uniform(0.3, 0.99), 4)),
+    }
+
+
+def _describe(params: SamplingParams) -> str:
+    parts = [f"T={params.temperature:g}"]
+    parts += [f"top_k={params.top_k}"] if params.top_k > 0 else []
+    parts += [f"top_p={params.top_p:g}"] if params.top_p < 1.0 else []
+    return ",".join(parts)
 
 
 def transition_test(table: torch.Tensor, params: SamplingParams, sequences: list[list[int]]) -> tuple[float, str]:
@@ -60,8 +95,17 @@ def transition_test(table: torch.Tensor, params: SamplingParams, sequences: list
         statistic += sum((o - e) ** 2 / e for o, e in cells)
         dof += len(cells) - 1
     if dof == 0:
+        total = int(counts.sum())
+        if total and all(int((processed_probs(table[prev], params) > 0).sum()) == 1
+                         for prev in range(vocab) if counts[prev].sum() > 0):
+            return 1.0, f"{total} transitions, each to the one token its row allows"
         return 1.0, "too few transitions for a test"
     return float(chi2.sf(statistic, dof)), f"chi2 {statistic:.1f} on {dof} dof"
+
+
+def _requests(params: SamplingParams, seeds: range, vocab: int) -> list[Request]:
+    return [Request(prompt_ids=[seed % vocab], max_new_tokens=NEW_TOKENS, temperature=params.temperature,
+                    top_k=params.top_k, top_p=params.top_p, seed=seed) for seed in seeds]
 
 
 def check_sampling(session: SuiteSession, mode: str, budget: int | None, variant: str) -> CheckResult:
@@ -72,29 +116,46 @@ def check_sampling(session: SuiteSession, mode: str, budget: int | None, variant
     if mode not in caps.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
     table = sampling_table()
+    vocab = table.shape[0]
     pair_dir = session.scratch / "bigram-sampling"
     if not (pair_dir / "PAIR.json").exists():
         write_bigram_pair(pair_dir, table, drafter="random")
     engine = session.engine_for(str(pair_dir / "target"), str(pair_dir / "drafter"))
-    params = VARIANTS[variant]
-    requests = [
-        Request(prompt_ids=[seed % table.shape[0]], max_new_tokens=NEW_TOKENS, temperature=params.temperature,
-                top_k=params.top_k, top_p=params.top_p, seed=seed)
-        for seed in range(session.settings.sampling_requests)
-    ]
+    total = session.settings.sampling_requests
+    if variant == DRAWN:
+        strata = drawn_settings(session.settings.run_seed or 0, vocab)
+        share = max(1, total // len(strata))
+    else:
+        strata, share = {variant: VARIANTS[variant]}, total
+    seeds = {label: range(k * share, (k + 1) * share) for k, label in enumerate(strata)}
+    requests = [r for label, params in strata.items() for r in _requests(params, seeds[label], vocab)]
     results = session.run(mode, budget, requests=requests, engine=engine)
     errors = [r.error for r in results if r.error]
     if errors:
         return CheckResult.failed(name, f"engine error: {errors[0].splitlines()[0]}")
-    sequences = [r.prompt_ids + o.output_ids for r, o in zip(requests, results)]
-    p_value, note = transition_test(table, params, sequences)
+    alpha = ALPHA / len(strata)
+    notes, p_values = [], {}
+    for k, (label, params) in enumerate(strata.items()):
+        part = slice(k * share, (k + 1) * share)
+        sequences = [r.prompt_ids + o.output_ids for r, o in zip(requests[part], results[part])]
+        p_value, note = transition_test(table, params, sequences)
+        tokens = sum(len(o.output_ids) for o in results[part])
+        where = "" if variant != DRAWN else f"{label} ({_describe(params)}): "
+        if tokens == 0 or note == "too few transitions for a test":
+            return CheckResult.failed(name, f"{where}{share} sampled requests gave {tokens} tokens: nothing to test "
+                                            f"against the target distribution")
+        p_values[label] = p_value
+        detail = f"{share} requests, {tokens} tokens; {note}; p = {p_value:.3g}"
+        if p_value < alpha:
+            return CheckResult.failed(name, f"{where}sampled outputs do not follow the target distribution: {detail} "
+                                            f"(< alpha {alpha:.3g})", p_value=p_value,
+                                      settings={k: _describe(v) for k, v in strata.items()})
+        notes.append(f"{where}{detail}")
     rounds = sum(r.rounds or 0 for r in results)
-    tokens = sum(len(r.output_ids) for r in results)
-    if tokens == 0 or note == "too few transitions for a test":
-        return CheckResult.failed(name, f"{len(requests)} sampled requests gave {tokens} tokens: nothing to test "
-                                        f"against the target distribution")
-    detail = f"{len(requests)} requests, {tokens} tokens, {rounds} rounds; {note}; p = {p_value:.3g}"
-    if p_value < ALPHA:
-        return CheckResult.failed(name, f"sampled outputs do not follow the target distribution: {detail} "
-                                        f"(< alpha {ALPHA})", p_value=p_value)
-    return CheckResult.passed(name, detail, p_value=p_value)
+    if variant != DRAWN:
+        [only] = notes
+        head = only.split(";", 1)
+        return CheckResult.passed(name, f"{head[0]}, {rounds} rounds;{head[1]}", p_value=p_values[variant])
+    return CheckResult.passed(name, f"settings drawn with run seed {session.settings.run_seed}, {rounds} rounds: "
+                                    + "; ".join(notes), p_values=p_values,
+                              settings={k: _describe(v) for k, v in strata.items()})

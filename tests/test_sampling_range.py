@@ -1,0 +1,56 @@
+"""Sampling across the legal range (issue 20, item 4): the ``drawn`` variant's settings come from the
+run seed, cover every stratum, and fail engines that honour settings only at the fixed points."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.checks import plan, run_plan
+from ddtree_conformance.checks.sampling import DRAWN, drawn_settings
+from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.testing.range_adversaries import RANGE_ADVERSARIES
+
+
+def test_drawn_settings_cover_each_stratum_and_follow_the_seed():
+    for seed in range(50):
+        drawn = drawn_settings(seed, 12)
+        assert drawn == drawn_settings(seed, 12)
+        assert 0.05 <= drawn["temperature near 0"].temperature < 0.5
+        assert 0.9 < drawn["top_p near 1"].top_p < 1.0
+        assert drawn["top_k large"].top_k > 8
+        assert drawn["top_k 1"].top_k == 1
+    assert drawn_settings(1, 12) != drawn_settings(2, 12)
+
+
+def _sampling(engine_class, seed: int, variants: str = "sampling/"):
+    settings = SuiteSettings(modes=["ddtree"], budgets=[4], limit=1, isolate=False, torch_threads=1, run_seed=seed,
+                             sampling_requests=150, held_out_prompts=0)
+    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
+    try:
+        checks = plan(settings, [variants])
+        return {c.id.rsplit("/", 1)[-1]: r for c, r in zip(checks, run_plan(session, checks))}
+    finally:
+        session.close()
+
+
+def test_the_fixed_variants_never_reach_the_range():
+    """The hole: an engine that ignores top_k above 8 passes every fixed variant."""
+    results = _sampling(RANGE_ADVERSARIES["ignores top_k > 8"], seed=3)
+    assert {k: r.status for k, r in results.items() if k != DRAWN} == {"T=1": "pass", "T=1,top_k=3": "pass",
+                                                                       "T=0.8,top_p=0.7": "pass"}
+    assert results[DRAWN].status == "fail", results[DRAWN].message
+
+
+@pytest.mark.parametrize("hole", list(RANGE_ADVERSARIES))
+def test_an_engine_right_only_at_the_fixed_points_fails_the_drawn_variant(hole):
+    drawn = _sampling(RANGE_ADVERSARIES[hole], seed=3, variants=f"/{DRAWN}")[DRAWN]
+    assert drawn.status == "fail", drawn.message
+    assert "do not follow the target distribution" in drawn.message or "probability 0" in drawn.message
+
+
+def test_the_reference_passes_the_drawn_variant_and_the_report_names_the_settings():
+    result = _sampling(ReferenceEngine, seed=3, variants=f"/{DRAWN}")[DRAWN]
+    assert result.status == "pass", result.message
+    assert "settings drawn with run seed 3" in result.message
+    assert set(result.details["settings"]) == set(drawn_settings(3, 12))
