@@ -42,12 +42,23 @@ from ddtree_conformance.adapters.interface import Engine, Request, RequestResult
 
 from .metrics import acceptance_histogram, emitted_lengths, mean_tau, per_position_acceptance
 from . import run as run_identity
-from .sequential import METHOD, SPENDING, Interval, SequentialPlan, cv, look_alpha, ratio_interval, verdict
+from .sequential import (
+    DEFAULT_POWER,
+    METHOD,
+    SPENDING,
+    Interval,
+    SequentialPlan,
+    cv,
+    detectable_drop,
+    look_alpha,
+    ratio_interval,
+    verdict,
+)
 
-__all__ = ["BenchError", "CallTiming", "acceptance_summary", "call_timing", "run_bench"]
+__all__ = ["Arm", "BenchError", "CallTiming", "Measured", "Repeat", "Stream", "acceptance_summary",
+           "anchored_rotation", "call_timing", "measure", "run_bench"]
 
 Run = tuple[str, "int | None"]
-PLAIN: Run = ("plain", None)
 
 
 class BenchError(RuntimeError):
@@ -136,30 +147,39 @@ def _label(mode: str, budget: int | None) -> str:
     return run_identity.Run(mode, budget).label
 
 
+@dataclass(frozen=True)
+class Arm:
+    """One side of a paired measurement: an engine under one configuration, named ``label``."""
+
+    label: str
+    engine: Engine
+    config: RunConfig
+
+
 @dataclass
-class _Repeat:
-    """One repeat's totals per configuration."""
+class Repeat:
+    """One repeat's totals per arm label (every request once through every arm that ran)."""
 
-    totals: dict[Run, CallTiming] = field(default_factory=dict)
+    totals: dict[str, CallTiming] = field(default_factory=dict)
 
-    def add(self, key: Run, timing: CallTiming) -> None:
-        self.totals[key] = self.totals[key] + timing if key in self.totals else timing
+    def add(self, arm: str, timing: CallTiming) -> None:
+        self.totals[arm] = self.totals[arm] + timing if arm in self.totals else timing
 
     def check(self) -> None:
-        for key, t in self.totals.items():
+        for arm, t in self.totals.items():
             if t.tokens == 0 or t.seconds <= 0 or t.rounds == 0:
-                raise BenchError(f"{_label(*key)}: a repeat timed no decode tokens (max_new_tokens too small, or "
+                raise BenchError(f"{arm}: a repeat timed no decode tokens (max_new_tokens too small, or "
                                  "the engine reports zero decode time or rounds); nothing to measure")
 
-    def sample(self, key: Run) -> dict:
-        """The cost-model sample of ``key`` against this repeat's plain run.
+    def sample(self, arm: str, baseline: str = "plain") -> dict:
+        """The cost-model sample of ``arm`` against ``baseline`` (plain decoding) in this repeat.
 
         ``step`` = plain decode seconds / plain decode tokens (one token per plain step); ``tau`` =
         decode tokens emitted / rounds; ``round`` = decode seconds / rounds. The rounds cancel in
         ``tau x step / round``, which is the decode tokens/s ratio: what an engine reports about
         its rounds or acceptance can shift the two factors, never the speedup.
         """
-        plain, method = self.totals[PLAIN], self.totals[key]
+        plain, method = self.totals[baseline], self.totals[arm]
         rounds = method.rounds if method.rounds is not None else method.tokens
         step, rnd = plain.seconds / plain.tokens, method.seconds / rounds
         tau = method.tokens / rounds
@@ -168,9 +188,139 @@ class _Repeat:
                 "wall_ratio": (method.tokens / method.wall) / (plain.tokens / plain.wall)}
 
 
-def _order(methods: list[Run], r: int, i: int) -> list[Run]:
-    rotated = methods[r % len(methods):] + methods[: r % len(methods)] if methods else []
-    return [PLAIN, *rotated] if (r + i) % 2 == 0 else [*rotated, PLAIN]
+@dataclass(frozen=True)
+class Stream:
+    """A per-repeat sample (a ratio, > 0) computed from the arms it reads: what the interval is over.
+
+    ``edge``: the lower edge it is judged against (sequential: repeats stop once the interval clears
+    it); None: measured alongside."""
+
+    label: str
+    arms: tuple[str, ...]
+    sample: Callable[[Repeat], float]
+    edge: float | None = None
+
+
+@dataclass
+class Measured:
+    """What :func:`measure` returns: every repeat, the results of repeat 0 per arm, and per stream why
+    it stopped (``decision``: pass, regression, inconclusive or fixed; ``reason``, ``repeats``,
+    ``elapsed_s``)."""
+
+    history: list[Repeat]
+    first: dict[str, list[RequestResult]]
+    stop: dict[str, dict]
+
+
+def anchored_rotation(arms: list[str], r: int, i: int) -> list[str]:
+    """Call order for request ``i`` of repeat ``r``: the first arm (the anchor, plain decoding) first
+    when ``r + i`` is even and last when odd; the others rotated by the repeat."""
+    anchor, others = arms[0], arms[1:]
+    rotated = others[r % len(others):] + others[: r % len(others)] if others else []
+    return [anchor, *rotated] if (r + i) % 2 == 0 else [*rotated, anchor]
+
+
+def measure(
+    arms: Sequence[Arm],
+    requests: list[Request],
+    streams: Sequence[Stream],
+    *,
+    repeats: int = 5,
+    plan: SequentialPlan | None = None,
+    warmup: bool = True,
+    order: Callable[[list[str], int, int], list[str]] = anchored_rotation,
+    on_step: Callable[[str], None] | None = None,
+    now: Callable[[], float] = time.perf_counter,
+) -> Measured:
+    """Paired, interleaved repeats of ``arms`` over ``requests``, one request per ``generate`` call.
+
+    Every repeat runs each request through every arm a still-running stream reads, in ``order``
+    (default :func:`anchored_rotation`; the first arm must be read by every stream), and then computes
+    each stream's sample. Streams with an ``edge`` are sequential under ``plan``: at its planned looks
+    a stream stops once its interval clears the edge, and stops undecided at the plan's time budget or
+    repeat cap; streams without an edge stop when no sequential stream is left. Without any edge:
+    ``repeats`` fixed repeats. Each arm's first request of a repeat may carry any engine and config,
+    so two engine builds can be interleaved against each other (an A/B run) as plain is against a
+    method here.
+    """
+    if not requests:
+        raise BenchError("no requests to measure")
+    plan = plan or SequentialPlan()
+    by_label = {arm.label: arm for arm in arms}
+    if len(by_label) != len(arms):
+        raise BenchError("arm labels must be distinct")
+    sequential = any(s.edge is not None for s in streams)
+    if not sequential and repeats < 2:
+        raise BenchError(f"repeats must be >= 2 for an interval, got {repeats}")
+
+    def call(arm: Arm, batch: list[Request]) -> tuple[list[RequestResult], CallTiming]:
+        started = now()
+        results = arm.engine.generate(batch, arm.config)
+        wall = now() - started
+        failed = [r for r in results if r.finish_reason == "error"]
+        if failed or len(results) != len(batch):
+            first = (failed[0].error or "").strip().splitlines() if failed else ["wrong number of results"]
+            raise BenchError(f"{arm.label}: {len(failed)} of {len(batch)} requests failed"
+                             f" ({first[-1] if first else 'no message'})")
+        if on_step:
+            on_step(arm.label)
+        return results, call_timing(results, wall)
+
+    if warmup:
+        for arm in arms:
+            call(arm, requests[:1])
+    history: list[Repeat] = []
+    first: dict[str, list[RequestResult]] = {arm.label: [] for arm in arms}
+    active = list(streams)
+    stop: dict[str, dict] = {}
+    started = now()
+    while active:
+        r = len(history)
+        needed = {a for s in active for a in s.arms}
+        running = [arm.label for arm in arms if arm.label in needed]
+        repeat = Repeat()
+        for i in range(len(requests)):
+            request = requests[(i + r) % len(requests)]
+            for label in order(running, r, i):
+                results, timing = call(by_label[label], [request])
+                repeat.add(label, timing)
+                if r == 0:  # repeat 0 runs the requests in prompt order: the acceptance run
+                    first[label].append(results[0])
+        repeat.check()
+        history.append(repeat)
+        n = len(history)
+        elapsed = now() - started
+        for stream in list(active):
+            if sequential and stream.edge is not None and (plan.is_look(n) or
+                                                           ((elapsed >= plan.time_budget_s or n >= plan.max_repeats)
+                                                            and n >= 2)):
+                samples = [stream.sample(h) for h in history if all(a in h.totals for a in stream.arms)]
+                found = verdict(ratio_interval(samples, plan.look_alpha), stream.edge)
+                if found:
+                    where = "at or above" if found == "pass" else "below"
+                    stop[stream.label] = {"decision": found, "reason": f"interval {where} the edge {stream.edge:.4f} "
+                                          f"after {n} repeats", "repeats": n, "elapsed_s": elapsed}
+                    active.remove(stream)
+                    continue
+            if not sequential and n >= repeats:
+                stop[stream.label] = {"decision": "fixed", "reason": f"{repeats} fixed repeats", "repeats": n,
+                                      "elapsed_s": elapsed}
+                active.remove(stream)
+            elif sequential and (n >= plan.max_repeats or elapsed >= plan.time_budget_s):
+                why = (f"time budget {plan.time_budget_s:g} s spent" if elapsed >= plan.time_budget_s
+                       else f"repeat cap {plan.max_repeats} reached")
+                banded = stream.edge is not None
+                stop[stream.label] = {"decision": "inconclusive" if banded else "fixed",
+                                      "reason": f"{why} after {n} repeats" +
+                                      (": the interval still straddles the edge" if banded else ""),
+                                      "repeats": n, "elapsed_s": elapsed}
+                active.remove(stream)
+        if sequential and active and all(s.edge is None for s in active):
+            for stream in active:  # only unbanded streams left: they were measured alongside, stop them too
+                stop[stream.label] = {"decision": "fixed", "reason": f"measured alongside the banded runs ({n} "
+                                      "repeats)", "repeats": n, "elapsed_s": elapsed}
+            active = []
+    return Measured(history, first, stop)
 
 
 def run_bench(
@@ -190,104 +340,36 @@ def run_bench(
 
     ``edges`` maps a run label (``ddtree-B32``) to the lower edge of its speedup band: those runs go
     sequential under ``plan`` (default :class:`SequentialPlan`); without edges, ``repeats`` fixed
-    repeats and one look at ``plan.alpha``.
+    repeats and one look at ``plan.alpha``. One :func:`measure` with the arms plain + each run and
+    one stream per run: its speedup ``tau x step / round`` against plain.
     """
-    if not requests:
-        raise BenchError("no requests to measure")
     plan = plan or SequentialPlan()
-    edges = {k: v for k, v in (edges or {}).items() if k in {_label(*r) for r in runs}}
-    sequential = bool(edges)
-    if not sequential and repeats < 2:
-        raise BenchError(f"repeats must be >= 2 for an interval, got {repeats}")
-    configs: dict[Run, RunConfig] = {PLAIN: make_config("plain", None)}
-    for mode, budget in runs:
-        configs[(mode, budget)] = make_config(mode, budget)
-    methods = list(configs)[1:]
-
-    def call(key: Run, batch: list[Request]) -> tuple[list[RequestResult], CallTiming]:
-        started = now()
-        results = engine.generate(batch, configs[key])
-        wall = now() - started
-        failed = [r for r in results if r.finish_reason == "error"]
-        if failed or len(results) != len(batch):
-            first = (failed[0].error or "").strip().splitlines() if failed else ["wrong number of results"]
-            raise BenchError(f"{_label(*key)}: {len(failed)} of {len(batch)} requests failed"
-                             f" ({first[-1] if first else 'no message'})")
-        if on_step:
-            on_step(_label(*key))
-        return results, call_timing(results, wall)
-
-    if warmup:
-        for key in configs:
-            call(key, requests[:1])
-    history: list[_Repeat] = []
-    first: dict[Run, list[RequestResult]] = {key: [] for key in configs}
-    active = list(methods)
-    stop: dict[Run, dict] = {}
-    started = now()
-    while active:
-        r = len(history)
-        repeat = _Repeat()
-        for i in range(len(requests)):
-            request = requests[(i + r) % len(requests)]
-            for key in _order(active, r, i):
-                results, timing = call(key, [request])
-                repeat.add(key, timing)
-                if r == 0:  # repeat 0 runs the requests in prompt order: the acceptance run
-                    first[key].append(results[0])
-        repeat.check()
-        history.append(repeat)
-        n = len(history)
-        elapsed = now() - started
-        out_of_time = elapsed >= plan.time_budget_s or n >= plan.max_repeats
-        for key in list(active):
-            label = _label(*key)
-            if sequential and label in edges and (plan.is_look(n) or (out_of_time and n >= 2)):
-                samples = [h.sample(key)["speedup"] for h in history if key in h.totals]
-                found = verdict(ratio_interval(samples, plan.look_alpha), edges[label])
-                if found:
-                    where = "at or above" if found == "pass" else "below"
-                    stop[key] = {"decision": found, "reason": f"interval {where} the edge {edges[label]:.4f} after "
-                                 f"{n} repeats", "repeats": n, "elapsed_s": elapsed}
-                    active.remove(key)
-                    continue
-            if not sequential and n >= repeats:
-                stop[key] = {"decision": "fixed", "reason": f"{repeats} fixed repeats", "repeats": n,
-                             "elapsed_s": elapsed}
-                active.remove(key)
-            elif sequential and (n >= plan.max_repeats or elapsed >= plan.time_budget_s):
-                why = (f"time budget {plan.time_budget_s:g} s spent" if elapsed >= plan.time_budget_s
-                       else f"repeat cap {plan.max_repeats} reached")
-                decided = "inconclusive" if label in edges else "fixed"
-                stop[key] = {"decision": decided, "reason": f"{why} after {n} repeats" +
-                             (": the interval still straddles the edge" if label in edges else ""),
-                             "repeats": n, "elapsed_s": elapsed}
-                active.remove(key)
-        if sequential and active and not any(_label(*k) in edges for k in active):
-            for key in active:  # only unbanded runs left: they were measured alongside, stop them too
-                stop[key] = {"decision": "fixed", "reason": f"measured alongside the banded runs ({n} repeats)",
-                             "repeats": n, "elapsed_s": elapsed}
-            active = []
-
-    return _report(history, first, methods, stop, edges, plan, sequential, repeats)
+    labels = [_label(*run) for run in runs]
+    edges = {k: v for k, v in (edges or {}).items() if k in labels}
+    arms = [Arm("plain", engine, make_config("plain", None))]
+    arms += [Arm(label, engine, make_config(mode, budget)) for label, (mode, budget) in zip(labels, runs)]
+    streams = [Stream(label, ("plain", label), lambda rep, label=label: rep.sample(label)["speedup"],
+                      edges.get(label)) for label in labels]
+    measured = measure(arms, requests, streams, repeats=repeats, plan=plan, warmup=warmup, on_step=on_step, now=now)
+    return _report(measured.history, measured.first, list(zip(labels, runs)), measured.stop, edges, plan,
+                   bool(edges), repeats)
 
 
 def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> dict:
     clocks = {t.clock for h in history for t in h.totals.values()}
-    plain_runs = [h.totals[PLAIN] for h in history]
+    plain_runs = [h.totals["plain"] for h in history]
     out_runs = [{
         "mode": "plain", "budget": None, "label": "plain", "tau": 1.0, "tau_per_response_mean": 1.0,
-        "per_position": [], "histogram": {}, "rounds": sum(r.rounds or 0 for r in first[PLAIN]),
+        "per_position": [], "histogram": {}, "rounds": sum(r.rounds or 0 for r in first["plain"]),
         "aggregate_only": False, "tokens": plain_runs[0].tokens,
         "tokens_per_s": [round(t.tokens / t.seconds, 3) for t in plain_runs],
         "step_s": [t.seconds / t.tokens for t in plain_runs],
         "cost_model": {"step_s": float(np.exp(np.mean(np.log([t.seconds / t.tokens for t in plain_runs]))))},
     }]
-    for key in methods:
-        mode, budget = key
-        rows = [h.sample(key) for h in history[: stop[key]["repeats"]]]
+    for label, (mode, budget) in methods:
+        rows = [h.sample(label) for h in history[: stop[label]["repeats"]]]
         speedups = [row["speedup"] for row in rows]
-        banded = sequential and _label(*key) in edges
+        banded = sequential and label in edges
         looks_planned = len(plan.looks()) if banded else 1
         looks_taken = sum(1 for point in plan.looks() if point <= len(rows)) if banded else 1
         if banded and not plan.is_look(len(rows)):
@@ -296,10 +378,10 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
         interval = _interval(speedups, alpha_k)
         ratio_iv = _interval([row["ratio"] for row in rows], alpha_k)
         taus = [row["tau"] for row in rows]
-        totals = [h.totals[key] for h in history[: len(rows)]]
+        totals = [h.totals[label] for h in history[: len(rows)]]
         entry = {
-            "mode": mode, "budget": budget, "label": _label(mode, budget),
-            **acceptance_summary(first[key]),
+            "mode": mode, "budget": budget, "label": label,
+            **acceptance_summary(first[label]),
             "tokens": totals[0].tokens,
             "tokens_per_s": [round(t.tokens / t.seconds, 3) for t in totals],
             "cost_model": {
@@ -317,15 +399,17 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
                 "samples": [round(float(x), 6) for x in speedups],
                 "wall_ratio_samples": [round(float(row["wall_ratio"]), 6) for row in rows],
                 "cv": None if cv(speedups) is None else round(cv(speedups), 5),
+                # the smallest change of the speedup this run's own noise and repeats resolve (80 % power)
+                "resolution": _round(detectable_drop(speedups, alpha_k, 0.0, DEFAULT_POWER)),
                 "alpha": plan.alpha,
-                "sequential": sequential and _label(*key) in edges,
+                "sequential": banded,
                 "min_repeats": plan.min_repeats,
                 "max_repeats": plan.max_repeats,
                 "growth": plan.growth,
                 "looks": looks_taken,
                 "looks_planned": looks_planned,
-                "edge": edges.get(_label(*key)),
-                "stop": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in stop[key].items()},
+                "edge": edges.get(label),
+                "stop": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in stop[label].items()},
             },
         }
         out_runs.append(entry)
@@ -342,9 +426,13 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
                  "time_budget_s": plan.time_budget_s, "growth": plan.growth, "looks": list(plan.looks())}
         if sequential else {"alpha": plan.alpha, "repeats": repeats},
         "tau_definition": "pooled: generated tokens / verification rounds over all prompts, bonus included",
-        "requests": len(first[PLAIN]),
+        "requests": len(first["plain"]),
     }
     return {"bench": bench, "runs": out_runs}
+
+
+def _round(x: float | None, digits: int = 6) -> float | None:
+    return None if x is None else round(float(x), digits)
 
 
 def _interval(samples: list[float], alpha_k: float) -> dict:

@@ -26,7 +26,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from .baselines import BaselineEntry, BaselineFile
-from .sequential import DEFAULT_ALPHA, Interval, look_alpha, planned_looks, ratio_interval, verdict
+from .sequential import DEFAULT_ALPHA, Interval, detectable_drop, look_alpha, planned_looks, ratio_interval, verdict
 
 __all__ = ["EXIT_PASS", "EXIT_REGRESSION", "EXIT_INCONCLUSIVE", "EXIT_MISSING", "GateRow", "evaluate", "exit_code",
            "speedup_interval"]
@@ -151,19 +151,24 @@ def _speedup_row(label: str, run: dict, entry: BaselineEntry) -> GateRow:
     details, view = cost_view(run, entry, sp)
     details["interval"] = {"estimate": interval.estimate, "low": interval.low, "high": interval.high,
                            "confidence": interval.level, "n": interval.n}
+    samples = _positive_samples(sp.get("samples"))
+    mde = None if samples is None or base.value <= 0 else detectable_drop(
+        samples, _level(sp, len(samples)), base.band / base.value)
+    details["mde"] = mde
+    noise = "" if mde is None else f"; MDE {100 * mde:.1f} % below the baseline (this run's noise, 80 % power)"
     stop = sp.get("stop") or {}
     measured = f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
     found = verdict(interval, base.lower)
     if found == "pass":
         return GateRow(label, "speedup", "pass", measured, band, interval.low - base.lower,
-                       f"whole interval at or above the band ({interval.n} repeats); {view}", details)
+                       f"whole interval at or above the band ({interval.n} repeats){noise}; {view}", details)
     if found == "regression":
         return GateRow(label, "speedup", "fail", measured, band, interval.high - base.lower,
-                       f"whole interval below the band ({interval.n} repeats); {view}", details)
+                       f"whole interval below the band ({interval.n} repeats){noise}; {view}", details)
     why = stop.get("reason") or "the run stopped"
     hint = "" if sp.get("sequential") else "; run `bench --baselines` to repeat until the interval decides"
     return GateRow(label, "speedup", "inconclusive", measured, band, interval.low - base.lower,
-                   f"interval straddles the lower band edge: {why}{hint}; {view}", details)
+                   f"interval straddles the lower band edge: {why}{hint}{noise}; {view}", details)
 
 
 def evaluate(report: dict, baselines: BaselineFile | None, hw_class: str) -> list[GateRow]:

@@ -37,6 +37,9 @@ from .pair import (
     validate_pair,
 )
 from .clock import DecodeClock as _Clock
+from .clock import busy_probe
+from .decoders import EagerDecoder, FastPathState, StaticDecoder
+from .graphs import fill_in_place
 from .tensor_parallel import RankGroup, local_device, shardable_sizes
 
 __all__ = ["ReferenceEngine", "MAX_BUDGET"]
@@ -54,6 +57,7 @@ class _LoadedPair:
         self.dtype = dtype
         self.target, self.info, self.drafter = target, info, drafter
         self._features: dict[int, torch.Tensor] = {}
+        self._fast: FastPathState | None = None
         if drafter is not None:
             layers = self.target.model.layers
             for layer_id in drafter.config.target_layer_ids:
@@ -86,6 +90,12 @@ class _LoadedPair:
             features = torch.cat([self._features[i][0] for i in self.drafter.config.target_layer_ids], dim=-1)
         return out.logits[0], features
 
+    def fast_path(self) -> FastPathState:
+        """The fast path's graphs and static caches for this pair (made on first use)."""
+        if self._fast is None:
+            self._fast = FastPathState(self, capture=True)
+        return self._fast
+
     def draft_logits(self, root: int, start: int, context: torch.Tensor, context_start: int, cache,
                      block_offset: int = 0) -> torch.Tensor:
         """Drafter logits ``[S-1, V]`` for the positions after ``root`` (doc §1).
@@ -107,14 +117,21 @@ class ReferenceEngine(Engine):
     """PyTorch + transformers reference; CPU and CUDA; fp32, bf16, fp16; greedy and sampling.
 
     Options: ``builder`` = ``"heap"`` (the only tree builder; the option stays so old settings fail
-    clearly rather than silently).
+    clearly rather than silently); ``cuda_graphs`` = ``"on"`` (default) or ``"off"``: the default of
+    ``RunConfig.cuda_graphs`` on CUDA.
+
+    The fast path (:mod:`.decoders`, :mod:`.graphs`): with ``RunConfig.cuda_graphs`` (default on CUDA)
+    every decode step and verify round runs on fixed-capacity caches, replayed as CUDA graphs on CUDA
+    and run eagerly on the same buffers elsewhere (``cuda_graphs=True`` on CPU tests that logic). With
+    ``cuda_graphs=False`` (default on CPU) every forward is transformers' eager one: the oracle. The
+    loop, and so every spec step, is the same on both. Tensor parallelism runs eagerly.
 
     ``tensor_parallel_size`` > 1 shards the target over that many ranks (:mod:`.tensor_parallel`):
     GPUs on CUDA, gloo processes on CPU. Every rank runs the same loop below.
     """
 
     name = "reference"
-    OPTIONS = ("builder",)
+    OPTIONS = ("builder", "cuda_graphs")
 
     # The spec steps this engine composes, one attribute each, so that a test-only mutant can
     # replace exactly one step (see tests/mutants.py).
@@ -135,6 +152,10 @@ class ReferenceEngine(Engine):
             raise EngineError(f"reference engine: builder must be 'heap' (the vectorized builder was removed), "
                               f"got {builder!r}")
         self._build = build_tree
+        graphs = str(options.get("cuda_graphs", "on")).lower()
+        if graphs not in ("on", "off", "true", "false", "1", "0"):
+            raise EngineError(f"reference engine: cuda_graphs must be 'on' or 'off', got {options['cuda_graphs']!r}")
+        self.cuda_graphs_default = graphs in ("on", "true", "1")
         self._loaded: dict[tuple[str, str, int], _LoadedPair] = {}
         self._ranks: RankGroup | None = None
 
@@ -164,6 +185,7 @@ class ReferenceEngine(Engine):
             per_round_acceptance=True,
             draft_logits=True,
             stage_timings=True,
+            cuda_graphs=True,
             max_context=self.info.max_position_embeddings,
             max_tensor_parallel=self.max_tensor_parallel(),
             max_budget=MAX_BUDGET,
@@ -268,85 +290,120 @@ class ReferenceEngine(Engine):
     def _generator(pair: _LoadedPair, request: Request) -> torch.Generator:
         return torch.Generator(device=pair.device).manual_seed(request.seed)
 
-    def _prefill(self, pair: _LoadedPair, request: Request):
-        from transformers import DynamicCache
+    def fast_path_on(self, config: RunConfig) -> bool:
+        """Whether ``config`` runs on the fast path (class doc): ``cuda_graphs`` asked for, or left to the
+        default on CUDA; one rank only."""
+        wanted = config.cuda_graphs
+        if wanted is None:
+            wanted = self.cuda_graphs_default and config.device.startswith("cuda")
+        return bool(wanted) and config.tensor_parallel_size == 1
 
-        cache = DynamicCache(config=pair.target.config)
-        prompt = torch.tensor(request.prompt_ids, dtype=torch.long, device=pair.device)
-        positions = torch.arange(prompt.shape[0], device=pair.device)
-        logits, features = pair.forward(prompt, positions, cache)
-        return cache, logits[-1], features
+    # How the fast path puts a new input into its static buffer (in place); broken builds override it.
+    fill_static = staticmethod(fill_in_place)
+
+    def _decoder(self, pair: _LoadedPair, request: Request, config: RunConfig) -> EagerDecoder:
+        if not self.fast_path_on(config):
+            return EagerDecoder(pair)
+        rows = config.budget + 1 if config.mode == "ddtree" else 1
+        return StaticDecoder(pair, pair.fast_path(), len(request.prompt_ids), request.max_new_tokens, rows,
+                             fill=self.fill_static)
+
+    def engine_settings(self, pair: _LoadedPair, decoder: EagerDecoder) -> dict:
+        """What this request ran under that changes its speed (``RequestResult.engine_settings``)."""
+        graphs = decoder.fast and pair.fast_path().runner.capture
+        settings = {"cuda_graphs": bool(graphs), "static_kv_cache": decoder.fast, "overlap_scheduling": False,
+                    "attention_backend": "sdpa"}
+        failure = pair.fast_path().runner.failure if decoder.fast else None
+        if failure:
+            settings["cuda_graphs_failure"] = failure
+        return settings
+
+    def _verify(self, decoder: EagerDecoder, verify):
+        """The target forward over one compiled tree (or chain): logits and drafter features."""
+        return decoder.verify(verify)
 
     def _plain(self, pair: _LoadedPair, request: Request, config: RunConfig) -> RequestResult:
         params, generator = self._sampling(request), self._generator(pair, request)
         clock = _Clock(config.timing, pair.device)
+        decoder = self._decoder(pair, request, config)
         t0 = time.perf_counter()
-        cache, last_logits, _ = self._prefill(pair, request)
+        last_logits, _ = decoder.prefill(request.prompt_ids)
         token = choose_token(last_logits, params, generator)
         t_prefill = time.perf_counter() - t0
         output, reason = emit_tokens([token], request.stop_token_ids, request.max_new_tokens)
         position, rounds = len(request.prompt_ids), 0
-        clock.start()
-        while reason is None:
-            with clock.stage("verify"):
-                ids = torch.tensor([token], dtype=torch.long, device=pair.device)
-                logits, _ = pair.forward(ids, torch.tensor([position], device=pair.device), cache)
-            token = choose_token(logits[-1], params, generator)
-            position, rounds = position + 1, rounds + 1
-            emitted, reason = emit_tokens([token], request.stop_token_ids, request.max_new_tokens - len(output))
-            output += emitted
+        with busy_probe(config.profile, pair.device) as busy:
+            clock.start()
+            while reason is None:
+                with clock.stage("verify"):
+                    logits = decoder.step(token, position)
+                token = choose_token(logits, params, generator)
+                position, rounds = position + 1, rounds + 1
+                emitted, reason = emit_tokens([token], request.stop_token_ids, request.max_new_tokens - len(output))
+                output += emitted
+            stages = clock.finish()
         return RequestResult(
             output_ids=output,
             finish_reason=reason,
             rounds=rounds,
             acceptance_lengths=[1] * rounds,
-            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages=clock.finish()),
+            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill,
+                            stages={**stages, **busy}),
+            engine_settings=self.engine_settings(pair, decoder),
         )
 
     def _speculative(self, pair: _LoadedPair, request: Request, config: RunConfig) -> RequestResult:
         params, generator = self._sampling(request), self._generator(pair, request)
         clock = _Clock(config.timing, pair.device)
+        decoder = self._decoder(pair, request, config)
         t0 = time.perf_counter()
-        cache, last_logits, features = self._prefill(pair, request)
+        last_logits, features = decoder.prefill(request.prompt_ids)
         root = choose_token(last_logits, params, generator)
         t_prefill = time.perf_counter() - t0
         output, reason = emit_tokens([root], request.stop_token_ids, request.max_new_tokens)
-        draft_cache = pair.drafter.new_cache()
         context, context_start = features, 0
         start = len(request.prompt_ids)  # position of the root; also the committed cache length
         lengths: list[int] = []
         traces: list[RoundTrace] | None = [] if config.trace else None
-        clock.start()
-        while reason is None:
-            with clock.stage("draft"):
-                draft_logits = pair.draft_logits(root, start, context, context_start, draft_cache,
-                                                 self.block_position_offset)
-            with clock.stage("build"):
-                tree = build_chain(draft_logits) if config.mode == "dflash" else self._build(draft_logits, config.budget)
-            with clock.stage("compile"):
-                verify = self.compile_step(tree, root, start, dtype=pair.dtype)
-            with clock.stage("verify"):
-                logits, features = pair.forward(verify.input_ids, verify.position_ids, cache, verify.attention_mask)
-            with clock.stage("walk"):
-                walk = self.walk_step(tree, logits, params, generator)
-            with clock.stage("commit"):
-                self.compact_step(cache, start, walk.accepted)
-                context, context_start = self.feedback_step(features, walk.accepted), start
-                new_tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
-            lengths.append(len(walk.accepted) + 1)
-            if traces is not None:
-                traces.append(self._trace(tree, verify, walk, logits, start, root, draft_logits, config))
-            emitted, reason = self.emit_step(new_tokens, request.stop_token_ids, request.max_new_tokens - len(output))
-            output += emitted
-            start += len(walk.accepted) + 1
-            root = walk.bonus
+        tree_device = decoder.tree_device()
+        with busy_probe(config.profile, pair.device) as busy:
+            clock.start()
+            while reason is None:
+                with clock.stage("draft"):
+                    draft_logits = decoder.draft(root, start, context, context_start, self.block_position_offset)
+                with clock.stage("build"):
+                    tree = (build_chain(draft_logits) if config.mode == "dflash"
+                            else self._build(draft_logits, config.budget))
+                    if tree.tokens.device != tree_device:
+                        tree = tree.to(tree_device)
+                with clock.stage("compile"):
+                    verify = self.compile_step(tree, root, start, dtype=pair.dtype)
+                with clock.stage("verify"):
+                    logits, features = self._verify(decoder, verify)
+                with clock.stage("walk"):
+                    walk = self.walk_step(tree, logits, params, generator)
+                with clock.stage("commit"):
+                    decoder.compact(self.compact_step, start, walk.accepted)
+                    context, context_start = self.feedback_step(features, walk.accepted), start
+                    new_tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
+                lengths.append(len(walk.accepted) + 1)
+                if traces is not None:
+                    traces.append(self._trace(tree, verify, walk, logits, start, root, draft_logits, config))
+                emitted, reason = self.emit_step(new_tokens, request.stop_token_ids,
+                                                 request.max_new_tokens - len(output))
+                output += emitted
+                start += len(walk.accepted) + 1
+                root = walk.bonus
+            stages = clock.finish()
         return RequestResult(
             output_ids=output,
             finish_reason=reason,
             rounds=len(lengths),
             acceptance_lengths=lengths,
-            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages=clock.finish()),
+            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill,
+                            stages={**stages, **busy}),
             traces=traces,
+            engine_settings=self.engine_settings(pair, decoder),
         )
 
     @staticmethod
@@ -366,6 +423,14 @@ class ReferenceEngine(Engine):
             node_target_tokens=torch.argmax(logits, dim=-1).tolist(),
             draft_logits=draft_logits.float().tolist() if config.trace_draft_logits else None,
         )
+
+    def fast_path_stats(self) -> dict:
+        """The fast path's graph counts over every loaded pair: captures, replays, eager calls, and the
+        first capture failure (None when every capture worked)."""
+        runners = [pair.fast_path().runner for pair in self._loaded.values() if pair._fast is not None]
+        return {"captures": sum(r.captures for r in runners), "replays": sum(r.replays for r in runners),
+                "eager_calls": sum(r.eager_calls for r in runners),
+                "failure": next((r.failure for r in runners if r.failure), None)}
 
     def _close_ranks(self) -> None:
         ranks, self._ranks = self._ranks, None
