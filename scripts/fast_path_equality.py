@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from ddtree_conformance.adapters.interface import Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 
@@ -84,13 +83,14 @@ def main(argv=None) -> int:
             print(json.dumps(row), flush=True)
         engine.close()
         del engine
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     meta = {"device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
             "torch": torch.__version__, "new_tokens": args.new_tokens, "argv": sys.argv[1:]}
     (args.out / "equality.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
     lines = [f"### Fast path vs eager path: {meta['device']}, torch {meta['torch']}, {args.new_tokens} new tokens",
-             "", "| pair | dtype | run | requests | outputs equal | acceptance equal | eager s | fast s | graphs "
-             "captured / replays / eager calls (runner, cumulative) | capture failure |",
+             "", ("| pair | dtype | run | requests | outputs equal | acceptance equal | eager s | fast s | graphs "
+                  "captured / replays / eager calls (engine, cumulative) | capture failure |"),
              "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         run = r["mode"] if r["budget"] is None else f"ddtree-B{r['budget']}"

@@ -56,7 +56,8 @@ for job in "$@"; do
         --paths eager,fast --prompt-len 512 --new-tokens 24 --repeats 3 --total-budget-s 170 \
         --out "$WORK/rounds" || echo "rounds: exit $?" ;;
     gpu-tests)
-      timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k fast_path \
+      timeout 120 python3 -m pytest -q -p no:cacheprovider -p ddtree_conformance.pytest_plugin -m gpu \
+        tests/test_gpu.py -k fast_path \
         -o addopts="" 2>&1 | tail -15 ;;
     decisive-smoke) decisive decisive-smoke on 2 30 100 150 ;;
     decisive-8b) decisive decisive-8b on "$TRIALS" 60 420 540 ;;

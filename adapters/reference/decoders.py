@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from ddtree_conformance.spec import compact_dynamic_cache
 
 from .graphs import GraphRunner, StaticDraftCache, StaticTargetCache, capacity_for, fill_in_place
 
-__all__ = ["EagerDecoder", "StaticDecoder", "FastPathState"]
+__all__ = ["EagerDecoder", "FastPathState", "StaticDecoder"]
 
 
 class EagerDecoder:

@@ -192,7 +192,7 @@ class GraphRunner:
         try:
             with torch.cuda.graph(graph):
                 outputs = fn(entry.static)
-        except Exception as exc:  # graphs off from here on; this call runs eagerly
+        except RuntimeError as exc:  # graphs off from here on; this call runs eagerly
             self.failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             self.capture = False
             self.eager_calls += 1
