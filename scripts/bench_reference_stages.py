@@ -13,7 +13,8 @@ decode span / rounds, and the stages (draft, build, compile, verify, walk, commi
 spans. Random weights accept almost nothing, which is what this measures: the cost of one round.
 
 ``--paths``: ``eager`` is transformers' eager forward on a ``DynamicCache`` (``cuda_graphs=False``),
-``fast`` the fast path (static caches, one CUDA graph per shape). After the timed pairs, one profiled
+``graphs`` transformers' layers on static caches under CUDA graphs (``fused_layers=off``), ``fast`` the
+fast path as shipped (static caches, CUDA graphs, the target's fused layers of ``lean.py``). After the timed pairs, one profiled
 plain call and one profiled DDTree call per path give the GPU-busy share: the union of the device's
 kernels, copies and fills over the decode loop's device time (``timings.stages["gpu_busy"]`` /
 ``["round_device"]``; the profiler slows the call a little).
@@ -52,7 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=24)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--paths", default="eager,fast", help="comma-separated: eager, fast")
+    p.add_argument("--paths", default="eager,fast", help="comma-separated: eager, graphs, fast")
     p.add_argument("--no-busy", action="store_true", help="skip the profiled calls (GPU-busy share)")
     p.add_argument("--total-budget-s", type=float, default=300.0, help="start no budget after this much wall time")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -113,8 +114,9 @@ def main(argv=None) -> int:
                       max_new_tokens=args.new_tokens)
 
     def run(mode: str, budget: int, path: str, profile: bool = False) -> dict:
+        engine.fused_layers = path == "fast"
         config = RunConfig(mode=mode, budget=budget, dtype=args.dtype, device=args.device, timing=True,
-                           cuda_graphs=path == "fast", profile=profile)
+                           cuda_graphs=path != "eager", profile=profile)
         return per_round(engine.generate([request], config)[0])
 
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]

@@ -6,7 +6,9 @@
 #                     8B-shaped pair in bf16) -> $WORK/equality/, $WORK/equality-8b/          (~2 minutes)
 #   rounds            round-time table, 8B-shaped pair, bf16, context 512, eager and fast path, plain step and
 #                     B = 16..1024, GPU-busy share -> $WORK/rounds/                           (~2.5 minutes)
-#   gpu-tests         pytest -m gpu -k fast_path (fast path == eager in fp32 on CUDA)        (~0.5 minute)
+#   equality-8b       the same on the tiny shaped pair (grouped KV heads) in fp32 and the 8B-shaped pair in bf16
+#   gpu-tests         pytest -m gpu -k fast_path (fast path == eager in fp32 on CUDA; stops the script on a
+#                     failure)                                                                (~0.5 minute)
 #   decisive-smoke    2 trials per engine (correct, verify +5 %), fast path -> $WORK/decisive-smoke/
 #   decisive-8b       gate decisiveness, 8B-shaped random-weight pair, fast path, band 2 %: a baseline of 30
 #                     repeats, then $TRIALS (default 12) trials per engine (correct, verify +5 %), each a
@@ -40,7 +42,7 @@ pack() { if [ "${PACK:-0}" = 1 ]; then tar czf "$OUT/runs.tgz" -C "$WORK" . ; fi
 decisive() {  # name, cuda-graphs, trials, trial budget, total budget, timeout
   timeout "$6" python3 scripts/gate_decisiveness.py --pair 8b --device cuda --dtype bfloat16 --cuda-graphs "$2" \
     --engines correct,verify+5% --prompts 1 --prompt-len 128 --new-tokens 64 --budget 32 --trials "$3" \
-    --band 0.02 --baseline-repeats 30 --trial-budget-s "$4" --max-repeats 60 --total-budget-s "$5" \
+    --band 0.02 --baseline-repeats "${BASELINE_REPEATS:-30}" --trial-budget-s "$4" --max-repeats 60 --total-budget-s "$5" \
     --out "$WORK/$1" || echo "$1: exit $?"
 }
 for job in "$@"; do
@@ -51,16 +53,20 @@ for job in "$@"; do
         --budgets 16,64,256,1024 --prompts 8 --new-tokens 64 --out "$WORK/equality" || echo "equality: exit $?"
       timeout 120 python3 scripts/fast_path_equality.py --device cuda --runs 8b:bfloat16 --budgets 32,256 \
         --new-tokens 32 --out "$WORK/equality-8b" || echo "equality-8b: exit $?" ;;
+    equality-8b)
+      timeout 150 python3 scripts/fast_path_equality.py --device cuda --runs tiny:float32,8b:bfloat16 \
+        --budgets 32,256 --new-tokens 32 --out "$WORK/equality-8b" || echo "equality-8b: exit $?" ;;
     rounds)
       timeout 200 python3 scripts/bench_reference_stages.py --shape 8b --device cuda --dtype bfloat16 \
-        --paths eager,fast --prompt-len 512 --new-tokens 24 --repeats 3 --total-budget-s 170 \
-        --out "$WORK/rounds" || echo "rounds: exit $?" ;;
+        --paths "${PATHS:-eager,graphs,fast}" --prompt-len 512 --new-tokens "${ROUND_TOKENS:-16}" \
+        --repeats "${ROUND_REPEATS:-2}" --total-budget-s 170 --out "$WORK/rounds" || echo "rounds: exit $?" ;;
     gpu-tests)
       timeout 120 python3 -m pytest -q -p no:cacheprovider -p ddtree_conformance.pytest_plugin -m gpu \
         tests/test_gpu.py -k fast_path \
-        -o addopts="" 2>&1 | tail -15 ;;
+        -o addopts="" 2>&1 | tail -15 || { echo "gpu-tests failed: stopping"; pack; exit 3; } ;;
     decisive-smoke) decisive decisive-smoke on 2 30 100 150 ;;
-    decisive-8b) decisive decisive-8b on "$TRIALS" 60 420 540 ;;
+    decisive-8b) decisive decisive-8b on "$TRIALS" "${TRIAL_BUDGET:-60}" "${TOTAL_BUDGET:-420}" \
+      "$(( ${TOTAL_BUDGET:-420} + 120 ))" ;;
     decisive-eager) decisive decisive-eager off "$TRIALS" 60 420 540 ;;
     *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager)" >&2; exit 2 ;;
   esac

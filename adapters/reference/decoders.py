@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from ddtree_conformance.spec import compact_dynamic_cache
 
 from .graphs import GraphRunner, StaticDraftCache, StaticTargetCache, capacity_for, fill_in_place
+from .lean import LeanQwen3, lean_problem
 
 __all__ = ["EagerDecoder", "FastPathState", "StaticDecoder"]
 
@@ -71,6 +72,17 @@ class FastPathState:
         self.runner = GraphRunner(pair.device, capture)
         self.targets: dict[int, StaticTargetCache] = {}
         self.drafts: dict[int, StaticDraftCache] = {}
+        self.lean_problem = lean_problem(pair.target)
+        self._lean: LeanQwen3 | None = None
+        self._pair = pair
+
+    @property
+    def lean(self) -> LeanQwen3 | None:
+        """The target's fused forward (:mod:`.lean`), made on first use; None where the model has none."""
+        if self._lean is None and self.lean_problem is None:
+            drafter = self._pair.drafter
+            self._lean = LeanQwen3(self._pair.target, drafter.config.target_layer_ids if drafter is not None else None)
+        return self._lean
 
     def target_cache(self, capacity: int, like) -> StaticTargetCache:
         if capacity not in self.targets:
@@ -93,9 +105,10 @@ class StaticDecoder(EagerDecoder):
     fast = True
 
     def __init__(self, pair, state: FastPathState, prompt_len: int, max_new_tokens: int, rows: int,
-                 fill=fill_in_place) -> None:
+                 fill=fill_in_place, fused: bool = True) -> None:
         super().__init__(pair)
         self.state, self.fill = state, fill
+        self.lean = state.lean if fused else None
         block = pair.drafter.block_size if pair.drafter is not None else 1
         self.capacity = capacity_for(prompt_len + max_new_tokens + max(rows, block) + 1)
         self.static: StaticTargetCache | None = None
@@ -114,7 +127,7 @@ class StaticDecoder(EagerDecoder):
         return last, features
 
     def _target(self, key, static_inputs: dict, mask_from_slots: bool):
-        pair, cache, capacity, minimum = self.pair, self.static, self.capacity, self.minimum
+        pair, cache, capacity, minimum, lean = self.pair, self.static, self.capacity, self.minimum, self.lean
 
         def forward(static):
             cache.slots = static["slots"]
@@ -124,10 +137,12 @@ class StaticDecoder(EagerDecoder):
                 mask = mask.view(1, 1, -1, capacity)
             else:
                 mask = static["mask"]
+            if lean is not None:
+                return lean.forward(static["ids"], static["positions"], cache, mask)
             return pair.forward(static["ids"], static["positions"], cache,
                                 {"full_attention": mask, "sliding_attention": mask})
 
-        return self.state.runner.run(key, forward, static_inputs, fill=self.fill)
+        return self.state.runner.run((*key, lean is not None), forward, static_inputs, fill=self.fill)
 
     def step(self, token: int, position: int):
         inputs = {"ids": torch.tensor([token]), "positions": torch.tensor([position]),

@@ -8,6 +8,8 @@ was run.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import time
 
@@ -47,6 +49,20 @@ __all__ = ["ReferenceEngine", "MAX_BUDGET"]
 # The verify batch is B + 1 tokens with a (B + 1) x (context + B + 1) mask, so memory grows with B^2;
 # the paper sweeps B up to 1024. Larger budgets are refused up front rather than by the allocator.
 MAX_BUDGET = 4096
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's garbage collector off while a batch decodes: a full collection (tens of milliseconds with
+    torch loaded) landing inside a timed decode loop is pure host noise. Reference cycles made meanwhile
+    are collected once it is back on."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 class _LoadedPair:
@@ -124,14 +140,16 @@ class ReferenceEngine(Engine):
     every decode step and verify round runs on fixed-capacity caches, replayed as CUDA graphs on CUDA
     and run eagerly on the same buffers elsewhere (``cuda_graphs=True`` on CPU tests that logic). With
     ``cuda_graphs=False`` (default on CPU) every forward is transformers' eager one: the oracle. The
-    loop, and so every spec step, is the same on both. Tensor parallelism runs eagerly.
+    loop, and so every spec step, is the same on both. Tensor parallelism runs eagerly. Option
+    ``fused_layers`` = ``"on"`` (default) or ``"off"``: on the fast path, a Qwen3 target runs its
+    layers in fewer kernels (:mod:`.lean`) or as transformers' modules.
 
     ``tensor_parallel_size`` > 1 shards the target over that many ranks (:mod:`.tensor_parallel`):
     GPUs on CUDA, gloo processes on CPU. Every rank runs the same loop below.
     """
 
     name = "reference"
-    OPTIONS = ("builder", "cuda_graphs")
+    OPTIONS = ("builder", "cuda_graphs", "fused_layers")
 
     # The spec steps this engine composes, one attribute each, so that a test-only mutant can
     # replace exactly one step (see tests/mutants.py).
@@ -156,6 +174,10 @@ class ReferenceEngine(Engine):
         if graphs not in ("on", "off", "true", "false", "1", "0"):
             raise EngineError(f"reference engine: cuda_graphs must be 'on' or 'off', got {options['cuda_graphs']!r}")
         self.cuda_graphs_default = graphs in ("on", "true", "1")
+        fused = str(options.get("fused_layers", "on")).lower()
+        if fused not in ("on", "off", "true", "false", "1", "0"):
+            raise EngineError(f"reference engine: fused_layers must be 'on' or 'off', got {options['fused_layers']!r}")
+        self.fused_layers = fused in ("on", "true", "1")
         self._loaded: dict[tuple[str, str, int], _LoadedPair] = {}
         self._ranks: RankGroup | None = None
 
@@ -258,17 +280,19 @@ class ReferenceEngine(Engine):
         """This rank's run of ``requests`` (the whole run when ``tensor_parallel_size`` is 1)."""
         pair = self._pair(config)
         results = []
-        for index, request in enumerate(requests):
-            problem = self._request_problem(request)
-            if problem:
-                results.append(RequestResult(output_ids=[], finish_reason="error", error=f"request {index}: {problem}"))
-                continue
-            with torch.inference_mode():
-                if config.mode == "plain":
-                    results.append(self._plain(pair, request, config))
-                else:
-                    results.append(self._speculative(pair, request, config))
+        with _collector_paused():
+            for index, request in enumerate(requests):
+                results.append(self._one(pair, index, request, config))
         return results
+
+    def _one(self, pair: _LoadedPair, index: int, request: Request, config: RunConfig) -> RequestResult:
+        problem = self._request_problem(request)
+        if problem:
+            return RequestResult(output_ids=[], finish_reason="error", error=f"request {index}: {problem}")
+        with torch.inference_mode():
+            if config.mode == "plain":
+                return self._plain(pair, request, config)
+            return self._speculative(pair, request, config)
 
     def _request_problem(self, request: Request) -> str | None:
         vocab = self.info.vocab_size
@@ -306,12 +330,13 @@ class ReferenceEngine(Engine):
             return EagerDecoder(pair)
         rows = config.budget + 1 if config.mode == "ddtree" else 1
         return StaticDecoder(pair, pair.fast_path(), len(request.prompt_ids), request.max_new_tokens, rows,
-                             fill=self.fill_static)
+                             fill=self.fill_static, fused=self.fused_layers)
 
     def engine_settings(self, pair: _LoadedPair, decoder: EagerDecoder) -> dict:
         """What this request ran under that changes its speed (``RequestResult.engine_settings``)."""
         graphs = decoder.fast and pair.fast_path().runner.capture
-        settings = {"cuda_graphs": bool(graphs), "static_kv_cache": decoder.fast, "overlap_scheduling": False,
+        settings = {"cuda_graphs": bool(graphs), "static_kv_cache": decoder.fast,
+                    "fused_layers": bool(decoder.fast and decoder.lean is not None), "overlap_scheduling": False,
                     "attention_backend": "sdpa"}
         failure = pair.fast_path().runner.failure if decoder.fast else None
         if failure:
