@@ -37,11 +37,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from ddtree_conformance.adapters.interface import Engine, Request, RequestResult, RunConfig
 
-from .metrics import acceptance_histogram, emitted_lengths, mean_tau, per_position_acceptance
 from . import run as run_identity
+from .metrics import acceptance_histogram, emitted_lengths, mean_tau, per_position_acceptance
 from .sequential import (
     DEFAULT_POWER,
     METHOD,
@@ -55,8 +54,25 @@ from .sequential import (
     verdict,
 )
 
-__all__ = ["Arm", "BenchError", "CallTiming", "Measured", "Repeat", "Stream", "acceptance_summary",
-           "anchored_rotation", "call_timing", "measure", "run_bench"]
+__all__ = [
+    "MIXED",
+    "Arm",
+    "BenchError",
+    "CallTiming",
+    "Measured",
+    "Repeat",
+    "Stream",
+    "acceptance_summary",
+    "anchored_rotation",
+    "busy_shares",
+    "call_timing",
+    "describe_settings",
+    "measure",
+    "merge_settings",
+    "run_bench",
+    "run_settings",
+    "settings_warnings",
+]
 
 Run = tuple[str, "int | None"]
 
@@ -210,6 +226,48 @@ class Measured:
     history: list[Repeat]
     first: dict[str, list[RequestResult]]
     stop: dict[str, dict]
+    settings: dict[str, dict] = field(default_factory=dict)  # per arm: what every call ran under
+
+
+MIXED = "mixed"
+
+
+def merge_settings(into: dict, settings: dict) -> dict:
+    """Fold one call's settings into ``into``: a key whose value changes becomes ``"mixed"``."""
+    for key, value in settings.items():
+        if key in into and into[key] != value:
+            into[key] = MIXED
+        else:
+            into.setdefault(key, value)
+    return into
+
+
+def run_settings(results: Sequence[RequestResult], config: RunConfig) -> dict:
+    """The settings one call ran under that change speed: what the engine reports
+    (``RequestResult.engine_settings``) and, from the config, the dtype and tensor-parallel size."""
+    merged: dict = {}
+    for result in results:
+        merge_settings(merged, result.engine_settings)
+    return merge_settings(merged, {"dtype": config.dtype, "tensor_parallel_size": config.tensor_parallel_size})
+
+
+def settings_warnings(settings: dict, device: str) -> list[str]:
+    """What a reader of a bench must know about its settings: eager GPU runs, settings that changed
+    within the run, GPU engines that do not say whether they used CUDA graphs."""
+    out = []
+    changed = sorted(k for k, v in settings.items() if v == MIXED)
+    if changed:
+        out.append(f"settings changed within the run ({', '.join(changed)}): its calls are not alike")
+    if device.startswith("cuda"):
+        graphs = settings.get("cuda_graphs")
+        if graphs is False:
+            out.append("eager-mode GPU run (cuda_graphs off): an eager decode loop is launch-bound and its host "
+                       "jitter hides regressions (one port's eager bench hid a 31.6 % loss); bench with CUDA graphs "
+                       "on, as the engine ships")
+        elif graphs is None:
+            out.append("the engine does not report whether it ran under CUDA graphs (engine_settings); an eager GPU "
+                       "bench is launch-bound and hides regressions")
+    return out
 
 
 def anchored_rotation(arms: list[str], r: int, i: int) -> list[str]:
@@ -271,6 +329,7 @@ def measure(
             call(arm, requests[:1])
     history: list[Repeat] = []
     first: dict[str, list[RequestResult]] = {arm.label: [] for arm in arms}
+    settings: dict[str, dict] = {arm.label: {} for arm in arms}
     active = list(streams)
     stop: dict[str, dict] = {}
     started = now()
@@ -283,6 +342,7 @@ def measure(
             request = requests[(i + r) % len(requests)]
             for label in order(running, r, i):
                 results, timing = call(by_label[label], [request])
+                merge_settings(settings[label], run_settings(results, by_label[label].config))
                 repeat.add(label, timing)
                 if r == 0:  # repeat 0 runs the requests in prompt order: the acceptance run
                     first[label].append(results[0])
@@ -320,7 +380,7 @@ def measure(
                 stop[stream.label] = {"decision": "fixed", "reason": f"measured alongside the banded runs ({n} "
                                       "repeats)", "repeats": n, "elapsed_s": elapsed}
             active = []
-    return Measured(history, first, stop)
+    return Measured(history, first, stop, settings)
 
 
 def run_bench(
@@ -335,13 +395,17 @@ def run_bench(
     warmup: bool = True,
     on_step: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.perf_counter,
+    probe_busy: bool | None = None,
 ) -> dict:
     """Measure ``runs`` against plain; returns the ``bench`` and ``runs`` parts of a run report.
 
     ``edges`` maps a run label (``ddtree-B32``) to the lower edge of its speedup band: those runs go
     sequential under ``plan`` (default :class:`SequentialPlan`); without edges, ``repeats`` fixed
     repeats and one look at ``plan.alpha``. One :func:`measure` with the arms plain + each run and
-    one stream per run: its speedup ``tau x step / round`` against plain.
+    one stream per run: its speedup ``tau x step / round`` against plain. The report records the
+    engine settings every call ran under (``bench.engine_settings``, ``warnings``) and, with
+    ``probe_busy`` (default: on CUDA), each run's GPU-busy share from one profiled call after the
+    timed repeats.
     """
     plan = plan or SequentialPlan()
     labels = [_label(*run) for run in runs]
@@ -351,8 +415,47 @@ def run_bench(
     streams = [Stream(label, ("plain", label), lambda rep, label=label: rep.sample(label)["speedup"],
                       edges.get(label)) for label in labels]
     measured = measure(arms, requests, streams, repeats=repeats, plan=plan, warmup=warmup, on_step=on_step, now=now)
-    return _report(measured.history, measured.first, list(zip(labels, runs)), measured.stop, edges, plan,
-                   bool(edges), repeats)
+    report = _report(measured.history, measured.first, list(zip(labels, runs)), measured.stop, edges, plan,
+                     bool(edges), repeats)
+    device = arms[0].config.device
+    busy = busy_shares(arms, requests[:1]) if (probe_busy if probe_busy is not None else device.startswith("cuda")) \
+        else {}
+    describe_settings(report, measured.settings, busy, device)
+    return report
+
+
+def busy_shares(arms: Sequence[Arm], requests: list[Request]) -> dict[str, float | None]:
+    """One profiled call per arm (``RunConfig.profile``): the share of its decode loop the device was busy
+    (``stages["gpu_busy"]`` over the decode span), or None where the engine does not measure it."""
+    shares: dict[str, float | None] = {}
+    for arm in arms:
+        results = arm.engine.generate(requests, arm.config.model_copy(update={"profile": True}))
+        busy = [r.timings.stages.get("gpu_busy") for r in results]
+        span = [r.timings.stages.get("round_device", r.timings.stages.get("round_wall")) for r in results]
+        ok = all(b is not None for b in busy) and all(s for s in span)
+        shares[arm.label] = sum(busy) / sum(span) if ok and busy else None
+    return shares
+
+
+def describe_settings(report: dict, settings: dict[str, dict], busy: dict[str, float | None], device: str) -> None:
+    """Put the run's engine settings, their warnings and the GPU-busy shares into ``report`` (also into
+    ``bench.timing_basis``, the line every report format prints)."""
+    merged: dict = {}
+    for arm_settings in settings.values():
+        merge_settings(merged, arm_settings)
+    warnings = settings_warnings(merged, device)
+    bench = report["bench"]
+    bench["engine_settings"] = merged
+    bench["warnings"] = warnings
+    for run in report["runs"]:
+        run["engine_settings"] = settings.get(run["label"], {})
+        run["gpu_busy_share"] = None if busy.get(run["label"]) is None else round(busy[run["label"]], 4)
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(merged.items()))
+    line = f"{bench['timing_basis']}; engine settings: {shown or 'none reported'}"
+    shares = [f"{r['label']} {r['gpu_busy_share']:.0%}" for r in report["runs"] if r["gpu_busy_share"] is not None]
+    if shares:
+        line += "; GPU busy (one profiled call): " + ", ".join(shares)
+    bench["timing_basis"] = line + "".join(f"; WARNING: {w}" for w in warnings)
 
 
 def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> dict:
