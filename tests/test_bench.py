@@ -341,7 +341,7 @@ def test_sequential_bench_and_gate_on_samples_recorded_on_an_h200(pair, prompts,
                                                                   repeats, code):
     """The whole chain (bench -> baseline -> sequential bench -> gate) on recorded samples: the baseline's
     20 repeats and one trial each of the correct engine and the verify +5 % mutant, as the H200 trial
-    decided them (docs/measurements/2026-12-01-machine-a). Deterministic: no clock of this machine."""
+    decided them (scripts/measurements/2026-12-01-machine-a). Deterministic: no clock of this machine."""
     base = tmp_path / "base.json"
     made = CliRunner().invoke(app, recorded_args(pair, prompts, base, "baseline", "--repeats", "20"))
     assert made.exit_code == 0, made.output

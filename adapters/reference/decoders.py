@@ -16,6 +16,9 @@ engine's compaction step on this cache) and ``draft``.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+
 import torch
 import torch.nn.functional as F
 from ddtree_conformance.spec import compact_dynamic_cache
@@ -23,7 +26,21 @@ from ddtree_conformance.spec import compact_dynamic_cache
 from .graphs import GraphRunner, StaticDraftCache, StaticTargetCache, capacity_for, fill_in_place
 from .lean import LeanQwen3, lean_problem
 
-__all__ = ["EagerDecoder", "FastPathState", "StaticDecoder"]
+__all__ = ["EagerDecoder", "FastPathState", "StaticDecoder", "collector_paused"]
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's garbage collector off while a batch decodes: a full collection (tens of milliseconds with
+    torch loaded) landing inside a timed decode loop is pure host noise. Reference cycles made meanwhile
+    are collected once it is back on."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 class EagerDecoder:
@@ -63,6 +80,11 @@ class EagerDecoder:
 
     def draft(self, root: int, start: int, context: torch.Tensor, context_start: int, block_offset: int = 0):
         return self.pair.draft_logits(root, start, context, context_start, self.draft_cache, block_offset)
+
+    def settings(self) -> dict:
+        """What the request ran under that changes its speed (``RequestResult.engine_settings``)."""
+        return {"cuda_graphs": False, "static_kv_cache": False, "fused_layers": False, "overlap_scheduling": False,
+                "attention_backend": "sdpa"}
 
 
 class FastPathState:
@@ -172,6 +194,14 @@ class StaticDecoder(EagerDecoder):
         self.static.show_rows()
         step(self.static, start, accepted)
         self.static.rows_shown()
+
+    def settings(self) -> dict:
+        runner = self.state.runner
+        settings = {**super().settings(), "cuda_graphs": runner.capture, "static_kv_cache": True,
+                    "fused_layers": self.lean is not None}
+        if runner.failure:
+            settings["cuda_graphs_failure"] = runner.failure
+        return settings
 
     # -- drafter --------------------------------------------------------------------------
     def draft(self, root: int, start: int, context: torch.Tensor, context_start: int, block_offset: int = 0):

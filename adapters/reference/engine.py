@@ -8,13 +8,10 @@ was run.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
 import time
 
 import torch
-
 from ddtree_conformance.spec import (
     SamplingParams,
     build_chain,
@@ -30,103 +27,24 @@ from ddtree_conformance.spec import (
 
 from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RoundTrace, RunConfig, Timings
 from ..options import cuda_device_count
+from .clock import DecodeClock as _Clock
+from .clock import busy_probe
+from .decoders import EagerDecoder, StaticDecoder, collector_paused
+from .graphs import fill_in_place
 from .pair import (
     TORCH_DTYPES,
-    load_drafter_checked,
-    load_target,
+    LoadedPair,
     read_drafter_config,
     read_target_info,
     validate_pair,
 )
-from .clock import DecodeClock as _Clock
-from .clock import busy_probe
-from .decoders import EagerDecoder, FastPathState, StaticDecoder
-from .graphs import fill_in_place
 from .tensor_parallel import RankGroup, local_device, shardable_sizes
 
-__all__ = ["ReferenceEngine", "MAX_BUDGET"]
+__all__ = ["ReferenceEngine", "MAX_BUDGET", "LoadedPair"]
 
 # The verify batch is B + 1 tokens with a (B + 1) x (context + B + 1) mask, so memory grows with B^2;
 # the paper sweeps B up to 1024. Larger budgets are refused up front rather than by the allocator.
 MAX_BUDGET = 4096
-
-
-@contextlib.contextmanager
-def _collector_paused():
-    """Python's garbage collector off while a batch decodes: a full collection (tens of milliseconds with
-    torch loaded) landing inside a timed decode loop is pure host noise. Reference cycles made meanwhile
-    are collected once it is back on."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
-
-
-class _LoadedPair:
-    """Target (+ drafter) loaded for one (dtype, device), with hooks capturing drafter features."""
-
-    def __init__(self, target, info, drafter, dtype: torch.dtype, device: str):
-        self.device = torch.device(device)
-        self.dtype = dtype
-        self.target, self.info, self.drafter = target, info, drafter
-        self._features: dict[int, torch.Tensor] = {}
-        self._fast: FastPathState | None = None
-        if drafter is not None:
-            layers = self.target.model.layers
-            for layer_id in drafter.config.target_layer_ids:
-                layers[layer_id].register_forward_hook(self._capture(layer_id))
-
-    @classmethod
-    def load(cls, model_dir: str, drafter_dir: str | None, dtype: torch.dtype, device: str,
-             tensor_parallel_size: int = 1) -> "_LoadedPair":
-        target, info = load_target(model_dir, dtype, device, tensor_parallel_size)
-        drafter = None if drafter_dir is None else load_drafter_checked(drafter_dir, info, dtype, device)
-        return cls(target, info, drafter, dtype, device)
-
-    def _capture(self, layer_id: int):
-        def hook(_module, _inputs, output):
-            self._features[layer_id] = output[0] if isinstance(output, tuple) else output
-
-        return hook
-
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None = None):
-        """Target forward of one sequence; returns logits ``[T, V]`` and features ``[T, k*H]``."""
-        out = self.target(
-            input_ids=ids.unsqueeze(0),
-            position_ids=positions.unsqueeze(0),
-            attention_mask=mask,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        features = None
-        if self.drafter is not None:
-            features = torch.cat([self._features[i][0] for i in self.drafter.config.target_layer_ids], dim=-1)
-        return out.logits[0], features
-
-    def fast_path(self) -> FastPathState:
-        """The fast path's graphs and static caches for this pair (made on first use)."""
-        if self._fast is None:
-            self._fast = FastPathState(self, capture=True)
-        return self._fast
-
-    def draft_logits(self, root: int, start: int, context: torch.Tensor, context_start: int, cache,
-                     block_offset: int = 0) -> torch.Tensor:
-        """Drafter logits ``[S-1, V]`` for the positions after ``root`` (doc §1).
-
-        ``block_offset`` moves the block's positions against the context's (0 is right; mutants only)."""
-        drafter = self.drafter
-        size = drafter.block_size
-        block = torch.full((1, size), drafter.config.mask_token_id, dtype=torch.long, device=self.device)
-        block[0, 0] = root
-        embeds = self.target.get_input_embeddings()(block)
-        positions = torch.arange(context_start, start + size, device=self.device)
-        positions[start - context_start:] += block_offset
-        positions = positions.unsqueeze(0)
-        hidden = drafter(embeds, context.unsqueeze(0), positions, cache)
-        return self.target.get_output_embeddings()(hidden[0, 1:])
 
 
 class ReferenceEngine(Engine):
@@ -178,7 +96,7 @@ class ReferenceEngine(Engine):
         if fused not in ("on", "off", "true", "false", "1", "0"):
             raise EngineError(f"reference engine: fused_layers must be 'on' or 'off', got {options['fused_layers']!r}")
         self.fused_layers = fused in ("on", "true", "1")
-        self._loaded: dict[tuple[str, str, int], _LoadedPair] = {}
+        self._loaded: dict[tuple[str, str, int], LoadedPair] = {}
         self._ranks: RankGroup | None = None
 
     def use_models(self, target, drafter, config: RunConfig) -> None:
@@ -189,7 +107,7 @@ class ReferenceEngine(Engine):
                           hidden_size=target.config.hidden_size, num_layers=target.config.num_hidden_layers,
                           max_position_embeddings=target.config.max_position_embeddings)
         self.info = info
-        self._loaded[(config.dtype, config.device, 1)] = _LoadedPair(
+        self._loaded[(config.dtype, config.device, 1)] = LoadedPair(
             target, info, drafter, TORCH_DTYPES[config.dtype], config.device
         )
 
@@ -222,7 +140,7 @@ class ReferenceEngine(Engine):
         """The largest TP size here: GPUs visible (or CPU cores without CUDA) that split the target evenly."""
         return max(self._split_sizes(cuda_device_count() or os.cpu_count() or 1))
 
-    def _pair(self, config: RunConfig) -> _LoadedPair:
+    def _pair(self, config: RunConfig) -> LoadedPair:
         tp = config.tensor_parallel_size
         key = (config.dtype, config.device, tp)
         if key not in self._loaded:
@@ -231,7 +149,7 @@ class ReferenceEngine(Engine):
             needs_drafter = config.mode != "plain"
             if needs_drafter and self.drafter_dir is None:
                 raise EngineError(f"reference engine: mode {config.mode} needs a drafter dir")
-            self._loaded[key] = _LoadedPair.load(
+            self._loaded[key] = LoadedPair.load(
                 self.model_dir, self.drafter_dir, TORCH_DTYPES[config.dtype], local_device(config.device, tp), tp
             )
         pair = self._loaded[key]
@@ -280,12 +198,12 @@ class ReferenceEngine(Engine):
         """This rank's run of ``requests`` (the whole run when ``tensor_parallel_size`` is 1)."""
         pair = self._pair(config)
         results = []
-        with _collector_paused():
+        with collector_paused():
             for index, request in enumerate(requests):
                 results.append(self._one(pair, index, request, config))
         return results
 
-    def _one(self, pair: _LoadedPair, index: int, request: Request, config: RunConfig) -> RequestResult:
+    def _one(self, pair: LoadedPair, index: int, request: Request, config: RunConfig) -> RequestResult:
         problem = self._request_problem(request)
         if problem:
             return RequestResult(output_ids=[], finish_reason="error", error=f"request {index}: {problem}")
@@ -311,7 +229,7 @@ class ReferenceEngine(Engine):
         return SamplingParams(temperature=request.temperature, top_k=request.top_k, top_p=request.top_p)
 
     @staticmethod
-    def _generator(pair: _LoadedPair, request: Request) -> torch.Generator:
+    def _generator(pair: LoadedPair, request: Request) -> torch.Generator:
         return torch.Generator(device=pair.device).manual_seed(request.seed)
 
     def fast_path_on(self, config: RunConfig) -> bool:
@@ -325,29 +243,18 @@ class ReferenceEngine(Engine):
     # How the fast path puts a new input into its static buffer (in place); broken builds override it.
     fill_static = staticmethod(fill_in_place)
 
-    def _decoder(self, pair: _LoadedPair, request: Request, config: RunConfig) -> EagerDecoder:
+    def _decoder(self, pair: LoadedPair, request: Request, config: RunConfig) -> EagerDecoder:
         if not self.fast_path_on(config):
             return EagerDecoder(pair)
         rows = config.budget + 1 if config.mode == "ddtree" else 1
         return StaticDecoder(pair, pair.fast_path(), len(request.prompt_ids), request.max_new_tokens, rows,
                              fill=self.fill_static, fused=self.fused_layers)
 
-    def engine_settings(self, pair: _LoadedPair, decoder: EagerDecoder) -> dict:
-        """What this request ran under that changes its speed (``RequestResult.engine_settings``)."""
-        graphs = decoder.fast and pair.fast_path().runner.capture
-        settings = {"cuda_graphs": bool(graphs), "static_kv_cache": decoder.fast,
-                    "fused_layers": bool(decoder.fast and decoder.lean is not None), "overlap_scheduling": False,
-                    "attention_backend": "sdpa"}
-        failure = pair.fast_path().runner.failure if decoder.fast else None
-        if failure:
-            settings["cuda_graphs_failure"] = failure
-        return settings
-
     def _verify(self, decoder: EagerDecoder, verify):
         """The target forward over one compiled tree (or chain): logits and drafter features."""
         return decoder.verify(verify)
 
-    def _plain(self, pair: _LoadedPair, request: Request, config: RunConfig) -> RequestResult:
+    def _plain(self, pair: LoadedPair, request: Request, config: RunConfig) -> RequestResult:
         params, generator = self._sampling(request), self._generator(pair, request)
         clock = _Clock(config.timing, pair.device)
         decoder = self._decoder(pair, request, config)
@@ -374,10 +281,10 @@ class ReferenceEngine(Engine):
             acceptance_lengths=[1] * rounds,
             timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill,
                             stages={**stages, **busy}),
-            engine_settings=self.engine_settings(pair, decoder),
+            engine_settings=decoder.settings(),
         )
 
-    def _speculative(self, pair: _LoadedPair, request: Request, config: RunConfig) -> RequestResult:
+    def _speculative(self, pair: LoadedPair, request: Request, config: RunConfig) -> RequestResult:
         params, generator = self._sampling(request), self._generator(pair, request)
         clock = _Clock(config.timing, pair.device)
         decoder = self._decoder(pair, request, config)
@@ -428,7 +335,7 @@ class ReferenceEngine(Engine):
             timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill,
                             stages={**stages, **busy}),
             traces=traces,
-            engine_settings=self.engine_settings(pair, decoder),
+            engine_settings=decoder.settings(),
         )
 
     @staticmethod
@@ -452,7 +359,7 @@ class ReferenceEngine(Engine):
     def fast_path_stats(self) -> dict:
         """The fast path's graph counts over every loaded pair: captures, replays, eager calls, and the
         first capture failure (None when every capture worked)."""
-        runners = [pair.fast_path().runner for pair in self._loaded.values() if pair._fast is not None]
+        runners = [pair.fast_path().runner for pair in self._loaded.values() if pair.fast_path_started]
         return {"captures": sum(r.captures for r in runners), "replays": sum(r.replays for r in runners),
                 "eager_calls": sum(r.eager_calls for r in runners),
                 "failure": next((r.failure for r in runners if r.failure), None)}

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from ddtree_conformance.spec import (
     build_chain,
     build_tree,

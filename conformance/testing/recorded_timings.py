@@ -9,7 +9,7 @@ of ``STEP_S / samples[k]``, so repeat k's speedup is exactly ``samples[k]``. Tim
 always inside the wall clock of the call.
 
 :data:`SAMPLES` were recorded by ``scripts/gate_decisiveness.py`` on a newly started H200
-(docs/measurements/2026-12-01-machine-a/decisive-8b: 8B-shaped pair, bf16, B=32, fast path): the
+(scripts/measurements/2026-12-01-machine-a/decisive-8b: 8B-shaped pair, bf16, B=32, fast path): the
 correct engine's 20-repeat baseline, a trial of the correct engine (pass after 5 repeats) and one
 of the verify +5 % mutant (regression after 8).
 """
