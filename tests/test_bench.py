@@ -324,8 +324,8 @@ RECORDED = "ddtree_conformance.testing.recorded_timings:RecordedTimings"
 
 
 def recorded_args(pair, prompts, out, samples, *extra):
-    """bench of the engine that replays per-repeat speedups recorded on an H200: one prompt, no warm-up,
-    so repeat k is recorded sample k (no timing of this machine enters the numbers)."""
+    """bench of the engine that replays per-repeat speedups recorded on an H200: one prompt (and the run's
+    held-out one), no warm-up, so repeat k is recorded sample k (no timing of this machine enters the numbers)."""
     target, drafter = pair
     one = prompts.parent / "one.jsonl"
     one.write_text(prompts.read_text().splitlines()[0] + "\n")

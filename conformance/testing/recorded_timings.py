@@ -3,10 +3,10 @@ can be tested end to end on any machine, with no timing of their own.
 
 ``RecordedTimings`` (``--engine ddtree_conformance.testing.recorded_timings:RecordedTimings -O
 samples=NAME``) answers every request with ``max_new_tokens`` tokens and reports device-clock
-timings: each plain step takes :data:`STEP_S`, and the k-th speculative call (counting from 0, run
-``--no-warmup`` with one prompt, so call k is repeat k) accepts one token per round at a round time
-of ``STEP_S / samples[k]``, so repeat k's speedup is exactly ``samples[k]``. Times are microseconds,
-always inside the wall clock of the call.
+timings: each plain step takes :data:`STEP_S`, and the k-th speculative call of each prompt (counting
+from 0: run ``--no-warmup``, so call k of a prompt is repeat k) accepts one token per round at a round
+time of ``STEP_S / samples[k]``, so repeat k's speedup is exactly ``samples[k]``, however many prompts
+a repeat holds. Times are microseconds, always inside the wall clock of the call.
 
 :data:`SAMPLES` were recorded by ``scripts/gate_decisiveness.py`` on a newly started H200
 (scripts/measurements/2026-12-01-machine-a/decisive-8b: 8B-shaped pair, bf16, B=32, fast path): the
@@ -48,7 +48,7 @@ class RecordedTimings(Engine):
         if chosen not in SAMPLES:
             raise EngineError(f"{self.name}: samples must be one of {', '.join(SAMPLES)}, got {chosen!r}")
         self.samples = SAMPLES[chosen]
-        self.calls = 0
+        self.calls: dict[tuple[int, ...], int] = {}  # speculative calls so far, per prompt
 
     def capabilities(self) -> Capabilities:
         return Capabilities(name=self.name, modes=["plain", "dflash", "ddtree"], dtypes=["float32"], devices=["cpu"],
@@ -61,8 +61,9 @@ class RecordedTimings(Engine):
             if config.mode == "plain":
                 seconds = STEP_S * decode
             else:
-                seconds = STEP_S / self.samples[self.calls % len(self.samples)] * decode
-                self.calls += 1
+                k = self.calls.get(tuple(request.prompt_ids), 0)
+                seconds = STEP_S / self.samples[k % len(self.samples)] * decode
+                self.calls[tuple(request.prompt_ids)] = k + 1
             out.append(RequestResult(output_ids=[1] * request.max_new_tokens, finish_reason="length", rounds=decode,
                                      acceptance_lengths=[1] * decode,
                                      timings=Timings(decode=seconds, stages={"round_device": seconds}),
