@@ -71,6 +71,11 @@ class RunConfig(_Model):
     trace_draft_logits: bool = Field(default=False, description="also keep the drafter logits of each round")
     timing: bool = Field(default=False, description="per-stage timings (may synchronise the device)")
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs the engine shards the target over")
+    cuda_graphs: bool | None = Field(default=None, description="run the decode loop under CUDA graphs (True) or "
+                                                               "eagerly (False); None: the engine's default. Only "
+                                                               "engines with capabilities().cuda_graphs switch")
+    profile: bool = Field(default=False, description="measure how long the device is busy during the decode loop "
+                                                     "(timings.stages['gpu_busy']; slower: a profiler runs)")
 
     @field_validator("budget")
     @classmethod
@@ -128,6 +133,11 @@ class RequestResult(_Model):
     timings: Timings = Field(default_factory=Timings)
     traces: list[RoundTrace] | None = None
     error: str | None = None
+    engine_settings: dict[str, bool | int | float | str | None] = Field(
+        default_factory=dict, description="the settings this request ran under that change its speed, as the "
+                                          "engine knows them: cuda_graphs, overlap_scheduling, attention_backend, "
+                                          "... (the bench records them and the gate refuses to compare across a "
+                                          "change)")
 
     @model_validator(mode="after")
     def _consistent(self) -> "RequestResult":
@@ -160,6 +170,8 @@ class Capabilities(_Model):
         default=None, description="modes whose results carry the traces and per-round acceptance; None: all modes"
     )
     stage_timings: bool = False
+    cuda_graphs: bool = Field(default=False, description="RunConfig.cuda_graphs switches the decode loop between "
+                                                         "CUDA graphs and eager execution")
     max_context: int | None = None
     max_tensor_parallel: int = Field(default=1, ge=1, description="largest tensor_parallel_size accepted here")
     max_budget: int | None = Field(default=None, ge=1, description="largest DDTree budget accepted here (None: "

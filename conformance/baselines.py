@@ -12,7 +12,9 @@ band (same unit as the value); the lower edge of the acceptable range is ``value
   tau x plain step time / round time, geometric mean over repeats); the gate judges it by the
   run's confidence interval, not the point value;
 * ``cost`` (optional): the measured plain step time / round time and both times, so the gate can
-  say whether a slower run "accepts less" (tau) or "costs more" (round time in plain steps).
+  say whether a slower run "accepts less" (tau) or "costs more" (round time in plain steps);
+* ``settings`` (optional): the engine settings that change speed (``bench.engine_settings``): a
+  report measured under other settings is not compared with it (the gate refuses).
 
 Nothing here is ever judged against a baseline from another hardware class.
 """
@@ -113,6 +115,10 @@ class BaselineEntry(_Model):
     per_position: PositionBand
     speedup: Band | None = Field(default=None, description="null when the run measured no throughput")
     cost: CostBaseline | None = Field(default=None, description="the cost model's times; null without them")
+    settings: dict[str, bool | int | float | str | None] | None = Field(
+        default=None, description="the engine settings that change speed, as the bench recorded them (CUDA graphs, "
+                                  "attention backend, overlap scheduling, dtype, ...); the gate refuses a report "
+                                  "whose settings differ. null: recorded by a suite that kept none")
     source: dict[str, Any] = Field(default_factory=dict, description="where the numbers came from")
 
     @property
@@ -245,6 +251,7 @@ def entries_from_report(
                 # never narrower than the baseline run's own CI: a band tighter than the noise
                 # would make the baseline's own engine fail
                 band=_up(max(point * speedup_band, point - (low if low is not None else 0.0)) + 1e-4)),
+            settings=report.get("bench", {}).get("engine_settings"),
             cost=None if not ratio or ratio <= 0 else CostBaseline(
                 tau=_r(cm["tau"], 6) if cm.get("tau") else None, step_over_round=_r(ratio, 6),
                 step_s=_r(cm["step_s"], 9) if cm.get("step_s") else None,

@@ -34,70 +34,59 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
-
 from ddtree_conformance.adapters.interface import Engine, Request, RequestResult, RunConfig
 
-from .metrics import acceptance_histogram, emitted_lengths, mean_tau, per_position_acceptance
 from . import run as run_identity
-from .sequential import METHOD, SPENDING, Interval, SequentialPlan, cv, look_alpha, ratio_interval, verdict
+from .metrics import acceptance_histogram, emitted_lengths, mean_tau, per_position_acceptance
+from .paired import (
+    MIXED,
+    Arm,
+    BenchError,
+    CallTiming,
+    Measured,
+    Repeat,
+    Stream,
+    anchored_rotation,
+    call_timing,
+    measure,
+    merge_settings,
+    run_settings,
+)
+from .sequential import (
+    DEFAULT_POWER,
+    METHOD,
+    SPENDING,
+    Interval,
+    SequentialPlan,
+    cv,
+    detectable_drop,
+    look_alpha,
+    ratio_interval,
+)
 
-__all__ = ["BenchError", "CallTiming", "acceptance_summary", "call_timing", "run_bench"]
+__all__ = [
+    "MIXED",
+    "Arm",
+    "BenchError",
+    "CallTiming",
+    "Measured",
+    "Repeat",
+    "Stream",
+    "acceptance_summary",
+    "anchored_rotation",
+    "busy_shares",
+    "call_timing",
+    "describe_settings",
+    "measure",
+    "merge_settings",
+    "run_bench",
+    "run_settings",
+    "settings_warnings",
+]
 
 Run = tuple[str, "int | None"]
-PLAIN: Run = ("plain", None)
-
-
-class BenchError(RuntimeError):
-    """A benchmark run failed (engine error, failed requests, no usable timings)."""
-
-
-@dataclass
-class CallTiming:
-    """What one ``generate`` call contributes: decode seconds on ``clock``, the call's wall seconds,
-    the rounds the engine reports (None when it reports none), and the decode tokens emitted."""
-
-    seconds: float
-    wall: float
-    clock: str
-    rounds: int | None
-    tokens: int
-
-    def __add__(self, other: "CallTiming") -> "CallTiming":
-        rounds = None if self.rounds is None or other.rounds is None else self.rounds + other.rounds
-        return CallTiming(self.seconds + other.seconds, self.wall + other.wall,
-                          self.clock if self.clock == other.clock else "mixed", rounds, self.tokens + other.tokens)
-
-
-# An engine's own decode time may exceed the wall time of the call around it only by clock noise.
-WALL_SLACK = (1.02, 0.002)  # relative, absolute seconds
-
-
-def call_timing(results: Sequence[RequestResult], wall_s: float) -> CallTiming:
-    """Decode seconds of one call on the best clock every result offers, checked against the call's
-    wall clock; the rounds the engine reports; the decode tokens emitted (validated by output length).
-
-    Raises :class:`BenchError` when the engine reports more time than the call took.
-    """
-    stages = [r.timings.stages for r in results]
-    if all("round_device" in s for s in stages):
-        clock, seconds = "device", sum(s["round_device"] for s in stages)
-    elif all("round_wall" in s for s in stages):
-        clock, seconds = "engine", sum(s["round_wall"] for s in stages)
-    elif all(r.timings.decode is not None for r in results):
-        clock, seconds = "engine", sum(r.timings.decode for r in results)
-    else:
-        clock, seconds = "call", wall_s
-    if not (seconds >= 0 and seconds <= wall_s * WALL_SLACK[0] + WALL_SLACK[1]):
-        raise BenchError(f"the engine reports {seconds:.6f} s of decoding ({clock} clock) in a generate call that "
-                         f"took {wall_s:.6f} s: its timings cannot be right")
-    # decode tokens: the first output token comes from the prefill, except on the call clock
-    first = 0 if clock == "call" else 1
-    tokens = sum(max(0, len(r.output_ids) - first) for r in results)
-    rounds = sum(r.rounds for r in results) if all(r.rounds is not None for r in results) else None
-    return CallTiming(float(seconds), float(wall_s), clock, rounds, int(tokens))
 
 
 def acceptance_summary(results: Sequence[RequestResult]) -> dict:
@@ -136,41 +125,23 @@ def _label(mode: str, budget: int | None) -> str:
     return run_identity.Run(mode, budget).label
 
 
-@dataclass
-class _Repeat:
-    """One repeat's totals per configuration."""
-
-    totals: dict[Run, CallTiming] = field(default_factory=dict)
-
-    def add(self, key: Run, timing: CallTiming) -> None:
-        self.totals[key] = self.totals[key] + timing if key in self.totals else timing
-
-    def check(self) -> None:
-        for key, t in self.totals.items():
-            if t.tokens == 0 or t.seconds <= 0 or t.rounds == 0:
-                raise BenchError(f"{_label(*key)}: a repeat timed no decode tokens (max_new_tokens too small, or "
-                                 "the engine reports zero decode time or rounds); nothing to measure")
-
-    def sample(self, key: Run) -> dict:
-        """The cost-model sample of ``key`` against this repeat's plain run.
-
-        ``step`` = plain decode seconds / plain decode tokens (one token per plain step); ``tau`` =
-        decode tokens emitted / rounds; ``round`` = decode seconds / rounds. The rounds cancel in
-        ``tau x step / round``, which is the decode tokens/s ratio: what an engine reports about
-        its rounds or acceptance can shift the two factors, never the speedup.
-        """
-        plain, method = self.totals[PLAIN], self.totals[key]
-        rounds = method.rounds if method.rounds is not None else method.tokens
-        step, rnd = plain.seconds / plain.tokens, method.seconds / rounds
-        tau = method.tokens / rounds
-        return {"step_s": step, "round_s": rnd, "tau": tau, "ratio": step / rnd, "speedup": tau * step / rnd,
-                "rounds_reported": method.rounds is not None,
-                "wall_ratio": (method.tokens / method.wall) / (plain.tokens / plain.wall)}
-
-
-def _order(methods: list[Run], r: int, i: int) -> list[Run]:
-    rotated = methods[r % len(methods):] + methods[: r % len(methods)] if methods else []
-    return [PLAIN, *rotated] if (r + i) % 2 == 0 else [*rotated, PLAIN]
+def settings_warnings(settings: dict, device: str) -> list[str]:
+    """What a reader of a bench must know about its settings: eager GPU runs, settings that changed
+    within the run, GPU engines that do not say whether they used CUDA graphs."""
+    out = []
+    changed = sorted(k for k, v in settings.items() if v == MIXED)
+    if changed:
+        out.append(f"settings changed within the run ({', '.join(changed)}): its calls are not alike")
+    if device.startswith("cuda"):
+        graphs = settings.get("cuda_graphs")
+        if graphs is False:
+            out.append("eager-mode GPU run (cuda_graphs off): an eager decode loop is launch-bound and its host "
+                       "jitter hides regressions (one port's eager bench hid a 31.6 % loss); bench with CUDA graphs "
+                       "on, as the engine ships")
+        elif graphs is None:
+            out.append("the engine does not report whether it ran under CUDA graphs (engine_settings); an eager GPU "
+                       "bench is launch-bound and hides regressions")
+    return out
 
 
 def run_bench(
@@ -185,109 +156,84 @@ def run_bench(
     warmup: bool = True,
     on_step: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.perf_counter,
+    probe_busy: bool | None = None,
 ) -> dict:
     """Measure ``runs`` against plain; returns the ``bench`` and ``runs`` parts of a run report.
 
     ``edges`` maps a run label (``ddtree-B32``) to the lower edge of its speedup band: those runs go
     sequential under ``plan`` (default :class:`SequentialPlan`); without edges, ``repeats`` fixed
-    repeats and one look at ``plan.alpha``.
+    repeats and one look at ``plan.alpha``. One :func:`measure` with the arms plain + each run and
+    one stream per run: its speedup ``tau x step / round`` against plain. The report records the
+    engine settings every call ran under (``bench.engine_settings``, ``warnings``) and, with
+    ``probe_busy`` (default: on CUDA), each run's GPU-busy share from one profiled call after the
+    timed repeats.
     """
-    if not requests:
-        raise BenchError("no requests to measure")
     plan = plan or SequentialPlan()
-    edges = {k: v for k, v in (edges or {}).items() if k in {_label(*r) for r in runs}}
-    sequential = bool(edges)
-    if not sequential and repeats < 2:
-        raise BenchError(f"repeats must be >= 2 for an interval, got {repeats}")
-    configs: dict[Run, RunConfig] = {PLAIN: make_config("plain", None)}
-    for mode, budget in runs:
-        configs[(mode, budget)] = make_config(mode, budget)
-    methods = list(configs)[1:]
+    labels = [_label(*run) for run in runs]
+    edges = {k: v for k, v in (edges or {}).items() if k in labels}
+    arms = [Arm("plain", engine, make_config("plain", None))]
+    arms += [Arm(label, engine, make_config(mode, budget)) for label, (mode, budget) in zip(labels, runs)]
+    streams = [Stream(label, ("plain", label), lambda rep, label=label: rep.sample(label)["speedup"],
+                      edges.get(label)) for label in labels]
+    measured = measure(arms, requests, streams, repeats=repeats, plan=plan, warmup=warmup, on_step=on_step, now=now)
+    report = _report(measured.history, measured.first, list(zip(labels, runs)), measured.stop, edges, plan,
+                     bool(edges), repeats)
+    device = arms[0].config.device
+    busy = busy_shares(arms, requests[:1]) if (probe_busy if probe_busy is not None else device.startswith("cuda")) \
+        else {}
+    describe_settings(report, measured.settings, busy, device)
+    return report
 
-    def call(key: Run, batch: list[Request]) -> tuple[list[RequestResult], CallTiming]:
-        started = now()
-        results = engine.generate(batch, configs[key])
-        wall = now() - started
-        failed = [r for r in results if r.finish_reason == "error"]
-        if failed or len(results) != len(batch):
-            first = (failed[0].error or "").strip().splitlines() if failed else ["wrong number of results"]
-            raise BenchError(f"{_label(*key)}: {len(failed)} of {len(batch)} requests failed"
-                             f" ({first[-1] if first else 'no message'})")
-        if on_step:
-            on_step(_label(*key))
-        return results, call_timing(results, wall)
 
-    if warmup:
-        for key in configs:
-            call(key, requests[:1])
-    history: list[_Repeat] = []
-    first: dict[Run, list[RequestResult]] = {key: [] for key in configs}
-    active = list(methods)
-    stop: dict[Run, dict] = {}
-    started = now()
-    while active:
-        r = len(history)
-        repeat = _Repeat()
-        for i in range(len(requests)):
-            request = requests[(i + r) % len(requests)]
-            for key in _order(active, r, i):
-                results, timing = call(key, [request])
-                repeat.add(key, timing)
-                if r == 0:  # repeat 0 runs the requests in prompt order: the acceptance run
-                    first[key].append(results[0])
-        repeat.check()
-        history.append(repeat)
-        n = len(history)
-        elapsed = now() - started
-        out_of_time = elapsed >= plan.time_budget_s or n >= plan.max_repeats
-        for key in list(active):
-            label = _label(*key)
-            if sequential and label in edges and (plan.is_look(n) or (out_of_time and n >= 2)):
-                samples = [h.sample(key)["speedup"] for h in history if key in h.totals]
-                found = verdict(ratio_interval(samples, plan.look_alpha), edges[label])
-                if found:
-                    where = "at or above" if found == "pass" else "below"
-                    stop[key] = {"decision": found, "reason": f"interval {where} the edge {edges[label]:.4f} after "
-                                 f"{n} repeats", "repeats": n, "elapsed_s": elapsed}
-                    active.remove(key)
-                    continue
-            if not sequential and n >= repeats:
-                stop[key] = {"decision": "fixed", "reason": f"{repeats} fixed repeats", "repeats": n,
-                             "elapsed_s": elapsed}
-                active.remove(key)
-            elif sequential and (n >= plan.max_repeats or elapsed >= plan.time_budget_s):
-                why = (f"time budget {plan.time_budget_s:g} s spent" if elapsed >= plan.time_budget_s
-                       else f"repeat cap {plan.max_repeats} reached")
-                decided = "inconclusive" if label in edges else "fixed"
-                stop[key] = {"decision": decided, "reason": f"{why} after {n} repeats" +
-                             (": the interval still straddles the edge" if label in edges else ""),
-                             "repeats": n, "elapsed_s": elapsed}
-                active.remove(key)
-        if sequential and active and not any(_label(*k) in edges for k in active):
-            for key in active:  # only unbanded runs left: they were measured alongside, stop them too
-                stop[key] = {"decision": "fixed", "reason": f"measured alongside the banded runs ({n} repeats)",
-                             "repeats": n, "elapsed_s": elapsed}
-            active = []
+def busy_shares(arms: Sequence[Arm], requests: list[Request]) -> dict[str, float | None]:
+    """One profiled call per arm (``RunConfig.profile``): the share of its decode loop the device was busy
+    (``stages["gpu_busy"]`` over the decode span), or None where the engine does not measure it."""
+    shares: dict[str, float | None] = {}
+    for arm in arms:
+        results = arm.engine.generate(requests, arm.config.model_copy(update={"profile": True}))
+        busy = [r.timings.stages.get("gpu_busy") for r in results]
+        span = [r.timings.stages.get("round_device", r.timings.stages.get("round_wall")) for r in results]
+        ok = all(b is not None for b in busy) and all(s for s in span)
+        shares[arm.label] = sum(busy) / sum(span) if ok and busy else None
+    return shares
 
-    return _report(history, first, methods, stop, edges, plan, sequential, repeats)
+
+def describe_settings(report: dict, settings: dict[str, dict], busy: dict[str, float | None], device: str) -> None:
+    """Put the run's engine settings, their warnings and the GPU-busy shares into ``report`` (also into
+    ``bench.timing_basis``, the line every report format prints)."""
+    merged: dict = {}
+    for arm_settings in settings.values():
+        merge_settings(merged, arm_settings)
+    warnings = settings_warnings(merged, device)
+    bench = report["bench"]
+    bench["engine_settings"] = merged
+    bench["warnings"] = warnings
+    for run in report["runs"]:
+        run["engine_settings"] = settings.get(run["label"], {})
+        run["gpu_busy_share"] = None if busy.get(run["label"]) is None else round(busy[run["label"]], 4)
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(merged.items()))
+    line = f"{bench['timing_basis']}; engine settings: {shown or 'none reported'}"
+    shares = [f"{r['label']} {r['gpu_busy_share']:.0%}" for r in report["runs"] if r["gpu_busy_share"] is not None]
+    if shares:
+        line += "; GPU busy (one profiled call): " + ", ".join(shares)
+    bench["timing_basis"] = line + "".join(f"; WARNING: {w}" for w in warnings)
 
 
 def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> dict:
     clocks = {t.clock for h in history for t in h.totals.values()}
-    plain_runs = [h.totals[PLAIN] for h in history]
+    plain_runs = [h.totals["plain"] for h in history]
     out_runs = [{
         "mode": "plain", "budget": None, "label": "plain", "tau": 1.0, "tau_per_response_mean": 1.0,
-        "per_position": [], "histogram": {}, "rounds": sum(r.rounds or 0 for r in first[PLAIN]),
+        "per_position": [], "histogram": {}, "rounds": sum(r.rounds or 0 for r in first["plain"]),
         "aggregate_only": False, "tokens": plain_runs[0].tokens,
         "tokens_per_s": [round(t.tokens / t.seconds, 3) for t in plain_runs],
         "step_s": [t.seconds / t.tokens for t in plain_runs],
         "cost_model": {"step_s": float(np.exp(np.mean(np.log([t.seconds / t.tokens for t in plain_runs]))))},
     }]
-    for key in methods:
-        mode, budget = key
-        rows = [h.sample(key) for h in history[: stop[key]["repeats"]]]
+    for label, (mode, budget) in methods:
+        rows = [h.sample(label) for h in history[: stop[label]["repeats"]]]
         speedups = [row["speedup"] for row in rows]
-        banded = sequential and _label(*key) in edges
+        banded = sequential and label in edges
         looks_planned = len(plan.looks()) if banded else 1
         looks_taken = sum(1 for point in plan.looks() if point <= len(rows)) if banded else 1
         if banded and not plan.is_look(len(rows)):
@@ -296,10 +242,10 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
         interval = _interval(speedups, alpha_k)
         ratio_iv = _interval([row["ratio"] for row in rows], alpha_k)
         taus = [row["tau"] for row in rows]
-        totals = [h.totals[key] for h in history[: len(rows)]]
+        totals = [h.totals[label] for h in history[: len(rows)]]
         entry = {
-            "mode": mode, "budget": budget, "label": _label(mode, budget),
-            **acceptance_summary(first[key]),
+            "mode": mode, "budget": budget, "label": label,
+            **acceptance_summary(first[label]),
             "tokens": totals[0].tokens,
             "tokens_per_s": [round(t.tokens / t.seconds, 3) for t in totals],
             "cost_model": {
@@ -317,15 +263,17 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
                 "samples": [round(float(x), 6) for x in speedups],
                 "wall_ratio_samples": [round(float(row["wall_ratio"]), 6) for row in rows],
                 "cv": None if cv(speedups) is None else round(cv(speedups), 5),
+                # the smallest change of the speedup this run's own noise and repeats resolve (80 % power)
+                "resolution": _round(detectable_drop(speedups, alpha_k, 0.0, DEFAULT_POWER)),
                 "alpha": plan.alpha,
-                "sequential": sequential and _label(*key) in edges,
+                "sequential": banded,
                 "min_repeats": plan.min_repeats,
                 "max_repeats": plan.max_repeats,
                 "growth": plan.growth,
                 "looks": looks_taken,
                 "looks_planned": looks_planned,
-                "edge": edges.get(_label(*key)),
-                "stop": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in stop[key].items()},
+                "edge": edges.get(label),
+                "stop": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in stop[label].items()},
             },
         }
         out_runs.append(entry)
@@ -342,9 +290,13 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
                  "time_budget_s": plan.time_budget_s, "growth": plan.growth, "looks": list(plan.looks())}
         if sequential else {"alpha": plan.alpha, "repeats": repeats},
         "tau_definition": "pooled: generated tokens / verification rounds over all prompts, bonus included",
-        "requests": len(first[PLAIN]),
+        "requests": len(first["plain"]),
     }
     return {"bench": bench, "runs": out_runs}
+
+
+def _round(x: float | None, digits: int = 6) -> float | None:
+    return None if x is None else round(float(x), digits)
 
 
 def _interval(samples: list[float], alpha_k: float) -> dict:

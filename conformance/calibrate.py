@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from .adapters.interface import RunConfig
-from .adapters.reference.engine import ReferenceEngine, _LoadedPair
+from .adapters.reference.engine import LoadedPair, ReferenceEngine
 from .adapters.reference.pair import TORCH_DTYPES
 from .adapters.reference.replay import replay_result
 from .calibration import DRAFTER_TOP, KEY, manifest_path, shift_thresholds
@@ -45,7 +45,7 @@ def measure_drafter_shift(model_dir: str, drafter_dir: str, dtype: str, sequence
     """Largest ``|drafter logit low - fp32|`` over the top :data:`DRAFTER_TOP` tokens per depth of
     either side, at every ``stride``-th position of each sequence (module doc, 3); and the count of
     drafter blocks measured."""
-    pairs = [_LoadedPair.load(model_dir, drafter_dir, TORCH_DTYPES[d], device) for d in ("float32", dtype)]
+    pairs = [LoadedPair.load(model_dir, drafter_dir, TORCH_DTYPES[d], device) for d in ("float32", dtype)]
     worst, blocks = 0.0, 0
     with torch.inference_mode():
         for seq in sequences:

@@ -8,7 +8,11 @@ One row per (run, metric). Verdicts:
 * ``inconclusive``: the speedup interval still straddles the lower band edge (the bench's time
   budget or repeat cap ran out first, or it ran a fixed number of repeats); neither pass nor fail;
 * ``missing``: no baseline for this (hardware class, engine, pair, mode, budget), or the report
-  lacks the measurement. Never a silent pass.
+  lacks the measurement. Never a silent pass;
+* ``refused``: the run's engine settings that change speed (CUDA graphs, attention backend, overlap
+  scheduling, dtype, ...; ``bench.engine_settings``) differ from the ones the baseline recorded, or
+  changed within the run. Nothing else is judged for that run: a faster or slower number measured
+  under other settings says nothing about the engine.
 
 The speedup interval is recomputed here from the report's per-repeat samples with
 :mod:`ddtree_conformance.sequential` (the look count follows from the repeats of a sequential run),
@@ -16,8 +20,9 @@ never taken on trust from the report. Every speedup row also carries the cost-mo
 (``details``): speedup = tau x (plain step time / round time), each factor against the baseline's,
 so a shortfall reads as "accepts less" (tau), "costs more" (round time in plain steps), or both.
 
-Exit codes (:func:`exit_code`): 0 all pass; 1 any fail; 3 any inconclusive (and no fail);
-4 any missing (and no fail or inconclusive); 2 is the CLI's usage error (unreadable files).
+Exit codes (:func:`exit_code`): 6 any refused (settings changed); else 1 any fail; 3 any inconclusive
+(and no fail); 4 any missing (and no fail or inconclusive); 0 all pass; 2 is the CLI's usage error
+(unreadable files).
 """
 
 from __future__ import annotations
@@ -26,22 +31,26 @@ import math
 from dataclasses import asdict, dataclass
 
 from .baselines import BaselineEntry, BaselineFile
-from .sequential import DEFAULT_ALPHA, Interval, look_alpha, planned_looks, ratio_interval, verdict
+from .sequential import DEFAULT_ALPHA, Interval, detectable_drop, look_alpha, planned_looks, ratio_interval, verdict
 
-__all__ = ["EXIT_PASS", "EXIT_REGRESSION", "EXIT_INCONCLUSIVE", "EXIT_MISSING", "GateRow", "evaluate", "exit_code",
-           "speedup_interval"]
+__all__ = ["EXIT_PASS", "EXIT_REGRESSION", "EXIT_INCONCLUSIVE", "EXIT_MISSING", "EXIT_SETTINGS_CHANGED", "GateRow",
+           "evaluate", "exit_code", "settings_conflict", "speedup_interval"]
 
 EXIT_PASS = 0
 EXIT_REGRESSION = 1
 EXIT_INCONCLUSIVE = 3
 EXIT_MISSING = 4
+EXIT_SETTINGS_CHANGED = 6
+
+# reasons, not settings: never compared
+NOT_COMPARED = frozenset({"cuda_graphs_failure"})
 
 
 @dataclass
 class GateRow:
     run: str
     metric: str
-    status: str  # pass | fail | inconclusive | missing
+    status: str  # pass | fail | inconclusive | missing | refused
     measured: str
     band: str
     margin: float | None  # measured (or CI low for speedup) minus the lower band edge
@@ -149,25 +158,56 @@ def _speedup_row(label: str, run: dict, entry: BaselineEntry) -> GateRow:
         return GateRow(label, "speedup", "inconclusive", "-", band, None,
                        "fewer than two usable per-repeat samples: no interval (run `bench` with more repeats)")
     details, view = cost_view(run, entry, sp)
+    if entry.settings is None:
+        view += "; the baseline records no engine settings (an older suite): re-record it so that a settings change " \
+                "is refused"
     details["interval"] = {"estimate": interval.estimate, "low": interval.low, "high": interval.high,
                            "confidence": interval.level, "n": interval.n}
+    samples = _positive_samples(sp.get("samples"))
+    mde = None if samples is None or base.value <= 0 else detectable_drop(
+        samples, _level(sp, len(samples)), base.band / base.value)
+    details["mde"] = mde
+    noise = "" if mde is None else f"; MDE {100 * mde:.1f} % below the baseline (this run's noise, 80 % power)"
     stop = sp.get("stop") or {}
     measured = f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
     found = verdict(interval, base.lower)
     if found == "pass":
         return GateRow(label, "speedup", "pass", measured, band, interval.low - base.lower,
-                       f"whole interval at or above the band ({interval.n} repeats); {view}", details)
+                       f"whole interval at or above the band ({interval.n} repeats){noise}; {view}", details)
     if found == "regression":
         return GateRow(label, "speedup", "fail", measured, band, interval.high - base.lower,
-                       f"whole interval below the band ({interval.n} repeats); {view}", details)
+                       f"whole interval below the band ({interval.n} repeats){noise}; {view}", details)
     why = stop.get("reason") or "the run stopped"
     hint = "" if sp.get("sequential") else "; run `bench --baselines` to repeat until the interval decides"
     return GateRow(label, "speedup", "inconclusive", measured, band, interval.low - base.lower,
-                   f"interval straddles the lower band edge: {why}{hint}; {view}", details)
+                   f"interval straddles the lower band edge: {why}{hint}{noise}; {view}", details)
+
+
+def settings_conflict(recorded: dict | None, measured: dict | None) -> str | None:
+    """Why a run measured under ``measured`` settings cannot be judged against a baseline recorded under
+    ``recorded`` (None: it can). Every setting the baseline recorded must be reported, equal, and not
+    changed within the run; a baseline that recorded none (an older suite) is compared as before."""
+    if not recorded:
+        return None
+    measured = measured or {}
+    problems = []
+    for key in sorted(set(recorded) - NOT_COMPARED):
+        if key not in measured:
+            problems.append(f"{key} not reported (baseline {recorded[key]!r})")
+        elif measured[key] == "mixed":
+            problems.append(f"{key} changed within the run")
+        elif measured[key] != recorded[key]:
+            problems.append(f"{key} {measured[key]!r} (baseline {recorded[key]!r})")
+    if not problems:
+        return None
+    return ("engine settings differ from the baseline's: " + "; ".join(problems) +
+            ". Not compared: re-run with the baseline's settings, or record a new baseline (`baseline --update`) "
+            "if the change is meant")
 
 
 def evaluate(report: dict, baselines: BaselineFile | None, hw_class: str) -> list[GateRow]:
     """Gate rows for every speculative run in ``report``."""
+    measured_settings = (report.get("bench") or {}).get("engine_settings")
     settings = report.get("settings", {})
     engine, pair = settings.get("engine", "?"), settings.get("pair_name", "?")
     rows: list[GateRow] = []
@@ -180,6 +220,12 @@ def evaluate(report: dict, baselines: BaselineFile | None, hw_class: str) -> lis
         if base is None:
             rows.append(GateRow(label, "all", "missing", "-", "-", None,
                                 f"no baseline for ({hw_class}, {engine}, {pair}, {run['mode']}, {run.get('budget')})"))
+            continue
+        conflict = settings_conflict(base.settings, measured_settings)
+        if conflict:
+            shown = ", ".join(f"{k}={v}" for k, v in sorted((measured_settings or {}).items()))
+            rows.append(GateRow(label, "settings", "refused", shown or "-",
+                                ", ".join(f"{k}={v}" for k, v in sorted(base.settings.items())), None, conflict))
             continue
         tau = run.get("tau")
         band = f">= {base.tau.lower:.3f} ({base.tau.value:.3f} - {base.tau.band:.3f})"
@@ -212,6 +258,8 @@ def evaluate(report: dict, baselines: BaselineFile | None, hw_class: str) -> lis
 
 def exit_code(rows: list[GateRow]) -> int:
     statuses = {r.status for r in rows}
+    if "refused" in statuses:
+        return EXIT_SETTINGS_CHANGED
     if "fail" in statuses:
         return EXIT_REGRESSION
     if "inconclusive" in statuses:

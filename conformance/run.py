@@ -1,7 +1,7 @@
 """One run's identity: what the engine is asked to do, as one frozen value.
 
 A :class:`Run` is a decoding mode (plain, dflash, ddtree) with its budget, and how it runs (traced,
-with drafter logits, tensor-parallel size). It owns every name the suite gives a run, so no module
+with drafter logits, tensor-parallel size, CUDA graphs on or off or the engine's default). It owns every name the suite gives a run, so no module
 rebuilds them from strings:
 
 * :attr:`Run.label`: ``plain``, ``dflash``, ``ddtree-B16`` (reports, bench rows, baselines, messages);
@@ -34,6 +34,7 @@ class Run:
     trace: bool = False
     draft_logits: bool = False
     tensor_parallel_size: int = 1
+    cuda_graphs: bool | None = None  # None: the engine's default (RunConfig.cuda_graphs)
 
     def __post_init__(self) -> None:
         if self.mode not in ("plain", "dflash", "ddtree"):
@@ -83,8 +84,10 @@ class Run:
 
     def config(self, dtype: str, device: str) -> RunConfig:
         return RunConfig(mode=self.mode, budget=self.budget or 1, dtype=dtype, device=device, trace=self.trace,
-                         trace_draft_logits=self.draft_logits, tensor_parallel_size=self.tensor_parallel_size)
+                         trace_draft_logits=self.draft_logits, tensor_parallel_size=self.tensor_parallel_size,
+                         cuda_graphs=self.cuda_graphs)
 
     def describe(self) -> str:
         """How progress lines name the run: ``ddtree, B=16``."""
-        return self.mode if self.budget is None else f"{self.mode}, B={self.budget}"
+        graphs = "" if self.cuda_graphs is None else f", CUDA graphs {'on' if self.cuda_graphs else 'off'}"
+        return (self.mode if self.budget is None else f"{self.mode}, B={self.budget}") + graphs

@@ -38,10 +38,11 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats
 
-__all__ = ["DEFAULT_ALPHA", "Interval", "SequentialPlan", "planned_looks", "look_alpha", "ratio_interval", "verdict",
-           "cv"]
+__all__ = ["DEFAULT_ALPHA", "DEFAULT_POWER", "Interval", "SequentialPlan", "planned_looks", "look_alpha",
+           "ratio_interval", "verdict", "cv", "detectable_drop"]
 
 DEFAULT_ALPHA = 0.05
+DEFAULT_POWER = 0.8
 SPENDING = "planned geometric looks, each at alpha / K (Bonferroni over the K planned looks)"
 METHOD = "Student-t interval on log(speedup) per repeat, geometric mean"
 
@@ -145,3 +146,22 @@ def cv(samples: Sequence[float]) -> float | None:
     """Coefficient of variation (sample sd / mean); None below two samples."""
     x = np.asarray(samples, dtype=float)
     return float(x.std(ddof=1) / x.mean()) if x.size > 1 else None
+
+
+def detectable_drop(samples: Sequence[float], alpha_k: float, band: float = 0.0,
+                    power: float = DEFAULT_POWER) -> float | None:
+    """The minimum detectable effect of a run with these samples' noise and count: the smallest
+    relative drop below a baseline that its interval (level ``1 - alpha_k``) would call a regression
+    with probability ``power``, for a band of ``band`` (a fraction of the baseline).
+
+    A regression is called when the interval's upper end ``exp(mean + t se)`` is below the edge
+    ``value (1 - band)``; that happens with probability ``power`` once the true value is
+    ``z_power se`` further down: ``1 - (1 - band) exp(-(t + z_power) se)``, with ``se`` the standard
+    error of the mean log sample. With ``band`` 0 it is the run's own resolution. None below two
+    samples."""
+    x = np.asarray(samples, dtype=float)
+    if x.size < 2 or not np.all(np.isfinite(x)) or np.any(x <= 0):
+        return None
+    se = float(np.log(x).std(ddof=1)) / math.sqrt(x.size)
+    spread = (_t_quantile(float(alpha_k), int(x.size - 1)) + float(stats.norm.ppf(power))) * se
+    return 1 - (1 - band) * math.exp(-spread)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Round-time table: the reference engine's DDTree round, per stage, against one plain decode step.
 
-    python scripts/bench_reference_stages.py --shape 8b --device cuda --dtype bfloat16 --out $OUT/rounds
+    python scripts/bench_reference_stages.py --shape 8b --device cuda --dtype bfloat16 --paths eager,fast \
+        --out $OUT/rounds
 
 An 8B-shaped Qwen3 target and a drafter of the z-lab Qwen3-8B-DFlash-b16 shape with random weights,
 built on the device (``ddtree_conformance.testing.shaped_pair``); one prompt of ``--prompt-len``
@@ -10,6 +11,13 @@ pairs of (plain, DDTree) calls in alternating order. Times are the engine's own 
 (no host sync per round): the plain step is the plain decode span / steps, the round the DDTree
 decode span / rounds, and the stages (draft, build, compile, verify, walk, commit) their per-round
 spans. Random weights accept almost nothing, which is what this measures: the cost of one round.
+
+``--paths``: ``eager`` is transformers' eager forward on a ``DynamicCache`` (``cuda_graphs=False``),
+``graphs`` transformers' layers on static caches under CUDA graphs (``fused_layers=off``), ``fast`` the
+fast path as shipped (static caches, CUDA graphs, the target's fused layers of ``lean.py``). After the timed pairs, one profiled
+plain call and one profiled DDTree call per path give the GPU-busy share: the union of the device's
+kernels, copies and fills over the decode loop's device time (``timings.stages["gpu_busy"]`` /
+``["round_device"]``; the profiler slows the call a little).
 
 One reference engine and one set of feature hooks on the target for the whole run (checked after
 every budget). After each budget ``OUT/rounds.json`` and ``OUT/rounds.md`` are rewritten, so a run
@@ -45,6 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=24)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--paths", default="eager,fast", help="comma-separated: eager, graphs, fast")
+    p.add_argument("--no-busy", action="store_true", help="skip the profiled calls (GPU-busy share)")
     p.add_argument("--total-budget-s", type=float, default=300.0, help="start no budget after this much wall time")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--out", type=Path, required=True, help="output folder")
@@ -61,6 +71,7 @@ def per_round(result) -> dict:
     clock = "round_device" if "round_device" in stages else "round_wall"
     out = {k: stages[k] / rounds * 1e3 for k in STAGES if k in stages}
     out["round"] = stages[clock] / rounds * 1e3
+    out["busy_share"] = stages["gpu_busy"] / stages[clock] if "gpu_busy" in stages else None
     out["tau"] = sum(result.acceptance_lengths) / rounds if result.acceptance_lengths else None
     return out
 
@@ -74,11 +85,13 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
              f"untimed call; medians; {meta['new_tokens']} new tokens; torch {meta['torch']}",
              f"- feature hooks on the target: {meta['hooks']} (one per drafter feature layer, checked every budget)",
              "",
-             "| B | plain step ms | round ms | round / plain step | " + " | ".join(f"{s} ms" for s in STAGES)
-             + " | tau |",
-             "|---:|---:|---:|---:|" + "---:|" * len(STAGES) + "---:|"]
+             "| B | path | plain step ms | round ms | round / plain step | GPU busy: plain / round | "
+             + " | ".join(f"{s} ms" for s in STAGES) + " | tau |",
+             "|---:|---|---:|---:|---:|---:|" + "---:|" * len(STAGES) + "---:|"]
     for r in rows:
-        lines.append(f"| {r['budget']} | {r['plain_step_ms']:.2f} | {r['round_ms']:.2f} | {r['round_over_step']:.2f} | "
+        busy = "-" if r.get("busy_plain") is None else f"{r['busy_plain']:.0%} / {r['busy_round']:.0%}"
+        lines.append(f"| {r['budget']} | {r['path']} | {r['plain_step_ms']:.2f} | {r['round_ms']:.2f} | "
+                     f"{r['round_over_step']:.2f} | {busy} | "
                      + " | ".join(f"{r['stages_ms'].get(s, float('nan')):.2f}" for s in STAGES)
                      + f" | {r['tau']:.2f} |")
     (out / "rounds.md").write_text("\n".join(lines) + "\n")
@@ -100,44 +113,60 @@ def main(argv=None) -> int:
     request = Request(prompt_ids=random_prompts(1, args.prompt_len, SHAPES[args.shape]["vocab"])[0],
                       max_new_tokens=args.new_tokens)
 
-    def run(mode: str, budget: int) -> dict:
-        config = RunConfig(mode=mode, budget=budget, dtype=args.dtype, device=args.device, timing=True)
+    def run(mode: str, budget: int, path: str, profile: bool = False) -> dict:
+        engine.fused_layers = path == "fast"
+        config = RunConfig(mode=mode, budget=budget, dtype=args.dtype, device=args.device, timing=True,
+                           cuda_graphs=path != "eager", profile=profile)
         return per_round(engine.generate([request], config)[0])
 
-    run("plain", 1)  # warm-up
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    for path in paths:
+        run("plain", 1, path)  # warm-up
     meta = {"shape": args.shape, "dtype": args.dtype, "device": args.device, "prompt_len": args.prompt_len,
             "new_tokens": args.new_tokens, "repeats": args.repeats, "torch": torch.__version__, "hooks": hooks,
             "clock": "CUDA events" if args.device.startswith("cuda") else "host perf_counter",
             "device_name": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
-            "builder": "heap"}
+            "builder": "heap", "paths": paths}
     rows: list[dict] = []
     longest = 0.0
+    stop = False
     for budget in args.budgets:
-        elapsed = time.perf_counter() - started
-        if elapsed + longest > args.total_budget_s:
-            print(f"total budget {args.total_budget_s:g} s: stopping before B={budget} (elapsed {elapsed:.0f} s)")
+        for path in paths:
+            elapsed = time.perf_counter() - started
+            if elapsed + longest > args.total_budget_s:
+                print(f"total budget {args.total_budget_s:g} s: stopping before B={budget} {path} "
+                      f"(elapsed {elapsed:.0f} s)")
+                stop = True
+                break
+            t0 = time.perf_counter()
+            run("ddtree", budget, path)  # untimed: first call at this budget (captures its graphs)
+            plains, trees = [], []
+            for rep in range(args.repeats):
+                order = ("plain", "ddtree") if rep % 2 == 0 else ("ddtree", "plain")
+                for mode in order:
+                    (plains if mode == "plain" else trees).append(run(mode, budget, path))
+            if hook_count(target) != hooks:
+                raise SystemExit(f"feature hooks grew from {hooks} to {hook_count(target)} at B={budget}")
+            busy_plain = busy_round = None
+            if not args.no_busy and args.device.startswith("cuda"):
+                busy_plain = run("plain", budget, path, profile=True)["busy_share"]
+                busy_round = run("ddtree", budget, path, profile=True)["busy_share"]
+            ratios = [t["round"] / p["round"] for p, t in zip(plains, trees)]
+            row = {"budget": budget, "path": path, "plain_step_ms": statistics.median(p["round"] for p in plains),
+                   "round_ms": statistics.median(t["round"] for t in trees),
+                   "round_over_step": statistics.median(ratios), "busy_plain": busy_plain, "busy_round": busy_round,
+                   "stages_ms": {s: statistics.median(t[s] for t in trees) for s in STAGES if s in trees[0]},
+                   "tau": statistics.median(t["tau"] for t in trees), "samples": {"plain": plains, "ddtree": trees}}
+            rows.append(row)
+            longest = max(longest, time.perf_counter() - t0)
+            print(f"B={budget:5} {path:5} plain {row['plain_step_ms']:7.2f} ms  round {row['round_ms']:7.2f} ms  "
+                  f"x{row['round_over_step']:.2f} busy {busy_plain} / {busy_round} "
+                  + " ".join(f"{s} {v:.2f}" for s, v in row["stages_ms"].items())
+                  + f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
+            write(args.out, meta, rows)
+        if stop:
             break
-        t0 = time.perf_counter()
-        run("ddtree", budget)  # untimed: first call at this budget
-        plains, trees = [], []
-        for rep in range(args.repeats):
-            order = ("plain", "ddtree") if rep % 2 == 0 else ("ddtree", "plain")
-            for mode in order:
-                (plains if mode == "plain" else trees).append(run(mode, budget))
-        if hook_count(target) != hooks:
-            raise SystemExit(f"feature hooks grew from {hooks} to {hook_count(target)} at B={budget}")
-        ratios = [t["round"] / p["round"] for p, t in zip(plains, trees)]
-        row = {"budget": budget, "plain_step_ms": statistics.median(p["round"] for p in plains),
-               "round_ms": statistics.median(t["round"] for t in trees),
-               "round_over_step": statistics.median(ratios),
-               "stages_ms": {s: statistics.median(t[s] for t in trees) for s in STAGES if s in trees[0]},
-               "tau": statistics.median(t["tau"] for t in trees), "samples": {"plain": plains, "ddtree": trees}}
-        rows.append(row)
-        longest = time.perf_counter() - t0
-        print(f"B={budget:5} plain {row['plain_step_ms']:7.2f} ms  round {row['round_ms']:7.2f} ms  "
-              f"x{row['round_over_step']:.2f}  " + " ".join(f"{s} {v:.2f}" for s, v in row["stages_ms"].items())
-              + f"  ({longest:.1f} s)", flush=True)
-        write(args.out, meta, rows)
+    meta["fast_path"] = engine.fast_path_stats()
     meta["elapsed_s"] = time.perf_counter() - started
     write(args.out, meta, rows)
     print((args.out / "rounds.md").read_text(), flush=True)

@@ -71,6 +71,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pair", choices=["8b", "fixture", "tiny"], default="8b")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--cuda-graphs", default="on", choices=["on", "off"],
+                   help="the reference engine's fast path (CUDA graphs) or its eager path")
     p.add_argument("--trials", type=int, default=10, help="trials per engine")
     p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of " + ", ".join(ENGINES).replace("%", "%%"))
     p.add_argument("--prompts", type=int, default=2, help="requests per repeat")
@@ -101,16 +103,32 @@ def load_pair(args, scratch: Path):
         from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
         from ddtree_conformance.prompts import load_prompts
 
-        base = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+        base = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), cuda_graphs=args.cuda_graphs)
         prompts = [p.prompt_ids for p in load_prompts("fixture")[: args.prompts]]
         return base, prompts, "fixture (bundled, trained)"
     from ddtree_conformance.testing.shaped_pair import SHAPES, build_shaped_pair, random_prompts
 
     target_dir, drafter_dir, target, drafter = build_shaped_pair(args.pair, dtype, args.device, scratch)
-    base = ReferenceEngine(str(target_dir), str(drafter_dir))
+    base = ReferenceEngine(str(target_dir), str(drafter_dir), cuda_graphs=args.cuda_graphs)
     base.use_models(target, drafter, RunConfig(mode="ddtree", dtype=args.dtype, device=args.device))
     prompts = random_prompts(args.prompts, args.prompt_len, SHAPES[args.pair]["vocab"], seed=args.seed)
     return base, prompts, f"{args.pair}-shaped Qwen3, random weights"
+
+
+def machine() -> dict:
+    """What tells one machine from another: host name, boot id, GPU UUID and driver."""
+    out = {"hostname": platform.node()}
+    try:
+        out["boot_id"] = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        out["boot_id"] = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        out["gpu"] = props.name
+        out["gpu_uuid"] = str(getattr(props, "uuid", ""))
+        out["driver"] = getattr(torch.cuda, "driver_version", lambda: None)() if hasattr(torch.cuda,
+                                                                                          "driver_version") else None
+    return out
 
 
 def lower_bound(successes: int, trials: int, confidence: float = 0.95) -> float:
@@ -176,6 +194,9 @@ def summarise(trials: list[dict], names: list[str], baseline: dict, args, meta: 
             "share_correct": good / len(mine), "share_correct_lower95": lower_bound(good, len(mine)),
             "counts": {s: sum(t["status"] == s for t in mine) for s in ("pass", "fail", "inconclusive")},
             "cv_median": float(np.median(cvs)) if cvs else None,
+            "cv_max": float(np.max(cvs)) if cvs else None,
+            "mde_median": float(np.median([t["mde"] for t in mine if t.get("mde") is not None]))
+            if any(t.get("mde") is not None for t in mine) else None,
             "cv_pooled": float(np.std(np.log(pool), ddof=1)) if len(pool) > 1 else None,
             "repeats_mean": float(np.mean([t["repeats"] for t in mine])),
             "repeats_max": max(t["repeats"] for t in mine),
@@ -207,11 +228,12 @@ def write_table(summary: dict, out: Path) -> None:
              f"round {b['round_ms']:.2f} ms, tau {b['tau']:.3f}",
              f"- setup {m['setup_s']:.0f} s, warm-up {m['warmup_s']:.0f} s, baseline {m['baseline_s']:.0f} s; "
              f"elapsed {m['elapsed_s']:.0f} s; torch {m['torch']}",
+             f"- machine: {m.get('machine')}; engine settings: {m.get('engine_settings')}",
              "",
-             "| engine | expected | trials | correct | share correct (95% lower) | pass/fail/inconcl. | CV ratio "
-             "(median trial / pooled) | repeats/verdict (mean, max) | GPU-min/verdict (mean, max) | effect on "
-             "speedup | injected share of round | simulated share correct (this budget / goal budget) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| engine | expected | trials | correct | share correct (95% lower) | pass/fail/inconcl. | CV speedup "
+             "(median / max trial; pooled) | MDE (median) | repeats/verdict (mean, max) | GPU-min/verdict (mean, max) "
+             "| effect on speedup | injected share of round | simulated share correct (this budget / goal budget) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in summary["rows"]:
         c = r["counts"]
         sim = "-" if r["simulated_share_correct"] is None else (
@@ -220,7 +242,8 @@ def write_table(summary: dict, out: Path) -> None:
         lines.append(
             f"| {r['engine']} | {r['expected']} | {r['trials']} | {r['correct']} | {r['share_correct']:.2f} "
             f"({r['share_correct_lower95']:.2f}) | {c['pass']}/{c['fail']}/{c['inconclusive']} | "
-            f"{_pct(r['cv_median'])} / {_pct(r['cv_pooled'])} | {r['repeats_mean']:.1f}, {r['repeats_max']} | "
+            f"{_pct(r['cv_median'])} / {_pct(r.get('cv_max'))}; {_pct(r['cv_pooled'])} | {_pct(r.get('mde_median'))} | "
+            f"{r['repeats_mean']:.1f}, {r['repeats_max']} | "
             f"{r['gpu_min_mean']:.3f}, {r['gpu_min_max']:.3f} | {100 * r['effect_vs_baseline']:+.2f} % | "
             f"{100 * r['injected_share_of_round']:.2f} % | {sim} |")
     lines += ["", "GPU-min/verdict: wall minutes of the sequential bench of one verdict (the GPU is held "
@@ -255,7 +278,8 @@ def main(argv=None) -> int:
         return RunConfig(mode=mode, budget=budget or 1, dtype=args.dtype, device=args.device)
 
     base.generate(requests[:1], config("plain", None))  # loads the fixture pair; models exist before sharing
-    engines = {n: base if n == "correct" else share_loaded(base, ENGINES[n][0], **ENGINES[n][1]) for n in names}
+    engines = {n: base if n == "correct" else share_loaded(base, ENGINES[n][0], cuda_graphs=args.cuda_graphs,
+                                                            **ENGINES[n][1]) for n in names}
     setup_s = time.perf_counter() - started
     t0 = time.perf_counter()
     for engine in {id(e): e for e in engines.values()}.values():
@@ -284,7 +308,9 @@ def main(argv=None) -> int:
                                                        indent=1) + "\n")
     print(f"baseline: speedup {baseline['value']:.4f} edge {baseline['edge']:.4f} CV {baseline['cv']} "
           f"({baseline_s:.1f} s); step {baseline['step_ms']:.2f} ms round {baseline['round_ms']:.2f} ms", flush=True)
-    meta = {"pair": pair_text, "dtype": args.dtype, "device": args.device,
+    settings_seen = base.generate(requests[:1], config("ddtree", args.budget))[0].engine_settings
+    meta = {"pair": pair_text, "dtype": args.dtype, "device": args.device, "machine": machine(),
+            "engine_settings": settings_seen,
             "device_name": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor()
             or platform.machine(), "budget": args.budget, "prompts": len(requests), "new_tokens": args.new_tokens,
             "band": args.band, "alpha": args.alpha, "min_repeats": args.min_repeats, "max_repeats": args.max_repeats,
@@ -323,12 +349,13 @@ def main(argv=None) -> int:
                      "step_ms": cm["step_s"] * 1e3, "round_ms": cm["round_s"] * 1e3,
                      "injected_share": (getattr(engine, "injected_s", 0.0) - injected) / round_total
                      if math.isfinite(round_total) else 0.0,
-                     "stop": sp["stop"]["reason"], "message": row.message}
+                     "stop": sp["stop"]["reason"], "message": row.message,
+                     "mde": (row.details or {}).get("mde"), "resolution": sp.get("resolution")}
             trials.append(trial)
             log.write(json.dumps(trial) + "\n")
             log.flush()
             print(f"trial {t} {name:10} {row.status:12} {sp['estimate']:.4f} [{sp['ci_low']:.4f}, {sp['ci_high']:.4f}] "
-                  f"n={n} {seconds:.1f}s cv={sp['cv']}", flush=True)
+                  f"n={n} {seconds:.1f}s cv={sp['cv']} mde={trial['mde']}", flush=True)
             meta["elapsed_s"] = time.perf_counter() - started
             write_table(summarise(trials, names, baseline, args, meta, final=False), args.out)
         else:

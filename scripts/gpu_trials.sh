@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
-# The GPU runs of issue 15 on one H200, each writing under $OUT:
-#   rounds            round-time table, 8B-shaped pair, bf16, context 512, heap vs plain step, B = 16..1024
-#                     ($OUT/rounds/rounds.{md,json}; ~1.5 minutes)
-#   decisive-8b       gate decisiveness, 8B-shaped random-weight pair ($OUT/decisive-8b/{table.md,table.json,
-#                     trials.jsonl,baseline.json}; stops starting trials at 330 s, ~6.5 minutes)
-#   decisive-fixture  gate decisiveness, bundled fixture pair ($OUT/decisive-fixture/...; stops at 110 s, ~2.5 minutes)
+# GPU runs on one H200 (issue 22: the reference engine's fast path and the gate's decisiveness), each
+# writing under $WORK (default $OUT); with PACK=1, $WORK is packed into $OUT/runs.tgz after every job, so
+# that a lent machine's few returned files hold everything (and a job cut short keeps what it wrote).
+#   equality          fast path vs eager: outputs, acceptance, graph counts (fixture fp32 + bf16, then the
+#                     8B-shaped pair in bf16) -> $WORK/equality/, $WORK/equality-8b/          (~2 minutes)
+#   rounds            round-time table, 8B-shaped pair, bf16, context 512, eager and fast path, plain step and
+#                     B = 16..1024, GPU-busy share -> $WORK/rounds/                           (~2.5 minutes)
+#   equality-8b       the same on the tiny shaped pair (grouped KV heads) in fp32 and the 8B-shaped pair in bf16
+#   gpu-tests         pytest -m gpu -k fast_path (fast path == eager in fp32 on CUDA; stops the script on a
+#                     failure)                                                                (~0.5 minute)
+#   decisive-smoke    2 trials per engine (correct, verify +5 %), fast path -> $WORK/decisive-smoke/
+#   decisive-8b       gate decisiveness, 8B-shaped random-weight pair, fast path, band 2 %: a baseline of 30
+#                     repeats, then $TRIALS (default 12) trials per engine (correct, verify +5 %), each a
+#                     sequential bench with at most 60 s -> $WORK/decisive-8b/                  (~4 minutes)
+#   decisive-eager    the same on the eager path (graphs off), for comparison
 #
-#   bash scripts/gpu_trials.sh rounds decisive-8b     # one command, ~7 minutes
-#   bash scripts/gpu_trials.sh decisive-fixture       # one command, ~3 minutes
+#   PACK=1 bash scripts/gpu_trials.sh equality rounds gpu-tests decisive-smoke     # one development call
+#   PACK=1 bash scripts/gpu_trials.sh decisive-8b                                  # one call per new machine
 #
 # The package runs from the source tree through a symlink shim (nothing is installed). pydantic is not
-# in the H200 image: put its wheels in .whl/ (pydantic, pydantic-core, annotated-types,
-# typing-inspection, for cp312 manylinux x86_64) and carry .whl; they are installed into /tmp/site.
-set -euo pipefail
+# in the H200 image: put its wheels in .whl/ (pydantic, pydantic-core, annotated-types, typing-inspection,
+# typing-extensions, for cp312 manylinux x86_64) and carry .whl; they are installed into /tmp/site.
+set -uo pipefail
 OUT=${OUT:-out}
+WORK=${WORK:-$OUT}
+TRIALS=${TRIALS:-12}
+mkdir -p "$WORK"
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
@@ -23,21 +35,41 @@ for f in conformance/*; do ln -s "$PWD/$f" "$shim/ddtree_conformance/"; done
 ln -s "$PWD/adapters" "$shim/ddtree_conformance/adapters"
 ln -s "$PWD/golden" "$shim/ddtree_conformance/golden"
 export PYTHONPATH="$shim:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-python3 -c "import ddtree_conformance.bench, torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"
+python3 -c "import ddtree_conformance.bench, torch, transformers; print('torch', torch.__version__, 'transformers',
+transformers.__version__, torch.cuda.get_device_name(0))" || exit 1
+nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv || true
+pack() { if [ "${PACK:-0}" = 1 ]; then tar czf "$OUT/runs.tgz" -C "$WORK" . ; fi; }
+decisive() {  # name, cuda-graphs, trials, trial budget, total budget, timeout
+  timeout "$6" python3 scripts/gate_decisiveness.py --pair 8b --device cuda --dtype bfloat16 --cuda-graphs "$2" \
+    --engines correct,verify+5% --prompts 1 --prompt-len 128 --new-tokens 64 --budget 32 --trials "$3" \
+    --band 0.02 --baseline-repeats "${BASELINE_REPEATS:-30}" --trial-budget-s "$4" --max-repeats 60 --total-budget-s "$5" \
+    --out "$WORK/$1" || echo "$1: exit $?"
+}
 for job in "$@"; do
+  started=$SECONDS
   case "$job" in
+    equality)
+      timeout 150 python3 scripts/fast_path_equality.py --device cuda --runs fixture:float32,fixture:bfloat16 \
+        --budgets 16,64,256,1024 --prompts 8 --new-tokens 64 --out "$WORK/equality" || echo "equality: exit $?"
+      timeout 120 python3 scripts/fast_path_equality.py --device cuda --runs 8b:bfloat16 --budgets 32,256 \
+        --new-tokens 32 --out "$WORK/equality-8b" || echo "equality-8b: exit $?" ;;
+    equality-8b)
+      timeout 150 python3 scripts/fast_path_equality.py --device cuda --runs tiny:float32,8b:bfloat16 \
+        --budgets 32,256 --new-tokens 32 --out "$WORK/equality-8b" || echo "equality-8b: exit $?" ;;
     rounds)
       timeout 200 python3 scripts/bench_reference_stages.py --shape 8b --device cuda --dtype bfloat16 \
-        --prompt-len 512 --new-tokens 24 --repeats 3 --total-budget-s 150 --out "$OUT/rounds" || echo "rounds: exit $?" ;;
-    decisive-8b)
-      timeout 420 python3 scripts/gate_decisiveness.py --pair 8b --device cuda --dtype bfloat16 --prompts 1 \
-        --prompt-len 128 --new-tokens 64 --budget 32 --trials 8 --band 0.01 --baseline-repeats 30 \
-        --trial-budget-s 150 --max-repeats 60 --total-budget-s 330 --out "$OUT/decisive-8b" || echo "decisive-8b: exit $?" ;;
-    decisive-fixture)
-      timeout 180 python3 scripts/gate_decisiveness.py --pair fixture --device cuda --dtype bfloat16 --prompts 4 \
-        --new-tokens 64 --budget 32 --trials 8 --band 0.01 --baseline-repeats 20 --trial-budget-s 40 \
-        --total-budget-s 110 --out "$OUT/decisive-fixture" \
-        || echo "decisive-fixture: exit $?" ;;
-    *) echo "unknown job $job (rounds, decisive-8b, decisive-fixture)" >&2; exit 2 ;;
+        --paths "${PATHS:-eager,graphs,fast}" --prompt-len 512 --new-tokens "${ROUND_TOKENS:-16}" \
+        --repeats "${ROUND_REPEATS:-2}" --total-budget-s 170 --out "$WORK/rounds" || echo "rounds: exit $?" ;;
+    gpu-tests)
+      timeout 120 python3 -m pytest -q -p no:cacheprovider -p ddtree_conformance.pytest_plugin -m gpu \
+        tests/test_gpu.py -k fast_path \
+        -o addopts="" 2>&1 | tail -15 || { echo "gpu-tests failed: stopping"; pack; exit 3; } ;;
+    decisive-smoke) decisive decisive-smoke on 2 30 100 150 ;;
+    decisive-8b) decisive decisive-8b on "$TRIALS" "${TRIAL_BUDGET:-60}" "${TOTAL_BUDGET:-420}" \
+      "$(( ${TOTAL_BUDGET:-420} + 120 ))" ;;
+    decisive-eager) decisive decisive-eager off "$TRIALS" 60 420 540 ;;
+    *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager)" >&2; exit 2 ;;
   esac
+  echo "job $job: $((SECONDS - started)) s"
+  pack
 done

@@ -11,14 +11,12 @@ import math
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
-
 from ddtree_conformance.adapters.interface import Capabilities, Engine, Request, RequestResult, RunConfig, Timings
-from ddtree_conformance.baselines import Band, BaselineEntry, BaselineFile, PositionBand, write_baselines
-from ddtree_conformance.bench import BenchError, call_timing, run_bench
+from ddtree_conformance.bench import Arm, BenchError, Stream, call_timing, measure, run_bench
 from ddtree_conformance.cli import app
 from ddtree_conformance.sequential import SequentialPlan
 from ddtree_conformance.testing.random_pair import write_random_pair
+from typer.testing import CliRunner
 
 
 class TimedEngine(Engine):
@@ -198,6 +196,82 @@ def test_failed_requests_and_empty_decode_are_errors():
         run_bench(engine, short, config, [("ddtree", 16)], repeats=2, now=engine.now)
 
 
+# -------------------------------------------------------------------------- engine settings, GPU busy, A/B
+class SettingsEngine(TimedEngine):
+    """Reports engine settings (``flip``: CUDA graphs on and off in alternate calls) and, on a profiled
+    call, a GPU-busy time of ``busy`` x its decode time."""
+
+    def __init__(self, graphs=True, flip=False, busy=None, **kw):
+        super().__init__(**kw)
+        self.graphs, self.flip, self.busy, self.profiled = graphs, flip, busy, 0
+
+    def generate(self, requests, config):
+        out = super().generate(requests, config)
+        if self.flip:
+            self.graphs = not self.graphs
+        stages = {}
+        if config.profile and self.busy is not None:
+            self.profiled += 1
+            stages = {"gpu_busy": self.busy * out[0].timings.stages["round_device"]}
+        return [r.model_copy(update={"engine_settings": {"cuda_graphs": self.graphs, "attention_backend": "x"},
+                                     "timings": r.timings.model_copy(update={"stages": {**r.timings.stages,
+                                                                                        **stages}})})
+                for r in out]
+
+
+def gpu_config(mode, budget):
+    return RunConfig(mode=mode, budget=budget or 1, device="cuda:0")
+
+
+def test_bench_records_the_engine_settings_and_warns_on_an_eager_gpu_run():
+    engine = SettingsEngine(graphs=False)
+    out = run_bench(engine, REQUESTS, gpu_config, [("ddtree", 16)], repeats=2, now=engine.now, probe_busy=False)
+    assert out["bench"]["engine_settings"] == {"cuda_graphs": False, "attention_backend": "x", "dtype": "float32",
+                                               "tensor_parallel_size": 1}
+    assert out["runs"][1]["engine_settings"]["cuda_graphs"] is False
+    assert any(w.startswith("eager-mode GPU run") for w in out["bench"]["warnings"])
+    assert "WARNING: eager-mode GPU run" in out["bench"]["timing_basis"]
+    graphs = SettingsEngine(graphs=True)
+    fine = run_bench(graphs, REQUESTS, gpu_config, [("ddtree", 16)], repeats=2, now=graphs.now, probe_busy=False)
+    assert fine["bench"]["warnings"] == []
+    on_cpu = run_bench(engine, REQUESTS, config, [("ddtree", 16)], repeats=2, now=engine.now)
+    assert on_cpu["bench"]["warnings"] == []  # eager is what a CPU runs
+    silent = TimedEngine()
+    unknown = run_bench(silent, REQUESTS, gpu_config, [("ddtree", 16)], repeats=2, now=silent.now, probe_busy=False)
+    assert any("does not report whether it ran under CUDA graphs" in w for w in unknown["bench"]["warnings"])
+
+
+def test_settings_that_change_within_a_run_are_mixed_and_warned():
+    engine = SettingsEngine(flip=True)
+    out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], repeats=2, now=engine.now)
+    assert out["bench"]["engine_settings"]["cuda_graphs"] == "mixed"
+    assert any("settings changed within the run (cuda_graphs)" in w for w in out["bench"]["warnings"])
+
+
+def test_gpu_busy_share_comes_from_one_profiled_call_per_run():
+    engine = SettingsEngine(busy=0.8)
+    out = run_bench(engine, REQUESTS, gpu_config, [("ddtree", 16)], repeats=2, now=engine.now)
+    assert engine.profiled == 2 and [r["gpu_busy_share"] for r in out["runs"]] == [0.8, 0.8]
+    assert "GPU busy (one profiled call): plain 80%, ddtree-B16 80%" in out["bench"]["timing_basis"]
+
+
+def test_measure_interleaves_two_engines_for_an_ab_comparison():
+    """What an A/B bench builds on: arms from two engine builds, one stream of B's speedup over A's. B's
+    rounds cost 5 % more, so its speedup ratio is about 0.95 and a 2 % edge calls it a regression."""
+    a, b = TimedEngine(rounds={16: 0.020}, noise=0.005, seed=1), TimedEngine(rounds={16: 0.021}, noise=0.005, seed=2)
+    arms = [Arm("A:plain", a, config("plain", None)), Arm("A:ddtree-B16", a, config("ddtree", 16)),
+            Arm("B:plain", b, config("plain", None)), Arm("B:ddtree-B16", b, config("ddtree", 16))]
+    stream = Stream("B/A ddtree-B16", tuple(arm.label for arm in arms),
+                    lambda rep: rep.sample("B:ddtree-B16", "B:plain")["speedup"]
+                    / rep.sample("A:ddtree-B16", "A:plain")["speedup"], edge=0.98)
+    measured = measure(arms, REQUESTS, [stream], plan=SequentialPlan(max_repeats=30, time_budget_s=1e9),
+                       now=lambda: a.t + b.t)  # one simulated clock for both engines
+    stop = measured.stop["B/A ddtree-B16"]
+    assert stop["decision"] == "regression"
+    # warm-up, then every request once through every arm per repeat, paired within the request
+    assert len(a.calls) == len(b.calls) == 2 + stop["repeats"] * len(REQUESTS) * 2
+
+
 # -------------------------------------------------------------------------- CLI, tiny real pair
 
 
@@ -246,22 +320,41 @@ def test_bench_writes_report_with_schema_and_three_files(pair, prompts, tmp_path
     assert gated.exit_code == 0, gated.output
 
 
-@pytest.mark.parametrize("speedup, code", [(0.01, 0), (100.0, 1)])
-def test_bench_against_baselines_goes_sequential_and_gate_decides(pair, prompts, tmp_path, speedup, code):
-    """An edge far below (far above) any real speedup: decided at the first look, pass (regression)."""
-    entry = BaselineEntry(hardware_class="test-cpu", engine="reference", pair="random", mode="ddtree", budget=4,
-                          tau=Band(value=1.0, band=1.0), per_position=PositionBand(values=[], band=0.05),
-                          speedup=Band(value=speedup, band=0.0))
-    write_baselines(tmp_path / "bl" / "test-cpu.json", BaselineFile(entries=[entry]))
+RECORDED = "ddtree_conformance.testing.recorded_timings:RecordedTimings"
+
+
+def recorded_args(pair, prompts, out, samples, *extra):
+    """bench of the engine that replays per-repeat speedups recorded on an H200: one prompt (and the run's
+    held-out one), no warm-up, so repeat k is recorded sample k (no timing of this machine enters the numbers)."""
+    target, drafter = pair
+    one = prompts.parent / "one.jsonl"
+    one.write_text(prompts.read_text().splitlines()[0] + "\n")
+    return [str(a) for a in ("bench", "--engine", RECORDED, "-O", f"samples={samples}", "--model", target,
+                             "--drafter", drafter, "--prompts", one, "--pair-name", "recorded", "--max-new-tokens", "9",
+                             "--modes", "ddtree", "--budgets", "32", "--no-isolate", "--no-warmup", "--out", out,
+                             "--hardware-class", "test-h200", *extra)]
+
+
+@pytest.mark.parametrize("samples, decision, repeats, code", [("correct", "pass", 5, 0),
+                                                               ("verify+5%", "regression", 8, 1)])
+def test_sequential_bench_and_gate_on_samples_recorded_on_an_h200(pair, prompts, tmp_path, samples, decision,
+                                                                  repeats, code):
+    """The whole chain (bench -> baseline -> sequential bench -> gate) on recorded samples: the baseline's
+    20 repeats and one trial each of the correct engine and the verify +5 % mutant, as the H200 trial
+    decided them (scripts/measurements/2026-12-01-machine-a). Deterministic: no clock of this machine."""
+    base = tmp_path / "base.json"
+    made = CliRunner().invoke(app, recorded_args(pair, prompts, base, "baseline", "--repeats", "20"))
+    assert made.exit_code == 0, made.output
+    bl = tmp_path / "bl"
+    assert CliRunner().invoke(app, ["baseline", str(base), "--baselines", str(bl)]).exit_code == 0
     out = tmp_path / "seq.json"
-    result = CliRunner().invoke(app, bench_args(pair, prompts, out, "--modes", "ddtree", "--baselines",
-                                                tmp_path / "bl", "--min-repeats", "3"))
+    result = CliRunner().invoke(app, recorded_args(pair, prompts, out, samples, "--baselines", bl))
     assert result.exit_code == 0, result.output
     sp = json.loads(out.read_text())["runs"][1]["speedup"]
-    assert sp["sequential"] and sp["stop"]["repeats"] == 3
-    assert sp["stop"]["decision"] == ("pass" if code == 0 else "regression")
-    gated = CliRunner().invoke(app, ["gate", str(out), "--baselines", str(tmp_path / "bl")])
+    assert sp["sequential"] and sp["stop"]["decision"] == decision and sp["stop"]["repeats"] == repeats
+    gated = CliRunner().invoke(app, ["gate", str(out), "--baselines", str(bl)])
     assert gated.exit_code == code, gated.output
+    assert "MDE" in gated.stdout
 
 
 def test_bench_rejects_bad_options(pair, prompts, tmp_path):

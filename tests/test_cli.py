@@ -504,4 +504,4 @@ def test_unknown_engine_option_is_refused_by_every_command(pair, prompts_file, t
     for command in (base_args(pair, prompts_file, tmp_path / "o.jsonl"),
                     ["check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--out", tmp_path / "r.json"]):
         assert_usage_error(invoke(*command, "-O", "bulider=vectorized"),
-                           "engine 'reference': unknown option(s) bulider; known: builder")
+                           "engine 'reference': unknown option(s) bulider; known: builder, cuda_graphs, fused_layers")

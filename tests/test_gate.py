@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from ddtree_conformance.baselines import (BaselineError, entries_from_report, load_baselines, merge_entries,
                                    write_baselines)
 from ddtree_conformance.cli import app
-from ddtree_conformance.gate import (EXIT_INCONCLUSIVE, EXIT_MISSING, EXIT_PASS, EXIT_REGRESSION, evaluate, exit_code,
-                                     speedup_interval)
+from ddtree_conformance.gate import (EXIT_INCONCLUSIVE, EXIT_MISSING, EXIT_PASS, EXIT_REGRESSION,
+                                     EXIT_SETTINGS_CHANGED, evaluate, exit_code, speedup_interval)
 
 HW = "test-hw"
 
@@ -230,3 +230,60 @@ def test_bad_baseline_file_names_file_and_field(tmp_path, stored):
         load_baselines(stored)
     result = gate_cli(tmp_path, make_report(), stored)
     assert result.exit_code == 2 and "entries.0.tau.band" in result.stderr
+
+
+# -- engine settings: recorded with the baseline, a change refused ----------------------------------------
+GRAPHS = {"cuda_graphs": True, "attention_backend": "sdpa", "overlap_scheduling": False, "dtype": "float32",
+          "tensor_parallel_size": 1}
+
+
+def with_settings(report: dict, settings: dict | None) -> dict:
+    report = copy.deepcopy(report)
+    if settings is not None:
+        report["bench"]["engine_settings"] = settings
+    return report
+
+
+@pytest.fixture
+def stored_with_settings(tmp_path):
+    path = tmp_path / "baselines-settings" / f"{HW}.json"
+    write_baselines(path, merge_entries(None, entries_from_report(with_settings(make_report(), GRAPHS))))
+    return path
+
+
+def test_the_baseline_records_the_engine_settings(stored_with_settings):
+    assert load_baselines(stored_with_settings).entries[0].settings == GRAPHS
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"cuda_graphs": False}, "cuda_graphs False (baseline True)"),
+    ({"attention_backend": "triton"}, "attention_backend 'triton' (baseline 'sdpa')"),
+    ({"cuda_graphs": "mixed"}, "cuda_graphs changed within the run"),
+    ({"cuda_graphs": None}, None),  # dropped below: a setting the report does not give
+])
+def test_gate_refuses_a_settings_change_with_exit_6(tmp_path, stored_with_settings, change, words):
+    settings = {**GRAPHS, **change}
+    if change == {"cuda_graphs": None}:
+        del settings["cuda_graphs"]
+        words = "cuda_graphs not reported (baseline True)"
+    rows = evaluate(with_settings(make_report(), settings), load_baselines(stored_with_settings), HW)
+    assert [r.status for r in rows] == ["refused"] and words in rows[0].message
+    assert exit_code(rows) == EXIT_SETTINGS_CHANGED == 6
+    # even a run that would fail on every metric is refused, not judged
+    worse = with_settings(make_report(tau=2.0, ratios=(0.3, 0.31, 0.29, 0.3, 0.3)), settings)
+    assert exit_code(evaluate(worse, load_baselines(stored_with_settings), HW)) == 6
+    result = gate_cli(tmp_path, with_settings(make_report(), settings), stored_with_settings)
+    assert result.exit_code == 6 and "REFUSED" in result.stdout
+
+
+def test_same_settings_are_judged_and_an_older_baseline_is_judged_with_a_note(stored, stored_with_settings):
+    same = evaluate(with_settings(make_report(), GRAPHS), load_baselines(stored_with_settings), HW)
+    assert exit_code(same) == EXIT_PASS and "records no engine settings" not in speedup_row(same).message
+    old = evaluate(with_settings(make_report(), {**GRAPHS, "cuda_graphs": False}), load_baselines(stored), HW)
+    assert exit_code(old) == EXIT_PASS and "records no engine settings" in speedup_row(old).message
+
+
+def test_the_speedup_row_reports_the_minimum_detectable_effect(stored):
+    row = speedup_row(evaluate(make_report(), load_baselines(stored), HW))
+    mde = row.details["mde"]
+    assert 0.02 < mde < 0.2 and f"MDE {100 * mde:.1f} %" in row.message

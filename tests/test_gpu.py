@@ -195,3 +195,24 @@ def test_worker_sees_only_its_gpus():
         assert count == len(listed), f"{worker}: CUDA_VISIBLE_DEVICES={visible} but CUDA sees {count} devices"
     if worker != "main" and count:
         assert visible is not None, f"{worker}: xdist worker on a GPU machine without CUDA_VISIBLE_DEVICES set"
+
+
+# -- the reference engine's fast path ----------------------------------------------------------
+@pytest.mark.parametrize("mode, budget", [("plain", 1), ("dflash", 1), ("ddtree", 16), ("ddtree", 256)])
+def test_reference_fast_path_equals_eager_in_fp32(mode, budget):
+    """CUDA graphs on (static caches, one graph per shape) give the eager path's outputs and per-round
+    acceptance exactly in float32, and the graphs really replay (no capture failed)."""
+    from ddtree_conformance.adapters.interface import Request, RunConfig
+    from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+    from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+    from ddtree_conformance.prompts import load_prompts
+
+    engine = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+    requests = [Request(prompt_ids=p.prompt_ids, max_new_tokens=48) for p in load_prompts("fixture")[:6]]
+    eager, fast = (engine.generate(requests, RunConfig(mode=mode, budget=budget, device="cuda", cuda_graphs=graphs))
+                   for graphs in (False, True))
+    assert [r.output_ids for r in fast] == [r.output_ids for r in eager]
+    assert [r.acceptance_lengths for r in fast] == [r.acceptance_lengths for r in eager]
+    stats = engine.fast_path_stats()
+    assert stats["failure"] is None and stats["captures"] > 0 and stats["replays"] > stats["captures"]
+    assert fast[0].engine_settings["cuda_graphs"] and not eager[0].engine_settings["cuda_graphs"]

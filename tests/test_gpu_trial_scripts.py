@@ -42,6 +42,17 @@ def test_round_time_table_writes_its_rows(tmp_path):
                  "--prompt-len", "8", "--new-tokens", "5", "--repeats", "1", "--threads", "1",
                  "--out", str(out)]) == 0
     rows = json.loads((out / "rounds.json").read_text())["rows"]
-    assert [r["budget"] for r in rows] == [4, 16]
+    assert [(r["budget"], r["path"]) for r in rows] == [(4, "eager"), (4, "fast"), (16, "eager"), (16, "fast")]
     assert all(r["plain_step_ms"] > 0 and r["round_ms"] > 0 and "verify" in r["stages_ms"] for r in rows)
-    assert "| 16 |" in (out / "rounds.md").read_text()
+    assert "| 16 | fast |" in (out / "rounds.md").read_text()
+
+
+@pytest.mark.slow
+def test_fast_path_equality_writes_its_table(tmp_path):
+    main = script("fast_path_equality.py")
+    out = tmp_path / "equality"
+    assert main(["--device", "cpu", "--runs", "tiny:float32", "--budgets", "4", "--new-tokens", "5",
+                 "--out", str(out)]) == 0
+    rows = json.loads((out / "equality.json").read_text())["rows"]
+    assert [r["mode"] for r in rows] == ["plain", "dflash", "ddtree"]
+    assert all(r["outputs_equal"] == r["requests"] == r["acceptance_equal"] for r in rows)

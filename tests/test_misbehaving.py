@@ -207,7 +207,8 @@ def test_unknown_option_is_refused_before_anything_starts(suite):
     options = [a for k, v in fault.options.items() for a in ("-O", f"{k}={v}")]
     result, report, lines = check(suite, fault.engine, ["lossless"], *options)
     assert result.exit_code == 2 and report is None
-    assert lines == ["error: engine 'reference': unknown option(s) bulider; known: builder"]
+    assert lines == ["error: engine 'reference': unknown option(s) bulider; known: builder, cuda_graphs, "
+                     "fused_layers"]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,14 +1,16 @@
-"""How the reference engine times its decode loop and its stages (see :class:`DecodeClock`)."""
+"""How the reference engine times its decode loop and its stages (see :class:`DecodeClock`), and how
+long the device is busy inside it (:func:`busy_probe`)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["DecodeClock"]
+__all__ = ["DecodeClock", "busy_probe", "busy_seconds"]
 
 
 @dataclass
@@ -62,3 +64,37 @@ class DecodeClock:
             self.stages["round_device" if cuda else "round_wall"] = seconds(*self._span)
         self._marks, self._span = [], []
         return self.stages
+
+
+def busy_seconds(intervals: Iterable[tuple[int, int]]) -> float:
+    """Seconds covered by the union of ``(start_ns, end_ns)`` intervals (overlaps counted once)."""
+    total, reach = 0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total / 1e9
+
+
+@contextmanager
+def busy_probe(enabled: bool, device: torch.device) -> Iterator[dict[str, float]]:
+    """Time the device is busy inside the block: ``{"gpu_busy": seconds}`` once it exits (CUDA and
+    ``enabled`` only; else ``{}``). A profiler records every kernel, copy and fill the device runs,
+    graph replays included; their union is the busy time. It slows the block a little: a probe, not
+    a timed run."""
+    found: dict[str, float] = {}
+    if not enabled or device.type != "cuda":
+        yield found
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        yield found
+        torch.cuda.synchronize(device)
+    events = [e for e in prof.profiler.kineto_results.events() if e.device_type() == torch.autograd.DeviceType.CUDA]
+    found["gpu_busy"] = busy_seconds((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events)
+    found["gpu_busy_events"] = float(len(events))

@@ -128,8 +128,11 @@ class DFlashAttention(nn.Module):
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         return x.view(x.shape[0], x.shape[1], n, self.head_dim)
 
-    def forward(self, block, context, cos, sin, cache: DraftCache | None, layer: int):
-        """``block [b, S, H]`` attends to cached context, new ``context [b, C, H]`` and itself."""
+    def forward(self, block, context, cos, sin, cache: DraftCache | None, layer: int, attention_mask=None):
+        """``block [b, S, H]`` attends to cached context, new ``context [b, C, H]`` and itself.
+
+        ``attention_mask``: additive ``[b, 1, S, cached + C + S]`` mask, for caches whose buffers are
+        longer than the context they hold (the CUDA-graph path); None: every key is attended."""
         n_new = context.shape[1]
         q = self.q_norm(self._heads(self.q_proj(block), self.num_heads)).transpose(1, 2)
         kv_in = torch.cat([context, block], dim=1)
@@ -148,7 +151,8 @@ class DFlashAttention(nn.Module):
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=False, scale=self.head_dim**-0.5)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, is_causal=False,
+                                             scale=self.head_dim**-0.5)
         return self.o_proj(out.transpose(1, 2).reshape(block.shape[0], block.shape[1], -1))
 
 
@@ -160,8 +164,9 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, hidden, context, cos, sin, cache, layer):
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), context, cos, sin, cache, layer)
+    def forward(self, hidden, context, cos, sin, cache, layer, attention_mask=None):
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), context, cos, sin, cache, layer,
+                                         attention_mask)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -191,6 +196,7 @@ class DFlashDrafter(nn.Module):
         target_features: torch.Tensor,
         position_ids: torch.Tensor,
         cache: DraftCache | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One non-causal drafting pass.
 
@@ -198,13 +204,14 @@ class DFlashDrafter(nn.Module):
         ``target_features [b, C, len(ids)*H]``: concatenated selected-layer hidden states of the C
         committed tokens not yet in ``cache`` (C may be 0).
         ``position_ids [b, C+S]``: positions of those C tokens, then of the block.
+        ``attention_mask``: see :meth:`DFlashAttention.forward` (None: attend to every cached key).
         Returns the block's final hidden states ``[b, S, H]`` (apply the target's lm_head).
         """
         context = self.hidden_norm(self.fc(target_features))
         cos, sin = self.rotary_emb(block_embeds, position_ids)
         hidden = block_embeds
         for index, layer in enumerate(self.layers):
-            hidden = layer(hidden, context, cos, sin, cache, index)
+            hidden = layer(hidden, context, cos, sin, cache, index, attention_mask)
         return self.norm(hidden)
 
 

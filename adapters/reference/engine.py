@@ -12,7 +12,6 @@ import os
 import time
 
 import torch
-
 from ddtree_conformance.spec import (
     SamplingParams,
     build_chain,
@@ -28,93 +27,47 @@ from ddtree_conformance.spec import (
 
 from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RoundTrace, RunConfig, Timings
 from ..options import cuda_device_count
+from .clock import DecodeClock as _Clock
+from .clock import busy_probe
+from .decoders import EagerDecoder, StaticDecoder, collector_paused
+from .graphs import fill_in_place
 from .pair import (
     TORCH_DTYPES,
-    load_drafter_checked,
-    load_target,
+    LoadedPair,
     read_drafter_config,
     read_target_info,
     validate_pair,
 )
-from .clock import DecodeClock as _Clock
 from .tensor_parallel import RankGroup, local_device, shardable_sizes
 
-__all__ = ["ReferenceEngine", "MAX_BUDGET"]
+__all__ = ["ReferenceEngine", "MAX_BUDGET", "LoadedPair"]
 
 # The verify batch is B + 1 tokens with a (B + 1) x (context + B + 1) mask, so memory grows with B^2;
 # the paper sweeps B up to 1024. Larger budgets are refused up front rather than by the allocator.
 MAX_BUDGET = 4096
 
 
-class _LoadedPair:
-    """Target (+ drafter) loaded for one (dtype, device), with hooks capturing drafter features."""
-
-    def __init__(self, target, info, drafter, dtype: torch.dtype, device: str):
-        self.device = torch.device(device)
-        self.dtype = dtype
-        self.target, self.info, self.drafter = target, info, drafter
-        self._features: dict[int, torch.Tensor] = {}
-        if drafter is not None:
-            layers = self.target.model.layers
-            for layer_id in drafter.config.target_layer_ids:
-                layers[layer_id].register_forward_hook(self._capture(layer_id))
-
-    @classmethod
-    def load(cls, model_dir: str, drafter_dir: str | None, dtype: torch.dtype, device: str,
-             tensor_parallel_size: int = 1) -> "_LoadedPair":
-        target, info = load_target(model_dir, dtype, device, tensor_parallel_size)
-        drafter = None if drafter_dir is None else load_drafter_checked(drafter_dir, info, dtype, device)
-        return cls(target, info, drafter, dtype, device)
-
-    def _capture(self, layer_id: int):
-        def hook(_module, _inputs, output):
-            self._features[layer_id] = output[0] if isinstance(output, tuple) else output
-
-        return hook
-
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None = None):
-        """Target forward of one sequence; returns logits ``[T, V]`` and features ``[T, k*H]``."""
-        out = self.target(
-            input_ids=ids.unsqueeze(0),
-            position_ids=positions.unsqueeze(0),
-            attention_mask=mask,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        features = None
-        if self.drafter is not None:
-            features = torch.cat([self._features[i][0] for i in self.drafter.config.target_layer_ids], dim=-1)
-        return out.logits[0], features
-
-    def draft_logits(self, root: int, start: int, context: torch.Tensor, context_start: int, cache,
-                     block_offset: int = 0) -> torch.Tensor:
-        """Drafter logits ``[S-1, V]`` for the positions after ``root`` (doc §1).
-
-        ``block_offset`` moves the block's positions against the context's (0 is right; mutants only)."""
-        drafter = self.drafter
-        size = drafter.block_size
-        block = torch.full((1, size), drafter.config.mask_token_id, dtype=torch.long, device=self.device)
-        block[0, 0] = root
-        embeds = self.target.get_input_embeddings()(block)
-        positions = torch.arange(context_start, start + size, device=self.device)
-        positions[start - context_start:] += block_offset
-        positions = positions.unsqueeze(0)
-        hidden = drafter(embeds, context.unsqueeze(0), positions, cache)
-        return self.target.get_output_embeddings()(hidden[0, 1:])
-
-
 class ReferenceEngine(Engine):
     """PyTorch + transformers reference; CPU and CUDA; fp32, bf16, fp16; greedy and sampling.
 
     Options: ``builder`` = ``"heap"`` (the only tree builder; the option stays so old settings fail
-    clearly rather than silently).
+    clearly rather than silently); ``cuda_graphs`` = ``"on"`` (default) or ``"off"``: the default of
+    ``RunConfig.cuda_graphs`` on CUDA.
+
+    The fast path (:mod:`.decoders`, :mod:`.graphs`): with ``RunConfig.cuda_graphs`` (default on CUDA)
+    every decode step and verify round runs on fixed-capacity caches, replayed as CUDA graphs on CUDA
+    and run eagerly on the same buffers elsewhere (``cuda_graphs=True`` on CPU tests that logic). With
+    ``cuda_graphs=False`` (default on CPU) every forward is transformers' eager one: the oracle. The
+    loop, and so every spec step, is the same on both. Tensor parallelism runs eagerly. Option
+    ``fused_layers`` = ``"on"`` (default) or ``"off"``: on the fast path, a Qwen3 target runs its
+    layers in fewer kernels (:mod:`.lean`) or as transformers' modules.
 
     ``tensor_parallel_size`` > 1 shards the target over that many ranks (:mod:`.tensor_parallel`):
     GPUs on CUDA, gloo processes on CPU. Every rank runs the same loop below.
     """
 
     name = "reference"
-    OPTIONS = ("builder",)
+    OPTIONS = ("builder", "cuda_graphs", "fused_layers")
 
     # The spec steps this engine composes, one attribute each, so that a test-only mutant can
     # replace exactly one step (see tests/mutants.py).
@@ -135,7 +88,15 @@ class ReferenceEngine(Engine):
             raise EngineError(f"reference engine: builder must be 'heap' (the vectorized builder was removed), "
                               f"got {builder!r}")
         self._build = build_tree
-        self._loaded: dict[tuple[str, str, int], _LoadedPair] = {}
+        graphs = str(options.get("cuda_graphs", "on")).lower()
+        if graphs not in ("on", "off", "true", "false", "1", "0"):
+            raise EngineError(f"reference engine: cuda_graphs must be 'on' or 'off', got {options['cuda_graphs']!r}")
+        self.cuda_graphs_default = graphs in ("on", "true", "1")
+        fused = str(options.get("fused_layers", "on")).lower()
+        if fused not in ("on", "off", "true", "false", "1", "0"):
+            raise EngineError(f"reference engine: fused_layers must be 'on' or 'off', got {options['fused_layers']!r}")
+        self.fused_layers = fused in ("on", "true", "1")
+        self._loaded: dict[tuple[str, str, int], LoadedPair] = {}
         self._ranks: RankGroup | None = None
 
     def use_models(self, target, drafter, config: RunConfig) -> None:
@@ -146,7 +107,7 @@ class ReferenceEngine(Engine):
                           hidden_size=target.config.hidden_size, num_layers=target.config.num_hidden_layers,
                           max_position_embeddings=target.config.max_position_embeddings)
         self.info = info
-        self._loaded[(config.dtype, config.device, 1)] = _LoadedPair(
+        self._loaded[(config.dtype, config.device, 1)] = LoadedPair(
             target, info, drafter, TORCH_DTYPES[config.dtype], config.device
         )
 
@@ -164,6 +125,7 @@ class ReferenceEngine(Engine):
             per_round_acceptance=True,
             draft_logits=True,
             stage_timings=True,
+            cuda_graphs=True,
             max_context=self.info.max_position_embeddings,
             max_tensor_parallel=self.max_tensor_parallel(),
             max_budget=MAX_BUDGET,
@@ -178,7 +140,7 @@ class ReferenceEngine(Engine):
         """The largest TP size here: GPUs visible (or CPU cores without CUDA) that split the target evenly."""
         return max(self._split_sizes(cuda_device_count() or os.cpu_count() or 1))
 
-    def _pair(self, config: RunConfig) -> _LoadedPair:
+    def _pair(self, config: RunConfig) -> LoadedPair:
         tp = config.tensor_parallel_size
         key = (config.dtype, config.device, tp)
         if key not in self._loaded:
@@ -187,7 +149,7 @@ class ReferenceEngine(Engine):
             needs_drafter = config.mode != "plain"
             if needs_drafter and self.drafter_dir is None:
                 raise EngineError(f"reference engine: mode {config.mode} needs a drafter dir")
-            self._loaded[key] = _LoadedPair.load(
+            self._loaded[key] = LoadedPair.load(
                 self.model_dir, self.drafter_dir, TORCH_DTYPES[config.dtype], local_device(config.device, tp), tp
             )
         pair = self._loaded[key]
@@ -236,17 +198,19 @@ class ReferenceEngine(Engine):
         """This rank's run of ``requests`` (the whole run when ``tensor_parallel_size`` is 1)."""
         pair = self._pair(config)
         results = []
-        for index, request in enumerate(requests):
-            problem = self._request_problem(request)
-            if problem:
-                results.append(RequestResult(output_ids=[], finish_reason="error", error=f"request {index}: {problem}"))
-                continue
-            with torch.inference_mode():
-                if config.mode == "plain":
-                    results.append(self._plain(pair, request, config))
-                else:
-                    results.append(self._speculative(pair, request, config))
+        with collector_paused():
+            for index, request in enumerate(requests):
+                results.append(self._one(pair, index, request, config))
         return results
+
+    def _one(self, pair: LoadedPair, index: int, request: Request, config: RunConfig) -> RequestResult:
+        problem = self._request_problem(request)
+        if problem:
+            return RequestResult(output_ids=[], finish_reason="error", error=f"request {index}: {problem}")
+        with torch.inference_mode():
+            if config.mode == "plain":
+                return self._plain(pair, request, config)
+            return self._speculative(pair, request, config)
 
     def _request_problem(self, request: Request) -> str | None:
         vocab = self.info.vocab_size
@@ -265,88 +229,113 @@ class ReferenceEngine(Engine):
         return SamplingParams(temperature=request.temperature, top_k=request.top_k, top_p=request.top_p)
 
     @staticmethod
-    def _generator(pair: _LoadedPair, request: Request) -> torch.Generator:
+    def _generator(pair: LoadedPair, request: Request) -> torch.Generator:
         return torch.Generator(device=pair.device).manual_seed(request.seed)
 
-    def _prefill(self, pair: _LoadedPair, request: Request):
-        from transformers import DynamicCache
+    def fast_path_on(self, config: RunConfig) -> bool:
+        """Whether ``config`` runs on the fast path (class doc): ``cuda_graphs`` asked for, or left to the
+        default on CUDA; one rank only."""
+        wanted = config.cuda_graphs
+        if wanted is None:
+            wanted = self.cuda_graphs_default and config.device.startswith("cuda")
+        return bool(wanted) and config.tensor_parallel_size == 1
 
-        cache = DynamicCache(config=pair.target.config)
-        prompt = torch.tensor(request.prompt_ids, dtype=torch.long, device=pair.device)
-        positions = torch.arange(prompt.shape[0], device=pair.device)
-        logits, features = pair.forward(prompt, positions, cache)
-        return cache, logits[-1], features
+    # How the fast path puts a new input into its static buffer (in place); broken builds override it.
+    fill_static = staticmethod(fill_in_place)
 
-    def _plain(self, pair: _LoadedPair, request: Request, config: RunConfig) -> RequestResult:
+    def _decoder(self, pair: LoadedPair, request: Request, config: RunConfig) -> EagerDecoder:
+        if not self.fast_path_on(config):
+            return EagerDecoder(pair)
+        rows = config.budget + 1 if config.mode == "ddtree" else 1
+        return StaticDecoder(pair, pair.fast_path(), len(request.prompt_ids), request.max_new_tokens, rows,
+                             fill=self.fill_static, fused=self.fused_layers)
+
+    def _verify(self, decoder: EagerDecoder, verify):
+        """The target forward over one compiled tree (or chain): logits and drafter features."""
+        return decoder.verify(verify)
+
+    def _plain(self, pair: LoadedPair, request: Request, config: RunConfig) -> RequestResult:
         params, generator = self._sampling(request), self._generator(pair, request)
         clock = _Clock(config.timing, pair.device)
+        decoder = self._decoder(pair, request, config)
         t0 = time.perf_counter()
-        cache, last_logits, _ = self._prefill(pair, request)
+        last_logits, _ = decoder.prefill(request.prompt_ids)
         token = choose_token(last_logits, params, generator)
         t_prefill = time.perf_counter() - t0
         output, reason = emit_tokens([token], request.stop_token_ids, request.max_new_tokens)
         position, rounds = len(request.prompt_ids), 0
-        clock.start()
-        while reason is None:
-            with clock.stage("verify"):
-                ids = torch.tensor([token], dtype=torch.long, device=pair.device)
-                logits, _ = pair.forward(ids, torch.tensor([position], device=pair.device), cache)
-            token = choose_token(logits[-1], params, generator)
-            position, rounds = position + 1, rounds + 1
-            emitted, reason = emit_tokens([token], request.stop_token_ids, request.max_new_tokens - len(output))
-            output += emitted
+        with busy_probe(config.profile, pair.device) as busy:
+            clock.start()
+            while reason is None:
+                with clock.stage("verify"):
+                    logits = decoder.step(token, position)
+                token = choose_token(logits, params, generator)
+                position, rounds = position + 1, rounds + 1
+                emitted, reason = emit_tokens([token], request.stop_token_ids, request.max_new_tokens - len(output))
+                output += emitted
+            stages = clock.finish()
         return RequestResult(
             output_ids=output,
             finish_reason=reason,
             rounds=rounds,
             acceptance_lengths=[1] * rounds,
-            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages=clock.finish()),
+            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill,
+                            stages={**stages, **busy}),
+            engine_settings=decoder.settings(),
         )
 
-    def _speculative(self, pair: _LoadedPair, request: Request, config: RunConfig) -> RequestResult:
+    def _speculative(self, pair: LoadedPair, request: Request, config: RunConfig) -> RequestResult:
         params, generator = self._sampling(request), self._generator(pair, request)
         clock = _Clock(config.timing, pair.device)
+        decoder = self._decoder(pair, request, config)
         t0 = time.perf_counter()
-        cache, last_logits, features = self._prefill(pair, request)
+        last_logits, features = decoder.prefill(request.prompt_ids)
         root = choose_token(last_logits, params, generator)
         t_prefill = time.perf_counter() - t0
         output, reason = emit_tokens([root], request.stop_token_ids, request.max_new_tokens)
-        draft_cache = pair.drafter.new_cache()
         context, context_start = features, 0
         start = len(request.prompt_ids)  # position of the root; also the committed cache length
         lengths: list[int] = []
         traces: list[RoundTrace] | None = [] if config.trace else None
-        clock.start()
-        while reason is None:
-            with clock.stage("draft"):
-                draft_logits = pair.draft_logits(root, start, context, context_start, draft_cache,
-                                                 self.block_position_offset)
-            with clock.stage("build"):
-                tree = build_chain(draft_logits) if config.mode == "dflash" else self._build(draft_logits, config.budget)
-            with clock.stage("compile"):
-                verify = self.compile_step(tree, root, start, dtype=pair.dtype)
-            with clock.stage("verify"):
-                logits, features = pair.forward(verify.input_ids, verify.position_ids, cache, verify.attention_mask)
-            with clock.stage("walk"):
-                walk = self.walk_step(tree, logits, params, generator)
-            with clock.stage("commit"):
-                self.compact_step(cache, start, walk.accepted)
-                context, context_start = self.feedback_step(features, walk.accepted), start
-                new_tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
-            lengths.append(len(walk.accepted) + 1)
-            if traces is not None:
-                traces.append(self._trace(tree, verify, walk, logits, start, root, draft_logits, config))
-            emitted, reason = self.emit_step(new_tokens, request.stop_token_ids, request.max_new_tokens - len(output))
-            output += emitted
-            start += len(walk.accepted) + 1
-            root = walk.bonus
+        tree_device = decoder.tree_device()
+        with busy_probe(config.profile, pair.device) as busy:
+            clock.start()
+            while reason is None:
+                with clock.stage("draft"):
+                    draft_logits = decoder.draft(root, start, context, context_start, self.block_position_offset)
+                with clock.stage("build"):
+                    tree = (build_chain(draft_logits) if config.mode == "dflash"
+                            else self._build(draft_logits, config.budget))
+                    if tree.tokens.device != tree_device:
+                        tree = tree.to(tree_device)
+                with clock.stage("compile"):
+                    verify = self.compile_step(tree, root, start, dtype=pair.dtype)
+                with clock.stage("verify"):
+                    logits, features = self._verify(decoder, verify)
+                with clock.stage("walk"):
+                    walk = self.walk_step(tree, logits, params, generator)
+                with clock.stage("commit"):
+                    decoder.compact(self.compact_step, start, walk.accepted)
+                    context, context_start = self.feedback_step(features, walk.accepted), start
+                    new_tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
+                lengths.append(len(walk.accepted) + 1)
+                if traces is not None:
+                    traces.append(self._trace(tree, verify, walk, logits, start, root, draft_logits, config))
+                emitted, reason = self.emit_step(new_tokens, request.stop_token_ids,
+                                                 request.max_new_tokens - len(output))
+                output += emitted
+                start += len(walk.accepted) + 1
+                root = walk.bonus
+            stages = clock.finish()
         return RequestResult(
             output_ids=output,
             finish_reason=reason,
             rounds=len(lengths),
             acceptance_lengths=lengths,
-            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages=clock.finish()),
+            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill,
+                            stages={**stages, **busy}),
             traces=traces,
+            engine_settings=decoder.settings(),
         )
 
     @staticmethod
@@ -366,6 +355,14 @@ class ReferenceEngine(Engine):
             node_target_tokens=torch.argmax(logits, dim=-1).tolist(),
             draft_logits=draft_logits.float().tolist() if config.trace_draft_logits else None,
         )
+
+    def fast_path_stats(self) -> dict:
+        """The fast path's graph counts over every loaded pair: captures, replays, eager calls, and the
+        first capture failure (None when every capture worked)."""
+        runners = [pair.fast_path().runner for pair in self._loaded.values() if pair.fast_path_started]
+        return {"captures": sum(r.captures for r in runners), "replays": sum(r.replays for r in runners),
+                "eager_calls": sum(r.eager_calls for r in runners),
+                "failure": next((r.failure for r in runners if r.failure), None)}
 
     def _close_ranks(self) -> None:
         ranks, self._ranks = self._ranks, None

@@ -1,4 +1,6 @@
-"""Loading and validating a target/drafter pair for the reference engine.
+"""Loading and validating a target/drafter pair for the reference engine, and the loaded pair itself
+(:class:`LoadedPair`: the models for one dtype and device, the drafter's feature hooks, the fast path's
+state).
 
 Every way a pair can be wrong gets one :class:`PairError` that names the directory and field.
 """
@@ -12,9 +14,10 @@ from pathlib import Path
 import torch
 
 from ..interface import EngineError
+from .decoders import FastPathState
 from .dflash import DFlashConfig, DFlashDrafter, load_drafter
 
-__all__ = ["PairError", "TargetInfo", "read_target_info", "validate_pair", "load_target", "TORCH_DTYPES"]
+__all__ = ["LoadedPair", "PairError", "TargetInfo", "read_target_info", "validate_pair", "load_target", "TORCH_DTYPES"]
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -131,3 +134,71 @@ def load_drafter_checked(drafter_dir: str | Path, target: TargetInfo, dtype, dev
         return load_drafter(drafter_dir, dtype=dtype, device=device)
     except (FileNotFoundError, ValueError) as exc:
         raise PairError(str(exc)) from None
+
+
+class LoadedPair:
+    """Target (+ drafter) loaded for one (dtype, device), with hooks capturing drafter features."""
+
+    def __init__(self, target, info, drafter, dtype: torch.dtype, device: str):
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.target, self.info, self.drafter = target, info, drafter
+        self._features: dict[int, torch.Tensor] = {}
+        self._fast: FastPathState | None = None
+        if drafter is not None:
+            layers = self.target.model.layers
+            for layer_id in drafter.config.target_layer_ids:
+                layers[layer_id].register_forward_hook(self._capture(layer_id))
+
+    @classmethod
+    def load(cls, model_dir: str, drafter_dir: str | None, dtype: torch.dtype, device: str,
+             tensor_parallel_size: int = 1) -> "LoadedPair":
+        target, info = load_target(model_dir, dtype, device, tensor_parallel_size)
+        drafter = None if drafter_dir is None else load_drafter_checked(drafter_dir, info, dtype, device)
+        return cls(target, info, drafter, dtype, device)
+
+    def _capture(self, layer_id: int):
+        def hook(_module, _inputs, output):
+            self._features[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None = None):
+        """Target forward of one sequence; returns logits ``[T, V]`` and features ``[T, k*H]``."""
+        out = self.target(
+            input_ids=ids.unsqueeze(0),
+            position_ids=positions.unsqueeze(0),
+            attention_mask=mask,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        features = None
+        if self.drafter is not None:
+            features = torch.cat([self._features[i][0] for i in self.drafter.config.target_layer_ids], dim=-1)
+        return out.logits[0], features
+
+    @property
+    def fast_path_started(self) -> bool:
+        return self._fast is not None
+
+    def fast_path(self) -> FastPathState:
+        """The fast path's graphs and static caches for this pair (made on first use)."""
+        if self._fast is None:
+            self._fast = FastPathState(self, capture=True)
+        return self._fast
+
+    def draft_logits(self, root: int, start: int, context: torch.Tensor, context_start: int, cache,
+                     block_offset: int = 0) -> torch.Tensor:
+        """Drafter logits ``[S-1, V]`` for the positions after ``root`` (doc §1).
+
+        ``block_offset`` moves the block's positions against the context's (0 is right; mutants only)."""
+        drafter = self.drafter
+        size = drafter.block_size
+        block = torch.full((1, size), drafter.config.mask_token_id, dtype=torch.long, device=self.device)
+        block[0, 0] = root
+        embeds = self.target.get_input_embeddings()(block)
+        positions = torch.arange(context_start, start + size, device=self.device)
+        positions[start - context_start:] += block_offset
+        positions = positions.unsqueeze(0)
+        hidden = drafter(embeds, context.unsqueeze(0), positions, cache)
+        return self.target.get_output_embeddings()(hidden[0, 1:])

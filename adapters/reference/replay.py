@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from ddtree_conformance.spec import (
     build_chain,
     build_tree,
@@ -34,6 +33,7 @@ from ddtree_conformance.spec import (
 )
 
 from ..interface import Request, RunConfig
+from .decoders import EagerDecoder
 
 __all__ = ["ReplayRound", "replay_result"]
 
@@ -84,8 +84,9 @@ def replay_result(engine, request: Request, output: list[int], lengths: list[int
     if not output:
         return rounds
     with torch.inference_mode():
-        cache, _, features = engine._prefill(pair, request)
-        draft_cache = pair.drafter.new_cache()
+        decoder = EagerDecoder(pair)  # the oracle's forwards, whatever the engine's fast path
+        _, features = decoder.prefill(request.prompt_ids)
+        cache, draft_cache = decoder.cache, decoder.draft_cache
         context, context_start = features, 0
         start, offset = len(request.prompt_ids), 1
         root = output[0]

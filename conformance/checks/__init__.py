@@ -11,7 +11,7 @@ output token against the fp32 target (:mod:`ddtree_conformance.token_scoring`) a
 round with the fp32 reference (:mod:`ddtree_conformance.replay`), within the pair's calibration
 (:mod:`ddtree_conformance.calibration`). Per (mode, budget): lossless, golden, acceptance,
 tree-structure, stop-token, max-new-tokens, prompt-shapes, token-0-and-mask-id, long-context,
-busy-batch, tensor-parallel; per budget: branch-vs-chain; at the first budget and for dflash:
+busy-batch, tensor-parallel, cuda-graphs; per budget: branch-vs-chain; at the first budget and for dflash:
 sampling.
 """
 
@@ -22,6 +22,7 @@ from collections.abc import Callable
 from ..run import Run
 from ..settings import SettingsError, SuiteSettings
 from .acceptance import check_acceptance
+from .cuda_graphs import check_cuda_graphs
 from .edges import check_lengths, check_prompt_shapes, check_special_tokens, check_stops
 from .envelope import check_busy_batch, check_long_context
 from .golden_outputs import check_golden
@@ -48,6 +49,7 @@ PER_MODE_CHECKS: dict[str, Callable[..., CheckResult]] = {
     "long-context": check_long_context,
     "busy-batch": check_busy_batch,
     "tensor-parallel": check_tensor_parallel,
+    "cuda-graphs": check_cuda_graphs,
 }
 
 

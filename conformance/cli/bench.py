@@ -129,6 +129,13 @@ def bench(
                       "-" if not sp else escape(f"{sp['stop']['decision']}: {sp['stop']['reason']}"))
     console = stdout_console()
     console.print(table)
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(report["bench"]["engine_settings"].items()))
+    console.print(escape(f"engine settings: {shown or 'none reported'}"), soft_wrap=True)
+    busy = [f"{r['label']} {r['gpu_busy_share']:.0%}" for r in report["runs"] if r.get("gpu_busy_share") is not None]
+    if busy:
+        console.print(escape("GPU busy share (one profiled call each): " + ", ".join(busy)), soft_wrap=True)
+    for warning in report["bench"]["warnings"]:
+        stderr_console().print(escape(f"warning: {warning}"), soft_wrap=True)
     console.print(escape(f"wrote {', '.join(map(str, paths))}"), soft_wrap=True)
 
 
@@ -228,7 +235,8 @@ def gate(
 
     Exit codes: 0 all pass; 1 regression (any fail); 3 inconclusive (a speedup CI straddles the
     band's lower edge, no fail); 4 missing baseline or measurement (no fail or inconclusive);
-    2 unusable input.
+    6 refused: the report's engine settings (CUDA graphs, attention backend, ...) differ from the
+    baseline's (wins over every other status); 2 unusable input.
     """
     from ..baselines import BaselineError, baseline_path, load_baselines
     from ..gate import evaluate, exit_code
@@ -248,7 +256,7 @@ def gate(
     for column, justify in (("run", "left"), ("metric", "left"), ("status", "left"), ("measured", "right"),
                             ("band", "right"), ("margin", "right"), ("note", "left")):
         table.add_column(column, justify=justify, overflow="fold")
-    colours = {"pass": "green", "fail": "red", "inconclusive": "yellow", "missing": "magenta"}
+    colours = {"pass": "green", "fail": "red", "inconclusive": "yellow", "missing": "magenta", "refused": "red"}
     for r in rows:
         table.add_row(escape(r.run), r.metric, f"[{colours[r.status]}]{r.status}[/]", escape(r.measured),
                       escape(r.band), "-" if r.margin is None else f"{r.margin:+.3f}", escape(r.message))
@@ -262,7 +270,7 @@ def gate(
                                    "baselines": str(path), "hardware_class": hw, "exit_code": code,
                                    "counts": counts, "rows": [r.as_dict() for r in rows]}, indent=1) + "\n")
     summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-    verdict = {0: "PASS", 1: "REGRESSION", 3: "INCONCLUSIVE", 4: "MISSING BASELINE"}[code]
+    verdict = {0: "PASS", 1: "REGRESSION", 3: "INCONCLUSIVE", 4: "MISSING BASELINE", 6: "REFUSED: SETTINGS CHANGED"}[code]
     console.print(escape(f"gate {verdict} (exit {code}): {summary}"), soft_wrap=True)
     if not path.exists():
         console.print(escape(f"no baseline file {path}: every run is 'missing'"), soft_wrap=True)

@@ -4,10 +4,10 @@ The throughput gate must call every one of them a regression and the unchanged e
 ``scripts/gate_decisiveness.py`` measures how often it does.
 
 * :class:`SlowVerify` (``verify_slowdown``, default 0.05; :class:`SlowVerify10` 0.10): every tree
-  verify costs that fraction of its own time more. The verify forward is timed (CUDA events read
-  after one synchronize; ``perf_counter`` elsewhere), then the host busy-waits ``fraction x`` that
-  time while the device has nothing queued, so the extra cost lands on the critical path and is
-  proportional to the real verify time on any hardware. Plain decoding and the prefill are left
+  verify costs that fraction of its own time more. The verify forward (eager, or a graph replay on
+  the fast path) is timed (CUDA events read after one synchronize; ``perf_counter`` elsewhere), then
+  the host busy-waits ``fraction x`` that time while the device has nothing queued, so the extra
+  cost lands on the critical path and is proportional to the real verify time on any hardware. Plain decoding and the prefill are left
   alone: a target forward slower everywhere would slow plain decoding as much and leave the
   speedup unchanged, which no relative gate can see (or should).
 * :class:`SlowBuild` (``build_extra_s``, default 0.002): every DDTree build costs 2 ms more (the
@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from ddtree_conformance.adapters.interface import EngineError, RunConfig
+from ddtree_conformance.adapters.interface import EngineError
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 
 __all__ = ["SlowVerify", "SlowVerify10", "SlowBuild", "busy_wait", "share_loaded", "PERFORMANCE_MUTANTS"]
@@ -39,37 +39,6 @@ def busy_wait(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
-
-
-class _SlowVerifyPair:
-    """A loaded pair whose masked (tree-verify) forwards cost ``fraction`` more; the rest delegates."""
-
-    def __init__(self, pair, fraction: float, engine: "SlowVerify") -> None:
-        self._pair, self._fraction, self._engine = pair, fraction, engine
-
-    def __getattr__(self, name: str):
-        return getattr(self._pair, name)
-
-    def forward(self, ids, positions, cache, mask=None):
-        if mask is None:  # prefill: not a verify
-            return self._pair.forward(ids, positions, cache, mask)
-        device = self._pair.device
-        if device.type == "cuda":
-            stream = torch.cuda.current_stream(device)
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record(stream)
-            out = self._pair.forward(ids, positions, cache, mask)
-            end.record(stream)
-            end.synchronize()
-            seconds = begin.elapsed_time(end) / 1e3
-        else:
-            started = time.perf_counter()
-            out = self._pair.forward(ids, positions, cache, mask)
-            seconds = time.perf_counter() - started
-        extra = self._fraction * seconds
-        self._engine.spin(extra)
-        self._engine.injected_s += extra
-        return out
 
 
 class SlowVerify(ReferenceEngine):
@@ -88,9 +57,24 @@ class SlowVerify(ReferenceEngine):
         self.injected_s = 0.0
         self.spin = busy_wait
 
-    def _pair(self, config: RunConfig):
-        pair = super()._pair(config)
-        return pair if config.mode == "plain" else _SlowVerifyPair(pair, self.verify_slowdown, self)
+    def _verify(self, decoder, verify):
+        device = decoder.pair.device
+        if device.type == "cuda":
+            stream = torch.cuda.current_stream(device)
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record(stream)
+            out = super()._verify(decoder, verify)
+            end.record(stream)
+            end.synchronize()
+            seconds = begin.elapsed_time(end) / 1e3
+        else:
+            started = time.perf_counter()
+            out = super()._verify(decoder, verify)
+            seconds = time.perf_counter() - started
+        extra = self.verify_slowdown * seconds
+        self.spin(extra)
+        self.injected_s += extra
+        return out
 
 
 class SlowVerify10(SlowVerify):

@@ -1,0 +1,232 @@
+"""One request's model state for the reference engine's loop: the eager oracle and the fast path.
+
+The engine's loop (``engine.py``) composes the spec's steps; a decoder holds the target's and the
+drafter's caches for one request and runs the forwards the loop asks for:
+
+* :class:`EagerDecoder`: transformers' ``DynamicCache`` and the drafter's growing ``DraftCache``,
+  every forward eager. This is the oracle.
+* :class:`StaticDecoder`: the same forwards on fixed-capacity caches, each shape replayed as a CUDA
+  graph on CUDA (:mod:`.graphs`). The prefill stays eager (then its K/V move into the static
+  cache), as does the first draft after it (a shape seen once per request). The tree, the
+  compiled verify inputs and the walk live on the host; only the forwards run on the device.
+
+Both answer ``prefill``, ``step`` (one plain token), ``verify`` (the compiled tree), ``compact`` (the
+engine's compaction step on this cache) and ``draft``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+
+import torch
+import torch.nn.functional as F
+from ddtree_conformance.spec import compact_dynamic_cache
+
+from .graphs import GraphRunner, StaticDraftCache, StaticTargetCache, capacity_for, fill_in_place
+from .lean import LeanQwen3, lean_problem
+
+__all__ = ["EagerDecoder", "FastPathState", "StaticDecoder", "collector_paused"]
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's garbage collector off while a batch decodes: a full collection (tens of milliseconds with
+    torch loaded) landing inside a timed decode loop is pure host noise. Reference cycles made meanwhile
+    are collected once it is back on."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+class EagerDecoder:
+    """The oracle path: ``DynamicCache`` for the target, ``DraftCache`` for the drafter."""
+
+    fast = False
+
+    def __init__(self, pair) -> None:
+        self.pair = pair
+        self.cache = None
+        self.draft_cache = None
+
+    def prefill(self, prompt_ids: list[int]):
+        from transformers import DynamicCache
+
+        pair = self.pair
+        self.cache = DynamicCache(config=pair.target.config)
+        prompt = torch.tensor(prompt_ids, dtype=torch.long, device=pair.device)
+        logits, features = pair.forward(prompt, torch.arange(prompt.shape[0], device=pair.device), self.cache)
+        if pair.drafter is not None:
+            self.draft_cache = pair.drafter.new_cache()
+        return logits[-1], features
+
+    def step(self, token: int, position: int):
+        ids = torch.tensor([token], dtype=torch.long, device=self.pair.device)
+        logits, _ = self.pair.forward(ids, torch.tensor([position], device=self.pair.device), self.cache)
+        return logits[-1]
+
+    def tree_device(self) -> torch.device:
+        return self.pair.device
+
+    def verify(self, verify):
+        return self.pair.forward(verify.input_ids, verify.position_ids, self.cache, verify.attention_mask)
+
+    def compact(self, step, start: int, accepted: list[int]) -> None:
+        step(self.cache, start, accepted)
+
+    def draft(self, root: int, start: int, context: torch.Tensor, context_start: int, block_offset: int = 0):
+        return self.pair.draft_logits(root, start, context, context_start, self.draft_cache, block_offset)
+
+    def settings(self) -> dict:
+        """What the request ran under that changes its speed (``RequestResult.engine_settings``)."""
+        return {"cuda_graphs": False, "static_kv_cache": False, "fused_layers": False, "overlap_scheduling": False,
+                "attention_backend": "sdpa"}
+
+
+class FastPathState:
+    """What one loaded pair keeps for the fast path: a graph runner and caches per capacity."""
+
+    def __init__(self, pair, capture: bool) -> None:
+        self.runner = GraphRunner(pair.device, capture)
+        self.targets: dict[int, StaticTargetCache] = {}
+        self.drafts: dict[int, StaticDraftCache] = {}
+        self.lean_problem = lean_problem(pair.target)
+        self._lean: LeanQwen3 | None = None
+        self._pair = pair
+
+    @property
+    def lean(self) -> LeanQwen3 | None:
+        """The target's fused forward (:mod:`.lean`), made on first use; None where the model has none."""
+        if self._lean is None and self.lean_problem is None:
+            drafter = self._pair.drafter
+            self._lean = LeanQwen3(self._pair.target, drafter.config.target_layer_ids if drafter is not None else None)
+        return self._lean
+
+    def target_cache(self, capacity: int, like) -> StaticTargetCache:
+        if capacity not in self.targets:
+            keys = like.layers[0].keys
+            self.targets[capacity] = StaticTargetCache(len(like.layers), keys.shape[1], keys.shape[3], capacity,
+                                                       keys.dtype, keys.device)
+        return self.targets[capacity]
+
+    def draft_cache(self, capacity: int, drafter, dtype, device) -> StaticDraftCache:
+        if capacity not in self.drafts:
+            attention = drafter.layers[0].self_attn
+            self.drafts[capacity] = StaticDraftCache(len(drafter.layers), attention.num_kv_heads,
+                                                     attention.head_dim, capacity, dtype, device)
+        return self.drafts[capacity]
+
+
+class StaticDecoder(EagerDecoder):
+    """The fast path (module doc). ``rows``: the most rows one verify adds (tree nodes + root)."""
+
+    fast = True
+
+    def __init__(self, pair, state: FastPathState, prompt_len: int, max_new_tokens: int, rows: int,
+                 fill=fill_in_place, fused: bool = True) -> None:
+        super().__init__(pair)
+        self.state, self.fill = state, fill
+        self.lean = state.lean if fused else None
+        block = pair.drafter.block_size if pair.drafter is not None else 1
+        self.capacity = capacity_for(prompt_len + max_new_tokens + max(rows, block) + 1)
+        self.static: StaticTargetCache | None = None
+        self.draft_static: StaticDraftCache | None = None
+        self.minimum = torch.finfo(pair.dtype).min
+
+    # -- target ---------------------------------------------------------------------------
+    def prefill(self, prompt_ids: list[int]):
+        last, features = super().prefill(prompt_ids)  # eager, so the first token is the oracle's
+        self.static = self.state.target_cache(self.capacity, self.cache)
+        self.static.load(self.cache)
+        self.cache = self.static
+        if self.pair.drafter is not None:
+            self.draft_static = self.state.draft_cache(self.capacity, self.pair.drafter, self.pair.dtype,
+                                                       self.pair.device)
+        return last, features
+
+    def _target(self, key, static_inputs: dict, mask_from_slots: bool):
+        pair, cache, capacity, minimum, lean = self.pair, self.static, self.capacity, self.minimum, self.lean
+
+        def forward(static):
+            cache.slots = static["slots"]
+            if mask_from_slots:  # one plain step: every slot up to its own is visible
+                columns = torch.arange(capacity, device=pair.device)
+                mask = torch.where(columns[None, :] <= static["slots"][:, None], 0.0, minimum).to(pair.dtype)
+                mask = mask.view(1, 1, -1, capacity)
+            else:
+                mask = static["mask"]
+            if lean is not None:
+                return lean.forward(static["ids"], static["positions"], cache, mask)
+            return pair.forward(static["ids"], static["positions"], cache,
+                                {"full_attention": mask, "sliding_attention": mask})
+
+        return self.state.runner.run((*key, lean is not None), forward, static_inputs, fill=self.fill)
+
+    def step(self, token: int, position: int):
+        inputs = {"ids": torch.tensor([token]), "positions": torch.tensor([position]),
+                  "slots": torch.tensor([position])}
+        logits, _ = self._target(("step", 1, self.capacity, id(self.static)), inputs, True)
+        self.static.length = position + 1
+        return logits[-1]
+
+    def tree_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def verify(self, verify):
+        rows = verify.input_ids.shape[0]
+        start = self.static.length
+        mask = verify.attention_mask
+        mask = F.pad(mask, (0, self.capacity - mask.shape[-1]), value=self.minimum)
+        inputs = {"ids": verify.input_ids, "positions": verify.position_ids,
+                  "slots": torch.arange(start, start + rows), "mask": mask}
+        out = self._target(("verify", rows, self.capacity, id(self.static)), inputs, False)
+        self.static.length = start + rows
+        return out
+
+    def compact(self, step, start: int, accepted: list[int]) -> None:
+        if step is compact_dynamic_cache:  # the spec's own step, done for every layer in one gather
+            self.static.keep_rows(start, [0, *accepted])
+            return
+        self.static.show_rows()
+        step(self.static, start, accepted)
+        self.static.rows_shown()
+
+    def settings(self) -> dict:
+        runner = self.state.runner
+        settings = {**super().settings(), "cuda_graphs": runner.capture, "static_kv_cache": True,
+                    "fused_layers": self.lean is not None}
+        if runner.failure:
+            settings["cuda_graphs_failure"] = runner.failure
+        return settings
+
+    # -- drafter --------------------------------------------------------------------------
+    def draft(self, root: int, start: int, context: torch.Tensor, context_start: int, block_offset: int = 0):
+        pair, cache = self.pair, self.draft_static
+        drafter, capacity = pair.drafter, self.capacity
+        size = drafter.block_size
+        block = torch.full((1, size), drafter.config.mask_token_id, dtype=torch.long)
+        block[0, 0] = root
+        positions = torch.arange(context_start, start + size)
+        positions[start - context_start:] += block_offset
+        rows = context.shape[0]
+        inputs = {"block": block, "context": context.unsqueeze(0), "positions": positions.unsqueeze(0),
+                  "slots": torch.arange(context_start, start), "valid": torch.tensor([start])}
+        minimum = self.minimum
+
+        def forward(static):
+            cache.slots = static["slots"]
+            columns = torch.arange(capacity + size, device=pair.device)
+            visible = (columns < static["valid"]) | (columns >= capacity)
+            mask = torch.where(visible, 0.0, minimum).to(pair.dtype).view(1, 1, 1, -1)
+            embeds = pair.target.get_input_embeddings()(static["block"])
+            hidden = drafter(embeds, static["context"], static["positions"], cache, attention_mask=mask)
+            return pair.target.get_output_embeddings()(hidden[0, 1:])
+
+        # the first draft of a request reads the whole prompt: a shape seen once, not worth a graph
+        first = context_start == 0
+        return self.state.runner.run(("draft", rows, capacity, id(cache)), forward, inputs, fill=self.fill,
+                                     capture=not first)

@@ -1,0 +1,106 @@
+"""CUDA-graphs check: the same engine with CUDA graphs on and off gives the same outputs and acceptance.
+
+Engines benchmark and ship with CUDA graphs, and test (or debug) eagerly; a graph replays the
+kernels it captured on the buffers it captured, so an input written to a new tensor instead of into
+the captured buffer is silently ignored. One DDTree port for vLLM had exactly that: tree position
+ids never reached the graph's buffer, and its measured acceptance rose from 2.84 to 4.43 on garbage.
+Eager runs cannot see such a bug; this check runs both and compares them:
+
+* outputs: the graphs-off output is the expected one; fp32 must match exactly; bf16/fp16 both
+  outputs are scored against the fp32 target (:mod:`ddtree_conformance.token_scoring`), as every
+  other check does;
+* acceptance: fp32 per-round acceptance lengths equal; bf16/fp16 per-prompt tau within a paired
+  bootstrap band;
+* on CUDA, the graphs-on run must report that it ran under CUDA graphs
+  (``RequestResult.engine_settings["cuda_graphs"]``): a silent eager fallback compares nothing.
+
+It runs where the engine can switch per run (``capabilities().cuda_graphs``; ``RunConfig.cuda_graphs``)
+and skips, with the reason, elsewhere. On CPU (no graphs) the reference engine's "graphs on" is its
+static-buffer path run eagerly, the very code its graphs replay, so the check runs there too, on the
+first :data:`CPU_PROMPTS` prompts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..calibration import ALPHA
+from ..metrics import mean_tau, paired_band
+from ..run import Run
+from ..session import SuiteSession
+from ..token_scoring import window
+from .output_comparison import GreedyCase, first_divergence, judge_greedy
+from .result import CheckResult
+
+__all__ = ["CPU_PROMPTS", "check_cuda_graphs"]
+
+CPU_PROMPTS = 8  # graph bugs show on any prompt; off CUDA both sides run at CPU speed
+
+
+def check_cuda_graphs(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
+    name = Run(mode, budget).check_id("cuda-graphs")
+    caps = session.capabilities
+    if mode not in caps.modes:
+        return CheckResult.skipped(name, f"engine does not offer mode {mode}")
+    if not caps.cuda_graphs:
+        return CheckResult.skipped(name, "engine cannot switch CUDA graphs per run (capabilities().cuda_graphs)")
+    cuda = session.settings.device.startswith("cuda")
+    prompts = session.prompts if cuda else session.prompts[:CPU_PROMPTS]
+    requests = session.requests()[: len(prompts)]
+    run = session.inputs.run(mode, budget)
+    on = session.results(replace(run, cuda_graphs=True), requests)
+    off = session.results(replace(run, cuda_graphs=False), requests)
+    where = "" if cuda else f" (first {len(prompts)} prompts, CPU: the graph path's buffers run eagerly)"
+    if cuda and not any(r.error for r in on):
+        eager = [p.id for p, r in zip(prompts, on) if r.engine_settings.get("cuda_graphs") is False]
+        if eager:
+            why = on[0].engine_settings.get("cuda_graphs_failure") or "no reason given"
+            return CheckResult.failed(name, f"asked for CUDA graphs, the engine reports it ran eagerly on {len(eager)}/"
+                                            f"{len(prompts)} prompts (first {eager[0]}; {why}): nothing to compare")
+    cases = []
+    for prompt, a, b in zip(prompts, off, on):
+        error = f"graphs off: {a.error}" if a.error else (f"graphs on: {b.error}" if b.error else None)
+        cases.append(GreedyCase(prompt.id, prompt.prompt_ids, b.output_ids, a.output_ids, error=error))
+        if session.settings.dtype != "float32":
+            cases.append(GreedyCase(f"{prompt.id} (graphs off)", prompt.prompt_ids, a.output_ids))
+    verdict = judge_greedy(session, cases, what="graphs off")
+    if verdict.problem and verdict.problem.startswith("engine error"):
+        return CheckResult.failed(name, verdict.problem)
+    if verdict.problem:
+        if session.settings.dtype == "float32":
+            first = next(c for c in cases if list(c.got) != list(c.expected))
+            pos = first_divergence(first.expected, first.got)
+            return CheckResult.failed(
+                name, f"output with CUDA graphs differs from graphs off on {len(verdict.differing)}/{len(prompts)} "
+                      f"prompts{where}; prompt {first.label} diverges at output token {pos} (off "
+                      f"{window(list(first.expected), pos)} | on {window(list(first.got), pos)}): an input the "
+                      "graph does not read, or a buffer it reads stale?", **verdict.details)
+        return CheckResult.failed(name, f"output with CUDA graphs: {verdict.problem}", **verdict.details)
+    summary = verdict.summary + where
+    per_round = caps.per_round(mode) and all(r.acceptance_lengths is not None for r in on + off)
+    if session.settings.dtype == "float32" and per_round:
+        for prompt, a, b in zip(prompts, off, on):
+            if a.acceptance_lengths != b.acceptance_lengths:
+                first = first_divergence(a.acceptance_lengths, b.acceptance_lengths)
+                return CheckResult.failed(
+                    name, f"per-round acceptance with CUDA graphs differs from graphs off on {prompt.id} at round "
+                          f"{first}: off {window(a.acceptance_lengths, first)} | on "
+                          f"{window(b.acceptance_lengths, first)}; tau {mean_tau([r.acceptance_lengths for r in on]):.3f}"
+                          f" vs {mean_tau([r.acceptance_lengths for r in off]):.3f} (outputs equal: the drafter's "
+                          "inputs under graphs?)")
+        return CheckResult.passed(name, f"{summary}; per-round acceptance equals graphs off "
+                                        f"(tau {mean_tau([r.acceptance_lengths for r in off]):.3f})")
+    taus = [[r.tau for r in rs] for rs in (off, on)]
+    if any(t is None for t in taus[0] + taus[1]):
+        return CheckResult.passed(name, f"{summary}; engine reports no acceptance to compare")
+    if len(taus[0]) < 5:
+        return CheckResult.passed(name, f"{summary}; tau not compared on {len(taus[0])} prompts (the bootstrap band "
+                                        "needs 5)")
+    low, high = paired_band(taus[1], taus[0], ALPHA)
+    tau_off, tau_on = sum(taus[0]) / len(taus[0]), sum(taus[1]) / len(taus[1])
+    if not low <= 0.0 <= high:
+        return CheckResult.failed(name, f"mean tau with CUDA graphs {tau_on:.3f} vs {tau_off:.3f} off: the per-prompt "
+                                        f"difference's bootstrap band [{low:.3f}, {high:.3f}] excludes 0",
+                                  tau=tau_on, tau_graphs_off=tau_off)
+    return CheckResult.passed(name, f"{summary}; tau {tau_on:.3f} vs {tau_off:.3f} off (difference band "
+                                    f"[{low:.3f}, {high:.3f}])", tau=tau_on)

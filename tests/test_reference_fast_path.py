@@ -1,0 +1,146 @@
+"""The reference engine's fast path (static caches, CUDA graphs on CUDA) on CPU, where its buffers run
+eagerly: the same outputs as the eager oracle, the spec's steps honoured, and the graph runner's rules.
+
+tests/test_gpu.py checks the same equality on CUDA with the graphs captured and replayed.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+import torch
+from ddtree_conformance.adapters.interface import EngineError, Request, RunConfig
+from ddtree_conformance.adapters.reference.clock import busy_seconds
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.adapters.reference.graphs import GraphRunner, capacity_for
+from ddtree_conformance.checks.cuda_graphs import check_cuda_graphs
+from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+from ddtree_conformance.prompts import load_prompts
+from ddtree_conformance.session import SuiteSession
+from ddtree_conformance.settings import build_settings
+from ddtree_conformance.testing.graph_mutants import StalePositionsUnderGraphs
+from ddtree_conformance.testing.mutants import FirstRowsCompaction
+from ddtree_conformance.testing.shaped_pair import build_shaped_pair, random_prompts
+
+RUNS = [("plain", 1), ("dflash", 1), ("ddtree", 16)]
+
+
+@pytest.fixture(scope="module")
+def fixture_requests():
+    return [Request(prompt_ids=p.prompt_ids, max_new_tokens=16) for p in load_prompts("fixture")[:2]]
+
+
+@pytest.fixture(scope="module")
+def fixture_engine():
+    return ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+
+
+def both(engine, requests, mode, budget, **config):
+    return [engine.generate(requests, RunConfig(mode=mode, budget=budget, cuda_graphs=graphs, trace=True, **config))
+            for graphs in (False, True)]
+
+
+@pytest.mark.parametrize("mode, budget", RUNS)
+def test_fast_path_outputs_equal_the_eager_path(fixture_engine, fixture_requests, mode, budget):
+    eager, fast = both(fixture_engine, fixture_requests, mode, budget)
+    assert [r.output_ids for r in fast] == [r.output_ids for r in eager]
+    assert [r.acceptance_lengths for r in fast] == [r.acceptance_lengths for r in eager]
+    if mode != "plain":  # the trees too: the drafter reads the same context
+        assert [[t.tree_tokens for t in r.traces] for r in fast] == [[t.tree_tokens for t in r.traces] for r in eager]
+    assert fast[0].engine_settings == {"cuda_graphs": False, "static_kv_cache": True, "fused_layers": True,
+                                       "overlap_scheduling": False, "attention_backend": "sdpa"}
+    assert eager[0].engine_settings["static_kv_cache"] is False
+
+
+@pytest.mark.parametrize("fused", ["on", "off"])
+def test_fused_and_transformers_layers_with_grouped_kv_heads(fused):
+    """The tiny shaped pair has 4 query heads over 2 KV heads: the fused layers' grouped attention."""
+    target_dir, drafter_dir, target, drafter = build_shaped_pair("tiny", torch.float32, "cpu", tempfile.mkdtemp())
+    engine = ReferenceEngine(str(target_dir), str(drafter_dir), fused_layers=fused)
+    engine.use_models(target, drafter, RunConfig(mode="ddtree"))
+    requests = [Request(prompt_ids=p, max_new_tokens=10) for p in random_prompts(2, 12, 512)]
+    for mode, budget in (("plain", 1), ("ddtree", 8)):
+        eager, fast = both(engine, requests, mode, budget)
+        assert [r.output_ids for r in fast] == [r.output_ids for r in eager]
+        assert [r.acceptance_lengths for r in fast] == [r.acceptance_lengths for r in eager]
+        assert fast[0].engine_settings["fused_layers"] is (fused == "on")
+
+
+def test_a_compaction_step_the_engine_replaces_runs_on_the_static_cache(fixture_requests):
+    """Broken builds replace one spec step; the fast path must run theirs, not its own."""
+    mutant = FirstRowsCompaction(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+    eager, fast = both(mutant, fixture_requests, "ddtree", 16)
+    assert [r.output_ids for r in fast] == [r.output_ids for r in eager]
+    good = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+    right = good.generate(fixture_requests, RunConfig(mode="ddtree", budget=16, cuda_graphs=True))
+    assert [r.output_ids for r in fast] != [r.output_ids for r in right]  # the mutant's bug survived
+
+
+def test_cuda_graphs_default_and_options():
+    engine = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+    assert engine.capabilities().cuda_graphs
+    assert not engine.fast_path_on(RunConfig(device="cpu"))  # eager on CPU unless asked
+    assert engine.fast_path_on(RunConfig(device="cuda"))  # graphs by default on CUDA
+    assert not engine.fast_path_on(RunConfig(device="cuda", cuda_graphs=False))
+    assert not engine.fast_path_on(RunConfig(device="cuda", tensor_parallel_size=2))  # TP runs eagerly
+    off = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), cuda_graphs="off")
+    assert not off.fast_path_on(RunConfig(device="cuda")) and off.fast_path_on(RunConfig(cuda_graphs=True))
+    with pytest.raises(EngineError, match="cuda_graphs must be 'on' or 'off'"):
+        ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), cuda_graphs="maybe")
+
+
+def test_graph_runner_fills_buffers_in_place_per_key():
+    runner = GraphRunner(torch.device("cpu"), capture=True, limit=2)
+    assert not runner.capture  # no CUDA: never captures
+    seen = []
+
+    def double(static):
+        seen.append(static["x"].data_ptr())
+        return static["x"] * 2
+
+    assert runner.run("a", double, {"x": torch.tensor([1.0])}).item() == 2
+    assert runner.run("a", double, {"x": torch.tensor([5.0])}).item() == 10
+    assert seen[0] == seen[1]  # the same buffer, written in place
+    stale = runner.run("a", double, {"x": torch.tensor([7.0])}, fill=lambda static, name, value: None)
+    assert stale.item() == 10  # a fill that skips the buffer leaves the old input: what a graph would read
+    runner.run("b", double, {"x": torch.tensor([1.0])})
+    runner.run("c", double, {"x": torch.tensor([1.0])})
+    assert list(runner._entries) == ["b", "c"] and runner.eager_calls == 5  # least recently used dropped
+
+
+def test_capacities_and_busy_time():
+    assert [capacity_for(n) for n in (1, 256, 257, 1500)] == [256, 256, 512, 2048]
+    assert busy_seconds([(0, 10), (5, 20), (30, 40)]) == pytest.approx(30e-9)  # overlaps counted once
+    assert busy_seconds([]) == 0
+
+
+def cuda_graphs_session(engine: str) -> SuiteSession:
+    settings, _ = build_settings({"engine": engine, "budgets": [16], "modes": ["ddtree"], "max_new_tokens": 12,
+                                  "limit": 2, "isolate": False})
+    return SuiteSession(settings)
+
+
+def test_cuda_graphs_check_passes_the_reference_and_fails_stale_positions():
+    session = cuda_graphs_session("reference")
+    try:
+        result = check_cuda_graphs(session, "ddtree", 16)
+    finally:
+        session.close()
+    assert result.status == "pass", result.message
+    assert "per-round acceptance equals graphs off" in result.message
+    session = cuda_graphs_session(f"{StalePositionsUnderGraphs.__module__}:StalePositionsUnderGraphs")
+    try:
+        result = check_cuda_graphs(session, "ddtree", 16)
+    finally:
+        session.close()
+    assert result.status == "fail" and "output with CUDA graphs differs from graphs off" in result.message
+
+
+def test_cuda_graphs_check_skips_an_engine_that_cannot_switch():
+    session = cuda_graphs_session("ddtree_conformance.testing.recorded_timings:RecordedTimings")
+    try:
+        result = check_cuda_graphs(session, "ddtree", 16)
+    finally:
+        session.close()
+    assert result.status == "skip" and "capabilities().cuda_graphs" in result.message
