@@ -22,13 +22,16 @@ from ddtree_conformance.spec import DraftTree, build_chain, per_depth_topk
 
 __all__ = [
     "KNOWN_POLICIES",
+    "KNOWN_POLICY_KINDS",
     "KNOWN_POLICY_TEXT",
     "MAX_FIT_ROUNDS",
     "PolicyFit",
     "PolicyMatch",
     "PolicyReference",
     "build_policy_tree",
+    "distinct_policies",
     "fit_policy",
+    "match_on_rounds",
     "node_paths",
     "policy_heap",
     "renumber_breadth_first",
@@ -154,6 +157,20 @@ KNOWN_POLICIES: dict[str, Callable[[int, int], dict]] = {
     "early-stop": lambda budget, depth: {"early_stop_margin": 1.0, "keep_spine": True},
     "sglang-pr-29907": _sglang_policy,
 }
+def distinct_policies(budget: int, depth: int) -> list[str]:
+    """The known policies that differ at (B, L): at B <= L SGLang PR #29907's is the chain."""
+    return [n for n in KNOWN_POLICIES if not (n == "sglang-pr-29907" and budget <= depth)]
+
+
+#: The finding kinds (:data:`ddtree_conformance.tree_policy.FINDINGS`) each known policy stands for, for (B, L).
+KNOWN_POLICY_KINDS: dict[str, Callable[[int, int], tuple[str, ...]]] = {
+    "chain": lambda budget, depth: ("chain",),
+    "width-cap": lambda budget, depth: ("width-cap",),
+    "depth-bonus": lambda budget, depth: ("depth-bonus",),
+    "early-stop": lambda budget, depth: ("early-stop",),
+    "sglang-pr-29907": lambda budget, depth: ("chain",) if budget <= depth else ("width-cap", "depth-bonus",
+                                                                                  "early-stop"),
+}
 KNOWN_POLICY_TEXT = {
     "chain": "a chain of the first min(B, L) argmax tokens (SGLang PR #29907 at B <= L)",
     "width-cap": "children per node capped at min(max(B // L + 1, 2), 6) (SGLang PR #29907)",
@@ -254,7 +271,7 @@ class PolicyMatch:
         shown = ", ".join(f"{n} {t:.3f}" for n, t in self.taus.items())
         if not self.matches:
             return f"acceptance matches none of the known tree policies (reference tau under each: {shown})"
-        names = "; ".join(KNOWN_POLICY_TEXT[n] for n in self.matches)
+        names = " or ".join(KNOWN_POLICY_TEXT[n] for n in self.matches)
         return f"acceptance equals the reference's under {names} ({self.how}; tau under each: {shown})"
 
 
@@ -263,42 +280,96 @@ def _pooled_tau(results: Sequence[RequestResult]) -> float:
     return sum(rounds) / len(rounds) if rounds else 0.0
 
 
+def _engine_view(results: Sequence[RequestResult]) -> tuple[str, float, list]:
+    """(kind, pooled tau, per-prompt values) of an engine's acceptance: "rounds" (per-round lengths),
+    "per-request" (each request's mean and round count) or "pooled" (one value for the batch)."""
+    if all(r.acceptance_lengths is not None for r in results):
+        return "rounds", _pooled_tau(results), [list(r.acceptance_lengths or []) for r in results]
+    means = [r.mean_acceptance if r.mean_acceptance is not None else r.tau for r in results]
+    rounds = [r.rounds for r in results]
+    if all(m is not None for m in means) and all(n is not None for n in rounds) and sum(rounds):
+        pooled = sum(m * n for m, n in zip(means, rounds)) / sum(rounds)
+        return "per-request", pooled, [(m, n) for m, n in zip(means, rounds)]
+    known = [m for m in means if m is not None]
+    return "pooled", (known[0] if known else 0.0), []
+
+
+def _same(kind: str, mine, theirs: RequestResult) -> bool:
+    lengths = list(theirs.acceptance_lengths or [])
+    if kind == "rounds":
+        return mine == lengths
+    mean, rounds = mine
+    return rounds == len(lengths) and bool(lengths) and abs(mean - sum(lengths) / len(lengths)) <= 1e-9
+
+
 def replay_known_policies(engine: PolicyReference, requests: list[Request], config: RunConfig,
                           results: Sequence[RequestResult], block: int,
                           names: Sequence[str] | None = None) -> PolicyMatch:
     """Run ``engine`` under each known policy on ``requests`` and compare with the engine's ``results``:
-    per-round lengths where they have them (equal on at least :data:`MATCHING_PROMPTS` of the
-    prompts), else the pooled tau (within :data:`POOLED_TAU_REL_TOL`, the closest policy)."""
+    per prompt where the engine reports per-request acceptance (its lengths, or its mean and round
+    count, equal to the policy's on at least :data:`MATCHING_PROMPTS` of the prompts), else the
+    pooled tau (within :data:`POOLED_TAU_REL_TOL`, the closest policy)."""
     horizon, budget = block - 1, config.budget
-    per_round = all(r.acceptance_lengths is not None for r in results)
-    if per_round:
-        tau = _pooled_tau(results)
-    else:
-        values = [r.mean_acceptance if r.mean_acceptance is not None else r.tau for r in results]
-        values = [v for v in values if v is not None]
-        tau = sum(values) / len(values) if values else 0.0
-    match = PolicyMatch()
-    distance = {}
-    for name in names or KNOWN_POLICIES:
+    kind, tau, mine = _engine_view(results)
+    match, distance, equal = PolicyMatch(), {}, {}
+    for name in names or distinct_policies(budget, horizon):
         engine.policy = KNOWN_POLICIES[name](budget, horizon)
         try:
             replayed = engine.generate(requests, config.model_copy(update={"trace": False, "trace_draft_logits": False}))
         finally:
             engine.policy = {}
         match.taus[name] = _pooled_tau(replayed)
-        if per_round:
-            equal = sum(list(a.acceptance_lengths or []) == list(b.acceptance_lengths or [])
-                        for a, b in zip(results, replayed))
-            if equal >= MATCHING_PROMPTS * len(results):
-                match.matches.append(name)
+        equal[name] = sum(_same(kind, a, b) for a, b in zip(mine, replayed)) if mine else 0
         if match.taus[name]:
             distance[name] = abs(match.taus[name] - tau) / match.taus[name]
-    if per_round and match.matches:
-        match.how = f"per-round lengths equal on at least {MATCHING_PROMPTS:.0%} of {len(results)} prompts"
+    best = max(equal.values(), default=0)
+    if mine and best >= MATCHING_PROMPTS * len(results):
+        match.matches = [n for n, e in equal.items() if e == best]
+        match.how = (f"{'per-round lengths' if kind == 'rounds' else 'per-request acceptance'} equal on {best}/"
+                     f"{len(results)} prompts")
         return match
     close = {n: d for n, d in distance.items() if d <= POOLED_TAU_REL_TOL}
     if close:
         best = min(close.values())
         match.matches = [n for n, d in close.items() if d == best]
-        match.how = f"pooled tau {tau:.3f}, within {POOLED_TAU_REL_TOL:.0%}"
+        match.how = f"pooled tau {tau:.3f}, within {POOLED_TAU_REL_TOL:.0%} (the closest)"
+    return match
+
+
+def match_on_rounds(reference: ReferenceEngine, requests: Sequence[Request], results: Sequence[RequestResult],
+                    config: RunConfig, block: int, names: Sequence[str] | None = None) -> PolicyMatch:
+    """Per-round engines, without running the target once per policy: every round of the engine's
+    greedy results is replayed once with the reference on the engine's own context
+    (:func:`~ddtree_conformance.adapters.reference.replay.replay_result`), and each known policy's
+    tree, built from that round's drafter logits, is walked along the output that follows (the
+    target's greedy choices): a policy matches when its acceptance equals the engine's in at least
+    :data:`MATCHING_PROMPTS` of the rounds the output shows whole."""
+    from ddtree_conformance.adapters.reference.replay import replay_result
+
+    horizon, budget = block - 1, config.budget
+    names = list(names or distinct_policies(budget, horizon))
+    equal = dict.fromkeys(names, 0)
+    lengths_under: dict[str, list[int]] = {n: [] for n in names}
+    rounds = 0
+    for request, result in zip(requests, results):
+        output, lengths = list(result.output_ids), list(result.acceptance_lengths or [])
+        replayed = replay_result(reference, request, output, lengths, "ddtree", budget, config.device,
+                                 keep_logits=lambda *_: True)
+        for rnd in replayed:
+            if rnd.offset + horizon >= len(output):
+                break  # the output's end hides how far this round could have gone
+            rounds += 1
+            following = output[rnd.offset:rnd.offset + horizon]
+            for name in names:
+                tree = build_policy_tree(rnd.draft_logits, budget, **KNOWN_POLICIES[name](budget, horizon))
+                children, node, k = tree.children, 0, 0
+                while k < len(following) and following[k] in children[node]:
+                    node, k = children[node][following[k]], k + 1
+                lengths_under[name].append(k + 1)
+                equal[name] += k + 1 == lengths[rnd.index]
+    match = PolicyMatch(taus={n: (sum(v) / len(v) if v else 0.0) for n, v in lengths_under.items()})
+    best = max(equal.values(), default=0)
+    if rounds and best >= MATCHING_PROMPTS * rounds:
+        match.matches = [n for n in names if equal[n] == best]
+    match.how = f"per-round acceptance equal in {best}/{rounds} rounds replayed on the engine's contexts"
     return match

@@ -199,7 +199,7 @@ class PolicyDiagnosis:
         return [f.kind for f in self.findings]
 
     def message(self) -> str:
-        return "; ".join(f.message for f in self.findings)
+        return "; ".join(f.message for f in self.findings if f.message)
 
 
 def _range(values: Sequence[int]) -> str:

@@ -26,6 +26,7 @@ import heapq
 import math
 
 import torch
+from ddtree_conformance.adapters.reference.dflash import DFlashConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.spec import DraftTree, build_tree
 
@@ -211,3 +212,52 @@ TREE_POLICY_ENGINES = {
     "early stop (SGLang PR #29907)": (EarlyStop, ("early-stop",)),
     "all of SGLang PR #29907": (SglangPr29907Trees, ("width-cap", "depth-bonus", "early-stop")),
 }
+
+
+def counters_only(engine_class: type[ReferenceEngine], *, pooled: bool = False) -> type[ReferenceEngine]:
+    """``engine_class`` reporting what the PRs' engines report: no traces, no per-round lengths; per
+    request (SGLang's ``meta_info``) or pooled over each batch (vLLM's counters, ``pooled``) the mean
+    acceptance and acceptance per drafted position, as many positions as the engine drafts."""
+    from ddtree_conformance.metrics import mean_tau, per_position_acceptance
+
+    class CountersOnly(engine_class):
+        name = f"{engine_class.name}-counters{'-pooled' if pooled else ''}"
+
+        def capabilities(self):
+            return super().capabilities().model_copy(update={"traces": False, "per_round_acceptance": False,
+                                                              "draft_logits": False, "traced_modes": None})
+
+        def generate(self, requests, config):
+            results = super().generate(requests, config.model_copy(update={"trace": False}))
+            if config.mode == "plain":
+                return results
+            deep = isinstance(self, DepthTiedToBudget) and config.mode == "ddtree"
+            horizon = config.budget if deep else DFlashConfig.from_dir(self.drafter_dir).block_size - 1
+            lengths = [r.acceptance_lengths or [] for r in results]
+            out = []
+            for r, own in zip(results, lengths):
+                mine = lengths if pooled else [own]
+                out.append(r.model_copy(update={
+                    "acceptance_lengths": None, "aggregate_only": True, "traces": None,
+                    "rounds": None if pooled else len(own), "mean_acceptance": mean_tau(mine),
+                    "per_position_acceptance": per_position_acceptance(mine, horizon)}))
+            return out
+
+    return CountersOnly
+
+
+def per_round_only(engine_class: type[ReferenceEngine]) -> type[ReferenceEngine]:
+    """``engine_class`` with per-round acceptance lengths but no traces."""
+
+    class PerRoundOnly(engine_class):
+        name = f"{engine_class.name}-per-round"
+
+        def capabilities(self):
+            return super().capabilities().model_copy(update={"traces": False, "draft_logits": False,
+                                                              "traced_modes": None})
+
+        def generate(self, requests, config):
+            results = super().generate(requests, config.model_copy(update={"trace": False}))
+            return [r.model_copy(update={"traces": None}) for r in results]
+
+    return PerRoundOnly
