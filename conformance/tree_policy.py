@@ -127,7 +127,7 @@ class _Round:
     spec_nodes: int | None = None
     spec_max_children: int | None = None
     spec_widths: list[int] | None = None
-    kind: str = "untested"  # spec | renumbered | tie | cut | differs | untested
+    kind: str = "untested"  # spec | renumbered | tie | cut | subset | differs | untested
     numbering: str = ""
 
 
@@ -167,8 +167,9 @@ def _compare(rnd: _Round, mode: str, budget: int, horizon: int) -> DraftTree | N
         if all(s == boundary for s in scores):
             rnd.kind = "tie"
             return spec
-    if (view.last or (view.room is not None and view.room < budget)) and set(mine) <= set(spec_paths):
-        rnd.kind = "cut"
+    if set(mine) < set(spec_paths):  # a prefix-closed part of the spec's tree: cut by room, or stopped early
+        exempt = view.last or (view.room is not None and view.room < budget)
+        rnd.kind = "cut" if exempt else "subset"
         return spec
     rnd.kind = "differs"
     return spec
@@ -291,6 +292,7 @@ def diagnose_traces(run: str, views: Sequence[RoundView], mode: str, budget: int
                                                      f"({horizon + 1}) gives L = {horizon} (draft depth tied to the "
                                                      f"budget B = {budget}?)"))
     differing = [r for r in rounds if r.kind == "differs"]
+    off_spec = [r for r in rounds if r.kind in ("differs", "subset")]
     free = [r for r in rounds if not r.view.last and (r.view.room is None or r.view.room >= budget)]
     if f:  # a deeper tree over other logits: its widths say nothing against the spec's; only its size does
         short = [r for r in free if r.nodes < budget]
@@ -299,11 +301,11 @@ def diagnose_traces(run: str, views: Sequence[RoundView], mode: str, budget: int
                                                  f"{budget} verified fewer nodes ({_range([r.nodes for r in short])})"))
     elif mode == "ddtree":
         _policy_findings(diag, rounds, differing, free, budget, horizon, has_logits)
-    elif differing and not f:
-        f.append(PolicyFinding("unexplained", f"chains differ from the spec's in {len(differing)}/{len(rounds)} "
-                                              f"rounds (first: {differing[0].view.label})"))
-    if differing:
-        r = differing[0]
+    elif off_spec:
+        f.append(PolicyFinding("unexplained", f"chains differ from the spec's in {len(off_spec)}/{len(rounds)} "
+                                              f"rounds (first: {off_spec[0].view.label})"))
+    if off_spec:
+        r = off_spec[0]
         diag.first = (f"{r.view.label}: {r.nodes} nodes vs spec {r.spec_nodes}; first tokens "
                       f"{r.view.tokens[1:7]}")
     # notes: freedoms
@@ -331,7 +333,7 @@ def diagnose_traces(run: str, views: Sequence[RoundView], mode: str, budget: int
                            + (f" (spec {_level_widths([r.spec_widths for r in rounds if r.spec_widths])})"
                               if spec_children else ""),
         "node order": order,
-        "rounds differing": f"{len(differing)}/{len(rounds)}" if has_logits else "-",
+        "rounds differing": f"{len(off_spec)}/{len(rounds)}" if has_logits else "-",
         "verdict": ", ".join(diag.kinds) or "the spec's trees",
     }
     return diag
