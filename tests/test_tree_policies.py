@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from ddtree_conformance.acceptance_policy import acceptance_depth_findings
 from ddtree_conformance.adapters.interface import RequestResult
 from ddtree_conformance.checks import plan, run_plan
