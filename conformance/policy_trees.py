@@ -41,6 +41,7 @@ __all__ = [
 
 POOLED_TAU_REL_TOL = 0.02  # aggregate engines: pooled tau within 2 % of a policy's (the acceptance check's rule)
 MATCHING_PROMPTS = 0.9  # per-round engines: this share of prompts with lengths equal to a policy's
+BELOW_CHAIN = 0.05  # an engine this far below the chain policy's tau matches no known policy
 BONUS_GRID = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 MARGIN_GRID = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
 MAX_FIT_ROUNDS = 64  # differing rounds a rebuild fit looks at (they agree on a policy within a few)
@@ -322,6 +323,9 @@ def replay_known_policies(engine: PolicyReference, requests: list[Request], conf
         equal[name] = sum(_same(kind, a, b) for a, b in zip(mine, replayed)) if mine else 0
         if match.taus[name]:
             distance[name] = abs(match.taus[name] - tau) / match.taus[name]
+        if name == "chain" and tau < (1 - BELOW_CHAIN) * match.taus[name] and not equal[name]:
+            match.how = f"pooled tau {tau:.3f} is below the chain's {match.taus[name]:.3f}; the other policies not run"
+            return match  # the known policies accept about as much as the chain or more: none matches this
     best = max(equal.values(), default=0)
     if mine and best >= MATCHING_PROMPTS * len(results):
         match.matches = [n for n, e in equal.items() if e == best]

@@ -153,14 +153,24 @@ def test_spec_tree_numbered_breadth_first_passes_with_a_note(fixture_settings):
     assert "numbered breadth-first (a freedom" in results["tree-structure"].message
 
 
-@pytest.mark.parametrize(("engine", "pooled", "budget", "phrase"), [
-    (tp.DepthTiedToBudget, True, 64, "per-depth acceptance is reported at 64 depths"),
-    (tp.SglangPr29907Trees, False, 64, "under SGLang PR #29907's trees"),
-    (tp.SglangPr29907Trees, False, 8, "a chain of the first min(B, L) argmax tokens"),
-], ids=["vllm-depth-pooled", "sglang-full-tree", "sglang-spine"])
-def test_counters_only_engines_are_named_from_acceptance(fixture_settings, engine, pooled, budget, phrase):
+def test_counters_only_engines_are_named_from_acceptance(fixture_settings):
     # aggregates need power: the per-prompt band over 6 prompts of 32 tokens (fewer can hold 0 here)
-    settings = fixture_settings.model_copy(update={"budgets": [budget], "limit": 6, "max_new_tokens": 32})
-    (result,) = _run(settings, tp.counters_only(engine, pooled=pooled), ["acceptance/ddtree"]).values()
-    assert result.status == "fail" and phrase in result.message, result.message
-    assert result.message.startswith("the engine's trees are not the spec's (aggregate acceptance)")
+    settings = fixture_settings.model_copy(update={"budgets": [64], "limit": 6, "max_new_tokens": 32})
+    (result,) = _run(settings, tp.counters_only(tp.SglangPr29907Trees), ["acceptance/ddtree"]).values()
+    assert result.status == "fail", result.message
+    assert result.message.startswith("the engine's trees are not the spec's (aggregate acceptance): acceptance "
+                                     "equals the reference's under SGLang PR #29907's trees"), result.message
+    assert result.details["tree_policy"] == ["width-cap", "depth-bonus", "early-stop"]
+
+
+def test_depth_tied_to_the_budget_is_named_from_pooled_counters_even_when_tau_agrees(fixture_settings):
+    settings = fixture_settings.model_copy(update={"budgets": [64]})
+    (result,) = _run(settings, tp.counters_only(tp.DepthTiedToBudget, pooled=True), ["acceptance/ddtree"]).values()
+    assert result.status == "fail" and "per-depth acceptance is reported at 64 depths" in result.message, result.message
+
+
+def test_per_round_engine_is_matched_on_its_own_rounds(fixture_settings):
+    settings = fixture_settings.model_copy(update={"budgets": [8]})
+    (result,) = _run(settings, tp.per_round_only(tp.SglangPr29907Trees), ["acceptance/ddtree"]).values()
+    assert result.status == "fail" and "a chain of the first min(B, L) argmax tokens" in result.message, result.message
+    assert "rounds replayed on the engine's contexts" in result.message

@@ -1,0 +1,72 @@
+"""Every pitfall class of the DDTree integration threads is caught (conformance/testing/pitfalls.py):
+each broken engine fails the check that covers its class with the message given here, and the
+correct engine passes the same checks. The CUDA-graph classes that need a GPU (graphs on by default,
+bucketing that omits DDTree) and eager-mode benchmarks belong to the GPU tier and the bench.
+
+The random pair suffices where a class breaks every round; classes that need a drafter that
+drafts well (a stop token inside an accepted path, masks of a busy batch) run on the fixture pair.
+"""
+
+from __future__ import annotations
+
+import pytest
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.checks import plan, run_plan
+from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.testing import pitfalls as pf
+from ddtree_conformance.testing.random_pair import write_random_prompts
+from ddtree_conformance.testing.tp_engines import ShardedReference
+
+# engine -> (pair, check-id substring, phrase of the failing message)
+CAUGHT_BY = {
+    pf.StaleVerifyPositions: ("random", "lossless/ddtree", "not lossless"),
+    pf.MasksMixedAcrossRequests: ("fixture", "busy-batch/ddtree", "in a batch of 7 mixed requests"),
+    pf.StateAtFlatIndex: ("random", "lossless/ddtree", "not lossless"),
+    pf.TokenZeroPadding: ("random", "tree-structure/ddtree", "!= parent depth + 1"),
+    pf.DroppedTreeWalkedAsChain: ("random", "long-context/ddtree", "per-round acceptance differs"),
+    pf.EmitsPastStop: ("fixture", "stop-token/ddtree", "is followed by"),
+    pf.IgnoresRoomMidRound: ("random", "max-new-tokens/ddtree", "more than max_new_tokens"),
+    pf.ShardLocalTokenIds: ("random-tp2", "tensor-parallel/ddtree", "token ids local to a vocabulary shard"),
+}
+
+
+@pytest.fixture(scope="module")
+def pairs(random_pair, tmp_path_factory) -> dict[str, SuiteSettings]:
+    target, drafter = random_pair
+    path = tmp_path_factory.mktemp("prompts") / "pitfalls.jsonl"
+    write_random_prompts(path, [3, 9, 17, 30], seed=5, prefix="m")
+    random = SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", prompt_set=str(path),
+                           budgets=[16], max_new_tokens=24, isolate=False, branch_prompts=2, branch_rounds=2)
+    return {
+        "random": random,
+        "random-tp2": random.model_copy(update={"tensor_parallel_size": 2}),
+        "fixture": SuiteSettings(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), pair_name="fixture",
+                                 prompt_set="fixture", limit=3, budgets=[16], max_new_tokens=24, isolate=False,
+                                 golden_dir="/nonexistent"),
+    }
+
+
+def _run(settings: SuiteSettings, engine_class, names: list[str]):
+    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
+    try:
+        return run_plan(session, plan(settings, names))
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("engine", list(CAUGHT_BY), ids=lambda c: c.__name__)
+def test_pitfall_is_caught_naming_the_symptom(pairs, engine):
+    pair, check, phrase = CAUGHT_BY[engine]
+    (result,) = _run(pairs[pair], engine, [check])
+    assert result.status == "fail" and phrase in result.message, result.message
+
+
+@pytest.mark.parametrize("pair", ["random", "random-tp2", "fixture"])
+def test_correct_engine_passes_the_same_checks(pairs, pair):
+    names = sorted({check for p, check, _ in CAUGHT_BY.values() if p == pair})
+    engine = ShardedReference if pair == "random-tp2" else ReferenceEngine
+    results = _run(pairs[pair], engine, names)
+    assert len(results) == len(names)
+    bad = [(r.check, r.message) for r in results if r.status != "pass"]
+    assert not bad, bad
