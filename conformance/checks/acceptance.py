@@ -24,9 +24,9 @@ from ..calibration import ALPHA
 from ..metrics import mean_tau, paired_band, per_position_acceptance
 from ..policy_trees import PolicyReference, match_on_rounds, replay_known_policies
 from ..replay import ReplayRun, drafter_round_cap, golden_lengths, judge_rounds
+from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import rules_for, score_output, target_logits
-from ..run import Run
 from ..tree_policy import block_size, diagnose_traces, policy_table, round_views
 from .result import CheckResult
 
@@ -292,7 +292,7 @@ def _named_policy(session: SuiteSession, mode: str, budget: int | None, results:
     if verdict.status == "skip" or verdict.message.startswith("engine ") or not (
             deeper or (verdict.status == "fail" and mode == "ddtree")):
         return verdict
-    label = mode if budget is None else f"{mode}-B{budget}"
+    label = Run(mode, budget).label
     if caps.traced(mode):
         from .trees import traced_run
 

@@ -17,9 +17,9 @@ from ddtree_conformance.adapters.interface import Request
 from ddtree_conformance.spec import SamplingParams, processed_probs
 from scipy.stats import chi2
 
+from ..run import Run
 from ..session import SuiteSession
 from ..synthetic import sampling_table, write_bigram_pair
-from ..run import Run
 from .result import CheckResult
 
 __all__ = ["ALPHA", "VARIANTS", "check_sampling", "silent_fallback", "transition_test"]

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from ..calibration import ALPHA
 from ..metrics import mean_tau, paired_band
+from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import window
 from .output_comparison import GreedyCase, first_divergence, judge_greedy
-from ..run import Run
 from .result import CheckResult
 
 __all__ = ["check_tensor_parallel", "tp_size", "visible_devices"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from ddtree_conformance.adapters.interface import RoundTrace
 
+from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import rules_for
-from ..run import Run
 from ..tree_policy import block_size, diagnose_traces, policy_table, round_views
 from .result import CheckResult
 
