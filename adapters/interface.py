@@ -128,6 +128,11 @@ class RequestResult(_Model):
     timings: Timings = Field(default_factory=Timings)
     traces: list[RoundTrace] | None = None
     error: str | None = None
+    engine_settings: dict[str, bool | int | float | str | None] = Field(
+        default_factory=dict, description="the settings this request ran under that change its speed, as the "
+                                          "engine knows them: cuda_graphs, overlap_scheduling, attention_backend, "
+                                          "... (the bench records them and the gate refuses to compare across a "
+                                          "change)")
 
     @model_validator(mode="after")
     def _consistent(self) -> "RequestResult":

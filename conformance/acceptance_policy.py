@@ -24,7 +24,8 @@ __all__ = ["acceptance_depth_findings", "diagnose_acceptance"]
 
 def acceptance_depth_findings(results: Sequence[RequestResult], block: int | None,
                               budget: int | None) -> list[PolicyFinding]:
-    """What acceptance alone shows of the draft depth (module doc). Per-depth acceptance is read only
+    """What acceptance alone shows of the draft depth (module doc), and what the engine states of it
+    (``engine_settings["draft_depth"]``). Per-depth acceptance is read only
     where a result has no per-round lengths; it has one entry per depth the engine drafts
     (:class:`~ddtree_conformance.adapters.interface.RequestResult`)."""
     if not block:
@@ -34,9 +35,10 @@ def acceptance_depth_findings(results: Sequence[RequestResult], block: int | Non
     vectors = [r.per_position_acceptance or [] for r in results if r.acceptance_lengths is None]
     depths = max((len(v) for v in vectors), default=0)
     reached = max((d + 1 for v in vectors for d, x in enumerate(v) if x > 0), default=0)
-    if longest <= horizon + 1 and depths <= horizon:
+    stated = max((int(r.engine_settings.get("draft_depth") or 0) for r in results), default=0)
+    if longest <= horizon + 1 and depths <= horizon and stated <= horizon:
         return []
-    shown = []
+    shown = [f"the engine reports a draft depth of {stated}"] if stated > horizon else []
     if longest > horizon + 1:
         shown.append(f"a round accepted {longest - 1} drafted tokens")
     if depths > horizon:

@@ -114,6 +114,9 @@ def test_depth_from_acceptance_alone():
     fine = RequestResult(output_ids=[1] * 5, finish_reason="length", rounds=2, acceptance_lengths=[2, 2],
                          per_position_acceptance=[0.5] * 16)  # per-round lengths win over a long vector
     assert acceptance_depth_findings([fine], 8, 16) == []
+    stated = RequestResult(output_ids=[1] * 5, finish_reason="length", aggregate_only=True, mean_acceptance=2.0,
+                           per_position_acceptance=[0.5] * 7, engine_settings={"draft_depth": 16})
+    assert "the engine reports a draft depth of 16" in acceptance_depth_findings([stated], 8, 16)[0].message
 
 
 # ------------------------------------------------------------------------------------------------ engines
