@@ -18,16 +18,16 @@ from ddtree_conformance.testing import pitfalls as pf
 from ddtree_conformance.testing.random_pair import write_random_prompts
 from ddtree_conformance.testing.tp_engines import ShardedReference
 
-# engine -> (pair, check-id substring, phrase of the failing message)
-CAUGHT_BY = {
-    pf.StaleVerifyPositions: ("random", "lossless/ddtree", "not lossless"),
-    pf.MasksMixedAcrossRequests: ("fixture", "busy-batch/ddtree", "in a batch of 7 mixed requests"),
-    pf.StateAtFlatIndex: ("random", "lossless/ddtree", "not lossless"),
-    pf.TokenZeroPadding: ("random", "tree-structure/ddtree", "!= parent depth + 1"),
-    pf.DroppedTreeWalkedAsChain: ("random", "long-context/ddtree", "per-round acceptance differs"),
-    pf.EmitsPastStop: ("fixture", "stop-token/ddtree", "is followed by"),
-    pf.IgnoresRoomMidRound: ("random", "max-new-tokens/ddtree", "more than max_new_tokens"),
-    pf.ShardLocalTokenIds: ("random-tp2", "tensor-parallel/ddtree", "token ids local to a vocabulary shard"),
+# pitfall -> phrase of the failing message (engine, check and pair: pitfalls.PITFALLS)
+PHRASES = {
+    "positions ignored under CUDA graphs": "not lossless",
+    "per-request masks mapped wrong when tree sizes differ": "in a batch of 7 mixed requests",
+    "state committed for num_accepted - 1": "not lossless",
+    "token 0 as padding in short trees": "!= parent depth + 1",
+    "dropped trees walked as chains": "per-round acceptance differs",
+    "finishing inside an accepted path": "is followed by",
+    "max_new_tokens landing mid-path": "more than max_new_tokens",
+    "TP shard-local indices as token ids": "token ids local to a vocabulary shard",
 }
 
 
@@ -55,16 +55,20 @@ def _run(settings: SuiteSettings, engine_class, names: list[str]):
         session.close()
 
 
-@pytest.mark.parametrize("engine", list(CAUGHT_BY), ids=lambda c: c.__name__)
-def test_pitfall_is_caught_naming_the_symptom(pairs, engine):
-    pair, check, phrase = CAUGHT_BY[engine]
+def test_every_pitfall_has_a_phrase():
+    assert set(PHRASES) == set(pf.PITFALLS)
+
+
+@pytest.mark.parametrize("pitfall", list(pf.PITFALLS))
+def test_pitfall_is_caught_naming_the_symptom(pairs, pitfall):
+    engine, check, pair = pf.PITFALLS[pitfall]
     (result,) = _run(pairs[pair], engine, [check])
-    assert result.status == "fail" and phrase in result.message, result.message
+    assert result.status == "fail" and PHRASES[pitfall] in result.message, result.message
 
 
 @pytest.mark.parametrize("pair", ["random", "random-tp2", "fixture"])
 def test_correct_engine_passes_the_same_checks(pairs, pair):
-    names = sorted({check for p, check, _ in CAUGHT_BY.values() if p == pair})
+    names = sorted({check for _, check, p in pf.PITFALLS.values() if p == pair})
     engine = ShardedReference if pair == "random-tp2" else ReferenceEngine
     results = _run(pairs[pair], engine, names)
     assert len(results) == len(names)

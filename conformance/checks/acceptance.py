@@ -289,9 +289,8 @@ def _named_policy(session: SuiteSession, mode: str, budget: int | None, results:
     s, caps = session.settings, session.capabilities
     block = block_size(s.drafter_dir)
     deeper = [] if caps.traced(mode) else acceptance_depth_findings(results, block, budget)
-    if verdict.status == "skip" or verdict.message.startswith("engine ") or not (
-            deeper or (verdict.status == "fail" and mode == "ddtree")):
-        return verdict
+    if verdict.message.startswith("engine ") or not (deeper or (verdict.status == "fail" and mode == "ddtree")):
+        return verdict  # a skip stays one, unless acceptance shows the depth (which needs no band)
     label = Run(mode, budget).label
     if caps.traced(mode):
         from .trees import traced_run

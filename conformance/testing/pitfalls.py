@@ -333,14 +333,16 @@ class ShardLocalTokenIds(ShardedReference):
             self._build = build
 
 
-#: label -> engine
+#: pitfall class -> (broken engine, the check that catches it, the pair it shows on: "random" (the tiny
+#: random pair), "fixture" (a drafter that drafts well) or "random-tp2" (the random pair at TP=2))
 PITFALLS = {
-    "positions ignored under CUDA graphs": StaleVerifyPositions,
-    "per-request masks mapped wrong when tree sizes differ": MasksMixedAcrossRequests,
-    "state committed for num_accepted - 1": StateAtFlatIndex,
-    "token 0 as padding in short trees": TokenZeroPadding,
-    "dropped trees walked as chains": DroppedTreeWalkedAsChain,
-    "finishing inside an accepted path": EmitsPastStop,
-    "max_new_tokens landing mid-path": IgnoresRoomMidRound,
-    "TP shard-local indices as token ids": ShardLocalTokenIds,
+    "positions ignored under CUDA graphs": (StaleVerifyPositions, "lossless/ddtree", "random"),
+    "per-request masks mapped wrong when tree sizes differ": (MasksMixedAcrossRequests, "busy-batch/ddtree",
+                                                              "fixture"),
+    "state committed for num_accepted - 1": (StateAtFlatIndex, "lossless/ddtree", "random"),
+    "token 0 as padding in short trees": (TokenZeroPadding, "tree-structure/ddtree", "random"),
+    "dropped trees walked as chains": (DroppedTreeWalkedAsChain, "long-context/ddtree", "random"),
+    "finishing inside an accepted path": (EmitsPastStop, "stop-token/ddtree", "fixture"),
+    "max_new_tokens landing mid-path": (IgnoresRoomMidRound, "max-new-tokens/ddtree", "random"),
+    "TP shard-local indices as token ids": (ShardLocalTokenIds, "tensor-parallel/ddtree", "random-tp2"),
 }
