@@ -209,8 +209,9 @@ class PolicyFit:
 def fit_policy(rounds: Sequence[tuple[torch.Tensor, set]], budget: int, cap: int | None) -> PolicyFit:
     """The rebuild policy reproducing the most of ``rounds`` (drafter logits [L, V] and the engine's
     node set as token paths): coordinate descent over (width cap, depth bonus, early stop) from the
-    spec's heap. Each step keeps the value that reproduces more rounds exactly or, as many, misses
-    fewer nodes; at the end every component the rounds do not need is switched off again."""
+    best of a few seeds (the spec's heap, and the known policies' settings). Each step keeps the value
+    that reproduces more rounds exactly or, as many, misses fewer nodes; at the end every component
+    the rounds do not need is switched off again."""
     sample = rounds[:MAX_FIT_ROUNDS]
     prepared = []
     for logits, paths in sample:
@@ -228,7 +229,11 @@ def fit_policy(rounds: Sequence[tuple[torch.Tensor, set]], budget: int, cap: int
 
     dims = {"cap": [None, cap] if cap else [None], "bonus": [0.0, *BONUS_GRID],
             "stop": [None, *((m, s) for m in MARGIN_GRID for s in (False, True))]}
-    best, value = PolicyFit(), measure(PolicyFit())
+    # start from the best of the known policies' settings (one component, or SGLang PR #29907's three):
+    # from the spec's heap alone, a descent can stop where no single component helps yet
+    seeds = [PolicyFit(), PolicyFit(cap=cap), PolicyFit(bonus=0.2), PolicyFit(stop=(1.0, True)),
+             PolicyFit(cap=cap, bonus=0.2, stop=(1.0, True))]
+    best, value = max(((s, measure(s)) for s in seeds), key=lambda sv: sv[1])
     for _ in range(4):
         improved = False
         for dim, values in dims.items():
