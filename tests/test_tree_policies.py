@@ -179,3 +179,12 @@ def test_per_round_engine_is_matched_on_its_own_rounds(fixture_settings):
     (result,) = _run(settings, tp.per_round_only(tp.SglangPr29907Trees), ["acceptance/ddtree"]).values()
     assert result.status == "fail" and "a chain of the first min(B, L) argmax tokens" in result.message, result.message
     assert "rounds replayed on the engine's contexts" in result.message
+
+
+def test_counters_of_a_correct_engine_pass_saying_how_deep_it_drafts(fixture_settings):
+    from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+
+    settings = fixture_settings.model_copy(update={"limit": 5})
+    (result,) = _run(settings, tp.counters_only(ReferenceEngine), ["acceptance/ddtree"]).values()
+    assert result.status == "pass", result.message
+    assert result.message.endswith("the engine drafts 15 positions past the root (L = 15)"), result.message

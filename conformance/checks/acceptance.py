@@ -290,6 +290,10 @@ def _named_policy(session: SuiteSession, mode: str, budget: int | None, results:
     block = block_size(s.drafter_dir)
     deeper = [] if caps.traced(mode) else acceptance_depth_findings(results, block, budget)
     if verdict.message.startswith("engine ") or not (deeper or (verdict.status == "fail" and mode == "ddtree")):
+        stated = {r.engine_settings.get("draft_depth") for r in results} - {None}
+        if verdict.status == "pass" and len(stated) == 1:  # the depth the engine says it drafts, within the block
+            return verdict.model_copy(update={"message": f"{verdict.message}; the engine drafts {stated.pop()} "
+                                                         f"positions past the root (L = {(block or 1) - 1})"})
         return verdict  # a skip stays one, unless acceptance shows the depth (which needs no band)
     label = Run(mode, budget).label
     if caps.traced(mode):

@@ -217,7 +217,8 @@ TREE_POLICY_ENGINES = {
 def counters_only(engine_class: type[ReferenceEngine], *, pooled: bool = False) -> type[ReferenceEngine]:
     """``engine_class`` reporting what the PRs' engines report: no traces, no per-round lengths; per
     request (SGLang's ``meta_info``) or pooled over each batch (vLLM's counters, ``pooled``) the mean
-    acceptance and acceptance per drafted position, as many positions as the engine drafts."""
+    acceptance and acceptance per drafted position, as many positions as the engine drafts, and that
+    depth in ``engine_settings`` (as the suite's vLLM adapter reports it)."""
     from ddtree_conformance.metrics import mean_tau, per_position_acceptance
 
     class CountersOnly(engine_class):
@@ -239,6 +240,7 @@ def counters_only(engine_class: type[ReferenceEngine], *, pooled: bool = False) 
                 mine = lengths if pooled else [own]
                 out.append(r.model_copy(update={
                     "acceptance_lengths": None, "aggregate_only": True, "traces": None,
+                    "engine_settings": {"draft_depth": horizon},
                     "rounds": None if pooled else len(own), "mean_acceptance": mean_tau(mine),
                     "per_position_acceptance": per_position_acceptance(mine, horizon)}))
             return out
