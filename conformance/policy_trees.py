@@ -321,7 +321,8 @@ def replay_known_policies(engine: PolicyReference, requests: list[Request], conf
     for name in names or distinct_policies(budget, horizon):
         engine.policy = KNOWN_POLICIES[name](budget, horizon)
         try:
-            replayed = engine.generate(requests, config.model_copy(update={"trace": False, "trace_draft_logits": False}))
+            untraced = config.model_copy(update={"trace": False, "trace_draft_logits": False})
+            replayed = engine.generate(requests, untraced)
         finally:
             engine.policy = {}
         match.taus[name] = _pooled_tau(replayed)

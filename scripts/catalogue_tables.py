@@ -41,13 +41,14 @@ def _cell(text: str, width: int = 400) -> str:
 def policy_rows(fixture: SuiteSettings) -> tuple[list[dict], list[str]]:
     rows, bad = [], []
     for label, (engine, kinds) in tree_policies.TREE_POLICY_ENGINES.items():
-        budget = 8 if engine is tree_policies.ChainAtOrBelowBlock else 64 if engine is tree_policies.SglangPr29907Trees \
-            else 16
+        budget = (8 if engine is tree_policies.ChainAtOrBelowBlock else
+                  64 if engine is tree_policies.SglangPr29907Trees else 16)
         settings = fixture.model_copy(update={"budgets": [budget]})
         traced = _run(settings, engine, ["lossless/ddtree", "tree-structure/ddtree"])
         counters = _run(settings, tree_policies.counters_only(engine), ["acceptance/ddtree"])["acceptance"]
         row = {"engine": label, "budget": budget, "lossless": traced["lossless"].status,
-               "tree-structure": traced["tree-structure"].status, "tree-structure message": traced["tree-structure"].message,
+               "tree-structure": traced["tree-structure"].status,
+               "tree-structure message": traced["tree-structure"].message,
                "acceptance (counters only)": counters.status, "acceptance message": counters.message,
                "expected": list(kinds)}
         rows.append(row)
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     fixture = SuiteSettings(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), pair_name="fixture",
                             prompt_set="fixture", limit=args.limit, max_new_tokens=32, budgets=[16], isolate=False,
+                            held_out_prompts=0, run_seed=1,
                             golden_dir="/nonexistent")
     out: dict = {}
     bad: list[str] = []
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         prompts = Path(tmp) / "prompts.jsonl"
         write_random_prompts(prompts, [3, 9, 17, 30], seed=5, prefix="m")
         random = SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random",
-                               prompt_set=str(prompts), budgets=[16], max_new_tokens=24, isolate=False)
+                               prompt_set=str(prompts), budgets=[16], max_new_tokens=24, isolate=False,
+                               held_out_prompts=0, run_seed=1)
         if args.only in (None, "policies"):
             print("| policy engine | budget | lossless | tree-structure (traces) | acceptance (counters only) |")
             print("|---|---|---|---|---|")

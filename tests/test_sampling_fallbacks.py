@@ -59,7 +59,8 @@ ENGINE_CASES = [
 @pytest.fixture(scope="module")
 def settings() -> SuiteSettings:
     return SuiteSettings(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), pair_name="fixture",
-                         prompt_set="fixture", limit=1, budgets=[16], isolate=False, sampling_requests=40)
+                         prompt_set="fixture", limit=1, budgets=[16], isolate=False,
+                         held_out_prompts=0, run_seed=1, sampling_requests=40)
 
 
 def _run(settings: SuiteSettings, engine_class, check: str):

@@ -58,7 +58,8 @@ def test_policy_builder_with_every_switch_off_is_the_spec_and_agrees_with_the_en
         width = min(max(budget // depth + 1, 2), 6)
         for mine, theirs in [({"max_children": width}, {"width": width}), ({"depth_bonus": 0.2}, {"bonus": 0.2}),
                              ({"early_stop_margin": 1.0, "keep_spine": True}, {"margin": 1.0})]:
-            assert _paths(build_policy_tree(logits, budget, **mine)) == _paths(tp.pr_heap_tree(logits, budget, **theirs))
+            ours, engines = build_policy_tree(logits, budget, **mine), tp.pr_heap_tree(logits, budget, **theirs)
+            assert _paths(ours) == _paths(engines)
         spec = build_tree(logits, budget)
         assert _paths(renumber_breadth_first(spec)) == _paths(tp._breadth_first(spec))
 
@@ -126,6 +127,7 @@ def test_depth_from_acceptance_alone():
 def fixture_settings() -> SuiteSettings:
     return SuiteSettings(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), pair_name="fixture",
                          prompt_set="fixture", limit=2, max_new_tokens=24, budgets=[16], isolate=False,
+                         held_out_prompts=0, run_seed=1,
                          golden_dir="/nonexistent")
 
 

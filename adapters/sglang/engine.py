@@ -150,8 +150,9 @@ class SglangEngine(Engine):
         self.ddtree_ok, self.ddtree_why = probe_ddtree(self.ddtree_algorithm, self.ddtree_budget_arg)
         overlap = (getattr(contract_algorithm(self.ddtree_algorithm), api.SUPPORTS_OVERLAP, True) is not False
                    if self.ddtree_ok else True)
-        self.setup = ServerSetup(model_dir, drafter_dir, self.block_size, self.seed, self.log_level, self.context_length,
-                                 self.mem_fraction_static, self.max_running_requests, self.attention_backend,
+        self.setup = ServerSetup(model_dir, drafter_dir, self.block_size, self.seed, self.log_level,
+                                 self.context_length, self.mem_fraction_static, self.max_running_requests,
+                                 self.attention_backend,
                                  self.deterministic, self.cuda_graph, None if self._dflash_ok else self._dflash_why,
                                  None if self.ddtree_ok else self.ddtree_why, self.ddtree_algorithm,
                                  self.ddtree_budget_arg, overlap)

@@ -79,8 +79,9 @@ class LlmSetup:
     def llm_kwargs(self, config: RunConfig, llm_budget: int, plugin_options: dict | None = None) -> dict:
         """Keyword arguments of the ``vllm.LLM`` that runs ``config`` (every one in
         :data:`.upstream_api.LLM_KWARGS`)."""
-        kwargs = {"model": self.model_dir, "dtype": config.dtype, "seed": self.seed, "max_model_len": self.max_model_len,
-                  "enforce_eager": self.enforce_eager, "disable_log_stats": False, "generation_config": "vllm"}
+        kwargs = {"model": self.model_dir, "dtype": config.dtype, "seed": self.seed,
+                  "max_model_len": self.max_model_len, "enforce_eager": self.enforce_eager,
+                  "disable_log_stats": False, "generation_config": "vllm"}
         spec = self.speculative_config(config.mode, llm_budget)
         if spec is not None:
             kwargs["speculative_config"] = spec

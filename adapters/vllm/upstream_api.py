@@ -27,7 +27,7 @@ LLM_KWARGS = (
     "max_num_seqs",
     "tensor_parallel_size",
     "additional_config",
-    "attention_backend",  # EngineArgs field (AttentionConfig.backend; CLI --attention-backend); in 0.32.0's arg_utils.py
+    "attention_backend",  # EngineArgs field (AttentionConfig.backend; --attention-backend); in 0.32.0's arg_utils.py
 )
 
 #: The ``LLM`` keyword argument that picks the attention backend (a name of ``AttentionBackendEnum``).

@@ -250,7 +250,8 @@ def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> Ch
     return _named_policy(session, mode, budget, results, _judge(session, name, mode, budget, results))
 
 
-def _judge(session: SuiteSession, name: str, mode: str, budget: int | None, results: list[RequestResult]) -> CheckResult:
+def _judge(session: SuiteSession, name: str, mode: str, budget: int | None,
+           results: list[RequestResult]) -> CheckResult:
     caps = session.capabilities
     labels = [p.id for p in session.prompts]
     if caps.per_round(mode):

@@ -84,7 +84,8 @@ def _tree_difference(session: SuiteSession, mode: str, budget: int | None, index
         if vocab:
             shard = -(-vocab // n)
             if all(t < shard for t in b.tree_tokens[1:]) and any(t >= shard for t in a.tree_tokens[1:]):
-                hint = f" (every TP={n} tree token is below {shard} = vocab / {n}: token ids local to a vocabulary shard?)"
+                hint = (f" (every TP={n} tree token is below {shard} = vocab / {n}: token ids local to a vocabulary "
+                        "shard?)")
         return (f"; the trees differ from round {r}: TP=1 tokens {a.tree_tokens[1:7]} | TP={n} {b.tree_tokens[1:7]}"
                 f"{hint}")
     return "; the traced trees are equal (feedback or walk under sharding?)"

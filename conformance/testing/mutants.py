@@ -124,7 +124,8 @@ class GreedyVerifyAtT(ReferenceEngine):
     temperature (the prefill's token is still sampled)."""
 
     name = "mutant-greedy-verify-at-t"
-    walk_step = staticmethod(lambda tree, logits, params, generator: walk_tree(tree, logits, SamplingParams(), generator))
+    walk_step = staticmethod(
+        lambda tree, logits, params, generator: walk_tree(tree, logits, SamplingParams(), generator))
 
 
 class TemperatureIgnored(ReferenceEngine):

@@ -56,7 +56,8 @@ def _breadth_first(tree: DraftTree) -> DraftTree:
     position = {0: 0}
     order = [0]
     for level in range(1, max(depths) + 1 if len(depths) > 1 else 1):
-        nodes = sorted((i for i in range(1, len(depths)) if depths[i] == level), key=lambda i: (position[parents[i]], i))
+        nodes = sorted((i for i in range(1, len(depths)) if depths[i] == level),
+                       key=lambda i: (position[parents[i]], i))
         for i in nodes:
             position[i] = len(order)
             order.append(i)
