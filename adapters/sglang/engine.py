@@ -54,7 +54,6 @@ from ..interface import Capabilities, Engine, EngineError, Request, RequestResul
 from ..process import allow_children
 from . import upstream_api as api
 from .contract import algorithm as contract_algorithm
-from .server_config import ServerSetup
 from .contract import (
     builtin_algorithms,
     check_engine_api,
@@ -71,6 +70,7 @@ from .contract import (
     server_args_fields,
     version_tested,
 )
+from .server_config import ServerSetup
 from .upstream_api import TESTED_VERSIONS
 
 __all__ = [
