@@ -30,6 +30,7 @@ from typing import Any
 
 from .files import atomic_write, read_json_object
 from .report_plots import plots
+from .report_tables import detail_tables_html
 from .report_trees import trees_html
 from .run import Run
 
@@ -275,6 +276,7 @@ def render_html(report: dict) -> str:
     parts.append("</div>")
     results = report.get("results") or []
     parts.append(trees_html(results))
+    parts.append(detail_tables_html(results))
     if results:
         order = {"fail": 0, "skip": 1, "pass": 2}
         parts.append("<h2>Checks</h2><table><tr><th>check</th><th>status</th><th>message</th></tr>")

@@ -29,7 +29,7 @@ CAUGHT_BY = {
     # Tokens dropped from the output no longer add up to the committed acceptance lengths: the
     # integrity rules (ddtree_conformance.integrity) catch it before the check compares outputs.
     mutants.MaskIdDropped: (["token-0-and-mask-id/dflash"], "do not add up to the output"),
-    mutants.TopKTopPIgnored: (["sampling/ddtree-B16/T=1,top_k=3"], "probability 0"),
+    mutants.TopKTopPIgnored: (["sampling/ddtree-B16/T=1,top_k=3"], "top-k/top-p ignored: the transitions follow"),
     mutants.RunnerUpBelowTwiceBound: (["lossless/ddtree"], "not lossless"),
     mutants.RunnerUpWithinBound: (["lossless/ddtree"], "not lossless"),
     mutants.AcceptanceOverReported: (["acceptance/ddtree"], "do not add up"),

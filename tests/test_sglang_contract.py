@@ -205,6 +205,23 @@ def test_ddtree_detected_when_registered_in_process(register_algorithm, pr29907_
     assert sg.check_server_args(real) == []
 
 
+def test_pr29907_ddtree_runs_every_mode_on_triton(register_algorithm, pr29907_budget_field):
+    """Where PR #29907's DDTREE is offered, plain and DFlash run on the triton backend it needs above L
+    (like with like), and those arguments build a real ServerArgs."""
+    from sglang.srt.server_args import ServerArgs
+
+    register_algorithm(api.DEFAULT_DDTREE_ALGORITHM, supports_overlap=False)
+    engine = _engine()
+    for mode in ("plain", "dflash"):
+        kwargs = engine.server_args(RunConfig(mode=mode, device="cuda"))
+        assert kwargs["attention_backend"] == api.PR_DDTREE.full_tree_attention_backend == "triton"
+        assert sg.check_server_args(kwargs) == []
+        assert ServerArgs(**kwargs).attention_backend == "triton"
+    assert engine.server_args(RunConfig(mode="ddtree", budget=64, device="cuda"))["attention_backend"] == "triton"
+    with pytest.raises(EngineError, match="option attention_backend=flashinfer"):
+        _engine(attention_backend="flashinfer").server_args(RunConfig(mode="ddtree", budget=64, device="cuda"))
+
+
 def test_ddtree_under_configured_names(register_algorithm):
     """A plugin's own algorithm name and an existing budget field, given as engine options (no patching)."""
     from sglang.srt.server_args import ServerArgs

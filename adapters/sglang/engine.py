@@ -70,6 +70,7 @@ from .contract import (
     server_args_fields,
     version_tested,
 )
+from .server_config import ServerSetup
 from .upstream_api import TESTED_VERSIONS
 
 __all__ = [
@@ -147,6 +148,14 @@ class SglangEngine(Engine):
         load_plugins()  # sgl.Engine does this first too (engine.py:286); plugins may register DDTree
         self._dflash_ok, self._dflash_why = probe_algorithm(api.DFLASH_ALGORITHM)
         self.ddtree_ok, self.ddtree_why = probe_ddtree(self.ddtree_algorithm, self.ddtree_budget_arg)
+        overlap = (getattr(contract_algorithm(self.ddtree_algorithm), api.SUPPORTS_OVERLAP, True) is not False
+                   if self.ddtree_ok else True)
+        self.setup = ServerSetup(model_dir, drafter_dir, self.block_size, self.seed, self.log_level,
+                                 self.context_length, self.mem_fraction_static, self.max_running_requests,
+                                 self.attention_backend,
+                                 self.deterministic, self.cuda_graph, None if self._dflash_ok else self._dflash_why,
+                                 None if self.ddtree_ok else self.ddtree_why, self.ddtree_algorithm,
+                                 self.ddtree_budget_arg, overlap)
         self.gpus = opts.cuda_device_count()
         self._engine = None
         self._engine_key: tuple | None = None
@@ -170,6 +179,7 @@ class SglangEngine(Engine):
                 modes.append("ddtree")
             else:
                 notes.append(f"no ddtree in this SGLang: {self.ddtree_why}")
+        notes += self.setup.notes()
         if not self.deterministic:
             notes.append("sampling seeds are honoured only with option deterministic=true "
                          "(enable_deterministic_inference)")
@@ -202,46 +212,9 @@ class SglangEngine(Engine):
         return int(index)
 
     def server_args(self, config: RunConfig) -> dict:
-        """The ``sgl.Engine`` keyword arguments (ServerArgs fields) for ``config``.
-
-        Needs no GPU; ``config.device`` only sets ``base_gpu_id``. Raises EngineError for a mode
-        this SGLang or this drafter cannot run.
-        """
-        gpu = 0
-        kind, _, index = config.device.partition(":")
-        if kind == api.DEVICE and index.isdigit():
-            gpu = int(index)
-        kwargs = {"model_path": self.model_dir, "dtype": config.dtype, "tp_size": config.tensor_parallel_size,
-                  "random_seed": self.seed, "device": api.DEVICE, "base_gpu_id": gpu, "skip_tokenizer_init": True,
-                  "log_level": self.log_level}
-        optional = {"context_length": self.context_length, "mem_fraction_static": self.mem_fraction_static,
-                    "max_running_requests": self.max_running_requests, "attention_backend": self.attention_backend}
-        kwargs.update({k: v for k, v in optional.items() if v is not None})
-        if self.deterministic:
-            kwargs["enable_deterministic_inference"] = True
-        if not self.cuda_graph:
-            kwargs["disable_cuda_graph"] = True
-        if config.mode == "plain":
-            return kwargs
-        if self.drafter_dir is None:
-            raise EngineError(f"engine 'sglang': mode {config.mode} needs a drafter")
-        if config.mode == "dflash":
-            if not self._dflash_ok:
-                raise EngineError(f"engine 'sglang': mode dflash unavailable: {self._dflash_why}")
-            algorithm = api.DFLASH_ALGORITHM
-        else:
-            if not self.ddtree_ok:
-                raise EngineError(f"engine 'sglang': mode ddtree unavailable: {self.ddtree_why}")
-            algorithm = self.ddtree_algorithm
-        # DFLASH: verify window = block_size; steps and topk must be 1 (speculative_hook.py:334-387).
-        kwargs.update(speculative_algorithm=algorithm, speculative_draft_model_path=self.drafter_dir,
-                      speculative_num_draft_tokens=self.block_size, speculative_num_steps=1,
-                      speculative_eagle_topk=1)
-        if config.mode == "ddtree":
-            kwargs[self.ddtree_budget_arg] = config.budget
-            if getattr(contract_algorithm(algorithm), api.SUPPORTS_OVERLAP, True) is False:
-                kwargs["disable_overlap_schedule"] = True  # else create_worker refuses (spec_registry.py:137)
-        return kwargs
+        """The ``sgl.Engine`` keyword arguments (ServerArgs fields) for ``config``
+        (:meth:`.server_config.ServerSetup.server_args`; needs no GPU)."""
+        return self.setup.server_args(config)
 
     def _shutdown_engine(self) -> None:
         engine, self._engine, self._engine_key = self._engine, None, None
@@ -360,7 +333,7 @@ class SglangEngine(Engine):
         else:
             extras = self._aggregates([o.get(api.META_INFO) or {} for o in outputs])
         for i, output, extra in zip(runnable, outputs, extras):
-            results[i] = self._result(output, extra)
+            results[i] = self._result(output, {**extra, "engine_settings": self.setup.engine_settings(config.mode)})
         return results  # type: ignore[return-value]
 
     def close(self) -> None:

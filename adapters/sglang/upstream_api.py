@@ -1,12 +1,16 @@
-"""Every SGLang name the adapter relies on, in one place.
+"""Every SGLang name the adapter relies on, in one place: the released SGLang's and DDTree PR #29907's.
 
-The contract tests (``tests/test_sglang_contract.py``) check each one against the installed
-SGLang (``sglang==0.5.23``), so a rename upstream fails there with the name, not deep in a GPU
-run. This module must not import SGLang. Paths below (``srt/...``) are relative to the installed
-``sglang`` package, as read in 0.5.23.
+The contract tests (``tests/test_sglang_contract.py``, SGLang tier) check each released name against
+the installed SGLang (``sglang==0.5.23``), so a rename upstream fails there with the name, not deep
+in a GPU run. The PR cannot be installed here: :data:`PR_DDTREE` records its interface as read, and
+the default tier checks the configs the adapter generates against that record
+(``tests/test_upstream_prs.py``, :mod:`.pr_contract`). This module must not import SGLang. Paths
+below (``srt/...``) are relative to the installed ``sglang`` package, as read in 0.5.23.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 #: SGLang releases the adapter was tested with (``major.minor`` prefixes).
 TESTED_VERSIONS = ("0.5",)
@@ -109,3 +113,56 @@ META_KEYS = (META_FINISH_REASON, META_COMPLETION_TOKENS, META_VERIFY_CT, META_CO
 #: module whose ``BaseFinishReason`` subclasses produce them (``to_json()["type"]``, read by source).
 FINISH_TYPES = {"stop": "stop", "length": "length"}
 FINISH_SOURCE_MODULE = "sglang.srt.managers.schedule_batch"
+
+
+@dataclass(frozen=True)
+class DdtreePullRequest:
+    """SGLang's DDTree pull request as read (open; its build cannot be installed here). Every name is
+    what the PR's code uses; the comments say where (``srt/...`` in its tree) and what it means."""
+
+    repo: str = "sgl-project/sglang"
+    number: int = 29907
+    #: the files read, each at its commit
+    files: tuple[tuple[str, str], ...] = (
+        ("python/sglang/srt/speculative/ddtree_worker.py", "93e9850e430035f8a363fd881a6a0c5436b95108"),
+        ("python/sglang/srt/speculative/ddtree_info.py", "93e9850e430035f8a363fd881a6a0c5436b95108"),
+        ("python/sglang/srt/arg_groups/speculative_hook.py", "93e9850e430035f8a363fd881a6a0c5436b95108"),
+        ("python/sglang/srt/speculative/ddtree_utils.py", "6c52d319a429be6216fba93b8291b7aff79516bb"),
+    )
+    #: ``--speculative-algorithm DDTREE`` (``_handle_ddtree`` in speculative_hook.py)
+    algorithm: str = "DDTREE"
+    #: ``--speculative-ddtree-budget``: the node budget B; unset: ``speculative_num_draft_tokens - 1``; must be >= 1
+    budget_field: str = "speculative_ddtree_budget"
+    #: ServerArgs fields the PR adds to the released ones the adapter uses
+    added_fields: tuple[str, ...] = ("speculative_ddtree_budget",)
+    #: ``_handle_ddtree`` runs ``_handle_dflash`` first: the block size goes in this field
+    draft_tokens_field: str = "speculative_num_draft_tokens"
+    #: above L = block_size - 1 ("full-tree mode") prefill and decode attention backends must be this,
+    #: else ``_handle_ddtree`` raises "DDTREE full-tree mode currently supports only the triton ..."
+    full_tree_attention_backend: str = "triton"
+    #: ``_handle_ddtree`` refuses any other page size
+    page_size: int = 1
+    #: ServerArgs switches ``_handle_ddtree`` refuses
+    refused_fields: tuple[str, ...] = ("speculative_use_rejection_sampling",)
+    #: ``_handle_ddtree`` sets ``disable_overlap_schedule = True`` (DDTree runs the non-overlap worker)
+    overlap_scheduling: bool = False
+    #: ddtree_worker.py: at B <= L a chain of the drafter's first B argmax tokens ("spine mode")
+    chain_at_or_below_block: bool = True
+    #: ddtree_utils.py, full-tree mode: per-depth candidates ``min(max(B // L + 1, 2), V, SGLANG_DDTREE_MAX_TOPK)``
+    max_topk_env: str = "SGLANG_DDTREE_MAX_TOPK"
+    max_topk_default: int = 6
+    #: ddtree_utils.py: added to every child's heap key (``_DDTREE_DEPTH_BONUS``, env override)
+    depth_bonus_env: str = "SGLANG_DDTREE_DEPTH_BONUS"
+    depth_bonus_default: float = 0.2
+    #: ddtree_utils.py: branch candidates below ``best - log B - margin`` skipped (``_DDTREE_EARLY_STOP_MARGIN``)
+    early_stop_margin: float = 1.0
+    #: ddtree_utils.py: nodes renumbered level by level, grouped by parent, before the verify batch
+    numbering: str = "breadth-first"
+    #: ddtree_info.py ``verify``: ``eagle_sample`` (greedy at T = 0, target-only tree sampling at T > 0)
+    verification: str = "eagle_sample"
+    #: a diagnostic switch (rank of the target's token in the drafter's top-32)
+    rank_probe_env: str = "SGLANG_DDTREE_RANK_PROBE"
+
+
+#: SGLang PR #29907 (``--speculative-algorithm DDTREE``) as read at 93e9850e / 6c52d319.
+PR_DDTREE = DdtreePullRequest()

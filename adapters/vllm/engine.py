@@ -59,6 +59,7 @@ from .. import options as opts
 from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RunConfig
 from . import plugin_traces
 from . import upstream_api as api
+from .llm_config import LlmSetup
 from .probe import metric_delta, metric_snapshot, method_names, probe_method, spec_config_fields, version_tested
 from .upstream_api import TESTED_VERSIONS
 
@@ -71,7 +72,7 @@ class VllmEngine(Engine):
     name = "vllm"
     OPTIONS = ("max_model_len", "kv_cache_gib", "in_process", "enforce_eager", "max_num_seqs", "seed",
                "acceptance_scope", "ddtree_method", "ddtree_budget_key", "ddtree_plugin", "ddtree_runner_class",
-               "ddtree_max_budget", "live_llms")
+               "ddtree_max_budget", "live_llms", "attention_backend")
 
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
         super().__init__(model_dir, drafter_dir, **options)  # refuses options other than OPTIONS
@@ -128,6 +129,11 @@ class VllmEngine(Engine):
         self._dflash_ok, self._dflash_why = probe_method(api.DFLASH_METHOD)
         self.live_llms = opts.number(self.name, "live_llms", options.get("live_llms", 1), int, 1)
         self._llms: OrderedDict[tuple, object] = OrderedDict()  # key -> vllm.LLM, least recently used first
+        backend = str(options.get("attention_backend", "auto")).strip()
+        self.setup = LlmSetup(model_dir, drafter_dir, self.block_size, self.seed, self.max_model_len,
+                              self.enforce_eager, self.max_num_seqs,
+                              "plugin" if self.plugin else "native" if self.ddtree_ok else "none", self.ddtree_method,
+                              self.ddtree_budget_key, None if backend.lower() in ("", "auto") else backend)
 
     # -- helpers ---------------------------------------------------------------------------
     @staticmethod
@@ -161,6 +167,7 @@ class VllmEngine(Engine):
                                      f"(num_speculative_tokens={self.shared_budget}, budget per request)")
             else:
                 notes.append(f"no ddtree in this vLLM: {self.ddtree_why}")
+        notes += self.setup.notes()
         if not version_tested(self.version):
             notes.append(f"version {self.version} is outside the tested range {', '.join(TESTED_VERSIONS)}")
         return Capabilities(
@@ -189,25 +196,14 @@ class VllmEngine(Engine):
 
         return MAX_BUDGET
 
-    def _speculative_config(self, config: RunConfig) -> dict | None:
-        if config.mode == "plain":
-            return None
-        if self.drafter_dir is None:
+    def _check_mode(self, config: RunConfig) -> None:
+        """Raise one EngineError when this vLLM or drafter cannot run ``config.mode``."""
+        if config.mode != "plain" and self.drafter_dir is None:
             raise EngineError(f"engine 'vllm': mode {config.mode} needs a drafter")
-        if config.mode == "dflash":
-            if not self._dflash_ok:
-                raise EngineError(f"engine 'vllm': {self._dflash_why}")
-            return {"method": api.DFLASH_METHOD, "model": self.drafter_dir,
-                    "num_speculative_tokens": self.block_size - 1}
-        if not self.ddtree_ok:
+        if config.mode == "dflash" and not self._dflash_ok:
+            raise EngineError(f"engine 'vllm': {self._dflash_why}")
+        if config.mode == "ddtree" and not self.ddtree_ok:
             raise EngineError(f"engine 'vllm': mode ddtree unavailable: {self.ddtree_why}")
-        if self.plugin:
-            return {"method": api.DFLASH_METHOD, "model": self.drafter_dir,
-                    "num_speculative_tokens": self._llm_budget(config)}
-        spec = {"method": self.ddtree_method, "model": self.drafter_dir, self.ddtree_budget_key: config.budget}
-        if self.ddtree_budget_key != "num_speculative_tokens":
-            spec.setdefault("num_speculative_tokens", self.block_size - 1)
-        return spec
 
     def _shutdown_llm(self, key: tuple | None = None) -> None:
         """Shut down the LLM under ``key`` (None: every live one)."""
@@ -242,17 +238,8 @@ class VllmEngine(Engine):
             return self._llms[key]
         while len(self._llms) >= self.live_llms:  # the least recently used one makes room
             self._shutdown_llm(next(iter(self._llms)))
-        kwargs = dict(model=self.model_dir, dtype=config.dtype, seed=self.seed, max_model_len=self.max_model_len,
-                      enforce_eager=self.enforce_eager, disable_log_stats=False, generation_config="vllm")
-        spec = self._speculative_config(config)
-        if spec is not None:
-            kwargs["speculative_config"] = spec
-        if self._plugin_mode(config):
-            kwargs["additional_config"] = {"ddtree": self._plugin_options(config)}
-        if self.max_num_seqs is not None:
-            kwargs["max_num_seqs"] = self.max_num_seqs
-        if config.tensor_parallel_size > 1:
-            kwargs["tensor_parallel_size"] = config.tensor_parallel_size
+        self._check_mode(config)
+        kwargs = self.setup.llm_kwargs(config, self._llm_budget(config), self._plugin_options(config))
         try:
             llm = vllm.LLM(**kwargs)
         except Exception as exc:
@@ -322,7 +309,7 @@ class VllmEngine(Engine):
     @staticmethod
     def _aggregates(delta: dict, positions: int | None = None) -> dict:
         """vLLM's counters as aggregates; ``positions`` cuts the per-position vector (as wide as the
-        LLM's num_speculative_tokens) to the run's budget when the LLM is shared by budgets."""
+        LLM's num_speculative_tokens) to the depth the run drafts (:meth:`LlmSetup.draft_depth`)."""
         drafts = int(delta.get(api.METRIC_DRAFTS, 0) or 0)
         if drafts <= 0:
             return {"aggregate_only": True, "rounds": 0}
@@ -367,7 +354,9 @@ class VllmEngine(Engine):
             if not group:
                 continue
             outputs, delta = self._run(llm, [requests[i] for i in group], config)
-            extra = self._aggregates(delta, config.budget if self._shared(config) else None) if spec else {}
+            budget = self._llm_budget(config) if config.mode == "ddtree" else 1
+            extra = self._aggregates(delta, self.setup.draft_depth(config.mode, budget)) if spec else {}
+            extra["engine_settings"] = self.setup.engine_settings(config.mode, budget)
             if spec and self.scope == "batch":
                 extra["rounds"] = None  # batch-pooled aggregates: per-request rounds unknown
             rounds = plugin_traces.read(self._trace_path) if self._plugin_mode(config) else None

@@ -19,30 +19,23 @@ from __future__ import annotations
 
 from ddtree_conformance.adapters.interface import Request, RequestResult
 
+from ..acceptance_policy import acceptance_depth_findings, diagnose_acceptance
 from ..calibration import ALPHA
 from ..metrics import mean_tau, paired_band, per_position_acceptance
+from ..policy_trees import PolicyReference, match_on_rounds, replay_known_policies
 from ..replay import ReplayRun, drafter_round_cap, golden_lengths, judge_rounds
+from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import rules_for, score_output, target_logits
-from ..run import Run
+from ..tree_policy import block_size, diagnose_traces, policy_table, round_views
 from .result import CheckResult
 
-__all__ = ["MIN_BAND_PROMPTS", "check_acceptance", "judge_per_round", "judge_aggregates", "block_size"]
+__all__ = ["MIN_BAND_PROMPTS", "block_size", "check_acceptance", "judge_aggregates", "judge_per_round"]
 
 MIN_BAND_PROMPTS = 5  # a bootstrap band over fewer prompts says nothing
+POLICY_PROMPTS = 10  # prompts an untraced run is compared on under the known tree policies
 POOLED_TAU_REL_TOL = 0.02  # batch-pooled aggregates: tau within 2 % of the reference's pooled tau
 POOLED_POSITION_ABS_TOL = 0.02  # ... and acceptance at depths 1-4 within 2 points
-
-
-def block_size(drafter_dir: str | None) -> int | None:
-    if drafter_dir is None:
-        return None
-    from ddtree_conformance.adapters.reference.dflash import DFlashConfig
-
-    try:
-        return DFlashConfig.from_dir(drafter_dir).block_size
-    except (OSError, ValueError):
-        return None
 
 
 def _float32_golden(session: SuiteSession):
@@ -254,6 +247,12 @@ def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> Ch
     for prompt, result in zip(session.prompts, results):
         if result.error:
             return CheckResult.failed(name, f"engine error on {prompt.id}: {result.error.splitlines()[0]}")
+    return _named_policy(session, mode, budget, results, _judge(session, name, mode, budget, results))
+
+
+def _judge(session: SuiteSession, name: str, mode: str, budget: int | None,
+           results: list[RequestResult]) -> CheckResult:
+    caps = session.capabilities
     labels = [p.id for p in session.prompts]
     if caps.per_round(mode):
         missing = [label for label, r in zip(labels, results) if r.acceptance_lengths is None]
@@ -281,6 +280,62 @@ def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> Ch
     expected = session.run(mode, budget, engine=reference)
     s = session.settings
     return judge_aggregates(name, results, expected, f"reference ({s.dtype}, {s.device})")
+
+
+def _named_policy(session: SuiteSession, mode: str, budget: int | None, results: list[RequestResult],
+                  verdict: CheckResult) -> CheckResult:
+    """A failing ddtree verdict with the tree policy that explains it, where one does
+    (:mod:`ddtree_conformance.tree_policy`): from the tree checks' traced run where the engine traces,
+    else from its acceptance (:mod:`ddtree_conformance.acceptance_policy`)."""
+    s, caps = session.settings, session.capabilities
+    block = block_size(s.drafter_dir)
+    deeper = [] if caps.traced(mode) else acceptance_depth_findings(results, block, budget)
+    if verdict.message.startswith("engine ") or not (deeper or (verdict.status == "fail" and mode == "ddtree")):
+        stated = {r.engine_settings.get("draft_depth") for r in results} - {None}
+        if verdict.status == "pass" and len(stated) == 1:  # the depth the engine says it drafts, within the block
+            return verdict.model_copy(update={"message": f"{verdict.message}; the engine drafts {stated.pop()} "
+                                                         f"positions past the root (L = {(block or 1) - 1})"})
+        return verdict  # a skip stays one, unless acceptance shows the depth (which needs no band)
+    label = Run(mode, budget).label
+    if caps.traced(mode):
+        from .trees import traced_run
+
+        indices, traced = traced_run(session, mode, budget)
+        views = [v for i, r in zip(indices, traced) if not r.error
+                 for v in round_views(session.prompts[i].id, r.traces or [], caps.max_context)]
+        diagnosis = diagnose_traces(label, views, mode, budget, block)
+    else:
+        diagnosis = diagnose_acceptance(label, results, budget or 1, block,
+                                        _policy_matcher(session, budget, results, block) if mode == "ddtree" else None)
+    details = dict(verdict.details, tables=[policy_table([diagnosis])], tree_policy=diagnosis.kinds,
+                   notes=diagnosis.notes)
+    if not diagnosis.findings:
+        return verdict.model_copy(update={"details": details})
+    return CheckResult.failed(verdict.check, f"the engine's trees are not the spec's ({diagnosis.source}): "
+                                             f"{diagnosis.message()}; {verdict.message}", **details)
+
+
+def _policy_matcher(session: SuiteSession, budget: int, results: list[RequestResult], block: int | None):
+    """How an untraced run is compared with the reference under the known tree policies: on its own
+    rounds where it reports per-round lengths (one replay, :data:`POLICY_PROMPTS` prompts), else by
+    running the reference under each policy (per-request aggregates on :data:`POLICY_PROMPTS` prompts;
+    batch-pooled ones need the whole batch)."""
+    s = session.settings
+    requests, config = session.requests(), session.config("ddtree", budget)
+    per_request = all(r.rounds is not None for r in results)
+    count = min(len(requests), POLICY_PROMPTS) if per_request else len(requests)
+
+    def match():
+        if all(r.acceptance_lengths is not None for r in results):
+            reference = session.reference_for(s.model_dir, s.drafter_dir)
+            return match_on_rounds(reference, requests[:count], results[:count], config, block)
+        engine = PolicyReference(str(s.model_dir), str(s.drafter_dir))
+        try:
+            return replay_known_policies(engine, requests[:count], config, results[:count], block)
+        finally:
+            engine.close()
+
+    return match
 
 
 def _golden_reference(session: SuiteSession, mode: str, budget: int | None) -> tuple[list[RequestResult], str] | None:

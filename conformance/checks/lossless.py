@@ -9,12 +9,12 @@ and the excused positions stay under the ceiling.
 
 from __future__ import annotations
 
+from ..run import Run
 from ..session import SuiteSession
 from .output_comparison import GreedyCase, judge_greedy
-from ..run import Run
 from .result import CheckResult
 
-__all__ = ["check_lossless", "speculative_cases"]
+__all__ = ["check_lossless", "settings_note", "speculative_cases"]
 
 
 def speculative_cases(session: SuiteSession, spec, plain, labels=None, prompts=None) -> list[GreedyCase]:
@@ -34,12 +34,32 @@ def speculative_cases(session: SuiteSession, spec, plain, labels=None, prompts=N
     return cases
 
 
+def settings_note(plain, spec, label: str) -> str:
+    """What the engine says its plain and speculative runs ran under (``engine_settings``): the
+    attention backend both share, or every setting they do not (then the comparison is not like with
+    like). Empty when the engine says nothing."""
+    def first(results) -> dict:
+        return next((r.engine_settings for r in results if r.engine_settings), {})
+
+    mine, base = first(spec), first(plain)
+    shared = sorted(set(mine) & set(base) - {"draft_depth"})
+    differ = [k for k in shared if mine[k] != base[k]]
+    if differ:
+        return "; engine settings differ from plain: " + ", ".join(f"{k} {base[k]} (plain) vs {mine[k]} ({label})"
+                                                                   for k in differ)
+    if "attention_backend" in shared:
+        return f"; plain and {label} both ran with attention backend {mine['attention_backend']}"
+    return ""
+
+
 def check_lossless(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
-    name = Run(mode, budget).check_id("lossless")
+    run = Run(mode, budget)
+    name = run.check_id("lossless")
     if mode not in session.capabilities.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
     plain, spec = session.plain(), session.run(mode, budget)
     verdict = judge_greedy(session, speculative_cases(session, spec, plain), what="plain")
+    note = settings_note(plain, spec, run.label)
     if verdict.problem:
-        return CheckResult.failed(name, f"not lossless: {verdict.problem}", **verdict.details)
-    return CheckResult.passed(name, verdict.summary, **verdict.details)
+        return CheckResult.failed(name, f"not lossless: {verdict.problem}{note}", **verdict.details)
+    return CheckResult.passed(name, verdict.summary + note, **verdict.details)

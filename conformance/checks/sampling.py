@@ -17,21 +17,22 @@ report, so a failing run repeats with ``--run-seed``.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
 import torch
-from scipy.stats import chi2
+from scipy.stats import binomtest, chi2
 
 from ddtree_conformance.adapters.interface import Request
 from ddtree_conformance.spec import SamplingParams, processed_probs
 
+from ..run import Run
 from ..session import SuiteSession
 from ..synthetic import sampling_table, write_bigram_pair
-from ..run import Run
 from .result import CheckResult
 
-__all__ = ["ALPHA", "VARIANTS", "DRAWN", "drawn_settings", "transition_test", "check_sampling"]
+__all__ = ["ALPHA", "VARIANTS", "DRAWN", "drawn_settings", "transition_test", "silent_fallback", "check_sampling"]
 
 ALPHA = 1e-3  # false-alarm rate of one variant's test on a correct engine
 VARIANTS = {
@@ -72,7 +73,7 @@ def transition_test(table: torch.Tensor, params: SamplingParams, sequences: list
     vocab = table.shape[0]
     counts = torch.zeros((vocab, vocab), dtype=torch.float64)
     for seq in sequences:
-        for a, b in zip(seq, seq[1:]):
+        for a, b in itertools.pairwise(seq):
             counts[a, b] += 1
     statistic, dof = 0.0, 0
     for prev in range(vocab):
@@ -101,6 +102,49 @@ def transition_test(table: torch.Tensor, params: SamplingParams, sequences: list
             return 1.0, f"{total} transitions, each to the one token its row allows"
         return 1.0, "too few transitions for a test"
     return float(chi2.sf(statistic, dof)), f"chi2 {statistic:.1f} on {dof} dof"
+
+
+GREEDY_SHARE = 0.95  # "verified greedily": at least this share of the transitions after the first are the argmax
+
+
+def _argmax_share(table: torch.Tensor, params: SamplingParams, sequences: list[list[int]]) -> tuple[int, int, float]:
+    """(argmax transitions, transitions, expected argmax transitions under ``params``), leaving out
+    each sequence's first transition (the prefill's token, which an engine samples apart)."""
+    hits = total = 0
+    expected = 0.0
+    for seq in sequences:
+        for a, b in itertools.pairwise(seq[1:]):
+            row = table[a]
+            total += 1
+            hits += b == int(torch.argmax(row))
+            expected += float(processed_probs(row, params).max())
+    return hits, total, expected
+
+
+def silent_fallback(table: torch.Tensor, params: SamplingParams, sequences: list[list[int]]) -> str | None:
+    """The sampling an engine fell back to without saying so, when the transitions follow it and not
+    the request's: greedy verification, the temperature ignored (T = 1), top-k/top-p ignored, or
+    both ignored. None when no such fallback explains them."""
+    hits, total, expected = _argmax_share(table, params, sequences)
+    if total and hits >= GREEDY_SHARE * total:
+        share = expected / total
+        if share < 1.0 and binomtest(hits, total, min(share, 1.0), alternative="greater").pvalue < ALPHA:
+            return (f"sampled requests were verified greedily: {hits}/{total} transitions after the first token are "
+                    f"the target's argmax, where sampling at the request's settings gives about {share:.0%}")
+    filtered = params.top_k > 0 or params.top_p < 1.0
+    alternatives = []
+    if params.temperature != 1.0:
+        alternatives.append(("the temperature ignored (sampled at T=1)",
+                             SamplingParams(temperature=1.0, top_k=params.top_k, top_p=params.top_p)))
+    if filtered:
+        alternatives.append(("top-k/top-p ignored", SamplingParams(temperature=params.temperature)))
+    if filtered and params.temperature != 1.0:
+        alternatives.append(("temperature and top-k/top-p ignored (sampled at T=1)", SamplingParams(temperature=1.0)))
+    for what, alternative in alternatives:
+        p_value, note = transition_test(table, alternative, sequences)
+        if p_value >= ALPHA and note != "too few transitions for a test":
+            return f"{what}: the transitions follow that distribution ({note}; p = {p_value:.3g})"
+    return None
 
 
 def _requests(params: SamplingParams, seeds: range, vocab: int) -> list[Request]:
@@ -147,8 +191,10 @@ def check_sampling(session: SuiteSession, mode: str, budget: int | None, variant
         p_values[label] = p_value
         detail = f"{share} requests, {tokens} tokens; {note}; p = {p_value:.3g}"
         if p_value < alpha:
-            return CheckResult.failed(name, f"{where}sampled outputs do not follow the target distribution: {detail} "
-                                            f"(< alpha {alpha:.3g})", p_value=p_value,
+            fallback = silent_fallback(table, params, sequences)
+            named = f"{fallback}; " if fallback else ""
+            return CheckResult.failed(name, f"{where}{named}sampled outputs do not follow the target distribution: "
+                                            f"{detail} (< alpha {alpha:.3g})", p_value=p_value, fallback=fallback,
                                       settings={k: _describe(v) for k, v in strata.items()})
         notes.append(f"{where}{detail}")
     rounds = sum(r.rounds or 0 for r in results)

@@ -17,15 +17,18 @@ than two devices are visible.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from ..calibration import ALPHA
 from ..metrics import mean_tau, paired_band
+from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import window
 from .output_comparison import GreedyCase, first_divergence, judge_greedy
-from ..run import Run
 from .result import CheckResult
 
-__all__ = ["check_tensor_parallel", "visible_devices", "tp_size"]
+__all__ = ["check_tensor_parallel", "tp_size", "visible_devices"]
 
 
 def visible_devices(device: str) -> int:
@@ -56,6 +59,36 @@ def tp_size(session: SuiteSession) -> tuple[int, str]:
         return 1, f"{devices} {kind} device(s) visible; the TP check needs 2 or more ({hint})"
     n = min(devices, caps.max_tensor_parallel)
     return n, f"{devices} devices visible, engine max_tensor_parallel={caps.max_tensor_parallel}"
+
+
+def _vocab_size(model_dir) -> int | None:
+    try:
+        return int(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _tree_difference(session: SuiteSession, mode: str, budget: int | None, index: int, n: int) -> str:
+    """Where prompt ``index``'s traced trees at TP=N first differ from TP=1's (engines that trace),
+    naming shard-local token ids when every TP=N tree token lies in the first 1/N of the vocabulary."""
+    if not session.capabilities.traced(mode):
+        return ""
+    request = [session.requests()[index]]
+    one, many = (session.run(mode, budget, trace=True, requests=request, tensor_parallel_size=tp)[0]
+                 for tp in (1, n))
+    for r, (a, b) in enumerate(zip(one.traces or [], many.traces or [])):
+        if (a.tree_tokens, a.parents) == (b.tree_tokens, b.parents):
+            continue
+        shard, hint = None, ""
+        vocab = _vocab_size(session.settings.model_dir)
+        if vocab:
+            shard = -(-vocab // n)
+            if all(t < shard for t in b.tree_tokens[1:]) and any(t >= shard for t in a.tree_tokens[1:]):
+                hint = (f" (every TP={n} tree token is below {shard} = vocab / {n}: token ids local to a vocabulary "
+                        "shard?)")
+        return (f"; the trees differ from round {r}: TP=1 tokens {a.tree_tokens[1:7]} | TP={n} {b.tree_tokens[1:7]}"
+                f"{hint}")
+    return "; the traced trees are equal (feedback or walk under sharding?)"
 
 
 def check_tensor_parallel(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
@@ -96,11 +129,12 @@ def check_tensor_parallel(session: SuiteSession, mode: str, budget: int | None) 
             if a.acceptance_lengths != b.acceptance_lengths:
                 want, have = a.acceptance_lengths, b.acceptance_lengths
                 first = first_divergence(want, have)
+                trees = _tree_difference(session, mode, budget, session.prompts.index(prompt), n)
                 return CheckResult.failed(
                     name,
                     f"TP={n} per-round acceptance differs from TP=1 on {prompt.id} at round {first}: "
                     f"TP=1 {window(want, first)} | TP={n} {window(have, first)}; tau {tau_many:.3f} vs {tau_one:.3f} "
-                    "(outputs equal: drafter feedback or tree under sharding?)",
+                    f"(outputs equal: drafter feedback or tree under sharding?){trees}",
                     tp=n, tau=tau_many, tau_tp1=tau_one,
                 )
         return CheckResult.passed(name, f"TP={n} ({why}): {summary}; per-round acceptance equals TP=1 "

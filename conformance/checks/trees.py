@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import torch
-
 from ddtree_conformance.adapters.interface import RoundTrace
-from ddtree_conformance.spec import build_chain, build_tree
 
+from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import rules_for
-from ..run import Run
+from ..tree_policy import block_size, diagnose_traces, policy_table, round_views
 from .result import CheckResult
 
-__all__ = ["MAX_LEAVES", "TRACED_PROMPTS", "traced_run", "trace_problems", "check_tree_structure",
-           "check_branch_vs_chain"]
+__all__ = [
+    "MAX_LEAVES",
+    "TRACED_PROMPTS",
+    "check_branch_vs_chain",
+    "check_tree_structure",
+    "trace_problems",
+    "traced_run",
+]
 
 MAX_LEAVES = 48  # root-to-leaf chains run per round (every leaf of trees up to about B=64)
 # Prompts of the traced runs: structural bugs show in every round, so ~20 prompts (some 250 rounds,
@@ -40,8 +45,8 @@ def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True) -
     problems: list[str] = []
     n = len(trace.tree_tokens) - 1
     if not (len(trace.parents) == len(trace.depths) == len(trace.positions) == n + 1):
-        return [f"trace arrays differ in length ({len(trace.tree_tokens)}, {len(trace.parents)}, "
-                f"{len(trace.depths)}, {len(trace.positions)})"]
+        return [(f"trace arrays differ in length ({len(trace.tree_tokens)}, {len(trace.parents)}, "
+                f"{len(trace.depths)}, {len(trace.positions)})")]
     if budget is not None and n > budget:
         problems.append(f"tree has {n} nodes, more than the budget {budget}")
     if trace.parents[0] != -1 or trace.depths[0] != 0:
@@ -87,23 +92,10 @@ def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True) -
     return problems
 
 
-def _spec_device(device: str) -> str:
-    """Rebuild spec trees on the run's device kind: CPU and CUDA log-softmax differ in low bits, and
-    bf16/fp16 drafter logits tie often, so a tie broken by one bit would otherwise differ."""
-    if device.split(":", 1)[0] == "cuda" and torch.cuda.is_available():
-        return device
-    return "cpu"
-
-
-def _spec_tree_problem(trace: RoundTrace, mode: str, budget: int | None, device: str = "cpu") -> str | None:
-    logits = torch.tensor(trace.draft_logits, dtype=torch.float32, device=_spec_device(device))
-    tree = build_chain(logits) if mode == "dflash" else build_tree(logits, budget)
-    got = (trace.tree_tokens[1:], trace.parents, trace.depths)
-    want = (tree.tokens[1:].tolist(), tree.parents.tolist(), tree.depths.tolist())
-    if got != want:
-        return (f"tree differs from the spec's tree for its own drafter logits "
-                f"({len(got[0])} nodes vs spec {len(want[0])}; first tokens {got[0][:6]} vs {want[0][:6]})")
-    return None
+def _off_path_rounds(traces) -> int:
+    """Rounds, other than a request's last, whose accepted path is not the verify batch's first rows: the
+    runs that continue after a branch other than the first one (KV, feedback and state must follow it)."""
+    return sum(1 for t in traces[:-1] if t.accepted != list(range(1, len(t.accepted) + 1)))
 
 
 def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
@@ -115,24 +107,33 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
         return CheckResult.skipped(name, f"engine gives no per-round traces in mode {mode}")
     limit = budget if mode == "ddtree" else None
     indices, results = traced_run(session, mode, budget)
-    rounds = 0
+    views, off_path = [], 0
     for prompt, result in zip([session.prompts[i] for i in indices], results):
         if result.error:
             return CheckResult.failed(name, f"engine error on {prompt.id}: {result.error.splitlines()[0]}")
-        for r, trace in enumerate(result.traces or []):
-            rounds += 1
+        traces = result.traces or []
+        for r, trace in enumerate(traces):
             problems = trace_problems(trace, limit)
-            if trace.draft_logits is not None:
-                problem = _spec_tree_problem(trace, mode, budget, session.settings.device)
-                problems += [problem] if problem else []
             if problems:
                 return CheckResult.failed(name, f"{prompt.id} round {r}: {problems[0]}", problems=problems)
-    if rounds == 0:
+        views += round_views(prompt.id, traces, caps.max_context)
+        off_path += _off_path_rounds(traces)
+    if not views:
         if all(len(r.output_ids) <= 1 for r in results):
             return CheckResult.skipped(name, "every output is the prefill token alone: no round to trace")
         return CheckResult.failed(name, "engine claims traces but returned none")
-    spec = "; trees equal the spec's" if caps.draft_logits else "; drafter logits not reported, spec-tree equality not checked"
-    return CheckResult.passed(name, f"{rounds} rounds well-formed{spec}")
+    diagnosis = diagnose_traces(Run(mode, budget).label, views, mode, budget, block_size(session.settings.drafter_dir))
+    details = {"tables": [policy_table([diagnosis])], "tree_policy": diagnosis.kinds,
+               "off_path_rounds": off_path}
+    notes = "".join(f"; {n}" for n in diagnosis.notes)
+    if diagnosis.findings:
+        first = f" (first differing: {diagnosis.first})" if diagnosis.first else ""
+        return CheckResult.failed(name, f"trees are not the spec's trees ({diagnosis.source}): {diagnosis.message()}"
+                                        f"{first}", notes=diagnosis.notes, **details)
+    spec = ("; trees equal the spec's" if caps.draft_logits else
+            "; drafter logits not reported, spec-tree equality not checked")
+    return CheckResult.passed(name, f"{len(views)} rounds well-formed{spec}; {off_path} rounds continued after "
+                                    f"accepting a path off the first rows{notes}", **details)
 
 
 def check_branch_vs_chain(session: SuiteSession, budget: int) -> CheckResult:

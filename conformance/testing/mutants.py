@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.spec import (
     SamplingParams,
@@ -117,6 +116,26 @@ class TopKTopPIgnored(ReferenceEngine):
         lambda tree, logits, params, generator: walk_tree(
             tree, logits, SamplingParams(temperature=params.temperature), generator
         )
+    )
+
+
+class GreedyVerifyAtT(ReferenceEngine):
+    """Bug 7 as vLLM PR #42910 ships it: tree nodes verified by the target's argmax whatever the request's
+    temperature (the prefill's token is still sampled)."""
+
+    name = "mutant-greedy-verify-at-t"
+    walk_step = staticmethod(
+        lambda tree, logits, params, generator: walk_tree(tree, logits, SamplingParams(), generator))
+
+
+class TemperatureIgnored(ReferenceEngine):
+    """The request's temperature not applied at tree nodes (sampled at T=1; top-k/top-p kept)."""
+
+    name = "mutant-temperature-ignored"
+    walk_step = staticmethod(
+        lambda tree, logits, params, generator: walk_tree(
+            tree, logits, SamplingParams(temperature=1.0 if params.temperature > 0 else 0.0, top_k=params.top_k,
+                                         top_p=params.top_p), generator)
     )
 
 
@@ -239,6 +258,8 @@ MUTANTS = {
     "nonzero-tree-size (bug 5)": NonZeroTreeSize,
     "mask-id-dropped (bug 5)": MaskIdDropped,
     "top-k-top-p-ignored (bug 7)": TopKTopPIgnored,
+    "greedy-verify-at-t (bug 7)": GreedyVerifyAtT,
+    "temperature-ignored (bug 7)": TemperatureIgnored,
     "drafter-positions-off-by-one": DrafterPositionsOffByOne,
     "runner-up-below-twice-bound": RunnerUpBelowTwiceBound,
     "runner-up-within-bound": RunnerUpWithinBound,

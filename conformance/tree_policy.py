@@ -1,0 +1,358 @@
+"""Tree policies: how an engine's draft trees differ from the spec's, named so that the engine team
+knows what to change.
+
+The spec's tree is the set of the B most probable prefixes of the drafter's L = block_size - 1
+marginals (:mod:`ddtree_conformance.spec.tree`). Integrations have shipped other policies:
+
+* vLLM PR #42910 ties the draft depth to the budget (``num_speculative_tokens`` is both), so it
+  drafts B positions past the root where the drafter's block gives L;
+* SGLang PR #29907 verifies a chain of B nodes when B <= L; above L it caps the children per node
+  at ``min(max(B // L + 1, 2), 6)``, adds 0.2 per level to the scores of deeper nodes, skips branch
+  candidates scoring below ``best - log B - 1`` (trees of fewer than B nodes) and numbers the nodes
+  breadth-first.
+
+Such an engine can be lossless and still not DDTree: it accepts what its own tree holds. The
+findings here name each policy (:data:`FINDINGS`). Two kinds of evidence:
+
+* traces (:func:`diagnose_traces`): node count, depth, children per node and numbering per round;
+  where the trace carries the round's drafter logits, the engine's tree is compared with the spec's
+  tree of those logits as a *set of prefixes*, and the policy that explains the difference is found
+  by rebuilding the spec's heap with the measured width cap, a depth bonus and an early stop;
+* acceptance only (:func:`acceptance_depth_findings`, :func:`replay_known_policies`): acceptance
+  lengths beyond L + 1, or per-depth acceptance reported at more than L depths, show the depth; the
+  other policies are named by running the reference engine under each known policy
+  (:data:`KNOWN_POLICIES`) and finding the one whose acceptance the engine's equals.
+
+Two freedoms are never findings: the same tree numbered in another order (a note in the table), and
+a tree cut because the context (or, in the last round, the output) has no room for more (a note).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from ddtree_conformance.adapters.interface import RoundTrace
+from ddtree_conformance.spec import DraftTree, build_chain, build_tree
+
+from .policy_trees import PolicyFit, fit_policy, node_paths
+
+__all__ = [
+    "FINDINGS",
+    "PolicyDiagnosis",
+    "PolicyFinding",
+    "RoundView",
+    "block_size",
+    "diagnose_traces",
+    "policy_table",
+    "round_views",
+]
+
+#: Finding kinds, in the order messages list them.
+FINDINGS = ("depth-beyond-block", "chain", "width-cap", "depth-bonus", "early-stop", "unexplained")
+EXPLAINED_SHARE = 0.9  # a fitted policy must reproduce this share of the differing rounds
+
+
+def block_size(drafter_dir: str | None) -> int | None:
+    """The drafter's ``block_size`` (L + 1), or None when it cannot be read."""
+    if drafter_dir is None:
+        return None
+    from ddtree_conformance.adapters.reference.dflash import DFlashConfig
+
+    try:
+        return DFlashConfig.from_dir(drafter_dir).block_size
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------- rounds
+
+
+@dataclass
+class RoundView:
+    """One traced round as the diagnosis reads it."""
+
+    label: str  # "<prompt> round <r>"
+    start: int
+    tokens: list[int]  # node tokens, root first
+    parents: list[int]
+    depths: list[int]
+    logits: torch.Tensor | None  # the engine's drafter logits [rows, V], when traced
+    last: bool = False  # the request's last round (the output's end may have cut its tree)
+    room: int | None = None  # nodes the context has room for in this round (None: no limit known)
+
+
+def round_views(label: str, traces: Sequence[RoundTrace], max_context: int | None) -> list[RoundView]:
+    """:class:`RoundView` of every trace of one request."""
+    views = []
+    for r, t in enumerate(traces):
+        logits = None if t.draft_logits is None else torch.tensor(t.draft_logits, dtype=torch.float32)
+        room = None if not max_context else max(0, max_context - t.start - 1)
+        views.append(RoundView(f"{label} round {r}", t.start, list(t.tree_tokens), list(t.parents), list(t.depths),
+                               logits, last=r == len(traces) - 1, room=room))
+    return views
+
+
+def _tree_paths(tree: DraftTree) -> list[tuple[int, ...]]:
+    return node_paths(tree.tokens.tolist(), tree.parents.tolist())
+
+
+def _children(parents: Sequence[int]) -> list[int]:
+    counts = [0] * len(parents)
+    for p in parents[1:]:
+        counts[p] += 1
+    return counts
+
+
+def _widths(depths: Sequence[int]) -> list[int]:
+    top = max(depths) if depths else 0
+    return [sum(1 for d in depths if d == level) for level in range(1, top + 1)]
+
+
+def _numbering(depths: Sequence[int]) -> str:
+    return "breadth-first" if all(a <= b for a, b in itertools.pairwise(depths[1:])) else "in another order"
+
+
+@dataclass
+class _Round:
+    view: RoundView
+    nodes: int
+    max_depth: int
+    max_children: int
+    widths: list[int]
+    spec_nodes: int | None = None
+    spec_max_children: int | None = None
+    spec_widths: list[int] | None = None
+    kind: str = "untested"  # spec | renumbered | tie | cut | subset | differs | untested
+    numbering: str = ""
+
+
+def _score_paths(logits: torch.Tensor, paths: Sequence[tuple[int, ...]]) -> list[float]:
+    lp = torch.log_softmax(logits.float(), dim=-1).double().tolist()
+    out = []
+    for path in paths:
+        total = 0.0
+        for depth, token in enumerate(path):
+            total += lp[depth][token] if depth < len(lp) and 0 <= token < len(lp[depth]) else -math.inf
+        out.append(total)
+    return out
+
+
+def _compare(rnd: _Round, mode: str, budget: int, horizon: int) -> DraftTree | None:
+    """Classify ``rnd`` against the spec's tree of its own drafter logits (first L rows)."""
+    view = rnd.view
+    if view.logits is None:
+        return None
+    logits = view.logits[:horizon]
+    spec = build_chain(logits) if mode == "dflash" else build_tree(logits, budget)
+    spec_paths = _tree_paths(spec)
+    mine = node_paths(view.tokens, view.parents)
+    rnd.spec_nodes = spec.num_nodes
+    rnd.spec_max_children = max(_children(spec.parents.tolist()))
+    rnd.spec_widths = _widths(spec.depths.tolist())
+    if mine[1:] == spec_paths[1:]:
+        rnd.kind = "spec"
+        return spec
+    if set(mine) == set(spec_paths) and len(mine) == len(spec_paths):
+        rnd.kind, rnd.numbering = "renumbered", _numbering(view.depths)
+        return spec
+    if len(mine) == len(spec_paths):  # the same size, differing only by nodes tied at the boundary
+        only = set(mine) ^ set(spec_paths)
+        scores = _score_paths(logits, sorted(only))
+        boundary = float(spec.scores.min())
+        if all(s == boundary for s in scores):
+            rnd.kind = "tie"
+            return spec
+    if set(mine) < set(spec_paths):  # a prefix-closed part of the spec's tree: cut by room, or stopped early
+        exempt = view.last or (view.room is not None and view.room < budget)
+        rnd.kind = "cut" if exempt else "subset"
+        return spec
+    rnd.kind = "differs"
+    return spec
+
+
+# ---------------------------------------------------------------------------------------------- diagnosis
+
+
+@dataclass
+class PolicyFinding:
+    kind: str  # one of FINDINGS
+    message: str
+
+
+@dataclass
+class PolicyDiagnosis:
+    """How one run's trees differ from the spec's (no findings: they do not, or nothing shows it)."""
+
+    run: str
+    source: str  # what the evidence was
+    findings: list[PolicyFinding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    row: dict = field(default_factory=dict)
+    first: str | None = None  # the first differing round, described
+
+    @property
+    def kinds(self) -> list[str]:
+        return [f.kind for f in self.findings]
+
+    def message(self) -> str:
+        return "; ".join(f.message for f in self.findings if f.message)
+
+
+def _range(values: Sequence[int]) -> str:
+    if not values:
+        return "-"
+    lo, mid, hi = min(values), statistics.median(values), max(values)
+    return f"{lo}" if lo == hi else f"{lo}-{hi} (median {mid:g})"
+
+
+def _level_widths(rows: Sequence[Sequence[int]], levels: int = 6) -> str:
+    if not rows:
+        return "-"
+    depth = min(levels, max(len(w) for w in rows))
+    med = [statistics.median([w[d] if d < len(w) else 0 for w in rows]) for d in range(depth)]
+    more = " ..." if max(len(w) for w in rows) > levels else ""
+    return "/".join(f"{m:g}" for m in med) + more
+
+
+def _policy_findings(diag: PolicyDiagnosis, rounds: list[_Round], differing: list[_Round], free: list[_Round],
+                     budget: int, horizon: int, has_logits: bool) -> None:
+    """Chain, width cap, depth bonus and early stop (module doc), appended to ``diag``."""
+    f = diag.findings
+    chains = all(r.max_children <= 1 for r in rounds)
+    spec_branches = [r for r in rounds if (r.spec_max_children or 0) > 1]
+    if chains and (spec_branches or (budget > horizon and not has_logits)):
+        shown = (f"in {len(spec_branches)}/{len(rounds)} rounds the spec's tree of the same drafter logits branches"
+                 if spec_branches else f"a B = {budget} tree cannot be a chain within L = {horizon}")
+        f.append(PolicyFinding("chain", f"verifies a chain where the spec branches ({shown}; a chain of min(B, L) "
+                                        "nodes is SGLang PR #29907's spine mode)"))
+        return
+    short = [r for r in free if r.nodes < min(budget, r.spec_nodes or budget)]
+    cap = max(r.max_children for r in rounds)
+    wider = [r for r in rounds if (r.spec_max_children or 0) > cap]
+    fit = PolicyFit()
+    if differing and has_logits:
+        rounds_in = [(r.view.logits[:horizon], set(node_paths(r.view.tokens, r.view.parents))) for r in differing]
+        fit = fit_policy(rounds_in, budget, cap if wider else None)
+    explained = fit.sample and fit.hits >= EXPLAINED_SHARE * fit.sample
+    named = fit.hits >= 0.5 * fit.sample if fit.sample else False
+    if fit.cap and named:
+        top = max(r.spec_max_children or 0 for r in rounds)
+        f.append(PolicyFinding("width-cap", f"caps the children per node at {cap} (the spec's trees have up to {top}; "
+                                            f"{len(wider)}/{len(rounds)} rounds need more than {cap})"))
+    if fit.bonus and named:
+        f.append(PolicyFinding("depth-bonus", f"raises deeper nodes' scores (a depth bonus of about {fit.bonus:g} per "
+                                              "level reproduces the trees)"))
+    if short or (fit.stop is not None and named):
+        shown = []
+        if fit.stop is not None and named:
+            shown.append(f"skips candidates scoring below best - log B - {fit.stop[0]:g}"
+                         + (", keeping the rank-0 chain" if fit.stop[1] else ""))
+        shown.append(f"{len(short)}/{len(free)} rounds with room for B = {budget} verified fewer nodes"
+                     + (f" ({_range([r.nodes for r in short])})" if short else ""))
+        f.append(PolicyFinding("early-stop", f"stops early: {'; '.join(shown)}"))
+    if fit.sample:
+        diag.notes.append(f"rebuilt with {fit.describe()}: {fit.hits}/{fit.sample} differing rounds reproduced")
+    if differing and has_logits and not explained:
+        f.append(PolicyFinding("unexplained", f"trees differ from the spec's in {len(differing)}/{len(rounds)} rounds "
+                                              f"in a way no known policy explains ({fit.hits}/{fit.sample} "
+                                              f"reproduced; first: {differing[0].view.label})"))
+
+
+def diagnose_traces(run: str, views: Sequence[RoundView], mode: str, budget: int | None,
+                    block: int | None) -> PolicyDiagnosis:
+    """Findings for one (mode, budget) run's traced rounds (module doc)."""
+    horizon = (block - 1) if block else None
+    budget = budget or (horizon or 1)
+    rounds = []
+    for v in views:
+        if len(v.tokens) < 1:
+            continue
+        rounds.append(_Round(v, len(v.tokens) - 1, max(v.depths) if v.depths else 0, max(_children(v.parents)),
+                             _widths(v.depths)))
+    has_logits = bool(rounds) and all(r.view.logits is not None for r in rounds)
+    diag = PolicyDiagnosis(run, "traces with drafter logits" if has_logits else "traces (no drafter logits)")
+    if not rounds:
+        return diag
+    if horizon is None:
+        horizon = max(r.max_depth for r in rounds)
+    for r in rounds:
+        _compare(r, mode, budget, horizon)
+    f = diag.findings
+    # 1. depth beyond the drafter's block
+    deepest = max(r.max_depth for r in rounds)
+    rows_drafted = max((r.view.logits.shape[0] for r in rounds if r.view.logits is not None), default=horizon)
+    if deepest > horizon or rows_drafted > horizon:
+        drafted = max(deepest, rows_drafted)
+        f.append(PolicyFinding("depth-beyond-block", f"drafts to depth {drafted} where the drafter's block "
+                                                     f"({horizon + 1}) gives L = {horizon} (draft depth tied to the "
+                                                     f"budget B = {budget}?)"))
+    differing = [r for r in rounds if r.kind == "differs"]
+    off_spec = [r for r in rounds if r.kind in ("differs", "subset")]
+    free = [r for r in rounds if not r.view.last and (r.view.room is None or r.view.room >= budget)]
+    if f:  # a deeper tree over other logits: its widths say nothing against the spec's; only its size does
+        short = [r for r in free if r.nodes < budget]
+        if short:
+            f.append(PolicyFinding("early-stop", f"stops early: {len(short)}/{len(free)} rounds with room for B = "
+                                                 f"{budget} verified fewer nodes ({_range([r.nodes for r in short])})"))
+    elif mode == "ddtree":
+        _policy_findings(diag, rounds, differing, free, budget, horizon, has_logits)
+    elif off_spec:
+        f.append(PolicyFinding("unexplained", f"chains differ from the spec's in {len(off_spec)}/{len(rounds)} "
+                                              f"rounds (first: {off_spec[0].view.label})"))
+    if off_spec:
+        r = off_spec[0]
+        diag.first = (f"{r.view.label}: {r.nodes} nodes vs spec {r.spec_nodes}; first tokens "
+                      f"{r.view.tokens[1:7]}")
+    # notes: freedoms
+    renumbered = [r for r in rounds if r.kind == "renumbered"]
+    if renumbered:
+        kinds = sorted({r.numbering for r in renumbered})
+        diag.notes.append(f"node order: {len(renumbered)}/{len(rounds)} rounds hold the spec's tree numbered "
+                          f"{' or '.join(kinds)} (a freedom, not a finding)")
+    ties = sum(r.kind == "tie" for r in rounds)
+    if ties:
+        diag.notes.append(f"{ties} rounds broke exact score ties otherwise (a freedom)")
+    cut = [r for r in rounds if r.kind == "cut"]
+    if cut:
+        diag.notes.append(f"{len(cut)} rounds cut to the room left (context limit or the output's end; a freedom)")
+    order = ("the spec's (pop order)" if all(r.kind in ("spec", "tie", "cut") for r in rounds if r.kind != "untested")
+             and has_logits else _numbering_summary(rounds, has_logits))
+    spec_children = [r.spec_max_children for r in rounds if r.spec_max_children is not None]
+    diag.row = {
+        "run": run, "evidence": diag.source, "rounds": len(rounds),
+        "nodes per round": f"{_range([r.nodes for r in rounds])} of B={budget}",
+        "depth": f"{deepest} (L = {horizon})",
+        "children per node": f"{max(r.max_children for r in rounds)}"
+                             + (f" (spec {max(spec_children)})" if spec_children else ""),
+        "width per level": _level_widths([r.widths for r in rounds])
+                           + (f" (spec {_level_widths([r.spec_widths for r in rounds if r.spec_widths])})"
+                              if spec_children else ""),
+        "node order": order,
+        "rounds differing": f"{len(off_spec)}/{len(rounds)}" if has_logits else "-",
+        "verdict": ", ".join(diag.kinds) or "the spec's trees",
+    }
+    return diag
+
+
+def _numbering_summary(rounds: Sequence[_Round], has_logits: bool) -> str:
+    kinds = {r.numbering or _numbering(r.view.depths) for r in rounds if r.kind not in ("spec", "tie")}
+    if not has_logits:
+        return "breadth-first" if kinds == {"breadth-first"} else "not compared (no drafter logits)"
+    return " / ".join(sorted(kinds)) if kinds else "the spec's (pop order)"
+
+
+# ---------------------------------------------------------------------------------------------- table
+
+
+def policy_table(diagnoses: Sequence[PolicyDiagnosis]) -> dict:
+    """The report's tree-policy table (``details["tables"]`` entry) for ``diagnoses``."""
+    rows = [d.row for d in diagnoses if d.row]
+    columns = list(rows[0]) if rows else []
+    notes = [f"{d.run}: {n}" for d in diagnoses for n in d.notes]
+    return {"title": "Tree policy", "columns": columns, "rows": [[str(r.get(c, "")) for c in columns] for r in rows],
+            "notes": notes}

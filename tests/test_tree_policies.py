@@ -1,0 +1,192 @@
+"""Named verdicts for tree policies (conformance/tree_policy.py, policy_trees.py, acceptance_policy.py).
+
+Unit tests build rounds from peaked random drafter logits with the policy engines' own builders
+(conformance/testing/tree_policies.py, written apart from the suite's) and check each finding; the
+suite's builder must equal the spec's with every switch off, and the engines' builders. The engine
+tests run each policy engine on the bundled fixture pair (few prompts): lossless passes, the
+tree-structure check (traces) and the acceptance check (counters only, as the PRs report) fail
+naming the policy; the spec's tree numbered breadth-first passes with a note.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ddtree_conformance.acceptance_policy import acceptance_depth_findings
+from ddtree_conformance.adapters.interface import RequestResult
+from ddtree_conformance.checks import plan, run_plan
+from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+from ddtree_conformance.policy_trees import build_policy_tree, node_paths, renumber_breadth_first
+from ddtree_conformance.report_tables import detail_tables_html
+from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.spec import build_tree
+from ddtree_conformance.testing import tree_policies as tp
+from ddtree_conformance.tree_policy import RoundView, diagnose_traces
+
+HORIZON, VOCAB = 7, 40
+
+
+def _peaked(generator: torch.Generator, peak: float) -> torch.Tensor:
+    """Drafter logits with one likely token per depth (``peak`` above the rest)."""
+    logits = torch.randn(HORIZON, VOCAB, generator=generator)
+    logits[torch.arange(HORIZON), torch.randint(0, VOCAB, (HORIZON,), generator=generator)] += peak
+    return logits
+
+
+def _views(builder, budget: int, rounds: int = 30, room: int | None = None, peak: float = 7.0) -> list[RoundView]:
+    g = torch.Generator().manual_seed(0)
+    views = []
+    for r in range(rounds):
+        logits = _peaked(g, peak)
+        tree = builder(logits, budget)
+        views.append(RoundView(f"p round {r}", 10, [5, *tree.tokens[1:].tolist()], tree.parents.tolist(),
+                               tree.depths.tolist(), logits, room=room))
+    return views
+
+
+def _paths(tree):
+    return node_paths(tree.tokens.tolist(), tree.parents.tolist())
+
+
+def test_policy_builder_with_every_switch_off_is_the_spec_and_agrees_with_the_engines_builders():
+    g = torch.Generator().manual_seed(3)
+    for _ in range(60):
+        depth, vocab = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(2, 40, (1,), generator=g))
+        budget = int(torch.randint(1, 50, (1,), generator=g))
+        logits = torch.randn(depth, vocab, generator=g) * 3
+        assert build_policy_tree(logits, budget).same_as(build_tree(logits, budget))
+        width = min(max(budget // depth + 1, 2), 6)
+        for mine, theirs in [({"max_children": width}, {"width": width}), ({"depth_bonus": 0.2}, {"bonus": 0.2}),
+                             ({"early_stop_margin": 1.0, "keep_spine": True}, {"margin": 1.0})]:
+            ours, engines = build_policy_tree(logits, budget, **mine), tp.pr_heap_tree(logits, budget, **theirs)
+            assert _paths(ours) == _paths(engines)
+        spec = build_tree(logits, budget)
+        assert _paths(renumber_breadth_first(spec)) == _paths(tp._breadth_first(spec))
+
+
+@pytest.mark.parametrize(("builder", "budget", "kinds"), [
+    (build_tree, 16, []),
+    (lambda logits, b: tp.spine(logits, b), 6, ["chain"]),
+    (lambda logits, b: tp.pr_heap_tree(logits, b, width=3), 16, ["width-cap"]),
+    (lambda logits, b: tp.pr_heap_tree(logits, b, bonus=0.2), 16, ["depth-bonus"]),
+    (lambda logits, b: tp.pr_heap_tree(logits, b, margin=1.0), 16, ["early-stop"]),
+    (lambda logits, b: tp._breadth_first(tp.pr_heap_tree(logits, b, width=3, bonus=0.2, margin=1.0)), 32,
+     ["width-cap", "depth-bonus", "early-stop"]),
+], ids=["spec", "chain", "width-cap", "depth-bonus", "early-stop", "sglang"])
+def test_each_policy_is_named_from_traces(builder, budget, kinds):
+    peak = 2.0 if kinds == ["chain"] else 7.0
+    diagnosis = diagnose_traces("ddtree-B", _views(builder, budget, peak=peak), "ddtree", budget, HORIZON + 1)
+    assert diagnosis.kinds == kinds, diagnosis.message()
+    assert diagnosis.row["verdict"] == (", ".join(kinds) or "the spec's trees")
+
+
+def test_bonus_and_width_are_measured_not_assumed():
+    diagnosis = diagnose_traces("x", _views(lambda lg, b: tp.pr_heap_tree(lg, b, width=4, bonus=0.5), 32), "ddtree",
+                                32, HORIZON + 1)
+    assert diagnosis.kinds == ["width-cap", "depth-bonus"]
+    assert "at 4 " in diagnosis.findings[0].message and "about 0.5 per level" in diagnosis.findings[1].message
+
+
+def test_depth_beyond_the_block_from_traces():
+    def deep(logits, budget):  # the vLLM PR: the spec's heap over B drafted positions
+        return build_tree(torch.cat([logits, logits[:1].roll(1, dims=-1)]), budget)
+
+    diagnosis = diagnose_traces("x", _views(deep, 16), "ddtree", 16, HORIZON)  # a block of 7 gives L = 6
+    assert diagnosis.kinds[0] == "depth-beyond-block"
+    assert "L = 6" in diagnosis.message()
+
+
+def test_freedoms_are_notes_never_findings():
+    renumbered = diagnose_traces("x", _views(lambda lg, b: tp._breadth_first(build_tree(lg, b)), 16), "ddtree", 16,
+                                 HORIZON + 1)
+    assert renumbered.kinds == [] and "numbered breadth-first" in " ".join(renumbered.notes)
+    cut = diagnose_traces("x", _views(lambda lg, b: build_tree(lg, 10), 16, room=10), "ddtree", 16, HORIZON + 1)
+    assert cut.kinds == [] and "cut to the room left" in " ".join(cut.notes)
+    stopped = diagnose_traces("x", _views(lambda lg, b: build_tree(lg, 10), 16, room=None), "ddtree", 16, HORIZON + 1)
+    assert stopped.kinds == ["early-stop"]  # the same cut with room for B nodes is not a freedom
+
+
+def test_depth_from_acceptance_alone():
+    per_round = RequestResult(output_ids=[1] * 20, finish_reason="length", rounds=2, acceptance_lengths=[10, 9])
+    assert acceptance_depth_findings([per_round], 8, 16)[0].kind == "depth-beyond-block"
+    counters = RequestResult(output_ids=[1] * 5, finish_reason="length", aggregate_only=True,
+                             mean_acceptance=2.0, per_position_acceptance=[0.5] * 16)
+    assert "reported at 16 depths" in acceptance_depth_findings([counters], 8, 16)[0].message
+    fine = RequestResult(output_ids=[1] * 5, finish_reason="length", rounds=2, acceptance_lengths=[2, 2],
+                         per_position_acceptance=[0.5] * 16)  # per-round lengths win over a long vector
+    assert acceptance_depth_findings([fine], 8, 16) == []
+    stated = RequestResult(output_ids=[1] * 5, finish_reason="length", aggregate_only=True, mean_acceptance=2.0,
+                           per_position_acceptance=[0.5] * 7, engine_settings={"draft_depth": 16})
+    assert "the engine reports a draft depth of 16" in acceptance_depth_findings([stated], 8, 16)[0].message
+
+
+# ------------------------------------------------------------------------------------------------ engines
+
+
+@pytest.fixture(scope="module")
+def fixture_settings() -> SuiteSettings:
+    return SuiteSettings(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), pair_name="fixture",
+                         prompt_set="fixture", limit=2, max_new_tokens=24, budgets=[16], isolate=False,
+                         held_out_prompts=0, run_seed=1,
+                         golden_dir="/nonexistent")
+
+
+def _run(settings: SuiteSettings, engine_class, names: list[str]) -> dict:
+    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
+    try:
+        return {r.check.split("/")[0]: r for r in run_plan(session, plan(settings, names))}
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("label", list(tp.TREE_POLICY_ENGINES))
+def test_policy_engine_is_lossless_but_fails_ddtree_naming_its_policy(fixture_settings, label):
+    engine, kinds = tp.TREE_POLICY_ENGINES[label]
+    budget = 8 if engine in (tp.ChainAtOrBelowBlock,) else 64 if engine is tp.SglangPr29907Trees else 16
+    settings = fixture_settings.model_copy(update={"budgets": [budget]})
+    results = _run(settings, engine, ["lossless/ddtree", "tree-structure/ddtree"])
+    assert results["lossless"].status == "pass", results["lossless"].message
+    tree = results["tree-structure"]
+    assert tree.status == "fail" and tree.details["tree_policy"] == list(kinds), tree.message
+    assert "Tree policy" in detail_tables_html([tree.model_dump()])
+
+
+def test_spec_tree_numbered_breadth_first_passes_with_a_note(fixture_settings):
+    results = _run(fixture_settings, tp.BreadthFirstNumbering, ["lossless/ddtree", "tree-structure/ddtree",
+                                                                "acceptance/ddtree"])
+    assert all(r.status == "pass" for r in results.values()), {k: r.message for k, r in results.items()}
+    assert "numbered breadth-first (a freedom" in results["tree-structure"].message
+
+
+def test_counters_only_engines_are_named_from_acceptance(fixture_settings):
+    # aggregates need power: the per-prompt band over 5 prompts of 32 tokens (24 tokens hold 0 here)
+    settings = fixture_settings.model_copy(update={"budgets": [32], "limit": 5, "max_new_tokens": 32})
+    (result,) = _run(settings, tp.counters_only(tp.SglangPr29907Trees), ["acceptance/ddtree"]).values()
+    assert result.status == "fail", result.message
+    assert result.message.startswith("the engine's trees are not the spec's (aggregate acceptance): acceptance "
+                                     "equals the reference's under SGLang PR #29907's trees"), result.message
+    assert result.details["tree_policy"] == ["width-cap", "depth-bonus", "early-stop"]
+
+
+@pytest.mark.parametrize("pooled", [True, False], ids=["pooled", "per-request"])
+def test_depth_tied_to_the_budget_is_named_from_counters_whatever_the_tau(fixture_settings, pooled):
+    # per request on 2 prompts the tau band cannot be judged (a skip before the depth was looked at)
+    settings = fixture_settings.model_copy(update={"budgets": [64]})
+    (result,) = _run(settings, tp.counters_only(tp.DepthTiedToBudget, pooled=pooled), ["acceptance/ddtree"]).values()
+    assert result.status == "fail" and "per-depth acceptance is reported at 64 depths" in result.message, result.message
+
+
+def test_per_round_engine_is_matched_on_its_own_rounds(fixture_settings):
+    settings = fixture_settings.model_copy(update={"budgets": [8]})
+    (result,) = _run(settings, tp.per_round_only(tp.SglangPr29907Trees), ["acceptance/ddtree"]).values()
+    assert result.status == "fail" and "a chain of the first min(B, L) argmax tokens" in result.message, result.message
+    assert "rounds replayed on the engine's contexts" in result.message
+
+
+def test_counters_of_a_correct_engine_pass_saying_how_deep_it_drafts(fixture_settings):
+    from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+
+    settings = fixture_settings.model_copy(update={"limit": 5})
+    (result,) = _run(settings, tp.counters_only(ReferenceEngine), ["acceptance/ddtree"]).values()
+    assert result.status == "pass", result.message
+    assert result.message.endswith("the engine drafts 15 positions past the root (L = 15)"), result.message
