@@ -21,10 +21,9 @@ import torch
 
 from .prompts import Prompt
 
-__all__ = ["HELD_OUT_CATEGORY", "HELD_OUT_SHARE", "held_out_prompts"]
+__all__ = ["HELD_OUT_CATEGORY", "held_out_prompts"]
 
 HELD_OUT_CATEGORY = "held-out"
-HELD_OUT_SHARE = 20  # by default one held-out prompt per this many prompts of the set, at least one
 OPENING_TOKENS = (1, 8)  # a held-out prompt opens with 1..8 tokens of a bundled prompt
 
 

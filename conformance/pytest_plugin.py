@@ -63,6 +63,7 @@ _OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("tensor_parallel_size", {"type": int}, "devices each engine shards the target over (default: the pair's, 1)"),
     ("held_out_prompts", {"type": int}, "prompts drawn at run time from the target, added to the prompt set "
                                         "(default one per 20 prompts, at least 1; 0: none)"),
+    ("profile", {}, "default, or thorough (nightly: over ten times the default's evidence; explicit options win)"),
     ("run_seed", {"type": int}, "seed of the held-out prompts and the request order (default: drawn at the run's "
                                 "start; the report records it)"),
 ]

@@ -39,6 +39,14 @@ MAX_BUDGET = 1 << 16  # no engine drafts trees this large; engines refuse above 
 PAIR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
 
+# profile -> the settings it changes (explicit options win). "thorough" gathers over ten times the default's
+# evidence (prompts x tokens: (80 + 160) x 256 against (80 + 4) x 64 on the fixture) for nightly runs.
+PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "thorough": {"max_new_tokens": 256, "held_out_per_prompt": 2.0, "sampling_requests": 1000, "branch_rounds": 12,
+                 "branch_prompts": 16},
+}
+
 # field -> CLI flag. The pytest flag of a field is pytest_flag(field).
 OPTION_FLAGS: dict[str, str] = {
     "engine": "--engine",
@@ -62,6 +70,7 @@ OPTION_FLAGS: dict[str, str] = {
     "torch_threads": "--threads",
     "tensor_parallel_size": "--tensor-parallel-size",
     "held_out_prompts": "--held-out-prompts",
+    "profile": "--profile",
     "run_seed": "--run-seed",
     # generate
     "mode": "--mode",
@@ -153,6 +162,12 @@ class SuiteSettings(BaseModel):
     branch_rounds: int = Field(default=3, ge=1, description="rounds per prompt checked branch-vs-chain")
     branch_prompts: int = Field(default=4, ge=1)
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs the engine shards the target over")
+    held_out_per_prompt: float = Field(default=0.05, ge=0, le=100, description="held-out prompts per prompt of "
+                                       "the set when held_out_prompts is not given (at least one)")
+    profile: Literal["default", "thorough"] = Field(
+        default="default", description="how much evidence a run gathers; thorough (nightly): longer outputs, "
+                                       "two held-out prompts per prompt of the set, more sampled requests and branch "
+                                       "rounds, over ten times the default's prompts x tokens (PROFILES)")
     held_out_prompts: int | None = Field(default=None, ge=0, le=100_000, description="prompts drawn at run time "
                                          "from the target, added to the prompt set (ddtree_conformance.held_out); "
                                          "None: one per 20 prompts of the set, at least one")
@@ -233,6 +248,14 @@ class SuiteSettings(BaseModel):
     def _checks(cls, value: list[str] | None) -> list[str] | None:
         return value or None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_profile(cls, values: Any) -> Any:
+        """A profile's values fill the options not given (explicit options win)."""
+        if isinstance(values, dict) and values.get("profile") in PROFILES:
+            values = {**PROFILES[values["profile"]], **{k: v for k, v in values.items() if v is not None}}
+        return values
+
     @model_validator(mode="after")
     def _draw_run_seed(self) -> "SuiteSettings":
         """A run without ``run_seed`` draws one now: every run sees other held-out prompts and another
@@ -304,6 +327,8 @@ def build_settings(raw: dict[str, Any], *, kind: type[SuiteSettings] = SuiteSett
     from .pairs import PairSpecError
 
     values = {k: v for k, v in raw.items() if v is not None}
+    if values.get("profile") in PROFILES:  # a profile's values win over a pair's, explicit options over both
+        values = {**PROFILES[values["profile"]], **values}
     try:
         unavailable = _apply_pair(values)
     except PairSpecError as exc:

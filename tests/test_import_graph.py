@@ -138,6 +138,55 @@ def test_the_layer_check_can_fail(tmp_path):
     assert "imports bare 'adapters.interface'" in problems[2]
 
 
+def import_cycles(root: Path = ROOT) -> list[list[str]]:
+    """Every cycle of the import graph (function-local imports included), as module lists; one per
+    strongly connected set of modules, found by depth-first search."""
+    modules = {module_name(p, root)[0]: p for p in source_files(root)}
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for _, target in project_imports(path, root):
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                edges[module].add(target)
+    cycles, state = [], {}  # state: 1 on the stack, 2 done
+
+    def visit(module: str, stack: list[str]) -> None:
+        state[module] = 1
+        stack.append(module)
+        for target in sorted(edges[module]):
+            if state.get(target) == 1:
+                cycles.append(stack[stack.index(target):] + [target])
+            elif target not in state:
+                visit(target, stack)
+        stack.pop()
+        state[module] = 2
+
+    for module in sorted(modules):
+        if module not in state:
+            visit(module, [])
+    return cycles
+
+
+def test_no_import_cycles():
+    """No module reaches itself through imports, function-local ones included: calibration is derived
+    and loaded in ``calibration``, measured in ``calibrate``, and the verdict modules (``replay``,
+    ``token_scoring``) import calibration, never the reverse."""
+    cycles = import_cycles()
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_can_fail(tmp_path):
+    files = {"conformance/calibration.py": "def load():\n    from .replay import measure\n",
+             "conformance/replay.py": "from .calibration import load\n",
+             "conformance/token_scoring.py": "from .calibration import load\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "adapters").mkdir()
+    assert import_cycles(tmp_path) == [[f"{PACKAGE}.calibration", f"{PACKAGE}.replay", f"{PACKAGE}.calibration"]]
+
+
 def test_no_module_over_400_lines():
     long = {_label(p): n for p in source_files() if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them by concept): {long}"

@@ -135,7 +135,8 @@ def test_engine_without_acceptance_data_is_skipped_and_its_report_renders(suite)
     result, report, _ = check(suite, entry.engine, list(entry.checks), "--no-isolate")
     assert result.exit_code == 0, result.output
     assert verdicts(report) == {
-        "lossless/ddtree-B4": ("pass", "2 match, 0 near-tie (exact)"),
+        "lossless/ddtree-B4": ("pass", "2 match, 0 near-tie (exact); plain and ddtree-B4 both ran with attention "
+                                       "backend sdpa"),
         "acceptance/ddtree-B4": ("skip", "engine reports neither per-round nor aggregate acceptance"),
     }
     assert report["runs"][0]["tau"] is None
@@ -207,7 +208,7 @@ def test_unknown_option_is_refused_before_anything_starts(suite):
     options = [a for k, v in fault.options.items() for a in ("-O", f"{k}={v}")]
     result, report, lines = check(suite, fault.engine, ["lossless"], *options)
     assert result.exit_code == 2 and report is None
-    assert lines == ["error: engine 'reference': unknown option(s) bulider; known: builder, cuda_graphs, "
+    assert lines == ["error: engine 'reference': unknown option(s) bulider; known: cuda_graphs, "
                      "fused_layers"]
 
 

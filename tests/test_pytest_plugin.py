@@ -119,7 +119,7 @@ def subprocess_run(tmp_path_factory):
     env["MODULE_PROBE"] = str(project / "modules.json")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning",
                            "-q", "tests", *OWN, "--ddtree-engine", "reference", *FAST, "--ddtree-engine-option",
-                           "builder=heap", "--junitxml", "reference.xml"],
+                           "cuda_graphs=off", "--junitxml", "reference.xml"],
                           cwd=project, env=env, capture_output=True, text=True, timeout=600)
     return proc, project
 
@@ -168,9 +168,9 @@ def test_engine_options_reach_the_engine_and_bad_ones_fail_naming_it(repo):
     missing = run_in_repo(repo, "-q", "--ddtree-engine", "my_engine:Wrapped", *FAST, "--ddtree-no-isolate")
     assert missing.ret == 1 and "option marker must be 7, got None" in text(missing), text(missing)
     bogus = run_in_repo(repo, "-q", "--ddtree-engine", "my_engine:Wrapped", *FAST, "--ddtree-no-isolate",
-                        "--ddtree-engine-option", "marker=7", "--ddtree-engine-option", "builder=bogus")
+                        "--ddtree-engine-option", "marker=7", "--ddtree-engine-option", "cuda_graphs=bogus")
     assert bogus.ret == 1, text(bogus)
-    assert "builder must be 'heap'" in text(bogus) and "got 'bogus'" in text(bogus)
+    assert "cuda_graphs must be 'on' or 'off'" in text(bogus) and "got 'bogus'" in text(bogus)
 
 
 def test_node_ids_carry_engine_dtype_and_pair(repo):

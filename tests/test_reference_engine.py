@@ -74,8 +74,8 @@ def test_lossless_greedy_fp32(traced_results, plain_results, key):
 
 
 def test_removed_vectorized_builder_is_refused(random_pair):
-    with pytest.raises(EngineError, match="builder must be 'heap'"):
-        ReferenceEngine(str(random_pair[0]), str(random_pair[1]), builder="vectorized")
+    with pytest.raises(EngineError, match="cuda_graphs must be 'on' or 'off'"):
+        ReferenceEngine(str(random_pair[0]), str(random_pair[1]), cuda_graphs="maybe")
 
 
 def test_budgets_accept_more(traced_results):

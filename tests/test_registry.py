@@ -169,8 +169,8 @@ def test_create_engine(pair):
         assert engine.capabilities().modes == ["plain", "dflash", "ddtree"]
     plain_only = create_engine("reference", target)
     assert plain_only.drafter_dir is None and plain_only.capabilities().modes == ["plain"]
-    with pytest.raises(EngineError, match="builder must be"):
-        create_engine("reference", target, drafter, builder="bogus")
+    with pytest.raises(EngineError, match="cuda_graphs must be"):
+        create_engine("reference", target, drafter, cuda_graphs="bogus")
 
 
 def test_create_engine_pair_error_propagates(pair, tmp_path):
@@ -185,13 +185,13 @@ def test_every_engine_refuses_options_it_does_not_declare(pair, fake_modules):
 
     target, drafter = pair
     # the reference engine (it used to ignore a typo silently), before anything is built...
-    with pytest.raises(UnknownOption, match=r"^engine 'reference': unknown option\(s\) bulider; known: builder, "
+    with pytest.raises(UnknownOption, match=r"^engine 'reference': unknown option\(s\) bulider; known: "
                                             r"cuda_graphs, fused_layers$"):
         resolve_engine("reference", {"bulider": "vectorized"})
     # ... and when built directly
     with pytest.raises(UnknownOption, match="bulider"):
         ReferenceEngine(str(target), str(drafter), bulider="vectorized")
-    assert resolve_engine("reference", {"builder": "vectorized"}) is ReferenceEngine
+    assert resolve_engine("reference", {"cuda_graphs": "off"}) is ReferenceEngine
     # an engine that declares no options refuses any (Engine.OPTIONS defaults to none)
     good = load_engine_class("ddtc_fake_engines:Good")
     with pytest.raises(UnknownOption, match=r"engine 'good': unknown option\(s\) x; known: none"):

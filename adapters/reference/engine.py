@@ -50,9 +50,8 @@ MAX_BUDGET = 4096
 class ReferenceEngine(Engine):
     """PyTorch + transformers reference; CPU and CUDA; fp32, bf16, fp16; greedy and sampling.
 
-    Options: ``builder`` = ``"heap"`` (the only tree builder; the option stays so old settings fail
-    clearly rather than silently); ``cuda_graphs`` = ``"on"`` (default) or ``"off"``: the default of
-    ``RunConfig.cuda_graphs`` on CUDA.
+    Options: ``cuda_graphs`` = ``"on"`` (default) or ``"off"``: the default of ``RunConfig.cuda_graphs``
+    on CUDA.
 
     The fast path (:mod:`.decoders`, :mod:`.graphs`): with ``RunConfig.cuda_graphs`` (default on CUDA)
     every decode step and verify round runs on fixed-capacity caches, replayed as CUDA graphs on CUDA
@@ -67,10 +66,10 @@ class ReferenceEngine(Engine):
     """
 
     name = "reference"
-    OPTIONS = ("builder", "cuda_graphs", "fused_layers")
+    OPTIONS = ("cuda_graphs", "fused_layers")
 
     # The spec steps this engine composes, one attribute each, so that a test-only mutant can
-    # replace exactly one step (see tests/mutants.py).
+    # replace exactly one step (ddtree_conformance.testing.mutants).
     compile_step = staticmethod(compile_tree)
     walk_step = staticmethod(walk_tree)
     compact_step = staticmethod(compact_dynamic_cache)
@@ -83,10 +82,6 @@ class ReferenceEngine(Engine):
         self.info = read_target_info(model_dir)
         if drafter_dir is not None:  # fail at construction, naming the field, not mid-run
             validate_pair(self.info, read_drafter_config(drafter_dir), drafter_dir)
-        builder = options.get("builder", "heap")
-        if builder != "heap":
-            raise EngineError(f"reference engine: builder must be 'heap' (the vectorized builder was removed), "
-                              f"got {builder!r}")
         self._build = build_tree
         graphs = str(options.get("cuda_graphs", "on")).lower()
         if graphs not in ("on", "off", "true", "false", "1", "0"):

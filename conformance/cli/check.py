@@ -44,6 +44,7 @@ def check(
     tensor_parallel_size: opt.TensorParallel = None,
     held_out_prompts: opt.HeldOutPrompts = None,
     run_seed: opt.RunSeed = None,
+    profile: opt.Profile = None,
 ) -> None:
     from ..adapters.interface import EngineDied
     from ..adapters.registry import resolve_engine
@@ -59,7 +60,8 @@ def check(
         modes=modes, budgets=budgets, dtype=dtype, device=device, prompt_set=prompts, limit=limit,
         max_new_tokens=max_new_tokens, checks=only, isolate=isolate, golden_dir=golden_dir,
         engine_options=engine_option, engine_timeout_s=engine_timeout, torch_threads=threads,
-        tensor_parallel_size=tensor_parallel_size, held_out_prompts=held_out_prompts, run_seed=run_seed)
+        tensor_parallel_size=tensor_parallel_size, held_out_prompts=held_out_prompts, run_seed=run_seed,
+        profile=profile)
     resolve_engine(settings.engine, settings.engine_options)  # unknown engine or option: exit 2 before any work
     checks = plan(settings)
     if needs_golden(checks):

@@ -71,6 +71,10 @@ HeldOutPrompts = Annotated[Optional[int], typer.Option(
 RunSeed = Annotated[Optional[int], typer.Option(
     "--run-seed", help="Seed of the held-out prompts and of the order and batching of requests; the report "
                        "records the one used.", show_default="drawn at the run's start")]
+Profile = Annotated[Optional[str], typer.Option(
+    "--profile", help="How much evidence the run gathers: default, or thorough (nightly: 256 new tokens, two "
+                      "held-out prompts per prompt, 1000 sampled requests per variant; over ten times the "
+                      "default's prompts x tokens). Explicit options win.", show_default="default")]
 HardwareClass = Annotated[Optional[str], typer.Option(
     "--hardware-class", help="Hardware class the report is filed under (default: from the device, e.g. "
                              "cpu-x86_64-2c, cuda-NVIDIA-H200; or $DDTREE_HARDWARE_CLASS).")]

@@ -8,10 +8,11 @@ and device. :meth:`SuiteInputs.labels` names requests in messages.
 
 from __future__ import annotations
 
+import math
 from functools import cached_property
 
 from ..adapters.interface import Mode, Request, RunConfig
-from ..held_out import HELD_OUT_SHARE, held_out_prompts
+from ..held_out import held_out_prompts
 from ..prompts import Prompt, format_prompts, load_prompts
 from ..run import Run
 from ..scorer import TargetScorer
@@ -41,7 +42,7 @@ class SuiteInputs:
         s = self.settings
         count = s.held_out_prompts
         if count is None:
-            count = max(1, -(-len(self.bundled) // HELD_OUT_SHARE))
+            count = max(1, math.ceil(round(len(self.bundled) * s.held_out_per_prompt, 6)))
         return held_out_prompts(target_logits(s.model_dir, s.device).fn, self.bundled, count, s.run_seed)
 
     def drawn_held_out(self) -> list[Prompt]:

@@ -2,9 +2,7 @@
 
 A DDTree is the set of the B most probable prefixes under the drafter's factorised distribution
 ``Q(y) = prod_i q_i(y_i)``. :func:`build_tree` follows the paper's best-first heap, one pop per
-node. (A tensor-only builder used to sit beside it; it was removed: staying identical to the heap
-under float ties needs a check whose result the host must read every round, so it could not avoid
-a host sync, and on an H200 its rounds were 1.4-1.7x the heap's.)
+node.
 
 Conventions (they make the tree a pure function of the logits):
 
