@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..adapters.interface import EngineDied
+from ..evidence import detectable
 from ..golden_files import GoldenError
 from ..integrity import PREFIX
 from ..prompts import PromptError
@@ -85,6 +86,8 @@ class PlannedCheck:
                                         **{k: v for k, v in result.details.items()
                                            if k not in ("check_status", "check_message")})
         details = {**result.details, "elapsed_s": round(time.perf_counter() - started, 2)}
+        if result.status != "skip" and (line := detectable(self.family, result.details)):
+            details["detectable"] = line
         return result.model_copy(update={"check": self.id, "details": details})
 
 

@@ -32,7 +32,8 @@ from ..session import SuiteSession
 from ..synthetic import sampling_table, write_bigram_pair
 from .result import CheckResult
 
-__all__ = ["ALPHA", "VARIANTS", "DRAWN", "drawn_settings", "transition_test", "silent_fallback", "check_sampling"]
+__all__ = ["ALPHA", "VARIANTS", "DRAWN", "drawn_settings", "transition_test", "chi_square", "silent_fallback",
+           "check_sampling"]
 
 ALPHA = 1e-3  # false-alarm rate of one variant's test on a correct engine
 VARIANTS = {
@@ -70,6 +71,13 @@ def _describe(params: SamplingParams) -> str:
 
 def transition_test(table: torch.Tensor, params: SamplingParams, sequences: list[list[int]]) -> tuple[float, str]:
     """p-value of the transitions in ``sequences`` under ``table`` and ``params``, plus a note."""
+    p_value, note, _, _ = chi_square(table, params, sequences)
+    return p_value, note
+
+
+def chi_square(table: torch.Tensor, params: SamplingParams,
+               sequences: list[list[int]]) -> tuple[float, str, int, int]:
+    """``(p-value, note, transitions, degrees of freedom)`` of :func:`transition_test`."""
     vocab = table.shape[0]
     counts = torch.zeros((vocab, vocab), dtype=torch.float64)
     for seq in sequences:
@@ -85,7 +93,7 @@ def transition_test(table: torch.Tensor, params: SamplingParams, sequences: list
         if bool(impossible.any()):
             token = int(torch.nonzero(impossible)[0])
             return 0.0, (f"token {token} sampled after {prev} {int(counts[prev, token])} times but has probability 0 "
-                         f"under the request's top-k/top-p (not applied at tree nodes?)")
+                         f"under the request's top-k/top-p (not applied at tree nodes?)"), int(counts.sum()), dof
         expected = probs * n
         keep = expected >= 5
         obs = list(counts[prev][keep].tolist()) + [float(counts[prev][~keep].sum())]
@@ -99,9 +107,9 @@ def transition_test(table: torch.Tensor, params: SamplingParams, sequences: list
         total = int(counts.sum())
         if total and all(int((processed_probs(table[prev], params) > 0).sum()) == 1
                          for prev in range(vocab) if counts[prev].sum() > 0):
-            return 1.0, f"{total} transitions, each to the one token its row allows"
-        return 1.0, "too few transitions for a test"
-    return float(chi2.sf(statistic, dof)), f"chi2 {statistic:.1f} on {dof} dof"
+            return 1.0, f"{total} transitions, each to the one token its row allows", total, 0
+        return 1.0, "too few transitions for a test", total, 0
+    return float(chi2.sf(statistic, dof)), f"chi2 {statistic:.1f} on {dof} dof", int(counts.sum()), dof
 
 
 GREEDY_SHARE = 0.95  # "verified greedily": at least this share of the transitions after the first are the argmax
@@ -178,11 +186,13 @@ def check_sampling(session: SuiteSession, mode: str, budget: int | None, variant
     if errors:
         return CheckResult.failed(name, f"engine error: {errors[0].splitlines()[0]}")
     alpha = ALPHA / len(strata)
-    notes, p_values = [], {}
+    notes, p_values, evidence = [], {}, None
     for k, (label, params) in enumerate(strata.items()):
         part = slice(k * share, (k + 1) * share)
         sequences = [r.prompt_ids + o.output_ids for r, o in zip(requests[part], results[part])]
-        p_value, note = transition_test(table, params, sequences)
+        p_value, note, transitions, dof = chi_square(table, params, sequences)
+        if dof and (evidence is None or transitions < evidence["transitions"]):  # the weakest stratum's
+            evidence = {"transitions": transitions, "dof": dof, "alpha": alpha}
         tokens = sum(len(o.output_ids) for o in results[part])
         where = "" if variant != DRAWN else f"{label} ({_describe(params)}): "
         if tokens == 0 or note == "too few transitions for a test":
@@ -201,7 +211,8 @@ def check_sampling(session: SuiteSession, mode: str, budget: int | None, variant
     if variant != DRAWN:
         [only] = notes
         head = only.split(";", 1)
-        return CheckResult.passed(name, f"{head[0]}, {rounds} rounds;{head[1]}", p_value=p_values[variant])
+        return CheckResult.passed(name, f"{head[0]}, {rounds} rounds;{head[1]}", p_value=p_values[variant],
+                                  **(evidence or {}))
     return CheckResult.passed(name, f"settings drawn with run seed {session.settings.run_seed}, {rounds} rounds: "
                                     + "; ".join(notes), p_values=p_values,
-                              settings={k: _describe(v) for k, v in strata.items()})
+                              settings={k: _describe(v) for k, v in strata.items()}, **(evidence or {}))

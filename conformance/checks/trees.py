@@ -124,7 +124,7 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
         return CheckResult.failed(name, "engine claims traces but returned none")
     diagnosis = diagnose_traces(Run(mode, budget).label, views, mode, budget, block_size(session.settings.drafter_dir))
     details = {"tables": [policy_table([diagnosis])], "tree_policy": diagnosis.kinds,
-               "off_path_rounds": off_path}
+               "off_path_rounds": off_path, "rounds": len(views)}
     notes = "".join(f"; {n}" for n in diagnosis.notes)
     if diagnosis.findings:
         first = f" (first differing: {diagnosis.first})" if diagnosis.first else ""
@@ -208,4 +208,4 @@ def check_branch_vs_chain(session: SuiteSession, budget: int) -> CheckResult:
                                         f"near-tie bound, above the ceiling {ceiling} (expected <= {mu:.1f}); mask, "
                                         "positions or KV wrong")
     near = f", {len(excused)} within the near-tie bound (ceiling {ceiling})" if excused else ""
-    return CheckResult.passed(name, f"{nodes} node checks equal their chain runs{near}")
+    return CheckResult.passed(name, f"{nodes} node checks equal their chain runs{near}", nodes=nodes)
