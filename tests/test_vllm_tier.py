@@ -26,6 +26,7 @@ the run ends, by the terminal-summary hook of :mod:`ddtree_conformance.testing.t
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import time
 
@@ -46,12 +47,13 @@ MAX_NEW_TOKENS = 64
 CHECKS = ["lossless", "golden", "acceptance"]
 ENGINE_OPTIONS = VLLM_TIER_ENGINE_OPTIONS  # shared with the other vLLM tier module: one engine process
 SUMMARY = TierSummary("VLLM_TIER_SUMMARY")
+RUN_SEED = secrets.randbits(32)  # one per module: every session here draws the same held-out prompts
 
 
 def _settings(**overrides) -> SuiteSettings:
     base = dict(engine="vllm", modes=["dflash"], dtype="float32", max_new_tokens=MAX_NEW_TOKENS, isolate=True,
                 engine_timeout_s=900.0, pair_name="fixture", prompt_set="fixture", torch_threads=1,
-                engine_options=ENGINE_OPTIONS)
+                engine_options=ENGINE_OPTIONS, run_seed=RUN_SEED)
     base.update(overrides)
     return SuiteSettings(**base)
 
@@ -104,7 +106,9 @@ def _exact(results, expected) -> int:
 
 
 def _acceptance_numbers(session, results, golden) -> dict:
-    ref = [golden.records[p.id].acceptance["dflash"] for p in session.prompts]
+    bundled = session.inputs.bundled  # the golden file holds these; the held-out prompts follow them
+    ref = [golden.records[p.id].acceptance["dflash"] for p in bundled]
+    results = results[:len(bundled)]
     ref_tau, ref_pos = mean_tau(ref), per_position_acceptance(ref)
     tau = sum(r.mean_acceptance for r in results) / len(results)
     got_pos = [sum(col) / len(col) for col in zip(*[r.per_position_acceptance for r in results])]
@@ -119,17 +123,18 @@ def test_capabilities(real):
     # stock DFlash gives aggregates only; per-round traces exist only for ddtree (through the plugin)
     assert not caps.per_round("dflash") and not caps.traced("dflash")
     SUMMARY["capabilities"] = caps.model_dump()
+    SUMMARY["run_seed"] = RUN_SEED
 
 
 def test_all_prompts_used(real, golden):
-    prompts = real["session"].prompts
-    assert len(prompts) == 80 == len(real["plain"]) == len(real["dflash"])
-    assert all(p.id in golden.records for p in prompts)
+    prompts, bundled = real["session"].prompts, real["session"].inputs.bundled
+    assert len(bundled) == 80 and len(prompts) == len(real["plain"]) == len(real["dflash"]) > 80  # + held-out
+    assert prompts[:80] == bundled and all(p.id in golden.records for p in bundled)
 
 
 def test_plain_equals_reference_plain(real, golden):
-    expected = [golden.records[p.id].output_ids[:MAX_NEW_TOKENS] for p in real["session"].prompts]
-    n = _exact(real["plain"], expected)
+    expected = [golden.records[p.id].output_ids[:MAX_NEW_TOKENS] for p in real["session"].inputs.bundled]
+    n = _exact(real["plain"], expected)  # the bundled prompts come first; held-out ones are judged by the checks
     SUMMARY["plain_equals_reference"] = n
     SUMMARY["plain_seconds"] = real["plain_s"]
     errors = [r.error for r in real["plain"] if r.error]

@@ -77,7 +77,8 @@ def bench(
         engine=engine, model_dir=model, drafter_dir=drafter, pair=pair, pairs_file=pairs_file, pair_name=pair_name,
         modes=modes, budgets=budgets, dtype=dtype, device=device, prompt_set=prompts, limit=limit,
         max_new_tokens=max_new_tokens, isolate=isolate, engine_options=engine_option,
-        engine_timeout_s=engine_timeout, torch_threads=threads)
+        engine_timeout_s=engine_timeout, torch_threads=threads,
+        held_out_prompts=0)  # a bench times the bundled prompts only: every run and its baseline time the same set
     hw = opt.hw_class(settings.device, hardware_class)
     runs = [("dflash", None)] if "dflash" in settings.modes else []
     runs += [("ddtree", b) for b in settings.budgets] if "ddtree" in settings.modes else []
