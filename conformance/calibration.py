@@ -64,7 +64,7 @@ from pathlib import Path
 
 __all__ = [
     "ALPHA", "DEFAULT_BOUND", "MAX_BOUND", "MAX_DRAFTER_TOLERANCE", "FP32_DRAFTER_TOLERANCE", "DRAFTER_TOP",
-    "CalibrationError", "Calibration", "manifest_path", "load_calibration", "near_tie_bound",
+    "CalibrationError", "Calibration", "manifest_path", "load_calibration", "calibration_from_manifest", "near_tie_bound",
     "shift_thresholds",
 ]
 
@@ -168,15 +168,21 @@ def _number(value, path: Path, field: str, low: float, high: float) -> float:
 
 def load_calibration(model_dir: str | Path, dtype: str) -> Calibration:
     """The derived calibration of the pair of ``model_dir`` for ``dtype`` (see the module doc)."""
+    path = manifest_path(model_dir)
+    return calibration_from_manifest(path, path.read_bytes() if path.is_file() else None, dtype)
+
+
+def calibration_from_manifest(path: Path, raw: bytes | None, dtype: str) -> Calibration:
+    """The calibration for ``dtype`` in the manifest whose bytes ``raw`` were read from ``path``
+    (None: there is no manifest); a copy held in memory is parsed the same way as the file."""
     if dtype == "float32":
         return Calibration("float32", 0.0, FP32_DRAFTER_TOLERANCE, 0, (), "exact", 0.0)
-    path = manifest_path(model_dir)
     default = Calibration(dtype, DEFAULT_BOUND, DEFAULT_DRAFTER_TOLERANCE, 0, (),
                           f"uncalibrated: no {KEY} for {dtype} in {path}; default bound", DEFAULT_DRAFTER_FLIP_RATE)
-    if not path.is_file():
+    if raw is None:
         return default
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CalibrationError(f"{path}: not a readable JSON manifest ({exc})") from None
     data = manifest.get(KEY) if isinstance(manifest, dict) else None

@@ -34,9 +34,15 @@ Rules:
   goes); ``len(accepted) + 1`` is that round's acceptance length. Arrays are consistent in length
   (one parent, depth and position per node; one target token and top-2 margin per path node),
   node indices and token ids are in range, drafter logits are rectangular ``[rows, vocab]``.
+* Verified trees (light traces): one per round. Each is a tree (root first, parents precede their
+  children, the root's parent -1) with one target token per node; its root is the last committed
+  token; for a greedy request, walking the tree by the target's tokens from the root gives exactly
+  that round's committed tokens (accepted nodes, then the bonus) and its acceptance length.
 * Promises. In the speculative modes, an engine whose capabilities promise per-round acceptance
-  (``per_round(mode)``) must return ``acceptance_lengths``, and one that promises traces
-  (``traced(mode)``) must return them when the run asks for traces.
+  (``per_round(mode)``) must return ``acceptance_lengths``; one that promises traces
+  (``traced(mode)``) must return them when the run asks for traces, with drafter logits in every
+  round when it also promises those (``draft_logits``) and the run asks for them; one that promises
+  verified trees (``verified_trees(mode)``) must return them in every run of that mode.
 """
 
 from __future__ import annotations
@@ -289,6 +295,62 @@ def _traces(result: RequestResult, request: Request, output: list[int], lengths:
         committed += length
 
 
+def _walk(tree, node_targets: list[int]) -> list[int]:
+    """Greedy walk of a verified tree by the target's tokens: the accepted nodes' tokens, then the bonus."""
+    children: dict[tuple[int, int], int] = {}
+    for i in range(1, len(tree.tree_tokens)):
+        children.setdefault((tree.parents[i], tree.tree_tokens[i]), i)
+    node, tokens = 0, []
+    while (node, node_targets[node]) in children:
+        node = children[(node, node_targets[node])]
+        tokens.append(tree.tree_tokens[node])
+    return tokens + [node_targets[node]]
+
+
+def _verified_trees(result: RequestResult, request: Request, output: list[int], lengths: list[int] | None,
+                    vocab: int | None) -> None:
+    trees = result.verified_trees
+    if not isinstance(trees, (list, tuple)):
+        raise IntegrityError("verified_trees", f"expected a list of verified trees, got {type(trees).__name__}")
+    for k, tree in enumerate(trees):
+        field = f"verified_trees[{k}]"
+        if not hasattr(tree, "tree_tokens"):
+            raise IntegrityError(field, f"not a verified tree ({type(tree).__name__})")
+        n = len(_ids(f"{field}.tree_tokens", tree.tree_tokens, vocab))
+        if n < 1:
+            raise IntegrityError(f"{field}.tree_tokens", "empty: the root is node 0")
+        parents = _ints(f"{field}.parents", tree.parents, -1, n - 1)
+        if len(parents) != n:
+            raise IntegrityError(f"{field}.parents", f"{len(parents)} entries for {n} nodes")
+        if parents[0] != -1 or any(not 0 <= parents[i] < i for i in range(1, n)):
+            raise IntegrityError(f"{field}.parents", "not a tree with the root first and parents before children")
+        if len(_ids(f"{field}.node_target_tokens", tree.node_target_tokens, vocab)) != n:
+            raise IntegrityError(f"{field}.node_target_tokens", f"{len(tree.node_target_tokens)} entries for {n} nodes")
+    greedy = request.temperature == 0
+    walked = [_walk(tree, list(tree.node_target_tokens)) for tree in trees] if greedy else None
+    if lengths is None:
+        if walked is None:
+            return
+        lengths = [len(w) for w in walked]
+        _convention("verified_trees", lengths, len(output))
+    if len(trees) != len(lengths):
+        raise IntegrityError("verified_trees", f"{len(trees)} trees for {len(lengths)} rounds (one per round)")
+    committed = 0
+    for k, (tree, length) in enumerate(zip(trees, lengths)):
+        field = f"verified_trees[{k}]"
+        if tree.tree_tokens[0] != output[committed]:
+            raise IntegrityError(f"{field}.tree_tokens", f"root {tree.tree_tokens[0]}, but the round's root (output "
+                                                         f"index {committed}) is {output[committed]}")
+        if walked is not None:
+            tokens = walked[k]
+            shown = output[committed + 1: committed + 1 + length]
+            if len(tokens) != length or tokens[:len(shown)] != shown:
+                raise IntegrityError(f"{field}.node_target_tokens", f"walking the tree by its target tokens commits "
+                                                                    f"{tokens} ({len(tokens)} tokens), but round {k} "
+                                                                    f"commits {shown} (length {length})")
+        committed += length
+
+
 def _promises(result: RequestResult, config: RunConfig, caps: Capabilities | None) -> None:
     if caps is None or config.mode == "plain":
         return
@@ -298,6 +360,15 @@ def _promises(result: RequestResult, config: RunConfig, caps: Capabilities | Non
     if config.trace and caps.traced(config.mode) and result.traces is None:
         raise IntegrityError("traces", f"missing, though traces were asked for and the engine's capabilities "
                                        f"promise them in mode {config.mode}")
+    if config.trace and config.trace_draft_logits and caps.traced(config.mode) and caps.draft_logits:
+        missing = [k for k, trace in enumerate(result.traces or []) if trace.draft_logits is None]
+        if missing:
+            raise IntegrityError(f"traces[{missing[0]}].draft_logits",
+                                 f"missing in {len(missing)}/{len(result.traces)} rounds, though drafter logits were "
+                                 "asked for and the engine's capabilities promise them (draft_logits)")
+    if caps.verified_trees(config.mode) and result.verified_trees is None:
+        raise IntegrityError("verified_trees", f"missing, though the engine's capabilities promise verified trees in "
+                                               f"mode {config.mode} (verified_tree_modes)")
 
 
 def result_problem(result, request: Request, config: RunConfig, limits: PairLimits,
@@ -311,6 +382,8 @@ def result_problem(result, request: Request, config: RunConfig, limits: PairLimi
         _aggregates(result, 1 if config.mode == "plain" and limits.block_size else limits.block_size)
         if result.traces is not None:
             _traces(result, request, output, lengths, limits.vocab_size)
+        if result.verified_trees is not None:
+            _verified_trees(result, request, output, lengths, limits.vocab_size)
         _promises(result, config, caps)
     except IntegrityError as exc:
         return exc

@@ -30,20 +30,27 @@ from .calibration import MAX_BOUND, Calibration, CalibrationError, load_calibrat
 from .scorer import shared_scorer
 
 __all__ = ["PositionScores", "ScoredRun", "LogitsSource", "target_logits", "table_logits", "score_output", "score_run",
-           "rules_for", "window"]
+           "rules_for", "hold_rules", "window"]
 
 _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 50_000
+_LONGER: dict[tuple, list[tuple]] = {}  # (logits key, prompt) -> outputs scored by a forward of their own
 
 
 @dataclass(frozen=True)
 class PositionScores:
-    """Per output position: the fp32 argmax, the engine token's distance below the top-1, and the
-    fp32 top-1/top-2 gap (the smallest move that could flip the position)."""
+    """Per output position: the fp32 argmax, the engine token's distance below the top-1, the fp32
+    top-1/top-2 gap (the smallest move that could flip the position) and the top-1/top-3 gap."""
 
     argmax: tuple[int, ...]
     gaps: tuple[float, ...]
     top2: tuple[float, ...]
+    top3: tuple[float, ...] = ()
+
+    def head(self, n: int) -> "PositionScores":
+        """The scores of the first ``n`` positions (a prefix of the output: a causal target scores
+        it the same)."""
+        return PositionScores(self.argmax[:n], self.gaps[:n], self.top2[:n], self.top3[:n])
 
 
 @dataclass(frozen=True)
@@ -67,25 +74,41 @@ def table_logits(table: torch.Tensor, name: str) -> LogitsSource:
                         lambda sequence: table[torch.tensor(sequence, dtype=torch.long)].float())
 
 
+def _scored_prefix(source_key, prompt: tuple, output: tuple) -> PositionScores | None:
+    """Scores of ``output`` cut from a cached longer output of the same prompt that starts with it."""
+    for longer in _LONGER.get((source_key, prompt), ()):
+        if len(longer) > len(output) and longer[: len(output)] == output:
+            cached = _CACHE.get((source_key, prompt, longer))
+            if cached is not None:
+                return cached.head(len(output))
+    return None
+
+
 def score_output(source: LogitsSource, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> PositionScores:
-    """Score every position of ``output_ids`` after ``prompt_ids`` (cached)."""
-    fn = source.fn
-    key = (source.key, tuple(prompt_ids), tuple(output_ids))
+    """Score every position of ``output_ids`` after ``prompt_ids``: cached per process, and an output
+    that starts a scored one (a stop or a length limit cut it) is read from that one's scores."""
+    key_fn, fn = source.key, source.fn
+    prompt, output = tuple(prompt_ids), tuple(output_ids)
+    key = (key_fn, prompt, output)
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
-    if not output_ids:
-        scores = PositionScores((), (), ())
-    else:
-        logits = fn(list(prompt_ids) + list(output_ids[:-1]))[len(prompt_ids) - 1:].float()
-        top = torch.topk(logits, 2, dim=-1)
-        tokens = torch.tensor(list(output_ids), dtype=torch.long, device=logits.device).unsqueeze(1)
+    scores = _scored_prefix(key_fn, prompt, output) if output else PositionScores((), (), (), ())
+    if scores is None:
+        logits = fn(list(prompt) + list(output[:-1]))[len(prompt) - 1:].float()
+        top = torch.topk(logits, min(3, logits.shape[-1]), dim=-1)
+        tokens = torch.tensor(list(output), dtype=torch.long, device=logits.device).unsqueeze(1)
         gaps = (top.values[:, 0] - logits.gather(1, tokens).squeeze(1)).clamp(min=0.0)
+        third = top.values[:, 0] - top.values[:, -1]
         scores = PositionScores(tuple(top.indices[:, 0].tolist()), tuple(gaps.tolist()),
-                                tuple((top.values[:, 0] - top.values[:, 1]).tolist()))
+                                tuple((top.values[:, 0] - top.values[:, 1]).tolist()), tuple(third.tolist()))
+        _LONGER.setdefault((key_fn, prompt), []).append(output)
     _CACHE[key] = scores
     if len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
+        old_key, _ = _CACHE.popitem(last=False)
+        longer = _LONGER.get(old_key[:2])
+        if longer and old_key[2] in longer:
+            longer.remove(old_key[2])
     return scores
 
 
@@ -131,7 +154,7 @@ class ScoredRun:
 
     def summary(self) -> str:
         if self.rules.exact:
-            return f"{self.positions} positions scored exactly"
+            return f"{self.positions} positions equal the fp32 target's argmax"
         ceiling, mu = self.ceiling
         return (f"{self.positions} positions scored, {len(self.excused)} excused (largest gap "
                 f"{self.largest_excused:.3g} <= bound {self.rules.bound:.3g}; ceiling {ceiling}, expected <= "
@@ -144,11 +167,13 @@ class ScoredRun:
             first = self.outside[0]
             output, argmax = self.detail[first["label"]]
             pos = first["position"]
+            what = ("are not the fp32 target's argmax on the output's own path" if self.rules.exact else
+                    f"outside the near-tie bound {self.rules.bound:.3g}")
             notes.append(
-                f"{len(self.outside)}/{self.positions} output positions outside the near-tie bound "
-                f"{self.rules.bound:.3g}; first: {first['label']} output position {pos}: engine token {first['got']} "
-                f"is {first['gap']:.4g} below the fp32 top-1 {first['argmax']} (engine {window(output, pos)} | fp32 "
-                f"argmax on the engine's path {window(argmax, pos)})")
+                f"{len(self.outside)}/{self.positions} output positions {what}; first: {first['label']} output "
+                f"position {pos}: engine token {first['got']} is {first['gap']:.4g} below the fp32 top-1 "
+                f"{first['argmax']} (engine {window(output, pos)} | fp32 argmax on the engine's path "
+                f"{window(argmax, pos)})")
         ceiling, mu = self.ceiling
         if not self.rules.exact and len(self.excused) > ceiling:
             notes.append(
@@ -164,9 +189,25 @@ class ScoredRun:
                 "bound": self.rules.bound, "excused_positions": self.excused[:50], "outside_positions": self.outside[:50]}
 
 
+_HELD: dict[tuple[str, str], Calibration | CalibrationError] = {}
+
+
+def hold_rules(model_dir: str, dtype: str, calibration: Calibration | CalibrationError) -> None:
+    """Make ``calibration`` (derived from a manifest held in memory, :mod:`ddtree_conformance.oracle`)
+    the one :func:`rules_for` gives for this pair and dtype from now on (an error: raised instead)."""
+    _HELD[(str(model_dir), dtype)] = calibration
+
+
 @lru_cache(maxsize=16)
-def _calibration(model_dir: str, dtype: str) -> Calibration:
+def _loaded_calibration(model_dir: str, dtype: str) -> Calibration:
     return load_calibration(model_dir, dtype)
+
+
+def _calibration(model_dir: str, dtype: str) -> Calibration:
+    held = _HELD.get((model_dir, dtype))
+    if isinstance(held, CalibrationError):
+        raise held
+    return held if held is not None else _loaded_calibration(model_dir, dtype)
 
 
 def rules_for(settings) -> Calibration:

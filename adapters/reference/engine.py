@@ -26,7 +26,17 @@ from ddtree_conformance.spec import (
     walk_tree,
 )
 
-from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RoundTrace, RunConfig, Timings
+from ..interface import (
+    Capabilities,
+    Engine,
+    EngineError,
+    Request,
+    RequestResult,
+    RoundTrace,
+    RunConfig,
+    Timings,
+    VerifiedTree,
+)
 from ..options import cuda_device_count
 from .pair import (
     TORCH_DTYPES,
@@ -163,6 +173,7 @@ class ReferenceEngine(Engine):
             traces=True,
             per_round_acceptance=True,
             draft_logits=True,
+            verified_tree_modes=[m for m in modes if m != "plain"],
             stage_timings=True,
             max_context=self.info.max_position_embeddings,
             max_tensor_parallel=self.max_tensor_parallel(),
@@ -316,6 +327,7 @@ class ReferenceEngine(Engine):
         start = len(request.prompt_ids)  # position of the root; also the committed cache length
         lengths: list[int] = []
         traces: list[RoundTrace] | None = [] if config.trace else None
+        trees: list[VerifiedTree] = []
         clock.start()
         while reason is None:
             with clock.stage("draft"):
@@ -334,6 +346,12 @@ class ReferenceEngine(Engine):
                 context, context_start = self.feedback_step(features, walk.accepted), start
                 new_tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
             lengths.append(len(walk.accepted) + 1)
+            targets = torch.argmax(logits, dim=-1).tolist()
+            if params.greedy:  # the walk's own choices at the nodes it visited (its logits may be processed)
+                for node, token in walk.target_tokens.items():
+                    targets[node] = int(token)
+            trees.append(VerifiedTree(tree_tokens=verify.input_ids.tolist(), parents=tree.parents.tolist(),
+                                      node_target_tokens=targets))
             if traces is not None:
                 traces.append(self._trace(tree, verify, walk, logits, start, root, draft_logits, config))
             emitted, reason = self.emit_step(new_tokens, request.stop_token_ids, request.max_new_tokens - len(output))
@@ -347,6 +365,7 @@ class ReferenceEngine(Engine):
             acceptance_lengths=lengths,
             timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages=clock.finish()),
             traces=traces,
+            verified_trees=trees,
         )
 
     @staticmethod

@@ -21,6 +21,7 @@ from ddtree_conformance.adapters.interface import Request, RequestResult
 
 from ..calibration import ALPHA
 from ..metrics import mean_tau, paired_band, per_position_acceptance
+from ..oracle import oracle_for
 from ..replay import ReplayRun, drafter_round_cap, golden_lengths, judge_rounds
 from ..session import SuiteSession
 from ..token_scoring import rules_for, score_output, target_logits
@@ -46,12 +47,13 @@ def block_size(drafter_dir: str | None) -> int | None:
 
 
 def _float32_golden(session: SuiteSession):
-    """The pair's float32 golden file when it holds outputs at least as long as this run's, else None."""
-    from ..golden_files import GoldenError, load_golden
+    """The pair's float32 golden file (the copy held before the engine started) when it holds outputs
+    at least as long as this run's, else None."""
+    from ..golden_files import GoldenError
 
     s = session.settings
     try:
-        golden = load_golden(s.golden_dir, s.pair_name, s.prompt_set, "float32")
+        golden = oracle_for(session).golden("float32")
     except GoldenError:
         return None
     return None if golden is None or golden.max_new_tokens < s.max_new_tokens else golden
