@@ -47,7 +47,9 @@ uniform noise model below, and says so in every verdict.
    (:mod:`ddtree_conformance.replay`); ``k`` of ``R`` rounds differ on the drafter side only (same
    tokens, different length). A correct engine flips a round's tree with probability at most
    ``p = 2 * upper(k, R)`` (Clopper-Pearson, doubled like the bound), and the cap on a run of ``n``
-   rounds is ``binom.ppf(1 - ALPHA, n, p)``.
+   rounds is ``binom.ppf(1 - ALPHA, n, p)``. That cap holds rounds the engine's own drafter logits
+   confirm; rounds it cannot confirm (no drafter logits) count against the much smaller cap of the
+   measured share itself, ``binom.ppf(1 - ALPHA, n, k / R)``.
 
 In float32 everything is exact: bound 0, ceiling 0, drafter tolerance :data:`FP32_DRAFTER_TOLERANCE`
 (two correct fp32 implementations, measured 7.6e-6 apart).
@@ -99,6 +101,7 @@ class Calibration:
     tail: tuple[tuple[float, int], ...]  # (threshold, count of shifts >= threshold), ascending thresholds
     source: str
     drafter_flip_rate: float = 0.0  # upper limit of the share of rounds a correct engine's tree flips
+    drafter_flip_measured: float = 0.0  # the measured share itself (no confidence limit, not doubled)
 
     @property
     def exact(self) -> bool:
@@ -178,7 +181,8 @@ def calibration_from_manifest(path: Path, raw: bytes | None, dtype: str) -> Cali
     if dtype == "float32":
         return Calibration("float32", 0.0, FP32_DRAFTER_TOLERANCE, 0, (), "exact", 0.0)
     default = Calibration(dtype, DEFAULT_BOUND, DEFAULT_DRAFTER_TOLERANCE, 0, (),
-                          f"uncalibrated: no {KEY} for {dtype} in {path}; default bound", DEFAULT_DRAFTER_FLIP_RATE)
+                          f"uncalibrated: no {KEY} for {dtype} in {path}; default bound", DEFAULT_DRAFTER_FLIP_RATE,
+                          DEFAULT_DRAFTER_FLIP_RATE / 4)
     if raw is None:
         return default
     try:
@@ -196,7 +200,7 @@ def calibration_from_manifest(path: Path, raw: bytes | None, dtype: str) -> Cali
         return default
     _check_weights(manifest, path.parent, path)
     # Entries without a drafter measurement (older ones) leave the drafter values to those with one.
-    bound, tolerance, worst_rate, chosen, flip_rate = 0.0, None, -1.0, None, None
+    bound, tolerance, worst_rate, chosen, flip_rate, measured_rate = 0.0, None, -1.0, None, None, None
     for key, entry in entries.items():
         if not isinstance(entry, dict):
             raise CalibrationError(f"{path}: field {KEY}.measured.{key} must be an object")
@@ -220,14 +224,17 @@ def calibration_from_manifest(path: Path, raw: bytes | None, dtype: str) -> Cali
             rounds = int(_number(entry["drafter_rounds"], path, f"measured.{key}.drafter_rounds", 1, 1e9))
             flips = int(_number(entry.get("drafter_flips"), path, f"measured.{key}.drafter_flips", 0, rounds))
             flip_rate = max(flip_rate or 0.0, 2 * _upper_limit(flips, rounds))
+            measured_rate = max(measured_rate or 0.0, flips / rounds)
         rate = sum(k for _, k in pairs) / positions
         if pairs and rate > worst_rate:  # the noisiest device's tail covers the others
             worst_rate, chosen = rate, (positions, tuple(sorted(pairs)))
     positions, tail = chosen or (0, ())  # no tail measured: the uniform model of an uncalibrated pair
     tolerance = DEFAULT_DRAFTER_TOLERANCE if tolerance is None else tolerance
     flip_rate = DEFAULT_DRAFTER_FLIP_RATE if flip_rate is None else flip_rate
+    measured_rate = DEFAULT_DRAFTER_FLIP_RATE / 4 if measured_rate is None else measured_rate
     return Calibration(dtype, round(bound, 6), round(tolerance, 6), positions, tail,
-                       f"calibrated on {', '.join(sorted(entries))}, {path.parent.name}/MANIFEST.json", flip_rate)
+                       f"calibrated on {', '.join(sorted(entries))}, {path.parent.name}/MANIFEST.json", flip_rate,
+                       measured_rate)
 
 
 @lru_cache(maxsize=4096)

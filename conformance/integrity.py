@@ -34,8 +34,8 @@ Rules:
   goes); ``len(accepted) + 1`` is that round's acceptance length. Arrays are consistent in length
   (one parent, depth and position per node; one target token and top-2 margin per path node),
   node indices and token ids are in range, drafter logits are rectangular ``[rows, vocab]``.
-* Verified trees (light traces): one per round. Each is a tree (root first, parents precede their
-  children, the root's parent -1) with one target token per node; its root is the last committed
+* Verified trees (light traces): one per round. Each is a tree rooted at node 0 (parent -1; the
+  other nodes in any order) with one target token per node; its root is the last committed
   token; for a greedy request, walking the tree by the target's tokens from the root gives exactly
   that round's committed tokens (accepted nodes, then the bonus) and its acceptance length.
 * Promises. In the speculative modes, an engine whose capabilities promise per-round acceptance
@@ -56,7 +56,7 @@ from pathlib import Path
 from .adapters.interface import Capabilities, Request, RequestResult, RunConfig
 
 __all__ = ["PairLimits", "IntegrityError", "validate_results", "result_problem", "is_integrity_error",
-           "error_result", "PREFIX"]
+           "error_result", "tree_problem", "PREFIX"]
 
 PREFIX = "integrity: "
 FINISH_REASONS = ("stop", "length", "error")
@@ -295,6 +295,23 @@ def _traces(result: RequestResult, request: Request, output: list[int], lengths:
         committed += length
 
 
+def tree_problem(parents: Sequence[int]) -> str | None:
+    """Why ``parents`` is not a tree rooted at node 0 (any numbering of the other nodes), or None."""
+    if not parents or parents[0] != -1:
+        return "the root (node 0) must have parent -1"
+    depth: dict[int, int] = {0: 0}
+    for i in range(1, len(parents)):
+        chain, node = [], i
+        while node not in depth:
+            if node in chain or not 0 <= parents[node] < len(parents) or parents[node] == node:
+                return f"node {i} does not lead to the root (parents {parents[node]!r} at node {node})"
+            chain.append(node)
+            node = parents[node]
+        for step, member in enumerate(reversed(chain), start=1):
+            depth[member] = depth[node] + step
+    return None
+
+
 def _walk(tree, node_targets: list[int]) -> list[int]:
     """Greedy walk of a verified tree by the target's tokens: the accepted nodes' tokens, then the bonus."""
     children: dict[tuple[int, int], int] = {}
@@ -322,8 +339,8 @@ def _verified_trees(result: RequestResult, request: Request, output: list[int], 
         parents = _ints(f"{field}.parents", tree.parents, -1, n - 1)
         if len(parents) != n:
             raise IntegrityError(f"{field}.parents", f"{len(parents)} entries for {n} nodes")
-        if parents[0] != -1 or any(not 0 <= parents[i] < i for i in range(1, n)):
-            raise IntegrityError(f"{field}.parents", "not a tree with the root first and parents before children")
+        if tree_problem(parents):
+            raise IntegrityError(f"{field}.parents", tree_problem(parents))
         if len(_ids(f"{field}.node_target_tokens", tree.node_target_tokens, vocab)) != n:
             raise IntegrityError(f"{field}.node_target_tokens", f"{len(tree.node_target_tokens)} entries for {n} nodes")
     greedy = request.temperature == 0

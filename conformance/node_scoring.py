@@ -67,9 +67,15 @@ def _walk_length(tree) -> int:
 
 
 def _depths(parents: Sequence[int]) -> list[int]:
-    depths = [0] * len(parents)
+    """Depth of every node (any numbering with the root at 0; the integrity rules checked it is a tree)."""
+    depths: list[int | None] = [0] + [None] * (len(parents) - 1)
     for i in range(1, len(parents)):
-        depths[i] = depths[parents[i]] + 1
+        chain, node = [], i
+        while depths[node] is None:
+            chain.append(node)
+            node = parents[node]
+        for step, member in enumerate(reversed(chain), start=1):
+            depths[member] = depths[node] + step
     return depths
 
 

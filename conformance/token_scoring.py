@@ -11,10 +11,16 @@ produced (after an excused position, scoring goes on along the engine's own path
 
 A run fails on any position outside the bound, and when it has more excused positions than the
 ceiling a correct engine can reach at the run's own fp32 gaps (:mod:`ddtree_conformance.calibration`
-derives both). In float32 the bound is 0, so scoring is exact.
+derives both). In float32 the bound is 0, so scoring is exact: every token must be the fp32 argmax.
 
-Scores are cached per process (the same output is scored once however many checks read it), and
-the fp32 scorer is one per (model, device) (:func:`ddtree_conformance.scorer.shared_scorer`).
+Excused positions must also be explained by low-precision arithmetic measured in the same run
+(:class:`TieTest`): the target runs teacher-forced in the run's own dtype on its device over the
+same output, and an engine that leaves the fp32 argmax where that reference does not, significantly
+more often than the reverse, fails (an engine taking the runner-up at near ties by rule).
+
+Scores are cached per process (the same output is scored once however many checks read it, and an
+output that starts a scored one is read from it), and each scorer is one per (model, dtype, device)
+(:func:`ddtree_conformance.scorer.shared_scorer`).
 """
 
 from __future__ import annotations
@@ -26,11 +32,11 @@ from functools import lru_cache
 
 import torch
 
-from .calibration import MAX_BOUND, Calibration, CalibrationError, load_calibration
+from .calibration import ALPHA, MAX_BOUND, Calibration, CalibrationError, load_calibration
 from .scorer import shared_scorer
 
-__all__ = ["PositionScores", "ScoredRun", "LogitsSource", "target_logits", "table_logits", "score_output", "score_run",
-           "rules_for", "hold_rules", "window"]
+__all__ = ["PositionScores", "TieTest", "ScoredRun", "LogitsSource", "target_logits", "table_logits", "score_output",
+           "score_run", "rules_for", "hold_rules", "window"]
 
 _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 50_000
@@ -62,10 +68,12 @@ class LogitsSource:
     fn: Callable[[list[int]], torch.Tensor]
 
 
-def target_logits(model_dir: str, device: str) -> LogitsSource:
-    """The fp32 target's logits (one cached scorer per process)."""
-    scorer = shared_scorer(str(model_dir), "float32", device)
-    return LogitsSource(("target", str(model_dir), device), scorer.logits)
+def target_logits(model_dir: str, device: str, dtype: str = "float32") -> LogitsSource:
+    """The target's logits in ``dtype`` (fp32: the oracle; the run's low dtype: the same-dtype reference
+    of the tie test), one cached scorer per process."""
+    scorer = shared_scorer(str(model_dir), dtype, device)
+    key = ("target", str(model_dir), device) if dtype == "float32" else ("target", str(model_dir), device, dtype)
+    return LogitsSource(key, scorer.logits)
 
 
 def table_logits(table: torch.Tensor, name: str) -> LogitsSource:
@@ -120,6 +128,46 @@ def window(values: Sequence, position: int, before: int = 3, after: int = 3) -> 
 
 
 @dataclass
+class TieTest:
+    """The engine's near ties against the same-dtype reference's on the very same positions.
+
+    At every scored position of a low-precision run the target also runs teacher-forced in the run's
+    own dtype on its device (the reference's low-precision arithmetic on the engine's path). A
+    position is *engine-only* when the engine leaves the fp32 argmax and the low-precision reference
+    does not take the engine's token there; *reference-only* when the reference leaves the fp32
+    argmax and the engine keeps it. Low-precision noise that the engine shares with the reference
+    (the weights rounded the same way) flips both; noise of its own flips either side alike. An
+    engine that takes the runner-up at near ties by rule piles up engine-only positions: the exact
+    McNemar test (a one-sided binomial test of engine-only among the discordant positions,
+    ``scipy.stats.binomtest``) fails it at ``ALPHA``."""
+
+    engine_only: int = 0
+    reference_only: int = 0
+    both: int = 0
+
+    def add(self, tokens: Sequence[int], fp32: Sequence[int], low: Sequence[int]) -> None:
+        for token, best, ref in zip(tokens, fp32, low):
+            engine_flips, reference_flips = token != best, ref != best
+            if engine_flips and reference_flips and token == ref:
+                self.both += 1
+            elif engine_flips:
+                self.engine_only += 1
+            elif reference_flips:
+                self.reference_only += 1
+
+    @property
+    def p_value(self) -> float:
+        from scipy.stats import binomtest
+
+        discordant = self.engine_only + self.reference_only
+        return float(binomtest(self.engine_only, discordant, 0.5, alternative="greater").pvalue) if discordant else 1.0
+
+    def details(self) -> dict:
+        return {"engine_only": self.engine_only, "reference_only": self.reference_only, "both": self.both,
+                "p_value": self.p_value}
+
+
+@dataclass
 class ScoredRun:
     """Every scored position of one check's outputs, and the verdict on them."""
 
@@ -130,8 +178,10 @@ class ScoredRun:
     outside: list[dict] = field(default_factory=list)
     top2: list[float] = field(default_factory=list)
     detail: dict = field(default_factory=dict)  # label -> (output, argmax) for failure messages
+    ties: TieTest | None = None  # low precision on the session's own target: against the same-dtype reference
 
-    def add(self, label: str, prompt_ids: Sequence[int], output_ids: Sequence[int], logits_fn) -> PositionScores:
+    def add(self, label: str, prompt_ids: Sequence[int], output_ids: Sequence[int], logits_fn,
+            low_fn=None) -> PositionScores:
         scores = score_output(logits_fn, prompt_ids, output_ids)
         self.outputs += 1
         self.positions += len(output_ids)
@@ -142,6 +192,9 @@ class ScoredRun:
             entry = {"label": label, "position": i, "got": token, "argmax": best, "gap": round(gap, 6)}
             (self.excused if gap <= self.rules.bound else self.outside).append(entry)
             self.detail.setdefault(label, (list(output_ids), list(scores.argmax)))
+        if low_fn is not None:
+            self.ties = self.ties or TieTest()
+            self.ties.add(output_ids, scores.argmax, score_output(low_fn, prompt_ids, output_ids).argmax)
         return scores
 
     @property
@@ -156,9 +209,12 @@ class ScoredRun:
         if self.rules.exact:
             return f"{self.positions} positions equal the fp32 target's argmax"
         ceiling, mu = self.ceiling
+        ties = "" if self.ties is None else (
+            f"; {self.ties.both} shared with the {self.rules.dtype} reference, {self.ties.engine_only} engine-only vs "
+            f"{self.ties.reference_only} reference-only, p = {self.ties.p_value:.2g}")
         return (f"{self.positions} positions scored, {len(self.excused)} excused (largest gap "
                 f"{self.largest_excused:.3g} <= bound {self.rules.bound:.3g}; ceiling {ceiling}, expected <= "
-                f"{mu:.1f})")
+                f"{mu:.1f}{ties})")
 
     def problem(self) -> str | None:
         """Why these outputs fail (first position outside the bound; or the ceiling), else None."""
@@ -180,13 +236,21 @@ class ScoredRun:
                 f"{len(self.excused)}/{self.positions} positions excused as near-ties, above the ceiling {ceiling} a "
                 f"correct engine reaches at these gaps (expected <= {mu:.1f}): the engine takes the runner-up at "
                 f"near-ties far more often than low-precision noise does")
+        ties = self.ties
+        if ties is not None and ties.p_value < ALPHA:
+            notes.append(
+                f"the engine leaves the fp32 argmax at {ties.engine_only} positions where the {self.rules.dtype} "
+                f"reference on the same device and path does not, and keeps it at only {ties.reference_only} where "
+                f"the reference leaves it ({ties.both} shared; McNemar exact p = {ties.p_value:.2g} < {ALPHA:g}): it "
+                "takes the runner-up at near ties more often than low-precision arithmetic explains")
         return "; ".join(notes) or None
 
     def details(self) -> dict:
         ceiling, mu = self.ceiling
         return {"positions": self.positions, "excused": len(self.excused), "largest_excused_gap": self.largest_excused,
                 "outside": len(self.outside), "ceiling": ceiling, "expected_excused": round(mu, 3),
-                "bound": self.rules.bound, "excused_positions": self.excused[:50], "outside_positions": self.outside[:50]}
+                "bound": self.rules.bound, "excused_positions": self.excused[:50], "outside_positions": self.outside[:50],
+                **({"ties_vs_same_dtype_reference": self.ties.details()} if self.ties is not None else {})}
 
 
 _HELD: dict[tuple[str, str], Calibration | CalibrationError] = {}
@@ -227,8 +291,11 @@ def rules_for(settings) -> Calibration:
 
 def score_run(session, items, logits_fn=None, rules: Calibration | None = None) -> ScoredRun:
     """Score ``items`` (``(label, prompt_ids, output_ids)``) with the session's fp32 target."""
-    run = ScoredRun(rules or rules_for(session.settings))
-    fn = logits_fn or target_logits(session.settings.model_dir, session.settings.device)
+    s = session.settings
+    run = ScoredRun(rules or rules_for(s))
+    fn = logits_fn or target_logits(s.model_dir, s.device)
+    # the tie test needs the same-dtype reference of the session's own target (not a synthetic table)
+    low = target_logits(s.model_dir, s.device, s.dtype) if logits_fn is None and not run.rules.exact else None
     for label, prompt_ids, output_ids in items:
-        run.add(label, prompt_ids, output_ids, fn)
+        run.add(label, prompt_ids, output_ids, fn, low)
     return run

@@ -128,6 +128,7 @@ class ReferenceEngine(Engine):
 
     # The spec steps this engine composes, one attribute each, so that a test-only mutant can
     # replace exactly one step (see tests/mutants.py).
+    choose_step = staticmethod(choose_token)  # the token after the prefill and each plain decoding step
     compile_step = staticmethod(compile_tree)
     walk_step = staticmethod(walk_tree)
     compact_step = staticmethod(compact_dynamic_cache)
@@ -293,7 +294,7 @@ class ReferenceEngine(Engine):
         clock = _Clock(config.timing, pair.device)
         t0 = time.perf_counter()
         cache, last_logits, _ = self._prefill(pair, request)
-        token = choose_token(last_logits, params, generator)
+        token = self.choose_step(last_logits, params, generator)
         t_prefill = time.perf_counter() - t0
         output, reason = emit_tokens([token], request.stop_token_ids, request.max_new_tokens)
         position, rounds = len(request.prompt_ids), 0
@@ -302,7 +303,7 @@ class ReferenceEngine(Engine):
             with clock.stage("verify"):
                 ids = torch.tensor([token], dtype=torch.long, device=pair.device)
                 logits, _ = pair.forward(ids, torch.tensor([position], device=pair.device), cache)
-            token = choose_token(logits[-1], params, generator)
+            token = self.choose_step(logits[-1], params, generator)
             position, rounds = position + 1, rounds + 1
             emitted, reason = emit_tokens([token], request.stop_token_ids, request.max_new_tokens - len(output))
             output += emitted
@@ -319,7 +320,7 @@ class ReferenceEngine(Engine):
         clock = _Clock(config.timing, pair.device)
         t0 = time.perf_counter()
         cache, last_logits, features = self._prefill(pair, request)
-        root = choose_token(last_logits, params, generator)
+        root = self.choose_step(last_logits, params, generator)
         t_prefill = time.perf_counter() - t0
         output, reason = emit_tokens([root], request.stop_token_ids, request.max_new_tokens)
         draft_cache = pair.drafter.new_cache()
