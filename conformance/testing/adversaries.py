@@ -23,7 +23,7 @@ from ddtree_conformance.adapters.interface import Capabilities, RequestResult, R
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.spec import compile_tree
 
-from .mutants import _runner_up_walk, runner_up_choice
+from .mutants import _runner_up_walk, runner_up_choice, runner_up_lifted
 
 __all__ = ["ADVERSARIES"]
 
@@ -89,6 +89,18 @@ class ShiftedPast512BlackBox(_TargetPositions, _BlackBox):
 
     def positions(self, positions):
         return torch.where(positions >= self.threshold, positions + self.shift, positions)
+
+
+class PrefillRunnerUp(ReferenceEngine):
+    """Takes the target's runner-up as the token after the prefill (and only there), in every mode:
+    no round verifies that token, so only the fp32 oracle sees it (lossless and, in the replay, the
+    acceptance check)."""
+
+    name = "adversary-prefill-runner-up"
+
+    def _prefill(self, pair, request):
+        cache, last_logits, features = super()._prefill(pair, request)
+        return cache, runner_up_lifted(last_logits, float("inf")), features
 
 
 # ----------------------------------------------------------- item 5: capabilities against the model
@@ -192,11 +204,13 @@ def _light(trace: RoundTrace) -> VerifiedTree:
 
 
 class ForgedAcceptance(ReferenceEngine):
-    """Reports a round one token longer wherever the next round committed its bonus alone: that round
-    is dropped and its token forged into the previous round's tree as an accepted node (a leaf off the
-    path removed, so the budget holds). Outputs are right; tau rises (about 9 % on the fixture in
-    bf16). It withholds drafter logits, so the forged trees cannot be rebuilt; its traces, verified
-    trees and lengths are consistent with its outputs. In bf16 every forged round used to be excused
+    """Reports a round one token longer where the next round committed its bonus alone and its own
+    drafter logits, moved by the pair's calibrated drafter tolerance, would put that bonus into the
+    tree (so a replay would see a plausible drafter near tie): the next round is dropped and its
+    token forged into the round's tree as an accepted node (a leaf off the path removed, so the
+    budget holds). Outputs are right; tau rises (27 rounds, +8.7 % on the fixture's 80 prompts in
+    bf16 at B=16). It withholds drafter logits, so the forged trees cannot be rebuilt; its traces,
+    verified trees and lengths are consistent with its outputs. Every forged round used to be excused
     as a drafter near tie, under the cap."""
 
     name = "adversary-forged-acceptance"
@@ -207,8 +221,18 @@ class ForgedAcceptance(ReferenceEngine):
     def generate(self, requests, config):
         if config.mode == "plain":
             return super().generate(requests, config)
-        results = super().generate(requests, config.model_copy(update={"trace": True, "trace_draft_logits": False}))
+        results = super().generate(requests, config.model_copy(update={"trace": True, "trace_draft_logits": True}))
         return [self._forge(r, config) for r in results]
+
+    def _forgeable(self, trace: RoundTrace, config) -> bool:
+        """Whether the round's own drafter logits, moved by the calibrated tolerance, hold the bonus."""
+        from ddtree_conformance.calibration import load_calibration
+        from ddtree_conformance.replay import drafter_flips_within
+
+        tolerance = load_calibration(self.model_dir, config.dtype).drafter_tolerance
+        path = [trace.tree_tokens[a] for a in trace.accepted] + [trace.bonus]
+        logits = torch.tensor(trace.draft_logits, dtype=torch.float32)
+        return drafter_flips_within(logits, config.mode, config.budget, path, tolerance)
 
     def _forge(self, result: RequestResult, config) -> RequestResult:
         if result.error or not result.traces:
@@ -216,9 +240,11 @@ class ForgedAcceptance(ReferenceEngine):
         block = self._pair(config).drafter.block_size
         traces, k = list(result.traces), 0
         while k + 1 < len(traces):
-            if len(traces[k + 1].accepted) == 0 and len(traces[k].accepted) + 2 <= block and k + 2 < len(traces):
+            if (len(traces[k + 1].accepted) == 0 and len(traces[k].accepted) + 2 <= block and k + 2 < len(traces)
+                    and traces[k].draft_logits is not None and self._forgeable(traces[k], config)):
                 traces[k: k + 2] = [_forge_round(traces[k], traces[k + 1])]
             k += 1
+        traces = [t.model_copy(update={"draft_logits": None}) for t in traces]
         lengths = [len(t.accepted) + 1 for t in traces]
         return result.model_copy(update={
             "acceptance_lengths": lengths, "rounds": len(lengths), "verified_trees": [_light(t) for t in traces],
@@ -283,6 +309,7 @@ class SiblingPeekBlackBox(_BlackBox):
 ADVERSARIES = {
     "wrong in plain and ddtree alike, custom prompts": WrongPositionsBlackBox,
     "wrong past 512 in every mode (long-context, prompt-shapes)": ShiftedPast512BlackBox,
+    "wrong token after the prefill, every mode": PrefillRunnerUp,
     "max_context understated below a bug at 400": ContextUnderstated,
     "max_context overstated": ContextOverstated,
     "promised drafter logits missing": DrafterLogitsWithheld,
