@@ -66,8 +66,8 @@ from pathlib import Path
 
 __all__ = [
     "ALPHA", "DEFAULT_BOUND", "MAX_BOUND", "MAX_DRAFTER_TOLERANCE", "FP32_DRAFTER_TOLERANCE", "DRAFTER_TOP",
-    "CalibrationError", "Calibration", "manifest_path", "load_calibration", "calibration_from_manifest", "near_tie_bound",
-    "shift_thresholds",
+    "CalibrationError", "Calibration", "manifest_path", "load_calibration", "calibration_from_manifest",
+    "near_tie_bound", "shift_thresholds",
 ]
 
 ALPHA = 1e-3

@@ -131,7 +131,7 @@ class NodeScores:
         top = torch.topk(logits, 2, dim=-1)
         targets = torch.tensor(rnd.node_targets, dtype=torch.long, device=logits.device).unsqueeze(1)
         gaps = (top.values[:, 0] - logits.gather(1, targets).squeeze(1)).clamp(min=0.0).tolist()
-        argmax = top.indices[:, 0].tolist()
+        argmax = logits.argmax(dim=-1).tolist()  # the lowest token id among exact ties, as engines choose
         self.top2 += (top.values[:, 0] - top.values[:, 1]).tolist()
         self.nodes += len(rnd.node_targets)
         self.rounds += 1
@@ -155,8 +155,8 @@ class NodeScores:
         ceiling, mu = self.rules.ceiling(self.top2)
         if not self.rules.exact and len(self.excused) > ceiling:
             return (f"{len(self.excused)}/{self.nodes} tree nodes differ from the fp32 verify within the near-tie "
-                    f"bound, above the ceiling {ceiling} a correct engine reaches at these gaps (expected <= {mu:.1f}); "
-                    "tree mask, node positions or KV wrong")
+                    f"bound, above the ceiling {ceiling} a correct engine reaches at these gaps (expected <= "
+                    f"{mu:.1f}); tree mask, node positions or KV wrong")
         return None
 
     def summary(self) -> str:

@@ -108,7 +108,9 @@ def score_output(source: LogitsSource, prompt_ids: Sequence[int], output_ids: Se
         tokens = torch.tensor(list(output), dtype=torch.long, device=logits.device).unsqueeze(1)
         gaps = (top.values[:, 0] - logits.gather(1, tokens).squeeze(1)).clamp(min=0.0)
         third = top.values[:, 0] - top.values[:, -1]
-        scores = PositionScores(tuple(top.indices[:, 0].tolist()), tuple(gaps.tolist()),
+        # argmax, not topk's first index: with exact ties (frequent in bf16 logits) argmax takes the lowest
+        # token id, as an engine's greedy choice does; topk's order among equal values is unspecified
+        scores = PositionScores(tuple(logits.argmax(dim=-1).tolist()), tuple(gaps.tolist()),
                                 tuple((top.values[:, 0] - top.values[:, 1]).tolist()), tuple(third.tolist()))
         _LONGER.setdefault((key_fn, prompt), []).append(output)
     _CACHE[key] = scores
@@ -247,10 +249,11 @@ class ScoredRun:
 
     def details(self) -> dict:
         ceiling, mu = self.ceiling
+        ties = {"ties_vs_same_dtype_reference": self.ties.details()} if self.ties is not None else {}
         return {"positions": self.positions, "excused": len(self.excused), "largest_excused_gap": self.largest_excused,
                 "outside": len(self.outside), "ceiling": ceiling, "expected_excused": round(mu, 3),
-                "bound": self.rules.bound, "excused_positions": self.excused[:50], "outside_positions": self.outside[:50],
-                **({"ties_vs_same_dtype_reference": self.ties.details()} if self.ties is not None else {})}
+                "bound": self.rules.bound, "excused_positions": self.excused[:50],
+                "outside_positions": self.outside[:50], **ties}
 
 
 _HELD: dict[tuple[str, str], Calibration | CalibrationError] = {}

@@ -35,7 +35,8 @@ CAUGHT_BY = {
     mutants.AcceptanceOverReported: (["acceptance/ddtree"], "do not add up"),
     # A greedy request run with a sampled neighbour's settings: its verified trees (light traces) show the
     # target's argmax was not what it committed, caught by the integrity rules before busy-batch compares.
-    mutants.BatchSettingsMixedUp: (["busy-batch/ddtree"], ("in a batch of", "walking the tree by its target tokens")),
+    mutants.BatchSettingsMixedUp: (["busy-batch/ddtree"],
+                                   ("in a batch of", "walking the tree by its target tokens")),
     mutants.SampledSettingsRotated: (["busy-batch/ddtree"], "outside the request's support"),
 }
 

@@ -21,6 +21,8 @@ import torch
 
 from ddtree_conformance.adapters.interface import Capabilities, RequestResult, RoundTrace, VerifiedTree
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.calibration import load_calibration
+from ddtree_conformance.replay import drafter_flips_within
 from ddtree_conformance.spec import compile_tree
 
 from .mutants import _runner_up_walk, runner_up_choice, runner_up_lifted
@@ -226,9 +228,6 @@ class ForgedAcceptance(ReferenceEngine):
 
     def _forgeable(self, trace: RoundTrace, config) -> bool:
         """Whether the round's own drafter logits, moved by the calibrated tolerance, hold the bonus."""
-        from ddtree_conformance.calibration import load_calibration
-        from ddtree_conformance.replay import drafter_flips_within
-
         tolerance = load_calibration(self.model_dir, config.dtype).drafter_tolerance
         path = [trace.tree_tokens[a] for a in trace.accepted] + [trace.bonus]
         logits = torch.tensor(trace.draft_logits, dtype=torch.float32)
