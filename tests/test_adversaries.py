@@ -56,13 +56,13 @@ def pairs(tmp_path_factory):
     outputs = engine.generate(requests, RunConfig(mode="plain"))
     calibrate(str(target), ["bfloat16"], [r.prompt_ids + o.output_ids for r, o in zip(requests, outputs)],
               drafter_dir=str(drafter))
-    common = dict(isolate=False, sampling_requests=60, branch_prompts=2, branch_rounds=2, torch_threads=1,
-                  budgets=[16])
+    common = dict(isolate=False, sampling_requests=60, branch_prompts=1, branch_rounds=1, torch_threads=1,
+                  budgets=[16], held_out_prompts=0)
     return {
-        "random": SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="adv-random",
-                                prompt_set=str(path), max_new_tokens=24, golden_dir=str(root / "golden"), **common),
-        "fixture": SuiteSettings(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), limit=4,
-                                 max_new_tokens=48, golden_dir=str(root / "no-golden"), **common),
+        "random": SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="adv-random", limit=2,
+                                prompt_set=str(path), max_new_tokens=16, golden_dir=str(root / "golden"), **common),
+        "fixture": SuiteSettings(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), limit=3,
+                                 max_new_tokens=40, golden_dir=str(root / "no-golden"), **common),
     }
 
 
