@@ -1,14 +1,15 @@
 """Low-precision excuse farming on the fixture pair: the bf16 adversaries of issue 20 against the checks
 that judge them, on every prompt, beside the correct reference (and any other engine named).
 
-    python scripts/excuse_farming.py                       # bf16, all 80 prompts, B=16, the default engines
+    python scripts/excuse_farming.py                       # bf16, all 80 prompts, the default engines
     python scripts/excuse_farming.py --limit 20 --engines reference,runner-up
     python scripts/excuse_farming.py --engines ddtree_conformance.testing.correct_engines:OutputsOnly
 
 Engines: ``reference``, ``runner-up`` (:class:`~ddtree_conformance.testing.adversaries.RunnerUpUnder005`),
 ``forged`` (:class:`~ddtree_conformance.testing.adversaries.ForgedAcceptance`), ``sibling-peek`` and
 ``sibling-peek-black-box``, or any ``module:Class``. Prints one line per check (engine, check, status, the
-message's head) and each engine's wall time; ``--out FILE`` keeps every result as JSON.
+message's head) and each engine's wall time; ``--out FILE`` keeps every result as JSON. The per-run checks
+judge B=16; the near-tie check pools plain, DFlash and DDTree at B=16, 64 and 256 (``--modes``, ``--budgets``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ ENGINES = {
     "sibling-peek": adv.SiblingPeek,
     "sibling-peek-black-box": adv.SiblingPeekBlackBox,
 }
-CHECKS = ["lossless/ddtree", "golden/ddtree", "acceptance/ddtree", "tree-structure/ddtree", "branch-vs-chain"]
+CHECKS = ["lossless/ddtree-B16", "golden/ddtree-B16", "acceptance/ddtree-B16", "tree-structure/ddtree-B16",
+          "branch-vs-chain/ddtree-B16", "near-ties"]
 
 
 def engine_class(name: str):
@@ -49,16 +51,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--limit", type=int, default=80)
-    parser.add_argument("--budgets", default="16")
+    parser.add_argument("--modes", default="dflash,ddtree", help="the runs near-ties pools (with plain)")
+    parser.add_argument("--budgets", default="16,64,256")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--checks", default=",".join(CHECKS))
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--run-seed", type=int, default=1, help="seed of the held-out prompts and request order")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     settings = SuiteSettings(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), dtype=args.dtype,
-                             limit=args.limit, budgets=[int(b) for b in args.budgets.split(",")], modes=["ddtree"],
-                             max_new_tokens=args.max_new_tokens, isolate=False, torch_threads=args.threads)
+                             limit=args.limit, budgets=[int(b) for b in args.budgets.split(",")],
+                             modes=args.modes.split(","), max_new_tokens=args.max_new_tokens, isolate=False,
+                             torch_threads=args.threads, run_seed=args.run_seed)
     checks = plan(settings, args.checks.split(","))
     rows = []
     for name in args.engines.split(","):

@@ -166,3 +166,26 @@ def test_verified_trees_are_held_to_the_output():
     forged = good.model_copy(update={"acceptance_lengths": [2, 1], "verified_trees": [tree, tree]})
     [bad] = validate_results([request], [forged], config, PairLimits(vocab_size=97, block_size=8))
     assert "walking the tree by its target tokens commits [5, 8, 9]" in bad.error, bad.error
+
+
+def test_tie_test_fails_an_engine_leaving_the_argmax_where_the_reference_does_not():
+    from ddtree_conformance.token_scoring import TieTest
+
+    fp32 = [1] * 60
+    reference = [1] * 40 + [2] * 20  # the same-dtype reference leaves the argmax at 20 positions
+    correct = TieTest()
+    correct.add([1] * 30 + [2] * 10 + [1] * 10 + [2] * 10, fp32, reference)  # 10 flips of its own, 10 kept
+    assert (correct.engine_only, correct.reference_only, correct.both) == (10, 10, 10) and correct.p_value > 0.5
+    farming = TieTest()
+    farming.add([2] * 60, fp32, reference)  # every near tie taken: 40 engine-only, none the other way
+    assert farming.engine_only == 40 and farming.reference_only == 0 and farming.p_value < 1e-3
+
+
+def test_near_tie_check_is_planned_in_low_precision_only(pairs):
+    from ddtree_conformance.checks.near_ties import NEAR_TIES_ID
+
+    assert NEAR_TIES_ID not in [c.id for c in plan(pairs["random"])]
+    settings = pairs["random"].model_copy(update={"dtype": "bfloat16"})
+    assert NEAR_TIES_ID in [c.id for c in plan(settings)]
+    [result] = _run(settings, lambda m, d: ReferenceEngine(m, d), ["near-ties"])
+    assert result.status == "pass" and "McNemar exact p" in result.message, result.message
