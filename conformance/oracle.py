@@ -9,9 +9,10 @@ engine, and every planned check calls it first):
   kind (a file that is absent is held as absent: one that appears later is not read);
 * the pair manifest (``<pair dir>/MANIFEST.json``) and the low-precision calibration derived from it.
 
-Verdicts read that copy (:func:`oracle_for`), never the disk. The target's and drafter's config and
-weights are watched too (size and modification time; small files also by hash), since the fp32
-scorer loads them. After every check :func:`changed_on_disk` compares the disk with the copy: a
+Verdicts read that copy (:func:`oracle_for`), never the disk. The target's and drafter's configs
+(by hash) and weights (by size, modification time and inode) are watched too, since the fp32 scorer
+loads them; a weights file rewritten with its old size and modification time restored would not
+be seen. After every check :func:`changed_on_disk` compares the disk with the copy: a
 change fails that check, and every later one, naming the file (the runner does this,
 :mod:`ddtree_conformance.checks.runner`).
 """
@@ -29,7 +30,7 @@ from .token_scoring import hold_rules
 
 __all__ = ["HeldFile", "OracleCopy", "hold", "oracle_for", "changed_on_disk"]
 
-HASHED_UP_TO = 64 << 20  # watched model files up to this size are hashed; larger ones by size and mtime
+HASHED_UP_TO = 1 << 20  # watched model files up to this size (configs) are hashed; weights by size and mtime
 MODEL_FILES = ("config.json", "*.safetensors", "*.bin")
 
 
@@ -87,7 +88,7 @@ class WatchedFile:
             return ("absent",)
         if stat.st_size <= HASHED_UP_TO:
             return ("sha256", _sha256(path.read_bytes()))
-        return ("stat", stat.st_size, stat.st_mtime_ns)
+        return ("stat", stat.st_size, stat.st_mtime_ns, stat.st_ino)
 
     def change(self) -> str | None:
         if self._fingerprint(self.path) != self.fingerprint:

@@ -189,3 +189,26 @@ def test_near_tie_check_is_planned_in_low_precision_only(pairs):
     assert NEAR_TIES_ID in [c.id for c in plan(settings)]
     [result] = _run(settings, lambda m, d: ReferenceEngine(m, d), ["near-ties"])
     assert result.status == "pass" and "McNemar exact p" in result.message, result.message
+
+
+def test_oracle_files_are_held_before_the_engine_starts_and_a_change_is_named(pairs):
+    from ddtree_conformance.oracle import changed_on_disk, hold
+
+    settings = pairs["random"].model_copy(update={"dtype": "bfloat16"})
+    session = SuiteSession(settings, engine_factory=lambda m, d: ReferenceEngine(m, d))
+    try:
+        copy = hold(session)
+        assert session.engines.started() is None  # nothing started the engine
+        manifest = copy.manifest.path
+        before = manifest.read_bytes()
+        held = copy.calibration
+        manifest.write_text(json.dumps({"near_tie_calibration": {"measured": {}}}))
+        try:
+            assert copy.calibration == held  # verdicts read the held copy
+            change = changed_on_disk(session)
+            assert change and str(manifest) in change and "was rewritten" in change, change
+        finally:
+            manifest.write_bytes(before)
+        assert changed_on_disk(session) is None
+    finally:
+        session.close()
