@@ -65,7 +65,7 @@ from functools import lru_cache
 from pathlib import Path
 
 __all__ = [
-    "ALPHA", "DEFAULT_BOUND", "MAX_BOUND", "MAX_DRAFTER_TOLERANCE", "FP32_DRAFTER_TOLERANCE", "DRAFTER_TOP",
+    "ALPHA", "DEFAULT_BOUND", "MAX_BOUND", "MAX_DRAFTER_TOLERANCE", "FP32_DRAFTER_TOLERANCE", "FP32_TIE", "DRAFTER_TOP",
     "CalibrationError", "Calibration", "manifest_path", "load_calibration", "calibration_from_manifest",
     "near_tie_bound", "shift_thresholds",
 ]
@@ -74,6 +74,9 @@ ALPHA = 1e-3
 DEFAULT_BOUND = 0.5  # nats; a published choice (doc §7), used when a pair has no calibration
 MAX_BOUND = 2.0  # nats: a token e^2 (7.4x) less likely than the top-1 is no tie in any dtype
 FP32_DRAFTER_TOLERANCE = 1e-3  # fp32 drafter logits of two correct implementations (measured 7.6e-6 apart)
+# nats: in float32 a token this close to the top-1 is a tie two correct implementations may break either way
+# (a cached tree verify and the scorer's forward parted at a 1e-6 gap on the fixture; logits agree to ~1e-5)
+FP32_TIE = 1e-3
 MAX_DRAFTER_TOLERANCE = 4.0  # logits: beyond this, "within tolerance" would excuse any tree
 DEFAULT_DRAFTER_TOLERANCE = 0.5  # logits, for pairs without calibration
 DEFAULT_DRAFTER_FLIP_RATE = 0.05  # share of rounds, for pairs without calibration
@@ -106,6 +109,10 @@ class Calibration:
     @property
     def exact(self) -> bool:
         return self.dtype == "float32"
+
+    def fp32_tie(self, gap: float) -> bool:
+        """float32 only: a token within :data:`FP32_TIE` of the top-1 (a tie, not a wrong token)."""
+        return self.exact and gap <= FP32_TIE
 
     def flip_probability(self, gap: float) -> float:
         """``p_hi(g)``: upper limit of the chance that a correct engine flips a position of fp32 top-2 gap ``g``."""

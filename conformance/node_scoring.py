@@ -137,7 +137,7 @@ class NodeScores:
         self.rounds += 1
         depths = None
         for node, (got, best, gap) in enumerate(zip(rnd.node_targets, argmax, gaps)):
-            if got == best or gap == 0.0:
+            if got == best or gap == 0.0 or self.rules.fp32_tie(gap):
                 continue
             depths = depths or _depths(rnd.parents)
             entry = {"label": label, "round": round_index, "node": node, "depth": depths[node],

@@ -83,6 +83,7 @@ class ReplayRun:
     target: list[RoundVerdict] = field(default_factory=list)
     drafter: list[RoundVerdict] = field(default_factory=list)  # confirmed by the engine's own drafter logits
     unconfirmed: list[RoundVerdict] = field(default_factory=list)  # shorter, no drafter logits to confirm it
+    fp32_ties: list[RoundVerdict] = field(default_factory=list)  # float32: parted at a tie (calibration.FP32_TIE)
     cut: list[RoundVerdict] = field(default_factory=list)  # shorter on a smaller traced tree the spec agrees with
     differs: list[RoundVerdict] = field(default_factory=list)
     by_prompt: dict = field(default_factory=dict)  # prompt -> (engine lengths, replay lengths)
@@ -207,7 +208,12 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
             position = rnd.offset + j
             gap = token_gaps[position] if position < len(token_gaps) else float("inf")
             node_gap = rnd.path_gaps[j] if j < len(rnd.path_gaps) else float("inf")
-            if gap <= rules.bound and node_gap <= rules.bound and not rules.exact:
+            if rules.fp32_tie(gap) and rules.fp32_tie(node_gap):
+                verdict.kind, verdict.note = "fp32-tie", (
+                    f"fp32 tie at output position {position}: engine token {mine[j]} is {gap:.3g} below the top-1 "
+                    f"{theirs[j]}")
+                run.fp32_ties.append(verdict)
+            elif gap <= rules.bound and node_gap <= rules.bound and not rules.exact:
                 verdict.kind, verdict.note = "target-near-tie", (
                     f"fp32 target near-tie at output position {position}: engine token {mine[j]} is {gap:.3g} below "
                     f"the top-1 {theirs[j]}, within the bound {rules.bound:.3g}")

@@ -32,7 +32,7 @@ from functools import lru_cache
 
 import torch
 
-from .calibration import ALPHA, MAX_BOUND, Calibration, CalibrationError, load_calibration
+from .calibration import ALPHA, FP32_TIE, MAX_BOUND, Calibration, CalibrationError, load_calibration
 from .scorer import shared_scorer
 
 __all__ = ["PositionScores", "TieTest", "ScoredRun", "LogitsSource", "target_logits", "table_logits", "score_output",
@@ -181,6 +181,7 @@ class ScoredRun:
     top2: list[float] = field(default_factory=list)
     detail: dict = field(default_factory=dict)  # label -> (output, argmax) for failure messages
     ties: TieTest | None = None  # low precision on the session's own target: against the same-dtype reference
+    fp32_ties: int = 0  # float32: positions within FP32_TIE of the top-1 (ties, not wrong tokens)
 
     def add(self, label: str, prompt_ids: Sequence[int], output_ids: Sequence[int], logits_fn,
             low_fn=None) -> PositionScores:
@@ -190,6 +191,9 @@ class ScoredRun:
         self.top2 += list(scores.top2)
         for i, (token, best, gap) in enumerate(zip(output_ids, scores.argmax, scores.gaps)):
             if token == best or gap == 0.0:
+                continue
+            if self.rules.fp32_tie(gap):
+                self.fp32_ties += 1
                 continue
             entry = {"label": label, "position": i, "got": token, "argmax": best, "gap": round(gap, 6)}
             (self.excused if gap <= self.rules.bound else self.outside).append(entry)
@@ -209,7 +213,8 @@ class ScoredRun:
 
     def summary(self) -> str:
         if self.rules.exact:
-            return f"{self.positions} positions equal the fp32 target's argmax"
+            ties = f" ({self.fp32_ties} at fp32 ties within {FP32_TIE:g})" if self.fp32_ties else ""
+            return f"{self.positions} positions equal the fp32 target's argmax{ties}"
         ceiling, mu = self.ceiling
         ties = "" if self.ties is None else (
             f"; {self.ties.both} shared with the {self.rules.dtype} reference, {self.ties.engine_only} engine-only vs "

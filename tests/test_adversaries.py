@@ -212,3 +212,19 @@ def test_oracle_files_are_held_before_the_engine_starts_and_a_change_is_named(pa
         assert changed_on_disk(session) is None
     finally:
         session.close()
+
+
+def test_float32_scoring_is_exact_up_to_fp32_ties():
+    import torch
+
+    from ddtree_conformance.calibration import FP32_TIE, load_calibration
+    from ddtree_conformance.token_scoring import ScoredRun, table_logits
+
+    table = torch.zeros(4, 4)
+    table[:, 1], table[:, 2], table[:, 3] = 5.0, 5.0 - 1e-6, 4.0  # 2 is a fp32 tie of 1, 3 is a wrong token
+    rules = load_calibration("/nonexistent/target", "float32")
+    run = ScoredRun(rules)
+    run.add("tie", [0], [2, 2], table_logits(table, "fp32-tie"))
+    assert run.problem() is None and run.fp32_ties == 2 and f"fp32 ties within {FP32_TIE:g}" in run.summary()
+    run.add("wrong", [0], [3], table_logits(table, "fp32-tie"))
+    assert "are not the fp32 target's argmax" in run.problem()

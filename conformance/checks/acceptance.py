@@ -132,14 +132,15 @@ def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | N
         replayed = replay_result(reference, request, result.output_ids, lengths, mode, budget or 1, s.device)
         scores = score_output(fn, request.prompt_ids, result.output_ids)
         _judge_prefill_token(run, label, result.output_ids, scores, rules)
-        judge_rounds(run, label, lengths, result.output_ids, replayed, rules, mode, budget or 1,
-                     scores.gaps if not rules.exact else (), lambda index=index: engine_traces(index))
+        judge_rounds(run, label, lengths, result.output_ids, replayed, rules, mode, budget or 1, scores.gaps,
+                     lambda index=index: engine_traces(index))
     source = f"{from_golden} prompts from the float32 golden file, {len(results) - from_golden} replayed live"
     tau, ref_tau = mean_tau(run.engine_lengths), mean_tau(run.reference_lengths)
     details = {"tau": tau, "reference_tau": ref_tau, "rounds": run.rounds, "source": source,
                "target_near_tie_rounds": [v.describe() for v in run.target[:50]],
                "drafter_near_tie_rounds": [v.describe() for v in run.drafter[:50]],
                "unconfirmed_drafter_rounds": [v.describe() for v in run.unconfirmed[:50]],
+               "fp32_tie_rounds": [v.describe() for v in run.fp32_ties[:50]],
                "cut_tree_rounds": [v.describe() for v in run.cut[:50]],
                "differing_rounds": [v.describe() for v in run.differs[:50]]}
     if run.rounds == 0:
@@ -188,7 +189,7 @@ def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | N
 def _judge_prefill_token(run: ReplayRun, label: str, output: list[int], scores, rules) -> None:
     """The token chosen after the prefill (no round verifies it): the fp32 argmax, or in low precision a
     target near tie (counted with the target near-tie rounds)."""
-    if not output or output[0] == scores.argmax[0] or scores.gaps[0] == 0.0:
+    if not output or output[0] == scores.argmax[0] or scores.gaps[0] == 0.0 or rules.fp32_tie(scores.gaps[0]):
         return
     gap = scores.gaps[0]
     verdict = RoundVerdict(label, -1, "differs", 1, 1, [output[0]], [scores.argmax[0]])

@@ -257,6 +257,8 @@ def _chain_cross_check(session: SuiteSession, scorer, rules, pairs) -> ChainVerd
                     if chain_token == got:
                         continue
                     gap = float(top[0] - row[got]) if 0 <= got < row.shape[0] else float("inf")
+                    if rules.fp32_tie(gap):
+                        continue
                     if not rules.exact and gap <= rules.bound:
                         excused.append(gap)
                         continue
