@@ -34,10 +34,8 @@ Rules:
   goes); ``len(accepted) + 1`` is that round's acceptance length. Arrays are consistent in length
   (one parent, depth and position per node; one target token and top-2 margin per path node),
   node indices and token ids are in range, drafter logits are rectangular ``[rows, vocab]``.
-* Verified trees (light traces): one per round. Each is a tree rooted at node 0 (parent -1; the
-  other nodes in any order) with one target token per node; its root is the last committed
-  token; for a greedy request, walking the tree by the target's tokens from the root gives exactly
-  that round's committed tokens (accepted nodes, then the bonus) and its acceptance length.
+* Verified trees (light traces, :mod:`ddtree_conformance.verified_trees`): one per round, rooted at
+  the round's root; for a greedy request the walk by its own target tokens commits that round.
 * Promises. In the speculative modes, an engine whose capabilities promise per-round acceptance
   (``per_round(mode)``) must return ``acceptance_lengths``; one that promises traces
   (``traced(mode)``) must return them when the run asks for traces, with drafter logits in every
@@ -53,10 +51,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import verified_trees
 from .adapters.interface import Capabilities, Request, RequestResult, RunConfig
 
 __all__ = ["PairLimits", "IntegrityError", "validate_results", "result_problem", "is_integrity_error",
-           "error_result", "tree_problem", "PREFIX"]
+           "error_result", "PREFIX"]
 
 PREFIX = "integrity: "
 FINISH_REASONS = ("stop", "length", "error")
@@ -295,77 +294,21 @@ def _traces(result: RequestResult, request: Request, output: list[int], lengths:
         committed += length
 
 
-def tree_problem(parents: Sequence[int]) -> str | None:
-    """Why ``parents`` is not a tree rooted at node 0 (any numbering of the other nodes), or None."""
-    if not parents or parents[0] != -1:
-        return "the root (node 0) must have parent -1"
-    depth: dict[int, int] = {0: 0}
-    for i in range(1, len(parents)):
-        chain, node = [], i
-        while node not in depth:
-            if node in chain or not 0 <= parents[node] < len(parents) or parents[node] == node:
-                return f"node {i} does not lead to the root (parents {parents[node]!r} at node {node})"
-            chain.append(node)
-            node = parents[node]
-        for step, member in enumerate(reversed(chain), start=1):
-            depth[member] = depth[node] + step
-    return None
-
-
-def _walk(tree, node_targets: list[int]) -> list[int]:
-    """Greedy walk of a verified tree by the target's tokens: the accepted nodes' tokens, then the bonus."""
-    children: dict[tuple[int, int], int] = {}
-    for i in range(1, len(tree.tree_tokens)):
-        children.setdefault((tree.parents[i], tree.tree_tokens[i]), i)
-    node, tokens = 0, []
-    while (node, node_targets[node]) in children:
-        node = children[(node, node_targets[node])]
-        tokens.append(tree.tree_tokens[node])
-    return tokens + [node_targets[node]]
-
-
 def _verified_trees(result: RequestResult, request: Request, output: list[int], lengths: list[int] | None,
                     vocab: int | None) -> None:
     trees = result.verified_trees
-    if not isinstance(trees, (list, tuple)):
-        raise IntegrityError("verified_trees", f"expected a list of verified trees, got {type(trees).__name__}")
-    for k, tree in enumerate(trees):
-        field = f"verified_trees[{k}]"
-        if not hasattr(tree, "tree_tokens"):
-            raise IntegrityError(field, f"not a verified tree ({type(tree).__name__})")
-        n = len(_ids(f"{field}.tree_tokens", tree.tree_tokens, vocab))
-        if n < 1:
-            raise IntegrityError(f"{field}.tree_tokens", "empty: the root is node 0")
-        parents = _ints(f"{field}.parents", tree.parents, -1, n - 1)
-        if len(parents) != n:
-            raise IntegrityError(f"{field}.parents", f"{len(parents)} entries for {n} nodes")
-        if tree_problem(parents):
-            raise IntegrityError(f"{field}.parents", tree_problem(parents))
-        if len(_ids(f"{field}.node_target_tokens", tree.node_target_tokens, vocab)) != n:
-            raise IntegrityError(f"{field}.node_target_tokens", f"{len(tree.node_target_tokens)} entries for {n} nodes")
+    if not isinstance(trees, (list, tuple)) or not all(hasattr(t, "tree_tokens") for t in trees):
+        raise IntegrityError("verified_trees", "expected a list of verified trees (VerifiedTree)")
     greedy = request.temperature == 0
-    walked = [_walk(tree, list(tree.node_target_tokens)) for tree in trees] if greedy else None
-    if lengths is None:
-        if walked is None:
+    bad = verified_trees.shape_problem(trees, vocab)
+    if bad is None and lengths is None:  # light traces alone: a greedy round's length is its walk's
+        if not greedy:
             return
-        lengths = [len(w) for w in walked]
+        lengths = [len(verified_trees.walk(t.tree_tokens, t.parents, t.node_target_tokens)) for t in trees]
         _convention("verified_trees", lengths, len(output))
-    if len(trees) != len(lengths):
-        raise IntegrityError("verified_trees", f"{len(trees)} trees for {len(lengths)} rounds (one per round)")
-    committed = 0
-    for k, (tree, length) in enumerate(zip(trees, lengths)):
-        field = f"verified_trees[{k}]"
-        if tree.tree_tokens[0] != output[committed]:
-            raise IntegrityError(f"{field}.tree_tokens", f"root {tree.tree_tokens[0]}, but the round's root (output "
-                                                         f"index {committed}) is {output[committed]}")
-        if walked is not None:
-            tokens = walked[k]
-            shown = output[committed + 1: committed + 1 + length]
-            if len(tokens) != length or tokens[:len(shown)] != shown:
-                raise IntegrityError(f"{field}.node_target_tokens", f"walking the tree by its target tokens commits "
-                                                                    f"{tokens} ({len(tokens)} tokens), but round {k} "
-                                                                    f"commits {shown} (length {length})")
-        committed += length
+    bad = bad or verified_trees.round_problem(trees, output, lengths, greedy)
+    if bad:
+        raise IntegrityError(*bad)
 
 
 def _promises(result: RequestResult, config: RunConfig, caps: Capabilities | None) -> None:

@@ -24,6 +24,7 @@ import torch
 
 from .calibration import Calibration
 from .spec import ancestor_visibility
+from .verified_trees import depths, walk
 
 __all__ = ["TreeRound", "NodeScores", "rounds_of", "score_nodes"]
 
@@ -45,7 +46,8 @@ def rounds_of(result) -> list[TreeRound]:
     if trees is None and result.traces is not None and all(t.node_target_tokens is not None for t in result.traces):
         trees = [(t.tree_tokens, t.parents, t.node_target_tokens, len(t.accepted) + 1) for t in result.traces]
     elif trees is not None:
-        lengths = result.acceptance_lengths or [_walk_length(t) for t in trees]
+        lengths = result.acceptance_lengths or [len(walk(t.tree_tokens, t.parents, t.node_target_tokens))
+                                                for t in trees]
         trees = [(t.tree_tokens, t.parents, t.node_target_tokens, n) for t, n in zip(trees, lengths)]
     if not trees:
         return []
@@ -56,27 +58,6 @@ def rounds_of(result) -> list[TreeRound]:
         rounds.append(TreeRound(root, tuple(tokens), tuple(parents), tuple(targets)))
         root += length
     return rounds
-
-
-def _walk_length(tree) -> int:
-    children = {(tree.parents[i], tree.tree_tokens[i]): i for i in range(len(tree.tree_tokens) - 1, 0, -1)}
-    node, length = 0, 1
-    while (node, tree.node_target_tokens[node]) in children:
-        node, length = children[(node, tree.node_target_tokens[node])], length + 1
-    return length
-
-
-def _depths(parents: Sequence[int]) -> list[int]:
-    """Depth of every node (any numbering with the root at 0; the integrity rules checked it is a tree)."""
-    depths: list[int | None] = [0] + [None] * (len(parents) - 1)
-    for i in range(1, len(parents)):
-        chain, node = [], i
-        while depths[node] is None:
-            chain.append(node)
-            node = parents[node]
-        for step, member in enumerate(reversed(chain), start=1):
-            depths[member] = depths[node] + step
-    return depths
 
 
 @torch.inference_mode()
@@ -101,14 +82,14 @@ def _tree_logits(model, device, prompt: list[int], output: Sequence[int],
             continue
         for layer, (keys, values) in zip(cache.layers, full):  # views: the forward appends by concatenation
             layer.keys, layer.values = keys[:, :, : root_at + 1], values[:, :, : root_at + 1]
-        depths = _depths(rnd.parents)
+        node_depths = depths(rnd.parents)
         allowed = torch.zeros((n, root_at + 1 + n), dtype=torch.bool)
         allowed[:, : root_at + 1] = True
         allowed[:, root_at + 1:] = ancestor_visibility(torch.tensor(rnd.parents))[1:, 1:]
         mask = torch.zeros(allowed.shape, dtype=torch.float32)
         mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
         logits = model(input_ids=torch.tensor([rnd.tree_tokens[1:]], device=device),
-                       position_ids=torch.tensor([[root_at + d for d in depths[1:]]], device=device),
+                       position_ids=torch.tensor([[root_at + d for d in node_depths[1:]]], device=device),
                        attention_mask=mask.to(device).view(1, 1, n, -1), past_key_values=cache,
                        use_cache=True).logits[0].float()
         out.append(torch.cat([prefix[root_at: root_at + 1], logits]))
@@ -135,12 +116,12 @@ class NodeScores:
         self.top2 += (top.values[:, 0] - top.values[:, 1]).tolist()
         self.nodes += len(rnd.node_targets)
         self.rounds += 1
-        depths = None
+        node_depths = None
         for node, (got, best, gap) in enumerate(zip(rnd.node_targets, argmax, gaps)):
             if got == best or gap == 0.0 or self.rules.fp32_tie(gap):
                 continue
-            depths = depths or _depths(rnd.parents)
-            entry = {"label": label, "round": round_index, "node": node, "depth": depths[node],
+            node_depths = node_depths or depths(rnd.parents)
+            entry = {"label": label, "round": round_index, "node": node, "depth": node_depths[node],
                      "token": rnd.tree_tokens[node], "engine_target": got, "fp32_target": best, "gap": round(gap, 6)}
             (self.excused if not self.rules.exact and gap <= self.rules.bound else self.outside).append(entry)
 

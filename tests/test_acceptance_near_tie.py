@@ -88,8 +88,11 @@ def test_target_near_tie_is_excused_only_within_the_bound():
     assert run.differs and "commits 8 where the fp32 target chose 7" in run.differs[0].note
     run = ReplayRun()
     exact = Calibration("float32", 0.0, 1e-3, 0, (), "exact", 0.0)
-    judge_rounds(run, "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 0.0])], exact, "ddtree", 8, [0, 0, 0.0])
-    assert run.differs  # float32 excuses no target difference
+    judge_rounds(run, "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 0.1])], exact, "ddtree", 8, [0, 0, 0.1])
+    assert run.differs  # float32 excuses no target difference ...
+    run = ReplayRun()
+    judge_rounds(run, "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 1e-6])], exact, "ddtree", 8, [0, 0, 1e-6])
+    assert not run.differs and [v.kind for v in run.fp32_ties] == ["fp32-tie"]  # ... but a tie (calibration.FP32_TIE)
 
 
 def test_a_last_round_cut_by_the_output_end_is_compared_as_far_as_it_shows():

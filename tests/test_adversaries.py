@@ -151,7 +151,8 @@ def test_black_box_sibling_bug_is_named_out_of_reach_in_bf16(pairs):
 
 def test_verified_trees_are_held_to_the_output():
     from ddtree_conformance.adapters.interface import RequestResult, VerifiedTree
-    from ddtree_conformance.integrity import PairLimits, tree_problem, validate_results
+    from ddtree_conformance.integrity import PairLimits, validate_results
+    from ddtree_conformance.verified_trees import tree_problem
 
     assert tree_problem([-1, 0, 0, 1]) is None and tree_problem([-1, 2, 0]) is None  # any numbering
     assert "does not lead to the root" in tree_problem([-1, 2, 1])  # a cycle
