@@ -20,6 +20,7 @@ __all__ = [
     "Request",
     "RunConfig",
     "RoundTrace",
+    "VerifiedTree",
     "Timings",
     "RequestResult",
     "Capabilities",
@@ -108,6 +109,17 @@ class RoundTrace(_Model):
         return len(self.accepted) + 1
 
 
+class VerifiedTree(_Model):
+    """One round's verified tree, as light as an engine can give it (a light trace): no drafter logits,
+    no positions or margins, only what the target verified and what it chose at every node."""
+
+    tree_tokens: list[int] = Field(description="node tokens, root first (index 0; the root is the last committed "
+                                               "token)")
+    parents: list[int] = Field(description="parent index per node, root -1; parents precede their children")
+    node_target_tokens: list[int] = Field(description="the target's argmax at every node of the verify batch "
+                                                      "(root first)")
+
+
 class Timings(_Model):
     """Seconds. Stages are summed over rounds; absent when the engine does not know them."""
 
@@ -132,6 +144,9 @@ class RequestResult(_Model):
     per_position_acceptance: list[float] | None = None
     timings: Timings = Field(default_factory=Timings)
     traces: list[RoundTrace] | None = None
+    verified_trees: list[VerifiedTree] | None = Field(
+        default=None, description="one VerifiedTree per round (light traces), in every run of a mode the capabilities' "
+                                  "verified_tree_modes name")
     error: str | None = None
     engine_settings: dict[str, bool | int | float | str | None] = Field(
         default_factory=dict, description="the settings this request ran under that change its speed, as the "
@@ -169,6 +184,10 @@ class Capabilities(_Model):
     traced_modes: list[Mode] | None = Field(
         default=None, description="modes whose results carry the traces and per-round acceptance; None: all modes"
     )
+    verified_tree_modes: list[Mode] = Field(
+        default_factory=list, description="speculative modes whose every result carries verified_trees (light "
+                                          "traces: each round's tree and the target's argmax at every node), "
+                                          "asked for or not; independent of traces")
     stage_timings: bool = False
     cuda_graphs: bool = Field(default=False, description="RunConfig.cuda_graphs switches the decode loop between "
                                                          "CUDA graphs and eager execution")
@@ -182,6 +201,10 @@ class Capabilities(_Model):
     def traced(self, mode: str) -> bool:
         """Whether results of ``mode`` carry exact per-round traces."""
         return self.traces and (self.traced_modes is None or mode in self.traced_modes)
+
+    def verified_trees(self, mode: str) -> bool:
+        """Whether every result of ``mode`` carries its rounds' verified trees (light traces)."""
+        return mode in self.verified_tree_modes
 
     def per_round(self, mode: str) -> bool:
         """Whether results of ``mode`` carry per-round acceptance lengths."""

@@ -47,7 +47,9 @@ uniform noise model below, and says so in every verdict.
    (:mod:`ddtree_conformance.replay`); ``k`` of ``R`` rounds differ on the drafter side only (same
    tokens, different length). A correct engine flips a round's tree with probability at most
    ``p = 2 * upper(k, R)`` (Clopper-Pearson, doubled like the bound), and the cap on a run of ``n``
-   rounds is ``binom.ppf(1 - ALPHA, n, p)``.
+   rounds is ``binom.ppf(1 - ALPHA, n, p)``. That cap holds rounds the engine's own drafter logits
+   confirm; rounds it cannot confirm (no drafter logits) count against the much smaller cap of the
+   measured share itself, ``binom.ppf(1 - ALPHA, n, k / R)``.
 
 In float32 everything is exact: bound 0, ceiling 0, drafter tolerance :data:`FP32_DRAFTER_TOLERANCE`
 (two correct fp32 implementations, measured 7.6e-6 apart).
@@ -63,15 +65,18 @@ from functools import lru_cache
 from pathlib import Path
 
 __all__ = [
-    "ALPHA", "DEFAULT_BOUND", "MAX_BOUND", "MAX_DRAFTER_TOLERANCE", "FP32_DRAFTER_TOLERANCE", "DRAFTER_TOP",
-    "CalibrationError", "Calibration", "manifest_path", "load_calibration", "near_tie_bound",
-    "shift_thresholds",
+    "ALPHA", "DEFAULT_BOUND", "MAX_BOUND", "MAX_DRAFTER_TOLERANCE", "FP32_DRAFTER_TOLERANCE", "FP32_TIE", "DRAFTER_TOP",
+    "CalibrationError", "Calibration", "manifest_path", "load_calibration", "calibration_from_manifest",
+    "near_tie_bound", "shift_thresholds",
 ]
 
 ALPHA = 1e-3
 DEFAULT_BOUND = 0.5  # nats; a published choice (doc §7), used when a pair has no calibration
 MAX_BOUND = 2.0  # nats: a token e^2 (7.4x) less likely than the top-1 is no tie in any dtype
 FP32_DRAFTER_TOLERANCE = 1e-3  # fp32 drafter logits of two correct implementations (measured 7.6e-6 apart)
+# nats: in float32 a token this close to the top-1 is a tie two correct implementations may break either way
+# (a cached tree verify and the scorer's forward parted at a 1e-6 gap on the fixture; logits agree to ~1e-5)
+FP32_TIE = 1e-3
 MAX_DRAFTER_TOLERANCE = 4.0  # logits: beyond this, "within tolerance" would excuse any tree
 DEFAULT_DRAFTER_TOLERANCE = 0.5  # logits, for pairs without calibration
 DEFAULT_DRAFTER_FLIP_RATE = 0.05  # share of rounds, for pairs without calibration
@@ -99,10 +104,15 @@ class Calibration:
     tail: tuple[tuple[float, int], ...]  # (threshold, count of shifts >= threshold), ascending thresholds
     source: str
     drafter_flip_rate: float = 0.0  # upper limit of the share of rounds a correct engine's tree flips
+    drafter_flip_measured: float = 0.0  # the measured share itself (no confidence limit, not doubled)
 
     @property
     def exact(self) -> bool:
         return self.dtype == "float32"
+
+    def fp32_tie(self, gap: float) -> bool:
+        """float32 only: a token within :data:`FP32_TIE` of the top-1 (a tie, not a wrong token)."""
+        return self.exact and gap <= FP32_TIE
 
     def flip_probability(self, gap: float) -> float:
         """``p_hi(g)``: upper limit of the chance that a correct engine flips a position of fp32 top-2 gap ``g``."""
@@ -168,15 +178,22 @@ def _number(value, path: Path, field: str, low: float, high: float) -> float:
 
 def load_calibration(model_dir: str | Path, dtype: str) -> Calibration:
     """The derived calibration of the pair of ``model_dir`` for ``dtype`` (see the module doc)."""
+    path = manifest_path(model_dir)
+    return calibration_from_manifest(path, path.read_bytes() if path.is_file() else None, dtype)
+
+
+def calibration_from_manifest(path: Path, raw: bytes | None, dtype: str) -> Calibration:
+    """The calibration for ``dtype`` in the manifest whose bytes ``raw`` were read from ``path``
+    (None: there is no manifest); a copy held in memory is parsed the same way as the file."""
     if dtype == "float32":
         return Calibration("float32", 0.0, FP32_DRAFTER_TOLERANCE, 0, (), "exact", 0.0)
-    path = manifest_path(model_dir)
     default = Calibration(dtype, DEFAULT_BOUND, DEFAULT_DRAFTER_TOLERANCE, 0, (),
-                          f"uncalibrated: no {KEY} for {dtype} in {path}; default bound", DEFAULT_DRAFTER_FLIP_RATE)
-    if not path.is_file():
+                          f"uncalibrated: no {KEY} for {dtype} in {path}; default bound", DEFAULT_DRAFTER_FLIP_RATE,
+                          DEFAULT_DRAFTER_FLIP_RATE / 4)
+    if raw is None:
         return default
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CalibrationError(f"{path}: not a readable JSON manifest ({exc})") from None
     data = manifest.get(KEY) if isinstance(manifest, dict) else None
@@ -190,7 +207,7 @@ def load_calibration(model_dir: str | Path, dtype: str) -> Calibration:
         return default
     _check_weights(manifest, path.parent, path)
     # Entries without a drafter measurement (older ones) leave the drafter values to those with one.
-    bound, tolerance, worst_rate, chosen, flip_rate = 0.0, None, -1.0, None, None
+    bound, tolerance, worst_rate, chosen, flip_rate, measured_rate = 0.0, None, -1.0, None, None, None
     for key, entry in entries.items():
         if not isinstance(entry, dict):
             raise CalibrationError(f"{path}: field {KEY}.measured.{key} must be an object")
@@ -214,14 +231,17 @@ def load_calibration(model_dir: str | Path, dtype: str) -> Calibration:
             rounds = int(_number(entry["drafter_rounds"], path, f"measured.{key}.drafter_rounds", 1, 1e9))
             flips = int(_number(entry.get("drafter_flips"), path, f"measured.{key}.drafter_flips", 0, rounds))
             flip_rate = max(flip_rate or 0.0, 2 * _upper_limit(flips, rounds))
+            measured_rate = max(measured_rate or 0.0, flips / rounds)
         rate = sum(k for _, k in pairs) / positions
         if pairs and rate > worst_rate:  # the noisiest device's tail covers the others
             worst_rate, chosen = rate, (positions, tuple(sorted(pairs)))
     positions, tail = chosen or (0, ())  # no tail measured: the uniform model of an uncalibrated pair
     tolerance = DEFAULT_DRAFTER_TOLERANCE if tolerance is None else tolerance
     flip_rate = DEFAULT_DRAFTER_FLIP_RATE if flip_rate is None else flip_rate
+    measured_rate = DEFAULT_DRAFTER_FLIP_RATE / 4 if measured_rate is None else measured_rate
     return Calibration(dtype, round(bound, 6), round(tolerance, 6), positions, tail,
-                       f"calibrated on {', '.join(sorted(entries))}, {path.parent.name}/MANIFEST.json", flip_rate)
+                       f"calibrated on {', '.join(sorted(entries))}, {path.parent.name}/MANIFEST.json", flip_rate,
+                       measured_rate)
 
 
 @lru_cache(maxsize=4096)

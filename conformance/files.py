@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["atomic_write", "read_json_object", "stale_temp_files", "TEMP_SUFFIX"]
+__all__ = ["atomic_write", "read_json_object", "parse_json_object", "stale_temp_files", "TEMP_SUFFIX"]
 
 TEMP_SUFFIX = ".tmp"
 _RANDOM = r"[a-z0-9_]{8}"  # tempfile's random part
@@ -87,6 +87,12 @@ def read_json_object(path: str | Path, error: type[Exception], what: str = "file
         raw = path.read_bytes()
     except OSError as exc:
         raise error(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    return parse_json_object(raw, path, error, what)
+
+
+def parse_json_object(raw: bytes, path: str | Path, error: type[Exception], what: str = "file") -> dict:
+    """``raw`` (the bytes of ``path``, read earlier) as a JSON object; any problem is one ``error``
+    naming the file."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

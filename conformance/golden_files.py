@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
-from .files import atomic_write, read_json_object
+from .files import atomic_write, parse_json_object, read_json_object
 from .run import Run
 from .metrics import mean_tau
 
@@ -30,6 +30,7 @@ __all__ = [
     "GoldenExists",
     "golden_path",
     "load_golden",
+    "parse_golden",
     "write_golden",
     "diff_golden",
     "record_golden",
@@ -93,7 +94,15 @@ def load_golden(golden_dir: str | Path, pair: str, prompt_set: str, dtype: str) 
     path = golden_path(golden_dir, pair, prompt_set, dtype)
     if not path.is_file():
         return None
-    data = read_json_object(path, GoldenError, "golden file")
+    return _golden(read_json_object(path, GoldenError, "golden file"), path)
+
+
+def parse_golden(raw: bytes, path: str | Path) -> GoldenFile:
+    """The golden file whose bytes ``raw`` were read from ``path`` (a copy held in memory)."""
+    return _golden(parse_json_object(raw, path, GoldenError, "golden file"), Path(path))
+
+
+def _golden(data: dict, path: Path) -> GoldenFile:
     if data.get("schema_version") != SCHEMA_VERSION:
         raise GoldenError(f"{path}: schema_version {data.get('schema_version')!r}, this suite reads {SCHEMA_VERSION}")
     try:

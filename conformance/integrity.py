@@ -34,9 +34,13 @@ Rules:
   goes); ``len(accepted) + 1`` is that round's acceptance length. Arrays are consistent in length
   (one parent, depth and position per node; one target token and top-2 margin per path node),
   node indices and token ids are in range, drafter logits are rectangular ``[rows, vocab]``.
+* Verified trees (light traces, :mod:`ddtree_conformance.verified_trees`): one per round, rooted at
+  the round's root; for a greedy request the walk by its own target tokens commits that round.
 * Promises. In the speculative modes, an engine whose capabilities promise per-round acceptance
-  (``per_round(mode)``) must return ``acceptance_lengths``, and one that promises traces
-  (``traced(mode)``) must return them when the run asks for traces.
+  (``per_round(mode)``) must return ``acceptance_lengths``; one that promises traces
+  (``traced(mode)``) must return them when the run asks for traces, with drafter logits in every
+  round when it also promises those (``draft_logits``) and the run asks for them; one that promises
+  verified trees (``verified_trees(mode)``) must return them in every run of that mode.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import verified_trees
 from .adapters.interface import Capabilities, Request, RequestResult, RunConfig
 
 __all__ = ["PairLimits", "IntegrityError", "validate_results", "result_problem", "is_integrity_error",
@@ -289,6 +294,23 @@ def _traces(result: RequestResult, request: Request, output: list[int], lengths:
         committed += length
 
 
+def _verified_trees(result: RequestResult, request: Request, output: list[int], lengths: list[int] | None,
+                    vocab: int | None) -> None:
+    trees = result.verified_trees
+    if not isinstance(trees, (list, tuple)) or not all(hasattr(t, "tree_tokens") for t in trees):
+        raise IntegrityError("verified_trees", "expected a list of verified trees (VerifiedTree)")
+    greedy = request.temperature == 0
+    bad = verified_trees.shape_problem(trees, vocab)
+    if bad is None and lengths is None:  # light traces alone: a greedy round's length is its walk's
+        if not greedy:
+            return
+        lengths = [len(verified_trees.walk(t.tree_tokens, t.parents, t.node_target_tokens)) for t in trees]
+        _convention("verified_trees", lengths, len(output))
+    bad = bad or verified_trees.round_problem(trees, output, lengths, greedy)
+    if bad:
+        raise IntegrityError(*bad)
+
+
 def _promises(result: RequestResult, config: RunConfig, caps: Capabilities | None) -> None:
     if caps is None or config.mode == "plain":
         return
@@ -298,6 +320,15 @@ def _promises(result: RequestResult, config: RunConfig, caps: Capabilities | Non
     if config.trace and caps.traced(config.mode) and result.traces is None:
         raise IntegrityError("traces", f"missing, though traces were asked for and the engine's capabilities "
                                        f"promise them in mode {config.mode}")
+    if config.trace and config.trace_draft_logits and caps.traced(config.mode) and caps.draft_logits:
+        missing = [k for k, trace in enumerate(result.traces or []) if trace.draft_logits is None]
+        if missing:
+            raise IntegrityError(f"traces[{missing[0]}].draft_logits",
+                                 f"missing in {len(missing)}/{len(result.traces)} rounds, though drafter logits were "
+                                 "asked for and the engine's capabilities promise them (draft_logits)")
+    if caps.verified_trees(config.mode) and result.verified_trees is None:
+        raise IntegrityError("verified_trees", f"missing, though the engine's capabilities promise verified trees in "
+                                               f"mode {config.mode} (verified_tree_modes)")
 
 
 def result_problem(result, request: Request, config: RunConfig, limits: PairLimits,
@@ -311,6 +342,8 @@ def result_problem(result, request: Request, config: RunConfig, limits: PairLimi
         _aggregates(result, 1 if config.mode == "plain" and limits.block_size else limits.block_size)
         if result.traces is not None:
             _traces(result, request, output, lengths, limits.vocab_size)
+        if result.verified_trees is not None:
+            _verified_trees(result, request, output, lengths, limits.vocab_size)
         _promises(result, config, caps)
     except IntegrityError as exc:
         return exc

@@ -11,10 +11,11 @@ shows, at that round, a near-tie that explains the difference:
   path ``D`` (the common tokens, ``min`` of the two lengths deep) and the other did not. The
   replay's drafter logits, moved by at most the calibrated drafter tolerance toward the engine's
   side (``D``'s tokens up, every other token at those depths down, or the reverse), must flip
-  ``D``'s membership of the rebuilt spec tree. When the engine reports its own drafter logits for
-  the round (a traced rerun that reproduces the run), they must also be non-zero and at most the
-  tolerance away from the replay's, and the spec tree built from them must hold ``D`` exactly
-  when the engine's round says so.
+  ``D``'s membership of the rebuilt spec tree. The excuse is *confirmed* only by the engine's own
+  drafter logits for the round (a traced rerun that reproduces the run): non-zero and at most the
+  tolerance away from the replay's, with a spec tree that holds ``D`` exactly when the engine's
+  round says so. Without them a round cannot be confirmed: a longer round than the replay's (an
+  inflated length) is never excused, and a shorter one counts against a much smaller cap.
 
 A shorter round whose traced tree holds fewer nodes than the budget, where the spec tree of that
 many nodes accepts exactly the engine's length, is classed a cut round (a scheduler that cuts trees
@@ -30,7 +31,8 @@ Excused drafter rounds are capped per run: a correct engine flips a round's tree
 probability at most ``p``, the calibration's measured rate of such rounds (reference in the low
 dtype replayed in fp32; Clopper-Pearson upper limit, doubled for an engine twice as noisy),
 ``p = FP32_DRAFTER_FLIP_RATE`` in float32; the cap is the ``1 - ALPHA`` binomial quantile over the
-run's rounds. Excused target rounds are excused positions of token scoring and count against its
+run's rounds. Unconfirmed (shorter) rounds are capped at the quantile of the measured rate itself
+(:func:`unconfirmed_round_cap`). Excused target rounds are excused positions of token scoring and count against its
 ceiling. Anything else is a failure, named by prompt and round, with both sides shown.
 """
 
@@ -45,7 +47,7 @@ from .calibration import ALPHA, DRAFTER_TOP, Calibration
 from .metrics import emitted_lengths
 
 __all__ = ["FP32_DRAFTER_FLIP_RATE", "RoundVerdict", "ReplayRun", "golden_lengths",
-           "drafter_flips_within", "judge_rounds", "drafter_round_cap"]
+           "drafter_flips_within", "judge_rounds", "drafter_round_cap", "unconfirmed_round_cap"]
 
 FP32_DRAFTER_FLIP_RATE = 1e-3  # float32: trees flip only at exact drafter ties (1e-6 apart) across devices
 
@@ -64,6 +66,8 @@ class RoundVerdict:
     engine_tree: dict | None = None
 
     def describe(self) -> str:
+        if self.round < 0:
+            return f"{self.prompt} prefill token: {self.note}"
         return (f"{self.prompt} round {self.round}: engine length {self.engine_length} tokens {self.engine_tokens}, "
                 f"reference replay length {self.reference_length} tokens {self.reference_tokens}"
                 + (f" ({self.note})" if self.note else ""))
@@ -77,7 +81,9 @@ class ReplayRun:
     engine_lengths: list[list[int]] = field(default_factory=list)
     reference_lengths: list[list[int]] = field(default_factory=list)
     target: list[RoundVerdict] = field(default_factory=list)
-    drafter: list[RoundVerdict] = field(default_factory=list)
+    drafter: list[RoundVerdict] = field(default_factory=list)  # confirmed by the engine's own drafter logits
+    unconfirmed: list[RoundVerdict] = field(default_factory=list)  # shorter, no drafter logits to confirm it
+    fp32_ties: list[RoundVerdict] = field(default_factory=list)  # float32: parted at a tie (calibration.FP32_TIE)
     cut: list[RoundVerdict] = field(default_factory=list)  # shorter on a smaller traced tree the spec agrees with
     differs: list[RoundVerdict] = field(default_factory=list)
     by_prompt: dict = field(default_factory=dict)  # prompt -> (engine lengths, replay lengths)
@@ -202,7 +208,12 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
             position = rnd.offset + j
             gap = token_gaps[position] if position < len(token_gaps) else float("inf")
             node_gap = rnd.path_gaps[j] if j < len(rnd.path_gaps) else float("inf")
-            if gap <= rules.bound and node_gap <= rules.bound and not rules.exact:
+            if rules.fp32_tie(gap) and rules.fp32_tie(node_gap):
+                verdict.kind, verdict.note = "fp32-tie", (
+                    f"fp32 tie at output position {position}: engine token {mine[j]} is {gap:.3g} below the top-1 "
+                    f"{theirs[j]}")
+                run.fp32_ties.append(verdict)
+            elif gap <= rules.bound and node_gap <= rules.bound and not rules.exact:
                 verdict.kind, verdict.note = "target-near-tie", (
                     f"fp32 target near-tie at output position {position}: engine token {mine[j]} is {gap:.3g} below "
                     f"the top-1 {theirs[j]}, within the bound {rules.bound:.3g}")
@@ -229,6 +240,9 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
         if why.startswith("excused: "):
             verdict.kind, verdict.note = "drafter-near-tie", why.removeprefix("excused: ")
             run.drafter.append(verdict)
+        elif why.startswith("unconfirmed: "):
+            verdict.kind, verdict.note = "unconfirmed-drafter-near-tie", why.removeprefix("unconfirmed: ")
+            run.unconfirmed.append(verdict)
         else:
             verdict.note = why
             run.differs.append(verdict)
@@ -255,7 +269,12 @@ def _drafter_excuse(rnd, path: list[int], engine_holds: bool, rules: Calibration
         if _holds(_build(mine, mode, budget), path) != engine_holds:
             return f"the spec tree of the engine's own drafter logits does not match its round (path {path})"
         return f"excused: drafter logits {distance:.2g} apart flip the path {path} (engine's tree {side} it)"
-    return f"excused: drafter logits within {rules.drafter_tolerance:.3g} flip the path {path} (engine's tree {side} it)"
+    if engine_holds:  # longer than the fp32 reference, and nothing of the engine's own shows its tree held the path
+        return (f"the engine claims a longer round than the fp32 reference accepts on the same context (its tree held "
+                f"the path {path}) and gives no drafter logits that reproduce its tree: an inflated length is never "
+                "excused")
+    return (f"unconfirmed: drafter logits within {rules.drafter_tolerance:.3g} could flip the path {path} out of the "
+            "tree, but the engine gives no drafter logits to confirm it")
 
 
 def drafter_round_cap(rules: Calibration, rounds: int) -> int:
@@ -263,4 +282,14 @@ def drafter_round_cap(rules: Calibration, rounds: int) -> int:
     from scipy.stats import binom
 
     p = FP32_DRAFTER_FLIP_RATE if rules.exact else min(1.0, rules.drafter_flip_rate)
+    return int(binom.ppf(1 - ALPHA, rounds, p)) if rounds else 0
+
+
+def unconfirmed_round_cap(rules: Calibration, rounds: int) -> int:
+    """Most shorter rounds without the engine's drafter logits to confirm them (module doc): the
+    binomial quantile of the calibration's measured drafter flip share, not doubled and without a
+    confidence limit, so well below :func:`drafter_round_cap`."""
+    from scipy.stats import binom
+
+    p = FP32_DRAFTER_FLIP_RATE if rules.exact else min(1.0, rules.drafter_flip_measured)
     return int(binom.ppf(1 - ALPHA, rounds, p)) if rounds else 0

@@ -19,6 +19,7 @@ from ddtree_conformance.replay import (
     drafter_round_cap,
     golden_lengths,
     judge_rounds,
+    unconfirmed_round_cap,
 )
 from ddtree_conformance.spec import build_tree
 
@@ -87,8 +88,11 @@ def test_target_near_tie_is_excused_only_within_the_bound():
     assert run.differs and "commits 8 where the fp32 target chose 7" in run.differs[0].note
     run = ReplayRun()
     exact = Calibration("float32", 0.0, 1e-3, 0, (), "exact", 0.0)
-    judge_rounds(run, "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 0.0])], exact, "ddtree", 8, [0, 0, 0.0])
-    assert run.differs  # float32 excuses no target difference
+    judge_rounds(run, "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 0.1])], exact, "ddtree", 8, [0, 0, 0.1])
+    assert run.differs  # float32 excuses no target difference ...
+    run = ReplayRun()
+    judge_rounds(run, "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 1e-6])], exact, "ddtree", 8, [0, 0, 1e-6])
+    assert not run.differs and [v.kind for v in run.fp32_ties] == ["fp32-tie"]  # ... but a tie (calibration.FP32_TIE)
 
 
 def test_a_last_round_cut_by_the_output_end_is_compared_as_far_as_it_shows():
@@ -133,7 +137,7 @@ def test_drafter_excuse_rules():
     near[1, 6] = 4.005  # the engine's own logits put 6 first
     cases = {
         "excused": (_traces(near), "drafter-near-tie"),
-        "no engine logits": (None, "drafter-near-tie"),
+        "no engine logits: an inflated length": (None, "inflated length is never excused"),
         "identical logits": (_traces(logits), "exactly"),
         "far logits": (_traces(logits + torch.linspace(0, 3, 12)), "more than the tolerance"),
         "logits that do not build its tree": (_traces(logits - 0.001), "does not match its round"),
@@ -144,6 +148,12 @@ def test_drafter_excuse_rules():
         verdicts = run.drafter + run.differs
         assert len(verdicts) == 1, name
         assert expect in (verdicts[0].kind + " " + verdicts[0].note), (name, verdicts[0].note)
+    # The engine's tree lacked 6 where the replay's held it: shorter, unconfirmed without its drafter logits.
+    run = ReplayRun()
+    near_replay = [_round([3, 6, 1], 3, draft_logits=near)]
+    judge_rounds(run, "p", [2], [9, 3, 6], near_replay, BF16, "ddtree", 2, [0.0] * 3, None)
+    assert [v.kind for v in run.unconfirmed] == ["unconfirmed-drafter-near-tie"] and not run.differs, run.differs
+    assert unconfirmed_round_cap(BF16, 1000) < drafter_round_cap(BF16, 1000)
     run = ReplayRun()  # a round the tolerance cannot explain (tau 66 style: every round far longer)
     judge_rounds(run, "p", lengths, output, [_round([3, 6], 2, draft_logits=logits)],
                  Calibration("bfloat16", 0.3, 1e-5, 0, (), "test", 0.01), "ddtree", 2, [0.0] * 4, None)

@@ -426,8 +426,8 @@ def test_check_with_a_passing_engine_prints_progress_lines(pair, prompts_file, t
     result = invoke("check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--budgets", "4", "--modes",
                     "ddtree", "--check", "lossless", "--no-isolate", "--out", tmp_path / "r.json")
     assert result.exit_code == 0, result.output
-    line = (r"^\[ddtree\] check lossless/ddtree-B4: pass \(\d+\.\d s\): 3 match, 0 near-tie \(exact\); plain and "
-            r"ddtree-B4 both ran with attention backend sdpa$")
+    line = (r"^\[ddtree\] check lossless/ddtree-B4: pass \(\d+\.\d s\): 3 match, 0 near-tie \(exact\); "
+            r"48 positions equal the fp32 target's argmax; plain and ddtree-B4 both ran with attention backend sdpa$")
     assert re.search(line, result.stderr, re.M), result.stderr
     report = json.loads((tmp_path / "r.json").read_text())  # the seed drawn and the held-out prompt it gave
     seed = report["settings"]["run_seed"]

@@ -135,8 +135,8 @@ def test_engine_without_acceptance_data_is_skipped_and_its_report_renders(suite)
     result, report, _ = check(suite, entry.engine, list(entry.checks), "--no-isolate")
     assert result.exit_code == 0, result.output
     assert verdicts(report) == {
-        "lossless/ddtree-B4": ("pass", "2 match, 0 near-tie (exact); plain and ddtree-B4 both ran with attention "
-                                       "backend sdpa"),
+        "lossless/ddtree-B4": ("pass", "2 match, 0 near-tie (exact); 32 positions equal the fp32 target's argmax; "
+                                       "plain and ddtree-B4 both ran with attention backend sdpa"),
         "acceptance/ddtree-B4": ("skip", "engine reports neither per-round nor aggregate acceptance"),
     }
     assert report["runs"][0]["tau"] is None

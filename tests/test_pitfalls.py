@@ -24,7 +24,8 @@ PHRASES = {
     "per-request masks mapped wrong when tree sizes differ": "in a batch of 7 mixed requests",
     "state committed for num_accepted - 1": "not lossless",
     "token 0 as padding in short trees": "!= parent depth + 1",
-    "dropped trees walked as chains": "per-round acceptance differs",
+    # its verified trees show the target accepting more than the chain walk committed (integrity)
+    "dropped trees walked as chains": "walking the tree by its target tokens commits",
     "finishing inside an accepted path": "is followed by",
     "max_new_tokens landing mid-path": "more than max_new_tokens",
     "TP shard-local indices as token ids": "token ids local to a vocabulary shard",

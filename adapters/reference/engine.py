@@ -25,7 +25,17 @@ from ddtree_conformance.spec import (
     walk_tree,
 )
 
-from ..interface import Capabilities, Engine, EngineError, Request, RequestResult, RoundTrace, RunConfig, Timings
+from ..interface import (
+    Capabilities,
+    Engine,
+    EngineError,
+    Request,
+    RequestResult,
+    RoundTrace,
+    RunConfig,
+    Timings,
+    VerifiedTree,
+)
 from ..options import cuda_device_count
 from .clock import DecodeClock as _Clock
 from .clock import busy_probe
@@ -70,6 +80,7 @@ class ReferenceEngine(Engine):
 
     # The spec steps this engine composes, one attribute each, so that a test-only mutant can
     # replace exactly one step (ddtree_conformance.testing.mutants).
+    choose_step = staticmethod(choose_token)  # the token after the prefill and each plain decoding step
     compile_step = staticmethod(compile_tree)
     walk_step = staticmethod(walk_tree)
     compact_step = staticmethod(compact_dynamic_cache)
@@ -119,6 +130,7 @@ class ReferenceEngine(Engine):
             traces=True,
             per_round_acceptance=True,
             draft_logits=True,
+            verified_tree_modes=[m for m in modes if m != "plain"],
             stage_timings=True,
             cuda_graphs=True,
             max_context=self.info.max_position_embeddings,
@@ -255,7 +267,7 @@ class ReferenceEngine(Engine):
         decoder = self._decoder(pair, request, config)
         t0 = time.perf_counter()
         last_logits, _ = decoder.prefill(request.prompt_ids)
-        token = choose_token(last_logits, params, generator)
+        token = self.choose_step(last_logits, params, generator)
         t_prefill = time.perf_counter() - t0
         output, reason = emit_tokens([token], request.stop_token_ids, request.max_new_tokens)
         position, rounds = len(request.prompt_ids), 0
@@ -264,7 +276,7 @@ class ReferenceEngine(Engine):
             while reason is None:
                 with clock.stage("verify"):
                     logits = decoder.step(token, position)
-                token = choose_token(logits, params, generator)
+                token = self.choose_step(logits, params, generator)
                 position, rounds = position + 1, rounds + 1
                 emitted, reason = emit_tokens([token], request.stop_token_ids, request.max_new_tokens - len(output))
                 output += emitted
@@ -285,13 +297,14 @@ class ReferenceEngine(Engine):
         decoder = self._decoder(pair, request, config)
         t0 = time.perf_counter()
         last_logits, features = decoder.prefill(request.prompt_ids)
-        root = choose_token(last_logits, params, generator)
+        root = self.choose_step(last_logits, params, generator)
         t_prefill = time.perf_counter() - t0
         output, reason = emit_tokens([root], request.stop_token_ids, request.max_new_tokens)
         context, context_start = features, 0
         start = len(request.prompt_ids)  # position of the root; also the committed cache length
         lengths: list[int] = []
         traces: list[RoundTrace] | None = [] if config.trace else None
+        trees: list[VerifiedTree] | None = None if config.profile else []  # a timed bench run skips them
         tree_device = decoder.tree_device()
         with busy_probe(config.profile, pair.device) as busy:
             clock.start()
@@ -314,6 +327,8 @@ class ReferenceEngine(Engine):
                     context, context_start = self.feedback_step(features, walk.accepted), start
                     new_tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
                 lengths.append(len(walk.accepted) + 1)
+                if trees is not None:
+                    trees.append(self._verified_tree(tree, verify, walk, logits, params))
                 if traces is not None:
                     traces.append(self._trace(tree, verify, walk, logits, start, root, draft_logits, config))
                 emitted, reason = self.emit_step(new_tokens, request.stop_token_ids,
@@ -330,8 +345,19 @@ class ReferenceEngine(Engine):
             timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill,
                             stages={**stages, **busy}),
             traces=traces,
+            verified_trees=trees,
             engine_settings=decoder.settings(),
         )
+
+    @staticmethod
+    def _verified_tree(tree, verify, walk, logits, params: SamplingParams) -> VerifiedTree:
+        """The light trace of one round: the tree verified and the target's token at every node."""
+        targets = torch.argmax(logits, dim=-1).tolist()
+        if params.greedy:  # the walk's own choices at the nodes it visited (its logits may be processed)
+            for node, token in walk.target_tokens.items():
+                targets[node] = int(token)
+        return VerifiedTree(tree_tokens=verify.input_ids.tolist(), parents=tree.parents.tolist(),
+                            node_target_tokens=targets)
 
     @staticmethod
     def _trace(tree, verify, walk, logits, start, root, draft_logits, config: RunConfig) -> RoundTrace:

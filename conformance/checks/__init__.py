@@ -11,8 +11,8 @@ output token against the fp32 target (:mod:`ddtree_conformance.token_scoring`) a
 round with the fp32 reference (:mod:`ddtree_conformance.replay`), within the pair's calibration
 (:mod:`ddtree_conformance.calibration`). Per (mode, budget): lossless, golden, acceptance,
 tree-structure, stop-token, max-new-tokens, prompt-shapes, token-0-and-mask-id, long-context,
-busy-batch, tensor-parallel, cuda-graphs; per budget: branch-vs-chain; at the first budget and for dflash:
-sampling.
+busy-batch, tensor-parallel, cuda-graphs; per budget: branch-vs-chain; in bfloat16/float16 the near-tie
+check pooled over every greedy run; at the first budget and for dflash: sampling.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from .edges import check_lengths, check_prompt_shapes, check_special_tokens, che
 from .envelope import check_busy_batch, check_long_context
 from .golden_outputs import check_golden
 from .lossless import check_lossless
+from .near_ties import NEAR_TIES_ID, check_near_ties
 from .result import CheckResult
 from .runner import PlannedCheck, run_plan
 from .sampling import DRAWN, VARIANTS, check_sampling
@@ -82,6 +83,8 @@ def plan(settings: SuiteSettings, only: list[str] | None = None, *, flag_prefix:
     for run in ddtree:
         checks.append(PlannedCheck(run.check_id("branch-vs-chain"), check_branch_vs_chain, {"budget": run.budget},
                                    "branch-vs-chain", run))
+    if settings.dtype != "float32":  # the tie test pooled over every greedy run (float32: every token is exact)
+        checks.append(PlannedCheck(NEAR_TIES_ID, check_near_ties, {"runs": runs}, "near-ties"))
     sampled = ddtree[:1] + [run for run in runs if run.mode == "dflash"]
     for run in sampled:
         for variant in [*VARIANTS, DRAWN]:

@@ -23,8 +23,10 @@ from ..acceptance_policy import acceptance_depth_findings, diagnose_acceptance
 from ..calibration import ALPHA
 from ..metrics import mean_tau, paired_band, per_position_acceptance
 from ..policy_trees import PolicyReference, match_on_rounds, replay_known_policies
-from ..replay import ReplayRun, drafter_round_cap, golden_lengths, judge_rounds
+
 from ..run import Run
+from ..oracle import oracle_for
+from ..replay import ReplayRun, RoundVerdict, drafter_round_cap, golden_lengths, judge_rounds, unconfirmed_round_cap
 from ..session import SuiteSession
 from ..token_scoring import rules_for, score_output, target_logits
 from ..tree_policy import block_size, diagnose_traces, policy_table, round_views
@@ -39,12 +41,13 @@ POOLED_POSITION_ABS_TOL = 0.02  # ... and acceptance at depths 1-4 within 2 poin
 
 
 def _float32_golden(session: SuiteSession):
-    """The pair's float32 golden file when it holds outputs at least as long as this run's, else None."""
-    from ..golden_files import GoldenError, load_golden
+    """The pair's float32 golden file (the copy held before the engine started) when it holds outputs
+    at least as long as this run's, else None."""
+    from ..golden_files import GoldenError
 
     s = session.settings
     try:
-        golden = load_golden(s.golden_dir, s.pair_name, s.prompt_set, "float32")
+        golden = oracle_for(session).golden("float32")
     except GoldenError:
         return None
     return None if golden is None or golden.max_new_tokens < s.max_new_tokens else golden
@@ -121,14 +124,17 @@ def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | N
             continue
         reference = reference or session.reference_for(model_dir, drafter_dir)
         replayed = replay_result(reference, request, result.output_ids, lengths, mode, budget or 1, s.device)
-        gaps = score_output(fn, request.prompt_ids, result.output_ids).gaps if not rules.exact else ()
-        judge_rounds(run, label, lengths, result.output_ids, replayed, rules, mode, budget or 1, gaps,
+        scores = score_output(fn, request.prompt_ids, result.output_ids)
+        _judge_prefill_token(run, label, result.output_ids, scores, rules)
+        judge_rounds(run, label, lengths, result.output_ids, replayed, rules, mode, budget or 1, scores.gaps,
                      lambda index=index: engine_traces(index))
     source = f"{from_golden} prompts from the float32 golden file, {len(results) - from_golden} replayed live"
     tau, ref_tau = mean_tau(run.engine_lengths), mean_tau(run.reference_lengths)
     details = {"tau": tau, "reference_tau": ref_tau, "rounds": run.rounds, "source": source,
                "target_near_tie_rounds": [v.describe() for v in run.target[:50]],
                "drafter_near_tie_rounds": [v.describe() for v in run.drafter[:50]],
+               "unconfirmed_drafter_rounds": [v.describe() for v in run.unconfirmed[:50]],
+               "fp32_tie_rounds": [v.describe() for v in run.fp32_ties[:50]],
                "cut_tree_rounds": [v.describe() for v in run.cut[:50]],
                "differing_rounds": [v.describe() for v in run.differs[:50]]}
     if run.rounds == 0:
@@ -157,12 +163,39 @@ def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | N
             name, f"{len(run.drafter)}/{run.rounds} rounds excused as drafter near-ties, above the cap {cap} a "
                   f"correct engine reaches ({run.drafter[0].describe()}); tau {tau:.3f} vs replay {ref_tau:.3f}",
             first_round=run.drafter[0].__dict__, **details)
+    small = unconfirmed_round_cap(rules, run.rounds)
+    if len(run.unconfirmed) > small:
+        return CheckResult.failed(
+            name, f"{len(run.unconfirmed)}/{run.rounds} rounds shorter than the reference's where only a drafter near "
+                  f"tie could explain it and the engine gives no drafter logits to confirm one, above the cap {small} "
+                  f"for unconfirmed rounds ({run.unconfirmed[0].describe()}); tau {tau:.3f} vs replay {ref_tau:.3f} "
+                  "(report drafter logits in traces to have drafter near ties confirmed)",
+            first_round=run.unconfirmed[0].__dict__, **details)
     excused = ""
-    if run.target or run.drafter:
+    if run.target or run.drafter or run.unconfirmed:
         excused = (f" except {len(run.target)} target near-tie and {len(run.drafter)} drafter near-tie rounds (cap "
-                   f"{cap})")
+                   f"{cap})" + (f" and {len(run.unconfirmed)} unconfirmed shorter rounds (cap {small})"
+                                if run.unconfirmed else ""))
     return CheckResult.passed(name, f"per-round acceptance equals the reference{excused} over {run.rounds} rounds "
                                     f"({source}); tau {tau:.3f} vs {ref_tau:.3f}", **details)
+
+
+def _judge_prefill_token(run: ReplayRun, label: str, output: list[int], scores, rules) -> None:
+    """The token chosen after the prefill (no round verifies it): the fp32 argmax, or in low precision a
+    target near tie (counted with the target near-tie rounds)."""
+    if not output or output[0] == scores.argmax[0] or scores.gaps[0] == 0.0 or rules.fp32_tie(scores.gaps[0]):
+        return
+    gap = scores.gaps[0]
+    verdict = RoundVerdict(label, -1, "differs", 1, 1, [output[0]], [scores.argmax[0]])
+    if not rules.exact and gap <= rules.bound:
+        verdict.kind = "target-near-tie"
+        verdict.note = (f"fp32 target near-tie: the engine's token {output[0]} is {gap:.3g} below the top-1 "
+                        f"{scores.argmax[0]}, within the bound {rules.bound:.3g}")
+        run.target.append(verdict)
+    else:
+        verdict.note = (f"the engine's token {output[0]} after the prefill is not the fp32 target's {scores.argmax[0]} "
+                        f"({gap:.3g} below the top-1, bound {rules.bound:.3g})")
+        run.differs.append(verdict)
 
 
 def _rounds_failed(name: str, run: ReplayRun, verdicts: list, tau: float, ref_tau: float, details: dict,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ddtree_conformance.adapters.interface import Request
 
+from ..model_limits import context_claim
 from ..session import SuiteSession
 from ..synthetic import edge_table, write_bigram_pair
 from ..token_scoring import rules_for, table_logits
@@ -135,8 +136,11 @@ def check_prompt_shapes(session: SuiteSession, mode: str, budget: int | None) ->
     pick = [base[i % len(base)] for i in range(3)]  # a one-prompt run reuses it, cut to other lengths
     cases = {"length-1 prompt": [pick[0][:1]],
              "mixed-length batch": [pick[0][:3], pick[1], pick[2][:7] if len(pick) > 2 else pick[2][:2]]}
-    limit = session.capabilities.max_context
-    notes = []
+    claim = context_claim(session)
+    if claim.problem:
+        return CheckResult.failed(name, claim.problem, **claim.details())
+    limit = claim.limit
+    notes = [claim.note()] if claim.untested else []
     if limit and limit > n_new + 1:
         long = (pick[0] * (limit // len(pick[0]) + 1))[: limit - n_new]
         cases["prompt near the context limit"] = [long]
@@ -156,13 +160,12 @@ def check_prompt_shapes(session: SuiteSession, mode: str, budget: int | None) ->
         for i, (p, s) in enumerate(zip(plain, spec)):
             greedy.append(GreedyCase(f"{label} request {i}", requests[i].prompt_ids, s.output_ids, p.output_ids,
                                      error=p.error or s.error))
-            if session.settings.dtype != "float32":
-                greedy.append(GreedyCase(f"{label} request {i} (plain)", requests[i].prompt_ids, p.output_ids))
+            greedy.append(GreedyCase(f"{label} request {i} (plain)", requests[i].prompt_ids, p.output_ids))
     verdict = judge_greedy(session, greedy, what="plain")
     if verdict.problem:
-        return CheckResult.failed(name, verdict.problem, **verdict.details)
+        return CheckResult.failed(name, verdict.problem, **verdict.details, **claim.details())
     return CheckResult.passed(name, ", ".join(cases) + f": {verdict.summary}" + ("; " + "; ".join(notes) if notes else ""),
-                              **verdict.details)
+                              **verdict.details, **claim.details())
 
 
 def check_special_tokens(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:

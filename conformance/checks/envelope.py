@@ -21,6 +21,7 @@ from __future__ import annotations
 from ddtree_conformance.adapters.interface import Request
 from ddtree_conformance.spec import SamplingParams, processed_probs
 
+from ..model_limits import context_claim
 from ..session import SuiteSession
 from .acceptance import block_size, judge_per_round
 from .edges import stop_rule_problem
@@ -61,34 +62,44 @@ def check_long_context(session: SuiteSession, mode: str, budget: int | None) -> 
     caps = session.capabilities
     if mode not in caps.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
-    limit = caps.max_context
+    claim = context_claim(session)
+    if claim.problem:
+        return CheckResult.failed(name, claim.problem, **claim.details())
+    limit = claim.limit
     new_tokens = min(LONG_NEW_TOKENS, session.settings.max_new_tokens)
     if not limit:
-        return CheckResult.skipped(name, "engine states no context limit (capabilities().max_context)")
+        return CheckResult(check=name, status="skip", details=claim.details(),
+                           message="engine states no context limit (capabilities().max_context)"
+                                   + (f"; {claim.note()}" if claim.untested else ""))
     prompts = long_prompts(session, limit, new_tokens)
     if not prompts or len(prompts[0]) < limit // 2:
-        return CheckResult.skipped(name, f"context limit {limit} leaves no room for a long prompt")
+        return CheckResult(check=name, status="skip", details=claim.details(),
+                           message=f"context limit {limit} leaves no room for a long prompt"
+                                   + (f"; {claim.note()}" if claim.untested else ""))
     requests = [Request(prompt_ids=ids, max_new_tokens=new_tokens) for ids in prompts]
     labels = [f"long prompt {k} ({len(ids)} tokens)" for k, ids in enumerate(prompts)]
     plain = session.run("plain", requests=requests)
     spec = session.run(mode, budget, requests=requests)
     cases = [GreedyCase(label, r.prompt_ids, s.output_ids, p.output_ids, error=s.error or p.error)
              for label, r, p, s in zip(labels, requests, plain, spec)]
-    if session.settings.dtype != "float32":
-        cases += [GreedyCase(f"{label} (plain)", r.prompt_ids, p.output_ids) for label, r, p in zip(labels, requests, plain)]
+    cases += [GreedyCase(f"{label} (plain)", r.prompt_ids, p.output_ids) for label, r, p in zip(labels, requests, plain)
+              if not p.error]
     verdict = judge_greedy(session, cases, what="plain")
+    details = {**verdict.details, **claim.details()}
     if verdict.problem:
         return CheckResult.failed(name, f"not lossless at {len(prompts[0])}-token contexts: {verdict.problem}",
-                                  **verdict.details)
+                                  **details)
     summary = f"{len(prompts)} prompts of {len(prompts[0])} tokens (context limit {limit}): {verdict.summary}"
+    untested = f"; {claim.note()}" if claim.untested else ""
     if not caps.per_round(mode):
-        return CheckResult.passed(name, summary + "; engine reports no per-round acceptance", **verdict.details)
+        return CheckResult.passed(name, summary + f"; engine reports no per-round acceptance{untested}", **details)
     if any(r.acceptance_lengths is None for r in spec):
         return CheckResult.failed(name, f"engine promises per-round acceptance in mode {mode} but returned none")
     replay = judge_per_round(session, name, mode, budget, labels, requests, spec, use_golden=False)
     if replay.status == "fail":
-        return CheckResult.failed(name, f"at {len(prompts[0])}-token contexts: {replay.message}", **replay.details)
-    return CheckResult.passed(name, f"{summary}; {replay.message}", **verdict.details)
+        return CheckResult.failed(name, f"at {len(prompts[0])}-token contexts: {replay.message}",
+                                  **{**replay.details, **claim.details()})
+    return CheckResult.passed(name, f"{summary}; {replay.message}{untested}", **details)
 
 
 def busy_batch_requests(session: SuiteSession) -> tuple[list[Request], list[str]]:
@@ -174,8 +185,7 @@ def check_busy_batch(session: SuiteSession, mode: str, budget: int | None) -> Ch
             sampled_equal += b.output_ids == a.output_ids
             continue
         greedy.append(GreedyCase(f"{label} (in the batch vs alone)", request.prompt_ids, b.output_ids, a.output_ids))
-        if session.settings.dtype != "float32":
-            greedy.append(GreedyCase(f"{label} (alone)", request.prompt_ids, a.output_ids))
+        greedy.append(GreedyCase(f"{label} (alone)", request.prompt_ids, a.output_ids))
     verdict = judge_greedy(session, greedy, what="the request alone")
     if verdict.problem:
         return CheckResult.failed(name, f"in a batch of {len(requests)} mixed requests: {verdict.problem}",

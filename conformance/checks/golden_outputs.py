@@ -11,12 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..golden_files import GoldenFile, golden_path, load_golden
+from ..oracle import oracle_for
 from ..session import SuiteSession
 from .output_comparison import GreedyCase, judge_greedy
 from ..run import Run
 from .result import CheckResult
 
-__all__ = ["check_golden", "device_golden_path", "load_device_golden"]
+__all__ = ["check_golden", "device_golden_path", "load_device_golden", "held_device_golden"]
 
 
 def device_golden_path(golden_dir, pair: str, prompt_set: str, dtype: str, device: str) -> Path:
@@ -36,12 +37,23 @@ def load_device_golden(settings) -> tuple[GoldenFile | None, Path]:
             golden_path(s.golden_dir, s.pair_name, s.prompt_set, s.dtype))
 
 
+def held_device_golden(session: SuiteSession) -> tuple[GoldenFile | None, Path]:
+    """:func:`load_device_golden` from the copy held before the engine started (:mod:`ddtree_conformance.oracle`)."""
+    s, copy = session.settings, oracle_for(session)
+    if s.dtype != "float32":
+        keyed = f"{s.dtype}-{s.device.split(':', 1)[0]}"
+        golden = copy.golden(keyed)
+        if golden is not None:
+            return golden, copy.golden_file(keyed)
+    return copy.golden(s.dtype), copy.golden_file(s.dtype)
+
+
 def check_golden(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
     s = session.settings
     name = Run(mode, budget).check_id("golden")
     if mode not in session.capabilities.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
-    golden, path = load_device_golden(s)
+    golden, path = held_device_golden(session)
     if golden is None:
         return CheckResult.skipped(name, f"no golden file {path} (record one with `ddtree-conformance record`)")
     length = min(golden.max_new_tokens, s.max_new_tokens)  # greedy outputs of a longer run extend shorter ones

@@ -1,10 +1,12 @@
 """Check 1: greedy lossless.
 
-float32: the speculative output equals the same engine's plain output token for token.
-bfloat16/float16: every token of the speculative output, and of the plain output, is scored
-against the fp32 target on its own path (:mod:`ddtree_conformance.token_scoring`); the
-speculative output need not equal the plain one, but no token may fall outside the near-tie bound
-and the excused positions stay under the ceiling.
+Every token of the speculative output, and of the plain output, is scored against the fp32 target
+teacher-forced on its own path (:mod:`ddtree_conformance.token_scoring`), in every dtype: an engine
+wrong in plain and speculative decoding alike fails here on any prompt set.
+float32: the speculative output also equals the same engine's plain output token for token, and
+every token is the fp32 target's argmax.
+bfloat16/float16: the speculative output need not equal the plain one, but no token may fall
+outside the near-tie bound and the excused positions stay under the ceiling.
 """
 
 from __future__ import annotations
@@ -18,8 +20,7 @@ __all__ = ["check_lossless", "settings_note", "speculative_cases"]
 
 
 def speculative_cases(session: SuiteSession, spec, plain, labels=None, prompts=None) -> list[GreedyCase]:
-    """One case per prompt (speculative output vs plain); in low precision the plain outputs are
-    scored as well."""
+    """One case per prompt (speculative output vs plain), and the plain outputs scored on their own."""
     labels = labels or [p.id for p in session.prompts]
     prompts = prompts or [p.prompt_ids for p in session.prompts]
     cases = []
@@ -28,9 +29,8 @@ def speculative_cases(session: SuiteSession, spec, plain, labels=None, prompts=N
             cases.append(GreedyCase(label, prompt_ids, [], error="plain: " + p.error))
             continue
         cases.append(GreedyCase(label, prompt_ids, s.output_ids, p.output_ids, error=s.error))
-    if session.settings.dtype != "float32":
-        cases += [GreedyCase(f"{label} (plain)", prompt_ids, p.output_ids)
-                  for label, prompt_ids, p in zip(labels, prompts, plain) if not p.error]
+    cases += [GreedyCase(f"{label} (plain)", prompt_ids, p.output_ids)
+              for label, prompt_ids, p in zip(labels, prompts, plain) if not p.error]
     return cases
 
 

@@ -1,12 +1,17 @@
 """Judging greedy outputs (lossless, golden, edges, long context, busy batch, tensor parallel).
 
-float32: an output must equal its expected output (the engine's plain output, the golden file's,
-the same request run alone) token for token.
-bfloat16/float16: every output is scored position by position against the fp32 target
-(:mod:`ddtree_conformance.token_scoring`): it need not equal the expected output, but each token
-must be within the calibrated near-tie bound of the fp32 argmax on the output's own path, and the
-excused positions must stay under the ceiling. How many outputs equal their expected one is
-reported.
+Every output is scored, in every dtype, position by position against the fp32 target teacher-forced
+on the output's own path (:mod:`ddtree_conformance.token_scoring`): the independent oracle, so an
+engine wrong in plain and speculative decoding alike fails on any prompt set, with or without golden
+records. Each output is scored once per process, however many checks read it.
+
+float32: an output must also equal its expected output (the engine's plain output, the golden
+file's, the same request run alone) token for token, and every token must be the fp32 target's
+argmax on its path (within :data:`~ddtree_conformance.calibration.FP32_NEAR_TIE`, the fp32
+arithmetic of two correct implementations).
+bfloat16/float16: an output need not equal its expected output, but each token must be within the
+calibrated near-tie bound of the fp32 argmax on the output's own path, and the excused positions
+must stay under the ceiling. How many outputs equal their expected one is reported.
 
 Failure messages name the first differing position and show both sides around it.
 """
@@ -65,20 +70,26 @@ def judge_greedy(session, cases: list[GreedyCase], *, logits_fn=None, rules=None
             return GreedyVerdict(f"engine error on {case.label}: {case.error.splitlines()[0][:300]}", "", {}, [])
         if not case.got:  # max_new_tokens >= 1, and the prefill token comes before any stop
             return GreedyVerdict(f"{case.label}: empty output without an error", "", {}, [case.label])
+    if not cases:
+        return GreedyVerdict("no output to judge: the check compared nothing", "", {"compared": 0}, [])
     compared = [c for c in cases if c.expected is not None]
     differing = [c for c in compared if list(c.got) != list(c.expected)]
+    labels = [c.label for c in differing]
     if rules.exact or compare_low_precision:
-        details = {"compared": len(compared), "differing": [c.label for c in differing]}
+        details = {"compared": len(compared), "differing": labels}
         if differing:
             first = differing[0]
             return GreedyVerdict(f"{len(differing)}/{len(compared)} outputs differ; first: {first.label} diverges "
-                                 f"{mismatch(first.expected, first.got, what)}", "", details,
-                                 [c.label for c in differing])
-        return GreedyVerdict(None, f"{len(compared)} match, 0 near-tie (exact)", details, [])
+                                 f"{mismatch(first.expected, first.got, what)}", "", details, labels)
     scored: ScoredRun = score_run(session, [(c.label, c.prompt_ids, c.got) for c in cases], logits_fn, rules)
-    details = {"scoring": scored.details(), "compared": len(compared), "differing": [c.label for c in differing]}
-    equal = f"{len(compared) - len(differing)}/{len(compared)} equal {what}; " if compared else ""
+    details = {"scoring": scored.details(), "compared": len(compared), "differing": labels}
     if scored.positions == 0:
         return GreedyVerdict("the engine returned no output tokens to score", "", details, [])
     problem = scored.problem()
-    return GreedyVerdict(problem, f"{equal}{scored.summary()}", details, [c.label for c in differing])
+    if rules.exact or compare_low_precision:
+        if problem:
+            equal = f"{len(compared)}/{len(compared)} outputs equal {what}, but " if compared else ""
+            return GreedyVerdict(f"{equal}{problem}", "", details, labels)
+        return GreedyVerdict(None, f"{len(compared)} match, 0 near-tie (exact); {scored.summary()}", details, [])
+    equal = f"{len(compared) - len(differing)}/{len(compared)} equal {what}; " if compared else ""
+    return GreedyVerdict(problem, f"{equal}{scored.summary()}", details, labels)

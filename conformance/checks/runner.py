@@ -11,12 +11,16 @@ Rules that hold for every check, whatever it does:
   stops the run: the check it happened in fails with the cause, and :func:`run_plan` marks every
   remaining check "not run" (a skip with ``details["not_run"]``) without asking the engine again.
   :meth:`PlannedCheck.run` raises it (the pytest plugin turns it into one failing item per check).
+* The oracle's files (golden records, the pair manifest and its calibration) are held in memory
+  before the first check (:mod:`ddtree_conformance.oracle`); a check after which one of them has
+  changed on disk fails, naming the file, whatever its own verdict (kept in the details).
 * Each result carries its wall time in ``details["elapsed_s"]``.
 """
 
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -24,6 +28,7 @@ from ..adapters.interface import EngineDied
 from ..evidence import detectable
 from ..golden_files import GoldenError
 from ..integrity import PREFIX
+from ..oracle import changed_on_disk, hold
 from ..prompts import PromptError
 from ..run import Run
 from ..session import SuiteSession, UsedRun
@@ -67,6 +72,7 @@ class PlannedCheck:
         if session.failure is not None:
             raise session.dead_again()
         started = time.perf_counter()
+        hold(session)  # the oracle's files, read before this check can start the engine
         with session.watch() as used:
             try:
                 result = self.function(session, **self.params)
@@ -77,10 +83,11 @@ class PlannedCheck:
             except Exception as exc:  # a check crash is a failed check, not a dead run
                 if session.failure is not None:
                     raise session.failure from exc
-                result = CheckResult.failed(self.id, f"check crashed: {type(exc).__name__}: {one_line(exc)}")
+                result = CheckResult.failed(self.id, f"check crashed: {type(exc).__name__}: {one_line(exc)}",
+                                            traceback=traceback.format_exc(limit=-8))
         if session.failure is not None:  # the engine died inside, whatever the check made of it
             raise session.failure
-        error = consumed_error(used)
+        error = consumed_error(used) or changed_on_disk(session)
         if error is not None:
             result = CheckResult.failed(self.id, error, check_status=result.status, check_message=result.message,
                                         **{k: v for k, v in result.details.items()

@@ -51,6 +51,7 @@ def check(
     from ..checks import needs_golden, plan, run_plan
     from ..checks.runner import not_run, one_line
     from ..golden_files import load_golden
+    from ..oracle import hold as hold_oracle
     from ..progress import progress_printer
     from ..report import CHECK_SCHEMA, new_report, runs_from_session, write_partial_report, write_report
     from ..session import SuiteSession
@@ -75,6 +76,7 @@ def check(
     if printer is not None:
         printer(f"check: {len(checks)} checks against engine {settings.engine!r}")
     try:
+        hold_oracle(session)  # golden records, manifest and calibration held before the engine starts
         try:
             session.require_support()
         except EngineDied as exc:

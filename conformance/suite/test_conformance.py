@@ -13,6 +13,7 @@ import pytest
 
 from ddtree_conformance.adapters.interface import EngineDied, EngineUsageError
 from ddtree_conformance.checks import plan
+from ddtree_conformance.oracle import hold as hold_oracle
 from ddtree_conformance.pytest_plugin import item_group, settings_from_options
 from ddtree_conformance.session import SuiteSession
 from ddtree_conformance.settings import SettingsError
@@ -29,6 +30,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="session")
 def conformance_session(request: pytest.FixtureRequest):
     session = SuiteSession(settings_from_options(request.config), flag_prefix="--ddtree-")
+    hold_oracle(session)  # golden records, manifest and calibration held before the engine starts
     yield session
     session.close()
 

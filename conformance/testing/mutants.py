@@ -14,6 +14,7 @@ import torch
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.spec import (
     SamplingParams,
+    choose_token,
     compact_dynamic_cache,
     compile_tree,
     emit_tokens,
@@ -152,20 +153,37 @@ def _bf16_bound(model_dir: str) -> float:
     return load_calibration(model_dir, "bfloat16").bound
 
 
+def runner_up_lifted(logits: torch.Tensor, threshold: float) -> torch.Tensor:
+    """``logits`` (rows of next-token logits) with the runner-up lifted above the top-1 in every row
+    whose top-2 gap is below ``threshold``."""
+    logits = logits.float().clone()
+    rows2d = logits if logits.dim() == 2 else logits.unsqueeze(0)
+    top = torch.topk(rows2d, 2, dim=-1)
+    rows = torch.nonzero((top.values[:, 0] - top.values[:, 1]) < threshold).flatten()
+    rows2d[rows, top.indices[rows, 1]] = top.values[rows, 0] + 1.0  # the runner-up now leads
+    return logits
+
+
 def _runner_up_walk(threshold: float):
     """The spec's walk, fed target logits whose runner-up is lifted above the top-1 wherever their gap
     is below ``threshold``: a greedy walk that takes the runner-up there."""
 
     def walk(tree, logits, params, generator):
         if params.greedy:
-            logits = logits.float().clone()
-            top = torch.topk(logits, 2, dim=-1)
-            close = (top.values[:, 0] - top.values[:, 1]) < threshold
-            rows = torch.nonzero(close).flatten()
-            logits[rows, top.indices[rows, 1]] = top.values[rows, 0] + 1.0  # the runner-up now leads
+            logits = runner_up_lifted(logits, threshold)
         return walk_tree(tree, logits, params, generator)
 
     return walk
+
+
+def runner_up_choice(threshold: float):
+    """The spec's token choice (after the prefill, and each plain step) taking the runner-up at greedy
+    near ties below ``threshold``."""
+
+    def choose(logits, params, generator):
+        return choose_token(runner_up_lifted(logits, threshold) if params.greedy else logits, params, generator)
+
+    return choose
 
 
 class RunnerUpBelowTwiceBound(ReferenceEngine):

@@ -21,7 +21,7 @@ def _nudged(result: RequestResult, vocab: int, start: int) -> RequestResult:
     if result.error or len(result.output_ids) <= start:
         return result
     ids = list(result.output_ids[:start]) + [(t + 1) % vocab for t in result.output_ids[start:]]
-    return result.model_copy(update={"output_ids": ids, "traces": None})
+    return result.model_copy(update={"output_ids": ids, "traces": None, "verified_trees": None})
 
 
 _PUBLIC: set[tuple[int, ...]] = set()
@@ -41,7 +41,8 @@ class KnowsPublicPrompts(ReferenceEngine):
     name = "adversary-knows-public-prompts"
 
     def capabilities(self):
-        return super().capabilities().model_copy(update={"traces": False, "draft_logits": False})
+        return super().capabilities().model_copy(update={"traces": False, "draft_logits": False,
+                                                         "verified_tree_modes": []})
 
     def generate_local(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
         results = super().generate_local(requests, config)
@@ -57,7 +58,8 @@ class RepeatedRequestBug(ReferenceEngine):
     name = "adversary-repeated-request-bug"
 
     def capabilities(self):
-        return super().capabilities().model_copy(update={"traces": False, "draft_logits": False})
+        return super().capabilities().model_copy(update={"traces": False, "draft_logits": False,
+                                                         "verified_tree_modes": []})
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
