@@ -130,13 +130,14 @@ def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | N
         replayed = replay_result(reference, request, result.output_ids, lengths, mode, budget or 1, s.device)
         gaps = score_output(fn, request.prompt_ids, result.output_ids).gaps if not rules.exact else ()
         judge_rounds(run, label, lengths, result.output_ids, replayed, rules, mode, budget or 1, gaps,
-                     lambda index=index: engine_traces(index))
+                     lambda index=index: engine_traces(index), context_limit=caps.max_context)
     source = f"{from_golden} prompts from the float32 golden file, {len(results) - from_golden} replayed live"
     tau, ref_tau = mean_tau(run.engine_lengths), mean_tau(run.reference_lengths)
     details = {"tau": tau, "reference_tau": ref_tau, "rounds": run.rounds, "source": source,
                "target_near_tie_rounds": [v.describe() for v in run.target[:50]],
                "drafter_near_tie_rounds": [v.describe() for v in run.drafter[:50]],
                "cut_tree_rounds": [v.describe() for v in run.cut[:50]],
+               "freedom_rounds": [v.describe() for v in run.freedom[:50]],
                "differing_rounds": [v.describe() for v in run.differs[:50]]}
     if run.rounds == 0:
         if all(len(r.output_ids) <= 1 for r in results):

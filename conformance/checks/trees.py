@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from ddtree_conformance.adapters.interface import RoundTrace
-from ddtree_conformance.spec import build_chain, build_tree
+from ddtree_conformance.spec import tree_problem
 
 from ..session import SuiteSession
 from ..token_scoring import rules_for
+from .acceptance import block_size
 from ..run import Run
 from .result import CheckResult
 
@@ -35,8 +36,13 @@ def traced_run(session: SuiteSession, mode: str, budget: int | None):
     return indices, results
 
 
-def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True) -> list[str]:
-    """Every way one round's trace breaks the DDTree rules (doc §3); empty when it is fine."""
+def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True,
+                   output_end: bool = False) -> list[str]:
+    """Every way one round's trace breaks the DDTree rules (doc §3); empty when it is fine.
+
+    Nodes may be numbered in any order after the root (docs/reference/freedoms.md). ``output_end``: the
+    output's last round, whose walk the output's end may cut (an engine reporting emitted lengths
+    reports the walk as far as the output shows it)."""
     problems: list[str] = []
     n = len(trace.tree_tokens) - 1
     if not (len(trace.parents) == len(trace.depths) == len(trace.positions) == n + 1):
@@ -51,8 +57,8 @@ def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True) -
     seen: dict[tuple[int, int], int] = {}
     for i in range(1, n + 1):
         parent = trace.parents[i]
-        if not 0 <= parent < i:
-            problems.append(f"node {i} has parent {parent}: parents must precede children (prefix-closed)")
+        if not 0 <= parent <= n or parent == i:
+            problems.append(f"node {i} has parent {parent}: not a node of the tree")
             continue
         if trace.depths[i] != trace.depths[parent] + 1:
             problems.append(f"node {i} depth {trace.depths[i]} != parent depth + 1")
@@ -79,7 +85,7 @@ def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True) -
         previous = node
     if trace.target_tokens and trace.bonus != trace.target_tokens[-1]:
         problems.append(f"bonus {trace.bonus} is not the target's token {trace.target_tokens[-1]} at the last node")
-    if greedy:
+    if greedy and not output_end:
         last = trace.accepted[-1] if trace.accepted else 0
         for i in range(1, n + 1):
             if trace.parents[i] == last and trace.tree_tokens[i] == trace.bonus:
@@ -95,15 +101,15 @@ def _spec_device(device: str) -> str:
     return "cpu"
 
 
-def _spec_tree_problem(trace: RoundTrace, mode: str, budget: int | None, device: str = "cpu") -> str | None:
+def _spec_tree_problem(trace: RoundTrace, mode: str, budget: int | None, device: str = "cpu", *,
+                       depth_limit: int | None = None, room: int | None = None,
+                       context_room: int | None = None) -> str | None:
+    """Whether the traced tree is one the spec allows for the round's own drafter logits: the spec tree
+    up to node numbering, ties, and nodes the output's or the context's end leaves out (spec.freedoms)."""
     logits = torch.tensor(trace.draft_logits, dtype=torch.float32, device=_spec_device(device))
-    tree = build_chain(logits) if mode == "dflash" else build_tree(logits, budget)
-    got = (trace.tree_tokens[1:], trace.parents, trace.depths)
-    want = (tree.tokens[1:].tolist(), tree.parents.tolist(), tree.depths.tolist())
-    if got != want:
-        return (f"tree differs from the spec's tree for its own drafter logits "
-                f"({len(got[0])} nodes vs spec {len(want[0])}; first tokens {got[0][:6]} vs {want[0][:6]})")
-    return None
+    problem = tree_problem(trace.tree_tokens, trace.parents, trace.depths, logits, mode, budget or 1,
+                           depth_limit=depth_limit, room=room, context_room=context_room)
+    return None if problem is None else f"tree differs from the spec's tree for its own drafter logits: {problem}"
 
 
 def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
@@ -115,15 +121,21 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
         return CheckResult.skipped(name, f"engine gives no per-round traces in mode {mode}")
     limit = budget if mode == "ddtree" else None
     indices, results = traced_run(session, mode, budget)
+    block = block_size(session.settings.drafter_dir)
     rounds = 0
     for prompt, result in zip([session.prompts[i] for i in indices], results):
         if result.error:
             return CheckResult.failed(name, f"engine error on {prompt.id}: {result.error.splitlines()[0]}")
-        for r, trace in enumerate(result.traces or []):
+        traces = result.traces or []
+        for r, trace in enumerate(traces):
             rounds += 1
-            problems = trace_problems(trace, limit)
+            problems = trace_problems(trace, limit, output_end=r == len(traces) - 1)
             if trace.draft_logits is not None:
-                problem = _spec_tree_problem(trace, mode, budget, session.settings.device)
+                emitted = trace.start - len(prompt.prompt_ids) + 1  # output tokens before this round
+                problem = _spec_tree_problem(
+                    trace, mode, budget, session.settings.device, depth_limit=block - 1 if block else None,
+                    room=session.settings.max_new_tokens - emitted,
+                    context_room=caps.max_context - 2 - trace.start if caps.max_context else None)
                 problems += [problem] if problem else []
             if problems:
                 return CheckResult.failed(name, f"{prompt.id} round {r}: {problems[0]}", problems=problems)

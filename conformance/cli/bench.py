@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..input_validation import validate_run_inputs
 from ..paths import REPORTS_DIR
 from ..progress import progress_printer
 from ..run import Run
@@ -78,6 +79,7 @@ def bench(
         modes=modes, budgets=budgets, dtype=dtype, device=device, prompt_set=prompts, limit=limit,
         max_new_tokens=max_new_tokens, isolate=isolate, engine_options=engine_option,
         engine_timeout_s=engine_timeout, torch_threads=threads)
+    validate_run_inputs(settings)
     hw = opt.hw_class(settings.device, hardware_class)
     runs = [("dflash", None)] if "dflash" in settings.modes else []
     runs += [("ddtree", b) for b in settings.budgets] if "ddtree" in settings.modes else []

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
+from ..input_validation import validate_run_inputs
 from ..paths import REPORTS_DIR
 from . import options as opt
 from .base import EXIT_FAILED, EXIT_HELP, CliError, EngineFailed, command, stderr_console, stdout_console
@@ -60,6 +61,7 @@ def check(
         max_new_tokens=max_new_tokens, checks=only, isolate=isolate, golden_dir=golden_dir,
         engine_options=engine_option, engine_timeout_s=engine_timeout, torch_threads=threads,
         tensor_parallel_size=tensor_parallel_size, held_out_prompts=held_out_prompts, run_seed=run_seed)
+    validate_run_inputs(settings)  # bad prompts, ids or lengths: exit 2 before any engine work
     resolve_engine(settings.engine, settings.engine_options)  # unknown engine or option: exit 2 before any work
     checks = plan(settings)
     if needs_golden(checks):
@@ -151,6 +153,7 @@ def record(
         budgets=budgets or "16,32,64,256", dtype=dtype, device=device, prompt_set=prompts, limit=limit,
         max_new_tokens=max_new_tokens, isolate=False, golden_dir=golden_dir, torch_threads=threads,
         held_out_prompts=0)  # golden files hold the prompt set's prompts only
+    validate_run_inputs(settings)
     path = golden_path(settings.golden_dir, settings.pair_name, settings.prompt_set, settings.dtype)
     if path.exists() and not update:
         raise GoldenExists(f"{path} exists; pass --update to replace it (a diff will be shown)")

@@ -29,18 +29,14 @@ from collections.abc import Generator
 from dataclasses import replace
 
 import torch
-
 from ddtree_conformance.adapters.interface import Capabilities, Request, RequestResult, RoundTrace, RunConfig, Timings
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.spec import (
     SamplingParams,
     build_chain,
-    build_tree,
     choose_token,
-    compile_tree,
     emit_tokens,
     processed_probs,
-    walk_tree,
 )
 from ddtree_conformance.spec.tree import DraftTree
 from ddtree_conformance.spec.walk import WalkResult
@@ -79,18 +75,6 @@ def renumbered(tree: DraftTree, order: list[int]) -> DraftTree:
     parents = [-1 if i == 0 else index[int(tree.parents[old])] for i, old in enumerate(order)]
     fields["parents"] = torch.tensor(parents, dtype=torch.long, device=tree.tokens.device)
     return DraftTree(**fields)
-
-
-def draft_rows(pair, root: int, start: int, context: torch.Tensor, context_start: int, cache, rows: int):
-    """Drafter logits ``[rows, V]`` from a block of ``rows + 1`` tokens ``[root, MASK, ...]`` (doc §1):
-    the reference's drafting with the block size as a parameter (z-lab runs a cut block near the end)."""
-    drafter = pair.drafter
-    block = torch.full((1, rows + 1), drafter.config.mask_token_id, dtype=torch.long, device=pair.device)
-    block[0, 0] = root
-    embeds = pair.target.get_input_embeddings()(block)
-    positions = torch.arange(context_start, start + rows + 1, device=pair.device).unsqueeze(0)
-    hidden = drafter(embeds, context.unsqueeze(0), positions, cache)
-    return pair.target.get_output_embeddings()(hidden[0, 1:])
 
 
 # ---------------------------------------------------------------------------- the stepped loop
@@ -175,7 +159,7 @@ class SteppedEngine(ReferenceEngine):
                 draft_cache, context_start = pair.drafter.new_cache(), 0
             room = limit - len(output)
             rows = self.drafted_rows(room, block)
-            draft_logits = draft_rows(pair, root, start, context, context_start, draft_cache, rows)
+            draft_logits = pair.draft_logits(root, start, context, context_start, draft_cache, rows=rows)
             draft = {"logits": draft_logits}
             tree = self.layout(self.cut(self.build(draft_logits, config, params, generator), room, start, config))
             verify, logits, features = self.verify(pair, tree, root, start, cache)
@@ -292,7 +276,7 @@ class TiesBrokenTheOtherWay(SteppedEngine):
 
     def build(self, draft_logits, config, params, generator):
         if config.mode == "dflash":
-            lp, ids = _reversed_ties_topk(draft_logits, 1)
+            _, ids = _reversed_ties_topk(draft_logits, 1)
             return replace(build_chain(draft_logits), tokens=torch.tensor([-1] + [row[0] for row in ids],
                                                                           device=draft_logits.device))
         return reversed_ties_tree(draft_logits, config.budget)
