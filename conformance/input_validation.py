@@ -7,7 +7,8 @@ line and field, before an engine starts:
   nested too deep or holding an integer too long to read is refused there, not crashed on);
 * each prompt used (the first ``--limit``) against the target's ``config.json``: every token id
   below ``vocab_size``, and the prompt plus ``--max-new-tokens`` within ``max_position_embeddings``;
-* ``--max-new-tokens`` itself within the context.
+* ``--max-new-tokens`` itself within the context;
+* the target's and the drafter's ``config.json`` readable JSON objects (an engine parses them next).
 
 The limits come from the pair's target ``config.json`` (:func:`pair_limits`); a config without them
 checks what it can.
@@ -87,6 +88,8 @@ def validate_run_inputs(settings: SuiteSettings, flag_prefix: str = "--") -> lis
     """The prompts a run will use, after every check of the module doc; raises :class:`SettingsError`
     or :class:`PromptError` (both usage errors) before any engine work."""
     limits = pair_limits(settings.model_dir)
+    if settings.drafter_dir is not None:  # readable before an engine parses it
+        read_json_object(Path(settings.drafter_dir) / "config.json", SettingsError, "drafter config")
     flag = f"{flag_prefix}max-new-tokens"
     context = limits.max_position_embeddings
     if context is not None and settings.max_new_tokens >= context:

@@ -61,7 +61,7 @@ def default_stop_tokens(model: str | Path) -> list[int]:
         return []
     try:
         eos = json.loads(path.read_text()).get("eos_token_id")
-    except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+    except (ValueError, RecursionError, AttributeError):  # not JSON, not UTF-8, too deep, not an object
         raise CliError(f"{path} is not a valid JSON object; pass --stop-token explicitly") from None
     if eos is None:
         return []
