@@ -46,6 +46,14 @@ def check(
     held_out_prompts: opt.HeldOutPrompts = None,
     run_seed: opt.RunSeed = None,
 ) -> None:
+    settings = opt.run_settings(
+        engine=engine, model_dir=model, drafter_dir=drafter, pair=pair, pairs_file=pairs_file, pair_name=pair_name,
+        modes=modes, budgets=budgets, dtype=dtype, device=device, prompt_set=prompts, limit=limit,
+        max_new_tokens=max_new_tokens, checks=only, isolate=isolate, golden_dir=golden_dir,
+        engine_options=engine_option, engine_timeout_s=engine_timeout, torch_threads=threads,
+        tensor_parallel_size=tensor_parallel_size, held_out_prompts=held_out_prompts, run_seed=run_seed)
+    validate_run_inputs(settings)  # bad prompts, ids or lengths: exit 2 before any engine work (and heavy import)
+
     from ..adapters.interface import EngineDied
     from ..adapters.registry import resolve_engine
     from ..checks import needs_golden, plan, run_plan
@@ -55,13 +63,6 @@ def check(
     from ..report import CHECK_SCHEMA, new_report, runs_from_session, write_partial_report, write_report
     from ..session import SuiteSession
 
-    settings = opt.run_settings(
-        engine=engine, model_dir=model, drafter_dir=drafter, pair=pair, pairs_file=pairs_file, pair_name=pair_name,
-        modes=modes, budgets=budgets, dtype=dtype, device=device, prompt_set=prompts, limit=limit,
-        max_new_tokens=max_new_tokens, checks=only, isolate=isolate, golden_dir=golden_dir,
-        engine_options=engine_option, engine_timeout_s=engine_timeout, torch_threads=threads,
-        tensor_parallel_size=tensor_parallel_size, held_out_prompts=held_out_prompts, run_seed=run_seed)
-    validate_run_inputs(settings)  # bad prompts, ids or lengths: exit 2 before any engine work
     resolve_engine(settings.engine, settings.engine_options)  # unknown engine or option: exit 2 before any work
     checks = plan(settings)
     if needs_golden(checks):
@@ -145,15 +146,16 @@ def record(
     threads: opt.Threads = None,
 ) -> None:
     """Record golden outputs, top-2 gaps and acceptance traces with the reference engine."""
-    from ..golden_files import GoldenExists, golden_path, record_golden, write_golden
-    from ..session import SuiteSession
-
     settings = opt.run_settings(
         engine="reference", model_dir=model, drafter_dir=drafter, pair_name=pair_name,
         budgets=budgets or "16,32,64,256", dtype=dtype, device=device, prompt_set=prompts, limit=limit,
         max_new_tokens=max_new_tokens, isolate=False, golden_dir=golden_dir, torch_threads=threads,
         held_out_prompts=0)  # golden files hold the prompt set's prompts only
     validate_run_inputs(settings)
+
+    from ..golden_files import GoldenExists, golden_path, record_golden, write_golden
+    from ..session import SuiteSession
+
     path = golden_path(settings.golden_dir, settings.pair_name, settings.prompt_set, settings.dtype)
     if path.exists() and not update:
         raise GoldenExists(f"{path} exists; pass --update to replace it (a diff will be shown)")
