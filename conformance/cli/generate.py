@@ -17,6 +17,7 @@ from ..adapters.interface import Capabilities, Engine, EngineDied, EngineError, 
 from ..adapters.registry import create_engine, list_engines, load_engine_class, resolve_engine
 from ..input_validation import pair_limits, validate_prompts
 from ..integrity import PairLimits, is_integrity_error, validate_results
+from ..output_paths import output_path
 from ..paths import REPORTS_DIR
 from ..progress import Heartbeat, progress_printer
 from ..prompts import Prompt, load_prompts, resolve_prompt_set
@@ -242,7 +243,8 @@ def generate(
                      lambda p: settings.max_new_tokens or p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, "max_new_tokens")
     stops = settings.stop_token_ids if settings.stop_token_ids is not None else default_stop_tokens(settings.model_dir)
     requests = build_requests(prompt_set, settings, stops)
-    out_path = out if out is not None else REPORTS_DIR / f"generate-{settings.mode}.jsonl"
+    out_path = output_path(out, REPORTS_DIR / f"generate-{settings.mode}.jsonl", settings,
+                           files=lambda path: [path, path.with_name(path.name + ".partial")])
 
     labels = [f"prompt {p.id}" for p in prompt_set]
     limits = PairLimits.read(settings.model_dir, settings.drafter_dir)
