@@ -7,9 +7,8 @@ import json
 import textwrap
 
 import pytest
-from typer.testing import CliRunner
-
 from ddtree_conformance.cli import app
+from typer.testing import CliRunner
 
 # An engine that leaves a file behind the moment it is built: a test that finds no file proves that
 # nothing started it.

@@ -12,11 +12,10 @@ import textwrap
 import time
 
 import pytest
-from typer.testing import CliRunner
-
 from ddtree_conformance.cli import app
 from ddtree_conformance.testing.misbehaving import CATALOGUE
 from ddtree_conformance.testing.processes import pid_alive
+from typer.testing import CliRunner
 
 WRITER = textwrap.dedent('''
     import sys
