@@ -42,7 +42,7 @@ ceiling. Anything else is a failure, named by prompt and round, with both sides 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -258,15 +258,37 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
                     f"tree of {nodes} nodes accepts exactly {le}")
                 run.cut.append(verdict)
                 continue
+        engine_logits = None if trace is None else trace.draft_logits
+        short = _short_view(rnd, mine, engine_logits)
+        if short is not None:  # the engine may have drafted a block cut to the room left: judged on that block
+            why = _drafter_excuse(short, short.tokens[:min(le, short.length)], le > short.length, rules, mode, budget,
+                                  engine_logits)
+            if why.startswith("excused: "):
+                verdict.kind, verdict.note = "drafter-near-tie", why.removeprefix("excused: ") + " (a cut block)"
+                run.drafter.append(verdict)
+                continue
         path = theirs[:min(le, rnd.length)]
-        why = _drafter_excuse(rnd, path, le > rnd.length, rules, mode, budget,
-                              None if trace is None else trace.draft_logits)
+        why = _drafter_excuse(rnd, path, le > rnd.length, rules, mode, budget, engine_logits)
         if why.startswith("excused: "):
             verdict.kind, verdict.note = "drafter-near-tie", why.removeprefix("excused: ")
             run.drafter.append(verdict)
         else:
             verdict.note = why
             run.differs.append(verdict)
+
+
+def _short_view(rnd, mine: Sequence[int], engine_logits):
+    """``rnd`` as replayed with the drafter's block cut to the room left, when that replay exists, agrees
+    with the engine's tokens, and the engine's own logits (if reported) are of that block; else None."""
+    if rnd.short_block is None or rnd.short_logits is None:
+        return None
+    length, tokens = rnd.short_block
+    if first_token_difference(mine, tokens) is not None:
+        return None
+    if engine_logits is not None and len(engine_logits) != rnd.short_logits.shape[0]:
+        return None
+    return replace(rnd, length=length, tokens=tokens, draft_logits=rnd.short_logits, short_block=None,
+                   short_logits=None)
 
 
 def _drafter_excuse(rnd, path: list[int], engine_holds: bool, rules: Calibration, mode: str, budget: int,

@@ -126,3 +126,18 @@ def test_a_cut_drafter_block_is_replayed_near_the_output_end():
         run = ReplayRun()
         judge_rounds(run, "p", [2, 1], [9, 4, 8, 6], [_round(0, 1, [4, 7, 5], short=short)], EXACT, "ddtree", 8, [])
         assert (len(run.freedom) == 1 and not run.differs) == allowed, short
+
+
+def test_a_cut_drafter_block_in_bfloat16_is_judged_on_that_block(tmp_path):
+    """chat-05, 32 tokens, bf16: the engine's cut block (8 positions) drafts a token the fp32 cut block
+    ranks second. Before: 'the engine's drafter logits have shape (8, 3072), the reference's (15, 3072)';
+    now the drafter near-tie is judged on the cut block's logits, like any other."""
+    from ddtree_conformance.prompts import load_prompts
+
+    prompt = next(p for p in load_prompts("fixture") if p.id == "chat-05")
+    path = tmp_path / "chat-05.jsonl"
+    path.write_text(f'{{"id": "chat-05", "prompt_ids": {prompt.prompt_ids}}}\n')
+    settings = _settings("bfloat16", [16]).model_copy(update={"prompt_set": str(path), "limit": None,
+                                                              "max_new_tokens": 32})
+    (result,) = _run(settings, ce.RoomLeftBlockEmitted, ["acceptance/dflash"])
+    assert result.status == "pass" and "1 drafter near-tie" in result.message, result.message
