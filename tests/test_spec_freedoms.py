@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 from ddtree_conformance.spec import build_chain, build_tree, tree_problem
-from ddtree_conformance.testing.correct_engines import first_nodes, renumbered, reversed_ties_tree, shallower
+from ddtree_conformance.testing.correct_engines import reversed_ties_tree
+from ddtree_conformance.testing.stepped import first_nodes, renumbered, shallower
 
 
 def _logits(seed: int = 0, depth: int = 6, vocab: int = 40) -> torch.Tensor:

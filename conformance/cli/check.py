@@ -148,8 +148,9 @@ def record(
     update: Annotated[bool, typer.Option("--update", help="Replace an existing golden file; prints the diff. "
                                                           "Refused when it would drop records, budgets or output "
                                                           "tokens the file holds.")] = False,
-    replace: Annotated[bool, typer.Option("--replace", help="Replace an existing golden file even where it drops "
-                                                            "records, budgets or output tokens (implies --update).")] = False,
+    replace: Annotated[bool, typer.Option(
+        "--replace", help="Replace an existing golden file even where it drops records, budgets or output tokens "
+                          "(implies --update).")] = False,
     threads: opt.Threads = None,
 ) -> None:
     """Record golden outputs, top-2 gaps and acceptance traces with the reference engine."""
