@@ -6,6 +6,7 @@ engine starts, and the engine's whole process tree ends with the run."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -89,15 +90,12 @@ class Echo(Engine):
 
 
 @pytest.fixture
-def run_dir(tmp_path, monkeypatch):
-    """A target holding only config.json, a drafter, prompts, a golden file, a calibration manifest and
-    a pairs file; the echo engine importable; the working folder ``tmp_path``."""
+def run_dir(tmp_path, monkeypatch, random_pair):
+    """A copy of the random pair with a calibration manifest beside it, prompts, a golden file and a
+    pairs file naming them; the echo engine importable; the working folder ``tmp_path``."""
     target, drafter, golden = tmp_path / "pair" / "target", tmp_path / "pair" / "drafter", tmp_path / "golden"
-    target.mkdir(parents=True)
-    drafter.mkdir()
-    (target / "config.json").write_text(json.dumps({"vocab_size": 97, "max_position_embeddings": 256}))
-    (drafter / "config.json").write_text(json.dumps({"block_size": 8}))
-    (drafter / "model.safetensors").write_text("weights")
+    shutil.copytree(random_pair[0], target)
+    shutil.copytree(random_pair[1], drafter)
     (tmp_path / "pair" / "MANIFEST.json").write_text("{}\n")
     (golden / "mine").mkdir(parents=True)
     (golden / "mine" / "prompts-float32.json").write_text("{}\n")
@@ -114,14 +112,14 @@ def run_dir(tmp_path, monkeypatch):
 def _echo_check(root, out, *extra):
     args = ["check", "--engine", "ddtc_echo_engine:Echo", "--pairs-file", root / "pairs.json", "--pair", "mine",
             "--golden-dir", root / "golden", "--no-isolate", "--max-new-tokens", "4", "--modes", "dflash",
-            "--check", "lossless", *(["--out", out] if out is not None else []), *extra]
+            "--check", "lossless", "--held-out-prompts", "0", *(["--out", out] if out is not None else []), *extra]
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
 PROTECTED = {
     "a golden file": "golden/mine/prompts-float32.json",
     "the model's config.json": "pair/target/config.json",
-    "a drafter file": "pair/drafter/model.safetensors",
+    "a drafter file": "pair/drafter/config.json",
     "the prompts file": "prompts.jsonl",
     "the pairs file": "pairs.json",
     "the calibration manifest": "pair/MANIFEST.json",
