@@ -239,8 +239,9 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
                                 f"chose {theirs[j]} ({gap:.3g} below the top-1, bound {rules.bound:.3g})")
                 run.differs.append(verdict)
             continue
-        if context_limit is not None and le < rnd.length and rnd.draft_logits is not None:
-            full = budget if mode == "ddtree" else int(rnd.draft_logits.shape[0])
+        fits = context_limit is not None and rnd.start - rnd.offset + 1 + len(output) <= context_limit
+        if fits and le < rnd.length and rnd.draft_logits is not None:  # (an engine whose output passes its own
+            full = budget if mode == "ddtree" else int(rnd.draft_logits.shape[0])  # limit states no limit)
             least = least_budget(full, context_limit - 2 - rnd.start)
             if least < full and _cut_length(rnd.draft_logits, mode, least, theirs, rnd.length) <= le:
                 verdict.kind = "context-cut"

@@ -111,20 +111,25 @@ def test_a_root_only_tree_is_a_named_verdict():
     assert [v.kind for v in run.cut] == ["cut-tree"] and "holds 0 of B=8 nodes" in run.cut[0].note
 
 
-def _peaked(depth: int = 4, vocab: int = 12) -> torch.Tensor:
+def _two_way(depth: int = 4, vocab: int = 12) -> torch.Tensor:
+    """Depth 1: tokens 3 and 5 tied; deeper: tokens 3 and 7 tied. The spec tree of 2 nodes is (3), (5)."""
     logits = torch.full((depth, vocab), -4.0)
-    logits[:, 3] = 4.0
-    logits[:, 5] = 1.0
+    logits[0, 3] = logits[0, 5] = 4.0
+    logits[1:, 3] = logits[1:, 7] = 2.0
     return logits
 
 
 def test_a_context_cut_is_allowed_only_where_the_kv_slots_run_out():
-    output = [9, 3, 3, 3, 3, 3, 3, 3, 3, 3]
-    theirs = [3, 3, 3, 3, 5]  # the full tree accepts all four drafts
-    for limit, length, allowed in ((104, 3, True), (104, 2, False), (None, 3, False), (200, 3, False)):
-        run = ReplayRun()  # a root at 100 of a 104-token context: 2 slots, the spec tree of 2 nodes accepts 3
-        judge_rounds(run, "p", [length, 1], output, [_round(0, 1, theirs, _peaked(), start=100)], EXACT, "ddtree", 8,
-                     [], context_limit=limit)
+    """A root at 100 of a 104-token context: 2 KV slots; the spec tree of 2 nodes accepts 2 where the full
+    tree (B=8) accepts 5. The engine's shorter round is a freedom there, and only there."""
+    output = [9, 3, 3, 7]  # a 100-token prompt, then round 0 emits [3, 3], round 1 [7]: position 103 is the last
+    theirs = [3, 3, 3, 3, 5]
+    for limit, length, allowed in ((104, 2, True), (104, 1, False), (None, 2, False), (200, 2, False),
+                                   (103, 2, False)):  # an output past the engine's own limit: no limit stated
+        run = ReplayRun()
+        lengths = [length, len(output) - 1 - length]
+        judge_rounds(run, "p", lengths, output, [_round(0, 1, theirs, _two_way(), start=100)], EXACT, "ddtree", 8, [],
+                     context_limit=limit)
         assert (len(run.freedom) == 1 and not run.differs) == allowed, (limit, length, run.differs)
 
 

@@ -132,10 +132,11 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
             problems = trace_problems(trace, limit, output_end=r == len(traces) - 1)
             if trace.draft_logits is not None:
                 emitted = trace.start - len(prompt.prompt_ids) + 1  # output tokens before this round
+                fits = caps.max_context and len(prompt.prompt_ids) + len(result.output_ids) <= caps.max_context
                 problem = _spec_tree_problem(
                     trace, mode, budget, session.settings.device, depth_limit=block - 1 if block else None,
                     room=session.settings.max_new_tokens - emitted,
-                    context_room=caps.max_context - 2 - trace.start if caps.max_context else None)
+                    context_room=caps.max_context - 2 - trace.start if fits else None)
                 problems += [problem] if problem else []
             if problems:
                 return CheckResult.failed(name, f"{prompt.id} round {r}: {problems[0]}", problems=problems)
