@@ -43,7 +43,7 @@ ROWS = {
 
 # the default tier's settings are cheap (two prompts, 20 tokens, B=16); rows that need more or less:
 OVERRIDES = {
-    ce.ContextFullTreeCut: {"budgets": [64]},  # every long-context round past 958 has fewer than 64 KV slots
+    ce.ContextFullTreeCut: {"budgets": [64], "max_new_tokens": 10},  # every long-context round has < 64 KV slots
     ce.RejectionSampledChain: {"sampling_requests": 24},
     ce.OtherRandomStream: {"sampling_requests": 24},
     ce.ContinuousBatching: {"max_new_tokens": 12},
@@ -53,7 +53,7 @@ OVERRIDES = {
 def _settings(dtype: str, **overrides) -> SuiteSettings:
     values = dict(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), limit=2, max_new_tokens=20,
                   budgets=[16], dtype=dtype, isolate=False, sampling_requests=40, branch_prompts=1, branch_rounds=2,
-                  torch_threads=1)
+                  torch_threads=1, held_out_prompts=0)  # the freedoms, not fresh prompts, are tested here
     return SuiteSettings(**{**values, **overrides})
 
 
