@@ -12,15 +12,19 @@ drives it in a spawned child, which serves every configuration until it is close
   naming the first cause; it is never restarted behind the caller's back. An exception raised *by*
   the engine's ``generate`` (it reports a failure and keeps running) still becomes one failed
   :class:`RequestResult` per request.
-* Process groups. The child starts its own session, so it leads a process group that holds every
-  process the engine starts (SGLang's scheduler, tensor-parallel ranks). A hung or dead child is
-  ended by killing that whole group.
+* The process tree. The child starts its own session, so it leads a process group that holds every
+  process the engine starts (SGLang's scheduler, tensor-parallel ranks), and it carries a mark in
+  its environment (``DDTREE_ENGINE_TREE``, one value per engine) that every process it starts
+  inherits, detached ones included (a double fork, a new session, a parent that exited). When the
+  engine is closed, hangs or dies, its whole tree ends: the group, the child's descendants and every
+  process carrying the mark (found with ``psutil``).
 * Dying with the suite. On Linux the child asks the kernel for SIGKILL when its parent dies
-  (``PR_SET_PDEATHSIG``), so it goes even when the suite is killed with ``kill -9``; a watchdog
-  thread in the child also ends its group when the parent's pid changes or a lifeline pipe from the
-  parent closes. Processes the engine starts must watch their own parent (the reference engine's
-  ranks and SGLang's scheduler do): after ``kill -9`` of the suite nobody is left to kill the group.
-  PR_SET_PDEATHSIG follows the parent *thread*: start engines from a thread that outlives them.
+  (``PR_SET_PDEATHSIG``, through ctypes: psutil has no equivalent), so it goes even when the suite is
+  killed with ``kill -9``; a watchdog thread in the child also ends its tree when the parent is gone
+  (``psutil``, safe against a reused pid) or a lifeline pipe from the parent closes. A process the
+  engine starts outlives a ``kill -9`` of both the suite and the child only if it watches nothing:
+  the reference engine's ranks and SGLang's scheduler watch their parent. PR_SET_PDEATHSIG follows
+  the parent *thread*: start engines from a thread that outlives them.
 * The child's log lives in a temporary folder, removed on :meth:`close` (or when the object is
   garbage-collected); failures carry the log's tail in their message.
 """
@@ -35,8 +39,11 @@ import sys
 import tempfile
 import threading
 import traceback
+import uuid
 import weakref
 from pathlib import Path
+
+import psutil
 
 from .interface import (
     Capabilities,
@@ -48,8 +55,9 @@ from .interface import (
     RequestResult,
     RunConfig,
 )
+from .process_tree import TREE_MARK, end_tree
 
-__all__ = ["IsolatedEngine", "allow_children", "log_tail"]
+__all__ = ["TREE_MARK", "IsolatedEngine", "allow_children", "end_tree", "log_tail"]
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 WATCHDOG_PERIOD_S = 1.0
@@ -77,8 +85,11 @@ def log_tail(path: str | Path, lines: int = 30) -> str:
 
 
 # ---------------------------------------------------------------------------------- child side
-def _end_own_group() -> None:
-    """Kill this process's group if this process leads it (never the suite's group); else exit."""
+def _end_own_tree() -> None:
+    """End everything this child started (its group and every process carrying its mark), then exit."""
+    mark = os.environ.get(TREE_MARK)
+    if mark is not None:
+        end_tree(None, mark)
     if os.getpgrp() == os.getpid():
         os.killpg(os.getpid(), signal.SIGKILL)
     os._exit(1)
@@ -94,8 +105,12 @@ def _die_with_parent(parent_pid: int, lifeline) -> None:
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):  # no prctl here: the watchdog below still works
             pass
+    try:
+        parent = psutil.Process(parent_pid)
+    except psutil.NoSuchProcess:  # the parent died before this child started watching
+        _end_own_tree()
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        _end_own_group()
+        _end_own_tree()
 
     def watch() -> None:
         while True:
@@ -103,20 +118,22 @@ def _die_with_parent(parent_pid: int, lifeline) -> None:
                 if lifeline.poll(WATCHDOG_PERIOD_S):
                     lifeline.recv_bytes()  # the parent never writes: only EOF (it died) gets here
             except (EOFError, OSError):
-                _end_own_group()
-            if os.getppid() != parent_pid:
-                _end_own_group()
+                _end_own_tree()
+            if not parent.is_running():  # gone, or its pid reused by another process
+                _end_own_tree()
 
     threading.Thread(target=watch, name="ddtree-parent-watchdog", daemon=True).start()
 
 
 def _serve(conn, lifeline, parent_pid: int, spec: str, model_dir: str, drafter_dir: str | None, options: dict,
-           log_path: str, torch_threads: int | None = None) -> None:
+           log_path: str, torch_threads: int | None = None, mark: str | None = None) -> None:
     """Child main: build the engine, then answer (command, payload) messages until 'close'."""
     try:
         os.setsid()  # lead a new session and process group: the parent kills the group on a hang
     except OSError:
         pass
+    if mark is not None:
+        os.environ[TREE_MARK] = mark  # inherited by every process the engine starts
     _die_with_parent(parent_pid, lifeline)
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log, 1)
@@ -169,16 +186,11 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def _kill_group(process) -> None:
-    """SIGKILL the child's process group (it leads one, see :func:`_serve`), then the child itself."""
+def _kill_tree(process, mark: str | None) -> None:
+    """End the child's whole tree (:func:`end_tree`), then reap the child itself."""
     if process is None:
         return
-    pid = process.pid
-    if pid is not None:
-        try:
-            os.killpg(pid, signal.SIGKILL)  # a group led by the child: never the suite's own group
-        except (ProcessLookupError, PermissionError):
-            pass  # the child has not called setsid yet, or the group is already gone
+    end_tree(process.pid, mark)
     if process.is_alive():
         process.kill()
     process.join(5)
@@ -221,6 +233,7 @@ class IsolatedEngine(Engine):
         self._caps_error: EngineError | None = None
         self._dead: EngineDied | None = None
         self._usage: EngineUsageError | None = None
+        self.tree_mark = uuid.uuid4().hex  # every process of this engine's tree carries it (module doc)
         self._log_dir = tempfile.mkdtemp(prefix="ddtree-engine-")
         self.log_path = os.path.join(self._log_dir, "engine.log")
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._log_dir, True)
@@ -243,10 +256,18 @@ class IsolatedEngine(Engine):
         self._process = ctx.Process(
             target=_serve,
             args=(child, life_read, os.getpid(), self.spec, self.model_dir, self.drafter_dir, self.options,
-                  self.log_path, self.torch_threads),
+                  self.log_path, self.torch_threads, self.tree_mark),
             daemon=True,
         )
-        self._process.start()
+        previous = os.environ.get(TREE_MARK)
+        os.environ[TREE_MARK] = self.tree_mark  # in the child's own environment: forks without exec carry it too
+        try:
+            self._process.start()
+        finally:
+            if previous is None:
+                os.environ.pop(TREE_MARK, None)
+            else:
+                os.environ[TREE_MARK] = previous
         child.close()
         life_read.close()
         self._conn, self._lifeline = parent, life_write
@@ -259,7 +280,7 @@ class IsolatedEngine(Engine):
             self._die(f"engine {self.spec!r} failed to start: {payload}")
 
     def _kill(self) -> None:
-        _kill_group(self._process)
+        _kill_tree(self._process, self.tree_mark)
         for conn in (self._conn, self._lifeline):
             if conn is not None:
                 conn.close()

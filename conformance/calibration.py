@@ -194,8 +194,9 @@ def calibration_from_manifest(path: Path, raw: bytes | None, dtype: str) -> Cali
         return default
     try:
         manifest = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CalibrationError(f"{path}: not a readable JSON manifest ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep, an integer too long
+        raise CalibrationError(f"{path}: not a readable JSON manifest ({type(exc).__name__}: "
+                               f"{' '.join(str(exc).split())[:160]})") from None
     data = manifest.get(KEY) if isinstance(manifest, dict) else None
     if data is None:
         return default

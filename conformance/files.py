@@ -2,9 +2,12 @@
 
 :func:`atomic_write` never leaves a half-written file: the data goes to a temporary file beside
 the target, is flushed to disk (fsync), renamed into place, and the folder is fsynced so the rename
-survives a power cut. The temporary file is removed on any exception. A writer killed outright
-(``kill -9``) cannot clean up, so the next write to the same file removes the temporary files such
-a writer left (``.<name>.XXXXXXXX.tmp``) and names each one through ``warn``.
+survives a power cut. The temporary file is removed on any exception. Writers of one path take
+turns: each holds a lock (``filelock``, in a per-user folder under the system's temporary folder,
+named by the path's hash) for its whole write, so concurrent writers never see, let alone delete,
+each other's temporary files. A writer killed outright (``kill -9``) loses its lock with its process
+but cannot clean up, so the next writer, holding the lock, removes the temporary files such a
+writer left (``.<name>.XXXXXXXX.tmp``) and names each one through ``warn``.
 
 :func:`read_json_object` turns every way a JSON file can be unreadable (missing, not a file,
 unreadable, not UTF-8, not JSON, not an object) into one error naming the file.
@@ -12,6 +15,7 @@ unreadable, not UTF-8, not JSON, not an object) into one error naming the file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -20,9 +24,12 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["atomic_write", "read_json_object", "parse_json_object", "stale_temp_files", "TEMP_SUFFIX"]
+from filelock import FileLock
+
+__all__ = ["atomic_write", "read_json_object", "parse_json_object", "stale_temp_files", "write_lock", "TEMP_SUFFIX"]
 
 TEMP_SUFFIX = ".tmp"
+LOCK_TIMEOUT_S = 600.0  # a writer holds the lock for one write; ten minutes means its holder is stuck
 _RANDOM = r"[a-z0-9_]{8}"  # tempfile's random part
 
 
@@ -53,10 +60,25 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def write_lock(path: str | Path, timeout: float = LOCK_TIMEOUT_S) -> FileLock:
+    """The lock every writer of ``path`` holds while it writes (module doc)."""
+    folder = Path(tempfile.gettempdir()) / f"ddtree-conformance-locks-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:32]
+    return FileLock(folder / f"{key}.lock", timeout=timeout)
+
+
 def atomic_write(path: str | Path, data: str | bytes, *, warn: Callable[[str], None] | None = None) -> Path:
-    """Write ``data`` to ``path`` atomically and durably (mode 0644); see the module doc."""
+    """Write ``data`` to ``path`` atomically and durably (mode 0644), one writer at a time; see the
+    module doc."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    with write_lock(path):
+        _write_locked(path, data, warn)
+    return path
+
+
+def _write_locked(path: Path, data: str | bytes, warn: Callable[[str], None] | None) -> None:
     for stale in stale_temp_files(path):
         try:
             stale.unlink()
@@ -75,7 +97,6 @@ def atomic_write(path: str | Path, data: str | bytes, *, warn: Callable[[str], N
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return path
 
 
 def read_json_object(path: str | Path, error: type[Exception], what: str = "file") -> dict:

@@ -3,8 +3,9 @@
 One JSON file per key at ``<golden_dir>/<pair>/<prompt_set>-<dtype>.json``; :func:`golden_path`
 refuses a pair name, prompt-set name or dtype that would put it anywhere else. Files are written
 atomically and durably (:func:`ddtree_conformance.files.atomic_write`) and never overwritten unless
-asked; an update returns a readable diff of what changed, and replaces an unreadable file with a
-warning naming it. A file that cannot be read (not UTF-8, not JSON, wrong fields) is one
+asked; an update returns a readable diff of what changed, refuses to drop records, budgets or
+output tokens the file holds unless ``replace`` (:func:`golden_losses`), and replaces an unreadable
+file with a warning naming it. A file that cannot be read (not UTF-8, not JSON, wrong fields) is one
 :class:`GoldenError` naming the file.
 """
 
@@ -33,6 +34,7 @@ __all__ = [
     "parse_golden",
     "write_golden",
     "diff_golden",
+    "golden_losses",
     "record_golden",
 ]
 
@@ -148,13 +150,30 @@ def _keys(golden: GoldenFile) -> set[str]:
     return {k for r in golden.records.values() for k in r.acceptance}
 
 
-def write_golden(golden_dir: str | Path, golden: GoldenFile, *, update: bool = False,
+def golden_losses(old: GoldenFile, prompt_ids, keys, max_new_tokens: int) -> list[str]:
+    """What replacing ``old`` by a file of ``prompt_ids``, acceptance ``keys`` and ``max_new_tokens``
+    would drop: records, budgets (acceptance keys) or output tokens; empty when nothing."""
+    losses = []
+    gone = [pid for pid in old.records if pid not in set(prompt_ids)]
+    if gone:
+        shown = ", ".join(gone[:5]) + (", ..." if len(gone) > 5 else "")
+        losses.append(f"{len(gone)} of {len(old.records)} records ({shown})")
+    lost_keys = sorted(_keys(old) - set(keys))
+    if lost_keys:
+        losses.append(f"acceptance of {', '.join(lost_keys)}")
+    if max_new_tokens < old.max_new_tokens:
+        losses.append(f"output tokens past {max_new_tokens} (the file holds {old.max_new_tokens} per prompt)")
+    return losses
+
+
+def write_golden(golden_dir: str | Path, golden: GoldenFile, *, update: bool = False, replace: bool = False,
                  warn: Callable[[str], None] | None = None) -> tuple[Path, list[str]]:
-    """Write atomically; refuse to replace an existing file unless ``update``. Returns the diff.
+    """Write atomically; refuse to replace an existing file unless ``update`` (or ``replace``), and to drop
+    what it holds (:func:`golden_losses`) unless ``replace``. Returns the diff.
 
     With ``update``, an existing file that cannot be read is replaced, with a warning naming it."""
     path = golden_path(golden_dir, golden.pair, golden.prompt_set, golden.dtype)
-    if path.exists() and not update:
+    if path.exists() and not (update or replace):
         raise GoldenExists(f"{path} exists; pass --update to replace it (a diff will be shown)")
     old = None
     if path.exists():
@@ -162,9 +181,17 @@ def write_golden(golden_dir: str | Path, golden: GoldenFile, *, update: bool = F
             old = load_golden(golden_dir, golden.pair, golden.prompt_set, golden.dtype)
         except GoldenError as exc:
             (warn or _warn)(f"replacing an unreadable golden file: {exc}")
+    losses = [] if old is None or replace else golden_losses(old, golden.records, _keys(golden), golden.max_new_tokens)
+    if losses:
+        raise GoldenExists(refusal(path, losses))
     diff = diff_golden(old, golden)
     atomic_write(path, golden.model_dump_json(indent=1) + "\n", warn=warn)
     return path, diff
+
+
+def refusal(path: Path, losses: list[str]) -> str:
+    return (f"{path}: the update would drop {'; '.join(losses)}; record with the file's prompts, budgets and "
+            f"--max-new-tokens, or pass --replace to drop them")
 
 
 def record_golden(session, budgets: list[int], progress=None) -> GoldenFile:

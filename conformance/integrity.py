@@ -94,7 +94,7 @@ def _config(directory) -> dict:
         return {}
     try:
         data = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 

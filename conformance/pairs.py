@@ -178,6 +178,8 @@ def _read_table(path: Path) -> dict[str, Any]:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise PairSpecError(f"pairs file {path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        except (ValueError, RecursionError) as exc:  # nested too deep, an integer too long to read
+            raise PairSpecError(f"pairs file {path}: not readable JSON ({type(exc).__name__})") from None
     else:
         try:
             import tomllib
@@ -190,6 +192,8 @@ def _read_table(path: Path) -> dict[str, Any]:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise PairSpecError(f"pairs file {path}: not valid TOML ({exc})") from None
+        except (ValueError, RecursionError) as exc:  # nested too deep, an integer too long to read
+            raise PairSpecError(f"pairs file {path}: not readable TOML ({type(exc).__name__})") from None
     if not isinstance(data, dict):
         raise PairSpecError(f"pairs file {path}: expected an object with a 'pairs' table at the top level")
     return data

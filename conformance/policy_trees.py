@@ -54,11 +54,20 @@ def sglang_width(budget: int, depth: int) -> int:
 
 
 def node_paths(tokens: Sequence[int], parents: Sequence[int]) -> list[tuple[int, ...]]:
-    """Every node's token path from the root (the root's is ``()``)."""
-    paths: list[tuple[int, ...]] = [()]
-    for i in range(1, len(tokens)):
-        paths.append(paths[parents[i]] + (int(tokens[i]),))
-    return paths
+    """Every node's token path from the root (the root's is ``()``); nodes may be numbered in any order
+    (a parent after its child included: a freedom), the arrays already checked to form a tree."""
+    paths: list[tuple[int, ...] | None] = [()] + [None] * (len(tokens) - 1)
+
+    def path(i: int) -> tuple[int, ...]:
+        chain = []
+        while paths[i] is None:
+            chain.append(i)
+            i = parents[i]
+        for node in reversed(chain):
+            paths[node] = paths[parents[node]] + (int(tokens[node]),)
+        return paths[i] if not chain else paths[chain[0]]
+
+    return [path(i) for i in range(len(tokens))]
 
 
 

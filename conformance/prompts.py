@@ -16,6 +16,7 @@ Every problem is one :class:`PromptError` naming the file, the line and the fiel
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,10 @@ def _parse_line(raw: str, path: Path, line: int, tokenizer: _Tokenizer) -> Promp
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise fail(f"bad JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise fail("bad JSON: nested too deep to read") from None
+    except ValueError:  # an integer literal past Python's digit limit
+        raise fail(f"bad JSON: an integer too long to read (more than {sys.get_int_max_str_digits()} digits)") from None
     if not isinstance(obj, dict):
         raise fail(f"expected a JSON object, got {type(obj).__name__}")
 

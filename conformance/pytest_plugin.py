@@ -152,11 +152,15 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = settings_from_options(config)  # a bad option or an unknown pair stops the run here, as one error
     _check_engine_name(settings.engine)
     from .checks import plan
+    from .input_validation import validate_run_inputs
+    from .prompts import PromptError
     from .settings import SettingsError
 
     try:
         plan(settings, flag_prefix="--ddtree-")  # a filter that keeps nothing is a usage error, never an empty pass
-    except SettingsError as exc:
+        if unavailable_reason(config) is None:  # bad prompts, ids or lengths: before any engine work
+            validate_run_inputs(settings, flag_prefix="--ddtree-")
+    except (SettingsError, PromptError) as exc:
         raise pytest.UsageError(f"ddtree-conformance: {exc}") from None
     if str(SUITE) in config.args:
         return

@@ -22,10 +22,15 @@ many nodes accepts exactly the engine's length, is classed a cut round (a schedu
 when its token budget runs out, as vLLM's does, or a budget cap): not excused, since the engine then
 accepts less than DDTree at its budget, but named for what it is in the failure.
 
-The last round, when the output's end (the length limit or a stop token) cuts it, is compared only
-as far as the output shows: past its end neither side's tokens are observable. For the same reason
-tau counts that round's emitted tokens on both sides, so a length claimed past the end cannot
-inflate it.
+The output's last round (it reaches the length limit or a stop token) is compared only as far as
+the output shows, whatever length the engine reports for it (emitted or walked): past the end
+neither side's tokens are observable, and an engine may leave out nodes it could never emit. For
+the same reason tau counts that round's emitted tokens on both sides, so a length claimed past the
+end cannot inflate it. Two more freedoms of docs/reference/freedoms.md are judged here: near the
+output's end the drafter's block may be cut to the room left (the round is then replayed that way,
+``ReplayRound.short_block``), and near the context's end an engine that counts KV slots flat may
+verify only the spec tree of the slots left (``context_limit``); such rounds are listed as
+``freedom`` rounds, never excused as near ties.
 
 Excused drafter rounds are capped per run: a correct engine flips a round's tree with
 probability at most ``p``, the calibration's measured rate of such rounds (reference in the low
@@ -39,12 +44,13 @@ ceiling. Anything else is a failure, named by prompt and round, with both sides 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .calibration import ALPHA, DRAFTER_TOP, Calibration
 from .metrics import emitted_lengths
+from .spec import least_budget
 
 __all__ = ["FP32_DRAFTER_FLIP_RATE", "RoundVerdict", "ReplayRun", "golden_lengths",
            "drafter_flips_within", "judge_rounds", "drafter_round_cap", "unconfirmed_round_cap"]
@@ -56,7 +62,7 @@ FP32_DRAFTER_FLIP_RATE = 1e-3  # float32: trees flip only at exact drafter ties 
 class RoundVerdict:
     prompt: str
     round: int
-    kind: str  # equal | target-near-tie | drafter-near-tie | differs
+    kind: str  # equal | target-near-tie | drafter-near-tie | cut-tree | short-block | context-cut | differs
     engine_length: int
     reference_length: int
     engine_tokens: list[int]
@@ -85,6 +91,7 @@ class ReplayRun:
     unconfirmed: list[RoundVerdict] = field(default_factory=list)  # shorter, no drafter logits to confirm it
     fp32_ties: list[RoundVerdict] = field(default_factory=list)  # float32: parted at a tie (calibration.FP32_TIE)
     cut: list[RoundVerdict] = field(default_factory=list)  # shorter on a smaller traced tree the spec agrees with
+    freedom: list[RoundVerdict] = field(default_factory=list)  # a cut block or a context cut (module doc): allowed
     differs: list[RoundVerdict] = field(default_factory=list)
     by_prompt: dict = field(default_factory=dict)  # prompt -> (engine lengths, replay lengths)
 
@@ -112,6 +119,16 @@ def _build(draft_logits: torch.Tensor, mode: str, budget: int):
     from ddtree_conformance.spec import build_chain, build_tree
 
     return build_chain(draft_logits) if mode == "dflash" else build_tree(draft_logits, budget)
+
+
+def _cut_length(draft_logits: torch.Tensor, mode: str, nodes: int, tokens: Sequence[int], most: int) -> int:
+    """The acceptance length of a walk along ``tokens`` on the spec tree of ``nodes`` nodes (the chain's
+    first ``nodes`` drafts in dflash mode); a root-only round accepts 1."""
+    if nodes <= 0:
+        return 1
+    if mode == "dflash":
+        return _accepted_length(_build(draft_logits[:nodes], mode, nodes), tokens, most)
+    return _accepted_length(_build(draft_logits, mode, nodes), tokens, most)
 
 
 def _accepted_length(tree, tokens: Sequence[int], most: int) -> int:
@@ -168,7 +185,7 @@ def _tree_dict(tokens, parents, accepted) -> dict:
 
 def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], output: Sequence[int], replayed,
                  rules: Calibration, mode: str, budget: int, token_gaps: Sequence[float],
-                 engine_traces=None) -> None:
+                 engine_traces=None, context_limit: int | None = None) -> None:
     """Classify every replayed round of one prompt into ``run`` (see the module doc).
 
     ``replayed``: :class:`~ddtree_conformance.adapters.reference.replay.ReplayRound` list;
@@ -176,7 +193,8 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
     ``engine_traces``: a function giving the engine's per-round traces of this prompt from a rerun
     that reproduces it (or None); called for a round whose tokens agree but whose length differs
     (the drafter side: the engine's tree and drafter logits decide the excuse), and to draw a failing
-    round, never for a target near tie.
+    round, never for a target near tie. ``context_limit``: the engine's context window (max_context),
+    for the context-cut freedom; None: no round is judged as cut by the context.
     """
     # tau counts what the output shows: a last round cut by the output's end counts its emitted tokens
     # on both sides, so a length claimed past the end (unobservable) cannot inflate it
@@ -190,10 +208,18 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
         theirs = rnd.tokens
         if le == rnd.length and mine == theirs[:len(mine)]:
             continue
-        if len(mine) < le and rnd.length >= len(mine) and mine == theirs[:len(mine)]:
-            continue  # the last round, cut by the output's end, agrees as far as the output shows
+        at_end = rnd.offset + le >= len(output)  # the output's last round: it shows only what it emitted
+        if at_end and rnd.length >= len(mine) and mine == theirs[:len(mine)]:
+            continue
         verdict = RoundVerdict(prompt, rnd.index, "differs", le, rnd.length, mine, theirs,
                                reference_tree=_tree_dict(rnd.tree_tokens, rnd.parents, rnd.accepted))
+        if rnd.short_block is not None:
+            short_length, short_tokens = rnd.short_block
+            if mine == short_tokens[:len(mine)] and (le == short_length or (at_end and short_length >= len(mine))):
+                verdict.kind = "short-block"
+                verdict.note = "equal to the replay with the drafter's block cut to the room the output had left"
+                run.freedom.append(verdict)
+                continue
 
         def engine_trace(verdict=verdict, rnd=rnd):
             """The engine's trace of this round (also drawn in the report), when a rerun reproduces it."""
@@ -224,19 +250,37 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
                                 f"chose {theirs[j]} ({gap:.3g} below the top-1, bound {rules.bound:.3g})")
                 run.differs.append(verdict)
             continue
+        fits = context_limit is not None and rnd.start - rnd.offset + 1 + len(output) <= context_limit
+        if fits and le < rnd.length and rnd.draft_logits is not None:  # (an engine whose output passes its own
+            full = budget if mode == "ddtree" else int(rnd.draft_logits.shape[0])  # limit states no limit)
+            least = least_budget(full, context_limit - 2 - rnd.start)
+            if least < full and _cut_length(rnd.draft_logits, mode, least, theirs, rnd.length) <= le:
+                verdict.kind = "context-cut"
+                verdict.note = (f"root at position {rnd.start} of a {context_limit}-token context: the KV slots left "
+                                f"hold {least} nodes")
+                run.freedom.append(verdict)
+                continue
         trace = engine_trace()  # the drafter side decides: the engine's own tree and drafter logits
         nodes = len(trace.tree_tokens) - 1 if trace is not None else budget
         if mode == "ddtree" and nodes < budget and le < rnd.length and rnd.draft_logits is not None:
-            expected = _accepted_length(_build(rnd.draft_logits, mode, nodes), theirs, rnd.length)
+            expected = _cut_length(rnd.draft_logits, mode, nodes, theirs, rnd.length)
             if expected == le:  # the engine verified a smaller tree (cut); at that size the spec agrees
                 verdict.kind, verdict.note = "cut-tree", (
                     f"the engine's trace holds {nodes} of B={budget} nodes (its scheduler cut the tree); the spec "
                     f"tree of {nodes} nodes accepts exactly {le}")
                 run.cut.append(verdict)
                 continue
+        engine_logits = None if trace is None else trace.draft_logits
+        short = _short_view(rnd, mine, engine_logits)
+        if short is not None:  # the engine may have drafted a block cut to the room left: judged on that block
+            why = _drafter_excuse(short, short.tokens[:min(le, short.length)], le > short.length, rules, mode, budget,
+                                  engine_logits)
+            if why.startswith("excused: "):
+                verdict.kind, verdict.note = "drafter-near-tie", why.removeprefix("excused: ") + " (a cut block)"
+                run.drafter.append(verdict)
+                continue
         path = theirs[:min(le, rnd.length)]
-        why = _drafter_excuse(rnd, path, le > rnd.length, rules, mode, budget,
-                              None if trace is None else trace.draft_logits)
+        why = _drafter_excuse(rnd, path, le > rnd.length, rules, mode, budget, engine_logits)
         if why.startswith("excused: "):
             verdict.kind, verdict.note = "drafter-near-tie", why.removeprefix("excused: ")
             run.drafter.append(verdict)
@@ -246,6 +290,20 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
         else:
             verdict.note = why
             run.differs.append(verdict)
+
+
+def _short_view(rnd, mine: Sequence[int], engine_logits):
+    """``rnd`` as replayed with the drafter's block cut to the room left, when that replay exists, agrees
+    with the engine's tokens, and the engine's own logits (if reported) are of that block; else None."""
+    if rnd.short_block is None or rnd.short_logits is None:
+        return None
+    length, tokens = rnd.short_block
+    if first_token_difference(mine, tokens) is not None:
+        return None
+    if engine_logits is not None and len(engine_logits) != rnd.short_logits.shape[0]:
+        return None
+    return replace(rnd, length=length, tokens=tokens, draft_logits=rnd.short_logits, short_block=None,
+                   short_logits=None)
 
 
 def _drafter_excuse(rnd, path: list[int], engine_holds: bool, rules: Calibration, mode: str, budget: int,

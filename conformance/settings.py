@@ -130,7 +130,7 @@ def _existing_dir(value: str, what: str) -> str:
         raise ValueError(f"{what} dir {path} does not exist")
     if not path.is_dir():
         raise ValueError(f"{what} dir {path} is not a directory")
-    return str(path)
+    return str(path.absolute())  # fixed now: an engine that changes the working folder cannot move it
 
 
 class SuiteSettings(BaseModel):
@@ -240,8 +240,13 @@ class SuiteSettings(BaseModel):
     def _prompts(cls, value: str) -> str:
         from .prompts import resolve_prompt_set
 
-        resolve_prompt_set(value)  # a PromptError (ValueError) names the file or the known sets
-        return value
+        path = resolve_prompt_set(value)  # a PromptError (ValueError) names the file or the known sets
+        return str(path.absolute()) if Path(value).is_file() else value  # a file: fixed now, a set: its name
+
+    @field_validator("golden_dir")
+    @classmethod
+    def _golden_dir(cls, value: str) -> str:
+        return str(Path(value).expanduser().absolute())
 
     @field_validator("checks")
     @classmethod

@@ -2,11 +2,14 @@
 
     python scripts/mutation_table.py [--dtype bfloat16] [--device cuda] [--budgets 16,256] [--limit 8]
                                      [--only NAME ...] [--shard I/N] [--include-correct] [--json F]
+                                     [--catalogue mutants|correct]
 
 Defaults: the fixture pair, budgets 16 and 256 (the budget-above-128 mutant needs the large one),
 32 new tokens. Each row: mutant, the checks that failed, the first failure's message. A mutant
 that no check fails is a hole in the suite, and a correct reference that fails is a false alarm;
-the script exits 1 for either.
+the script exits 1 for either. ``--catalogue correct`` runs the correct engines that use the spec's
+freedoms (conformance/testing/correct_engines.py) instead: every one must pass, a failure is a
+false alarm.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.files import atomic_write
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.testing.correct_engines import CORRECT_ENGINES
 from ddtree_conformance.testing.mutants import MUTANTS
 
 
@@ -43,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard", default=None, help="I/N: run every N-th engine starting at I (parallel runs)")
     parser.add_argument("--json", default=None, help="also write the rows as JSON here")
     parser.add_argument("--include-correct", action="store_true", help="also run the correct reference engine")
+    parser.add_argument("--catalogue", choices=("mutants", "correct"), default="mutants",
+                        help="the broken engines (each must fail) or the correct ones that use the spec's freedoms "
+                             "(each must pass)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -50,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                              pair_name=args.pair_name, budgets=[int(b) for b in args.budgets.split(",")],
                              limit=args.limit, max_new_tokens=args.max_new_tokens, isolate=False, dtype=args.dtype,
                              device=args.device, sampling_requests=args.sampling_requests)
-    engines = dict(MUTANTS)
+    correct = set(CORRECT_ENGINES) if args.catalogue == "correct" else set()
+    engines = dict(CORRECT_ENGINES) if args.catalogue == "correct" else dict(MUTANTS)
     if args.include_correct:
         engines = {"correct reference": ReferenceEngine, **engines}
     if args.only:
@@ -71,9 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"engine": label, "dtype": args.dtype, "device": args.device, "failed": [r.check for r in failed],
                      "message": failed[0].message if failed else "", "counts": counts,
                      "seconds": round(time.time() - t0, 1)})
-        if label != "correct reference" and not failed:
+        must_pass = label == "correct reference" or label in correct
+        if not must_pass and not failed:
             holes.append(label)
-        if label == "correct reference" and failed:
+        if must_pass and failed:
             holes.append(label + " (fails: " + ", ".join(r.check for r in failed) + ")")
         print(f"| {label} | {args.dtype} | {', '.join(r.check for r in failed) or '-'} | "
               f"{(failed[0].message if failed else 'all pass')[:300]} | {counts} | {rows[-1]['seconds']} s |",

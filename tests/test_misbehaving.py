@@ -125,7 +125,7 @@ def test_corrupt_results_fail_naming_request_and_field(suite, fault):
 
 def test_every_catalogue_entry_is_tested():
     process = {"cannot start", "hang at start-up", "hang in capabilities", "crash in generate", "hang in generate",
-               "out of memory", "unknown option", "no acceptance data (honest)"}
+               "out of memory", "unknown option", "no acceptance data (honest)", "detached grandchild"}
     assert set(CATALOGUE) == set(RESULT_FAULTS) | process
     assert len([f for f in CATALOGUE.values() if f.engine.startswith(M)]) >= 15
 

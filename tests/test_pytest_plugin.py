@@ -228,3 +228,12 @@ def test_every_family_selected_by_substring_keeps_checks():
         assert kept and all(needle in c.id for c in kept), needle
     with pytest.raises(SettingsError, match="keeps none"):
         plan(settings, only=["nosuch"])
+
+
+def test_a_prompt_past_the_vocabulary_is_a_usage_error_before_any_engine_work(repo):
+    prompts = repo.path / "bad.jsonl"
+    prompts.write_text('{"id": "a", "prompt_ids": [1, 2]}\n{"id": "b", "prompt_ids": [99999]}\n')
+    result = run_in_repo(repo, "-q", "--ddtree-engine", "reference", f"--ddtree-prompts={prompts}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, text(result)
+    assert f"{prompts}:2: field 'prompt_ids'" in text(result) and "outside the vocabulary" in text(result)
+    assert "Traceback" not in text(result)

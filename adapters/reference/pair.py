@@ -188,12 +188,13 @@ class LoadedPair:
         return self._fast
 
     def draft_logits(self, root: int, start: int, context: torch.Tensor, context_start: int, cache,
-                     block_offset: int = 0) -> torch.Tensor:
+                     block_offset: int = 0, rows: int | None = None) -> torch.Tensor:
         """Drafter logits ``[S-1, V]`` for the positions after ``root`` (doc §1).
 
-        ``block_offset`` moves the block's positions against the context's (0 is right; mutants only)."""
+        ``block_offset`` moves the block's positions against the context's (0 is right; mutants only).
+        ``rows``: draft that many positions from a block cut to ``rows + 1`` tokens (default S - 1)."""
         drafter = self.drafter
-        size = drafter.block_size
+        size = drafter.block_size if rows is None else rows + 1
         block = torch.full((1, size), drafter.config.mask_token_id, dtype=torch.long, device=self.device)
         block[0, 0] = root
         embeds = self.target.get_input_embeddings()(block)

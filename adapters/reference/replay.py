@@ -14,6 +14,10 @@ in the engine's own context:
 * otherwise the tree rows are dropped and the engine's accepted tokens run as a causal chain after
   the root, giving the cache rows and drafter feedback of exactly that context.
 
+Near the output's end, where the room left is smaller than the drafter's block, an engine may run
+the drafter on a block cut to that room (z-lab's ``dflash_generate`` does): a round that differs
+from the replay there is also replayed that way (:attr:`ReplayRound.short_block`).
+
 Only greedy (temperature 0) results are replayed.
 """
 
@@ -53,6 +57,8 @@ class ReplayRound:
     accepted: list[int]  # accepted node indices
     path_gaps: list[float]  # fp32 target top-1/top-2 gap at the root and each accepted node
     draft_logits: torch.Tensor | None  # [L, V] float32 on CPU, kept for rounds that differ
+    short_block: tuple[int, list[int]] | None = None  # (length, tokens) drafted from a block cut to the room left
+    short_logits: torch.Tensor | None = None  # [room, V] float32 on CPU: that block's drafter logits
 
 
 def _tree(draft_logits: torch.Tensor, mode: str, budget: int):
@@ -68,6 +74,26 @@ def _path_nodes(tree, tokens: list[int]) -> list[int] | None:
             return None
         nodes.append(node)
     return nodes
+
+
+def _short_block_round(pair, root: int, start: int, context_width: torch.Tensor, draft_cache, cache, mode: str,
+                       budget: int, room: int) -> tuple[int, list[int], torch.Tensor]:
+    """(length, tokens, drafter logits) of the round with the drafter's block cut to ``room`` positions.
+    The round's context is already in the drafter's cache; the target's cache comes back as it was."""
+    logits = pair.draft_logits(root, start, context_width[:0], start, draft_cache, rows=room)
+    tree = _tree(logits, mode, budget)
+    verify = compile_tree(tree, root, start, dtype=pair.dtype)
+    saved = [(layer.keys, layer.values) for layer in cache.layers]
+    for layer, (keys, values) in zip(cache.layers, saved):  # the committed rows only (cache updates copy)
+        layer.keys, layer.values = keys[:, :, :start], values[:, :, :start]
+    try:
+        target, _ = pair.forward(verify.input_ids, verify.position_ids, cache, verify.attention_mask)
+    finally:
+        for layer, (keys, values) in zip(cache.layers, saved):
+            layer.keys, layer.values = keys, values
+    walk = walk_tree(tree, target)
+    tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
+    return len(walk.accepted) + 1, tokens, logits.float().cpu()
 
 
 def replay_result(engine, request: Request, output: list[int], lengths: list[int], mode: str, budget: int,
@@ -104,11 +130,16 @@ def replay_result(engine, request: Request, output: list[int], lengths: list[int
                 keep = keep_logits(index, engine_tokens, tokens)
             else:
                 keep = engine_tokens != tokens[:len(engine_tokens)] or length != len(tokens)
+            room = request.max_new_tokens - offset
+            short = (None, None, None)
+            if room < draft_logits.shape[0] and (engine_tokens != tokens[:len(engine_tokens)] or length != len(tokens)):
+                short = _short_block_round(pair, root, start, feats, draft_cache, cache, mode, budget, room)
             rounds.append(ReplayRound(
                 index=index, offset=offset, start=start, root=root, length=len(walk.accepted) + 1, tokens=tokens,
                 tree_tokens=verify.input_ids.tolist(), parents=tree.parents.tolist(), accepted=list(walk.accepted),
                 path_gaps=top2_margin(logits[[0, *walk.accepted]]).tolist(),
-                draft_logits=draft_logits.float().cpu() if keep else None))
+                draft_logits=draft_logits.float().cpu() if keep else None,
+                short_block=None if short[0] is None else short[:2], short_logits=short[2]))
             if offset + length > len(output) or index == len(lengths) - 1:
                 break  # the last round: nothing to commit
             accepted_tokens = output[offset: offset + length - 1]

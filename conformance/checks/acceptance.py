@@ -127,7 +127,7 @@ def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | N
         scores = score_output(fn, request.prompt_ids, result.output_ids)
         _judge_prefill_token(run, label, result.output_ids, scores, rules)
         judge_rounds(run, label, lengths, result.output_ids, replayed, rules, mode, budget or 1, scores.gaps,
-                     lambda index=index: engine_traces(index))
+                     lambda index=index: engine_traces(index), context_limit=caps.max_context)
     source = f"{from_golden} prompts from the float32 golden file, {len(results) - from_golden} replayed live"
     tau, ref_tau = mean_tau(run.engine_lengths), mean_tau(run.reference_lengths)
     details = {"tau": tau, "reference_tau": ref_tau, "rounds": run.rounds, "source": source,
@@ -136,6 +136,7 @@ def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | N
                "unconfirmed_drafter_rounds": [v.describe() for v in run.unconfirmed[:50]],
                "fp32_tie_rounds": [v.describe() for v in run.fp32_ties[:50]],
                "cut_tree_rounds": [v.describe() for v in run.cut[:50]],
+               "freedom_rounds": [v.describe() for v in run.freedom[:50]],
                "differing_rounds": [v.describe() for v in run.differs[:50]]}
     if run.rounds == 0:
         if all(len(r.output_ids) <= 1 for r in results):

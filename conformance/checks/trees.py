@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from ddtree_conformance.adapters.interface import RoundTrace
+from ddtree_conformance.spec import tree_problem
 
 from ..run import Run
 from ..node_scoring import rounds_of, score_nodes
@@ -45,8 +46,13 @@ def traced_run(session: SuiteSession, mode: str, budget: int | None):
     return indices, results
 
 
-def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True) -> list[str]:
-    """Every way one round's trace breaks the DDTree rules (doc §3); empty when it is fine."""
+def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True,
+                   output_end: bool = False) -> list[str]:
+    """Every way one round's trace breaks the DDTree rules (doc §3); empty when it is fine.
+
+    Nodes may be numbered in any order after the root (docs/reference/freedoms.md). ``output_end``: the
+    output's last round, whose walk the output's end may cut (an engine reporting emitted lengths
+    reports the walk as far as the output shows it)."""
     problems: list[str] = []
     n = len(trace.tree_tokens) - 1
     if not (len(trace.parents) == len(trace.depths) == len(trace.positions) == n + 1):
@@ -61,8 +67,8 @@ def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True) -
     seen: dict[tuple[int, int], int] = {}
     for i in range(1, n + 1):
         parent = trace.parents[i]
-        if not 0 <= parent < i:
-            problems.append(f"node {i} has parent {parent}: parents must precede children (prefix-closed)")
+        if not 0 <= parent <= n or parent == i:
+            problems.append(f"node {i} has parent {parent}: not a node of the tree")
             continue
         if trace.depths[i] != trace.depths[parent] + 1:
             problems.append(f"node {i} depth {trace.depths[i]} != parent depth + 1")
@@ -89,7 +95,7 @@ def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True) -
         previous = node
     if trace.target_tokens and trace.bonus != trace.target_tokens[-1]:
         problems.append(f"bonus {trace.bonus} is not the target's token {trace.target_tokens[-1]} at the last node")
-    if greedy:
+    if greedy and not output_end:
         last = trace.accepted[-1] if trace.accepted else 0
         for i in range(1, n + 1):
             if trace.parents[i] == last and trace.tree_tokens[i] == trace.bonus:
@@ -101,9 +107,36 @@ def _off_path_rounds(traces) -> int:
     """Rounds, other than a request's last, whose accepted path is not the verify batch's first rows: the
     runs that continue after a branch other than the first one (KV, feedback and state must follow it)."""
     return sum(1 for t in traces[:-1] if t.accepted != list(range(1, len(t.accepted) + 1)))
+def _spec_device(device: str) -> str:
+    """Rebuild spec trees on the run's device kind: CPU and CUDA log-softmax differ in low bits, and
+    bf16/fp16 drafter logits tie often, so a tie broken by one bit would otherwise differ."""
+    if device.split(":", 1)[0] == "cuda" and torch.cuda.is_available():
+        return device
+    return "cpu"
+
+
+def _spec_tree_problem(trace: RoundTrace, mode: str, budget: int | None, device: str = "cpu", *,
+                       depth_limit: int | None = None, room: int | None = None,
+                       context_room: int | None = None) -> str | None:
+    """Whether the traced tree is one the spec allows for the round's own drafter logits: the spec tree
+    up to node numbering, ties, and nodes the output's or the context's end leaves out (spec.freedoms)."""
+    logits = torch.tensor(trace.draft_logits, dtype=torch.float32, device=_spec_device(device))
+    problem = tree_problem(trace.tree_tokens, trace.parents, trace.depths, logits, mode, budget or 1,
+                           depth_limit=depth_limit, room=room, context_room=context_room)
+    return None if problem is None else f"tree differs from the spec's tree for its own drafter logits: {problem}"
+
+
+def _context_room(max_context: int | None, prompt, result, trace: RoundTrace) -> int | None:
+    """Nodes the context still had room for in this round, where the engine's output fits its own stated
+    context (an engine cannot excuse cut trees by understating ``max_context``)."""
+    fits = max_context and len(prompt.prompt_ids) + len(result.output_ids) <= max_context
+    return max_context - 2 - trace.start if fits else None
 
 
 def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
+    """Every traced round keeps the rules; a tree the spec allows for its own drafter logits (up to the
+    freedoms of :mod:`ddtree_conformance.spec.freedoms`) counts as the spec's; the others are diagnosed as
+    a tree policy (:mod:`ddtree_conformance.tree_policy`)."""
     name = Run(mode, budget).check_id("tree-structure")
     caps = session.capabilities
     if mode not in caps.modes:
@@ -112,37 +145,57 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
         return CheckResult.skipped(name, f"engine gives no per-round traces in mode {mode}")
     limit = budget if mode == "ddtree" else None
     indices, results = traced_run(session, mode, budget)
-    views, off_path = [], 0
+    block = block_size(session.settings.drafter_dir)
+    views, allowed, off_path, rounds, spec_rounds = [], [], 0, 0, 0  # views: rounds the freedoms do not explain
     for prompt, result in zip([session.prompts[i] for i in indices], results):
         if result.error:
             return CheckResult.failed(name, f"engine error on {prompt.id}: {result.error.splitlines()[0]}")
         traces = result.traces or []
         for r, trace in enumerate(traces):
-            problems = trace_problems(trace, limit)
+            problems = trace_problems(trace, limit, output_end=r == len(traces) - 1)
             if problems:
                 return CheckResult.failed(name, f"{prompt.id} round {r}: {problems[0]}", problems=problems)
-        views += round_views(prompt.id, traces, caps.max_context)
+        for trace, view in zip(traces, round_views(prompt.id, traces, caps.max_context)):
+            rounds += 1
+            if trace.draft_logits is not None:
+                spec_rounds += 1
+                emitted = trace.start - len(prompt.prompt_ids) + 1  # output tokens before this round
+                if _spec_tree_problem(trace, mode, budget, session.settings.device,
+                                      depth_limit=block - 1 if block else None,
+                                      room=session.settings.max_new_tokens - emitted,
+                                      context_room=_context_room(caps.max_context, prompt, result, trace)) is None:
+                    allowed.append(view)  # the spec's tree, up to its freedoms (spec.freedoms)
+                    continue
+            views.append(view)
         off_path += _off_path_rounds(traces)
-    if not views:
+    if not rounds:
         if all(len(r.output_ids) <= 1 for r in results):
             return CheckResult.skipped(name, "every output is the prefill token alone: no round to trace")
         return CheckResult.failed(name, "engine claims traces but returned none")
-    spec_rounds = sum(1 for v in views if v.logits is not None)
     if caps.draft_logits and spec_rounds == 0:  # never claim agreement with nothing compared
         return CheckResult.failed(name, f"engine promises drafter logits (draft_logits) but no traced round of "
-                                        f"{len(views)} carries them: no tree could be compared with the spec's",
-                                  rounds=len(views))
-    diagnosis = diagnose_traces(Run(mode, budget).label, views, mode, budget, block_size(session.settings.drafter_dir))
+                                        f"{rounds} carries them: no tree could be compared with the spec's",
+                                  rounds=rounds)
+    label = Run(mode, budget).label
+    # every round, for the table and its notes (node order, ties, cuts); findings only from the rounds the
+    # spec's freedoms do not explain
+    whole = diagnose_traces(label, allowed + views, mode, budget, block)
+    diagnosis = whole if not allowed else diagnose_traces(label, views, mode, budget, block) if views else None
+    if diagnosis is None or not diagnosis.findings:
+        whole.findings, whole.first = [], None
+        if whole.row:
+            whole.row["verdict"] = "the spec's trees (up to its freedoms)"
+        diagnosis = whole
     details = {"tables": [policy_table([diagnosis])], "tree_policy": diagnosis.kinds,
-               "off_path_rounds": off_path, "rounds": len(views), "spec_rounds": spec_rounds}
-    notes = "".join(f"; {n}" for n in diagnosis.notes)
+               "off_path_rounds": off_path, "rounds": rounds, "spec_rounds": spec_rounds}
+    notes = "".join(f"; {n}" for n in whole.notes)
     if diagnosis.findings:
         first = f" (first differing: {diagnosis.first})" if diagnosis.first else ""
         return CheckResult.failed(name, f"trees are not the spec's trees ({diagnosis.source}): {diagnosis.message()}"
                                         f"{first}", notes=diagnosis.notes, **details)
-    spec = (f"; {spec_rounds}/{len(views)} trees equal the spec's tree for their drafter logits" if spec_rounds else
-            "; drafter logits not reported, spec-tree equality not checked")
-    return CheckResult.passed(name, f"{len(views)} rounds well-formed{spec}; {off_path} rounds continued after "
+    spec = (f"; {len(allowed)}/{spec_rounds} trees are the spec's tree for their drafter logits (up to its freedoms)"
+            if spec_rounds else "; drafter logits not reported, spec-tree equality not checked")
+    return CheckResult.passed(name, f"{rounds} rounds well-formed{spec}; {off_path} rounds continued after "
                                     f"accepting a path off the first rows{notes}", **details)
 
 

@@ -11,6 +11,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..input_validation import validate_run_inputs
+from ..output_paths import output_path
 from ..paths import REPORTS_DIR
 from ..progress import progress_printer
 from ..run import Run
@@ -79,6 +81,9 @@ def bench(
         max_new_tokens=max_new_tokens, isolate=isolate, engine_options=engine_option,
         engine_timeout_s=engine_timeout, torch_threads=threads,
         held_out_prompts=0)  # a bench times the bundled prompts only: every run and its baseline time the same set
+    validate_run_inputs(settings)
+    out_path = output_path(out, REPORTS_DIR / f"bench-{settings.engine.replace(':', '_')}.json", settings,
+                           pairs_file=pairs_file, extra=[baselines])  # absolute, never an input of the run
     hw = opt.hw_class(settings.device, hardware_class)
     runs = [("dflash", None)] if "dflash" in settings.modes else []
     runs += [("ddtree", b) for b in settings.budgets] if "ddtree" in settings.modes else []
@@ -113,7 +118,6 @@ def bench(
         session.close()
     report = new_report("bench", settings.model_dump(), hw)
     report.update(measured)
-    out_path = out if out is not None else REPORTS_DIR / f"bench-{settings.engine.replace(':', '_')}.json"
     paths = write_report(report, out_path)
     table = Table(title=escape(f"bench: {settings.engine} on {settings.pair_name} ({settings.dtype}, "
                                f"{settings.device}, {hw}), {report['bench']['repeats']} repeats, clock "

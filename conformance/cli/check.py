@@ -11,7 +11,10 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
+from ..input_validation import validate_run_inputs
+from ..output_paths import output_path
 from ..paths import REPORTS_DIR
+from ..run import Run
 from . import options as opt
 from .base import EXIT_FAILED, EXIT_HELP, CliError, EngineFailed, command, stderr_console, stdout_console
 
@@ -46,6 +49,17 @@ def check(
     run_seed: opt.RunSeed = None,
     profile: opt.Profile = None,
 ) -> None:
+    settings = opt.run_settings(
+        engine=engine, model_dir=model, drafter_dir=drafter, pair=pair, pairs_file=pairs_file, pair_name=pair_name,
+        modes=modes, budgets=budgets, dtype=dtype, device=device, prompt_set=prompts, limit=limit,
+        max_new_tokens=max_new_tokens, checks=only, isolate=isolate, golden_dir=golden_dir,
+        engine_options=engine_option, engine_timeout_s=engine_timeout, torch_threads=threads,
+        tensor_parallel_size=tensor_parallel_size, held_out_prompts=held_out_prompts, run_seed=run_seed,
+        profile=profile)
+    validate_run_inputs(settings)  # bad prompts, ids or lengths: exit 2 before any engine work (and heavy import)
+    out_path = output_path(out, REPORTS_DIR / f"check-{settings.engine.replace(':', '_')}.json", settings,
+                           pairs_file=pairs_file)  # absolute, never an input of the run
+
     from ..adapters.interface import EngineDied
     from ..adapters.registry import resolve_engine
     from ..checks import needs_golden, plan, run_plan
@@ -56,18 +70,10 @@ def check(
     from ..report import CHECK_SCHEMA, new_report, runs_from_session, write_partial_report, write_report
     from ..session import SuiteSession
 
-    settings = opt.run_settings(
-        engine=engine, model_dir=model, drafter_dir=drafter, pair=pair, pairs_file=pairs_file, pair_name=pair_name,
-        modes=modes, budgets=budgets, dtype=dtype, device=device, prompt_set=prompts, limit=limit,
-        max_new_tokens=max_new_tokens, checks=only, isolate=isolate, golden_dir=golden_dir,
-        engine_options=engine_option, engine_timeout_s=engine_timeout, torch_threads=threads,
-        tensor_parallel_size=tensor_parallel_size, held_out_prompts=held_out_prompts, run_seed=run_seed,
-        profile=profile)
     resolve_engine(settings.engine, settings.engine_options)  # unknown engine or option: exit 2 before any work
     checks = plan(settings)
     if needs_golden(checks):
         load_golden(settings.golden_dir, settings.pair_name, settings.prompt_set, settings.dtype)  # unreadable: exit 2
-    out_path = out if out is not None else REPORTS_DIR / f"check-{settings.engine.replace(':', '_')}.json"
     partial = new_report("check", settings.model_dump(), opt.hw_class(settings.device, hardware_class),
                          schema=CHECK_SCHEMA)
     printer = progress_printer()
@@ -143,28 +149,53 @@ def record(
     limit: opt.Limit = None,
     max_new_tokens: opt.MaxNewTokens = None,
     golden_dir: opt.GoldenDir = None,
-    update: Annotated[bool, typer.Option("--update", help="Replace an existing golden file; prints the diff.")] = False,
+    update: Annotated[bool, typer.Option("--update", help="Replace an existing golden file; prints the diff. "
+                                                          "Refused when it would drop records, budgets or output "
+                                                          "tokens the file holds.")] = False,
+    replace: Annotated[bool, typer.Option(
+        "--replace", help="Replace an existing golden file even where it drops records, budgets or output tokens "
+                          "(implies --update).")] = False,
     threads: opt.Threads = None,
 ) -> None:
     """Record golden outputs, top-2 gaps and acceptance traces with the reference engine."""
-    from ..golden_files import GoldenExists, golden_path, record_golden, write_golden
-    from ..session import SuiteSession
-
     settings = opt.run_settings(
         engine="reference", model_dir=model, drafter_dir=drafter, pair_name=pair_name,
         budgets=budgets or "16,32,64,256", dtype=dtype, device=device, prompt_set=prompts, limit=limit,
         max_new_tokens=max_new_tokens, isolate=False, golden_dir=golden_dir, torch_threads=threads,
         held_out_prompts=0)  # golden files hold the prompt set's prompts only
+    prompt_set = validate_run_inputs(settings)
+
+    from ..golden_files import (
+        GoldenError,
+        GoldenExists,
+        golden_losses,
+        golden_path,
+        load_golden,
+        record_golden,
+        refusal,
+        write_golden,
+    )
+    from ..session import SuiteSession
+
     path = golden_path(settings.golden_dir, settings.pair_name, settings.prompt_set, settings.dtype)
-    if path.exists() and not update:
+    if path.exists() and not (update or replace):
         raise GoldenExists(f"{path} exists; pass --update to replace it (a diff will be shown)")
+    if path.exists() and not replace:  # what the update would drop, refused before the run
+        try:
+            old = load_golden(settings.golden_dir, settings.pair_name, settings.prompt_set, settings.dtype)
+        except GoldenError:
+            old = None  # unreadable: replaced with a warning naming it
+        keys = [Run("dflash").golden_key] + [Run("ddtree", b).golden_key for b in settings.budgets]
+        losses = [] if old is None else golden_losses(old, [p.id for p in prompt_set], keys, settings.max_new_tokens)
+        if losses:
+            raise GoldenExists(refusal(path, losses))
     session = SuiteSession(settings)
     try:
         golden = record_golden(session, settings.budgets,
                                progress=lambda key: stderr_console().print(escape(f"recorded {key}")))
     finally:
         session.close()
-    written, diff = write_golden(settings.golden_dir, golden, update=update,
+    written, diff = write_golden(settings.golden_dir, golden, update=update, replace=replace,
                                  warn=lambda text: print(f"warning: {text}", file=sys.stderr, flush=True))
     console = stdout_console()
     for line in diff:

@@ -15,10 +15,12 @@ from rich.table import Table
 
 from ..adapters.interface import Capabilities, Engine, EngineDied, EngineError, Request, RequestResult, RunConfig
 from ..adapters.registry import create_engine, list_engines, load_engine_class, resolve_engine
+from ..input_validation import pair_limits, validate_prompts
 from ..integrity import PairLimits, is_integrity_error, validate_results
+from ..output_paths import output_path
 from ..paths import REPORTS_DIR
 from ..progress import Heartbeat, progress_printer
-from ..prompts import Prompt, load_prompts
+from ..prompts import Prompt, load_prompts, resolve_prompt_set
 from ..settings import GenerateSettings, unsupported
 from . import options as opt
 from .base import EXIT_FAILED, CliError, command, stderr_console, stdout_console
@@ -60,7 +62,7 @@ def default_stop_tokens(model: str | Path) -> list[int]:
         return []
     try:
         eos = json.loads(path.read_text()).get("eos_token_id")
-    except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+    except (ValueError, RecursionError, AttributeError):  # not JSON, not UTF-8, too deep, not an object
         raise CliError(f"{path} is not a valid JSON object; pass --stop-token explicitly") from None
     if eos is None:
         return []
@@ -234,11 +236,15 @@ def generate(
         engine_timeout_s=engine_timeout, isolate=isolate, torch_threads=threads)
     config = RunConfig(mode=settings.mode, budget=settings.budget, dtype=settings.dtype, device=settings.device,
                        trace=trace, tensor_parallel_size=settings.tensor_parallel_size)
-    prompt_set = load_prompts(settings.prompt_set, tokenizer_dir=settings.model_dir)
+    prompt_path = resolve_prompt_set(settings.prompt_set)
+    prompt_set = load_prompts(prompt_path, tokenizer_dir=settings.model_dir)
     prompt_set = prompt_set[: settings.limit] if settings.limit else prompt_set
+    validate_prompts(prompt_set, prompt_path, pair_limits(settings.model_dir),  # exit 2 before any engine work
+                     lambda p: settings.max_new_tokens or p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, "max_new_tokens")
     stops = settings.stop_token_ids if settings.stop_token_ids is not None else default_stop_tokens(settings.model_dir)
     requests = build_requests(prompt_set, settings, stops)
-    out_path = out if out is not None else REPORTS_DIR / f"generate-{settings.mode}.jsonl"
+    out_path = output_path(out, REPORTS_DIR / f"generate-{settings.mode}.jsonl", settings,
+                           files=lambda path: [path, path.with_name(path.name + ".partial")])
 
     labels = [f"prompt {p.id}" for p in prompt_set]
     limits = PairLimits.read(settings.model_dir, settings.drafter_dir)

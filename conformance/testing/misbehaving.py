@@ -259,6 +259,35 @@ class HangInGenerate(_Process):
         return []
 
 
+_DETACH = (
+    "import subprocess, sys\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'], start_new_session=True,\n"
+    "                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+    "print(child.pid)\n"
+)
+
+
+class DetachedGrandchild(_Process):
+    """Starts a grandchild that detaches (its own session; its parent exits, so it is reparented away
+    from the engine), then answers every generate correctly (outputs of token 1). Nothing in its
+    process group or its descendants holds the grandchild: only the engine's tree mark finds it. Option
+    ``pid_file``: also write the grandchild's pid there."""
+
+    OPTIONS = ("pid_file",)
+
+    def generate(self, requests, config):
+        if not getattr(self, "started", False):
+            middle = subprocess.run([sys.executable, "-c", _DETACH], capture_output=True, text=True, check=True)
+            pid = middle.stdout.strip()
+            _log(f"started detached grandchild {pid}")
+            if self.options.get("pid_file"):
+                with open(self.options["pid_file"], "w") as handle:
+                    handle.write(pid)
+            self.started = True
+        return [RequestResult(output_ids=[1] * r.max_new_tokens, finish_reason="length", rounds=r.max_new_tokens - 1,
+                              acceptance_lengths=[1] * (r.max_new_tokens - 1)) for r in requests]
+
+
 class OutOfMemory(_Process):
     """Killed by SIGKILL in generate, as the kernel's out-of-memory killer does (no memory is used)."""
 
@@ -320,6 +349,8 @@ CATALOGUE: dict[str, Fault] = {
                                timeout=10),
     "hang in generate": Fault(_spec(HangInGenerate), "starts a helper process, then sleeps", checks=_DIES,
                               isolate=True, timeout=5),
+    "detached grandchild": Fault(_spec(DetachedGrandchild), "starts a grandchild in its own session, then answers "
+                                 "correctly", checks=("lossless",), isolate=True, timeout=120),
     "out of memory": Fault(_spec(OutOfMemory), "SIGKILL in generate, as the OOM killer sends", checks=_DIES,
                            isolate=True, timeout=10),
     "unknown option": Fault("reference", "a typo in an option name", {"bulider": "vectorized"}, isolate=True),

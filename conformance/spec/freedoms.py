@@ -1,0 +1,144 @@
+"""Which verified trees the spec allows (docs/reference/freedoms.md): the spec tree up to the
+freedoms an engine has, as one predicate on a traced round.
+
+* Numbering: nodes may be laid out in any order after the root; only the tree (token paths) counts.
+* Ties: equal log-probs, and prefixes of equal score, may be broken either way. A DDTree is then
+  any prefix-closed set of B prefixes whose scores are the B best (the same multiset of float64
+  scores as :func:`~.tree.build_tree`'s, every token within its depth's top K up to ties); a chain
+  takes, at each depth, a token of the highest log-prob.
+* The output's end: a node of depth >= ``room`` (the tokens the output can still take) can never be
+  emitted, so it may be left out, down to a root-only round when one token is left. The drafter's
+  block may also be cut to ``room`` positions (z-lab's ``dflash_generate``); the tree is then the
+  spec tree of those positions' logits.
+* The context's end: an engine whose KV cache holds one slot per verified node, flat, may verify
+  only as many nodes as fit, ``context_room = max_context - 2 - start`` (the root and the bonus need
+  a slot each): the first ``context_room`` nodes of the spec tree in its order (the spec tree of
+  that budget), none when no slot is left (a round without a tree).
+
+Anything else is a different tree. This module imports only torch and the spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .tree import build_tree
+
+__all__ = ["kept_depth", "least_budget", "tree_problem"]
+
+
+def kept_depth(depth_limit: int, room: int | None) -> int:
+    """Depths a round must keep: nodes deeper than ``room - 1`` can never be emitted."""
+    return depth_limit if room is None else max(0, min(depth_limit, room - 1))
+
+
+def least_budget(budget: int, context_room: int | None) -> int:
+    """The fewest nodes a round may verify where the context's KV slots run out (``budget`` elsewhere)."""
+    return budget if context_room is None else max(0, min(budget, context_room))
+
+
+def _paths(tokens: Sequence[int], parents: Sequence[int], depths: Sequence[int]) -> list[tuple[int, ...]] | str:
+    """Each node's token path from the root (root: ``()``), or why the arrays are not a tree rooted at 0."""
+    n = len(tokens)
+    paths: list[tuple[int, ...] | None] = [()] + [None] * (n - 1)
+    for start in range(1, n):
+        chain, node = [], start
+        while paths[node] is None:
+            parent = parents[node]
+            if not 0 <= parent < n or parent == node or len(chain) > n:
+                return f"node {node} has parent {parent}: not a tree rooted at node 0"
+            chain.append(node)
+            node = parent
+        for node in reversed(chain):
+            paths[node] = paths[parents[node]] + (int(tokens[node]),)
+            if depths[node] != len(paths[node]):
+                return f"node {node} has depth {depths[node]}, but {len(paths[node])} edges from the root"
+    if len(set(paths)) != n:
+        return "two nodes have the same token path (siblings with the same token)"
+    return paths  # type: ignore[return-value]
+
+
+def _chain_problem(paths, log_probs: torch.Tensor, need: int) -> str | None:
+    best = log_probs.max(dim=-1).values
+    deepest = max((len(p) for p in paths), default=0)
+    if len(paths) - 1 != deepest:
+        return f"a DFlash round verifies a chain: {len(paths) - 1} nodes over {deepest} depths"
+    path = max(paths, key=len)
+    for depth, token in enumerate(path):
+        if float(log_probs[depth, token]) != float(best[depth]):
+            return (f"chain node at depth {depth + 1} drafts token {token}, not a most probable token of that "
+                    f"position ({float(log_probs[depth, token]):.4g} < {float(best[depth]):.4g})")
+    if deepest < need:
+        return f"chain of {deepest} drafts, fewer than the {need} this round must verify"
+    return None
+
+
+def _score(log_probs: list[list[float]], path: tuple[int, ...]) -> float:
+    score = 0.0
+    for depth, token in enumerate(path):  # float64, in depth order: the builder's sums
+        score += log_probs[depth][token]
+    return score
+
+
+def tree_problem(tokens: Sequence[int], parents: Sequence[int], depths: Sequence[int], draft_logits: torch.Tensor,
+                 mode: str, budget: int, *, depth_limit: int | None = None, room: int | None = None,
+                 context_room: int | None = None) -> str | None:
+    """Why a traced tree (node 0 the root, any numbering) is not one the spec allows for ``draft_logits``
+    ``[rows, V]`` (the engine's own drafter logits), else None (module doc).
+
+    ``depth_limit``: the drafter's L (None: ``rows``); ``room``: tokens the output could still take
+    when the round began; ``context_room``: ``max_context - 2 - start`` (None: no context limit)."""
+    rows = int(draft_logits.shape[0])
+    depth_limit = depth_limit or rows
+    if rows > depth_limit:
+        return f"the drafter's logits cover {rows} positions where its block gives L = {depth_limit}"
+    if rows < depth_limit and (room is None or rows < min(depth_limit, room)):
+        return (f"the drafter's logits cover {rows} positions of its {depth_limit}: a block is cut only to the room "
+                f"the output has left ({'unknown' if room is None else room} tokens)")
+    paths = _paths(tokens, parents, depths)
+    if isinstance(paths, str):
+        return paths
+    if any(len(p) > rows for p in paths):
+        return f"a node is deeper than the {rows} drafted positions"
+    keep = kept_depth(rows, room)
+    log_probs = torch.log_softmax(draft_logits.float(), dim=-1).double()
+    if mode == "dflash":
+        return _chain_problem(paths, log_probs, min(keep, least_budget(rows, context_room)))
+    nodes = paths[1:]
+    if len(nodes) > budget:
+        return f"{len(nodes)} nodes, more than the budget {budget}"
+    k = min(budget, log_probs.shape[1])
+    kth = torch.topk(log_probs, k, dim=-1).values[:, -1].tolist()
+    lp = log_probs.tolist()
+    for path in nodes:
+        if lp[len(path) - 1][path[-1]] < kth[len(path) - 1]:
+            return f"node {list(path)} drafts a token outside its depth's top {k}"
+    spec = build_tree(draft_logits, budget)
+    spec_scores = spec.scores[1:].tolist()  # non-increasing: pop order
+    spec_paths = _paths(spec.tokens.tolist(), spec.parents.tolist(), spec.depths.tolist())[1:]
+    scores = [_score(lp, p) for p in nodes]
+    if keep >= rows and least_budget(budget, context_room) >= budget:  # nothing may be left out
+        if sorted(scores, reverse=True) != spec_scores:
+            return (f"the tree's {len(nodes)} nodes are not the {len(spec_scores)} most probable prefixes (the spec "
+                    f"tree's scores; first tokens {[p[-1] for p in nodes[:6]]} vs {[p[-1] for p in spec_paths[:6]]})")
+        return None
+    # cut rounds: the engine's nodes must all lie in some spec tree of a budget it may use, and hold
+    # every node of that tree the output could still emit (equal scores at the edge either way)
+    lowest = min(scores, default=float("inf"))
+    above = sum(s > lowest for s in spec_scores)
+    used = max(least_budget(budget, context_room), len(nodes), above + 1 if nodes else 0)
+    if used > len(spec_scores):
+        return f"the tree holds a prefix outside the {len(spec_scores)} most probable (the spec tree's)"
+    edge = spec_scores[used - 1] if used else float("inf")
+    have = set(nodes)
+    needed = [(p, s) for p, s in zip(spec_paths[:used], spec_scores[:used]) if len(p) <= keep]
+    for path, score in needed:
+        if score > edge and path not in have:
+            return (f"the tree lacks the prefix {list(path)} of the spec tree of {used} nodes, which the output "
+                    f"could still emit (room {room})")
+    if sum(len(p) <= keep for p in nodes) < len(needed):  # nodes at the edge score may be swapped, not dropped
+        return (f"the tree holds {sum(len(p) <= keep for p in nodes)} nodes of depth <= {keep}, the spec tree of "
+                f"{used} nodes {len(needed)}")
+    return None
