@@ -136,7 +136,9 @@ def test_lossless_and_golden(fp32, golden, budget):
     assert not errors, errors[0]
     equal = sum(a.output_ids == b.output_ids for a, b in zip(results, plain))
     SUMMARY.setdefault("equals_vllm_plain", {})[budget] = f"{equal}/{len(plain)}"
-    assert equal == len(plain) == PROMPTS.get(budget, len(golden.records)) and len(golden.records) == 80
+    session = fp32["sessions"][budget]  # the bundled prompts (a golden record each), then the held-out ones
+    assert len(session.inputs.bundled) == PROMPTS.get(budget, len(golden.records)) and len(golden.records) == 80
+    assert equal == len(plain) == len(session.prompts) > len(session.inputs.bundled)
     checks = fp32["checks"]
     for name in ("lossless", "golden"):
         result = checks[f"{name}/ddtree-B{budget}"]
@@ -175,7 +177,9 @@ def test_scheduler_cuts_trees_at_the_largest_budget(fp32):
     sizes = [len(t.tree_tokens) - 1 for r in traced for t in r.traces or []]
     cut = sum(size < budget for size in sizes)
     SUMMARY["trees_cut_by_scheduler"] = {"budget": budget, "rounds": len(sizes), "cut": cut}
-    assert [r.acceptance_lengths for r in traced] == [r.acceptance_lengths for r in fp32[budget]]
+    # the same outputs; acceptance may differ where the scheduler cut trees otherwise (requests reach the
+    # engine in a seeded random order, with other checks' requests beside them: another batch, other cuts)
+    assert [r.output_ids for r in traced] == [r.output_ids for r in fp32[budget]]
     assert cut > 0, f"no tree was cut in {len(sizes)} rounds: the run no longer exceeds the scheduler's token budget"
 
 
