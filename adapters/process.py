@@ -23,10 +23,14 @@ drives it in a spawned child, which serves every configuration until it is close
   PR_SET_PDEATHSIG follows the parent *thread*: start engines from a thread that outlives them.
 * The child's log lives in a temporary folder, removed on :meth:`close` (or when the object is
   garbage-collected); failures carry the log's tail in their message.
+* Another environment. ``python`` and ``sys_path`` start the child under another interpreter with
+  that interpreter's import path (an A/B run's baseline build, installed apart from the candidate:
+  :mod:`ddtree_conformance.ab`); the suite must be importable there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import shutil
@@ -54,6 +58,28 @@ __all__ = ["IsolatedEngine", "allow_children", "log_tail"]
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 WATCHDOG_PERIOD_S = 1.0
 CLOSE_GRACE_S = 10.0
+_SPAWN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _spawning_under(python: str | None, sys_path: list[str] | None):
+    """While a child is spawned: multiprocessing's interpreter and the import path it hands the child
+    (both process-wide, so held under a lock and restored)."""
+    if python is None:
+        yield
+        return
+    from multiprocessing import spawn
+
+    with _SPAWN_LOCK:
+        executable, path = spawn.get_executable(), list(sys.path)
+        spawn.set_executable(python)
+        if sys_path is not None:
+            sys.path[:] = sys_path
+        try:
+            yield
+        finally:
+            spawn.set_executable(executable)
+            sys.path[:] = path
 
 
 def allow_children() -> None:
@@ -206,10 +232,13 @@ class IsolatedEngine(Engine):
         timeout_s: float = 900.0,
         start_timeout_s: float | None = None,
         torch_threads: int | None = None,
+        python: str | None = None,
+        sys_path: list[str] | None = None,
         **options,
     ) -> None:
         super().__init__(model_dir, drafter_dir, **options)
         self.spec = spec
+        self.python, self.sys_path = python, sys_path  # another environment (module doc); None: this one
         self.name = spec
         self.timeout_s = timeout_s
         self.start_timeout_s = timeout_s if start_timeout_s is None else start_timeout_s
@@ -246,7 +275,8 @@ class IsolatedEngine(Engine):
                   self.log_path, self.torch_threads),
             daemon=True,
         )
-        self._process.start()
+        with _spawning_under(self.python, self.sys_path):
+            self._process.start()
         child.close()
         life_read.close()
         self._conn, self._lifeline = parent, life_write

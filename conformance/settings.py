@@ -33,9 +33,12 @@ __all__ = [
     "build_settings",
     "parse_engine_options",
     "unsupported",
+    "shown_default",
+    "DEFAULT_TORCH_THREADS",
 ]
 
 MAX_BUDGET = 1 << 16  # no engine drafts trees this large; engines refuse above their own max_budget
+DEFAULT_TORCH_THREADS = 1  # when not given: fastest for small models on small CPUs; 0 asks for torch's own
 PAIR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
 
@@ -63,6 +66,7 @@ OPTION_FLAGS: dict[str, str] = {
     "tensor_parallel_size": "--tensor-parallel-size",
     "held_out_prompts": "--held-out-prompts",
     "run_seed": "--run-seed",
+    "allow_skip": "--allow-skip",
     # generate
     "mode": "--mode",
     "budget": "--budget",
@@ -161,6 +165,10 @@ class SuiteSettings(BaseModel):
     torch_threads: int | None = Field(
         default=None, ge=1, description="torch CPU threads in the suite and engine processes (None: torch's default)"
     )
+    allow_skip: list[str] | None = Field(
+        default=None, description="check families or modes whose checks may skip because of the engine without "
+                                  "making the run incomplete"
+    )
 
     @field_validator("engine")
     @classmethod
@@ -194,7 +202,7 @@ class SuiteSettings(BaseModel):
                              "kept under <golden dir>/<pair name>/)")
         return value
 
-    @field_validator("modes", "budgets", "checks", mode="before")
+    @field_validator("modes", "budgets", "checks", "allow_skip", mode="before")
     @classmethod
     def _lists(cls, value: Any) -> Any:
         return _comma_list(value)
@@ -228,7 +236,7 @@ class SuiteSettings(BaseModel):
         resolve_prompt_set(value)  # a PromptError (ValueError) names the file or the known sets
         return value
 
-    @field_validator("checks")
+    @field_validator("checks", "allow_skip")
     @classmethod
     def _checks(cls, value: list[str] | None) -> list[str] | None:
         return value or None
@@ -261,6 +269,33 @@ class GenerateSettings(SuiteSettings):
         if value is not None and any(t < 0 for t in value):
             raise ValueError("token ids are >= 0")
         return value
+
+
+# How help text names a default that is a path of the bundled data, not the path itself.
+_NAMED_DEFAULTS = {str(FIXTURE_TARGET): "the bundled fixture target", str(FIXTURE_DRAFTER): "the bundled fixture "
+                   "drafter", str(RECORDS_DIR): "the bundled golden files"}
+# Defaults a front end applies to a field whose model default is None (build_settings fills them).
+_FRONT_END_DEFAULTS = {"torch_threads": DEFAULT_TORCH_THREADS}
+
+
+def shown_default(field: str, kind: type["SuiteSettings"] | None = None) -> str | None:
+    """The default of ``field`` as help text shows it (``16,64,256``; ``the bundled fixture target``),
+    read from the settings model so that no help text can drift from it; None when there is none."""
+    model = kind or SuiteSettings
+    if field in _FRONT_END_DEFAULTS:
+        return str(_FRONT_END_DEFAULTS[field])
+    if field not in model.model_fields:  # pair, pairs_file: options, not settings
+        return None
+    value = model.model_fields[field].get_default(call_default_factory=True)
+    if value is None or value == {}:
+        return None
+    if isinstance(value, bool):
+        return {"isolate": "isolate"}.get(field, str(value).lower()) if value else "off"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return _NAMED_DEFAULTS.get(str(value), str(value))
 
 
 def _flag_for(field: str, prefix: str) -> str:
@@ -304,6 +339,8 @@ def build_settings(raw: dict[str, Any], *, kind: type[SuiteSettings] = SuiteSett
     from .pairs import PairSpecError
 
     values = {k: v for k, v in raw.items() if v is not None}
+    if "torch_threads" in raw:  # a front end's option: not given means DEFAULT_TORCH_THREADS
+        values.setdefault("torch_threads", DEFAULT_TORCH_THREADS)
     try:
         unavailable = _apply_pair(values)
     except PairSpecError as exc:

@@ -228,3 +228,18 @@ def test_every_family_selected_by_substring_keeps_checks():
         assert kept and all(needle in c.id for c in kept), needle
     with pytest.raises(SettingsError, match="keeps none"):
         plan(settings, only=["nosuch"])
+
+
+def test_the_run_says_which_test_paths_it_collected(repo):
+    """`pytest --ddtree-engine X` without paths runs only the suite, and says so; with paths, both run."""
+    alone = run_in_repo(repo, "--collect-only", "-q", "--ddtree-engine", "reference", "--ddtree-check",
+                        "lossless/dflash")
+    assert alone.ret == 0, text(alone)
+    assert "ddtree-conformance: 1 conformance item(s) for engine 'reference' from the packaged suite" in text(alone)
+    assert "no test paths given, so only the conformance suite runs" in text(alone)
+    assert "pytest tests --ddtree-engine reference" in text(alone)
+    both = run_in_repo(repo, "--collect-only", "-q", "tests", *OWN, "--ddtree-engine", "reference", "--ddtree-check",
+                       "lossless/dflash")
+    assert both.ret == 0, text(both)
+    assert "ddtree-conformance: and 1 item(s) of your own tests from: tests" in text(both)
+    assert "test_own_options" in text(both)

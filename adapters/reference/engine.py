@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import time
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as distribution_version
 
 import torch
 
@@ -103,6 +105,13 @@ class _LoadedPair:
         return self.target.get_output_embeddings()(hidden[0, 1:])
 
 
+def _suite_version() -> str:
+    try:
+        return distribution_version("ddtree-conformance")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return ""
+
+
 class ReferenceEngine(Engine):
     """PyTorch + transformers reference; CPU and CUDA; fp32, bf16, fp16; greedy and sampling.
 
@@ -155,7 +164,7 @@ class ReferenceEngine(Engine):
         modes = ["plain", "dflash", "ddtree"] if self.drafter_dir else ["plain"]
         return Capabilities(
             name=self.name,
-            version=torch.__version__,
+            version=_suite_version(),  # the reference engine ships with the suite: its version is the suite's
             modes=modes,
             dtypes=["float32", "bfloat16", "float16"],
             devices=devices,

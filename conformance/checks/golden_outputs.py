@@ -43,11 +43,12 @@ def check_golden(session: SuiteSession, mode: str, budget: int | None) -> CheckR
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
     golden, path = load_device_golden(s)
     if golden is None:
-        return CheckResult.skipped(name, f"no golden file {path} (record one with `ddtree-conformance record`)")
+        return CheckResult.skipped(name, f"no golden file {path} (record one with `ddtree-conformance record`)",
+                                   cause="input")
     if golden.max_new_tokens < s.max_new_tokens:
         return CheckResult.skipped(
-            name, f"golden file holds {golden.max_new_tokens} new tokens, the run asks for {s.max_new_tokens}"
-        )
+            name, f"golden file holds {golden.max_new_tokens} new tokens, the run asks for {s.max_new_tokens}",
+            cause="input")
     missing = [p.id for p in session.inputs.bundled if p.id not in golden.records]
     if missing:
         return CheckResult.failed(name, f"prompts {missing[:3]} are not in the golden file {path}")

@@ -129,7 +129,8 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
                 return CheckResult.failed(name, f"{prompt.id} round {r}: {problems[0]}", problems=problems)
     if rounds == 0:
         if all(len(r.output_ids) <= 1 for r in results):
-            return CheckResult.skipped(name, "every output is the prefill token alone: no round to trace")
+            return CheckResult.skipped(name, "every output is the prefill token alone: no round to trace",
+                                         cause="input")
         return CheckResult.failed(name, "engine claims traces but returned none")
     spec = "; trees equal the spec's" if caps.draft_logits else "; drafter logits not reported, spec-tree equality not checked"
     return CheckResult.passed(name, f"{rounds} rounds well-formed{spec}")
@@ -191,7 +192,8 @@ def check_branch_vs_chain(session: SuiteSession, budget: int) -> CheckResult:
                     first = first or (prompt.id, r, node, got, chain_token, gap)
     if nodes == 0:
         if all(len(r.output_ids) <= 1 for r in results[: s.branch_prompts]):
-            return CheckResult.skipped(name, "every output is the prefill token alone: no tree to check")
+            return CheckResult.skipped(name, "every output is the prefill token alone: no tree to check",
+                                         cause="input")
         return CheckResult.failed(name, "engine promises per-round traces in mode ddtree but returned none to check")
     if mismatches:
         pid, r, node, got, want, gap = first

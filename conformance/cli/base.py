@@ -38,6 +38,7 @@ __all__ = [
     "EXIT_INCONCLUSIVE",
     "EXIT_MISSING_BASELINE",
     "EXIT_ENGINE",
+    "EXIT_INCOMPLETE",
     "EXIT_STATUSES",
     "stderr_console",
     "stdout_console",
@@ -49,6 +50,7 @@ EXIT_USAGE = 2  # the command could not run as asked: bad option, bad input file
 EXIT_INCONCLUSIVE = 3  # gate: a speedup interval straddles the band's edge after the time budget
 EXIT_MISSING_BASELINE = 4  # gate: no baseline (or no measurement) for a run
 EXIT_ENGINE = 5  # the engine under test could not start, hung past --engine-timeout, or died
+EXIT_INCOMPLETE = 7  # nothing failed, but a requested mode or check family did not run because of the engine
 
 EXIT_STATUSES: dict[int, str] = {
     EXIT_OK: "all checks passed",
@@ -60,6 +62,9 @@ EXIT_STATUSES: dict[int, str] = {
     EXIT_MISSING_BASELINE: "gate only: a baseline or a measurement is missing",
     EXIT_ENGINE: "the engine could not start, hung past --engine-timeout, or died (crash, out of memory); the run "
                  "stopped there (the report marks the remaining checks not run) and the engine's log tail is printed",
+    EXIT_INCOMPLETE: "incomplete: nothing failed, but a requested mode or check family did not run because of the "
+                     "engine (mode not offered, no acceptance data, no traces, too few prompts); the report's "
+                     "coverage table says which and why; --allow-skip FAMILY opts out",
 }
 
 EXIT_HELP = "Exit statuses: " + "; ".join(f"{code} {text}" for code, text in EXIT_STATUSES.items()) + "."

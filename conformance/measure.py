@@ -1,0 +1,196 @@
+"""Paired measurement over arms and sample streams: the bench's engine, for A/B runs too.
+
+Taken verbatim from helper i22's ``conformance/bench.py`` (commit 3f7899a: ``Arm``, ``Repeat``,
+``Stream``, ``Measured``, ``anchored_rotation``, ``measure``), where it replaces ``run_bench``'s loop.
+Kept in its own module here so that this branch leaves ``bench.py`` as it is; when the two branches
+meet, ``conformance/ab.py`` imports these names from ``bench`` and this module goes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ddtree_conformance.adapters.interface import Engine, Request, RequestResult, RunConfig
+
+from .bench import BenchError, CallTiming, call_timing
+from .sequential import SequentialPlan, ratio_interval, verdict
+
+__all__ = ["Arm", "Repeat", "Stream", "Measured", "anchored_rotation", "measure"]
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One side of a paired measurement: an engine under one configuration, named ``label``."""
+
+    label: str
+    engine: Engine
+    config: RunConfig
+
+
+@dataclass
+class Repeat:
+    """One repeat's totals per arm label (every request once through every arm that ran)."""
+
+    totals: dict[str, CallTiming] = field(default_factory=dict)
+
+    def add(self, arm: str, timing: CallTiming) -> None:
+        self.totals[arm] = self.totals[arm] + timing if arm in self.totals else timing
+
+    def check(self) -> None:
+        for arm, t in self.totals.items():
+            if t.tokens == 0 or t.seconds <= 0 or t.rounds == 0:
+                raise BenchError(f"{arm}: a repeat timed no decode tokens (max_new_tokens too small, or "
+                                 "the engine reports zero decode time or rounds); nothing to measure")
+
+    def sample(self, arm: str, baseline: str = "plain") -> dict:
+        """The cost-model sample of ``arm`` against ``baseline`` (plain decoding) in this repeat.
+
+        ``step`` = plain decode seconds / plain decode tokens (one token per plain step); ``tau`` =
+        decode tokens emitted / rounds; ``round`` = decode seconds / rounds. The rounds cancel in
+        ``tau x step / round``, which is the decode tokens/s ratio: what an engine reports about
+        its rounds or acceptance can shift the two factors, never the speedup.
+        """
+        plain, method = self.totals[baseline], self.totals[arm]
+        rounds = method.rounds if method.rounds is not None else method.tokens
+        step, rnd = plain.seconds / plain.tokens, method.seconds / rounds
+        tau = method.tokens / rounds
+        return {"step_s": step, "round_s": rnd, "tau": tau, "ratio": step / rnd, "speedup": tau * step / rnd,
+                "rounds_reported": method.rounds is not None,
+                "wall_ratio": (method.tokens / method.wall) / (plain.tokens / plain.wall)}
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A per-repeat sample (a ratio, > 0) computed from the arms it reads: what the interval is over.
+
+    ``edge``: the lower edge it is judged against (sequential: repeats stop once the interval clears
+    it); None: measured alongside."""
+
+    label: str
+    arms: tuple[str, ...]
+    sample: Callable[[Repeat], float]
+    edge: float | None = None
+
+
+@dataclass
+class Measured:
+    """What :func:`measure` returns: every repeat, the results of repeat 0 per arm, and per stream why
+    it stopped (``decision``: pass, regression, inconclusive or fixed; ``reason``, ``repeats``,
+    ``elapsed_s``)."""
+
+    history: list[Repeat]
+    first: dict[str, list[RequestResult]]
+    stop: dict[str, dict]
+
+
+def anchored_rotation(arms: list[str], r: int, i: int) -> list[str]:
+    """Call order for request ``i`` of repeat ``r``: the first arm (the anchor, plain decoding) first
+    when ``r + i`` is even and last when odd; the others rotated by the repeat."""
+    anchor, others = arms[0], arms[1:]
+    rotated = others[r % len(others):] + others[: r % len(others)] if others else []
+    return [anchor, *rotated] if (r + i) % 2 == 0 else [*rotated, anchor]
+
+
+def measure(
+    arms: Sequence[Arm],
+    requests: list[Request],
+    streams: Sequence[Stream],
+    *,
+    repeats: int = 5,
+    plan: SequentialPlan | None = None,
+    warmup: bool = True,
+    order: Callable[[list[str], int, int], list[str]] = anchored_rotation,
+    on_step: Callable[[str], None] | None = None,
+    now: Callable[[], float] = time.perf_counter,
+) -> Measured:
+    """Paired, interleaved repeats of ``arms`` over ``requests``, one request per ``generate`` call.
+
+    Every repeat runs each request through every arm a still-running stream reads, in ``order``
+    (default :func:`anchored_rotation`; the first arm must be read by every stream), and then computes
+    each stream's sample. Streams with an ``edge`` are sequential under ``plan``: at its planned looks
+    a stream stops once its interval clears the edge, and stops undecided at the plan's time budget or
+    repeat cap; streams without an edge stop when no sequential stream is left. Without any edge:
+    ``repeats`` fixed repeats. Each arm's first request of a repeat may carry any engine and config,
+    so two engine builds can be interleaved against each other (an A/B run) as plain is against a
+    method here.
+    """
+    if not requests:
+        raise BenchError("no requests to measure")
+    plan = plan or SequentialPlan()
+    by_label = {arm.label: arm for arm in arms}
+    if len(by_label) != len(arms):
+        raise BenchError("arm labels must be distinct")
+    sequential = any(s.edge is not None for s in streams)
+    if not sequential and repeats < 2:
+        raise BenchError(f"repeats must be >= 2 for an interval, got {repeats}")
+
+    def call(arm: Arm, batch: list[Request]) -> tuple[list[RequestResult], CallTiming]:
+        started = now()
+        results = arm.engine.generate(batch, arm.config)
+        wall = now() - started
+        failed = [r for r in results if r.finish_reason == "error"]
+        if failed or len(results) != len(batch):
+            first = (failed[0].error or "").strip().splitlines() if failed else ["wrong number of results"]
+            raise BenchError(f"{arm.label}: {len(failed)} of {len(batch)} requests failed"
+                             f" ({first[-1] if first else 'no message'})")
+        if on_step:
+            on_step(arm.label)
+        return results, call_timing(results, wall)
+
+    if warmup:
+        for arm in arms:
+            call(arm, requests[:1])
+    history: list[Repeat] = []
+    first: dict[str, list[RequestResult]] = {arm.label: [] for arm in arms}
+    active = list(streams)
+    stop: dict[str, dict] = {}
+    started = now()
+    while active:
+        r = len(history)
+        needed = {a for s in active for a in s.arms}
+        running = [arm.label for arm in arms if arm.label in needed]
+        repeat = Repeat()
+        for i in range(len(requests)):
+            request = requests[(i + r) % len(requests)]
+            for label in order(running, r, i):
+                results, timing = call(by_label[label], [request])
+                repeat.add(label, timing)
+                if r == 0:  # repeat 0 runs the requests in prompt order: the acceptance run
+                    first[label].append(results[0])
+        repeat.check()
+        history.append(repeat)
+        n = len(history)
+        elapsed = now() - started
+        for stream in list(active):
+            if sequential and stream.edge is not None and (plan.is_look(n) or
+                                                           ((elapsed >= plan.time_budget_s or n >= plan.max_repeats)
+                                                            and n >= 2)):
+                samples = [stream.sample(h) for h in history if all(a in h.totals for a in stream.arms)]
+                found = verdict(ratio_interval(samples, plan.look_alpha), stream.edge)
+                if found:
+                    where = "at or above" if found == "pass" else "below"
+                    stop[stream.label] = {"decision": found, "reason": f"interval {where} the edge {stream.edge:.4f} "
+                                          f"after {n} repeats", "repeats": n, "elapsed_s": elapsed}
+                    active.remove(stream)
+                    continue
+            if not sequential and n >= repeats:
+                stop[stream.label] = {"decision": "fixed", "reason": f"{repeats} fixed repeats", "repeats": n,
+                                      "elapsed_s": elapsed}
+                active.remove(stream)
+            elif sequential and (n >= plan.max_repeats or elapsed >= plan.time_budget_s):
+                why = (f"time budget {plan.time_budget_s:g} s spent" if elapsed >= plan.time_budget_s
+                       else f"repeat cap {plan.max_repeats} reached")
+                banded = stream.edge is not None
+                stop[stream.label] = {"decision": "inconclusive" if banded else "fixed",
+                                      "reason": f"{why} after {n} repeats" +
+                                      (": the interval still straddles the edge" if banded else ""),
+                                      "repeats": n, "elapsed_s": elapsed}
+                active.remove(stream)
+        if sequential and active and all(s.edge is None for s in active):
+            for stream in active:  # only unbanded streams left: they were measured alongside, stop them too
+                stop[stream.label] = {"decision": "fixed", "reason": f"measured alongside the banded runs ({n} "
+                                      "repeats)", "repeats": n, "elapsed_s": elapsed}
+            active = []
+    return Measured(history, first, stop)
