@@ -237,6 +237,10 @@ def _context_lines(report: dict) -> list[str]:
         not_run = f", {counts['not_run']} not run" if counts.get("not_run") else ""
         lines.append(f"checks: {counts.get('pass', 0)} passed, {counts.get('fail', 0)} failed, "
                      f"{counts.get('skip', 0)} skipped{not_run}")
+    if s.get("run_seed") is not None and report.get("kind") == "check":
+        held = report.get("held_out_prompts")
+        lines.append(f"run seed {s['run_seed']}" + (f"; {len(held)} held-out prompts drawn at run time"
+                                                     if held is not None else ""))
     allowed = (report.get("coverage") or {}).get("allow_skip")
     if allowed:
         lines.append(f"allowed to skip (--allow-skip): {', '.join(allowed)}")
