@@ -18,10 +18,10 @@ pipeline.yml``) both call it; neither keeps logic of its own. The steps:
 
 Each step is the suite's own command (``check``, ``bench``, ``gate``), run in this process (one start
 of torch; engines still run in their own processes) in the working directory, so ``--engine
-my_pkg:MyEngine`` resolves from the engine repository. The exit
-status is the most severe of the steps': 2 usage, 5 engine (could not install, import, start), 1 a
-conformance failure or a throughput regression, 7 incomplete coverage, 3 throughput inconclusive,
-4 missing baseline (``--gate required``), else 0; the last line names the reason.
+my_pkg:MyEngine`` resolves from the engine repository. The exit status is the most severe of the
+steps': 2 usage, 5 engine (could not install, import, start), 1 a conformance failure or a throughput
+regression, 7 incomplete coverage, 3 throughput inconclusive, 4 missing baseline (``--gate
+required``), else 0; the last line names the reason.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ import click
 import typer
 
 from .. import __version__
+from ..adapters.interface import EngineError, EngineUsageError
+from ..adapters.registry import load_engine_class
 from ..baselines import baseline_path
 from ..pins import pinned_version
 from . import options as opt
@@ -94,7 +96,7 @@ class _ErrorLines(io.TextIOBase):
 def _suite(step: Step, *args: str) -> int:
     """``ddtree-conformance ARGS`` in this process; its exit status becomes the step's, and its last
     ``error:`` line the step's summary until the step says more."""
-    from . import app
+    from . import app  # the package's app imports this module to register ``ci``: a real cycle
 
     started = time.perf_counter()
     _say(f"{step.name}: ddtree-conformance {' '.join(args)}")
@@ -137,8 +139,6 @@ def install(requirements: list[str], engine: str, engine_version: Optional[str])
 
 
 def install_check(engine: str, reports: Path) -> Step:
-    from ..adapters.interface import EngineError
-    from ..adapters.registry import load_engine_class
 
     step = Step("install check")
     frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--disable-pip-version-check"],
@@ -148,8 +148,11 @@ def install_check(engine: str, reports: Path) -> Step:
     step.files.append(environment)
     try:
         cls = load_engine_class(engine)
-    except EngineError as exc:
-        step.code, step.summary = (EXIT_USAGE if "unknown engine" in str(exc) else EXIT_ENGINE), str(exc)
+    except EngineUsageError as exc:  # no engine of that name: the caller's mistake
+        step.code, step.summary = EXIT_USAGE, str(exc)
+        return step
+    except EngineError as exc:  # named, but it does not import here
+        step.code, step.summary = EXIT_ENGINE, str(exc)
         return step
     step.summary = f"ddtree-conformance {__version__}; engine {engine!r} imports here ({cls.__module__}.{cls.__name__})"
     _say(step.summary)
