@@ -3,7 +3,8 @@
 
 * ``check-reference.*``: written by ``scripts/readme_figures.py --only check`` (the same run the
   README quotes); left alone here unless ``--check`` asks for a run;
-* ``bench-reference.*``: the Markdown and HTML re-rendered from the stored JSON with today's templates;
+* every example's Markdown and HTML re-rendered from its stored JSON with today's templates
+  (``bench-reference.*`` comes from an earlier bench of the reference engine);
 * ``check-no-ddtree.*``: ``check`` of an engine whose capabilities drop DDTree, under ``--modes ddtree``
   (INCOMPLETE, exit 7);
 * ``ab-slow-verify.*`` (``--ab``): ``bench --against reference`` of the slow mutant ``SlowVerify``
@@ -54,9 +55,9 @@ def main() -> int:
     parser.add_argument("--ab", action="store_true", help="also run the A/B example")
     parser.add_argument("--check", action="store_true", help="also run the full check example")
     args = parser.parse_args()
-    bench = EXAMPLES / "bench-reference.json"
-    write_report(load_report(bench), bench)
-    print(f"re-rendered {bench.with_suffix('.md').name}, {bench.with_suffix('.html').name}")
+    for stored in sorted(EXAMPLES.glob("*.json")):
+        write_report(load_report(stored), stored)
+        print(f"re-rendered {stored.with_suffix('.md').name}, {stored.with_suffix('.html').name}")
     if args.check:
         run([*SUITE, "check", "--out", str(EXAMPLES / "check-reference.json")])
     code = run([*SUITE, "check", "--engine", "ddtree_conformance.testing.coverage_engines:NoDDTree", "--modes",
