@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 FIGURES = ROOT / "docs" / "figures.json"
 MARKER = re.compile(r"<!-- figure:(?P<name>[\w-]+) -->(?P<text>.*?)<!-- /figure -->", flags=re.S)
-TIER = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:randomly"]
+TIER = [sys.executable, "-m", "pytest", "-q", "-n", "2", "--durations=25"]
 CHECK = [sys.executable, "-m", "ddtree_conformance", "check"]
 
 
@@ -57,6 +57,8 @@ def check_figures(report: dict, wall_s: float) -> dict[str, str]:
 
 def run_tier() -> dict[str, dict]:
     proc = subprocess.run(TIER, cwd=ROOT, capture_output=True, text=True)
+    (ROOT / "reports").mkdir(exist_ok=True)
+    (ROOT / "reports" / "default-tier.log").write_text(proc.stdout + proc.stderr)  # the durations, the failures
     counts, seconds = pytest_counts(proc.stdout)
     command = " ".join(["python", *TIER[1:]])
     return {"tier-counts": {"value": counts, "command": command},
