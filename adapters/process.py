@@ -27,6 +27,9 @@ drives it in a spawned child, which serves every configuration until it is close
   the parent *thread*: start engines from a thread that outlives them.
 * The child's log lives in a temporary folder, removed on :meth:`close` (or when the object is
   garbage-collected); failures carry the log's tail in their message.
+* Another environment. ``python`` and ``sys_path`` start the child under another interpreter with
+  that interpreter's import path (an A/B run's baseline build, installed apart from the candidate:
+  :mod:`ddtree_conformance.ab`); the suite must be importable there.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from .interface import (
     RequestResult,
     RunConfig,
 )
+from .interpreter import spawning_under
 from .process_tree import TREE_MARK, end_tree
 
 __all__ = ["TREE_MARK", "IsolatedEngine", "allow_children", "end_tree", "log_tail"]
@@ -218,10 +222,13 @@ class IsolatedEngine(Engine):
         timeout_s: float = 900.0,
         start_timeout_s: float | None = None,
         torch_threads: int | None = None,
+        python: str | None = None,
+        sys_path: list[str] | None = None,
         **options,
     ) -> None:
         super().__init__(model_dir, drafter_dir, **options)
         self.spec = spec
+        self.python, self.sys_path = python, sys_path  # another environment (module doc); None: this one
         self.name = spec
         self.timeout_s = timeout_s
         self.start_timeout_s = timeout_s if start_timeout_s is None else start_timeout_s
@@ -262,7 +269,8 @@ class IsolatedEngine(Engine):
         previous = os.environ.get(TREE_MARK)
         os.environ[TREE_MARK] = self.tree_mark  # in the child's own environment: forks without exec carry it too
         try:
-            self._process.start()
+            with spawning_under(self.python, self.sys_path):
+                self._process.start()
         finally:
             if previous is None:
                 os.environ.pop(TREE_MARK, None)

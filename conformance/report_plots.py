@@ -1,4 +1,8 @@
-"""The plots of a run report's HTML page: matplotlib figures rendered to base64 PNGs."""
+"""The plots of a run report's HTML page: matplotlib figures rendered to base64 PNGs.
+
+Only panels with data are drawn: a check report (no throughput) has no speedup panel, a run whose
+engine reports no acceptance lengths no histogram; a report with nothing to plot has no plots.
+"""
 
 from __future__ import annotations
 
@@ -27,14 +31,8 @@ def _interval(sp: dict) -> tuple[float, float, float]:
     return point, point if low is None else low, point if high is None else high
 
 
-def _empty(ax, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#666")
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
 def plots(report: dict) -> list[tuple[str, str, str]]:
-    """(title, caption, base64 PNG) per plot."""
+    """(title, caption, base64 PNG) per plot that has data."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,8 +53,8 @@ def plots(report: dict) -> list[tuple[str, str, str]]:
         ax.grid(True, alpha=0.3)
 
     # 1. tau vs budget
-    fig, ax = plt.subplots(figsize=(5.4, 3.6))
     if tree or chain:
+        fig, ax = plt.subplots(figsize=(5.4, 3.6))
         if tree:
             ax.plot([r["budget"] for r in tree], [r["tau"] for r in tree], "o-", color=_COLOURS[0], label="DDTree")
             for r in tree:
@@ -72,14 +70,13 @@ def plots(report: dict) -> list[tuple[str, str, str]]:
             ax.set_xticks([])
         ax.set_ylim(0, max([r["tau"] for r in runs] + [1.0]) * 1.18)
         ax.legend(fontsize=8, loc="upper left", ncol=3, frameon=False)
-    else:
-        _empty(ax, "no speculative runs in this report")
-    plots.append(("tau vs budget", "Mean acceptance length (pooled over all rounds, bonus included).", _png(fig)))
+        plots.append(("tau vs budget", "Mean acceptance length (pooled over all rounds, bonus included).",
+                      _png(fig)))
 
     # 2. speedup vs budget, CI error bars
-    fig, ax = plt.subplots(figsize=(5.4, 3.6))
     measured = [r for r in runs if r.get("speedup")]
     if measured:
+        fig, ax = plt.subplots(figsize=(5.4, 3.6))
         tree_m = [r for r in tree if r.get("speedup")]
         if tree_m:
             x = [r["budget"] for r in tree_m]
@@ -104,17 +101,15 @@ def plots(report: dict) -> list[tuple[str, str, str]]:
         highs = [_interval(r["speedup"])[2] for r in measured] + [1.0]
         ax.set_ylim(min(lows) * 0.9, max(highs) * 1.25)
         ax.legend(fontsize=8, loc="upper left", ncol=2, frameon=False)
-    else:
-        _empty(ax, "no throughput measured in this run\n(use `ddtree-conformance bench`)")
-    ci = (report.get("bench") or {}).get("ci", "")
-    caption = "Speedup over plain decoding (tau x plain step time / round time)" + (f"; bars and band: {ci}." if ci
-                                                                                    else ".")
-    plots.append(("speedup vs budget", caption, _png(fig)))
+        ci = (report.get("bench") or {}).get("ci", "")
+        caption = "Speedup over plain decoding (tau x plain step time / round time)" + (
+            f"; bars and band: {ci}." if ci else ".")
+        plots.append(("speedup vs budget", caption, _png(fig)))
 
     # 3. per-position acceptance
-    fig, ax = plt.subplots(figsize=(5.4, 3.6))
     with_pos = [r for r in runs if r.get("per_position")]
     if with_pos:
+        fig, ax = plt.subplots(figsize=(5.4, 3.6))
         for i, r in enumerate(with_pos):
             pos = r["per_position"]
             ax.plot(range(1, len(pos) + 1), pos, "o-", ms=3, color=_COLOURS[i % len(_COLOURS)],
@@ -125,14 +120,12 @@ def plots(report: dict) -> list[tuple[str, str, str]]:
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    else:
-        _empty(ax, "no per-position data")
-    plots.append(("per-position acceptance", "Fraction of rounds whose accepted depth reaches d.", _png(fig)))
+        plots.append(("per-position acceptance", "Fraction of rounds whose accepted depth reaches d.", _png(fig)))
 
     # 4. histogram of acceptance lengths (fraction of rounds, grouped bars)
-    fig, ax = plt.subplots(figsize=(5.4, 3.6))
     with_hist = [r for r in runs if r.get("histogram")]
     if with_hist:
+        fig, ax = plt.subplots(figsize=(5.4, 3.6))
         lengths = sorted({int(k) for r in with_hist for k in r["histogram"]})
         width = 0.8 / len(with_hist)
         for i, r in enumerate(with_hist):
@@ -145,8 +138,6 @@ def plots(report: dict) -> list[tuple[str, str, str]]:
         ax.set_ylabel("fraction of rounds")
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=8)
-    else:
-        _empty(ax, "no per-round acceptance lengths")
-    plots.append(("acceptance-length histogram", "Distribution of tokens committed per verification round.",
-                  _png(fig)))
+        plots.append(("acceptance-length histogram", "Distribution of tokens committed per verification round.",
+                      _png(fig)))
     return plots

@@ -1,5 +1,6 @@
 """Drawing the first failing round's trees for the HTML report: the reference's and the engine's,
-side by side, accepted paths highlighted. Inline SVG, no external assets.
+side by side, accepted paths highlighted. Inline SVG (templates ``tree.svg.j2`` and
+``first_round.html.j2``), no external assets.
 
 A check result carries the round in ``details["first_round"]`` (:class:`ddtree_conformance.replay.
 RoundVerdict` fields): ``reference_tree`` and, when the engine traced the round, ``engine_tree``,
@@ -10,6 +11,8 @@ to right) in depth-first order (top to bottom); a node is labelled with its toke
 from __future__ import annotations
 
 import html
+
+from .rendering import Markup, render_html_template
 
 __all__ = ["tree_svg", "trees_html"]
 
@@ -45,24 +48,13 @@ def tree_svg(tree: dict, title: str) -> str:
         return f"<p>{html.escape(title)}: parents are not a tree</p>"
     path = {0, *[n for n in tree.get("accepted") or [] if 0 <= n < len(tokens)]}
     depth, row = _layout(parents)
-    width, height = (max(depth) + 1) * _DX + 40, (max(row) + 1) * _DY + 40
     x = [20 + _R + d * _DX for d in depth]
     y = [34 + r * _DY for r in row]
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}">',
-             f'<text x="4" y="14" font-size="12" font-weight="600">{html.escape(title)}</text>']
-    for node in range(1, len(tokens)):
-        p = parents[node]
-        on = node in path and p in path
-        parts.append(f'<line x1="{x[p]}" y1="{y[p]}" x2="{x[node]}" y2="{y[node]}" '
-                     f'stroke="{"#cf222e" if on else "#bbb"}" stroke-width="{3 if on else 1}"/>')
-    for node, token in enumerate(tokens):
-        on = node in path
-        parts.append(f'<circle cx="{x[node]}" cy="{y[node]}" r="{_R}" fill="{"#ffebe9" if on else "#fff"}" '
-                     f'stroke="{"#cf222e" if on else "#888"}" stroke-width="{2 if on else 1}"/>'
-                     f'<text x="{x[node] + _R + 2}" y="{y[node] + 4}" font-size="10">{html.escape(str(token))}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+    edges = [{"x1": x[parents[n]], "y1": y[parents[n]], "x2": x[n], "y2": y[n],
+              "on": n in path and parents[n] in path} for n in range(1, len(tokens))]
+    nodes = [{"x": x[n], "y": y[n], "on": n in path, "token": token} for n, token in enumerate(tokens)]
+    return render_html_template("tree.svg.j2", title=title, width=(max(depth) + 1) * _DX + 40,
+                                height=(max(row) + 1) * _DY + 40, r=_R, edges=edges, nodes=nodes)
 
 
 def trees_html(results: list[dict]) -> str:
@@ -71,15 +63,12 @@ def trees_html(results: list[dict]) -> str:
         first = (result.get("details") or {}).get("first_round")
         if result.get("status") != "fail" or not isinstance(first, dict) or not first.get("reference_tree"):
             continue
-        esc = html.escape
         engine = first.get("engine_tree")
-        right = (tree_svg(engine, "engine's tree") if engine else
-                 f"<p>the engine reported no trace of this round; it committed {esc(str(first.get('engine_tokens')))}"
-                 "</p>")
-        return (f"<h2>First failing round</h2><p>{esc(result.get('check', '?'))}: {esc(str(first.get('prompt')))} round "
-                f"{esc(str(first.get('round')))}: engine length {esc(str(first.get('engine_length')))}, reference "
-                f"length {esc(str(first.get('reference_length')))}. {esc(str(first.get('note', '')))}</p>"
-                '<div class="grid" style="overflow-x:auto">'
-                f'<figure>{tree_svg(first["reference_tree"], "reference (fp32 replay)")}</figure>'
-                f"<figure>{right}</figure></div>")
+        return render_html_template(
+            "first_round.html.j2", check=result.get("check", "?"), prompt=first.get("prompt"),
+            round=first.get("round"), engine_length=first.get("engine_length"),
+            reference_length=first.get("reference_length"), note=first.get("note", ""),
+            reference=Markup(tree_svg(first["reference_tree"], "reference (fp32 replay)")),
+            engine=Markup(tree_svg(engine, "engine's tree")) if engine else None,
+            engine_tokens=first.get("engine_tokens"))
     return ""

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .adapters.interface import Capabilities, DType, Mode
+from .adapters.interface import DType, Mode
 from .paths import FIXTURE_DRAFTER, FIXTURE_TARGET, RECORDS_DIR
 
 __all__ = [
@@ -32,10 +32,12 @@ __all__ = [
     "pytest_flag",
     "build_settings",
     "parse_engine_options",
-    "unsupported",
+    "shown_default",
+    "DEFAULT_TORCH_THREADS",
 ]
 
 MAX_BUDGET = 1 << 16  # no engine drafts trees this large; engines refuse above their own max_budget
+DEFAULT_TORCH_THREADS = 1  # when not given: fastest for small models on small CPUs; 0 asks for torch's own
 PAIR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
 
@@ -72,6 +74,7 @@ OPTION_FLAGS: dict[str, str] = {
     "held_out_prompts": "--held-out-prompts",
     "profile": "--profile",
     "run_seed": "--run-seed",
+    "allow_skip": "--allow-skip",
     # generate
     "mode": "--mode",
     "budget": "--budget",
@@ -176,6 +179,10 @@ class SuiteSettings(BaseModel):
     torch_threads: int | None = Field(
         default=None, ge=1, description="torch CPU threads in the suite and engine processes (None: torch's default)"
     )
+    allow_skip: list[str] | None = Field(
+        default=None, description="check families or modes whose checks may skip because of the engine without "
+                                  "making the run incomplete"
+    )
 
     @field_validator("engine")
     @classmethod
@@ -209,7 +216,7 @@ class SuiteSettings(BaseModel):
                              "kept under <golden dir>/<pair name>/)")
         return value
 
-    @field_validator("modes", "budgets", "checks", mode="before")
+    @field_validator("modes", "budgets", "checks", "allow_skip", mode="before")
     @classmethod
     def _lists(cls, value: Any) -> Any:
         return _comma_list(value)
@@ -248,7 +255,7 @@ class SuiteSettings(BaseModel):
     def _golden_dir(cls, value: str) -> str:
         return str(Path(value).expanduser().absolute())
 
-    @field_validator("checks")
+    @field_validator("checks", "allow_skip")
     @classmethod
     def _checks(cls, value: list[str] | None) -> list[str] | None:
         return value or None
@@ -289,6 +296,33 @@ class GenerateSettings(SuiteSettings):
         if value is not None and any(t < 0 for t in value):
             raise ValueError("token ids are >= 0")
         return value
+
+
+# How help text names a default that is a path of the bundled data, not the path itself.
+_NAMED_DEFAULTS = {str(FIXTURE_TARGET): "the bundled fixture target", str(FIXTURE_DRAFTER): "the bundled fixture "
+                   "drafter", str(RECORDS_DIR): "the bundled golden files"}
+# Defaults a front end applies to a field whose model default is None (build_settings fills them).
+_FRONT_END_DEFAULTS = {"torch_threads": DEFAULT_TORCH_THREADS}
+
+
+def shown_default(field: str, kind: type["SuiteSettings"] | None = None) -> str | None:
+    """The default of ``field`` as help text shows it (``16,64,256``; ``the bundled fixture target``),
+    read from the settings model so that no help text can drift from it; None when there is none."""
+    model = kind or SuiteSettings
+    if field in _FRONT_END_DEFAULTS:
+        return str(_FRONT_END_DEFAULTS[field])
+    if field not in model.model_fields:  # pair, pairs_file: options, not settings
+        return None
+    value = model.model_fields[field].get_default(call_default_factory=True)
+    if value is None or value == {}:
+        return None
+    if isinstance(value, bool):
+        return {"isolate": "isolate"}.get(field, str(value).lower()) if value else "off"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return _NAMED_DEFAULTS.get(str(value), str(value))
 
 
 def _flag_for(field: str, prefix: str) -> str:
@@ -334,6 +368,8 @@ def build_settings(raw: dict[str, Any], *, kind: type[SuiteSettings] = SuiteSett
     values = {k: v for k, v in raw.items() if v is not None}
     if values.get("profile") in PROFILES:  # a profile's values win over a pair's, explicit options over both
         values = {**PROFILES[values["profile"]], **values}
+    if "torch_threads" in raw:  # a front end's option: not given means DEFAULT_TORCH_THREADS
+        values.setdefault("torch_threads", DEFAULT_TORCH_THREADS)
     try:
         unavailable = _apply_pair(values)
     except PairSpecError as exc:
@@ -351,31 +387,3 @@ def build_settings(raw: dict[str, Any], *, kind: type[SuiteSettings] = SuiteSett
             shown = f" (got {given!r})" if given is not None and not isinstance(given, dict) else ""
             messages.append(f"{_flag_for(field, flag_prefix)}: {msg}{shown}")
         raise SettingsError("; ".join(messages)) from None
-
-
-def unsupported(caps: Capabilities, *, dtype: str, device: str, budgets: list[int] = (), modes: list[str] = (),
-                tensor_parallel_size: int = 1, prefix: str = "--", budget_flag: str = "budgets",
-                no_drafter: bool = False) -> str | None:
-    """Why the engine cannot run these options here (one line naming the option as the caller spells
-    it, with ``prefix``, and the engine's limit), else None: the one place options meet capabilities.
-
-    ``modes`` are checked only where the caller needs every one of them (``generate``, ``bench``); a
-    conformance run skips the checks of a mode the engine lacks instead."""
-    who = f"engine {caps.name!r}"
-    for mode in modes:
-        if mode not in caps.modes:
-            hint = " (no drafter given?)" if mode != "plain" and no_drafter else ""
-            return f"{who} cannot run mode {mode} here{hint}; it supports: {', '.join(caps.modes)}"
-    if dtype not in caps.dtypes:
-        return f"{prefix}dtype {dtype}: {who} supports {', '.join(caps.dtypes)} here"
-    if device not in caps.devices and device.split(":", 1)[0] not in caps.devices:
-        return f"{prefix}device {device}: {who} can use {', '.join(caps.devices) or 'no device'} here"
-    if tensor_parallel_size > caps.max_tensor_parallel:
-        return (f"{prefix}tensor-parallel-size {tensor_parallel_size}: {who} accepts at most "
-                f"{caps.max_tensor_parallel} here (capabilities().max_tensor_parallel)")
-    if "ddtree" in caps.modes and caps.max_budget is not None:
-        too_big = [b for b in budgets if b > caps.max_budget]
-        if too_big:
-            return (f"{prefix}{budget_flag} {','.join(map(str, too_big))}: {who} accepts budgets up to "
-                    f"{caps.max_budget} (capabilities().max_budget)")
-    return None

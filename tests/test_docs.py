@@ -108,3 +108,73 @@ def test_example_reports_load(name):
     assert report["kind"] in ("check", "bench")
     for suffix in (".md", ".html"):
         assert (DOCS / "examples" / name).with_suffix(suffix).is_file()
+
+
+def test_the_adapter_at_the_top_of_the_engine_guide_runs_through_the_suite(tmp_path, monkeypatch):
+    """docs/guides/your-engine.md opens with a complete ~30-line engine and a filled-in Capabilities(...);
+    it runs as written, from the folder holding it, and the report names it by its own name and version."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from ddtree_conformance.cli import app
+
+    guide = (DOCS / "guides" / "your-engine.md").read_text()
+    code = re.search(r"```python\n(.*?)```", guide, flags=re.S).group(1)
+    assert "Capabilities(" in code and "class MyEngine(Engine)" in code
+    assert len(code.strip().splitlines()) <= 35, "the guide's first engine is meant to be read at a glance"
+    (tmp_path / "my_engine.py").write_text(code)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(__import__("sys").modules, "my_engine", raising=False)
+    result = CliRunner().invoke(app, ["check", "--engine", "my_engine:MyEngine", "--limit", "1", "--budgets", "16",
+                                      "--max-new-tokens", "8", "--modes", "ddtree", "--check", "lossless",
+                                      "--check", "tree-structure", "--no-isolate", "--out", "r.json"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["engine"] == {"spec": "my_engine:MyEngine", "name": "my-engine", "version": "1.4.0"}
+    assert report["verdict"]["status"] == "pass"
+
+
+def test_option_defaults_in_the_docs_are_the_settings_models():
+    """docs/reference/options.md shows the defaults help text shows: the settings model's (budgets used to
+    read 16,64 in the help and the docs while a run used 16,64,256)."""
+    from ddtree_conformance.settings import OPTION_FLAGS, SuiteSettings, shown_default
+
+    rows = {}
+    for line in (DOCS / "reference" / "options.md").read_text().splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 5 and cells[1].startswith("`--"):
+            rows[re.findall(r"`(--[\w-]+)", cells[1])[0]] = cells[4]
+    wrong = {}
+    for field, flag in OPTION_FLAGS.items():
+        default = shown_default(field) if field in SuiteSettings.model_fields else None
+        if default is not None and flag in rows and default not in rows[flag].replace("`", ""):
+            wrong[flag] = (default, rows[flag])
+    assert not wrong, wrong
+
+
+def test_help_shows_the_settings_models_defaults():
+    from typer.testing import CliRunner
+
+    from ddtree_conformance.cli import app
+    from ddtree_conformance.pytest_plugin import _OPTIONS, _help
+    from ddtree_conformance.settings import shown_default
+
+    text = " ".join(CliRunner().invoke(app, ["check", "--help"], env={"COLUMNS": "240"}).output.split())
+    assert f"[default: ({shown_default('budgets')})]" in text and shown_default("budgets") == "16,64,256"
+    plugin = {field: _help(field, help_text) for field, _, help_text in _OPTIONS}
+    assert "(default 16,64,256)" in plugin["budgets"] and "(default 1)" in plugin["torch_threads"]
+
+
+def test_the_readme_figures_come_from_the_figures_script():
+    """Every figure README.md marks equals what scripts/readme_figures.py recorded in scripts/measurements/readme-figures.json."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_figures", ROOT / "scripts" / "readme_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    readme = (ROOT / "README.md").read_text()
+    figures = __import__("json").loads((ROOT / "scripts" / "measurements" / "readme-figures.json").read_text())
+    assert len(module.MARKER.findall(readme)) >= 5
+    assert module.differences(readme, figures) == []
+    assert module.pytest_counts("..\n580 passed, 4 skipped in 231.20s (0:03:51)\n") == ("580 passed, 4 skipped", "231 s")

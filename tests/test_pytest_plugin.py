@@ -237,3 +237,16 @@ def test_a_prompt_past_the_vocabulary_is_a_usage_error_before_any_engine_work(re
     assert result.ret == pytest.ExitCode.USAGE_ERROR, text(result)
     assert f"{prompts}:2: field 'prompt_ids'" in text(result) and "outside the vocabulary" in text(result)
     assert "Traceback" not in text(result)
+def test_the_run_says_which_test_paths_it_collected(repo):
+    """`pytest --ddtree-engine X` without paths runs only the suite, and says so; with paths, both run."""
+    alone = run_in_repo(repo, "--collect-only", "-q", "--ddtree-engine", "reference", "--ddtree-check",
+                        "lossless/dflash")
+    assert alone.ret == 0, text(alone)
+    assert "ddtree-conformance: 1 conformance item(s) for engine 'reference' from the packaged suite" in text(alone)
+    assert "no test paths given, so only the conformance suite runs" in text(alone)
+    assert "pytest tests --ddtree-engine reference" in text(alone)
+    both = run_in_repo(repo, "--collect-only", "-q", "tests", *OWN, "--ddtree-engine", "reference", "--ddtree-check",
+                       "lossless/dflash")
+    assert both.ret == 0, text(both)
+    assert "ddtree-conformance: and 1 item(s) of your own tests from: tests" in text(both)
+    assert "test_own_options" in text(both)

@@ -210,3 +210,23 @@ def test_reference_refuses_a_budget_above_its_max_before_allocating(pair):
     assert engine.capabilities().max_budget == MAX_BUDGET
     with pytest.raises(EngineError, match=f"budget {MAX_BUDGET + 1} is above the largest it accepts"):
         engine.generate([Request(prompt_ids=[1], max_new_tokens=2)], RunConfig(mode="ddtree", budget=MAX_BUDGET + 1))
+
+
+def test_module_class_resolves_from_the_working_directory_as_python_m_does(tmp_path, monkeypatch):
+    """`--engine my_engine:MyEngine` from the folder holding my_engine.py, with nothing on sys.path for it
+    (it used to fail: "No module named 'my_engine'", exit 5; only PYTHONPATH=. helped)."""
+    import sys
+
+    (tmp_path / "ddtc_here_engine.py").write_text(textwrap.dedent('''
+        from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+
+        class Mine(ReferenceEngine):
+            name = "mine"
+    '''))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "ddtc_here_engine", raising=False)
+    assert load_engine_class("ddtc_here_engine:Mine").name == "mine"
+    assert sys.path[0] == str(tmp_path)  # kept for an isolated engine's child
+    with pytest.raises(EngineError, match="No module named 'ddtc_nowhere'"):
+        load_engine_class("ddtc_nowhere:Mine")  # not in the working directory either: the same clear error

@@ -8,7 +8,6 @@ files, so calls of local reusable workflows are checked here against their ``wor
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -174,7 +173,8 @@ def test_documented_caller_snippet_uses_known_inputs():
     inputs = load("conformance.yml")["on"]["workflow_call"]["inputs"]
     for caller in callers:
         for job in caller["jobs"].values():
-            assert re.fullmatch(r"[\w.-]+/ddtree-conformance/\.github/workflows/conformance\.yml@v[\d.]+",
+            # a ref that resolves today: a branch or a commit SHA (the suite is built from it), or a tag
+            assert re.fullmatch(r"[\w.-]+/ddtree-conformance/\.github/workflows/conformance\.yml@(main|[0-9a-f]{40}|v[\d.]+)",
                                 job["uses"]), job["uses"]
             assert set(job["with"]) <= set(inputs), sorted(set(job["with"]) - set(inputs))
             assert "engine" in job["with"]
@@ -186,67 +186,99 @@ def test_the_reusable_workflow_takes_what_an_engine_repository_gives():
     workflow = load("conformance.yml")
     assert set(workflow["on"]) == {"workflow_call"}
     inputs = workflow["on"]["workflow_call"]["inputs"]
-    assert {"engine", "engine-version", "pair", "dtype", "budgets", "gpu-type", "suite-version"} <= set(inputs)
+    assert {"engine", "engine-version", "engine-requirement", "baseline-engine-requirement", "allow-skip", "pair",
+            "dtype", "budgets", "gpu-type", "gate", "suite-version", "suite-wheel-artifact"} <= set(inputs)
     assert inputs["engine"]["required"] is True
-    assert inputs["suite-version"]["default"] == PYPROJECT["project"]["version"], \
-        "bump conformance.yml's suite-version default with the release"
+    assert inputs["suite-version"]["default"] == "", "no release on the index: build the suite from the called ref"
 
 
-def test_the_reusable_workflow_installs_a_release_and_never_the_caller():
-    workflow = load("conformance.yml")
-    job = workflow["jobs"]["conformance"]
-    uses = [s.get("uses", "") for s in job["steps"]]
-    assert not any(u.startswith("actions/checkout") for u in uses), "it must not check out the calling repository"
+def test_the_reusable_workflow_installs_the_suite_from_its_own_ref_and_never_the_caller():
+    job = load("conformance.yml")["jobs"]["conformance"]
+    checkouts = [s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout")]
+    assert len(checkouts) == 1, "only the suite is checked out, never the calling repository"
+    assert checkouts[0]["with"]["repository"] == "${{ job.workflow_repository }}"
+    assert checkouts[0]["with"]["ref"] == "${{ job.workflow_sha }}"
+    assert checkouts[0]["with"]["path"] == ".ddtree-suite"
+    suite = job["env"]["SUITE"]
+    for source in ("format('ddtree-conformance[gpu]=={0}', inputs.suite-version)", "'ddtree-conformance[gpu]'",
+                   "format('{0}/.ddtree-suite[gpu]', github.workspace)"):
+        assert source in suite
     scripts = "\n".join(s.get("run", "") for s in job["steps"])
-    assert 'suite="ddtree-conformance[gpu]==$SUITE_VERSION"' in scripts
-    assert "pip install -e" not in scripts and "pip install ." not in scripts
+    assert '"$SUITE"' in scripts and "pip install -e" not in scripts
     assert job["runs-on"] == ["self-hosted", "gpu-${{ inputs.gpu-type }}"]
     assert job["env"]["DDTREE_HARDWARE_CLASS"] == "gpu-${{ inputs.gpu-type }}"
-    assert "--junitxml" in scripts and "ddtree-conformance gate" in scripts and "GITHUB_STEP_SUMMARY" in scripts
-    assert any(u.startswith("actions/upload-artifact@") for u in uses)
+    assert any(s.get("uses", "").startswith("actions/upload-artifact@") for s in job["steps"])
 
 
-def _bash(script: str, env: dict, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-e", "-c", script], env={**os.environ, **env}, cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
+def test_the_reusable_workflow_keeps_no_logic():
+    """Every run step is one line and no shell control flow; one of them is `ddtree-conformance ci`."""
+    job = load("conformance.yml")["jobs"]["conformance"]
+    runs = [s["run"] for s in job["steps"] if "run" in s]
+    for script in runs:
+        assert "\n" not in script.strip(), script
+        assert not re.search(r"\b(if|then|case|for|while|until)\b|\$\(", script), script
+    assert [r for r in runs if "ddtree-conformance\" ci" in r] == ['"$RUNNER_TEMP/ddtree-venv/bin/ddtree-conformance" ci']
+    assert job["outputs"]["exit-code"] == "${{ steps.ci.outputs.exit-code }}"
 
 
-@pytest.mark.parametrize("limit, ok", [("20", True), ("all", True), ("", False), ("0", False), ("x", False),
-                                       ("2; touch pwned", False)])
-def test_the_limit_is_a_number_or_all(limit, ok, tmp_path):
-    script = step(load("conformance.yml"), "conformance", "options")["run"]
-    env = {"LIMIT": limit, "ENGINE": "my_pkg:Engine", "PAIR": "fixture", "DTYPE": "bfloat16", "GPU_TYPE": "h200",
-           "RUNNER_TEMP": str(tmp_path), "GITHUB_OUTPUT": str(tmp_path / "out"), "GITHUB_ENV": str(tmp_path / "env")}
-    result = _bash(script, env, tmp_path)
-    assert (result.returncode == 0) is ok, result.stdout + result.stderr
+def _ci_variables() -> set[str]:
+    """Every DDTREE_* variable `ddtree-conformance ci` reads."""
+    import typer.main
+
+    from ddtree_conformance.cli import app
+
+    command = typer.main.get_command(app).commands["ci"]
+    read = {p.envvar for p in command.params if getattr(p, "envvar", None)}
+    source = (ROOT / "conformance" / "cli" / "ci.py").read_text()
+    return read | set(re.findall(r'"(DDTREE_[A-Z_]+)"', source))
+
+
+def test_every_workflow_input_reaches_ci_and_every_variable_is_read():
+    workflow = load("conformance.yml")
+    job = workflow["jobs"]["conformance"]
+    variables = {k for k in job["env"] if k.startswith("DDTREE_")}
+    (ci,) = [s for s in job["steps"] if s.get("id") == "ci"]
+    variables |= {k for k in ci.get("env", {}) if k.startswith("DDTREE_")}
+    assert not variables - _ci_variables(), f"set but never read: {sorted(variables - _ci_variables())}"
+    text = (WORKFLOWS / "conformance.yml").read_text()
+    unused = [name for name in workflow["on"]["workflow_call"]["inputs"] if f"inputs.{name}" not in text]
+    assert not unused, f"inputs never used: {unused}"
+
+
+def test_the_buildkite_example_sets_only_variables_ci_reads():
+    pipeline = yaml.safe_load((ROOT / "docs" / "examples" / "buildkite-pipeline.yml").read_text())
+    variables = {k for k in pipeline["env"] if k.startswith("DDTREE_") and k != "DDTREE_SUITE"}
+    assert variables and not variables - _ci_variables(), sorted(variables - _ci_variables())
+    (step,) = pipeline["steps"]
+    assert step["command"][-1] == ".ddtree-venv/bin/ddtree-conformance ci"
+    assert step["artifact_paths"] == ["reports/ci/**/*"]
+
+
+@pytest.mark.parametrize("limit", ["0", "x", "2; touch pwned", "-3"])
+def test_ci_refuses_a_limit_that_is_not_a_number_or_all(limit, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from ddtree_conformance.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["ci", "--limit", limit, "--reports", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "--limit must be a positive number of prompts or 'all'" in result.stderr
     assert not (tmp_path / "pwned").exists()
-    if ok:  # an artifact name without ':' (upload-artifact refuses it)
-        assert (tmp_path / "out").read_text().strip() == "artifact=ddtree-conformance-my_pkg_Engine-fixture-" \
-                                                         "bfloat16-gpu-h200"
-    else:
-        assert "limit must be a positive number of prompts or 'all'" in result.stdout
 
 
-@pytest.mark.parametrize("limit, expected", [("all", "80"), ("7", "7")])
-def test_limit_all_means_every_prompt_of_the_pair(limit, expected, tmp_path):
-    """The release bug: an empty limit meant "all" and became 20. "all" now resolves to the pair's count."""
-    (found,) = [s for s in steps(load("conformance.yml"), "conformance") if s.get("name") == "resolve options"]
-    venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "activate").write_text("")
-    env = {"LIMIT": limit, "PAIR": "fixture", "VENV": str(venv), "GITHUB_ENV": str(tmp_path / "env"),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    result = _bash(found["run"], env, tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert (tmp_path / "env").read_text().strip() == f"RUN_LIMIT={expected}"
-
-
-def test_the_release_runs_every_prompt():
+def test_the_release_runs_every_prompt_and_publishes_only_after_the_gate():
     release = load("release.yml")
-    assert release["jobs"]["gpu-gate"]["with"]["limit"] == "all"
+    jobs = release["jobs"]
+    assert jobs["gpu-gate"]["with"]["limit"] == "all"
     gpu = load("gpu.yml")
     assert gpu["jobs"]["conformance"]["with"]["limit"] == "${{ inputs.limit || '20' }}"  # "all" passes through
-    assert "needs" in release["jobs"]["publish"] and "gpu-gate" in release["jobs"]["publish"]["needs"]
+    assert set(jobs["tag"]["needs"]) == {"build", "gpu-gate"} and jobs["publish"]["needs"] == "tag"
+    assert set(jobs["github-release"]["needs"]) == {"tag", "publish"}
+    assert jobs["tag"]["if"] == "${{ !inputs.dry-run }}" and release["on"]["workflow_dispatch"]["inputs"]["dry-run"][
+        "default"] is True
+    assert jobs["publish"]["permissions"] == {"id-token": "write"} and jobs["publish"]["environment"] == "pypi"
+    steps_text = json.dumps(jobs["build"]["steps"])
+    assert ".ci/release check" in steps_text and ".ci/release build" in steps_text and ".ci/package-smoke" in steps_text
 
 
 # ---------------------------------------------------------------------------------------- matrix, pins, tokens
@@ -289,66 +321,63 @@ def test_the_cpu_workflow_cancels_superseded_runs():
     assert "package-smoke" in str(cpu["jobs"]["package"])
 
 
-def _fake_toolchain(tmp_path: Path) -> dict:
-    """``python3 -m venv`` whose venv's ``python`` logs its arguments, one call per line ('|'-joined)."""
-    fake, venv_bin, log = tmp_path / "fake", tmp_path / "venv-bin", tmp_path / "calls.log"
-    fake.mkdir()
-    venv_bin.mkdir()
-    (fake / "python3").write_text(
-        '#!/bin/bash\nif [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin"; '
-        f'echo \'export PATH="{venv_bin}:$PATH"\' > "$3/bin/activate"; exit 0; fi\nexit 1\n')
-    (venv_bin / "python").write_text(
-        f'#!/bin/bash\n(IFS="|"; echo "$*") >> "{log}"\n'
-        'case "$*" in *ddtree_conformance.pins*) echo 0.32.0 ;; *"pip freeze"*) echo "x==1" ;; esac\n')
-    (venv_bin / "ddtree-conformance").write_text("#!/bin/bash\necho ddtree-conformance 0.2.0\n")
-    for tool in (fake / "python3", venv_bin / "python", venv_bin / "ddtree-conformance"):
-        tool.chmod(0o755)
-    reports = tmp_path / "reports"
-    reports.mkdir()
-    return {"PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "VENV": str(tmp_path / "venv"),
-            "REPORTS": str(reports), "SUITE_VERSION": "0.2.0", "ENGINE_VERSION": "", "ENGINE_REQUIREMENT": "",
-            "WHEELS": str(tmp_path / "no-wheels"), "LOG": str(log)}
+def test_tox_calls_the_tier_scripts_instead_of_defining_the_tiers():
+    tox = (ROOT / "tox.ini").read_text()
+    for tier in ("vllm", "sglang"):
+        section = tox.split(f"[testenv:{tier}]", 1)[1].split("\n[", 1)[0]
+        assert f"commands = bash {{toxinidir}}/.ci/{tier}-tier" in section
+        assert "pip install" not in section and "commands_pre" not in section
 
 
-@pytest.mark.parametrize("engine, version, requirement, wheel, expected", [
-    ("vllm", "", "", False, ["ddtree-conformance[gpu]==0.2.0", "vllm==0.32.0"]),  # the release's own pin
-    ("sglang", "0.5.24", "", False, ["ddtree-conformance[gpu]==0.2.0", "sglang==0.5.24"]),
-    ("reference", "", "", False, ["ddtree-conformance[gpu]==0.2.0"]),
-    ("my_pkg.engine:Mine", "", "my-engine @ git+https://example.org/me/my-engine@abc123\nextra-dep==2",
-     False, ["ddtree-conformance[gpu]==0.2.0", "my-engine @ git+https://example.org/me/my-engine@abc123|extra-dep==2"]),
-    ("vllm", "0.32.0", "", True, ["{wheel}[gpu]", "vllm==0.32.0"]),  # this repository's CI: its own wheel
+@pytest.mark.parametrize("engine, version, requirements, expected", [
+    ("vllm", "", [], ["vllm==0.32.0"]),  # the version this suite pins
+    ("sglang", "0.5.24", [], ["sglang==0.5.24"]),
+    ("reference", "", [], None),  # ships with the suite: nothing to install
+    ("vllm", None, [], None),  # not asked: the engine is in this environment
+    ("my_pkg.engine:Mine", "", ["my-engine @ git+https://example.org/me/my-engine@abc123", "extra-dep==2"],
+     ["my-engine @ git+https://example.org/me/my-engine@abc123", "extra-dep==2"]),
 ])
-def test_install_step_installs_the_pinned_release_and_the_engine_version(engine, version, requirement, wheel,
-                                                                          expected, tmp_path):
-    install = step(load("conformance.yml"), "conformance", "install")["run"]
-    env = _fake_toolchain(tmp_path)
-    env.update({"ENGINE": engine, "ENGINE_VERSION": version, "ENGINE_REQUIREMENT": requirement})
-    if wheel:
-        wheels = tmp_path / "wheels"
-        wheels.mkdir()
-        (wheels / "ddtree_conformance-0.2.0-py3-none-any.whl").write_text("")
-        env["WHEELS"] = str(wheels)
-        expected = [e.format(wheel=wheels / "ddtree_conformance-0.2.0-py3-none-any.whl") for e in expected]
-    result = _bash(install, env, tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    calls = Path(env["LOG"]).read_text().splitlines()
-    installs = [c.split("|", 4)[4] for c in calls if c.startswith("-m|pip|install|-q|") and "--upgrade" not in c]
-    assert installs == expected
+def test_ci_installs_the_pinned_version_or_the_requirements(engine, version, requirements, expected, monkeypatch):
+    from ddtree_conformance.cli import ci
+
+    calls = []
+    monkeypatch.setattr(ci.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(
+        cmd, 0, "", ""))
+    step = ci.install(requirements, engine, version)
+    if expected is None:
+        assert step.skipped and not calls
+    else:
+        assert calls == [[sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *expected]]
+        assert step.code == 0
 
 
-def test_job_summary_holds_the_markdown_report_the_counts_and_the_gate(tmp_path):
-    (summary_step,) = [s for s in steps(load("conformance.yml"), "conformance") if s.get("name") == "job summary"]
-    reports = tmp_path / "reports"
-    reports.mkdir()
-    (reports / "junit.xml").write_text(
-        '<testsuites><testsuite name="pytest" tests="5" failures="1" errors="0" skipped="2"></testsuite></testsuites>')
-    (reports / "bench.md").write_text("### ddtree-conformance bench: vllm on fixture\n| run | tau |\n")
-    env = {"REPORTS": str(reports), "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"), "GATE_EXIT": "4",
-           "ENGINE": "vllm", "PAIR": "fixture", "DTYPE": "bfloat16", "DDTREE_HARDWARE_CLASS": "gpu-h200"}
-    result = _bash(summary_step["run"], env, tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    summary = (tmp_path / "summary.md").read_text()
-    assert "## DDTree conformance: vllm on fixture (bfloat16, gpu-h200)" in summary
-    assert "GPU tier: 5 checks, 1 failed, 0 errors, 2 skipped" in summary
-    assert "### ddtree-conformance bench: vllm on fixture" in summary
-    assert "Gate exit status: 4" in summary
+def _release_module():
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("ddtree_release", str(ROOT / ".ci" / "release"))
+    spec = importlib.util.spec_from_loader("ddtree_release", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_the_release_steps_refuse_a_wrong_version_a_taken_tag_and_a_dirty_tree(tmp_path):
+    release = _release_module()
+    (tmp_path / "conformance").mkdir()
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "ddtree-conformance"\nversion = "1.2.3"\n')
+    (tmp_path / "conformance" / "__init__.py").write_text('__version__ = "1.2.3"\n')
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "x"]):
+        subprocess.run([*git, *args], cwd=tmp_path, check=True, capture_output=True)
+    assert "versions agree, tag v1.2.3 is free" in release.check("1.2.3", tmp_path)
+    with pytest.raises(release.ReleaseError, match="pyproject.toml has 1.2.3"):
+        release.check("1.2.4", tmp_path)
+    assert release.tag("1.2.3", push=True, dry_run=True, root=tmp_path).startswith("dry run: would tag ")
+    assert "tagged" in release.tag("1.2.3", push=False, dry_run=False, root=tmp_path)
+    with pytest.raises(release.ReleaseError, match="tag v1.2.3 exists already"):
+        release.check("1.2.3", tmp_path)
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "ddtree-conformance"\nversion = "1.2.4"\n')
+    (tmp_path / "conformance" / "__init__.py").write_text('__version__ = "1.2.4"\n')
+    with pytest.raises(release.ReleaseError, match="uncommitted changes"):
+        release.check("1.2.4", tmp_path)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import time
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as distribution_version
 
 import torch
 from ddtree_conformance.spec import (
@@ -21,7 +23,6 @@ from ddtree_conformance.spec import (
     compile_tree,
     emit_tokens,
     select_feedback_rows,
-    top2_margin,
     walk_tree,
 )
 
@@ -41,6 +42,7 @@ from .clock import DecodeClock as _Clock
 from .clock import busy_probe
 from .decoders import EagerDecoder, StaticDecoder, collector_paused
 from .graphs import fill_in_place
+from .round_records import round_trace, verified_tree
 from .pair import (
     TORCH_DTYPES,
     LoadedPair,
@@ -55,6 +57,13 @@ __all__ = ["ReferenceEngine", "MAX_BUDGET", "LoadedPair"]
 # The verify batch is B + 1 tokens with a (B + 1) x (context + B + 1) mask, so memory grows with B^2;
 # the paper sweeps B up to 1024. Larger budgets are refused up front rather than by the allocator.
 MAX_BUDGET = 4096
+
+
+def _suite_version() -> str:
+    try:
+        return distribution_version("ddtree-conformance")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return ""
 
 
 class ReferenceEngine(Engine):
@@ -122,7 +131,7 @@ class ReferenceEngine(Engine):
         modes = ["plain", "dflash", "ddtree"] if self.drafter_dir else ["plain"]
         return Capabilities(
             name=self.name,
-            version=torch.__version__,
+            version=_suite_version(),  # the reference engine ships with the suite: its version is the suite's
             modes=modes,
             dtypes=["float32", "bfloat16", "float16"],
             devices=devices,
@@ -349,33 +358,9 @@ class ReferenceEngine(Engine):
             engine_settings=decoder.settings(),
         )
 
-    @staticmethod
-    def _verified_tree(tree, verify, walk, logits, params: SamplingParams) -> VerifiedTree:
-        """The light trace of one round: the tree verified and the target's token at every node."""
-        targets = torch.argmax(logits, dim=-1).tolist()
-        if params.greedy:  # the walk's own choices at the nodes it visited (its logits may be processed)
-            for node, token in walk.target_tokens.items():
-                targets[node] = int(token)
-        return VerifiedTree(tree_tokens=verify.input_ids.tolist(), parents=tree.parents.tolist(),
-                            node_target_tokens=targets)
-
-    @staticmethod
-    def _trace(tree, verify, walk, logits, start, root, draft_logits, config: RunConfig) -> RoundTrace:
-        path = [0, *walk.accepted]
-        return RoundTrace(
-            start=start,
-            root_token=root,
-            tree_tokens=verify.input_ids.tolist(),
-            parents=tree.parents.tolist(),
-            depths=tree.depths.tolist(),
-            positions=verify.position_ids.tolist(),
-            accepted=list(walk.accepted),
-            target_tokens=[walk.target_tokens[n] for n in path],
-            bonus=walk.bonus,
-            top2_margins=top2_margin(logits[path]).tolist(),
-            node_target_tokens=torch.argmax(logits, dim=-1).tolist(),
-            draft_logits=draft_logits.float().tolist() if config.trace_draft_logits else None,
-        )
+    # one round's records (:mod:`.round_records`); pitfall engines override them
+    _verified_tree = staticmethod(verified_tree)
+    _trace = staticmethod(round_trace)
 
     def fast_path_stats(self) -> dict:
         """The fast path's graph counts over every loaded pair: captures, replays, eager calls, and the

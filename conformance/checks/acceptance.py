@@ -141,7 +141,8 @@ def judge_per_round(session: SuiteSession, name: str, mode: str, budget: int | N
     if run.rounds == 0:
         if all(len(r.output_ids) <= 1 for r in results):
             return CheckResult.skipped(name, "every output is the prefill token alone (max_new_tokens or a stop "
-                                             "token): no speculative round to compare")
+                                             "token): no speculative round to compare",
+                                       cause="input")
         return CheckResult.failed(name, "the engine reports per-round acceptance but no rounds", **details)
     if run.differs:
         return _rounds_failed(name, run, run.differs, tau, ref_tau, details,

@@ -71,7 +71,8 @@ def check_stops(session: SuiteSession, mode: str, budget: int | None) -> CheckRe
         cases.append((prompt, stop, plain.output_ids[:cut]))
     if not cases:
         return CheckResult.skipped(name, "no plain output has two tokens or more to place a stop token in "
-                                         f"(max_new_tokens {session.settings.max_new_tokens})")
+                                         f"(max_new_tokens {session.settings.max_new_tokens})",
+                                   cause="input")
     n = session.settings.max_new_tokens
     requests = [Request(prompt_ids=p.prompt_ids, max_new_tokens=n, stop_token_ids=[stop]) for p, stop, _ in cases]
     results = session.run(mode, budget, requests=requests)

@@ -55,7 +55,8 @@ def check_golden(session: SuiteSession, mode: str, budget: int | None) -> CheckR
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
     golden, path = held_device_golden(session)
     if golden is None:
-        return CheckResult.skipped(name, f"no golden file {path} (record one with `ddtree-conformance record`)")
+        return CheckResult.skipped(name, f"no golden file {path} (record one with `ddtree-conformance record`)",
+                                   cause="input")
     length = min(golden.max_new_tokens, s.max_new_tokens)  # greedy outputs of a longer run extend shorter ones
     cut = "" if length == s.max_new_tokens else f"; first {length} of {s.max_new_tokens} tokens: the file holds {length}"
     missing = [p.id for p in session.inputs.bundled if p.id not in golden.records]

@@ -14,7 +14,10 @@ Rules that hold for every check, whatever it does:
 * The oracle's files (golden records, the pair manifest and its calibration) are held in memory
   before the first check (:mod:`ddtree_conformance.oracle`); a check after which one of them has
   changed on disk fails, naming the file, whatever its own verdict (kept in the details).
-* Each result carries its wall time in ``details["elapsed_s"]``.
+* Each result carries its wall time in ``details["elapsed_s"]``, the evidence it judged in
+  ``details["evidence"]`` (:func:`evidence`: the engine's requests, prompts, tokens, rounds and tree
+  nodes in the runs it used), which the report's coverage table sums per family, and what that evidence
+  could have seen in ``details["detectable"]`` (:mod:`ddtree_conformance.evidence`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from ..run import Run
 from ..session import SuiteSession, UsedRun
 from .result import CheckResult
 
-__all__ = ["PlannedCheck", "run_plan", "not_run", "consumed_error", "one_line"]
+__all__ = ["PlannedCheck", "run_plan", "not_run", "consumed_error", "one_line", "evidence"]
 
 
 def one_line(text: object) -> str:
@@ -54,6 +57,27 @@ def consumed_error(used: Sequence[UsedRun]) -> str | None:
             prompt = run.prompts[index] if index < len(run.prompts) else f"request {index}"
             return f"{who} error in the {run.label} run on request {index} ({prompt}): {text}"
     return None
+
+
+def evidence(used: Sequence[UsedRun]) -> dict[str, int]:
+    """What the engine under test gave the check: requests and distinct prompts, output tokens,
+    speculative rounds and traced tree nodes (root excluded), each run counted once."""
+    seen: set[tuple] = set()
+    prompts: set[str] = set()
+    total = {"requests": 0, "tokens": 0, "rounds": 0, "nodes": 0}
+    for run in used:
+        key = (run.run, id(run.results))
+        if run.engine.oracle or key in seen:
+            continue
+        seen.add(key)
+        prompts.update(run.prompts)
+        for result in run.results:
+            total["requests"] += 1
+            total["tokens"] += len(result.output_ids or [])
+            if run.run.speculative:
+                total["rounds"] += result.rounds or len(result.acceptance_lengths or [])
+                total["nodes"] += sum(max(0, len(t.tree_tokens) - 1) for t in result.traces or [])
+    return {"prompts": len(prompts), **total}
 
 
 @dataclass(frozen=True)
@@ -92,7 +116,7 @@ class PlannedCheck:
             result = CheckResult.failed(self.id, error, check_status=result.status, check_message=result.message,
                                         **{k: v for k, v in result.details.items()
                                            if k not in ("check_status", "check_message")})
-        details = {**result.details, "elapsed_s": round(time.perf_counter() - started, 2)}
+        details = {**result.details, "elapsed_s": round(time.perf_counter() - started, 2), "evidence": evidence(used)}
         if result.status != "skip" and (line := detectable(self.family, result.details)):
             details["detectable"] = line
         return result.model_copy(update={"check": self.id, "details": details})
@@ -100,8 +124,8 @@ class PlannedCheck:
 
 def not_run(checks: Sequence[PlannedCheck], reason: str) -> list[CheckResult]:
     """``checks`` marked not run (skips with ``details["not_run"]``), each saying why."""
-    return [CheckResult(check=c.id, status="skip", message=f"not run: {reason}", details={"not_run": True})
-            for c in checks]
+    return [CheckResult(check=c.id, status="skip", message=f"not run: {reason}", details={"not_run": True},
+                        cause="engine") for c in checks]
 
 
 def run_plan(session: SuiteSession, checks: list[PlannedCheck],

@@ -98,7 +98,7 @@ def check_tensor_parallel(session: SuiteSession, mode: str, budget: int | None) 
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
     n, why = tp_size(session)
     if n <= 1:
-        return CheckResult.skipped(name, why)
+        return CheckResult.skipped(name, why, cause="environment")
     one = session.run(mode, budget, tensor_parallel_size=1)
     many = session.run(mode, budget, tensor_parallel_size=n)
     cases = []

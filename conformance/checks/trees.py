@@ -170,7 +170,8 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
         off_path += _off_path_rounds(traces)
     if not rounds:
         if all(len(r.output_ids) <= 1 for r in results):
-            return CheckResult.skipped(name, "every output is the prefill token alone: no round to trace")
+            return CheckResult.skipped(name, "every output is the prefill token alone: no round to trace",
+                                         cause="input")
         return CheckResult.failed(name, "engine claims traces but returned none")
     if caps.draft_logits and spec_rounds == 0:  # never claim agreement with nothing compared
         return CheckResult.failed(name, f"engine promises drafter logits (draft_logits) but no traced round of "
@@ -255,7 +256,7 @@ def check_branch_vs_chain(session: SuiteSession, budget: int) -> CheckResult:
     rules = rules_for(session.settings)
     scorer = shared_scorer(str(s.model_dir), "float32", s.device)
     scores = score_nodes(scorer, items, rules)
-    details = {"evidence": what, **scores.details()}
+    details = {"node_evidence": what, **scores.details()}
     problem = scores.problem()
     if problem:
         return CheckResult.failed(name, problem, **details)

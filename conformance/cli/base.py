@@ -39,6 +39,7 @@ __all__ = [
     "EXIT_MISSING_BASELINE",
     "EXIT_ENGINE",
     "EXIT_SETTINGS_CHANGED",
+    "EXIT_INCOMPLETE",
     "EXIT_STATUSES",
     "stderr_console",
     "stdout_console",
@@ -51,6 +52,7 @@ EXIT_INCONCLUSIVE = 3  # gate: a speedup interval straddles the band's edge afte
 EXIT_MISSING_BASELINE = 4  # gate: no baseline (or no measurement) for a run
 EXIT_ENGINE = 5  # the engine under test could not start, hung past --engine-timeout, or died
 EXIT_SETTINGS_CHANGED = 6  # gate: the report's engine settings differ from the baseline's (not compared)
+EXIT_INCOMPLETE = 7  # nothing failed, but a requested mode or check family did not run because of the engine
 
 EXIT_STATUSES: dict[int, str] = {
     EXIT_OK: "all checks passed",
@@ -64,6 +66,9 @@ EXIT_STATUSES: dict[int, str] = {
                  "stopped there (the report marks the remaining checks not run) and the engine's log tail is printed",
     EXIT_SETTINGS_CHANGED: "gate only: refused, the report's engine settings that change speed (CUDA graphs, "
                            "attention backend, ...) differ from the baseline's; nothing was compared",
+    EXIT_INCOMPLETE: "incomplete: nothing failed, but a requested mode or check family did not run because of the "
+                     "engine (mode not offered, no acceptance data, no traces, too few prompts); the report's "
+                     "coverage table says which and why; --allow-skip FAMILY opts out",
 }
 
 EXIT_HELP = "Exit statuses: " + "; ".join(f"{code} {text}" for code, text in EXIT_STATUSES.items()) + "."

@@ -16,7 +16,7 @@ from ..output_paths import output_path
 from ..paths import REPORTS_DIR
 from ..progress import progress_printer
 from ..run import Run
-from ..settings import unsupported
+from ..support import unsupported
 from . import options as opt
 from .base import EXIT_FAILED, CliError, command, stderr_console, stdout_console
 
@@ -55,6 +55,20 @@ def bench(
     time_budget: Annotated[float, typer.Option("--time-budget", help="Sequential: stop undecided once the timed "
                                                                      "repeats have taken this many seconds.")] = 600.0,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="One untimed call per config first.")] = True,
+    against: Annotated[Optional[str], typer.Option(
+        "--against", metavar="ENGINE", help="A/B: measure the engine against this baseline build, interleaved on the "
+                                            "same runner, instead of against plain decoding: an engine here (name or "
+                                            "module:Class), or a build of --engine to install apart (a requirement, a "
+                                            "wheel or a folder). Sequential on the throughput ratio; `gate` judges "
+                                            "the report.")] = None,
+    against_engine: Annotated[Optional[str], typer.Option(
+        "--against-engine", help="A/B: the engine spec the installed baseline runs as.",
+        show_default="--engine")] = None,
+    against_option: Annotated[Optional[list[str]], typer.Option(
+        "--against-option", metavar="KEY=VALUE", help="A/B: the baseline's engine options (repeatable).",
+        show_default="--engine-option's")] = None,
+    tolerance: Annotated[float, typer.Option("--tolerance", help="A/B: the candidate may be this fraction slower "
+                                                                 "than the baseline (edge 1 - tolerance).")] = 0.05,
     isolate: opt.Isolate = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="JSON report path (.md and .html beside it).",
                                                 show_default="reports/bench-<engine>.json")] = None,
@@ -85,6 +99,14 @@ def bench(
     out_path = output_path(out, REPORTS_DIR / f"bench-{settings.engine.replace(':', '_')}.json", settings,
                            pairs_file=pairs_file, extra=[baselines])  # absolute, never an input of the run
     hw = opt.hw_class(settings.device, hardware_class)
+    if against is not None:  # A/B: conformance/cli/ab.py
+        from .ab import bench_against
+
+        if baselines is not None:
+            raise CliError("--against and --baselines: an A/B run needs no stored baselines; give one of them")
+        bench_against(settings, against, hw=hw, plan=plan, warmup=warmup, tolerance=tolerance, out=out,
+                      against_engine=against_engine, against_options=against_option)
+        return
     runs = [("dflash", None)] if "dflash" in settings.modes else []
     runs += [("ddtree", b) for b in settings.budgets] if "ddtree" in settings.modes else []
     edges = _edges(baselines, hw, settings, runs) if baselines is not None else None
@@ -205,6 +227,8 @@ def baseline(
         if not 0 <= value < 1:
             raise CliError(f"{option} must be in [0, 1), got {value}")
     data = _load_report_or_fail(report)
+    if data.get("kind") == "ab":
+        raise CliError(f"{report} is an A/B report: it compares two builds on one runner and makes no baselines")
     hw = hardware_class or data["hardware_class"]
     entries = entries_from_report(data, hw_class=hw, tau_band=tau_band, position_band=position_band,
                                   speedup_band=speedup_band)
@@ -243,19 +267,25 @@ def gate(
     6 refused: the report's engine settings (CUDA graphs, attention backend, ...) differ from the
     baseline's (wins over every other status); 2 unusable input.
     """
+    from .. import ab
     from ..baselines import BaselineError, baseline_path, load_baselines
     from ..gate import evaluate, exit_code
 
     data = _load_report_or_fail(report)
     hw = hardware_class or data["hardware_class"]
     path = baseline_path(baselines, hw)
-    loaded = None
-    if path.exists():
-        try:
-            loaded = load_baselines(path)
-        except BaselineError as exc:
-            raise CliError(str(exc)) from None
-    rows = evaluate(data, loaded, hw)
+    stored = data.get("kind") != "ab"  # an A/B report carries its own edge and needs no stored baselines
+    if stored:
+        loaded = None
+        if path.exists():
+            try:
+                loaded = load_baselines(path)
+            except BaselineError as exc:
+                raise CliError(str(exc)) from None
+        rows = evaluate(data, loaded, hw)
+    else:
+        rows = ab.evaluate(data)
+        path = Path(f"A/B baseline {data.get('ab', {}).get('against', '?')}")
     s = data.get("settings", {})
     table = Table(title=escape(f"gate: {s.get('engine')} on {s.get('pair_name')} ({hw}) vs {path}"))
     for column, justify in (("run", "left"), ("metric", "left"), ("status", "left"), ("measured", "right"),
@@ -267,7 +297,7 @@ def gate(
                       escape(r.band), "-" if r.margin is None else f"{r.margin:+.3f}", escape(r.message))
     console = stdout_console()
     console.print(table)
-    code = exit_code(rows)
+    code = exit_code(rows) if stored else ab.exit_code(rows)
     counts = {k: sum(r.status == k for r in rows) for k in colours}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -277,6 +307,6 @@ def gate(
     summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
     verdict = {0: "PASS", 1: "REGRESSION", 3: "INCONCLUSIVE", 4: "MISSING BASELINE", 6: "REFUSED: SETTINGS CHANGED"}[code]
     console.print(escape(f"gate {verdict} (exit {code}): {summary}"), soft_wrap=True)
-    if not path.exists():
+    if stored and not path.exists():
         console.print(escape(f"no baseline file {path}: every run is 'missing'"), soft_wrap=True)
     raise typer.Exit(code)

@@ -16,7 +16,16 @@ from ..output_paths import output_path
 from ..paths import REPORTS_DIR
 from ..run import Run
 from . import options as opt
-from .base import EXIT_FAILED, EXIT_HELP, CliError, EngineFailed, command, stderr_console, stdout_console
+from .base import (
+    EXIT_FAILED,
+    EXIT_HELP,
+    EXIT_INCOMPLETE,
+    CliError,
+    EngineFailed,
+    command,
+    stderr_console,
+    stdout_console,
+)
 
 __all__ = ["check", "record"]
 
@@ -48,6 +57,7 @@ def check(
     held_out_prompts: opt.HeldOutPrompts = None,
     run_seed: opt.RunSeed = None,
     profile: opt.Profile = None,
+    allow_skip: opt.AllowSkip = None,
 ) -> None:
     settings = opt.run_settings(
         engine=engine, model_dir=model, drafter_dir=drafter, pair=pair, pairs_file=pairs_file, pair_name=pair_name,
@@ -55,7 +65,7 @@ def check(
         max_new_tokens=max_new_tokens, checks=only, isolate=isolate, golden_dir=golden_dir,
         engine_options=engine_option, engine_timeout_s=engine_timeout, torch_threads=threads,
         tensor_parallel_size=tensor_parallel_size, held_out_prompts=held_out_prompts, run_seed=run_seed,
-        profile=profile)
+        profile=profile, allow_skip=allow_skip)
     validate_run_inputs(settings)  # bad prompts, ids or lengths: exit 2 before any engine work (and heavy import)
     out_path = output_path(out, REPORTS_DIR / f"check-{settings.engine.replace(':', '_')}.json", settings,
                            pairs_file=pairs_file)  # absolute, never an input of the run
@@ -66,12 +76,15 @@ def check(
     from ..checks.runner import not_run, one_line
     from ..golden_files import load_golden
     from ..oracle import hold as hold_oracle
+    from ..check_report import engine_identity, entries_of, finish_check_report
+    from ..coverage import check_allow_skip
     from ..progress import progress_printer
     from ..report import CHECK_SCHEMA, new_report, runs_from_session, write_partial_report, write_report
     from ..session import SuiteSession
 
     resolve_engine(settings.engine, settings.engine_options)  # unknown engine or option: exit 2 before any work
     checks = plan(settings)
+    check_allow_skip(settings)
     if needs_golden(checks):
         load_golden(settings.golden_dir, settings.pair_name, settings.prompt_set, settings.dtype)  # unreadable: exit 2
     partial = new_report("check", settings.model_dump(), opt.hw_class(settings.device, hardware_class),
@@ -101,6 +114,7 @@ def check(
                     task = progress.add_task(f"{settings.engine}: {len(checks)} checks", total=len(checks))
                     results = run_plan(session, checks, on_result=lambda r: (keep(r), progress.advance(task)))
         failure = session.failure
+        identity = engine_identity(session)
         try:
             run_metrics = runs_from_session(session)
         except Exception:  # a dead engine leaves partial runs: the report keeps the checks' results
@@ -118,13 +132,12 @@ def check(
         table.add_row(escape(r.check), f"[{colours[r.status]}]{status}[/]", escape(r.message))
     console = stdout_console()
     console.print(table)
-    counts = {s: sum(r.status == s and not r.details.get("not_run") for r in results) for s in ("pass", "fail", "skip")}
-    counts["not_run"] = sum(bool(r.details.get("not_run")) for r in results)
-    report = dict(partial)
-    report.update({"elapsed_s": round(elapsed, 2), "counts": counts, "results": [r.model_dump() for r in results],
-                   "runs": run_metrics, "held_out_prompts": held_out})
-    if failure is not None:
-        report["engine_failure"] = {"message": str(failure), "log_tail": failure.log_tail}
+    report, _, found = finish_check_report(
+        partial, entries_of(checks, results), allow_skip=settings.allow_skip or (), runs=run_metrics,
+        engine=identity, elapsed_s=elapsed,
+        engine_failure=None if failure is None else (str(failure), failure.log_tail))
+    counts = report["counts"]
+    report["held_out_prompts"] = held_out
     out_path, md_path, html_path = write_report(report, out_path)
     not_run_note = f", {counts['not_run']} not run" if counts["not_run"] else ""
     console.print(escape(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped{not_run_note} "
@@ -134,6 +147,8 @@ def check(
         raise EngineFailed(f"{one_line(failure)}{skipped}", failure.log_tail)
     if counts["fail"]:
         raise CliError(f"{counts['fail']} of {len(results)} checks failed", exit_code=EXIT_FAILED)
+    if found["status"] == "incomplete":
+        raise CliError(f"run incomplete: {found['reason']}", exit_code=EXIT_INCOMPLETE)
 
 
 @command()

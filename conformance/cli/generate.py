@@ -21,7 +21,8 @@ from ..output_paths import output_path
 from ..paths import REPORTS_DIR
 from ..progress import Heartbeat, progress_printer
 from ..prompts import Prompt, load_prompts, resolve_prompt_set
-from ..settings import GenerateSettings, unsupported
+from ..settings import GenerateSettings, shown_default
+from ..support import unsupported
 from . import options as opt
 from .base import EXIT_FAILED, CliError, command, stderr_console, stdout_console
 
@@ -45,7 +46,7 @@ def open_engine(settings: GenerateSettings) -> Engine:
 
 def require_support(engine: Engine, config: RunConfig) -> Capabilities:
     """Fail early (a usage error) when the engine says it cannot run this config here
-    (:func:`~ddtree_conformance.settings.unsupported`); returns its capabilities."""
+    (:func:`~ddtree_conformance.support.unsupported`); returns its capabilities."""
     caps = engine.capabilities()
     problem = unsupported(caps, dtype=config.dtype, device=config.device, modes=[config.mode],
                           budgets=[config.budget] if config.mode == "ddtree" else [], budget_flag="budget",
@@ -201,9 +202,9 @@ def generate(
     model: opt.Model = None,
     drafter: opt.Drafter = None,
     mode: Annotated[Optional[str], typer.Option("--mode", help="Decoding mode: plain | dflash | ddtree.",
-                                                show_default="ddtree")] = None,
+                                                show_default=shown_default("mode", GenerateSettings))] = None,
     budget: Annotated[Optional[int], typer.Option("--budget", "-B", help="DDTree node budget (non-root nodes).",
-                                                  show_default="32")] = None,
+                                                  show_default=shown_default("budget", GenerateSettings))] = None,
     dtype: opt.DType = None,
     device: opt.Device = None,
     prompts: opt.Prompts = None,
@@ -219,8 +220,9 @@ def generate(
         "--stop-token", help="Stop token id (repeatable). (default: the eos ids in the target's "
                              "generation_config.json)")] = None,
     trace: Annotated[bool, typer.Option("--trace/--no-trace", help="Record per-round traces.")] = False,
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Prompts per generate call.",
-                                                      show_default="4")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(
+        "--batch-size", help="Prompts per generate call.",
+        show_default=shown_default("batch_size", GenerateSettings))] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output JSONL.",
                                                 show_default="reports/generate-<mode>.jsonl")] = None,
     engine_option: opt.EngineOptions = None,

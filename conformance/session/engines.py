@@ -20,7 +20,8 @@ from ..adapters.reference.engine import ReferenceEngine
 from ..adapters.registry import create_engine, resolve_engine
 from ..integrity import PairLimits, error_result, validate_results
 from ..progress import Heartbeat, Printer
-from ..settings import SettingsError, SuiteSettings, unsupported
+from ..settings import SettingsError, SuiteSettings
+from ..support import unsupported
 from .mixing import Arrangement
 
 __all__ = ["EngineFactory", "EngineRole", "EngineInfo", "EngineLifecycle"]

@@ -12,9 +12,12 @@ from __future__ import annotations
 import pytest
 
 from ddtree_conformance.adapters.interface import EngineDied, EngineUsageError
+from ddtree_conformance.check_report import engine_identity
 from ddtree_conformance.checks import plan
 from ddtree_conformance.oracle import hold as hold_oracle
 from ddtree_conformance.pytest_plugin import item_group, settings_from_options
+from ddtree_conformance.pytest_results import RESULT_KEY, SESSION_KEY
+from ddtree_conformance.report import runs_from_session
 from ddtree_conformance.session import SuiteSession
 from ddtree_conformance.settings import SettingsError
 
@@ -32,7 +35,15 @@ def conformance_session(request: pytest.FixtureRequest):
     session = SuiteSession(settings_from_options(request.config), flag_prefix="--ddtree-")
     hold_oracle(session)  # golden records, manifest and calibration held before the engine starts
     yield session
-    session.close()
+    held_out = [{"id": p.id, "prompt_ids": p.prompt_ids} for p in session.inputs.drawn_held_out()]
+    info = {"runs": [], "engine": engine_identity(session), "held_out_prompts": held_out}
+    try:  # the run metrics, the engine's identity, the held-out prompts: the check report (pytest_results.Recorder)
+        info["runs"] = runs_from_session(session)
+    except Exception:  # a dead engine leaves partial runs: the report keeps the checks' results
+        pass
+    finally:
+        request.config.stash[SESSION_KEY] = info
+        session.close()
 
 
 @pytest.fixture
@@ -52,11 +63,12 @@ def _engine_failure(session: SuiteSession, exc: EngineDied) -> str:
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestExperimentalApiWarning")
 @pytest.mark.filterwarnings("ignore:record_xml_attribute is incompatible")  # the class name is set all the same
-def test_conformance(conformance_session: SuiteSession, planned_check, junit_class) -> None:
+def test_conformance(conformance_session: SuiteSession, planned_check, junit_class, request) -> None:
     failure = None  # pytest.fail outside the except blocks: no chained exceptions in the report
     try:
         conformance_session.require_support()
         result = planned_check.run(conformance_session)
+        request.node.stash[RESULT_KEY] = result
     except (SettingsError, EngineUsageError) as exc:
         failure = f"ddtree-conformance: {exc}"
     except EngineDied as exc:

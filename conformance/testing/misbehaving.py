@@ -339,7 +339,8 @@ CATALOGUE: dict[str, Fault] = {
     "garbage traces": Fault(_spec(GarbageTraces), "trace bonus tokens differ from the output",
                             checks=("tree-structure",)),
     "results that are not RequestResults": Fault(_spec(NotResults), "dicts with a string for output_ids"),
-    "no acceptance data (honest)": Fault(_spec(NoAcceptanceData), "reports none, and says so: not a fault",
+    "no acceptance data (honest)": Fault(_spec(NoAcceptanceData), "reports none, and says so: not a fault, but the "
+                                         "run is incomplete (exit 7) unless --allow-skip acceptance",
                                          checks=("lossless", "acceptance")),
     "cannot start": Fault(_spec(CannotStart), "raises in __init__", checks=_DIES, isolate=True, timeout=10),
     "hang at start-up": Fault(_spec(HangAtStart), "never finishes __init__", checks=_DIES, isolate=True, timeout=3),

@@ -1,0 +1,244 @@
+"""A/B throughput (``bench --against``): the candidate and a baseline build interleaved on one runner,
+judged by the sequential test on their throughput ratio; ``gate`` judges an A/B report without stored
+baselines.
+
+No timed assertions: verdicts come from injected timings (engines that report their decode time) or
+a simulated clock; the slow mutant's run is checked for its shape only.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import random
+import zipfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddtree_conformance.ab import baseline_for, evaluate, exit_code, measure_ab, pair_order
+from ddtree_conformance.adapters.interface import Capabilities, Engine, Request, RequestResult, RunConfig, Timings
+from ddtree_conformance.cli import app
+from ddtree_conformance.sequential import SequentialPlan
+
+# An engine that reports injected decode times (rounds of 20 us x SLOWDOWN, seeded noise), tau 3, no model
+# work: small enough to stay under the wall clock of its own call, which the bench checks.
+TIMED = '''
+import math
+import random
+
+from ddtree_conformance.adapters.interface import Capabilities, Engine, RequestResult, Timings
+
+SLOWDOWN = {slowdown}
+
+
+class Timed(Engine):
+    name = "timed"
+    OPTIONS = ("slowdown", "seed")
+
+    def __init__(self, model_dir, drafter_dir=None, **options):
+        super().__init__(model_dir, drafter_dir, **options)
+        self.slowdown = float(options.get("slowdown", SLOWDOWN))
+        self.rng = random.Random(options.get("seed", 0))
+
+    def capabilities(self):
+        return Capabilities(name=self.name, version=str(SLOWDOWN), modes=["plain", "dflash", "ddtree"],
+                            dtypes=["float32"], devices=["cpu"], sampling=False, traces=False,
+                            per_round_acceptance=True)
+
+    def generate(self, requests, config):
+        out = []
+        for r in requests:
+            n = r.max_new_tokens
+            lengths = [1] * (n - 1) if config.mode == "plain" else [3] * math.ceil((n - 1) / 3)
+            seconds = 2e-5 * self.slowdown * len(lengths) * math.exp(self.rng.gauss(0, 0.03))
+            out.append(RequestResult(output_ids=[1] * n, finish_reason="length", rounds=len(lengths),
+                                     acceptance_lengths=lengths,
+                                     timings=Timings(decode=seconds, stages={{"round_wall": seconds}})))
+        return out
+'''
+
+
+class Simulated(Engine):
+    """Rounds of ``round_s`` x noise on a simulated clock (``now``); records its calls."""
+
+    name = "simulated"
+
+    def __init__(self, round_s: float, seed: int, clock: list[float], calls: list, tag: str) -> None:
+        super().__init__("m", "d")
+        self.round_s, self.rng, self.clock, self.calls, self.tag = round_s, random.Random(seed), clock, calls, tag
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(name=self.name, modes=["plain", "ddtree"], dtypes=["float32"], devices=["cpu"],
+                            sampling=False, traces=False, per_round_acceptance=True)
+
+    def generate(self, requests, config):
+        out = []
+        for r in requests:
+            self.calls.append((self.tag, config.budget, r.prompt_ids[0]))
+            lengths = [3] * math.ceil((r.max_new_tokens - 1) / 3)
+            seconds = self.round_s * len(lengths) * math.exp(self.rng.gauss(0, 0.02))
+            self.clock[0] += seconds + 1e-4
+            out.append(RequestResult(output_ids=[1] * r.max_new_tokens, finish_reason="length", rounds=len(lengths),
+                                     acceptance_lengths=lengths, timings=Timings(stages={"round_device": seconds})))
+        return out
+
+
+REQUESTS = [Request(prompt_ids=[i + 1, 2], max_new_tokens=13) for i in range(3)]
+CONFIGS = {"ddtree-B16": RunConfig(mode="ddtree", budget=16), "ddtree-B64": RunConfig(mode="ddtree", budget=64)}
+
+
+def simulated_pair(candidate_round_s: float, baseline_round_s: float = 0.01):
+    clock, calls = [0.0], []
+    return (Simulated(candidate_round_s, 1, clock, calls, "candidate"),
+            Simulated(baseline_round_s, 2, clock, calls, "baseline"), clock, calls)
+
+
+def test_pairs_are_called_back_to_back_alternating_which_goes_first():
+    running = ["candidate|a", "baseline|a", "candidate|b", "baseline|b"]
+    first = pair_order(running, 0, 0)
+    assert first == ["candidate|a", "baseline|a", "baseline|b", "candidate|b"]
+    assert pair_order(running, 0, 1) == ["baseline|a", "candidate|a", "candidate|b", "baseline|b"]
+    assert pair_order(running, 1, 0)[:2] == ["baseline|b", "candidate|b"]  # the runs rotate with the repeat
+    assert pair_order(["candidate|b", "baseline|b"], 3, 1) == ["candidate|b", "baseline|b"]  # a decided run drops
+
+
+@pytest.mark.parametrize("candidate_round_s, decision, code", [(0.0125, "regression", 1), (0.0098, "pass", 0)])
+def test_the_sequential_test_judges_the_throughput_ratio(candidate_round_s, decision, code):
+    candidate, baseline, clock, calls = simulated_pair(candidate_round_s)
+    part = measure_ab(candidate, baseline, REQUESTS, CONFIGS, tolerance=0.05, now=lambda: clock[0],
+                      plan=SequentialPlan(time_budget_s=1e6))
+    assert {run["ab"]["stop"]["decision"] for run in part["runs"]} == {decision}
+    ratio = part["runs"][0]["ab"]["estimate"]
+    assert ratio == pytest.approx(0.01 / candidate_round_s, rel=0.03)
+    assert exit_code(evaluate(part)) == code
+    assert part["verdict"]["status"] == ("fail" if code else "pass")
+    # every request of every repeat ran on both sides, one right after the other
+    tags = [tag for tag, _, _ in calls]
+    assert tags.count("candidate") == tags.count("baseline")
+    assert all({tags[k], tags[k + 1]} == {"candidate", "baseline"} for k in range(0, len(tags), 2))
+
+
+def test_a_ratio_inside_the_noise_is_inconclusive_when_the_budget_runs_out():
+    candidate, baseline, clock, _ = simulated_pair(0.01 / 0.95)  # right on the edge
+    part = measure_ab(candidate, baseline, REQUESTS, {"ddtree-B16": CONFIGS["ddtree-B16"]}, tolerance=0.05,
+                      now=lambda: clock[0], plan=SequentialPlan(max_repeats=6))
+    assert part["runs"][0]["ab"]["stop"]["decision"] == "inconclusive"
+    assert exit_code(evaluate(part)) == 3 and part["verdict"]["status"] == "inconclusive"
+
+
+def test_the_gate_recomputes_the_interval_from_the_samples():
+    candidate, baseline, clock, _ = simulated_pair(0.0125)
+    part = measure_ab(candidate, baseline, REQUESTS, CONFIGS, now=lambda: clock[0])
+    forged = json.loads(json.dumps(part))
+    for run in forged["runs"]:
+        run["ab"].update(estimate=1.2, ci_low=1.1, ci_high=1.3, stop={"decision": "pass"})  # claims, not samples
+    assert exit_code(evaluate(forged)) == 1
+
+
+def test_different_clocks_cannot_be_compared():
+    from ddtree_conformance.bench import BenchError
+
+    candidate, baseline, clock, _ = simulated_pair(0.01)
+
+    def untimed(requests, config):  # the call clock: no engine timings
+        clock[0] += 0.01
+        return [RequestResult(output_ids=[1] * r.max_new_tokens, finish_reason="length") for r in requests]
+
+    baseline.generate = untimed
+    with pytest.raises(BenchError, match="cannot be compared"):
+        measure_ab(candidate, baseline, REQUESTS, CONFIGS, now=lambda: clock[0])
+
+
+# ------------------------------------------------------------------------------------------- the CLI
+
+def write_wheel(folder: Path, slowdown: float) -> Path:
+    """A wheel of ``ddtc_ab_pkg`` 1.0 (the Timed engine at this slowdown), written by hand."""
+    files = {"ddtc_ab_pkg/__init__.py": TIMED.format(slowdown=slowdown),
+             "ddtc_ab_pkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: ddtc-ab-pkg\nVersion: 1.0\n",
+             "ddtc_ab_pkg-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                               "Tag: py3-none-any\n"}
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / "ddtc_ab_pkg-1.0-py3-none-any.whl"
+    record = []
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, text in files.items():
+            data = text.encode()
+            zf.writestr(name, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{name},sha256={digest},{len(data)}")
+        zf.writestr("ddtc_ab_pkg-1.0.dist-info/RECORD", "\n".join([*record, "ddtc_ab_pkg-1.0.dist-info/RECORD,,"]))
+    return wheel
+
+
+BENCH = ["--limit", "3", "--max-new-tokens", "10", "--budgets", "16", "--modes", "ddtree"]
+
+
+def bench(tmp_path, *args):
+    out = tmp_path / "ab.json"
+    result = CliRunner().invoke(app, ["bench", *BENCH, *args, "--out", str(out)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    gate = CliRunner().invoke(app, ["gate", str(out)])
+    return json.loads(out.read_text()), gate
+
+
+def test_bench_against_an_engine_here_and_the_gate_without_baselines(tmp_path, monkeypatch):
+    (tmp_path / "ddtc_ab_here.py").write_text(TIMED.format(slowdown=1.0))
+    monkeypatch.chdir(tmp_path)  # module:Class from the working directory
+    report, gate = bench(tmp_path, "--engine", "ddtc_ab_here:Timed", "-O", "slowdown=1.3", "-O", "seed=1",
+                         "--against", "ddtc_ab_here:Timed", "--against-option", "seed=2", "--no-isolate")
+    assert report["kind"] == "ab" and report["verdict"]["status"] == "fail"
+    assert report["ab"]["against"] == "ddtc_ab_here:Timed"
+    assert gate.exit_code == 1 and "A/B ratio" in gate.output and "gate REGRESSION (exit 1)" in gate.output
+    assert (tmp_path / "ab.md").read_text().startswith("## FAIL: A/B: candidate slower than the baseline")
+    assert "<h2>A/B throughput" in (tmp_path / "ab.html").read_text()
+
+
+def test_bench_against_a_build_installed_apart(tmp_path, monkeypatch):
+    """The baseline is a wheel of the same engine package (say, the merge base's build): installed into
+    an overlay environment and run there, while the candidate runs from the working directory."""
+    wheel = write_wheel(tmp_path / "dist", slowdown=1.0)
+    (tmp_path / "ddtc_ab_pkg.py").write_text(TIMED.format(slowdown=1.3))  # the candidate: 30 % slower
+    monkeypatch.chdir(tmp_path)
+    report, gate = bench(tmp_path, "--engine", "ddtc_ab_pkg:Timed", "--against", str(wheel),
+                         "--against-option", "seed=2")
+    assert report["ab"]["baseline_engine"]["version"] == "1.0"  # the installed build, not the working directory's
+    assert report["engine"]["version"] == "1.3"
+    assert "installed from" in report["ab"]["baseline"]
+    assert gate.exit_code == 1, gate.output
+
+
+def test_against_names_something_usable(tmp_path):
+    from ddtree_conformance.ab import AgainstError
+
+    with pytest.raises(AgainstError, match="a file must be a wheel"):
+        (tmp_path / "notes.txt").write_text("")
+        baseline_for(str(tmp_path / "notes.txt"), "reference", tmp_path)
+    with pytest.raises(AgainstError, match="not a requirement"):
+        baseline_for("my engine ==", "reference", tmp_path)
+    assert baseline_for("reference", "my_pkg:Mine", tmp_path).installed is False
+
+
+def test_a_slow_mutant_against_the_reference(random_pair, tmp_path):
+    """The slow mutant (every tree verify twice as long) against the reference on the random pair, on
+    real timings: the report's shape, not its verdict (no timed assertions)."""
+    target, drafter = random_pair
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "category": "math", "prompt_ids": [1 + i, 2, 3]}) + "\n"
+                               for i in range(2)))
+    out = tmp_path / "ab.json"
+    result = CliRunner().invoke(app, [str(a) for a in (
+        "bench", "--engine", "ddtree_conformance.testing.slow_engines:SlowVerify", "-O", "verify_slowdown=1.0",
+        "--against", "reference", "--model", target, "--drafter", drafter, "--prompts", prompts, "--modes", "ddtree",
+        "--budgets", "8", "--max-new-tokens", "12", "--no-isolate", "--max-repeats", "3", "--time-budget", "60",
+        "--out", out)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    report = json.loads(out.read_text())
+    (run,) = report["runs"]
+    assert len(run["ab"]["samples"]) == 3 and all(x > 0 for x in run["ab"]["samples"])
+    assert run["tau"] == run["baseline_tau"]  # the mutant accepts exactly what the reference does
+    assert run["ab"]["stop"]["decision"] in ("pass", "regression", "inconclusive")
+    assert report["ab"]["candidate"].startswith("slow-verify") and report["ab"]["baseline"].startswith("reference")

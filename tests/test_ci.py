@@ -1,0 +1,215 @@
+"""``ddtree-conformance ci`` end to end, from a second git repository standing in for an engine's, run
+the way its CI runs it: the reusable GitHub workflow's step (its environment, its one command) and the
+Buildkite example's command, each in a fresh process. Tiny random pair, one prompt, few checks.
+
+* the reference engine (its decode clock injected), A/B against itself: PASS, exit 0, job summary and
+  step outputs written;
+* an engine without DDTree: INCOMPLETE, exit 7, "DDTree not available in this engine" in the summary
+  and in the Buildkite annotation, never a green job;
+* a slower build under A/B (its injected decode clock runs four times the baseline's): the gate fails
+  the job (exit 1), naming the A/B ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOW = ROOT / ".github" / "workflows" / "conformance.yml"
+BUILDKITE = ROOT / "docs" / "examples" / "buildkite-pipeline.yml"
+BIN = Path(sys.executable).parent
+
+ENGINES = '''
+"""The engine repository's own engines: the reference engine reporting an injected decode clock of
+20 us x CLOCK_SCALE per round (under the wall clock the bench checks it against), so A/B verdicts here
+come from the injected times, not from this machine's load."""
+from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+
+
+class Clocked(ReferenceEngine):
+    name = "clocked"
+    CLOCK_SCALE = 1.0
+
+    def generate(self, requests, config):
+        out = []
+        for r in super().generate(requests, config):
+            seconds = 2e-5 * self.CLOCK_SCALE * max(1, r.rounds or len(r.output_ids))
+            timings = r.timings.model_copy(update={"decode": seconds, "stages": {"round_wall": seconds}})
+            out.append(r.model_copy(update={"timings": timings}))
+        return out
+
+
+class Fast(Clocked):
+    """The baseline build: a quarter of the candidate's decode time."""
+    CLOCK_SCALE = 0.25
+'''
+
+
+@pytest.fixture(scope="module")
+def engine_repo(tmp_path_factory):
+    """A git repository of an engine team: its engines module, committed; plus the tiny pair and prompts."""
+    from ddtree_conformance.testing.random_pair import write_random_pair
+
+    root = tmp_path_factory.mktemp("engine-repo")
+    (root / "ci_engines.py").write_text(ENGINES)
+    for args in (["init", "-q"], ["add", "ci_engines.py"],
+                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "engine"]):
+        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+    data = tmp_path_factory.mktemp("ci-data")
+    target, drafter = write_random_pair(data / "pair")
+    prompts = data / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "p0", "category": "math", "prompt_ids": [1, 2, 3, 4]}) + "\n")
+    # what a real run takes from the pair; small: one prompt, 8 tokens, B=4, two check families
+    small = {"DDTREE_MODEL": str(target), "DDTREE_DRAFTER": str(drafter), "DDTREE_PROMPTS": str(prompts),
+             "DDTREE_MAX_NEW_TOKENS": "8", "DDTREE_ISOLATE": "false",
+             "DDTREE_MAX_REPEATS": "3", "DDTREE_TIME_BUDGET": "60"}
+    return root, small
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDTREE_", "GITHUB_", "BUILDKITE", "PYTEST_"))}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    return {**env, **extra}
+
+
+def workflow_step_env(inputs: dict[str, str], runner_temp: Path) -> tuple[dict[str, str], str]:
+    """The ci step's environment as GitHub would set it from these inputs (job env + step env), and its
+    script. Only plain ``${{ inputs.x }}`` values are substituted; the rest is set as the expressions say."""
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    declared = workflow[True]["workflow_call"]["inputs"]
+    values = {name: str(spec.get("default", "")) for name, spec in declared.items()}
+    values.update(inputs)
+    job = workflow["jobs"]["conformance"]
+    (step,) = [s for s in job["steps"] if s.get("id") == "ci"]
+    env = {}
+    for key, value in {**job["env"], **step.get("env", {})}.items():
+        text = str(value)
+        for name, given in values.items():
+            text = text.replace(f"${{{{ inputs.{name} }}}}", given)
+        if "${{" not in text:
+            env[key] = text
+    env["DDTREE_REPORTS"] = str(runner_temp / "ddtree-reports")  # ${{ runner.temp }}/ddtree-reports
+    return env, step["run"]
+
+
+def run_workflow_step(repo: Path, small: dict, inputs: dict[str, str], tmp: Path) -> subprocess.CompletedProcess:
+    env, script = workflow_step_env(inputs, tmp)
+    venv_bin = tmp / "ddtree-venv" / "bin"  # the venv the install steps made: this one
+    venv_bin.parent.mkdir(parents=True, exist_ok=True)
+    venv_bin.symlink_to(BIN)
+    github = {"RUNNER_TEMP": str(tmp), "GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(tmp / "summary.md"),
+              "GITHUB_OUTPUT": str(tmp / "output")}
+    return subprocess.run(["bash", "-e", "-c", script], cwd=repo, env=clean_env(**{**env, **small, **github}),
+                          capture_output=True, text=True, timeout=600)
+
+
+def buildkite_command(repo: Path, small: dict, overrides: dict[str, str], tmp: Path) -> subprocess.CompletedProcess:
+    pipeline = yaml.safe_load(BUILDKITE.read_text())
+    (step,) = pipeline["steps"]
+    commands = step["command"]
+    # the install lines need the network: checked here, replaced by this environment's venv
+    assert commands[:3] == ["python3 -m venv .ddtree-venv", ".ddtree-venv/bin/python -m pip install -q --upgrade pip",
+                            '.ddtree-venv/bin/python -m pip install -q "$$DDTREE_SUITE"']
+    assert "ddtree-conformance[gpu] @ git+https://github.com/" in pipeline["env"]["DDTREE_SUITE"]
+    (repo / ".ddtree-venv").symlink_to(BIN.parent, target_is_directory=True)
+    agent = tmp / "agent-bin"
+    agent.mkdir()
+    (agent / "buildkite-agent").write_text(f'#!/bin/bash\necho "$*" > "{tmp}/annotate-args"\ncat > "{tmp}/annotation"\n')
+    (agent / "buildkite-agent").chmod(0o755)
+    env = clean_env(**{**{k: str(v) for k, v in pipeline["env"].items()}, **small, **overrides, "BUILDKITE": "true"})
+    env["PATH"] = f"{agent}{os.pathsep}{env['PATH']}"
+    try:
+        return subprocess.run(shlex.split(commands[-1]), cwd=repo, env=env, capture_output=True, text=True,
+                              timeout=600)
+    finally:
+        (repo / ".ddtree-venv").unlink()
+
+
+def test_the_reference_passes_as_the_github_workflow_runs_it(engine_repo, tmp_path):
+    repo, small = engine_repo
+    proc = run_workflow_step(repo, small, {
+        "engine": "ci_engines:Clocked", "baseline-engine-requirement": "ci_engines:Clocked", "device": "cpu",
+        "dtype": "float32",
+        "modes": "ddtree", "budgets": "4", "limit": "1", "checks": "lossless\ntree-structure"}, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.startswith("## DDTree conformance: PASS: ci_engines:Clocked on fixture (float32, gpu-h200)")
+    assert "A/B" in summary and "| gate | 0 |" in summary
+    outputs = dict(line.split("=", 1) for line in (tmp_path / "output").read_text().splitlines())
+    assert outputs["exit-code"] == "0" and outputs["artifact"].startswith("ddtree-conformance-ci_engines_Clocked-")
+    reports = tmp_path / "ddtree-reports"
+    assert {p.name for p in reports.iterdir()} >= {"check.json", "check.md", "check.html", "junit.xml", "ab.json",
+                                                   "gate.json", "summary.md", "environment.txt"}
+    cases = list(ET.parse(reports / "junit.xml").getroot().iter("testcase"))
+    assert [c.get("name") for c in cases] == ["lossless/ddtree-B4", "tree-structure/ddtree-B4"]
+    assert "::error" not in proc.stdout
+
+
+def test_an_engine_without_ddtree_is_incomplete_as_buildkite_runs_it(engine_repo, tmp_path):
+    repo, small = engine_repo
+    proc = buildkite_command(repo, small, {
+        "DDTREE_ENGINE": "ddtree_conformance.testing.coverage_engines:NoDDTree", "DDTREE_ENGINE_VERSION": "",
+        "DDTREE_PAIR": "",
+        "DDTREE_DEVICE": "cpu", "DDTREE_DTYPE": "float32", "DDTREE_MODES": "ddtree", "DDTREE_BUDGETS": "4",
+        "DDTREE_LIMIT": "1", "DDTREE_GATE": "off", "DDTREE_REPORTS": str(tmp_path / "reports")}, tmp_path)
+    assert proc.returncode == 7, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "ci: FAILED: conformance: INCOMPLETE: DDTree not available in this engine" in proc.stdout
+    annotation = (tmp_path / "annotation").read_text()
+    assert annotation.startswith("## DDTree conformance: INCOMPLETE") and "DDTree not available in this engine" in \
+        annotation
+    assert (tmp_path / "annotate-args").read_text().split() == ["annotate", "--style", "warning", "--context",
+                                                                "ddtree-conformance"]
+
+
+def test_a_slower_build_under_ab_fails_the_job(engine_repo, tmp_path, monkeypatch):
+    """In this process (CliRunner), from the engine repository: candidate ci_engines:Clocked against the
+    baseline ci_engines:Fast, whose injected decode clock runs at a quarter of the candidate's."""
+    from ddtree_conformance.cli import app
+
+    repo, small = engine_repo
+    for key, value in small.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(repo)
+    result = CliRunner().invoke(app, ["ci", "--engine", "ci_engines:Clocked", "--against", "ci_engines:Fast",
+                                      "--device", "cpu", "--modes", "ddtree", "--budgets", "4", "--limit", "1",
+                                      "--check", "lossless", "--reports", str(tmp_path / "r")])
+    assert result.exit_code == 1, result.output
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    assert summary.startswith("## DDTree conformance: FAIL")
+    assert "conformance | 0 | PASS" in summary  # the slower build is conformant: only the throughput fails it
+    assert "| gate | 1 | REGRESSION: ddtree-B4 A/B ratio fail: candidate slower than the baseline" in summary
+
+
+def test_ci_refuses_bad_options(tmp_path):
+    from ddtree_conformance.cli import app
+
+    result = CliRunner().invoke(app, ["ci", "--limit", "0", "--reports", str(tmp_path)])
+    assert result.exit_code == 2 and "--limit must be a positive number of prompts or 'all'" in result.stderr
+    result = CliRunner().invoke(app, ["ci", "--gate", "sometimes", "--reports", str(tmp_path)])
+    assert result.exit_code == 2 and "--gate must be one of auto, required, off" in result.stderr
+
+
+def test_junit_from_a_check_report_marks_an_incomplete_run():
+    from ddtree_conformance.cli.ci import junit_from_report
+
+    report = {"settings": {"engine": "x:Y", "dtype": "float32", "pair_name": "fixture"},
+              "counts": {"pass": 1, "fail": 0, "skip": 1},
+              "results": [{"check": "lossless/ddtree-B4", "status": "pass", "message": ""},
+                          {"check": "acceptance/ddtree-B4", "status": "skip", "message": "no acceptance data"}],
+              "verdict": {"status": "incomplete", "reason": "acceptance did not run"}}
+    root = ET.fromstring(junit_from_report(report))
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    assert cases["acceptance/ddtree-B4"].find("skipped").get("message") == "no acceptance data"
+    assert cases["coverage"].find("failure").get("message") == "incomplete: acceptance did not run"
+    assert {c.get("classname") for c in cases.values()} == {"ddtree.x_Y-float32-fixture"}

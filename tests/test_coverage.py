@@ -1,0 +1,141 @@
+"""Coverage is a verdict: a run where a requested mode or check family did not run because of the engine
+is incomplete (exit 7), in the CLI and the pytest route, unless the caller opts out with --allow-skip.
+
+Each engine of ``ddtree_conformance.testing.coverage_engines`` exited 0 before (``scripts/coverage_holes.py``
+on the unchanged suite: "0 passed, 0 failed, 17 skipped", "29 skipped", "11 passed, 4 skipped", ...); here
+each exits 7 naming why. The reference engine on the same settings stays a pass (no false alarm), and so
+does the tensor-parallel skip on one device.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddtree_conformance.checks.result import CheckResult
+from ddtree_conformance.cli import app
+from ddtree_conformance.coverage import Entry, coverage, verdict
+
+pytest_plugins = ["pytester"]
+
+ENGINES = "ddtree_conformance.testing.coverage_engines"
+PROMPTS = "".join(json.dumps({"id": f"p{i}", "category": "math", "prompt_ids": ids}) + "\n"
+                  for i, ids in enumerate([[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]))
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    from ddtree_conformance.testing.random_pair import write_random_pair
+
+    root = tmp_path_factory.mktemp("coverage")
+    target, drafter = write_random_pair(root / "pair")
+    prompts = root / "p.jsonl"
+    prompts.write_text(PROMPTS)
+    return {"target": target, "drafter": drafter, "prompts": prompts, "golden": root / "golden"}
+
+
+def check(inputs, tmp_path, engine: str, *args: str, fixture: bool = False):
+    """``check`` on the random pair (``fixture``: the bundled pair, whose trained drafter makes a chain
+    accept less than a tree)."""
+    out = tmp_path / "check.json"
+    pair = [] if fixture else ["--model", str(inputs["target"]), "--drafter", str(inputs["drafter"]), "--prompts",
+                               str(inputs["prompts"]), "--golden-dir", str(inputs["golden"]), "--pair-name", "random"]
+    small = ["--max-new-tokens", "16", "--budgets", "16"] if fixture else ["--max-new-tokens", "6", "--budgets", "4"]
+    argv = ["check", "--engine", engine, *pair, *small, "--modes", "ddtree", "--no-isolate", *args, "--out", str(out)]
+    result = CliRunner().invoke(app, argv)
+    report = json.loads(out.read_text()) if out.is_file() else None
+    return result, report
+
+
+@pytest.mark.parametrize("engine, args, why, fixture", [
+    ("NoDDTree", ["--limit", "1"], "DDTree not available in this engine: no ddtree check ran (engine does not offer "
+                                   "mode ddtree); opt out with --allow-skip ddtree", False),
+    ("PlainOnly", ["--limit", "1", "--modes", "dflash,ddtree"], "DFlash not available in this engine", False),
+    ("ChainNoAcceptance", ["--limit", "2", "--check", "lossless", "--check", "acceptance", "--check",
+                           "tree-structure"],
+     "acceptance did not run on 1 check(s) (engine reports neither per-round nor aggregate acceptance)", False),
+    ("AggregateOnly", ["--limit", "3", "--check", "acceptance"], "the bootstrap band needs at least 5", True),
+])
+def test_an_engine_that_hides_from_checks_is_incomplete(inputs, tmp_path, engine, args, why, fixture):
+    result, report = check(inputs, tmp_path, f"{ENGINES}:{engine}", *args, fixture=fixture)
+    assert result.exit_code == 7, (result.output, result.exception)
+    assert "error: run incomplete: " in result.stderr and why in result.stderr, result.stderr
+    assert report["verdict"]["status"] == "incomplete" and why in report["verdict"]["reason"]
+    assert report["counts"]["fail"] == 0  # nothing failed: the run is incomplete, not failed
+    md = Path(tmp_path / "check.md").read_text()
+    assert md.startswith("## INCOMPLETE: ") and "**Checks that did not pass**" in md
+    assert '<div class="banner incomplete"' in Path(tmp_path / "check.html").read_text()
+
+
+def test_the_chain_engine_names_every_family_it_hid_from(inputs, tmp_path):
+    _, report = check(inputs, tmp_path, f"{ENGINES}:ChainNoAcceptance", "--limit", "2", "--check", "lossless",
+                      "--check", "acceptance", "--check", "tree-structure")
+    families = {f["family"]: f for f in report["coverage"]["families"]}
+    assert families["lossless"]["status"] == "ran" and families["lossless"]["evidence"]["tokens"] > 0
+    assert families["acceptance"]["status"] == families["tree-structure"]["status"] == "did not run"
+    assert "tree-structure did not run" in report["verdict"]["reason"]
+    assert "--allow-skip acceptance --allow-skip tree-structure" in report["verdict"]["reason"]
+
+
+def test_allow_skip_opts_out_per_family_and_the_report_says_so(inputs, tmp_path):
+    result, report = check(inputs, tmp_path, f"{ENGINES}:ChainNoAcceptance", "--limit", "2", "--check", "lossless",
+                           "--check", "acceptance", "--check", "tree-structure", "--allow-skip", "acceptance",
+                           "--allow-skip", "tree-structure")
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert report["verdict"]["status"] == "pass" and "allowed to skip: acceptance, tree-structure" in \
+        report["verdict"]["reason"]
+    assert [g["family"] for g in report["coverage"]["allowed"]] == ["acceptance", "tree-structure"]
+    assert "allowed to skip (--allow-skip): acceptance, tree-structure" in (tmp_path / "check.md").read_text()
+    one, _ = check(inputs, tmp_path, f"{ENGINES}:NoDDTree", "--limit", "1", "--allow-skip", "ddtree")
+    assert one.exit_code == 0, one.output
+
+
+def test_an_unknown_allow_skip_name_is_a_usage_error(inputs, tmp_path):
+    result, _ = check(inputs, tmp_path, "reference", "--allow-skip", "acceptanse")
+    assert result.exit_code == 2
+    assert "--allow-skip acceptanse: not a check family or mode" in result.stderr
+
+
+def test_the_reference_engine_on_the_same_settings_is_complete(inputs, tmp_path):
+    """No false alarm: the correct engine passes; golden (no file for these prompts: input) and
+    tensor-parallel (one device: environment) stay plain skips."""
+    result, report = check(inputs, tmp_path, "reference", "--limit", "2", "--check", "lossless", "--check",
+                           "acceptance", "--check", "tree-structure", "--check", "golden", "--check", "tensor")
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert report["verdict"]["status"] == "pass" and report["coverage"]["complete"]
+    causes = {r["check"].split("/")[0]: r.get("cause") for r in report["results"] if r["status"] == "skip"}
+    assert causes == {"golden": "input", "tensor-parallel": "environment"}
+    assert report["engine"] == {"spec": "reference", "name": "reference",
+                                "version": __import__("ddtree_conformance").__version__}
+
+
+def test_the_pytest_route_of_an_engine_without_ddtree_is_incomplete(pytester, inputs):
+    args = ["-p", "no:cacheprovider", "-q", "--ddtree-engine", f"{ENGINES}:NoDDTree", "--ddtree-modes", "ddtree",
+            f"--ddtree-model={inputs['target']}", f"--ddtree-drafter={inputs['drafter']}",
+            f"--ddtree-prompts={inputs['prompts']}", "--ddtree-limit", "1", "--ddtree-budgets", "4",
+            "--ddtree-no-isolate", "--ddtree-report", "out/check.json"]
+    result = pytester.runpytest_inprocess(*args)
+    assert result.ret == 7, result.stdout.str()
+    result.assert_outcomes(skipped=17)  # the items keep their own skip reasons
+    text = result.stdout.str()
+    assert "INCOMPLETE (exit 7): DDTree not available in this engine" in text
+    assert "--ddtree-allow-skip ddtree" in text
+    report = json.loads((pytester.path / "out" / "check.json").read_text())
+    assert report["verdict"]["status"] == "incomplete" and report["route"] == "pytest"
+    assert (pytester.path / "out" / "check.md").is_file() and (pytester.path / "out" / "check.html").is_file()
+    allowed = pytester.runpytest_inprocess(*args, "--ddtree-allow-skip", "ddtree")
+    assert allowed.ret == 0, allowed.stdout.str()
+
+
+def test_the_verdict_ranks_fail_above_incomplete():
+    skip = CheckResult.skipped("acceptance/ddtree-B16", "no acceptance data")
+    fail = CheckResult.failed("lossless/ddtree-B16", "differs")
+    env = CheckResult.skipped("tensor-parallel/ddtree-B16", "one device", cause="environment")
+    entries = [Entry("acceptance", "ddtree", skip), Entry("lossless", "ddtree", fail),
+               Entry("tensor-parallel", "ddtree", env)]
+    assert verdict([e.result for e in entries], coverage(entries))["status"] == "fail"
+    assert verdict([skip, env], coverage([entries[0], entries[2]]))["status"] == "incomplete"
+    assert verdict([env], coverage([entries[2]]))["status"] == "pass"
