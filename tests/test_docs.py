@@ -110,7 +110,7 @@ def test_example_reports_load(name):
         assert (DOCS / "examples" / name).with_suffix(suffix).is_file()
 
 
-def test_the_adapter_at_the_top_of_the_engine_guide_runs_through_the_suite(tmp_path, monkeypatch):
+def test_the_adapter_at_the_top_of_the_engine_guide_runs_through_the_suite(tmp_path, monkeypatch, request):
     """docs/guides/your-engine.md opens with a complete ~30-line engine and a filled-in Capabilities(...);
     it runs as written, from the folder holding it, and the report names it by its own name and version."""
     import json
@@ -126,6 +126,7 @@ def test_the_adapter_at_the_top_of_the_engine_guide_runs_through_the_suite(tmp_p
     (tmp_path / "my_engine.py").write_text(code)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(__import__("sys").modules, "my_engine", raising=False)
+    request.addfinalizer(lambda: __import__("sys").modules.pop("my_engine", None))  # not another test's module
     result = CliRunner().invoke(app, ["check", "--engine", "my_engine:MyEngine", "--limit", "1", "--budgets", "16",
                                       "--max-new-tokens", "8", "--modes", "ddtree", "--check", "lossless",
                                       "--check", "tree-structure", "--no-isolate", "--out", "r.json"])

@@ -93,11 +93,14 @@ def junit_cases(path: Path) -> dict[str, ET.Element]:
 
 
 @pytest.fixture
-def repo(pytester: pytest.Pytester) -> pytest.Pytester:
-    """An engine repository, run in-process; its ``my_engine`` module is importable."""
+def repo(pytester: pytest.Pytester, monkeypatch) -> pytest.Pytester:
+    """An engine repository, run in-process; its ``my_engine`` module is importable (this one: another
+    test's ``my_engine`` module, cached in this worker, must not answer)."""
     write_project(pytester.path)
+    monkeypatch.delitem(sys.modules, "my_engine", raising=False)
     pytester.syspathinsert()
-    return pytester
+    yield pytester
+    sys.modules.pop("my_engine", None)
 
 
 def run_in_repo(repo: pytest.Pytester, *args: str) -> pytest.RunResult:
