@@ -131,8 +131,8 @@ def test_capabilities(real):
 
 def test_all_prompts_used(real, golden):
     prompts, bundled = real["session"].prompts, real["session"].inputs.bundled
-    assert len(bundled) == 80 and len(prompts) == len(real["plain"]) == len(real["dflash"]) > 80  # + held-out
-    assert prompts[:80] == bundled and all(p.id in golden.records for p in bundled)
+    assert len(bundled) == 80 and len(prompts) == len(real["plain"]) == len(real["dflash"]) == 80  # no held-out
+    assert prompts == bundled and all(p.id in golden.records for p in bundled)
 
 
 def test_plain_equals_reference_plain(real, golden):
