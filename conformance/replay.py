@@ -51,7 +51,8 @@ import torch
 
 from .calibration import ALPHA, DRAFTER_TOP, Calibration
 from .metrics import emitted_lengths
-from .spec import least_budget
+from .spec import build_chain, build_tree, least_budget
+from .token_scoring import window
 
 __all__ = ["FP32_DRAFTER_FLIP_RATE", "RoundVerdict", "ReplayRun", "golden_lengths",
            "drafter_flips_within", "judge_rounds", "drafter_round_cap", "unconfirmed_round_cap"]
@@ -98,8 +99,6 @@ class ReplayRun:
 
     def lengths_around(self, verdict: RoundVerdict) -> str:
         """Both sides' per-round lengths around ``verdict``'s round."""
-        from .token_scoring import window
-
         mine, theirs = self.by_prompt.get(verdict.prompt, ([], []))
         return f"lengths engine {window(mine, verdict.round)} | replay {window(theirs, verdict.round)}"
 
@@ -117,8 +116,6 @@ def golden_lengths(lengths: Sequence[int], max_new_tokens: int) -> list[int]:
 
 
 def _build(draft_logits: torch.Tensor, mode: str, budget: int):
-    from ddtree_conformance.spec import build_chain, build_tree
-
     return build_chain(draft_logits) if mode == "dflash" else build_tree(draft_logits, budget)
 
 

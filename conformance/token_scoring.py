@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
 import torch
@@ -302,8 +302,6 @@ def rules_for(settings) -> Calibration:
     if override is not None and not rules.exact:
         if not 0.0 <= override <= MAX_BOUND:
             raise CalibrationError(f"near_tie_bound {override} is outside 0..{MAX_BOUND} nats")
-        from dataclasses import replace
-
         rules = replace(rules, bound=float(override), source="settings near_tie_bound")
     return rules
 
