@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+from multiprocessing import spawn
 
 __all__ = ["spawning_under"]
 
@@ -19,8 +20,6 @@ def spawning_under(python: str | None, sys_path: list[str] | None):
     if python is None:
         yield
         return
-    from multiprocessing import spawn
-
     with _LOCK:
         executable, path = spawn.get_executable(), list(sys.path)
         spawn.set_executable(python)

@@ -34,6 +34,7 @@ drives it in a spawned child, which serves every configuration until it is close
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import shutil
@@ -60,6 +61,7 @@ from .interface import (
 )
 from .interpreter import spawning_under
 from .process_tree import TREE_MARK, end_tree
+from .registry import create_engine
 
 __all__ = ["TREE_MARK", "IsolatedEngine", "allow_children", "end_tree", "log_tail"]
 
@@ -103,8 +105,6 @@ def _die_with_parent(parent_pid: int, lifeline) -> None:
     """Make this child die when the suite does, whatever the signal (see module doc)."""
     if sys.platform.startswith("linux"):
         try:
-            import ctypes
-
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):  # no prctl here: the watchdog below still works
@@ -144,8 +144,6 @@ def _serve(conn, lifeline, parent_pid: int, spec: str, model_dir: str, drafter_d
     os.dup2(log, 2)
     if torch_threads:  # for torch, if the engine uses it (importing it here would slow every start)
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(torch_threads)
-    from .registry import create_engine
-
     try:
         engine = create_engine(spec, model_dir, drafter_dir, **options)
     except EngineUsageError as exc:  # unknown option found by the engine itself: the caller's mistake

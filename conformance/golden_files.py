@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
+from . import __version__
 from .files import atomic_write, parse_json_object, read_json_object
 from .run import Run
 from .metrics import mean_tau
@@ -196,10 +197,8 @@ def refusal(path: Path, losses: list[str]) -> str:
 
 def record_golden(session, budgets: list[int], progress=None) -> GoldenFile:
     """Run the session's engine (normally the reference) in plain, dflash and ddtree at ``budgets``."""
-    import torch
+    import torch  # heavy: only recording needs them
     import transformers
-
-    from ddtree_conformance import __version__
 
     s = session.settings
     plain = session.plain()

@@ -18,7 +18,7 @@ noise while moving any one output only slightly: node scoring sees it in every d
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -26,7 +26,7 @@ from .calibration import Calibration
 from .spec import ancestor_visibility
 from .verified_trees import depths, walk
 
-__all__ = ["TreeRound", "NodeScores", "rounds_of", "score_nodes"]
+__all__ = ["TreeRound", "NodeFinding", "NodeScores", "rounds_of", "score_nodes"]
 
 @dataclass(frozen=True)
 class TreeRound:
@@ -96,6 +96,20 @@ def _tree_logits(model, device, prompt: list[int], output: Sequence[int],
     return out
 
 
+@dataclass(frozen=True)
+class NodeFinding:
+    """A tree node whose engine target is not the fp32 verify's (excused within the bound, else outside)."""
+
+    label: str
+    round: int
+    node: int
+    depth: int
+    token: int
+    engine_target: int
+    fp32_target: int
+    gap: float
+
+
 @dataclass
 class NodeScores:
     """Every scored node of one check and the verdict on them (same rules as token scoring)."""
@@ -104,8 +118,8 @@ class NodeScores:
     nodes: int = 0
     rounds: int = 0
     outputs: int = 0
-    excused: list[dict] = field(default_factory=list)
-    outside: list[dict] = field(default_factory=list)
+    excused: list[NodeFinding] = field(default_factory=list)
+    outside: list[NodeFinding] = field(default_factory=list)
     top2: list[float] = field(default_factory=list)
 
     def add(self, label: str, round_index: int, rnd: TreeRound, logits: torch.Tensor) -> None:
@@ -121,17 +135,17 @@ class NodeScores:
             if got == best or gap == 0.0 or self.rules.fp32_tie(gap):
                 continue
             node_depths = node_depths or depths(rnd.parents)
-            entry = {"label": label, "round": round_index, "node": node, "depth": node_depths[node],
-                     "token": rnd.tree_tokens[node], "engine_target": got, "fp32_target": best, "gap": round(gap, 6)}
+            entry = NodeFinding(label, round_index, node, node_depths[node], rnd.tree_tokens[node], got, best,
+                                round(gap, 6))
             (self.excused if not self.rules.exact and gap <= self.rules.bound else self.outside).append(entry)
 
     def problem(self) -> str | None:
         if self.outside:
             first = self.outside[0]
             return (f"{len(self.outside)}/{self.nodes} tree nodes differ from the fp32 verify of the same tree on the "
-                    f"same context; first: {first['label']} round {first['round']} node {first['node']} (depth "
-                    f"{first['depth']}, token {first['token']}): engine's target {first['engine_target']}, fp32 "
-                    f"{first['fp32_target']} ({first['gap']:.3g} below the fp32 top-1, bound {self.rules.bound:.3g}); "
+                    f"same context; first: {first.label} round {first.round} node {first.node} (depth "
+                    f"{first.depth}, token {first.token}): engine's target {first.engine_target}, fp32 "
+                    f"{first.fp32_target} ({first.gap:.3g} below the fp32 top-1, bound {self.rules.bound:.3g}); "
                     "tree mask, node positions or KV wrong")
         ceiling, mu = self.rules.ceiling(self.top2)
         if not self.rules.exact and len(self.excused) > ceiling:
@@ -151,7 +165,8 @@ class NodeScores:
         ceiling, mu = self.rules.ceiling(self.top2)
         return {"nodes": self.nodes, "rounds": self.rounds, "outputs": self.outputs, "excused_nodes": len(self.excused),
                 "outside_nodes": len(self.outside), "node_ceiling": ceiling, "expected_excused_nodes": round(mu, 3),
-                "first_excused_nodes": self.excused[:20], "first_outside_nodes": self.outside[:20]}
+                "first_excused_nodes": [asdict(e) for e in self.excused[:20]],
+                "first_outside_nodes": [asdict(e) for e in self.outside[:20]]}
 
 
 def score_nodes(scorer, items, rules: Calibration) -> NodeScores:

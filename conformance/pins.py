@@ -14,6 +14,7 @@ prints only the pinned version of that requirement (``0.32.0``). Requirements ar
 from __future__ import annotations
 
 import sys
+from importlib.metadata import metadata, requires
 from pathlib import Path
 
 try:
@@ -46,8 +47,6 @@ def _from_pyproject(extra: str) -> list[str] | None:
 
 
 def _from_metadata(extra: str) -> list[str]:
-    from importlib.metadata import metadata, requires
-
     known = metadata(DISTRIBUTION).get_all("Provides-Extra") or []
     if extra not in known:
         raise KeyError(f"{DISTRIBUTION} has no extra {extra!r}; extras: {', '.join(sorted(known))}")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from ddtree_conformance.adapters.interface import Request, RequestResult, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.adapters.reference.replay import replay_result
 from ddtree_conformance.spec import DraftTree, build_chain, per_depth_topk
 
 __all__ = [
@@ -363,8 +364,6 @@ def match_on_rounds(reference: ReferenceEngine, requests: Sequence[Request], res
     tree, built from that round's drafter logits, is walked along the output that follows (the
     target's greedy choices): a policy matches when its acceptance equals the engine's in at least
     :data:`MATCHING_PROMPTS` of the rounds the output shows whole."""
-    from ddtree_conformance.adapters.reference.replay import replay_result
-
     horizon, budget = block - 1, config.budget
     names = list(names or distinct_policies(budget, horizon))
     equal = dict.fromkeys(names, 0)

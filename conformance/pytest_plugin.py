@@ -24,6 +24,7 @@ each worker's ``CUDA_VISIBLE_DEVICES`` (:mod:`ddtree_conformance.testing.xdist_g
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from pathlib import Path
@@ -31,8 +32,12 @@ from typing import Any
 
 import pytest
 
-from .settings import OPTION_FLAGS, shown_default
+from .adapters.registry import available_engines
+from .input_validation import validate_run_inputs
+from .prompts import PromptError
+from .settings import OPTION_FLAGS, SettingsError, build_settings, shown_default
 from .settings import pytest_flag as ddtree_flag
+from .testing.xdist_gpus import XdistGpuPlugin
 
 SUITE = Path(__file__).parent / "suite" / "test_conformance.py"
 
@@ -92,8 +97,6 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     group.addoption("--ddtree-report", dest="ddtree_report", default=None, metavar="PATH",
                     help="the check report's JSON path, Markdown and HTML beside it, as `ddtree-conformance check "
                          "--out` (default reports/check-<engine>.json under the directory pytest was started in)")
-    from .testing.xdist_gpus import XdistGpuPlugin
-
     # Registered here, before xdist sizes `-n auto` and before any worker touches CUDA.
     if not pluginmanager.has_plugin("ddtree-xdist-gpus"):
         pluginmanager.register(XdistGpuPlugin(), "ddtree-xdist-gpus")
@@ -116,8 +119,6 @@ def settings_from_config(config: pytest.Config, **overrides: Any):
     """``(SuiteSettings, unavailable)`` from the ``--ddtree-*`` options (``overrides`` win), validated by
     :func:`~ddtree_conformance.settings.build_settings`; a bad value is one ``pytest.UsageError`` naming the
     ``--ddtree-`` option. ``unavailable`` is why a named pair's models are not here (then items skip)."""
-    from .settings import SettingsError, build_settings
-
     values = raw_options(config)
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
@@ -147,8 +148,6 @@ def item_group(settings) -> str:
 
 def _check_engine_name(name: str) -> None:
     """An engine name that is neither registered nor ``module:Class`` stops the run (no import)."""
-    from .adapters.registry import available_engines
-
     name = name.strip()
     known = available_engines()
     if name not in known and ":" not in name:
@@ -161,14 +160,11 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     settings = settings_from_options(config)  # a bad option or an unknown pair stops the run here, as one error
     _check_engine_name(settings.engine)
-    # imported here: the plugin loads in every pytest run of a project that installed the suite, and the
-    # checks import torch
+    # imported here: the plugin loads in every pytest run of a project that installed the suite, and these
+    # import the checks, which import torch
     from .checks import plan
-    from .input_validation import validate_run_inputs
-    from .prompts import PromptError
     from .coverage import check_allow_skip
     from .pytest_results import Recorder
-    from .settings import SettingsError
 
     try:
         plan(settings, flag_prefix="--ddtree-")  # a filter that keeps nothing is a usage error, never an empty pass
@@ -226,8 +222,6 @@ class _SuiteModule(pytest.Module):
     """
 
     def _getobj(self):
-        import importlib
-
         return importlib.import_module("ddtree_conformance.suite.test_conformance")
 
 

@@ -23,9 +23,11 @@ from typing import Any
 
 import pytest
 
+from .baselines import hardware_class
 from .check_report import finish_check_report
 from .checks.result import CheckResult
 from .coverage import Entry
+from .report import CHECK_SCHEMA, new_report, write_report
 
 __all__ = ["Recorder", "RESULT_KEY", "SESSION_KEY", "EXIT_INCOMPLETE"]
 
@@ -105,9 +107,6 @@ class Recorder:
         self.write_report(session)
 
     def write_report(self, session: pytest.Session) -> None:
-        from .baselines import hardware_class
-        from .report import CHECK_SCHEMA, new_report, write_report
-
         s = self.settings
         partial = new_report("check", s.model_dump(), hardware_class(s.device, None), schema=CHECK_SCHEMA)
         partial["route"] = "pytest"

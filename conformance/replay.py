@@ -45,12 +45,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import torch
 
 from .calibration import ALPHA, DRAFTER_TOP, Calibration
 from .metrics import emitted_lengths
-from .spec import least_budget
+from .spec import build_chain, build_tree, least_budget
+from .token_scoring import window
 
 __all__ = ["FP32_DRAFTER_FLIP_RATE", "RoundVerdict", "ReplayRun", "golden_lengths",
            "drafter_flips_within", "judge_rounds", "drafter_round_cap", "unconfirmed_round_cap"]
@@ -97,8 +99,6 @@ class ReplayRun:
 
     def lengths_around(self, verdict: RoundVerdict) -> str:
         """Both sides' per-round lengths around ``verdict``'s round."""
-        from .token_scoring import window
-
         mine, theirs = self.by_prompt.get(verdict.prompt, ([], []))
         return f"lengths engine {window(mine, verdict.round)} | replay {window(theirs, verdict.round)}"
 
@@ -116,8 +116,6 @@ def golden_lengths(lengths: Sequence[int], max_new_tokens: int) -> list[int]:
 
 
 def _build(draft_logits: torch.Tensor, mode: str, budget: int):
-    from ddtree_conformance.spec import build_chain, build_tree
-
     return build_chain(draft_logits) if mode == "dflash" else build_tree(draft_logits, budget)
 
 
@@ -275,20 +273,20 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
         if short is not None:  # the engine may have drafted a block cut to the room left: judged on that block
             why = _drafter_excuse(short, short.tokens[:min(le, short.length)], le > short.length, rules, mode, budget,
                                   engine_logits)
-            if why.startswith("excused: "):
-                verdict.kind, verdict.note = "drafter-near-tie", why.removeprefix("excused: ") + " (a cut block)"
+            if why.kind == "excused":
+                verdict.kind, verdict.note = "drafter-near-tie", why.note + " (a cut block)"
                 run.drafter.append(verdict)
                 continue
         path = theirs[:min(le, rnd.length)]
         why = _drafter_excuse(rnd, path, le > rnd.length, rules, mode, budget, engine_logits)
-        if why.startswith("excused: "):
-            verdict.kind, verdict.note = "drafter-near-tie", why.removeprefix("excused: ")
+        if why.kind == "excused":
+            verdict.kind, verdict.note = "drafter-near-tie", why.note
             run.drafter.append(verdict)
-        elif why.startswith("unconfirmed: "):
-            verdict.kind, verdict.note = "unconfirmed-drafter-near-tie", why.removeprefix("unconfirmed: ")
+        elif why.kind == "unconfirmed":
+            verdict.kind, verdict.note = "unconfirmed-drafter-near-tie", why.note
             run.unconfirmed.append(verdict)
         else:
-            verdict.note = why
+            verdict.note = why.note
             run.differs.append(verdict)
 
 
@@ -306,33 +304,47 @@ def _short_view(rnd, mine: Sequence[int], engine_logits):
                    short_logits=None)
 
 
+@dataclass(frozen=True)
+class DrafterExcuse:
+    """What the drafter side says of a round whose tokens agree but whose length differs."""
+
+    kind: Literal["excused", "unconfirmed", "differs"]  # confirmed near-tie | shorter, unconfirmed | a failure
+    note: str
+
+
 def _drafter_excuse(rnd, path: list[int], engine_holds: bool, rules: Calibration, mode: str, budget: int,
-                    engine_logits) -> str:
+                    engine_logits) -> DrafterExcuse:
     side = "held" if engine_holds else "lacked"
     if rnd.draft_logits is None:
-        return "replay kept no drafter logits for this round"
+        return DrafterExcuse("differs", "replay kept no drafter logits for this round")
     if not drafter_flips_within(rnd.draft_logits, mode, budget, path, rules.drafter_tolerance):
-        return (f"the engine's tree {side} the path {path}, but no drafter logits within the tolerance "
-                f"{rules.drafter_tolerance:.3g} of the reference's flip it (drafter positions, feedback rows or RoPE?)")
+        return DrafterExcuse("differs", f"the engine's tree {side} the path {path}, but no drafter logits within the "
+                             f"tolerance {rules.drafter_tolerance:.3g} of the reference's flip it (drafter positions, "
+                             "feedback rows or RoPE?)")
     if engine_logits is not None:
         mine = torch.as_tensor(engine_logits, dtype=torch.float32)
         if mine.shape != rnd.draft_logits.shape:
-            return f"the engine's drafter logits have shape {tuple(mine.shape)}, the reference's {tuple(rnd.draft_logits.shape)}"
+            return DrafterExcuse("differs", f"the engine's drafter logits have shape {tuple(mine.shape)}, the "
+                                 f"reference's {tuple(rnd.draft_logits.shape)}")
         distance = _logit_distance(mine, rnd.draft_logits)
         if distance == 0.0:
-            return "the engine reports the reference's drafter logits exactly, so they cannot flip the tree"
+            return DrafterExcuse("differs", "the engine reports the reference's drafter logits exactly, so they "
+                                 "cannot flip the tree")
         if distance > rules.drafter_tolerance:
-            return (f"the engine's drafter logits are {distance:.3g} from the reference's on the same context, more "
-                    f"than the tolerance {rules.drafter_tolerance:.3g} (drafter positions, feedback rows or RoPE?)")
+            return DrafterExcuse("differs", f"the engine's drafter logits are {distance:.3g} from the reference's on "
+                                 f"the same context, more than the tolerance {rules.drafter_tolerance:.3g} (drafter "
+                                 "positions, feedback rows or RoPE?)")
         if _holds(_build(mine, mode, budget), path) != engine_holds:
-            return f"the spec tree of the engine's own drafter logits does not match its round (path {path})"
-        return f"excused: drafter logits {distance:.2g} apart flip the path {path} (engine's tree {side} it)"
+            return DrafterExcuse("differs", f"the spec tree of the engine's own drafter logits does not match its "
+                                 f"round (path {path})")
+        return DrafterExcuse("excused", f"drafter logits {distance:.2g} apart flip the path {path} (engine's tree "
+                             f"{side} it)")
     if engine_holds:  # longer than the fp32 reference, and nothing of the engine's own shows its tree held the path
-        return (f"the engine claims a longer round than the fp32 reference accepts on the same context (its tree held "
-                f"the path {path}) and gives no drafter logits that reproduce its tree: an inflated length is never "
-                "excused")
-    return (f"unconfirmed: drafter logits within {rules.drafter_tolerance:.3g} could flip the path {path} out of the "
-            "tree, but the engine gives no drafter logits to confirm it")
+        return DrafterExcuse("differs", f"the engine claims a longer round than the fp32 reference accepts on the "
+                             f"same context (its tree held the path {path}) and gives no drafter logits that "
+                             "reproduce its tree: an inflated length is never excused")
+    return DrafterExcuse("unconfirmed", f"drafter logits within {rules.drafter_tolerance:.3g} could flip the path "
+                         f"{path} out of the tree, but the engine gives no drafter logits to confirm it")
 
 
 def drafter_round_cap(rules: Calibration, rounds: int) -> int:

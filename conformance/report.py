@@ -27,6 +27,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from . import __version__
 from .files import atomic_write, read_json_object
 from .rendering import Markup, render_html_template, render_markdown_template
 from .report_plots import plots
@@ -47,11 +48,9 @@ class ReportError(ValueError):
 
 
 def environment() -> dict[str, Any]:
-    import numpy
+    import numpy  # heavy: only a report of a run needs them (the CLI imports this module for --help)
     import torch
     import transformers
-
-    from . import __version__
 
     return {
         "ddtree_conformance": __version__,
@@ -345,7 +344,7 @@ def render_html(report: dict) -> str:
 def runs_from_session(session) -> list[dict[str, Any]]:
     """Acceptance metrics of the speculative runs a ``check`` session already made on its default
     prompt set (no new engine work); one entry per (mode, budget), no throughput."""
-    from .bench import acceptance_summary
+    from .bench import acceptance_summary  # it pulls numpy and scipy: kept out of the CLI's --help path
 
     engine = session.engines.started()
     if engine is None:

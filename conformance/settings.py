@@ -21,7 +21,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .adapters.interface import DType, Mode
+from .pairs import PairSpecError, PairUnavailable, get_pair, resolve_pair
 from .paths import FIXTURE_DRAFTER, FIXTURE_TARGET, RECORDS_DIR
+from .prompts import resolve_prompt_set
 
 __all__ = [
     "SuiteSettings",
@@ -245,8 +247,6 @@ class SuiteSettings(BaseModel):
     @field_validator("prompt_set")
     @classmethod
     def _prompts(cls, value: str) -> str:
-        from .prompts import resolve_prompt_set
-
         path = resolve_prompt_set(value)  # a PromptError (ValueError) names the file or the known sets
         return str(path.absolute()) if Path(value).is_file() else value  # a file: fixed now, a set: its name
 
@@ -334,8 +334,6 @@ def _flag_for(field: str, prefix: str) -> str:
 
 def _apply_pair(values: dict[str, Any]) -> str | None:
     """Fill ``values`` from the named pair (explicit values win); returns why the pair is unavailable."""
-    from .pairs import PairUnavailable, get_pair, resolve_pair
-
     name, pairs_file = values.pop("pair", None), values.pop("pairs_file", None)
     if not name and not pairs_file:
         return None
@@ -363,8 +361,6 @@ def build_settings(raw: dict[str, Any], *, kind: type[SuiteSettings] = SuiteSett
     dirs so a plan can still be listed). Raises :class:`SettingsError` naming the option, spelled with
     ``flag_prefix`` (``"--"`` for the CLI, ``"--ddtree-"`` for pytest).
     """
-    from .pairs import PairSpecError
-
     values = {k: v for k, v in raw.items() if v is not None}
     if values.get("profile") in PROFILES:  # a profile's values win over a pair's, explicit options over both
         values = {**PROFILES[values["profile"]], **values}

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
 import torch
@@ -35,8 +35,8 @@ import torch
 from .calibration import ALPHA, FP32_TIE, MAX_BOUND, Calibration, CalibrationError, load_calibration
 from .scorer import shared_scorer
 
-__all__ = ["PositionScores", "TieTest", "ScoredRun", "LogitsSource", "target_logits", "table_logits", "score_output",
-           "score_run", "rules_for", "hold_rules", "window"]
+__all__ = ["PositionScores", "TieTest", "TokenFinding", "ScoredRun", "LogitsSource", "target_logits", "table_logits",
+           "score_output", "score_run", "rules_for", "hold_rules", "window"]
 
 _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 50_000
@@ -169,6 +169,17 @@ class TieTest:
                 "p_value": self.p_value}
 
 
+@dataclass(frozen=True)
+class TokenFinding:
+    """An output position whose token is not the fp32 argmax (excused within the bound, else outside)."""
+
+    label: str
+    position: int
+    got: int
+    argmax: int
+    gap: float
+
+
 @dataclass
 class ScoredRun:
     """Every scored position of one check's outputs, and the verdict on them."""
@@ -176,8 +187,8 @@ class ScoredRun:
     rules: Calibration
     outputs: int = 0
     positions: int = 0
-    excused: list[dict] = field(default_factory=list)  # label, position, got, argmax, gap
-    outside: list[dict] = field(default_factory=list)
+    excused: list[TokenFinding] = field(default_factory=list)
+    outside: list[TokenFinding] = field(default_factory=list)
     top2: list[float] = field(default_factory=list)
     detail: dict = field(default_factory=dict)  # label -> (output, argmax) for failure messages
     ties: TieTest | None = None  # low precision on the session's own target: against the same-dtype reference
@@ -195,7 +206,7 @@ class ScoredRun:
             if self.rules.fp32_tie(gap):
                 self.fp32_ties += 1
                 continue
-            entry = {"label": label, "position": i, "got": token, "argmax": best, "gap": round(gap, 6)}
+            entry = TokenFinding(label, i, token, best, round(gap, 6))
             (self.excused if gap <= self.rules.bound else self.outside).append(entry)
             self.detail.setdefault(label, (list(output_ids), list(scores.argmax)))
         if low_fn is not None:
@@ -209,7 +220,7 @@ class ScoredRun:
 
     @property
     def largest_excused(self) -> float:
-        return max((e["gap"] for e in self.excused), default=0.0)
+        return max((e.gap for e in self.excused), default=0.0)
 
     def summary(self) -> str:
         if self.rules.exact:
@@ -228,14 +239,14 @@ class ScoredRun:
         notes = []
         if self.outside:
             first = self.outside[0]
-            output, argmax = self.detail[first["label"]]
-            pos = first["position"]
+            output, argmax = self.detail[first.label]
+            pos = first.position
             what = ("are not the fp32 target's argmax on the output's own path" if self.rules.exact else
                     f"outside the near-tie bound {self.rules.bound:.3g}")
             notes.append(
-                f"{len(self.outside)}/{self.positions} output positions {what}; first: {first['label']} output "
-                f"position {pos}: engine token {first['got']} is {first['gap']:.4g} below the fp32 top-1 "
-                f"{first['argmax']} (engine {window(output, pos)} | fp32 argmax on the engine's path "
+                f"{len(self.outside)}/{self.positions} output positions {what}; first: {first.label} output "
+                f"position {pos}: engine token {first.got} is {first.gap:.4g} below the fp32 top-1 "
+                f"{first.argmax} (engine {window(output, pos)} | fp32 argmax on the engine's path "
                 f"{window(argmax, pos)})")
         ceiling, mu = self.ceiling
         if not self.rules.exact and len(self.excused) > ceiling:
@@ -257,8 +268,8 @@ class ScoredRun:
         ties = {"ties_vs_same_dtype_reference": self.ties.details()} if self.ties is not None else {}
         return {"positions": self.positions, "excused": len(self.excused), "largest_excused_gap": self.largest_excused,
                 "outside": len(self.outside), "ceiling": ceiling, "expected_excused": round(mu, 3),
-                "bound": self.rules.bound, "excused_positions": self.excused[:50],
-                "outside_positions": self.outside[:50], **ties}
+                "bound": self.rules.bound, "excused_positions": [asdict(e) for e in self.excused[:50]],
+                "outside_positions": [asdict(e) for e in self.outside[:50]], **ties}
 
 
 _HELD: dict[tuple[str, str], Calibration | CalibrationError] = {}
@@ -291,8 +302,6 @@ def rules_for(settings) -> Calibration:
     if override is not None and not rules.exact:
         if not 0.0 <= override <= MAX_BOUND:
             raise CalibrationError(f"near_tie_bound {override} is outside 0..{MAX_BOUND} nats")
-        from dataclasses import replace
-
         rules = replace(rules, bound=float(override), source="settings near_tie_bound")
     return rules
 

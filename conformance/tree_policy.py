@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 from ddtree_conformance.adapters.interface import RoundTrace
+from ddtree_conformance.adapters.reference.dflash import DFlashConfig
 from ddtree_conformance.spec import DraftTree, build_chain, build_tree
 
 from .policy_trees import PolicyFit, fit_policy, node_paths
@@ -61,8 +62,6 @@ def block_size(drafter_dir: str | None) -> int | None:
     """The drafter's ``block_size`` (L + 1), or None when it cannot be read."""
     if drafter_dir is None:
         return None
-    from ddtree_conformance.adapters.reference.dflash import DFlashConfig
-
     try:
         return DFlashConfig.from_dir(drafter_dir).block_size
     except (OSError, ValueError):

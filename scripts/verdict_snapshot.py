@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 
 TMP = re.compile(r"/tmp/[A-Za-z0-9_.-]+")
+# Held-out prompts, request order and batching follow the run seed: fixed, so two snapshots compare.
+RUN_SEED = 1234
 
 
 def _clean(text: str, root: str | None = None) -> str:
@@ -41,7 +43,8 @@ def _in_process(args) -> dict[str, dict]:
 
     torch.set_num_threads(1)
     settings = SuiteSettings(budgets=[int(b) for b in args.budgets.split(",")], limit=args.limit,
-                             max_new_tokens=args.max_new_tokens, isolate=False, sampling_requests=60)
+                             max_new_tokens=args.max_new_tokens, isolate=False, sampling_requests=60,
+                             run_seed=RUN_SEED)
     out = {}
     for label, cls in {"correct reference": ReferenceEngine, **MUTANTS}.items():
         session = SuiteSession(settings, engine_factory=lambda m, d, cls=cls: cls(m, d))
@@ -65,7 +68,7 @@ def _misbehaving() -> dict[str, dict]:
     report = root / "report.json"
     base = ["ddtree-conformance", "check", "--model", str(target), "--drafter", str(drafter), "--prompts",
             str(prompts), "--pair-name", "random", "--golden-dir", str(root / "golden"), "--max-new-tokens", "8",
-            "--modes", "ddtree", "--budgets", "4", "--out", str(report)]
+            "--modes", "ddtree", "--budgets", "4", "--run-seed", str(RUN_SEED), "--out", str(report)]
     out = {}
     for name, fault in CATALOGUE.items():
         command = [*base, "--engine", fault.engine]

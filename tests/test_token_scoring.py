@@ -32,7 +32,7 @@ def test_exact_path_has_nothing_to_excuse():
 def test_near_tie_is_excused_and_scoring_follows_the_engine_path():
     run = ScoredRun(_rules())
     run.add("p", [2], [3, 4, 7, 8, 9], FN)  # 7 instead of 5 after 4; then 8, 9 follow 7 correctly
-    assert [e["position"] for e in run.excused] == [2] and run.excused[0]["gap"] == 0.05
+    assert [e.position for e in run.excused] == [2] and run.excused[0].gap == 0.05
     assert not run.outside
     assert "1 excused (largest gap 0.05" in run.summary()
 

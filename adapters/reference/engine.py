@@ -46,6 +46,7 @@ from .round_records import round_trace, verified_tree
 from .pair import (
     TORCH_DTYPES,
     LoadedPair,
+    TargetInfo,
     read_drafter_config,
     read_target_info,
     validate_pair,
@@ -116,8 +117,6 @@ class ReferenceEngine(Engine):
 
     def use_models(self, target, drafter, config: RunConfig) -> None:
         """Run ``config``'s (dtype, device) with models already in memory (benchmarks)."""
-        from .pair import TargetInfo
-
         info = TargetInfo(path=self.info.path, vocab_size=target.config.vocab_size,
                           hidden_size=target.config.hidden_size, num_layers=target.config.num_hidden_layers,
                           max_position_embeddings=target.config.max_position_embeddings)

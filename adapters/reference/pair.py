@@ -7,6 +7,7 @@ Every way a pair can be wrong gets one :class:`PairError` that names the directo
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,8 +114,6 @@ def load_target(model_dir: str | Path, dtype: torch.dtype, device: str, tensor_p
             str(info.path), dtype=dtype, attn_implementation="sdpa", use_safetensors=True
         )
         return model.to(device).eval(), info
-    import importlib.util
-
     if importlib.util.find_spec("accelerate") is None:
         raise EngineError(f"reference engine: tensor_parallel_size={tensor_parallel_size} needs the 'accelerate' "
                           "package (transformers loads tensor-parallel shards through it): pip install accelerate")

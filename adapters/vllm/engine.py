@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import tempfile
 import warnings
 from collections import OrderedDict
@@ -384,6 +385,4 @@ class VllmEngine(Engine):
     def close(self) -> None:
         self._shutdown_llm()
         if self._trace_dir is not None:
-            import shutil
-
             shutil.rmtree(self._trace_dir, ignore_errors=True)

@@ -20,6 +20,7 @@ from ..model_limits import context_claim
 from ..session import SuiteSession
 from ..synthetic import edge_table, write_bigram_pair
 from ..token_scoring import rules_for, table_logits
+from .acceptance_rounds import ReplayAgainst, RoundsUnderTest, judge_per_round
 from .output_comparison import GreedyCase, judge_greedy, mismatch
 from ..run import Run
 from .result import CheckResult
@@ -204,14 +205,12 @@ def check_special_tokens(session: SuiteSession, mode: str, budget: int | None) -
         return CheckResult.passed(name, "outputs with token 0 and the mask id are right; engine reports no per-round "
                                         "acceptance to compare")
     # Acceptance must match the reference: a tree that loses token-0 nodes stays lossless but slower.
-    from .acceptance import judge_per_round
-
     missing = [r.prompt_ids for r, got in zip(requests, results) if got.acceptance_lengths is None]
     if missing:
         return CheckResult.failed(name, f"engine promises per-round acceptance but returned none for prompt {missing[0]}")
-    replay = judge_per_round(session, name, mode, budget, [f"prompt {r.prompt_ids}" for r in requests], requests,
-                             results, model_dir=target, drafter_dir=drafter, use_golden=False,
-                             logits_fn=table_logits(table, "edges"), engine=engine)
+    rounds = RoundsUnderTest([f"prompt {r.prompt_ids}" for r in requests], requests, results)
+    against = ReplayAgainst(target, drafter, table_logits(table, "edges"), use_golden=False)
+    replay = judge_per_round(session, name, Run(mode, budget), rounds, against, engine=engine)
     if replay.status == "fail":
         return CheckResult.failed(name, f"{replay.message}: nodes with token 0 or the mask id lost from the tree?",
                                   **replay.details)

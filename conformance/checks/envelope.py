@@ -23,7 +23,8 @@ from ddtree_conformance.spec import SamplingParams, processed_probs
 
 from ..model_limits import context_claim
 from ..session import SuiteSession
-from .acceptance import block_size, judge_per_round
+from ..tree_policy import block_size
+from .acceptance_rounds import ReplayAgainst, RoundsUnderTest, judge_per_round
 from .edges import stop_rule_problem
 from ..token_scoring import rules_for, target_logits
 from .output_comparison import GreedyCase, judge_greedy
@@ -95,7 +96,8 @@ def check_long_context(session: SuiteSession, mode: str, budget: int | None) -> 
         return CheckResult.passed(name, summary + f"; engine reports no per-round acceptance{untested}", **details)
     if any(r.acceptance_lengths is None for r in spec):
         return CheckResult.failed(name, f"engine promises per-round acceptance in mode {mode} but returned none")
-    replay = judge_per_round(session, name, mode, budget, labels, requests, spec, use_golden=False)
+    replay = judge_per_round(session, name, Run(mode, budget), RoundsUnderTest(labels, requests, spec),
+                             ReplayAgainst(use_golden=False))
     if replay.status == "fail":
         return CheckResult.failed(name, f"at {len(prompts[0])}-token contexts: {replay.message}",
                                   **{**replay.details, **claim.details()})

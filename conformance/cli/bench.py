@@ -11,10 +11,20 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..baselines import (
+    BaselineError,
+    BaselineExists,
+    baseline_path,
+    entries_from_report,
+    load_baselines,
+    merge_entries,
+    write_baselines,
+)
 from ..input_validation import validate_run_inputs
 from ..output_paths import output_path
 from ..paths import REPORTS_DIR
 from ..progress import progress_printer
+from ..report import ReportError, load_report, new_report, write_report
 from ..run import Run
 from ..support import unsupported
 from . import options as opt
@@ -78,8 +88,8 @@ def bench(
     hardware_class: opt.HardwareClass = None,
 ) -> None:
     """Measure speedup over plain decoding: paired, interleaved repeats; sequential against --baselines."""
+    # imported here (as in every command): they pull torch, numpy or scipy; --help and bad options stay fast
     from ..bench import BenchError, run_bench
-    from ..report import new_report, write_report
     from ..sequential import SequentialPlan
     from ..session import SuiteSession
 
@@ -174,8 +184,6 @@ def _edges(baselines: Path, hw: str, settings, runs) -> dict[str, float]:
     """Lower speedup edges per run label from the baselines of this hardware class. Runs without a
     speedup baseline are measured alongside, with no edge; with none at all the bench runs its fixed
     --repeats (the gate then reports the baseline as missing). An unreadable file is an error."""
-    from ..baselines import BaselineError, baseline_path, load_baselines
-
     path = baseline_path(baselines, hw)
     labels = ", ".join(Run(m, b).label for m, b in runs)
     if not path.exists():
@@ -199,8 +207,6 @@ def _edges(baselines: Path, hw: str, settings, runs) -> dict[str, float]:
 
 
 def _load_report_or_fail(path: Path) -> dict:
-    from ..report import ReportError, load_report
-
     try:
         return load_report(path)
     except ReportError as exc:
@@ -219,9 +225,6 @@ def baseline(
                                                                        "to the report's own interval).")] = 0.02,
 ) -> None:
     """Write baselines (tau, per-position floors, speedup, with bands) from a run report."""
-    from ..baselines import BaselineError, BaselineExists, baseline_path, entries_from_report, load_baselines
-    from ..baselines import merge_entries, write_baselines
-
     for value, option in ((tau_band, "--tau-band"), (position_band, "--position-band"),
                           (speedup_band, "--speedup-band")):
         if not 0 <= value < 1:
@@ -267,8 +270,7 @@ def gate(
     6 refused: the report's engine settings (CUDA graphs, attention backend, ...) differ from the
     baseline's (wins over every other status); 2 unusable input.
     """
-    from .. import ab
-    from ..baselines import BaselineError, baseline_path, load_baselines
+    from .. import ab  # imported here: ab and gate pull scipy
     from ..gate import evaluate, exit_code
 
     data = _load_report_or_fail(report)

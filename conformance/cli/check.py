@@ -70,6 +70,7 @@ def check(
     out_path = output_path(out, REPORTS_DIR / f"check-{settings.engine.replace(':', '_')}.json", settings,
                            pairs_file=pairs_file)  # absolute, never an input of the run
 
+    # imported here: the checks pull torch; --help and bad input are refused without it
     from ..adapters.interface import EngineDied
     from ..adapters.registry import resolve_engine
     from ..checks import needs_golden, plan, run_plan

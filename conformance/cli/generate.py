@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..adapters.interface import Capabilities, Engine, EngineDied, EngineError, Request, RequestResult, RunConfig
+from ..adapters.process import IsolatedEngine
 from ..adapters.registry import create_engine, list_engines, load_engine_class, resolve_engine
 from ..input_validation import pair_limits, validate_prompts
 from ..integrity import PairLimits, is_integrity_error, validate_results
@@ -36,8 +37,6 @@ def open_engine(settings: GenerateSettings) -> Engine:
     """The engine under test: in its own process unless ``--no-isolate``."""
     resolve_engine(settings.engine, settings.engine_options)  # unknown engine/option: fails before any model work
     if settings.isolate:
-        from ..adapters.process import IsolatedEngine
-
         return IsolatedEngine(settings.engine, settings.model_dir, settings.drafter_dir,
                               timeout_s=settings.engine_timeout_s, start_timeout_s=settings.engine_timeout_s,
                               torch_threads=settings.torch_threads, **settings.engine_options)

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from ..baselines import hardware_class
 from ..settings import GenerateSettings, SuiteSettings, build_settings, shown_default
 
 __all__ = ["run_settings", "hw_class"]
@@ -103,6 +104,4 @@ def generate_settings(**values: Any) -> GenerateSettings:
 
 
 def hw_class(device: str, override: Optional[str]) -> str:
-    from ..baselines import hardware_class
-
     return hardware_class(device, override)

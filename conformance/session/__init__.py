@@ -29,9 +29,10 @@ from ..progress import Printer
 from ..run import Run
 from ..settings import SettingsError, SuiteSettings
 from ..token_scoring import rules_for
-from .engines import EngineFactory, EngineInfo, EngineLifecycle, EngineRole
+from .engines import EngineFactory, EngineLifecycle
 from .inputs import SuiteInputs
 from .mixing import Arrangement, RequestMixer
+from .roles import EngineInfo, EngineRole
 from .store import RunStore, StoredRun, StoreKey, UsedRun
 
 __all__ = ["SuiteSettings", "SuiteSession", "EngineFactory", "EngineRole", "EngineInfo", "UsedRun", "StoredRun"]

@@ -1,7 +1,7 @@
 """The engines of a session: started once per model pair, asked for capabilities once, and stopped.
 
 :class:`EngineLifecycle` builds the engine under test (in its own process unless ``isolate`` is
-off) and, for acceptance comparisons, the in-process reference engine (:attr:`EngineRole.ORACLE`).
+off) and, for acceptance comparisons, the in-process reference engine (:attr:`~.roles.EngineRole.ORACLE`).
 An engine that cannot start or dies (:class:`~ddtree_conformance.adapters.interface.EngineDied`)
 is kept in :attr:`EngineLifecycle.failure`, and every later call raises at once: the run stops
 there. :meth:`EngineLifecycle.generate` is the one place an engine is asked to generate; what it
@@ -10,9 +10,7 @@ returns passes the integrity rules (:func:`~ddtree_conformance.integrity.validat
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from ..adapters.interface import Capabilities, Engine, EngineDied, EngineUsageError, Request, RequestResult, RunConfig
 from ..adapters.process import IsolatedEngine
@@ -23,28 +21,11 @@ from ..progress import Heartbeat, Printer
 from ..settings import SettingsError, SuiteSettings
 from ..support import unsupported
 from .mixing import Arrangement
+from .roles import EngineInfo, EngineRole
 
-__all__ = ["EngineFactory", "EngineRole", "EngineInfo", "EngineLifecycle"]
+__all__ = ["EngineFactory", "EngineLifecycle"]
 
 EngineFactory = Callable[[str, "str | None"], Engine]
-
-
-class EngineRole(enum.Enum):
-    UNDER_TEST = "engine"
-    ORACLE = "the reference engine (oracle)"
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """Who an engine is to the session: its name, its role and its model pair's limits."""
-
-    name: str
-    role: EngineRole
-    limits: PairLimits
-
-    @property
-    def oracle(self) -> bool:
-        return self.role is EngineRole.ORACLE
 
 
 class EngineLifecycle:

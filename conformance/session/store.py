@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..adapters.interface import Request, RequestResult
 from ..run import Run
-from .engines import EngineInfo
+from .roles import EngineInfo
 
 __all__ = ["StoreKey", "StoredRun", "UsedRun", "RunStore"]
 

@@ -41,6 +41,7 @@ class _Corrupting(Engine):
 
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
         super().__init__(model_dir, drafter_dir, **options)
+        # imported here: it pulls torch and transformers, and this module loads light for the registry
         from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 
         self.reference = ReferenceEngine(model_dir, drafter_dir, **options)

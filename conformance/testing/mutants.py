@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from ddtree_conformance.adapters.reference.dflash import DFlashConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.calibration import load_calibration
 from ddtree_conformance.spec import (
     SamplingParams,
     choose_token,
@@ -99,8 +101,6 @@ class MaskIdDropped(ReferenceEngine):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        from ddtree_conformance.adapters.reference.dflash import DFlashConfig
-
         mask_id = DFlashConfig.from_dir(self.drafter_dir).mask_token_id
 
         def emit(tokens, stops, room):
@@ -148,8 +148,6 @@ class DrafterPositionsOffByOne(ReferenceEngine):
 
 
 def _bf16_bound(model_dir: str) -> float:
-    from ddtree_conformance.calibration import load_calibration
-
     return load_calibration(model_dir, "bfloat16").bound
 
 

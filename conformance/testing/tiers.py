@@ -27,6 +27,8 @@ from collections.abc import Callable
 import pytest
 
 from ddtree_conformance.adapters.interface import Capabilities, Engine, Request, RequestResult, RunConfig
+from ddtree_conformance.adapters.process import IsolatedEngine
+from ddtree_conformance.adapters.registry import create_engine
 from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.golden_files import load_golden
 from ddtree_conformance.session import SuiteSession, SuiteSettings
@@ -136,12 +138,8 @@ class SharedEngines:
     def _create(settings: SuiteSettings, model_dir: str, drafter_dir: str | None) -> Engine:
         drafter = None if drafter_dir is None else str(drafter_dir)
         if settings.isolate:
-            from ddtree_conformance.adapters.process import IsolatedEngine
-
             return IsolatedEngine(settings.engine, model_dir, drafter, timeout_s=settings.engine_timeout_s,
                                   torch_threads=settings.torch_threads, **settings.engine_options)
-        from ddtree_conformance.adapters.registry import create_engine
-
         return create_engine(settings.engine, model_dir, drafter, **settings.engine_options)
 
     def __len__(self) -> int:

@@ -28,6 +28,7 @@ import math
 import torch
 from ddtree_conformance.adapters.reference.dflash import DFlashConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.metrics import mean_tau, per_position_acceptance
 from ddtree_conformance.spec import DraftTree, build_tree
 
 __all__ = [
@@ -220,7 +221,6 @@ def counters_only(engine_class: type[ReferenceEngine], *, pooled: bool = False) 
     request (SGLang's ``meta_info``) or pooled over each batch (vLLM's counters, ``pooled``) the mean
     acceptance and acceptance per drafted position, as many positions as the engine drafts, and that
     depth in ``engine_settings`` (as the suite's vLLM adapter reports it)."""
-    from ddtree_conformance.metrics import mean_tau, per_position_acceptance
 
     class CountersOnly(engine_class):
         name = f"{engine_class.name}-counters{'-pooled' if pooled else ''}"

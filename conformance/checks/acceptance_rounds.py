@@ -1,0 +1,252 @@
+"""Per-round acceptance (the acceptance check's path for engines with per-round lengths): every
+round of greedy results judged against the fp32 reference on the engine's own context.
+
+One direction: :func:`gather_rounds` gathers each prompt's evidence (the float32 golden file's
+rounds where they equal the engine's, else a live replay, :mod:`ddtree_conformance.replay`);
+:func:`judge_prompts` judges the rounds (reading the engine's own traces only for a round that
+differs); :func:`summarise_rounds` gives the verdict. Prompts stream through one at a time, so a
+replay's drafter logits are held for one prompt only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from ddtree_conformance.adapters.interface import Request, RequestResult
+from ddtree_conformance.adapters.reference.replay import replay_result
+
+from ..calibration import Calibration
+from ..metrics import mean_tau
+from ..replay import ReplayRun, RoundVerdict, drafter_round_cap, judge_rounds, unconfirmed_round_cap
+from ..run import Run
+from ..session import SuiteSession
+from ..token_scoring import PositionScores, rules_for, score_output, target_logits
+from .acceptance_golden import golden_rounds
+from .result import CheckResult
+
+__all__ = ["ReplayAgainst", "RoundsUnderTest", "judge_per_round"]
+
+
+@dataclass(frozen=True)
+class RoundsUnderTest:
+    """Greedy results whose rounds are judged, with their requests and the labels naming them in messages.
+    Their acceptance lengths passed the integrity rules (every ``session.run`` validates)."""
+
+    labels: list[str]
+    requests: list[Request]
+    results: list[RequestResult]
+
+
+@dataclass(frozen=True)
+class ReplayAgainst:
+    """What the rounds are judged against: by default the pair's fp32 reference and its float32 golden
+    file; else another target and drafter (``model_dir``, ``drafter_dir``) with their target logits."""
+
+    model_dir: str | None = None
+    drafter_dir: str | None = None
+    logits_fn: Callable | None = None
+    use_golden: bool = True
+
+
+@dataclass(frozen=True)
+class PromptRounds:
+    """One prompt's evidence: golden rounds equal to the engine's (``replayed`` None), or a live replay
+    with the fp32 scores of its output. ``top2``: the output's fp32 top-2 gaps (low precision only)."""
+
+    index: int
+    label: str
+    result: RequestResult
+    lengths: list[int]
+    top2: list[float]
+    replayed: list | None = None  # ReplayRound list
+    scores: PositionScores | None = None
+
+
+@dataclass
+class JudgedRounds:
+    """Every prompt's rounds judged: the round verdicts, and what the ceilings and the message need."""
+
+    run: ReplayRun = field(default_factory=ReplayRun)
+    from_golden: int = 0
+    top2: list[float] = field(default_factory=list)
+
+
+class EngineTraces:
+    """The engine's per-round traces of a prompt, from a traced rerun (``traced_run(index)``) that
+    reproduces the run's output and lengths; None where none does (its trees and logits would describe
+    another run) or the run already fails (another rerun would change no verdict)."""
+
+    def __init__(self, traced_run: Callable[[int], RequestResult] | None, results: list[RequestResult]) -> None:
+        self.traced_run, self.results, self.traced = traced_run, results, {}
+
+    def of(self, index: int, run: ReplayRun):
+        if self.traced_run is None:
+            return None
+        if index not in self.traced:
+            if run.differs or run.cut:
+                return None
+            self.traced[index] = self.traced_run(index)
+        mine, base = self.traced[index], self.results[index]
+        if mine.error or (mine.output_ids, mine.acceptance_lengths) != (base.output_ids, base.acceptance_lengths):
+            return None
+        return mine.traces
+
+
+def judge_per_round(session: SuiteSession, name: str, run: Run, rounds: RoundsUnderTest,
+                    against: ReplayAgainst = ReplayAgainst(), *, traced_run=None, engine=None) -> CheckResult:
+    """Replay every round of ``rounds`` with the fp32 reference and judge them (module doc).
+
+    A round that differs is explained with the engine's own traces (its tree, its drafter logits)
+    from a traced rerun that reproduces the prompt's output and lengths: ``traced_run(index)`` gives
+    the traced result of ``rounds.requests[index]``; by default, where the engine can trace in the
+    run's mode, that request is rerun alone with traces on ``engine`` (the one that produced the
+    results; default: the session's). Only prompts with a round to explain are rerun."""
+    rules = rules_for(session.settings)
+    caps = session.capabilities
+    if traced_run is None and caps.traced(run.mode):
+        def traced_run(index: int) -> RequestResult:
+            return session.run(run.mode, run.budget, trace=True, trace_draft_logits=caps.draft_logits,
+                               requests=[rounds.requests[index]], engine=engine)[0]
+    evidence = gather_rounds(session, run, rounds, against, rules)
+    judged = judge_prompts(evidence, rules, run, EngineTraces(traced_run, rounds.results), caps.max_context)
+    return summarise_rounds(name, run, judged, rules, rounds.results)
+
+
+def gather_rounds(session: SuiteSession, run: Run, rounds: RoundsUnderTest, against: ReplayAgainst,
+                  rules: Calibration) -> Iterator[PromptRounds]:
+    """Each prompt's evidence in turn: the golden rounds where they equal the engine's, else a replay."""
+    s = session.settings
+    model_dir, drafter_dir = against.model_dir or s.model_dir, against.drafter_dir or s.drafter_dir
+    golden = golden_rounds(session, run) if against.use_golden else None
+    fn = against.logits_fn or target_logits(model_dir, s.device)
+    reference = None
+    for index, (label, request, result) in enumerate(zip(rounds.labels, rounds.requests, rounds.results)):
+        lengths = result.acceptance_lengths or []
+        # in low precision the target near-tie rounds count against the excused-position ceiling
+        top2 = [] if rules.exact else score_output(fn, request.prompt_ids, result.output_ids).top2
+        key = (tuple(request.prompt_ids), tuple(result.output_ids))
+        if golden is not None and golden.get(key) == lengths and not request.stop_token_ids:
+            yield PromptRounds(index, label, result, lengths, list(top2))
+            continue
+        reference = reference or session.reference_for(model_dir, drafter_dir)
+        replayed = replay_result(reference, request, result.output_ids, lengths, run.mode, run.budget or 1, s.device)
+        scores = score_output(fn, request.prompt_ids, result.output_ids)
+        yield PromptRounds(index, label, result, lengths, list(top2), replayed, scores)
+
+
+def judge_prompts(prompts: Iterable[PromptRounds], rules: Calibration, run: Run, traces: EngineTraces,
+                  context_limit: int | None) -> JudgedRounds:
+    """Every prompt's rounds judged (:func:`~ddtree_conformance.replay.judge_rounds`); golden rounds
+    equal the engine's by construction."""
+    judged = JudgedRounds()
+    for prompt in prompts:
+        judged.top2 += prompt.top2
+        if prompt.replayed is None:
+            judged.run.rounds += len(prompt.lengths)
+            judged.run.engine_lengths.append(prompt.lengths)
+            judged.run.reference_lengths.append(prompt.lengths)
+            judged.from_golden += 1
+            continue
+        output = prompt.result.output_ids
+        _judge_prefill_token(judged.run, prompt.label, output, prompt.scores, rules)
+        judge_rounds(judged.run, prompt.label, prompt.lengths, output, prompt.replayed, rules, run.mode,
+                     run.budget or 1, prompt.scores.gaps, lambda index=prompt.index: traces.of(index, judged.run),
+                     context_limit=context_limit)
+    return judged
+
+
+def _judge_prefill_token(run: ReplayRun, label: str, output: list[int], scores, rules) -> None:
+    """The token chosen after the prefill (no round verifies it): the fp32 argmax, or in low precision a
+    target near tie (counted with the target near-tie rounds)."""
+    if not output or output[0] == scores.argmax[0] or scores.gaps[0] == 0.0 or rules.fp32_tie(scores.gaps[0]):
+        return
+    gap = scores.gaps[0]
+    verdict = RoundVerdict(label, -1, "differs", 1, 1, [output[0]], [scores.argmax[0]])
+    if not rules.exact and gap <= rules.bound:
+        verdict.kind = "target-near-tie"
+        verdict.note = (f"fp32 target near-tie: the engine's token {output[0]} is {gap:.3g} below the top-1 "
+                        f"{scores.argmax[0]}, within the bound {rules.bound:.3g}")
+        run.target.append(verdict)
+    else:
+        verdict.note = (f"the engine's token {output[0]} after the prefill is not the fp32 target's {scores.argmax[0]} "
+                        f"({gap:.3g} below the top-1, bound {rules.bound:.3g})")
+        run.differs.append(verdict)
+
+
+def _details(judged: JudgedRounds, results: list[RequestResult]) -> dict:
+    run = judged.run
+    source = (f"{judged.from_golden} prompts from the float32 golden file, {len(results) - judged.from_golden} "
+              "replayed live")
+    return {"tau": mean_tau(run.engine_lengths), "reference_tau": mean_tau(run.reference_lengths),
+            "rounds": run.rounds, "source": source,
+            "target_near_tie_rounds": [v.describe() for v in run.target[:50]],
+            "drafter_near_tie_rounds": [v.describe() for v in run.drafter[:50]],
+            "unconfirmed_drafter_rounds": [v.describe() for v in run.unconfirmed[:50]],
+            "fp32_tie_rounds": [v.describe() for v in run.fp32_ties[:50]],
+            "cut_tree_rounds": [v.describe() for v in run.cut[:50]],
+            "freedom_rounds": [v.describe() for v in run.freedom[:50]],
+            "differing_rounds": [v.describe() for v in run.differs[:50]]}
+
+
+def summarise_rounds(name: str, run: Run, judged: JudgedRounds, rules: Calibration,
+                     results: list[RequestResult]) -> CheckResult:
+    """The verdict on the judged rounds: no differing or cut round, and the excused ones within their caps."""
+    rounds, details = judged.run, _details(judged, results)
+    if rounds.rounds == 0:
+        if all(len(r.output_ids) <= 1 for r in results):
+            return CheckResult.skipped(name, "every output is the prefill token alone (max_new_tokens or a stop "
+                                             "token): no speculative round to compare",
+                                       cause="input")
+        return CheckResult.failed(name, "the engine reports per-round acceptance but no rounds", **details)
+    if rounds.differs:
+        return _rounds_failed(name, rounds, rounds.differs, details,
+                              "per-round acceptance differs from the fp32 reference replayed on the engine's context",
+                              "lossless but slower: drafter positions, feedback rows, RoPE or budget?")
+    if rounds.cut:
+        return _rounds_failed(name, rounds, rounds.cut, details,
+                              f"the engine verified smaller trees than B={run.budget} and accepted less",
+                              "its traces hold fewer nodes; the spec tree of that size accepts exactly the engine's "
+                              "length: a scheduler or cap that cuts trees, not a wrong tree")
+    return _excused_within_caps(name, judged, rules, details)
+
+
+def _rounds_failed(name: str, run: ReplayRun, verdicts: list, details: dict, what: str, why: str) -> CheckResult:
+    """``what`` in N/M rounds, the first named with both sides' lengths around it, then ``why``."""
+    first = verdicts[0]
+    return CheckResult.failed(
+        name, f"{what} in {len(verdicts)}/{run.rounds} rounds; first: {first.describe()}; {run.lengths_around(first)}; "
+              f"tau {details['tau']:.3f} vs replay {details['reference_tau']:.3f} ({why})", first_round=first.__dict__,
+        **details)
+
+
+def _excused_within_caps(name: str, judged: JudgedRounds, rules: Calibration, details: dict) -> CheckResult:
+    """Target near-tie rounds within the ceiling, drafter ones within the cap, unconfirmed ones within theirs."""
+    run, tau, ref_tau, source = judged.run, details["tau"], details["reference_tau"], details["source"]
+    ceiling, mu = rules.ceiling(judged.top2)
+    if len(run.target) > ceiling:
+        return CheckResult.failed(
+            name, f"{len(run.target)}/{run.rounds} rounds excused as target near-ties, above the ceiling {ceiling} a "
+                  f"correct engine reaches at these gaps (expected <= {mu:.1f}); first: {run.target[0].describe()}",
+            first_round=run.target[0].__dict__, **details)
+    cap = drafter_round_cap(rules, run.rounds)
+    if len(run.drafter) > cap:
+        return CheckResult.failed(
+            name, f"{len(run.drafter)}/{run.rounds} rounds excused as drafter near-ties, above the cap {cap} a "
+                  f"correct engine reaches ({run.drafter[0].describe()}); tau {tau:.3f} vs replay {ref_tau:.3f}",
+            first_round=run.drafter[0].__dict__, **details)
+    small = unconfirmed_round_cap(rules, run.rounds)
+    if len(run.unconfirmed) > small:
+        return CheckResult.failed(
+            name, f"{len(run.unconfirmed)}/{run.rounds} rounds shorter than the reference's where only a drafter near "
+                  f"tie could explain it and the engine gives no drafter logits to confirm one, above the cap {small} "
+                  f"for unconfirmed rounds ({run.unconfirmed[0].describe()}); tau {tau:.3f} vs replay {ref_tau:.3f} "
+                  "(report drafter logits in traces to have drafter near ties confirmed)",
+            first_round=run.unconfirmed[0].__dict__, **details)
+    excused = ""
+    if run.target or run.drafter or run.unconfirmed:
+        excused = (f" except {len(run.target)} target near-tie and {len(run.drafter)} drafter near-tie rounds (cap "
+                   f"{cap})" + (f" and {len(run.unconfirmed)} unconfirmed shorter rounds (cap {small})"
+                                if run.unconfirmed else ""))
+    return CheckResult.passed(name, f"per-round acceptance equals the reference{excused} over {run.rounds} rounds "
+                                    f"({source}); tau {tau:.3f} vs {ref_tau:.3f}", **details)
