@@ -72,11 +72,17 @@ class RunConfig(_Model):
     trace_draft_logits: bool = Field(default=False, description="also keep the drafter logits of each round")
     timing: bool = Field(default=False, description="per-stage timings (may synchronise the device)")
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs the engine shards the target over")
-    cuda_graphs: bool | None = Field(default=None, description="run the decode loop under CUDA graphs (True) or "
-                                                               "eagerly (False); None: the engine's default. Only "
-                                                               "engines with capabilities().cuda_graphs switch")
-    profile: bool = Field(default=False, description="measure how long the device is busy during the decode loop "
-                                                     "(timings.stages['gpu_busy']; slower: a profiler runs)")
+    cuda_graphs: bool | None = Field(
+        default=None,
+        description="run the decode loop under CUDA graphs (True) or "
+        "eagerly (False); None: the engine's default. Only "
+        "engines with capabilities().cuda_graphs switch",
+    )
+    profile: bool = Field(
+        default=False,
+        description="measure how long the device is busy during the decode loop "
+        "(timings.stages['gpu_busy']; slower: a profiler runs)",
+    )
 
     @field_validator("budget")
     @classmethod
@@ -113,11 +119,13 @@ class VerifiedTree(_Model):
     """One round's verified tree, as light as an engine can give it (a light trace): no drafter logits,
     no positions or margins, only what the target verified and what it chose at every node."""
 
-    tree_tokens: list[int] = Field(description="node tokens, root first (index 0; the root is the last committed "
-                                               "token)")
+    tree_tokens: list[int] = Field(
+        description="node tokens, root first (index 0; the root is the last committed token)"
+    )
     parents: list[int] = Field(description="parent index per node, root -1; parents precede their children")
-    node_target_tokens: list[int] = Field(description="the target's argmax at every node of the verify batch "
-                                                      "(root first)")
+    node_target_tokens: list[int] = Field(
+        description="the target's argmax at every node of the verify batch (root first)"
+    )
 
 
 class Timings(_Model):
@@ -145,17 +153,21 @@ class RequestResult(_Model):
     timings: Timings = Field(default_factory=Timings)
     traces: list[RoundTrace] | None = None
     verified_trees: list[VerifiedTree] | None = Field(
-        default=None, description="one VerifiedTree per round (light traces), in every run of a mode the capabilities' "
-                                  "verified_tree_modes name")
+        default=None,
+        description="one VerifiedTree per round (light traces), in every run of a mode the capabilities' "
+        "verified_tree_modes name",
+    )
     error: str | None = None
     engine_settings: dict[str, bool | int | float | str | None] = Field(
-        default_factory=dict, description="the settings this request ran under that change its speed, as the "
-                                          "engine knows them: cuda_graphs, overlap_scheduling, attention_backend, "
-                                          "... (the bench records them and the gate refuses to compare across a "
-                                          "change)")
+        default_factory=dict,
+        description="the settings this request ran under that change its speed, as the "
+        "engine knows them: cuda_graphs, overlap_scheduling, attention_backend, "
+        "... (the bench records them and the gate refuses to compare across a "
+        "change)",
+    )
 
     @model_validator(mode="after")
-    def _consistent(self) -> "RequestResult":
+    def _consistent(self) -> RequestResult:
         if self.acceptance_lengths is not None and self.rounds is not None:
             if len(self.acceptance_lengths) != self.rounds:
                 raise ValueError("acceptance_lengths must have one entry per round")
@@ -185,18 +197,22 @@ class Capabilities(_Model):
         default=None, description="modes whose results carry the traces and per-round acceptance; None: all modes"
     )
     verified_tree_modes: list[Mode] = Field(
-        default_factory=list, description="speculative modes whose every result carries verified_trees (light "
-                                          "traces: each round's tree and the target's argmax at every node), "
-                                          "asked for or not; independent of traces")
+        default_factory=list,
+        description="speculative modes whose every result carries verified_trees (light "
+        "traces: each round's tree and the target's argmax at every node), "
+        "asked for or not; independent of traces",
+    )
     stage_timings: bool = False
-    cuda_graphs: bool = Field(default=False, description="RunConfig.cuda_graphs switches the decode loop between "
-                                                         "CUDA graphs and eager execution")
+    cuda_graphs: bool = Field(
+        default=False,
+        description="RunConfig.cuda_graphs switches the decode loop between CUDA graphs and eager execution",
+    )
     max_context: int | None = None
     max_tensor_parallel: int = Field(default=1, ge=1, description="largest tensor_parallel_size accepted here")
-    max_budget: int | None = Field(default=None, ge=1, description="largest DDTree budget accepted here (None: "
-                                                                   "not stated)")
+    max_budget: int | None = Field(
+        default=None, ge=1, description="largest DDTree budget accepted here (None: not stated)"
+    )
     notes: list[str] = Field(default_factory=list)
-
 
     def traced(self, mode: str) -> bool:
         """Whether results of ``mode`` carry exact per-round traces."""
@@ -268,7 +284,7 @@ class Engine(abc.ABC):
     def close(self) -> None:
         """Release the engine's resources (processes, devices)."""
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc) -> None:

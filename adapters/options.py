@@ -71,8 +71,9 @@ def drafter_block_size(engine: str, drafter_dir: str) -> int:
     """The DFlash drafter's ``block_size`` (an int >= 2)."""
     block = read_config(engine, drafter_dir, "drafter").get("block_size")
     if not isinstance(block, int) or isinstance(block, bool) or block < 2:
-        raise EngineError(f"engine '{engine}': drafter {drafter_dir}/config.json: block_size must be an int >= 2, "
-                          f"got {block!r}")
+        raise EngineError(
+            f"engine '{engine}': drafter {drafter_dir}/config.json: block_size must be an int >= 2, got {block!r}"
+        )
     return block
 
 

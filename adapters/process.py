@@ -129,8 +129,18 @@ def _die_with_parent(parent_pid: int, lifeline) -> None:
     threading.Thread(target=watch, name="ddtree-parent-watchdog", daemon=True).start()
 
 
-def _serve(conn, lifeline, parent_pid: int, spec: str, model_dir: str, drafter_dir: str | None, options: dict,
-           log_path: str, torch_threads: int | None = None, mark: str | None = None) -> None:
+def _serve(
+    conn,
+    lifeline,
+    parent_pid: int,
+    spec: str,
+    model_dir: str,
+    drafter_dir: str | None,
+    options: dict,
+    log_path: str,
+    torch_threads: int | None = None,
+    mark: str | None = None,
+) -> None:
     """Child main: build the engine, then answer (command, payload) messages until 'close'."""
     try:
         os.setsid()  # lead a new session and process group: the parent kills the group on a hang
@@ -260,8 +270,18 @@ class IsolatedEngine(Engine):
         life_read, life_write = ctx.Pipe(duplex=False)
         self._process = ctx.Process(
             target=_serve,
-            args=(child, life_read, os.getpid(), self.spec, self.model_dir, self.drafter_dir, self.options,
-                  self.log_path, self.torch_threads, self.tree_mark),
+            args=(
+                child,
+                life_read,
+                os.getpid(),
+                self.spec,
+                self.model_dir,
+                self.drafter_dir,
+                self.options,
+                self.log_path,
+                self.torch_threads,
+                self.tree_mark,
+            ),
             daemon=True,
         )
         previous = os.environ.get(TREE_MARK)
@@ -304,8 +324,10 @@ class IsolatedEngine(Engine):
         except (EOFError, OSError):
             ready = True  # the pipe broke: recv below reports how the child ended
         if not ready:
-            self._die(f"engine {self.spec!r} hung: no answer to {what} within {timeout:g} s (--engine-timeout); "
-                      "its process group was killed")
+            self._die(
+                f"engine {self.spec!r} hung: no answer to {what} within {timeout:g} s (--engine-timeout); "
+                "its process group was killed"
+            )
         try:
             return self._conn.recv()
         except (EOFError, ConnectionError, OSError):
@@ -323,8 +345,10 @@ class IsolatedEngine(Engine):
         if self._usage is not None:
             raise EngineUsageError(str(self._usage))
         if self._dead is not None:
-            raise EngineDied(f"engine {self.spec!r} is not running: it failed earlier and is not restarted "
-                             f"({self._dead})", self._dead.log_tail)
+            raise EngineDied(
+                f"engine {self.spec!r} is not running: it failed earlier and is not restarted ({self._dead})",
+                self._dead.log_tail,
+            )
         if self._process is None:
             self._start()
         try:

@@ -128,8 +128,7 @@ def load_engine_class(spec: str | type[Engine]) -> type[Engine]:
             name, target = spec, spec
         else:
             raise UnknownEngine(
-                f"unknown engine {spec!r}; known engines: {', '.join(sorted(known))} "
-                "(or give a 'module:Class' path)"
+                f"unknown engine {spec!r}; known engines: {', '.join(sorted(known))} (or give a 'module:Class' path)"
             )
         module_name, attr = _split_target(name, target)
         try:
@@ -148,7 +147,9 @@ def load_engine_class(spec: str | type[Engine]) -> type[Engine]:
             except AttributeError:
                 raise UnknownEngine(f"engine {name!r}: module {module_name} has no attribute {attr!r}") from None
     if not (isinstance(obj, type) and issubclass(obj, Engine)):
-        raise UnknownEngine(f"engine {name!r}: {target} is not a subclass of ddtree_conformance.adapters.interface.Engine")
+        raise UnknownEngine(
+            f"engine {name!r}: {target} is not a subclass of ddtree_conformance.adapters.interface.Engine"
+        )
     if inspect.isabstract(obj):
         missing = ", ".join(sorted(obj.__abstractmethods__))
         raise UnknownEngine(f"engine {name!r}: {target} is abstract (does not implement {missing})")
@@ -172,10 +173,7 @@ def resolve_engine(spec: str | type[Engine], options: dict | None = None) -> typ
 
 
 def create_engine(
-    spec: str | type[Engine],
-    model_dir: str | Path,
-    drafter_dir: str | Path | None = None,
-    **options,
+    spec: str | type[Engine], model_dir: str | Path, drafter_dir: str | Path | None = None, **options
 ) -> Engine:
     """Load the engine class named by ``spec`` and construct it.
 

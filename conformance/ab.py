@@ -39,16 +39,28 @@ from packaging.requirements import InvalidRequirement, Requirement
 from .adapters.interface import Engine, Request, RunConfig
 from .adapters.registry import available_engines
 from .bench import acceptance_summary
-from .paired import Arm, BenchError, Repeat, Stream, measure
 from .gate import EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_REGRESSION, GateRow, speedup_interval
+from .paired import Arm, BenchError, Repeat, Stream, measure
 from .sequential import METHOD, SPENDING, SequentialPlan, look_alpha, verdict
 
-__all__ = ["Baseline", "AgainstError", "DEFINITION", "baseline_for", "overlay_environment", "pair_order",
-           "measure_ab", "evaluate", "ab_verdict", "exit_code"]
+__all__ = [
+    "Baseline",
+    "AgainstError",
+    "DEFINITION",
+    "baseline_for",
+    "overlay_environment",
+    "pair_order",
+    "measure_ab",
+    "evaluate",
+    "ab_verdict",
+    "exit_code",
+]
 
-DEFINITION = ("ratio = candidate decode tokens/s / baseline decode tokens/s per repeat (same requests and "
-              "configuration, same runner, called in pairs); geometric mean over repeats; the candidate passes "
-              "when the whole interval is at or above 1 - tolerance")
+DEFINITION = (
+    "ratio = candidate decode tokens/s / baseline decode tokens/s per repeat (same requests and "
+    "configuration, same runner, called in pairs); geometric mean over repeats; the candidate passes "
+    "when the whole interval is at or above 1 - tolerance"
+)
 _ENGINE_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
@@ -85,8 +97,10 @@ def _install_source(against: str) -> str:
     try:
         Requirement(against)
     except InvalidRequirement as exc:
-        raise AgainstError(f"--against {against!r}: not an engine here (a built-in or entry-point name, or "
-                           f"module:Class), not a wheel or folder, and not a requirement ({exc})") from None
+        raise AgainstError(
+            f"--against {against!r}: not an engine here (a built-in or entry-point name, or "
+            f"module:Class), not a wheel or folder, and not a requirement ({exc})"
+        ) from None
     return against
 
 
@@ -99,30 +113,40 @@ def overlay_environment(folder: Path, source: str, *, runner: Callable = subproc
     if not (env / "bin" / "python").exists():
         runner([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, capture_output=True)
     python = str(env / "bin" / "python")
-    found = runner([python, "-c", "import json, site; print(json.dumps(site.getsitepackages()))"], check=True,
-                   capture_output=True, text=True)
+    found = runner(
+        [python, "-c", "import json, site; print(json.dumps(site.getsitepackages()))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     own_site = Path(json.loads(found.stdout)[0])
     shared = [p for p in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(p)]
     # .pth lines starting with "import" run at start-up: addsitedir also reads the shared sites' own .pth
     # files (editable installs), and appends them after this environment's own site-packages
     (own_site / "_ddtree_candidate_env.pth").write_text(
-        "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in shared) + "\n")
+        "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in shared) + "\n"
+    )
     log = folder / "install.log"
-    done = runner([sys.executable, "-m", "pip", "--python", python, "install", "--disable-pip-version-check", source],
-                  capture_output=True, text=True)
+    done = runner(
+        [sys.executable, "-m", "pip", "--python", python, "install", "--disable-pip-version-check", source],
+        capture_output=True,
+        text=True,
+    )
     log.write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
         raise AgainstError(f"--against {source}: pip could not install it into {env} (log {log}):\n{tail}")
-    path = runner([python, "-c", "import json, sys; print(json.dumps(sys.path))"], check=True, capture_output=True,
-                  text=True)
+    path = runner(
+        [python, "-c", "import json, sys; print(json.dumps(sys.path))"], check=True, capture_output=True, text=True
+    )
     # without -c's working-directory entry: a candidate module:Class found in the working directory must not
     # shadow the baseline build installed here
     return python, [p for p in json.loads(path.stdout) if p]
 
 
-def baseline_for(against: str, engine_spec: str, work: Path, *, against_engine: str | None = None,
-                 runner: Callable = subprocess.run) -> Baseline:
+def baseline_for(
+    against: str, engine_spec: str, work: Path, *, against_engine: str | None = None, runner: Callable = subprocess.run
+) -> Baseline:
     """What ``--against`` names (module doc); an install happens here, into ``work``."""
     against = against.strip()
     if not against:
@@ -131,8 +155,9 @@ def baseline_for(against: str, engine_spec: str, work: Path, *, against_engine: 
         return Baseline(spec=against_engine or against, source=against)
     source = _install_source(against)
     python, sys_path = overlay_environment(work, source, runner=runner)
-    return Baseline(spec=against_engine or engine_spec, source=against, installed=True, python=python,
-                    sys_path=tuple(sys_path))
+    return Baseline(
+        spec=against_engine or engine_spec, source=against, installed=True, python=python, sys_path=tuple(sys_path)
+    )
 
 
 # ---------------------------------------------------------------------------------------------- measuring
@@ -148,7 +173,7 @@ def pair_order(running: list[str], r: int, i: int) -> list[str]:
     """Call order for request ``i`` of repeat ``r``: each run's two arms back to back (the candidate first
     when ``r + i + k`` is even for the k-th run, else the baseline), the runs rotated by the repeat."""
     labels = list(dict.fromkeys(name.split("|", 1)[1] for name in running))
-    rotated = labels[r % len(labels):] + labels[: r % len(labels)] if labels else []
+    rotated = labels[r % len(labels) :] + labels[: r % len(labels)] if labels else []
     order = []
     for k, label in enumerate(rotated):
         pair = [_arm(CANDIDATE, label), _arm(BASELINE, label)]
@@ -160,16 +185,27 @@ def _throughput_ratio(label: str) -> Callable[[Repeat], float]:
     def sample(repeat: Repeat) -> float:
         a, b = repeat.totals[_arm(CANDIDATE, label)], repeat.totals[_arm(BASELINE, label)]
         if a.clock != b.clock:
-            raise BenchError(f"{label}: the candidate is timed on the {a.clock} clock, the baseline on the {b.clock} "
-                             "clock: their throughputs cannot be compared")
+            raise BenchError(
+                f"{label}: the candidate is timed on the {a.clock} clock, the baseline on the {b.clock} "
+                "clock: their throughputs cannot be compared"
+            )
         return (a.tokens / a.seconds) / (b.tokens / b.seconds)
 
     return sample
 
 
-def measure_ab(candidate: Engine, baseline: Engine, requests: list[Request], configs: dict[str, RunConfig], *,
-               tolerance: float = 0.05, plan: SequentialPlan | None = None, warmup: bool = True,
-               on_step: Callable[[str], None] | None = None, now: Callable[[], float] = time.perf_counter) -> dict:
+def measure_ab(
+    candidate: Engine,
+    baseline: Engine,
+    requests: list[Request],
+    configs: dict[str, RunConfig],
+    *,
+    tolerance: float = 0.05,
+    plan: SequentialPlan | None = None,
+    warmup: bool = True,
+    on_step: Callable[[str], None] | None = None,
+    now: Callable[[], float] = time.perf_counter,
+) -> dict:
     """The ``ab``, ``runs`` and ``verdict`` parts of an A/B report: for each run label in ``configs``, the
     candidate's and the baseline's throughput on the same requests, their ratio and its sequential
     decision against ``1 - tolerance``."""
@@ -177,39 +213,80 @@ def measure_ab(candidate: Engine, baseline: Engine, requests: list[Request], con
         raise BenchError(f"tolerance must be in [0, 1), got {tolerance}")
     plan = plan or SequentialPlan()
     edge = 1.0 - tolerance
-    arms = [Arm(_arm(side, label), engine, config) for label, config in configs.items()
-            for side, engine in ((CANDIDATE, candidate), (BASELINE, baseline))]
-    streams = [Stream(label, (_arm(CANDIDATE, label), _arm(BASELINE, label)), _throughput_ratio(label), edge)
-               for label in configs]
-    measured = measure(arms, requests, streams, plan=plan, warmup=warmup, order=pair_order, on_step=on_step,
-                       now=now)
+    arms = [
+        Arm(_arm(side, label), engine, config)
+        for label, config in configs.items()
+        for side, engine in ((CANDIDATE, candidate), (BASELINE, baseline))
+    ]
+    streams = [
+        Stream(label, (_arm(CANDIDATE, label), _arm(BASELINE, label)), _throughput_ratio(label), edge)
+        for label in configs
+    ]
+    measured = measure(arms, requests, streams, plan=plan, warmup=warmup, order=pair_order, on_step=on_step, now=now)
     looks_planned = len(plan.looks())
     runs = []
     for label, config in configs.items():
         stop = measured.stop[label]
         history = measured.history[: stop["repeats"]]
         samples = [_throughput_ratio(label)(h) for h in history]
-        rates = {side: [round(h.totals[_arm(side, label)].tokens / h.totals[_arm(side, label)].seconds, 3)
-                        for h in history] for side in (CANDIDATE, BASELINE)}
+        rates = {
+            side: [round(h.totals[_arm(side, label)].tokens / h.totals[_arm(side, label)].seconds, 3) for h in history]
+            for side in (CANDIDATE, BASELINE)
+        }
         cand = acceptance_summary(measured.first[_arm(CANDIDATE, label)])
         base = acceptance_summary(measured.first[_arm(BASELINE, label)])
-        ab = {"samples": [round(x, 6) for x in samples], "edge": edge, "alpha": plan.alpha, "sequential": True,
-              "min_repeats": plan.min_repeats, "max_repeats": plan.max_repeats, "growth": plan.growth,
-              "looks_planned": looks_planned, "look_alpha": look_alpha(plan.alpha, looks_planned, True),
-              "stop": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in stop.items()},
-              "candidate_tokens_per_s": rates[CANDIDATE], "baseline_tokens_per_s": rates[BASELINE],
-              "clock": history[0].totals[_arm(CANDIDATE, label)].clock}
+        ab = {
+            "samples": [round(x, 6) for x in samples],
+            "edge": edge,
+            "alpha": plan.alpha,
+            "sequential": True,
+            "min_repeats": plan.min_repeats,
+            "max_repeats": plan.max_repeats,
+            "growth": plan.growth,
+            "looks_planned": looks_planned,
+            "look_alpha": look_alpha(plan.alpha, looks_planned, True),
+            "stop": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in stop.items()},
+            "candidate_tokens_per_s": rates[CANDIDATE],
+            "baseline_tokens_per_s": rates[BASELINE],
+            "clock": history[0].totals[_arm(CANDIDATE, label)].clock,
+        }
         interval = speedup_interval(ab)
         if interval is not None:
-            ab.update(estimate=round(interval.estimate, 6), ci_low=round(interval.low, 6),
-                      ci_high=round(interval.high, 6), confidence=interval.level)
-        runs.append({"mode": config.mode, "budget": config.budget if config.mode == "ddtree" else None,
-                     "label": label, **cand, "baseline_tau": base.get("tau"), "ab": ab})
-    part = {"ab": {"tolerance": tolerance, "edge": edge, "definition": DEFINITION, "ci": f"{METHOD}; {SPENDING}",
-                   "plan": {"alpha": plan.alpha, "min_repeats": plan.min_repeats, "max_repeats": plan.max_repeats,
-                            "time_budget_s": plan.time_budget_s, "growth": plan.growth, "looks": list(plan.looks())},
-                   "repeats": len(measured.history), "requests": len(requests)},
-            "runs": runs}
+            ab.update(
+                estimate=round(interval.estimate, 6),
+                ci_low=round(interval.low, 6),
+                ci_high=round(interval.high, 6),
+                confidence=interval.level,
+            )
+        runs.append(
+            {
+                "mode": config.mode,
+                "budget": config.budget if config.mode == "ddtree" else None,
+                "label": label,
+                **cand,
+                "baseline_tau": base.get("tau"),
+                "ab": ab,
+            }
+        )
+    part = {
+        "ab": {
+            "tolerance": tolerance,
+            "edge": edge,
+            "definition": DEFINITION,
+            "ci": f"{METHOD}; {SPENDING}",
+            "plan": {
+                "alpha": plan.alpha,
+                "min_repeats": plan.min_repeats,
+                "max_repeats": plan.max_repeats,
+                "time_budget_s": plan.time_budget_s,
+                "growth": plan.growth,
+                "looks": list(plan.looks()),
+            },
+            "repeats": len(measured.history),
+            "requests": len(requests),
+        },
+        "runs": runs,
+    }
     part["ab"]["runs"] = [_row(run) for run in runs]
     part["verdict"] = ab_verdict(evaluate(part))
     return part
@@ -217,14 +294,24 @@ def measure_ab(candidate: Engine, baseline: Engine, requests: list[Request], con
 
 def _row(run: dict) -> dict:
     ab = run["ab"]
-    med = {side: sorted(ab[f"{side}_tokens_per_s"])[len(ab[f"{side}_tokens_per_s"]) // 2]
-           for side in (CANDIDATE, BASELINE)}
-    return {"label": run["label"], "candidate_tokens_per_s": med[CANDIDATE], "baseline_tokens_per_s": med[BASELINE],
-            "estimate": ab.get("estimate"), "ci_low": ab.get("ci_low"), "ci_high": ab.get("ci_high"),
-            "edge": ab["edge"], "decision": ab["stop"].get("decision"), "reason": ab["stop"].get("reason", "")}
+    med = {
+        side: sorted(ab[f"{side}_tokens_per_s"])[len(ab[f"{side}_tokens_per_s"]) // 2] for side in (CANDIDATE, BASELINE)
+    }
+    return {
+        "label": run["label"],
+        "candidate_tokens_per_s": med[CANDIDATE],
+        "baseline_tokens_per_s": med[BASELINE],
+        "estimate": ab.get("estimate"),
+        "ci_low": ab.get("ci_low"),
+        "ci_high": ab.get("ci_high"),
+        "edge": ab["edge"],
+        "decision": ab["stop"].get("decision"),
+        "reason": ab["stop"].get("reason", ""),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- judging
+
 
 def evaluate(report: dict) -> list[GateRow]:
     """Gate rows of an A/B report: each run's ratio interval, recomputed from its samples, against its
@@ -240,24 +327,60 @@ def evaluate(report: dict) -> list[GateRow]:
         band = f">= {edge:.3f} (candidate/baseline throughput)"
         interval = speedup_interval(ab)
         if interval is None:
-            rows.append(GateRow(label, "A/B ratio", "inconclusive", "-", band, None,
-                                "fewer than two usable per-repeat ratios: no interval"))
+            rows.append(
+                GateRow(
+                    label,
+                    "A/B ratio",
+                    "inconclusive",
+                    "-",
+                    band,
+                    None,
+                    "fewer than two usable per-repeat ratios: no interval",
+                )
+            )
             continue
         measured = f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
         tau, tau0 = run.get("tau"), run.get("baseline_tau")
         accepts = "" if tau is None or tau0 is None else f"; tau {tau:.3f} vs baseline {tau0:.3f}"
         found = verdict(interval, edge)
         if found == "pass":
-            rows.append(GateRow(label, "A/B ratio", "pass", measured, band, interval.low - edge,
-                                f"whole interval at or above the edge ({interval.n} repeats){accepts}"))
+            rows.append(
+                GateRow(
+                    label,
+                    "A/B ratio",
+                    "pass",
+                    measured,
+                    band,
+                    interval.low - edge,
+                    f"whole interval at or above the edge ({interval.n} repeats){accepts}",
+                )
+            )
         elif found == "regression":
-            rows.append(GateRow(label, "A/B ratio", "fail", measured, band, interval.high - edge,
-                                f"candidate slower than the baseline: whole interval below the edge ({interval.n} "
-                                f"repeats){accepts}"))
+            rows.append(
+                GateRow(
+                    label,
+                    "A/B ratio",
+                    "fail",
+                    measured,
+                    band,
+                    interval.high - edge,
+                    f"candidate slower than the baseline: whole interval below the edge ({interval.n} "
+                    f"repeats){accepts}",
+                )
+            )
         else:
             why = (ab.get("stop") or {}).get("reason") or "the run stopped"
-            rows.append(GateRow(label, "A/B ratio", "inconclusive", measured, band, interval.low - edge,
-                                f"interval straddles the edge: {why}{accepts}"))
+            rows.append(
+                GateRow(
+                    label,
+                    "A/B ratio",
+                    "inconclusive",
+                    measured,
+                    band,
+                    interval.low - edge,
+                    f"interval straddles the edge: {why}{accepts}",
+                )
+            )
     return rows or [GateRow("-", "A/B ratio", "missing", "-", "-", None, "the report holds no A/B runs")]
 
 
@@ -265,14 +388,20 @@ def ab_verdict(rows: Sequence[GateRow]) -> dict:
     """``{"status": pass | fail | inconclusive, "reason"}`` for the report's banner."""
     failed = [r for r in rows if r.status == "fail"]
     if failed:
-        return {"status": "fail", "reason": f"A/B: candidate slower than the baseline on "
-                                            f"{', '.join(r.run for r in failed)}: ratio {failed[0].measured}, "
-                                            f"edge {failed[0].band}"}
+        return {
+            "status": "fail",
+            "reason": f"A/B: candidate slower than the baseline on "
+            f"{', '.join(r.run for r in failed)}: ratio {failed[0].measured}, "
+            f"edge {failed[0].band}",
+        }
     unsure = [r for r in rows if r.status in ("inconclusive", "missing")]
     if unsure:
         return {"status": "inconclusive", "reason": f"A/B: {unsure[0].run}: {unsure[0].message}"}
-    return {"status": "pass", "reason": "A/B: the candidate keeps the baseline's throughput on "
-                                        f"{', '.join(r.run for r in rows)} (ratio {rows[0].measured})"}
+    return {
+        "status": "pass",
+        "reason": "A/B: the candidate keeps the baseline's throughput on "
+        f"{', '.join(r.run for r in rows)} (ratio {rows[0].measured})",
+    }
 
 
 def exit_code(rows: Sequence[GateRow]) -> int:

@@ -22,8 +22,9 @@ from .tree_policy import PolicyDiagnosis, PolicyFinding
 __all__ = ["acceptance_depth_findings", "diagnose_acceptance"]
 
 
-def acceptance_depth_findings(results: Sequence[RequestResult], block: int | None,
-                              budget: int | None) -> list[PolicyFinding]:
+def acceptance_depth_findings(
+    results: Sequence[RequestResult], block: int | None, budget: int | None
+) -> list[PolicyFinding]:
     """What acceptance alone shows of the draft depth (module doc), and what the engine states of it
     (``engine_settings["draft_depth"]``). Per-depth acceptance is read only
     where a result has no per-round lengths; it has one entry per depth the engine drafts
@@ -42,14 +43,26 @@ def acceptance_depth_findings(results: Sequence[RequestResult], block: int | Non
     if longest > horizon + 1:
         shown.append(f"a round accepted {longest - 1} drafted tokens")
     if depths > horizon:
-        shown.append(f"per-depth acceptance is reported at {depths} depths"
-                     + (f", reaching depth {reached}" if reached > horizon else ""))
-    return [PolicyFinding("depth-beyond-block", f"drafts beyond the drafter's block ({'; '.join(shown)}; L = "
-                                                f"{horizon}): draft depth tied to the budget B = {budget}?")]
+        shown.append(
+            f"per-depth acceptance is reported at {depths} depths"
+            + (f", reaching depth {reached}" if reached > horizon else "")
+        )
+    return [
+        PolicyFinding(
+            "depth-beyond-block",
+            f"drafts beyond the drafter's block ({'; '.join(shown)}; L = "
+            f"{horizon}): draft depth tied to the budget B = {budget}?",
+        )
+    ]
 
 
-def diagnose_acceptance(run: str, results: Sequence[RequestResult], budget: int, block: int | None,
-                        match_policies: Callable[[], PolicyMatch] | None) -> PolicyDiagnosis:
+def diagnose_acceptance(
+    run: str,
+    results: Sequence[RequestResult],
+    budget: int,
+    block: int | None,
+    match_policies: Callable[[], PolicyMatch] | None,
+) -> PolicyDiagnosis:
     """Findings for one untraced run whose acceptance differs from the spec's (module doc).
     ``match_policies()`` compares the run with the reference under the known policies
     (:func:`~ddtree_conformance.policy_trees.match_on_rounds` or
@@ -61,10 +74,17 @@ def diagnose_acceptance(run: str, results: Sequence[RequestResult], budget: int,
     rounds = sum(len(r.acceptance_lengths or []) if per_round else (r.rounds or 0) for r in results)
     depths = max((len(r.per_position_acceptance or []) for r in results), default=0)
     longest = max((n for r in results for n in (r.acceptance_lengths or [])), default=0)
-    diag.row = {"run": run, "evidence": diag.source, "rounds": rounds or "-",
-                "depths reported": (f"{depths}" if depths else "-") + (f", longest round {longest}" if longest else "")
-                + (f" (L = {block - 1})" if block else ""),
-                "known policy matched": "-", "tau under each known policy": "-", "verdict": ""}
+    diag.row = {
+        "run": run,
+        "evidence": diag.source,
+        "rounds": rounds or "-",
+        "depths reported": (f"{depths}" if depths else "-")
+        + (f", longest round {longest}" if longest else "")
+        + (f" (L = {block - 1})" if block else ""),
+        "known policy matched": "-",
+        "tau under each known policy": "-",
+        "verdict": "",
+    }
     if match_policies is not None and not diag.findings and block:
         match = match_policies()
         diag.row["tau under each known policy"] = ", ".join(f"{n} {t:.3f}" for n, t in match.taus.items())

@@ -116,9 +116,11 @@ class BaselineEntry(_Model):
     speedup: Band | None = Field(default=None, description="null when the run measured no throughput")
     cost: CostBaseline | None = Field(default=None, description="the cost model's times; null without them")
     settings: dict[str, bool | int | float | str | None] | None = Field(
-        default=None, description="the engine settings that change speed, as the bench recorded them (CUDA graphs, "
-                                  "attention backend, overlap scheduling, dtype, ...); the gate refuses a report "
-                                  "whose settings differ. null: recorded by a suite that kept none")
+        default=None,
+        description="the engine settings that change speed, as the bench recorded them (CUDA graphs, "
+        "attention backend, overlap scheduling, dtype, ...); the gate refuses a report "
+        "whose settings differ. null: recorded by a suite that kept none",
+    )
     source: dict[str, Any] = Field(default_factory=dict, description="where the numbers came from")
 
     @property
@@ -183,8 +185,10 @@ def load_baselines(path: str | Path) -> BaselineFile:
     if raw.get("schema") != SCHEMA:
         raise BaselineError(f"{path}: field 'schema' is {raw.get('schema')!r}, expected {SCHEMA!r}")
     if raw.get("schema_version") != SCHEMA_VERSION:
-        raise BaselineError(f"{path}: field 'schema_version' is {raw.get('schema_version')!r}; "
-                            f"this suite reads version {SCHEMA_VERSION}")
+        raise BaselineError(
+            f"{path}: field 'schema_version' is {raw.get('schema_version')!r}; "
+            f"this suite reads version {SCHEMA_VERSION}"
+        )
     try:
         parsed = BaselineFile.model_validate(raw)
     except ValidationError as exc:
@@ -238,36 +242,46 @@ def entries_from_report(
         low = None if not speed else speed.get("ci_low")
         cm = run.get("cost_model") or {}
         ratio = (cm.get("step_over_round") or {}).get("estimate")
-        entries.append(BaselineEntry(
-            hardware_class=hw,
-            engine=settings.get("engine", "unknown"),
-            pair=settings.get("pair_name", "unknown"),
-            mode=run["mode"],
-            budget=run.get("budget") if run["mode"] == "ddtree" else None,
-            tau=Band(value=_r(run["tau"]), band=_up(run["tau"] * tau_band)),
-            per_position=PositionBand(values=[_r(v) for v in run.get("per_position", [])], band=position_band),
-            speedup=None if point is None else Band(
-                value=_r(point),
-                # never narrower than the baseline run's own CI: a band tighter than the noise
-                # would make the baseline's own engine fail
-                band=_up(max(point * speedup_band, point - (low if low is not None else 0.0)) + 1e-4)),
-            settings=report.get("bench", {}).get("engine_settings"),
-            cost=None if not ratio or ratio <= 0 else CostBaseline(
-                tau=_r(cm["tau"], 6) if cm.get("tau") else None, step_over_round=_r(ratio, 6),
-                step_s=_r(cm["step_s"], 9) if cm.get("step_s") else None,
-                round_s=_r(cm["round_s"], 9) if cm.get("round_s") else None,
-                clock=report.get("bench", {}).get("clock")),
-            source={
-                "report_created": report.get("created"),
-                "prompts": settings.get("prompt_set"),
-                "limit": settings.get("limit"),
-                "max_new_tokens": settings.get("max_new_tokens"),
-                "dtype": settings.get("dtype"),
-                "repeats": None if not speed else (speed.get("stop") or {}).get("repeats",
-                                                                                report.get("bench", {}).get("repeats")),
-                "speedup_cv": None if not speed else speed.get("cv"),
-            },
-        ))
+        entries.append(
+            BaselineEntry(
+                hardware_class=hw,
+                engine=settings.get("engine", "unknown"),
+                pair=settings.get("pair_name", "unknown"),
+                mode=run["mode"],
+                budget=run.get("budget") if run["mode"] == "ddtree" else None,
+                tau=Band(value=_r(run["tau"]), band=_up(run["tau"] * tau_band)),
+                per_position=PositionBand(values=[_r(v) for v in run.get("per_position", [])], band=position_band),
+                speedup=None
+                if point is None
+                else Band(
+                    value=_r(point),
+                    # never narrower than the baseline run's own CI: a band tighter than the noise
+                    # would make the baseline's own engine fail
+                    band=_up(max(point * speedup_band, point - (low if low is not None else 0.0)) + 1e-4),
+                ),
+                settings=report.get("bench", {}).get("engine_settings"),
+                cost=None
+                if not ratio or ratio <= 0
+                else CostBaseline(
+                    tau=_r(cm["tau"], 6) if cm.get("tau") else None,
+                    step_over_round=_r(ratio, 6),
+                    step_s=_r(cm["step_s"], 9) if cm.get("step_s") else None,
+                    round_s=_r(cm["round_s"], 9) if cm.get("round_s") else None,
+                    clock=report.get("bench", {}).get("clock"),
+                ),
+                source={
+                    "report_created": report.get("created"),
+                    "prompts": settings.get("prompt_set"),
+                    "limit": settings.get("limit"),
+                    "max_new_tokens": settings.get("max_new_tokens"),
+                    "dtype": settings.get("dtype"),
+                    "repeats": None
+                    if not speed
+                    else (speed.get("stop") or {}).get("repeats", report.get("bench", {}).get("repeats")),
+                    "speedup_cv": None if not speed else speed.get("cv"),
+                },
+            )
+        )
     return entries
 
 
@@ -290,12 +304,17 @@ def write_baselines(path: str | Path, baselines: BaselineFile, *, update: bool =
     old_text = path.read_text() if path.exists() else ""
     if path.exists():
         load_baselines(path)  # never silently replace a file we cannot read
-    diff = list(difflib.unified_diff(old_text.splitlines(), new_text.splitlines(),
-                                     fromfile=f"a/{path.name}" if old_text else "/dev/null",
-                                     tofile=f"b/{path.name}", lineterm=""))
+    diff = list(
+        difflib.unified_diff(
+            old_text.splitlines(),
+            new_text.splitlines(),
+            fromfile=f"a/{path.name}" if old_text else "/dev/null",
+            tofile=f"b/{path.name}",
+            lineterm="",
+        )
+    )
     if path.exists() and diff and not update:
-        exc = BaselineExists(f"{path} exists and would change ({len(diff)} diff lines); "
-                             f"pass --update to replace it")
+        exc = BaselineExists(f"{path} exists and would change ({len(diff)} diff lines); pass --update to replace it")
         exc.diff = diff
         raise exc
     if not diff:

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
+
 from ddtree_conformance.adapters.interface import Engine, Request, RequestResult, RunConfig
 
 from . import run as run_identity
@@ -135,12 +136,16 @@ def settings_warnings(settings: dict, device: str) -> list[str]:
     if device.startswith("cuda"):
         graphs = settings.get("cuda_graphs")
         if graphs is False:
-            out.append("eager-mode GPU run (cuda_graphs off): an eager decode loop is launch-bound and its host "
-                       "jitter hides regressions (one port's eager bench hid a 31.6 % loss); bench with CUDA graphs "
-                       "on, as the engine ships")
+            out.append(
+                "eager-mode GPU run (cuda_graphs off): an eager decode loop is launch-bound and its host "
+                "jitter hides regressions (one port's eager bench hid a 31.6 % loss); bench with CUDA graphs "
+                "on, as the engine ships"
+            )
         elif graphs is None:
-            out.append("the engine does not report whether it ran under CUDA graphs (engine_settings); an eager GPU "
-                       "bench is launch-bound and hides regressions")
+            out.append(
+                "the engine does not report whether it ran under CUDA graphs (engine_settings); an eager GPU "
+                "bench is launch-bound and hides regressions"
+            )
     return out
 
 
@@ -173,14 +178,18 @@ def run_bench(
     edges = {k: v for k, v in (edges or {}).items() if k in labels}
     arms = [Arm("plain", engine, make_config("plain", None))]
     arms += [Arm(label, engine, make_config(mode, budget)) for label, (mode, budget) in zip(labels, runs)]
-    streams = [Stream(label, ("plain", label), lambda rep, label=label: rep.sample(label)["speedup"],
-                      edges.get(label)) for label in labels]
+    streams = [
+        Stream(label, ("plain", label), lambda rep, label=label: rep.sample(label)["speedup"], edges.get(label))
+        for label in labels
+    ]
     measured = measure(arms, requests, streams, repeats=repeats, plan=plan, warmup=warmup, on_step=on_step, now=now)
-    report = _report(measured.history, measured.first, list(zip(labels, runs)), measured.stop, edges, plan,
-                     bool(edges), repeats)
+    report = _report(
+        measured.history, measured.first, list(zip(labels, runs)), measured.stop, edges, plan, bool(edges), repeats
+    )
     device = arms[0].config.device
-    busy = busy_shares(arms, requests[:1]) if (probe_busy if probe_busy is not None else device.startswith("cuda")) \
-        else {}
+    busy = (
+        busy_shares(arms, requests[:1]) if (probe_busy if probe_busy is not None else device.startswith("cuda")) else {}
+    )
     describe_settings(report, measured.settings, busy, device)
     return report
 
@@ -222,14 +231,23 @@ def describe_settings(report: dict, settings: dict[str, dict], busy: dict[str, f
 def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> dict:
     clocks = {t.clock for h in history for t in h.totals.values()}
     plain_runs = [h.totals["plain"] for h in history]
-    out_runs = [{
-        "mode": "plain", "budget": None, "label": "plain", "tau": 1.0, "tau_per_response_mean": 1.0,
-        "per_position": [], "histogram": {}, "rounds": sum(r.rounds or 0 for r in first["plain"]),
-        "aggregate_only": False, "tokens": plain_runs[0].tokens,
-        "tokens_per_s": [round(t.tokens / t.seconds, 3) for t in plain_runs],
-        "step_s": [t.seconds / t.tokens for t in plain_runs],
-        "cost_model": {"step_s": float(np.exp(np.mean(np.log([t.seconds / t.tokens for t in plain_runs]))))},
-    }]
+    out_runs = [
+        {
+            "mode": "plain",
+            "budget": None,
+            "label": "plain",
+            "tau": 1.0,
+            "tau_per_response_mean": 1.0,
+            "per_position": [],
+            "histogram": {},
+            "rounds": sum(r.rounds or 0 for r in first["plain"]),
+            "aggregate_only": False,
+            "tokens": plain_runs[0].tokens,
+            "tokens_per_s": [round(t.tokens / t.seconds, 3) for t in plain_runs],
+            "step_s": [t.seconds / t.tokens for t in plain_runs],
+            "cost_model": {"step_s": float(np.exp(np.mean(np.log([t.seconds / t.tokens for t in plain_runs]))))},
+        }
+    ]
     for label, (mode, budget) in methods:
         rows = [h.sample(label) for h in history[: stop[label]["repeats"]]]
         speedups = [row["speedup"] for row in rows]
@@ -244,13 +262,15 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
         taus = [row["tau"] for row in rows]
         totals = [h.totals[label] for h in history[: len(rows)]]
         entry = {
-            "mode": mode, "budget": budget, "label": label,
+            "mode": mode,
+            "budget": budget,
+            "label": label,
             **acceptance_summary(first[label]),
             "tokens": totals[0].tokens,
             "tokens_per_s": [round(t.tokens / t.seconds, 3) for t in totals],
             "cost_model": {
                 "definition": "speedup = tau x step / round; tau = decode tokens / rounds, step = plain decode s "
-                              "/ plain decode tokens, round = decode s / rounds",
+                "/ plain decode tokens, round = decode s / rounds",
                 "tau": float(np.mean(taus)) if all(row["rounds_reported"] for row in rows) else None,
                 "tau_constant": max(taus) - min(taus) <= 1e-9 * max(taus),
                 "step_s": float(np.exp(np.mean(np.log([row["step_s"] for row in rows])))),
@@ -286,9 +306,16 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
         "speedup_definition": "tau x (plain step time / round time) per repeat; geometric mean over repeats",
         "ci": f"{METHOD}; {SPENDING}" if sequential else f"{METHOD}; one look at alpha {plan.alpha}",
         "sequential": sequential,
-        "plan": {"alpha": plan.alpha, "min_repeats": plan.min_repeats, "max_repeats": plan.max_repeats,
-                 "time_budget_s": plan.time_budget_s, "growth": plan.growth, "looks": list(plan.looks())}
-        if sequential else {"alpha": plan.alpha, "repeats": repeats},
+        "plan": {
+            "alpha": plan.alpha,
+            "min_repeats": plan.min_repeats,
+            "max_repeats": plan.max_repeats,
+            "time_budget_s": plan.time_budget_s,
+            "growth": plan.growth,
+            "looks": list(plan.looks()),
+        }
+        if sequential
+        else {"alpha": plan.alpha, "repeats": repeats},
         "tau_definition": "pooled: generated tokens / verification rounds over all prompts, bonus included",
         "requests": len(first["plain"]),
     }
@@ -301,7 +328,12 @@ def _round(x: float | None, digits: int = 6) -> float | None:
 
 def _interval(samples: list[float], alpha_k: float) -> dict:
     if len(samples) < 2:  # no interval from one sample: the gate reads it as inconclusive
-        return {"estimate": float(samples[0]), "ci_low": None, "ci_high": None, "confidence": 1 - alpha_k,
-                "n": len(samples)}
+        return {
+            "estimate": float(samples[0]),
+            "ci_low": None,
+            "ci_high": None,
+            "confidence": 1 - alpha_k,
+            "n": len(samples),
+        }
     iv: Interval = ratio_interval(samples, alpha_k)
     return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in iv.as_dict().items()}

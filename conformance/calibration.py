@@ -3,7 +3,8 @@ drafter tolerance; where the values come from and how each is derived.
 
 Source. Calibration values come only from the pair's own manifest, ``<pair dir>/MANIFEST.json``
 (the pair dir is the target dir's parent), key ``near_tie_calibration``; nothing else beside the
-model is read. :func:`ddtree_conformance.calibrate.calibrate` (``scripts/calibrate_near_tie.py``) writes the raw measurements
+model is read. :func:`ddtree_conformance.calibrate.calibrate` (``scripts/calibrate_near_tie.py``) writes the raw
+measurements
 there, one entry per ``<dtype>@<device kind>``; every number used is derived from them here, at
 load, and range-checked: a derived bound above :data:`MAX_BOUND` (or a drafter tolerance above
 :data:`MAX_DRAFTER_TOLERANCE`) is refused with a :class:`CalibrationError` naming the file and
@@ -65,9 +66,20 @@ from functools import lru_cache
 from pathlib import Path
 
 __all__ = [
-    "ALPHA", "DEFAULT_BOUND", "MAX_BOUND", "MAX_DRAFTER_TOLERANCE", "FP32_DRAFTER_TOLERANCE", "FP32_TIE", "DRAFTER_TOP",
-    "CalibrationError", "Calibration", "manifest_path", "load_calibration", "calibration_from_manifest",
-    "near_tie_bound", "shift_thresholds",
+    "ALPHA",
+    "DEFAULT_BOUND",
+    "MAX_BOUND",
+    "MAX_DRAFTER_TOLERANCE",
+    "FP32_DRAFTER_TOLERANCE",
+    "FP32_TIE",
+    "DRAFTER_TOP",
+    "CalibrationError",
+    "Calibration",
+    "manifest_path",
+    "load_calibration",
+    "calibration_from_manifest",
+    "near_tie_bound",
+    "shift_thresholds",
 ]
 
 ALPHA = 1e-3
@@ -146,7 +158,9 @@ class Calibration:
     def describe(self) -> str:
         if self.exact:
             return "float32: exact"
-        return f"{self.dtype} bound {self.bound:.3g} nats, drafter tolerance {self.drafter_tolerance:.3g} ({self.source})"
+        return (
+            f"{self.dtype} bound {self.bound:.3g} nats, drafter tolerance {self.drafter_tolerance:.3g} ({self.source})"
+        )
 
 
 def manifest_path(model_dir: str | Path) -> Path:
@@ -160,12 +174,16 @@ def _check_weights(manifest: dict, pair_dir: Path, path: Path) -> None:
     if not entry or not weights.is_file():
         return
     if weights.stat().st_size != entry.get("bytes"):
-        raise CalibrationError(f"{path}: files.target/model.safetensors lists {entry.get('bytes')} bytes, the target "
-                               f"weights have {weights.stat().st_size}: this calibration is for other weights")
+        raise CalibrationError(
+            f"{path}: files.target/model.safetensors lists {entry.get('bytes')} bytes, the target "
+            f"weights have {weights.stat().st_size}: this calibration is for other weights"
+        )
     digest = hashlib.sha256(weights.read_bytes()).hexdigest()
     if digest != entry.get("sha256"):
-        raise CalibrationError(f"{path}: files.target/model.safetensors sha256 differs from the target weights: "
-                               "this calibration is for other weights")
+        raise CalibrationError(
+            f"{path}: files.target/model.safetensors sha256 differs from the target weights: "
+            "this calibration is for other weights"
+        )
 
 
 def _number(value, path: Path, field: str, low: float, high: float) -> float:
@@ -187,16 +205,24 @@ def calibration_from_manifest(path: Path, raw: bytes | None, dtype: str) -> Cali
     (None: there is no manifest); a copy held in memory is parsed the same way as the file."""
     if dtype == "float32":
         return Calibration("float32", 0.0, FP32_DRAFTER_TOLERANCE, 0, (), "exact", 0.0)
-    default = Calibration(dtype, DEFAULT_BOUND, DEFAULT_DRAFTER_TOLERANCE, 0, (),
-                          f"uncalibrated: no {KEY} for {dtype} in {path}; default bound", DEFAULT_DRAFTER_FLIP_RATE,
-                          DEFAULT_DRAFTER_FLIP_RATE / 4)
+    default = Calibration(
+        dtype,
+        DEFAULT_BOUND,
+        DEFAULT_DRAFTER_TOLERANCE,
+        0,
+        (),
+        f"uncalibrated: no {KEY} for {dtype} in {path}; default bound",
+        DEFAULT_DRAFTER_FLIP_RATE,
+        DEFAULT_DRAFTER_FLIP_RATE / 4,
+    )
     if raw is None:
         return default
     try:
         manifest = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep, an integer too long
-        raise CalibrationError(f"{path}: not a readable JSON manifest ({type(exc).__name__}: "
-                               f"{' '.join(str(exc).split())[:160]})") from None
+        raise CalibrationError(
+            f"{path}: not a readable JSON manifest ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
+        ) from None
     data = manifest.get(KEY) if isinstance(manifest, dict) else None
     if data is None:
         return default
@@ -214,19 +240,26 @@ def calibration_from_manifest(path: Path, raw: bytes | None, dtype: str) -> Cali
             raise CalibrationError(f"{path}: field {KEY}.measured.{key} must be an object")
         shift = _number(entry.get("max_shift"), path, f"measured.{key}.max_shift", 0.0, MAX_BOUND / 2)
         if "drafter_max_shift" in entry:
-            drafter = _number(entry["drafter_max_shift"], path, f"measured.{key}.drafter_max_shift", 0.0,
-                              MAX_DRAFTER_TOLERANCE / 2)
+            drafter = _number(
+                entry["drafter_max_shift"], path, f"measured.{key}.drafter_max_shift", 0.0, MAX_DRAFTER_TOLERANCE / 2
+            )
             tolerance = max(tolerance or 0.0, 2 * drafter)
         positions = int(_number(entry.get("positions"), path, f"measured.{key}.positions", 1, 1e9))
         tail = entry.get("shift_tail", [])
         if not isinstance(tail, list):
-            raise CalibrationError(f"{path}: field {KEY}.measured.{key}.shift_tail must be a list of [threshold, count]")
+            raise CalibrationError(
+                f"{path}: field {KEY}.measured.{key}.shift_tail must be a list of [threshold, count]"
+            )
         pairs = []
         for i, item in enumerate(tail):
             if not (isinstance(item, list) and len(item) == 2):
                 raise CalibrationError(f"{path}: field {KEY}.measured.{key}.shift_tail.{i} must be [threshold, count]")
-            pairs.append((_number(item[0], path, f"measured.{key}.shift_tail.{i}", 0.0, 100.0),
-                          int(_number(item[1], path, f"measured.{key}.shift_tail.{i}", 0, positions))))
+            pairs.append(
+                (
+                    _number(item[0], path, f"measured.{key}.shift_tail.{i}", 0.0, 100.0),
+                    int(_number(item[1], path, f"measured.{key}.shift_tail.{i}", 0, positions)),
+                )
+            )
         bound = max(bound, 2 * shift)
         if "drafter_rounds" in entry:
             rounds = int(_number(entry["drafter_rounds"], path, f"measured.{key}.drafter_rounds", 1, 1e9))
@@ -240,9 +273,16 @@ def calibration_from_manifest(path: Path, raw: bytes | None, dtype: str) -> Cali
     tolerance = DEFAULT_DRAFTER_TOLERANCE if tolerance is None else tolerance
     flip_rate = DEFAULT_DRAFTER_FLIP_RATE if flip_rate is None else flip_rate
     measured_rate = DEFAULT_DRAFTER_FLIP_RATE / 4 if measured_rate is None else measured_rate
-    return Calibration(dtype, round(bound, 6), round(tolerance, 6), positions, tail,
-                       f"calibrated on {', '.join(sorted(entries))}, {path.parent.name}/MANIFEST.json", flip_rate,
-                       measured_rate)
+    return Calibration(
+        dtype,
+        round(bound, 6),
+        round(tolerance, 6),
+        positions,
+        tail,
+        f"calibrated on {', '.join(sorted(entries))}, {path.parent.name}/MANIFEST.json",
+        flip_rate,
+        measured_rate,
+    )
 
 
 @lru_cache(maxsize=4096)

@@ -48,18 +48,32 @@ def counts_of(results: Sequence[CheckResult]) -> dict[str, int]:
     return counts
 
 
-def finish_check_report(partial: dict[str, Any], entries: Sequence[Entry], *, allow_skip: Sequence[str] = (),
-                        flag_prefix: str = "--", runs: list | None = None, engine: dict | None = None,
-                        elapsed_s: float | None = None,
-                        engine_failure: tuple[str, str] | None = None) -> tuple[dict[str, Any], Coverage, dict]:
+def finish_check_report(
+    partial: dict[str, Any],
+    entries: Sequence[Entry],
+    *,
+    allow_skip: Sequence[str] = (),
+    flag_prefix: str = "--",
+    runs: list | None = None,
+    engine: dict | None = None,
+    elapsed_s: float | None = None,
+    engine_failure: tuple[str, str] | None = None,
+) -> tuple[dict[str, Any], Coverage, dict]:
     """The complete check report, its coverage and its verdict. ``engine_failure``: (message, log tail)."""
     results = [e.result for e in entries]
     cover = coverage(entries, allow_skip, flag=f"{flag_prefix}allow-skip")
     found = verdict(results, cover, engine_failure[0] if engine_failure else None)
     report = dict(partial)
     report.pop("partial", None)
-    report.update({"counts": counts_of(results), "results": [r.model_dump() for r in results], "runs": runs or [],
-                   "coverage": cover.as_dict(), "verdict": found})
+    report.update(
+        {
+            "counts": counts_of(results),
+            "results": [r.model_dump() for r in results],
+            "runs": runs or [],
+            "coverage": cover.as_dict(),
+            "verdict": found,
+        }
+    )
     if engine is not None:
         report["engine"] = engine
     if elapsed_s is not None:

@@ -24,8 +24,17 @@ from .checks import plan
 from .checks.result import CheckResult
 from .settings import SettingsError, SuiteSettings
 
-__all__ = ["Entry", "FamilyRow", "Gap", "Coverage", "coverage", "verdict", "check_allow_skip", "MODE_NAMES",
-           "EVIDENCE_KEYS"]
+__all__ = [
+    "Entry",
+    "FamilyRow",
+    "Gap",
+    "Coverage",
+    "coverage",
+    "verdict",
+    "check_allow_skip",
+    "MODE_NAMES",
+    "EVIDENCE_KEYS",
+]
 
 MODE_NAMES = {"plain": "plain decoding", "dflash": "DFlash", "ddtree": "DDTree"}
 EVIDENCE_KEYS = ("requests", "prompts", "tokens", "rounds", "nodes")
@@ -161,8 +170,11 @@ def verdict(results: Sequence[CheckResult], cover: Coverage, engine_failure: str
     if engine_failure:
         return {"status": "fail", "reason": f"the engine failed: {engine_failure}"}
     if failed:
-        return {"status": "fail", "reason": f"{len(failed)} of {len(results)} checks failed; first: "
-                                            f"{failed[0].check}: {' '.join(failed[0].message.split())[:300]}"}
+        return {
+            "status": "fail",
+            "reason": f"{len(failed)} of {len(results)} checks failed; first: "
+            f"{failed[0].check}: {' '.join(failed[0].message.split())[:300]}",
+        }
     if not cover.complete:
         return {"status": "incomplete", "reason": cover.reason()}
     allowed = f"; allowed to skip: {', '.join(cover.allow_skip)}" if cover.allowed else ""
@@ -179,5 +191,7 @@ def check_allow_skip(settings: SuiteSettings, flag_prefix: str = "--") -> None:
     known = {c.family for c in plan(settings.model_copy(update={"checks": None}))} | {"dflash", "ddtree"}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise SettingsError(f"{flag_prefix}allow-skip {','.join(unknown)}: not a check family or mode; known: "
-                            f"{', '.join(sorted(known))}")
+        raise SettingsError(
+            f"{flag_prefix}allow-skip {','.join(unknown)}: not a check family or mode; known: "
+            f"{', '.join(sorted(known))}"
+        )

@@ -58,8 +58,10 @@ def detectable(family: str, details: dict) -> str | None:
     scoring = details.get("scoring") or {}
     if family == "sampling" and details.get("transitions"):
         w = chi2_detectable_w(details["transitions"], details.get("dof", 0), details.get("alpha", 1e-3))
-        return (f"{details['transitions']:,} sampled transitions: a transition distribution {w:.3g} (Cohen's w) or "
-                f"more from the request's shows with {POWER:.0%}")
+        return (
+            f"{details['transitions']:,} sampled transitions: a transition distribution {w:.3g} (Cohen's w) or "
+            f"more from the request's shows with {POWER:.0%}"
+        )
     if family == "acceptance" and details.get("rounds"):
         return _rate(int(details["rounds"]), "replayed rounds") + " (a wrong acceptance length)"
     if family == "branch-vs-chain" and details.get("nodes"):
@@ -68,8 +70,10 @@ def detectable(family: str, details: dict) -> str | None:
         line = _rate(int(scoring["positions"]), "output positions") + " (a token outside the near-tie bound)"
         ceiling, expected = scoring.get("ceiling"), scoring.get("expected_excused")
         if ceiling and expected is not None:
-            line += (f"; a bias within the bound shows once it adds about {max(1, round(ceiling - expected))} "
-                     f"excused positions (ceiling {ceiling})")
+            line += (
+                f"; a bias within the bound shows once it adds about {max(1, round(ceiling - expected))} "
+                f"excused positions (ceiling {ceiling})"
+            )
         return line
     if details.get("compared"):
         return _rate(int(details["compared"]), "compared outputs") + " (an output that differs)"

@@ -117,8 +117,9 @@ def parse_json_object(raw: bytes, path: str | Path, error: type[Exception], what
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise error(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
-                    f"is it a {what}?") from None
+        raise error(
+            f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); is it a {what}?"
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -33,8 +33,18 @@ from dataclasses import asdict, dataclass
 from .baselines import BaselineEntry, BaselineFile
 from .sequential import DEFAULT_ALPHA, Interval, detectable_drop, look_alpha, planned_looks, ratio_interval, verdict
 
-__all__ = ["EXIT_PASS", "EXIT_REGRESSION", "EXIT_INCONCLUSIVE", "EXIT_MISSING", "EXIT_SETTINGS_CHANGED", "GateRow",
-           "evaluate", "exit_code", "settings_conflict", "speedup_interval"]
+__all__ = [
+    "EXIT_PASS",
+    "EXIT_REGRESSION",
+    "EXIT_INCONCLUSIVE",
+    "EXIT_MISSING",
+    "EXIT_SETTINGS_CHANGED",
+    "GateRow",
+    "evaluate",
+    "exit_code",
+    "settings_conflict",
+    "speedup_interval",
+]
 
 EXIT_PASS = 0
 EXIT_REGRESSION = 1
@@ -97,8 +107,7 @@ def speedup_interval(sp: dict) -> Interval | None:
         return None if samples is None else ratio_interval(samples, _level(sp, len(samples)))
     point = sp.get("estimate", sp.get("median"))
     if all(isinstance(sp.get(k), (int, float)) for k in ("ci_low", "ci_high")) and isinstance(point, (int, float)):
-        return Interval(float(point), float(sp["ci_low"]), float(sp["ci_high"]), float(sp.get("confidence", 0.95)),
-                        0)
+        return Interval(float(point), float(sp["ci_low"]), float(sp["ci_high"]), float(sp.get("confidence", 0.95)), 0)
     return None
 
 
@@ -121,22 +130,31 @@ def cost_view(run: dict, base: BaselineEntry, sp: dict) -> tuple[dict, str]:
     if isinstance(tau, (int, float)) and tau0 > 0:
         details["tau_change"] = tau / tau0 - 1
         details["accepts_less"] = tau < tau0 * (1 - 1e-4)  # baselines keep a few decimals
-        parts.append(("accepts less" if details["accepts_less"] else "accepts as much") +
-                     f": tau {tau:.3f} vs {tau0:.3f} ({_pct(details['tau_change'])})")
+        parts.append(
+            ("accepts less" if details["accepts_less"] else "accepts as much")
+            + f": tau {tau:.3f} vs {tau0:.3f} ({_pct(details['tau_change'])})"
+        )
     ratios = _positive_samples((cm.get("step_over_round") or {}).get("samples"))
     if ratios is not None and cost is not None:
         iv = ratio_interval(ratios, _level(sp, len(ratios)))
         c0 = cost.step_over_round
-        details.update({"step_over_round": iv.estimate, "step_over_round_ci": [iv.low, iv.high],
-                        "step_over_round_baseline": c0,
-                        "round_cost_change": c0 / iv.estimate - 1,
-                        "round_cost_change_ci": [c0 / iv.high - 1, c0 / iv.low - 1]})
+        details.update(
+            {
+                "step_over_round": iv.estimate,
+                "step_over_round_ci": [iv.low, iv.high],
+                "step_over_round_baseline": c0,
+                "round_cost_change": c0 / iv.estimate - 1,
+                "round_cost_change_ci": [c0 / iv.high - 1, c0 / iv.low - 1],
+            }
+        )
         details["costs_more"] = iv.high < c0
         details["costs_less"] = iv.low > c0
         lo, hi = details["round_cost_change_ci"]
         word = "costs more" if details["costs_more"] else "costs less" if details["costs_less"] else "costs the same"
-        parts.append(f"{word}: round time in plain steps {_pct(details['round_cost_change'])} "
-                     f"[{_pct(lo)}, {_pct(hi)}] vs baseline")
+        parts.append(
+            f"{word}: round time in plain steps {_pct(details['round_cost_change'])} "
+            f"[{_pct(lo)}, {_pct(hi)}] vs baseline"
+        )
     elif cost is None:
         parts.append("no cost baseline (re-record the baseline with this suite)")
     else:
@@ -151,36 +169,78 @@ def _speedup_row(label: str, run: dict, entry: BaselineEntry) -> GateRow:
         return GateRow(label, "speedup", "missing", "-", "-", None, "baseline has no speedup for this run")
     band = f">= {base.lower:.3f} ({base.value:.3f} - {base.band:.3f})"
     if not sp:
-        return GateRow(label, "speedup", "missing", "-", band, None,
-                       "report has no throughput measurement (run `bench`)")
+        return GateRow(
+            label, "speedup", "missing", "-", band, None, "report has no throughput measurement (run `bench`)"
+        )
     interval = speedup_interval(sp)
     if interval is None:
-        return GateRow(label, "speedup", "inconclusive", "-", band, None,
-                       "fewer than two usable per-repeat samples: no interval (run `bench` with more repeats)")
+        return GateRow(
+            label,
+            "speedup",
+            "inconclusive",
+            "-",
+            band,
+            None,
+            "fewer than two usable per-repeat samples: no interval (run `bench` with more repeats)",
+        )
     details, view = cost_view(run, entry, sp)
     if entry.settings is None:
-        view += "; the baseline records no engine settings (an older suite): re-record it so that a settings change " \
-                "is refused"
-    details["interval"] = {"estimate": interval.estimate, "low": interval.low, "high": interval.high,
-                           "confidence": interval.level, "n": interval.n}
+        view += (
+            "; the baseline records no engine settings (an older suite): re-record it so that a settings change "
+            "is refused"
+        )
+    details["interval"] = {
+        "estimate": interval.estimate,
+        "low": interval.low,
+        "high": interval.high,
+        "confidence": interval.level,
+        "n": interval.n,
+    }
     samples = _positive_samples(sp.get("samples"))
-    mde = None if samples is None or base.value <= 0 else detectable_drop(
-        samples, _level(sp, len(samples)), base.band / base.value)
+    mde = (
+        None
+        if samples is None or base.value <= 0
+        else detectable_drop(samples, _level(sp, len(samples)), base.band / base.value)
+    )
     details["mde"] = mde
     noise = "" if mde is None else f"; MDE {100 * mde:.1f} % below the baseline (this run's noise, 80 % power)"
     stop = sp.get("stop") or {}
     measured = f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
     found = verdict(interval, base.lower)
     if found == "pass":
-        return GateRow(label, "speedup", "pass", measured, band, interval.low - base.lower,
-                       f"whole interval at or above the band ({interval.n} repeats){noise}; {view}", details)
+        return GateRow(
+            label,
+            "speedup",
+            "pass",
+            measured,
+            band,
+            interval.low - base.lower,
+            f"whole interval at or above the band ({interval.n} repeats){noise}; {view}",
+            details,
+        )
     if found == "regression":
-        return GateRow(label, "speedup", "fail", measured, band, interval.high - base.lower,
-                       f"whole interval below the band ({interval.n} repeats){noise}; {view}", details)
+        return GateRow(
+            label,
+            "speedup",
+            "fail",
+            measured,
+            band,
+            interval.high - base.lower,
+            f"whole interval below the band ({interval.n} repeats){noise}; {view}",
+            details,
+        )
     why = stop.get("reason") or "the run stopped"
     hint = "" if sp.get("sequential") else "; run `bench --baselines` to repeat until the interval decides"
-    return GateRow(label, "speedup", "inconclusive", measured, band, interval.low - base.lower,
-                   f"interval straddles the lower band edge: {why}{hint}{noise}; {view}", details)
+    return GateRow(
+        label,
+        "speedup",
+        "inconclusive",
+        measured,
+        band,
+        interval.low - base.lower,
+        f"interval straddles the lower band edge: {why}{hint}{noise}; {view}",
+        details,
+    )
 
 
 def settings_conflict(recorded: dict | None, measured: dict | None) -> str | None:
@@ -200,9 +260,12 @@ def settings_conflict(recorded: dict | None, measured: dict | None) -> str | Non
             problems.append(f"{key} {measured[key]!r} (baseline {recorded[key]!r})")
     if not problems:
         return None
-    return ("engine settings differ from the baseline's: " + "; ".join(problems) +
-            ". Not compared: re-run with the baseline's settings, or record a new baseline (`baseline --update`) "
-            "if the change is meant")
+    return (
+        "engine settings differ from the baseline's: "
+        + "; ".join(problems)
+        + ". Not compared: re-run with the baseline's settings, or record a new baseline (`baseline --update`) "
+        "if the change is meant"
+    )
 
 
 def evaluate(report: dict, baselines: BaselineFile | None, hw_class: str) -> list[GateRow]:
@@ -218,14 +281,32 @@ def evaluate(report: dict, baselines: BaselineFile | None, hw_class: str) -> lis
         label = run.get("label") or (run["mode"] if run.get("budget") is None else f"{run['mode']}-B{run['budget']}")
         base = baselines.find(hw_class, engine, pair, run["mode"], run.get("budget")) if baselines else None
         if base is None:
-            rows.append(GateRow(label, "all", "missing", "-", "-", None,
-                                f"no baseline for ({hw_class}, {engine}, {pair}, {run['mode']}, {run.get('budget')})"))
+            rows.append(
+                GateRow(
+                    label,
+                    "all",
+                    "missing",
+                    "-",
+                    "-",
+                    None,
+                    f"no baseline for ({hw_class}, {engine}, {pair}, {run['mode']}, {run.get('budget')})",
+                )
+            )
             continue
         conflict = settings_conflict(base.settings, measured_settings)
         if conflict:
             shown = ", ".join(f"{k}={v}" for k, v in sorted((measured_settings or {}).items()))
-            rows.append(GateRow(label, "settings", "refused", shown or "-",
-                                ", ".join(f"{k}={v}" for k, v in sorted(base.settings.items())), None, conflict))
+            rows.append(
+                GateRow(
+                    label,
+                    "settings",
+                    "refused",
+                    shown or "-",
+                    ", ".join(f"{k}={v}" for k, v in sorted(base.settings.items())),
+                    None,
+                    conflict,
+                )
+            )
             continue
         tau = run.get("tau")
         band = f">= {base.tau.lower:.3f} ({base.tau.value:.3f} - {base.tau.band:.3f})"
@@ -233,13 +314,31 @@ def evaluate(report: dict, baselines: BaselineFile | None, hw_class: str) -> lis
             rows.append(GateRow(label, "tau", "missing", "-", band, None, "report has no tau"))
         else:
             margin = tau - base.tau.lower
-            rows.append(GateRow(label, "tau", "pass" if margin >= 0 else "fail", f"{tau:.3f}", band, margin,
-                                f"{100 * (tau / base.tau.value - 1):+.1f} % vs baseline"))
+            rows.append(
+                GateRow(
+                    label,
+                    "tau",
+                    "pass" if margin >= 0 else "fail",
+                    f"{tau:.3f}",
+                    band,
+                    margin,
+                    f"{100 * (tau / base.tau.value - 1):+.1f} % vs baseline",
+                )
+            )
         floors = base.per_position.floors
         pos = run.get("per_position") or []
         if floors and not pos:
-            rows.append(GateRow(label, "per-position", "missing", "-", f"floors d=1..{len(floors)}", None,
-                                "report has no per-position acceptance"))
+            rows.append(
+                GateRow(
+                    label,
+                    "per-position",
+                    "missing",
+                    "-",
+                    f"floors d=1..{len(floors)}",
+                    None,
+                    "report has no per-position acceptance",
+                )
+            )
         elif floors:
             margins = [(pos[d] if d < len(pos) else 0.0) - f for d, f in enumerate(floors)]
             # judge the worst depth among those with a non-zero floor (deep depths floor at 0)
@@ -248,10 +347,17 @@ def evaluate(report: dict, baselines: BaselineFile | None, hw_class: str) -> lis
             got = pos[worst] if worst < len(pos) else 0.0
             status = "pass" if margins[worst] >= 0 else "fail"
             below = sum(m < 0 for m in margins)
-            rows.append(GateRow(label, "per-position", status, f"d={worst + 1}: {got:.3f}",
-                                f"d={worst + 1}: >= {floors[worst]:.3f} (band {base.per_position.band:.3f})",
-                                margins[worst],
-                                f"worst depth of {len(floors)}" + (f"; {below} below floor" if below else "")))
+            rows.append(
+                GateRow(
+                    label,
+                    "per-position",
+                    status,
+                    f"d={worst + 1}: {got:.3f}",
+                    f"d={worst + 1}: >= {floors[worst]:.3f} (band {base.per_position.band:.3f})",
+                    margins[worst],
+                    f"worst depth of {len(floors)}" + (f"; {below} below floor" if below else ""),
+                )
+            )
         rows.append(_speedup_row(label, run, base))
     return rows
 

@@ -21,8 +21,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from . import __version__
 from .files import atomic_write, parse_json_object, read_json_object
-from .run import Run
 from .metrics import mean_tau
+from .run import Run
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -82,8 +82,10 @@ def golden_path(golden_dir: str | Path, pair: str, prompt_set: str, dtype: str) 
     stem = Path(str(prompt_set)).stem  # a file name: no separators left
     for what, value in (("pair name", pair), ("dtype", dtype)):
         if not isinstance(value, str) or not _NAME.fullmatch(value) or ".." in value:
-            raise GoldenError(f"{what} {value!r} cannot name a golden file under {golden_dir} (letters, digits, "
-                              "'.', '_', '-'; no '..')")
+            raise GoldenError(
+                f"{what} {value!r} cannot name a golden file under {golden_dir} (letters, digits, "
+                "'.', '_', '-'; no '..')"
+            )
     if not stem.strip():
         raise GoldenError(f"prompt set {prompt_set!r} has no name to key a golden file by")
     folder = Path(golden_dir) / pair
@@ -130,10 +132,14 @@ def diff_golden(old: GoldenFile | None, new: GoldenFile) -> list[str]:
     for pid in sorted(set(old.records) & set(new.records)):
         a, b = old.records[pid], new.records[pid]
         if a.output_ids != b.output_ids:
-            pos = next((i for i, (x, y) in enumerate(zip(a.output_ids, b.output_ids)) if x != y),
-                       min(len(a.output_ids), len(b.output_ids)))
-            lines.append(f"~ {pid}: output changes at token {pos}: "
-                         f"{a.output_ids[pos:pos + 5]} -> {b.output_ids[pos:pos + 5]}")
+            pos = next(
+                (i for i, (x, y) in enumerate(zip(a.output_ids, b.output_ids)) if x != y),
+                min(len(a.output_ids), len(b.output_ids)),
+            )
+            lines.append(
+                f"~ {pid}: output changes at token {pos}: "
+                f"{a.output_ids[pos : pos + 5]} -> {b.output_ids[pos : pos + 5]}"
+            )
         for key in sorted(set(a.acceptance) | set(b.acceptance)):
             if a.acceptance.get(key) != b.acceptance.get(key):
                 old_tau = mean_tau([a.acceptance.get(key, [])])
@@ -167,8 +173,14 @@ def golden_losses(old: GoldenFile, prompt_ids, keys, max_new_tokens: int) -> lis
     return losses
 
 
-def write_golden(golden_dir: str | Path, golden: GoldenFile, *, update: bool = False, replace: bool = False,
-                 warn: Callable[[str], None] | None = None) -> tuple[Path, list[str]]:
+def write_golden(
+    golden_dir: str | Path,
+    golden: GoldenFile,
+    *,
+    update: bool = False,
+    replace: bool = False,
+    warn: Callable[[str], None] | None = None,
+) -> tuple[Path, list[str]]:
     """Write atomically; refuse to replace an existing file unless ``update`` (or ``replace``), and to drop
     what it holds (:func:`golden_losses`) unless ``replace``. Returns the diff.
 
@@ -191,8 +203,10 @@ def write_golden(golden_dir: str | Path, golden: GoldenFile, *, update: bool = F
 
 
 def refusal(path: Path, losses: list[str]) -> str:
-    return (f"{path}: the update would drop {'; '.join(losses)}; record with the file's prompts, budgets and "
-            f"--max-new-tokens, or pass --replace to drop them")
+    return (
+        f"{path}: the update would drop {'; '.join(losses)}; record with the file's prompts, budgets and "
+        f"--max-new-tokens, or pass --replace to drop them"
+    )
 
 
 def record_golden(session, budgets: list[int], progress=None) -> GoldenFile:
@@ -206,8 +220,11 @@ def record_golden(session, budgets: list[int], progress=None) -> GoldenFile:
         if result.error:
             raise GoldenError(f"cannot record: plain run failed on {prompt.id}: {result.error.splitlines()[0]}")
     records = {
-        p.id: GoldenRecord(prompt_ids=p.prompt_ids, output_ids=r.output_ids,
-                           top2_gaps=[round(g, 6) for g in session.scorer.gaps(p.prompt_ids, r.output_ids)])
+        p.id: GoldenRecord(
+            prompt_ids=p.prompt_ids,
+            output_ids=r.output_ids,
+            top2_gaps=[round(g, 6) for g in session.scorer.gaps(p.prompt_ids, r.output_ids)],
+        )
         for p, r in zip(session.prompts, plain)
     }
     for run in [Run("dflash")] + [Run("ddtree", b) for b in budgets]:

@@ -27,8 +27,9 @@ HELD_OUT_CATEGORY = "held-out"
 OPENING_TOKENS = (1, 8)  # a held-out prompt opens with 1..8 tokens of a bundled prompt
 
 
-def held_out_prompts(logits_fn, bundled: Sequence[Prompt], count: int, seed: int,
-                     max_length: int | None = None) -> list[Prompt]:
+def held_out_prompts(
+    logits_fn, bundled: Sequence[Prompt], count: int, seed: int, max_length: int | None = None
+) -> list[Prompt]:
     """``count`` prompts drawn from the target (``logits_fn``: token ids -> ``[T, V]`` logits) as the
     module doc says; ids ``held-out-<seed>-<i>``. ``max_length`` caps a prompt's length (the context
     left after the run's new tokens)."""
@@ -48,6 +49,12 @@ def held_out_prompts(logits_fn, bundled: Sequence[Prompt], count: int, seed: int
         while len(ids) < length:
             logits = logits_fn(ids)[-1].float().cpu()
             ids.append(int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)))
-        out.append(Prompt(id=f"held-out-{seed}-{i}", category=HELD_OUT_CATEGORY, prompt_ids=ids,
-                          meta={"seed": seed, "opening": opening}))
+        out.append(
+            Prompt(
+                id=f"held-out-{seed}-{i}",
+                category=HELD_OUT_CATEGORY,
+                prompt_ids=ids,
+                meta={"seed": seed, "opening": opening},
+            )
+        )
     return out

@@ -51,8 +51,9 @@ def pair_limits(model_dir: str | Path) -> ContextLimits:
     raw = read_json_object(source, SettingsError, "model config")
     text = raw.get("text_config")  # multimodal configs keep the language model's fields there
     fields = text if isinstance(text, dict) and "vocab_size" not in raw else raw
-    return ContextLimits(source, _positive(fields, "vocab_size", source),
-                         _positive(fields, "max_position_embeddings", source))
+    return ContextLimits(
+        source, _positive(fields, "vocab_size", source), _positive(fields, "max_position_embeddings", source)
+    )
 
 
 def _lines(path: Path) -> list[int]:
@@ -61,9 +62,14 @@ def _lines(path: Path) -> list[int]:
     return [number for number, raw in enumerate(text.splitlines(), start=1) if raw.strip()]
 
 
-def validate_prompts(prompts: list[Prompt], path: Path | None, limits: ContextLimits,
-                     max_new_tokens: int | Callable[[Prompt], int], flag: str = "--max-new-tokens",
-                     field: str = "prompt_ids") -> None:
+def validate_prompts(
+    prompts: list[Prompt],
+    path: Path | None,
+    limits: ContextLimits,
+    max_new_tokens: int | Callable[[Prompt], int],
+    flag: str = "--max-new-tokens",
+    field: str = "prompt_ids",
+) -> None:
     """Refuse (:class:`PromptError`, naming the file, line and ``field``) a prompt the target cannot take;
     ``max_new_tokens``: the run's limit, or each prompt's."""
     lines = _lines(path) if path is not None else []
@@ -74,14 +80,23 @@ def validate_prompts(prompts: list[Prompt], path: Path | None, limits: ContextLi
         if vocab is not None:
             for position, token in enumerate(prompt.prompt_ids):
                 if token >= vocab:
-                    raise PromptError(f"prompt {prompt.id!r}: entry {position} is token id {str(token)[:40]}, outside "
-                                      f"the vocabulary of {limits.source} (vocab_size {vocab})",
-                                      path=path, line=line, field=field)
+                    raise PromptError(
+                        f"prompt {prompt.id!r}: entry {position} is token id {str(token)[:40]}, outside "
+                        f"the vocabulary of {limits.source} (vocab_size {vocab})",
+                        path=path,
+                        line=line,
+                        field=field,
+                    )
         context = limits.max_position_embeddings
         if context is not None and len(prompt.prompt_ids) + new_tokens > context:
-            raise PromptError(f"prompt {prompt.id!r} of {len(prompt.prompt_ids)} tokens + {flag} {new_tokens} "
-                              f"exceeds the target's context of {context} tokens (max_position_embeddings in "
-                              f"{limits.source})", path=path, line=line, field=field)
+            raise PromptError(
+                f"prompt {prompt.id!r} of {len(prompt.prompt_ids)} tokens + {flag} {new_tokens} "
+                f"exceeds the target's context of {context} tokens (max_position_embeddings in "
+                f"{limits.source})",
+                path=path,
+                line=line,
+                field=field,
+            )
 
 
 def validate_run_inputs(settings: SuiteSettings, flag_prefix: str = "--") -> list[Prompt]:
@@ -93,8 +108,10 @@ def validate_run_inputs(settings: SuiteSettings, flag_prefix: str = "--") -> lis
     flag = f"{flag_prefix}max-new-tokens"
     context = limits.max_position_embeddings
     if context is not None and settings.max_new_tokens >= context:
-        raise SettingsError(f"{flag} {settings.max_new_tokens}: the target's context holds {context} tokens "
-                            f"(max_position_embeddings in {limits.source}), prompt included")
+        raise SettingsError(
+            f"{flag} {settings.max_new_tokens}: the target's context holds {context} tokens "
+            f"(max_position_embeddings in {limits.source}), prompt included"
+        )
     path = resolve_prompt_set(settings.prompt_set)
     prompts = load_prompts(path, tokenizer_dir=settings.model_dir)
     prompts = format_prompts(prompts, settings.model_dir, settings.prompt_format)

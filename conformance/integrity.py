@@ -54,8 +54,15 @@ from pathlib import Path
 from . import verified_trees
 from .adapters.interface import Capabilities, Request, RequestResult, RunConfig
 
-__all__ = ["PairLimits", "IntegrityError", "validate_results", "result_problem", "is_integrity_error",
-           "error_result", "PREFIX"]
+__all__ = [
+    "PairLimits",
+    "IntegrityError",
+    "validate_results",
+    "result_problem",
+    "is_integrity_error",
+    "error_result",
+    "PREFIX",
+]
 
 PREFIX = "integrity: "
 FINISH_REASONS = ("stop", "length", "error")
@@ -69,7 +76,7 @@ class PairLimits:
     block_size: int | None = None
 
     @classmethod
-    def read(cls, model_dir: str | Path | None, drafter_dir: str | Path | None) -> "PairLimits":
+    def read(cls, model_dir: str | Path | None, drafter_dir: str | Path | None) -> PairLimits:
         """From ``<target>/config.json`` (``vocab_size``, or ``text_config.vocab_size``) and
         ``<drafter>/config.json`` (``block_size``); a value that cannot be read stays None."""
         target = _config(model_dir)
@@ -77,8 +84,10 @@ class PairLimits:
         if vocab is None and isinstance(target.get("text_config"), dict):
             vocab = target["text_config"].get("vocab_size")
         block = _config(drafter_dir).get("block_size")
-        return cls(vocab_size=vocab if _is_int(vocab) and vocab > 0 else None,
-                   block_size=block if _is_int(block) and block >= 1 else None)
+        return cls(
+            vocab_size=vocab if _is_int(vocab) and vocab > 0 else None,
+            block_size=block if _is_int(block) and block >= 1 else None,
+        )
 
 
 class IntegrityError(ValueError):
@@ -143,28 +152,36 @@ def _ints(field: str, values, low: int, high: int | None = None) -> list[int]:
 def _outputs(result: RequestResult, request: Request, vocab: int | None) -> list[int]:
     output = _ids("output_ids", result.output_ids, vocab)
     if not output:
-        raise IntegrityError("output_ids", "empty, but a result that is not an error holds at least the token chosen "
-                                           "after the prefill")
+        raise IntegrityError(
+            "output_ids", "empty, but a result that is not an error holds at least the token chosen after the prefill"
+        )
     if len(output) > request.max_new_tokens:
         raise IntegrityError("output_ids", f"{len(output)} tokens, more than max_new_tokens {request.max_new_tokens}")
     stops = set(request.stop_token_ids)
     early = [i for i, t in enumerate(output[:-1]) if t in stops]
     if early:
-        raise IntegrityError("output_ids", f"stop token {output[early[0]]} at index {early[0]} is followed by "
-                                           f"{len(output) - early[0] - 1} more token(s)")
+        raise IntegrityError(
+            "output_ids",
+            f"stop token {output[early[0]]} at index {early[0]} is followed by "
+            f"{len(output) - early[0] - 1} more token(s)",
+        )
     reason = result.finish_reason
     if reason not in FINISH_REASONS:
         raise IntegrityError("finish_reason", f"{reason!r} is not one of {', '.join(FINISH_REASONS)}")
     last = output[-1] if output else None
     if reason == "stop" and last not in stops:
-        raise IntegrityError("finish_reason", f"'stop', but the last output token {last} is not a stop token of the "
-                                              f"request {sorted(stops)}")
+        raise IntegrityError(
+            "finish_reason",
+            f"'stop', but the last output token {last} is not a stop token of the request {sorted(stops)}",
+        )
     if reason == "length":
         if last in stops:
             raise IntegrityError("finish_reason", f"'length', but the output ends with the stop token {last}")
         if len(output) != request.max_new_tokens:
-            raise IntegrityError("finish_reason", f"'length', but the output holds {len(output)} tokens, not "
-                                                  f"max_new_tokens {request.max_new_tokens}")
+            raise IntegrityError(
+                "finish_reason",
+                f"'length', but the output holds {len(output)} tokens, not max_new_tokens {request.max_new_tokens}",
+            )
     return output
 
 
@@ -180,8 +197,10 @@ def _lengths(result: RequestResult, config: RunConfig, output: list[int], block:
         raise IntegrityError("acceptance_lengths", f"expected a list of ints, got {type(lengths).__name__}")
     for k, n in enumerate(lengths):
         if not _is_int(n) or n < 1 or (top is not None and n > top):
-            raise IntegrityError("acceptance_lengths", f"round {k} accepts {n!r} tokens; each round's acceptance "
-                                                       f"length must be {what} in mode {config.mode}")
+            raise IntegrityError(
+                "acceptance_lengths",
+                f"round {k} accepts {n!r} tokens; each round's acceptance length must be {what} in mode {config.mode}",
+            )
     if result.rounds is not None and result.rounds != len(lengths):
         raise IntegrityError("rounds", f"{result.rounds}, but acceptance_lengths has {len(lengths)} entries")
     _convention("acceptance_lengths", list(lengths), len(output))
@@ -192,21 +211,31 @@ def _convention(field: str, lengths: list[int], produced: int) -> None:
     """``1 + sum(lengths[:-1]) < produced <= 1 + sum(lengths)``; no rounds: at most one token."""
     if not lengths:
         if produced > 1:
-            raise IntegrityError(field, f"no rounds, but the output holds {produced} tokens (only the prefill's "
-                                        "token comes without a round)")
+            raise IntegrityError(
+                field,
+                f"no rounds, but the output holds {produced} tokens (only the prefill's token comes without a round)",
+            )
         return
     before, total = 1 + sum(lengths[:-1]), 1 + sum(lengths)
     if not before < produced <= total:
-        raise IntegrityError(field, f"{len(lengths)} rounds committing {sum(lengths)} tokens after the prefill's "
-                                    f"one do not add up to the output's {produced} tokens (the last round may only be "
-                                    f"cut short: expected {before} < {produced} <= {total})")
+        raise IntegrityError(
+            field,
+            f"{len(lengths)} rounds committing {sum(lengths)} tokens after the prefill's "
+            f"one do not add up to the output's {produced} tokens (the last round may only be "
+            f"cut short: expected {before} < {produced} <= {total})",
+        )
 
 
 def _aggregates(result: RequestResult, block: int | None) -> None:
     mean = result.mean_acceptance
     if mean is not None:
-        if not isinstance(mean, (int, float)) or isinstance(mean, bool) or not math.isfinite(mean) or mean < 1 or (
-                block is not None and mean > block):
+        if (
+            not isinstance(mean, (int, float))
+            or isinstance(mean, bool)
+            or not math.isfinite(mean)
+            or mean < 1
+            or (block is not None and mean > block)
+        ):
             bound = f"[1, {block}] (the drafter's block size)" if block else ">= 1"
             raise IntegrityError("mean_acceptance", f"{mean!r} is outside {bound}")
     rates = result.per_position_acceptance
@@ -258,8 +287,9 @@ def _trace_shape(field: str, trace, vocab: int | None) -> None:
                 raise IntegrityError(f"{field}.draft_logits", f"row {r} has {got} entries, expected {width}")
 
 
-def _traces(result: RequestResult, request: Request, output: list[int], lengths: list[int] | None,
-            vocab: int | None) -> None:
+def _traces(
+    result: RequestResult, request: Request, output: list[int], lengths: list[int] | None, vocab: int | None
+) -> None:
     traces = result.traces
     if not isinstance(traces, (list, tuple)):
         raise IntegrityError("traces", f"expected a list of round traces, got {type(traces).__name__}")
@@ -277,16 +307,24 @@ def _traces(result: RequestResult, request: Request, output: list[int], lengths:
     for k, (trace, length) in enumerate(zip(traces, lengths)):
         field = f"traces[{k}]"
         if trace.start != len(request.prompt_ids) + committed:
-            raise IntegrityError(f"{field}.start", f"{trace.start}, expected {len(request.prompt_ids) + committed} "
-                                                   f"(prompt of {len(request.prompt_ids)} tokens + {committed} "
-                                                   f"committed after the prefill's token)")
+            raise IntegrityError(
+                f"{field}.start",
+                f"{trace.start}, expected {len(request.prompt_ids) + committed} "
+                f"(prompt of {len(request.prompt_ids)} tokens + {committed} "
+                f"committed after the prefill's token)",
+            )
         if len(trace.accepted) + 1 != length:
-            raise IntegrityError(f"{field}.accepted", f"{len(trace.accepted)} accepted nodes + the bonus make "
-                                                      f"{len(trace.accepted) + 1}, but round {k}'s acceptance "
-                                                      f"length is {length}")
+            raise IntegrityError(
+                f"{field}.accepted",
+                f"{len(trace.accepted)} accepted nodes + the bonus make "
+                f"{len(trace.accepted) + 1}, but round {k}'s acceptance "
+                f"length is {length}",
+            )
         expected = [(f"{field}.root_token", trace.root_token, committed)]
-        expected += [(f"{field}.accepted[{j}]", trace.tree_tokens[node], committed + 1 + j)
-                     for j, node in enumerate(trace.accepted)]
+        expected += [
+            (f"{field}.accepted[{j}]", trace.tree_tokens[node], committed + 1 + j)
+            for j, node in enumerate(trace.accepted)
+        ]
         expected.append((f"{field}.bonus", trace.bonus, committed + len(trace.accepted) + 1))
         for name, token, index in expected:
             if index < len(output) and token != output[index]:
@@ -294,8 +332,9 @@ def _traces(result: RequestResult, request: Request, output: list[int], lengths:
         committed += length
 
 
-def _verified_trees(result: RequestResult, request: Request, output: list[int], lengths: list[int] | None,
-                    vocab: int | None) -> None:
+def _verified_trees(
+    result: RequestResult, request: Request, output: list[int], lengths: list[int] | None, vocab: int | None
+) -> None:
     trees = result.verified_trees
     if not isinstance(trees, (list, tuple)) or not all(hasattr(t, "tree_tokens") for t in trees):
         raise IntegrityError("verified_trees", "expected a list of verified trees (VerifiedTree)")
@@ -315,24 +354,34 @@ def _promises(result: RequestResult, config: RunConfig, caps: Capabilities | Non
     if caps is None or config.mode == "plain":
         return
     if caps.per_round(config.mode) and result.acceptance_lengths is None:
-        raise IntegrityError("acceptance_lengths", f"missing, though the engine's capabilities promise per-round "
-                                                   f"acceptance in mode {config.mode}")
+        raise IntegrityError(
+            "acceptance_lengths",
+            f"missing, though the engine's capabilities promise per-round acceptance in mode {config.mode}",
+        )
     if config.trace and caps.traced(config.mode) and result.traces is None:
-        raise IntegrityError("traces", f"missing, though traces were asked for and the engine's capabilities "
-                                       f"promise them in mode {config.mode}")
+        raise IntegrityError(
+            "traces",
+            f"missing, though traces were asked for and the engine's capabilities promise them in mode {config.mode}",
+        )
     if config.trace and config.trace_draft_logits and caps.traced(config.mode) and caps.draft_logits:
         missing = [k for k, trace in enumerate(result.traces or []) if trace.draft_logits is None]
         if missing:
-            raise IntegrityError(f"traces[{missing[0]}].draft_logits",
-                                 f"missing in {len(missing)}/{len(result.traces)} rounds, though drafter logits were "
-                                 "asked for and the engine's capabilities promise them (draft_logits)")
+            raise IntegrityError(
+                f"traces[{missing[0]}].draft_logits",
+                f"missing in {len(missing)}/{len(result.traces)} rounds, though drafter logits were "
+                "asked for and the engine's capabilities promise them (draft_logits)",
+            )
     if caps.verified_trees(config.mode) and result.verified_trees is None:
-        raise IntegrityError("verified_trees", f"missing, though the engine's capabilities promise verified trees in "
-                                               f"mode {config.mode} (verified_tree_modes)")
+        raise IntegrityError(
+            "verified_trees",
+            f"missing, though the engine's capabilities promise verified trees in "
+            f"mode {config.mode} (verified_tree_modes)",
+        )
 
 
-def result_problem(result, request: Request, config: RunConfig, limits: PairLimits,
-                   caps: Capabilities | None = None) -> IntegrityError | None:
+def result_problem(
+    result, request: Request, config: RunConfig, limits: PairLimits, caps: Capabilities | None = None
+) -> IntegrityError | None:
     """The first rule ``result`` breaks (see module doc), or None. Never raises on engine data."""
     if not isinstance(result, RequestResult):
         return IntegrityError("result", f"not a RequestResult ({type(result).__name__})")
@@ -362,9 +411,16 @@ def _failed(result) -> str | None:
     return None
 
 
-def validate_results(requests: Sequence[Request], results, config: RunConfig, limits: PairLimits,
-                     caps: Capabilities | None = None, labels: Sequence[str] | None = None,
-                     engine: str | None = None, first_index: int = 0) -> list[RequestResult]:
+def validate_results(
+    requests: Sequence[Request],
+    results,
+    config: RunConfig,
+    limits: PairLimits,
+    caps: Capabilities | None = None,
+    labels: Sequence[str] | None = None,
+    engine: str | None = None,
+    first_index: int = 0,
+) -> list[RequestResult]:
     """One valid result or one error result per request, in order (see module doc).
 
     ``labels`` name the requests in messages (``"prompt chat-03"``); ``engine`` names the engine in a
@@ -374,17 +430,20 @@ def validate_results(requests: Sequence[Request], results, config: RunConfig, li
         message = f"{PREFIX}{who} returned {type(results).__name__}, not a list of results"
         return [error_result(message) for _ in requests]
     if len(results) != len(requests):
-        message = (f"{PREFIX}{who} returned {len(results)} result{'' if len(results) == 1 else 's'} for "
-                   f"{len(requests)} request{'' if len(requests) == 1 else 's'} (mode {config.mode}"
-                   f"{f', budget {config.budget}' if config.mode == 'ddtree' else ''})")
+        message = (
+            f"{PREFIX}{who} returned {len(results)} result{'' if len(results) == 1 else 's'} for "
+            f"{len(requests)} request{'' if len(requests) == 1 else 's'} (mode {config.mode}"
+            f"{f', budget {config.budget}' if config.mode == 'ddtree' else ''})"
+        )
         return [error_result(message) for _ in requests]
     checked = []
     for index, (request, result) in enumerate(zip(requests, results)):
         label = f" ({labels[index]})" if labels is not None and index < len(labels) else ""
         failure = _failed(result)
         if failure:  # the engine's own failure: passed on as an error (no output kept)
-            checked.append(result if result.output_ids == [] and result.finish_reason == "error"
-                           else error_result(failure))
+            checked.append(
+                result if result.output_ids == [] and result.finish_reason == "error" else error_result(failure)
+            )
             continue
         if failure == "":
             problem = IntegrityError("error", "the result is marked failed (finish_reason 'error') without a message")

@@ -51,6 +51,12 @@ def paired_band(values: Sequence[float], reference: Sequence[float], alpha: floa
         return 0.0, 0.0
     if np.all(diffs == diffs[0]):
         return float(diffs[0]), float(diffs[0])
-    result = bootstrap((diffs,), np.mean, confidence_level=1 - alpha, method="percentile", n_resamples=9999,
-                       random_state=np.random.default_rng(0))
+    result = bootstrap(
+        (diffs,),
+        np.mean,
+        confidence_level=1 - alpha,
+        method="percentile",
+        n_resamples=9999,
+        random_state=np.random.default_rng(0),
+    )
     return float(result.confidence_interval.low), float(result.confidence_interval.high)

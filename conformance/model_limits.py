@@ -67,19 +67,34 @@ def context_claim(session) -> ContextClaim:
     claimed = caps.max_context
     model, where = model_context(session.settings.model_dir)
     if claimed is not None and model is not None and claimed > model:
-        return ContextClaim(None, model, problem=(
-            f"engine {session.settings.engine!r} claims capabilities().max_context {claimed}, larger than the "
-            f"target's context window ({where} = {model}): it cannot serve positions its model has no weights for"))
+        return ContextClaim(
+            None,
+            model,
+            problem=(
+                f"engine {session.settings.engine!r} claims capabilities().max_context {claimed}, larger than the "
+                f"target's context window ({where} = {model}): it cannot serve positions its model has no weights for"
+            ),
+        )
     if claimed is None:
         untested = None
         if model is not None:
-            untested = {"from": None, "to": model, "engine_max_context": None, "model_max_context": model,
-                        "why": f"the engine states no context limit (capabilities().max_context); the target's "
-                               f"window is {model} ({where})"}
+            untested = {
+                "from": None,
+                "to": model,
+                "engine_max_context": None,
+                "model_max_context": model,
+                "why": f"the engine states no context limit (capabilities().max_context); the target's "
+                f"window is {model} ({where})",
+            }
         return ContextClaim(None, model, untested=untested)
     untested = None
     if model is not None and claimed < model:
-        untested = {"from": claimed + 1, "to": model, "engine_max_context": claimed, "model_max_context": model,
-                    "why": f"the engine claims max_context {claimed}, below the target's window {model} ({where}); "
-                           "a bug past the claimed limit is out of this run's reach"}
+        untested = {
+            "from": claimed + 1,
+            "to": model,
+            "engine_max_context": claimed,
+            "model_max_context": model,
+            "why": f"the engine claims max_context {claimed}, below the target's window {model} ({where}); "
+            "a bug past the claimed limit is out of this run's reach",
+        }
     return ContextClaim(claimed, model, untested=untested)

@@ -28,6 +28,7 @@ from .verified_trees import depths, walk
 
 __all__ = ["TreeRound", "NodeFinding", "NodeScores", "rounds_of", "score_nodes"]
 
+
 @dataclass(frozen=True)
 class TreeRound:
     """One verified round: where its root sits in the output, its tree and the engine's node targets."""
@@ -46,8 +47,9 @@ def rounds_of(result) -> list[TreeRound]:
     if trees is None and result.traces is not None and all(t.node_target_tokens is not None for t in result.traces):
         trees = [(t.tree_tokens, t.parents, t.node_target_tokens, len(t.accepted) + 1) for t in result.traces]
     elif trees is not None:
-        lengths = result.acceptance_lengths or [len(walk(t.tree_tokens, t.parents, t.node_target_tokens))
-                                                for t in trees]
+        lengths = result.acceptance_lengths or [
+            len(walk(t.tree_tokens, t.parents, t.node_target_tokens)) for t in trees
+        ]
         trees = [(t.tree_tokens, t.parents, t.node_target_tokens, n) for t, n in zip(trees, lengths)]
     if not trees:
         return []
@@ -61,8 +63,9 @@ def rounds_of(result) -> list[TreeRound]:
 
 
 @torch.inference_mode()
-def _tree_logits(model, device, prompt: list[int], output: Sequence[int],
-                 rounds: list[TreeRound]) -> list[torch.Tensor]:
+def _tree_logits(
+    model, device, prompt: list[int], output: Sequence[int], rounds: list[TreeRound]
+) -> list[torch.Tensor]:
     """fp32 logits ``[nodes, V]`` of every round's tree (row 0: the root): the committed context run
     once causally into a KV cache, then each round's non-root nodes against the cache cut at its root."""
     from transformers import DynamicCache
@@ -70,29 +73,44 @@ def _tree_logits(model, device, prompt: list[int], output: Sequence[int],
     context = list(prompt) + list(output[: max(r.root_index for r in rounds) + 1])
     cache = DynamicCache(config=model.config)
     ids = torch.tensor([context], device=device)
-    prefix = model(input_ids=ids, position_ids=torch.arange(len(context), device=device).unsqueeze(0),
-                   past_key_values=cache, use_cache=True).logits[0].float()
+    prefix = (
+        model(
+            input_ids=ids,
+            position_ids=torch.arange(len(context), device=device).unsqueeze(0),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        .logits[0]
+        .float()
+    )
     full = [(layer.keys, layer.values) for layer in cache.layers]
     out = []
     for rnd in rounds:
         root_at = len(prompt) + rnd.root_index
         n = len(rnd.tree_tokens) - 1
         if n == 0:
-            out.append(prefix[root_at: root_at + 1])
+            out.append(prefix[root_at : root_at + 1])
             continue
         for layer, (keys, values) in zip(cache.layers, full):  # views: the forward appends by concatenation
             layer.keys, layer.values = keys[:, :, : root_at + 1], values[:, :, : root_at + 1]
         node_depths = depths(rnd.parents)
         allowed = torch.zeros((n, root_at + 1 + n), dtype=torch.bool)
         allowed[:, : root_at + 1] = True
-        allowed[:, root_at + 1:] = ancestor_visibility(torch.tensor(rnd.parents))[1:, 1:]
+        allowed[:, root_at + 1 :] = ancestor_visibility(torch.tensor(rnd.parents))[1:, 1:]
         mask = torch.zeros(allowed.shape, dtype=torch.float32)
         mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
-        logits = model(input_ids=torch.tensor([rnd.tree_tokens[1:]], device=device),
-                       position_ids=torch.tensor([[root_at + d for d in node_depths[1:]]], device=device),
-                       attention_mask=mask.to(device).view(1, 1, n, -1), past_key_values=cache,
-                       use_cache=True).logits[0].float()
-        out.append(torch.cat([prefix[root_at: root_at + 1], logits]))
+        logits = (
+            model(
+                input_ids=torch.tensor([rnd.tree_tokens[1:]], device=device),
+                position_ids=torch.tensor([[root_at + d for d in node_depths[1:]]], device=device),
+                attention_mask=mask.to(device).view(1, 1, n, -1),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            .logits[0]
+            .float()
+        )
+        out.append(torch.cat([prefix[root_at : root_at + 1], logits]))
     return out
 
 
@@ -135,38 +153,52 @@ class NodeScores:
             if got == best or gap == 0.0 or self.rules.fp32_tie(gap):
                 continue
             node_depths = node_depths or depths(rnd.parents)
-            entry = NodeFinding(label, round_index, node, node_depths[node], rnd.tree_tokens[node], got, best,
-                                round(gap, 6))
+            entry = NodeFinding(
+                label, round_index, node, node_depths[node], rnd.tree_tokens[node], got, best, round(gap, 6)
+            )
             (self.excused if not self.rules.exact and gap <= self.rules.bound else self.outside).append(entry)
 
     def problem(self) -> str | None:
         if self.outside:
             first = self.outside[0]
-            return (f"{len(self.outside)}/{self.nodes} tree nodes differ from the fp32 verify of the same tree on the "
-                    f"same context; first: {first.label} round {first.round} node {first.node} (depth "
-                    f"{first.depth}, token {first.token}): engine's target {first.engine_target}, fp32 "
-                    f"{first.fp32_target} ({first.gap:.3g} below the fp32 top-1, bound {self.rules.bound:.3g}); "
-                    "tree mask, node positions or KV wrong")
+            return (
+                f"{len(self.outside)}/{self.nodes} tree nodes differ from the fp32 verify of the same tree on the "
+                f"same context; first: {first.label} round {first.round} node {first.node} (depth "
+                f"{first.depth}, token {first.token}): engine's target {first.engine_target}, fp32 "
+                f"{first.fp32_target} ({first.gap:.3g} below the fp32 top-1, bound {self.rules.bound:.3g}); "
+                "tree mask, node positions or KV wrong"
+            )
         ceiling, mu = self.rules.ceiling(self.top2)
         if not self.rules.exact and len(self.excused) > ceiling:
-            return (f"{len(self.excused)}/{self.nodes} tree nodes differ from the fp32 verify within the near-tie "
-                    f"bound, above the ceiling {ceiling} a correct engine reaches at these gaps (expected <= "
-                    f"{mu:.1f}); tree mask, node positions or KV wrong")
+            return (
+                f"{len(self.excused)}/{self.nodes} tree nodes differ from the fp32 verify within the near-tie "
+                f"bound, above the ceiling {ceiling} a correct engine reaches at these gaps (expected <= "
+                f"{mu:.1f}); tree mask, node positions or KV wrong"
+            )
         return None
 
     def summary(self) -> str:
         near = ""
         if self.excused:
             near = f", {len(self.excused)} within the near-tie bound (ceiling {self.rules.ceiling(self.top2)[0]})"
-        return (f"{self.nodes} tree nodes of {self.rounds} rounds ({self.outputs} outputs) equal the fp32 verify of "
-                f"the same trees{near}")
+        return (
+            f"{self.nodes} tree nodes of {self.rounds} rounds ({self.outputs} outputs) equal the fp32 verify of "
+            f"the same trees{near}"
+        )
 
     def details(self) -> dict:
         ceiling, mu = self.rules.ceiling(self.top2)
-        return {"nodes": self.nodes, "rounds": self.rounds, "outputs": self.outputs, "excused_nodes": len(self.excused),
-                "outside_nodes": len(self.outside), "node_ceiling": ceiling, "expected_excused_nodes": round(mu, 3),
-                "first_excused_nodes": [asdict(e) for e in self.excused[:20]],
-                "first_outside_nodes": [asdict(e) for e in self.outside[:20]]}
+        return {
+            "nodes": self.nodes,
+            "rounds": self.rounds,
+            "outputs": self.outputs,
+            "excused_nodes": len(self.excused),
+            "outside_nodes": len(self.outside),
+            "node_ceiling": ceiling,
+            "expected_excused_nodes": round(mu, 3),
+            "first_excused_nodes": [asdict(e) for e in self.excused[:20]],
+            "first_outside_nodes": [asdict(e) for e in self.outside[:20]],
+        }
 
 
 def score_nodes(scorer, items, rules: Calibration) -> NodeScores:
@@ -177,7 +209,8 @@ def score_nodes(scorer, items, rules: Calibration) -> NodeScores:
         if not rounds:
             continue
         scores.outputs += 1
-        for index, (rnd, logits) in enumerate(zip(rounds, _tree_logits(scorer.model, scorer.device, list(prompt),
-                                                                       output, rounds))):
+        for index, (rnd, logits) in enumerate(
+            zip(rounds, _tree_logits(scorer.model, scorer.device, list(prompt), output, rounds))
+        ):
             scores.add(label, index, rnd, logits)
     return scores

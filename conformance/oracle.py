@@ -48,7 +48,7 @@ class HeldFile:
     sha256: str | None
 
     @classmethod
-    def read(cls, role: str, path: Path) -> "HeldFile":
+    def read(cls, role: str, path: Path) -> HeldFile:
         if not path.is_file():
             return cls(role, path, None, None)
         raw = path.read_bytes()
@@ -77,7 +77,7 @@ class WatchedFile:
     fingerprint: tuple
 
     @classmethod
-    def of(cls, path: Path) -> "WatchedFile":
+    def of(cls, path: Path) -> WatchedFile:
         return cls(path, cls._fingerprint(path))
 
     @staticmethod
@@ -162,7 +162,7 @@ class OracleCopy:
         return {f.role: {"path": str(f.path), "sha256": f.sha256} for f in self.files()}
 
 
-_COPIES: "weakref.WeakKeyDictionary[object, OracleCopy]" = weakref.WeakKeyDictionary()
+_COPIES: weakref.WeakKeyDictionary[object, OracleCopy] = weakref.WeakKeyDictionary()
 
 
 def hold(session) -> OracleCopy:
@@ -184,5 +184,7 @@ def changed_on_disk(session) -> str | None:
     changes = copy.changes() if copy is not None else []
     if not changes:
         return None
-    return ("oracle files changed on disk during the run (verdicts used the copy held before the engine started): "
-            + "; ".join(changes))
+    return (
+        "oracle files changed on disk during the run (verdicts used the copy held before the engine started): "
+        + "; ".join(changes)
+    )

@@ -26,8 +26,9 @@ class OutputPathError(SettingsError):
     """``--out`` would overwrite an input of the run; the message names both."""
 
 
-def protected_inputs(settings, *, pairs_file: str | Path | None = None,
-                     extra: Iterable[str | Path | None] = ()) -> list[tuple[str, Path, str]]:
+def protected_inputs(
+    settings, *, pairs_file: str | Path | None = None, extra: Iterable[str | Path | None] = ()
+) -> list[tuple[str, Path, str]]:
     """``(what, path, kind)`` of every input of a run with ``settings``. ``kind``: ``file`` (that file),
     ``tree`` (everything inside the folder) or ``golden`` (the golden files ``<folder>/<pair>/*.json``)."""
     inputs: list[tuple[str, Path | str | None, str]] = [
@@ -54,9 +55,16 @@ def _overwrites(target: Path, source: Path, kind: str) -> bool:
     return target == source
 
 
-def output_path(out: str | Path | None, default: Path, settings, *, flag: str = "--out",
-                files: Callable[[Path], Iterable[Path]] = report_paths, pairs_file: str | Path | None = None,
-                extra: Iterable[str | Path | None] = ()) -> Path:
+def output_path(
+    out: str | Path | None,
+    default: Path,
+    settings,
+    *,
+    flag: str = "--out",
+    files: Callable[[Path], Iterable[Path]] = report_paths,
+    pairs_file: str | Path | None = None,
+    extra: Iterable[str | Path | None] = (),
+) -> Path:
     """The absolute path a command writes to (module doc). ``default``: the path without ``--out`` (its
     name is also the file name inside an ``--out`` folder); ``files``: every file written for a path
     (a report's JSON, Markdown and HTML by default)."""
@@ -74,6 +82,8 @@ def output_path(out: str | Path | None, default: Path, settings, *, flag: str = 
         for what, source, kind in protected_inputs(settings, pairs_file=pairs_file, extra=extra):
             if _overwrites(target, source, kind):
                 shown = "" if target == source else f" ({target} is inside {source})"
-                raise OutputPathError(f"{flag} {out}: the output {target} would overwrite {what}{shown}; the suite "
-                                      f"reads it. Name a path outside the run's inputs")
+                raise OutputPathError(
+                    f"{flag} {out}: the output {target} would overwrite {what}{shown}; the suite "
+                    f"reads it. Name a path outside the run's inputs"
+                )
     return path

@@ -53,10 +53,15 @@ class CallTiming:
     rounds: int | None
     tokens: int
 
-    def __add__(self, other: "CallTiming") -> "CallTiming":
+    def __add__(self, other: CallTiming) -> CallTiming:
         rounds = None if self.rounds is None or other.rounds is None else self.rounds + other.rounds
-        return CallTiming(self.seconds + other.seconds, self.wall + other.wall,
-                          self.clock if self.clock == other.clock else "mixed", rounds, self.tokens + other.tokens)
+        return CallTiming(
+            self.seconds + other.seconds,
+            self.wall + other.wall,
+            self.clock if self.clock == other.clock else "mixed",
+            rounds,
+            self.tokens + other.tokens,
+        )
 
 
 # An engine's own decode time may exceed the wall time of the call around it only by clock noise.
@@ -79,14 +84,15 @@ def call_timing(results: Sequence[RequestResult], wall_s: float) -> CallTiming:
     else:
         clock, seconds = "call", wall_s
     if not (seconds >= 0 and seconds <= wall_s * WALL_SLACK[0] + WALL_SLACK[1]):
-        raise BenchError(f"the engine reports {seconds:.6f} s of decoding ({clock} clock) in a generate call that "
-                         f"took {wall_s:.6f} s: its timings cannot be right")
+        raise BenchError(
+            f"the engine reports {seconds:.6f} s of decoding ({clock} clock) in a generate call that "
+            f"took {wall_s:.6f} s: its timings cannot be right"
+        )
     # decode tokens: the first output token comes from the prefill, except on the call clock
     first = 0 if clock == "call" else 1
     tokens = sum(max(0, len(r.output_ids) - first) for r in results)
     rounds = sum(r.rounds for r in results) if all(r.rounds is not None for r in results) else None
     return CallTiming(float(seconds), float(wall_s), clock, rounds, int(tokens))
-
 
 
 @dataclass(frozen=True)
@@ -110,8 +116,10 @@ class Repeat:
     def check(self) -> None:
         for arm, t in self.totals.items():
             if t.tokens == 0 or t.seconds <= 0 or t.rounds == 0:
-                raise BenchError(f"{arm}: a repeat timed no decode tokens (max_new_tokens too small, or "
-                                 "the engine reports zero decode time or rounds); nothing to measure")
+                raise BenchError(
+                    f"{arm}: a repeat timed no decode tokens (max_new_tokens too small, or "
+                    "the engine reports zero decode time or rounds); nothing to measure"
+                )
 
     def sample(self, arm: str, baseline: str = "plain") -> dict:
         """The cost-model sample of ``arm`` against ``baseline`` (plain decoding) in this repeat.
@@ -125,9 +133,15 @@ class Repeat:
         rounds = method.rounds if method.rounds is not None else method.tokens
         step, rnd = plain.seconds / plain.tokens, method.seconds / rounds
         tau = method.tokens / rounds
-        return {"step_s": step, "round_s": rnd, "tau": tau, "ratio": step / rnd, "speedup": tau * step / rnd,
-                "rounds_reported": method.rounds is not None,
-                "wall_ratio": (method.tokens / method.wall) / (plain.tokens / plain.wall)}
+        return {
+            "step_s": step,
+            "round_s": rnd,
+            "tau": tau,
+            "ratio": step / rnd,
+            "speedup": tau * step / rnd,
+            "rounds_reported": method.rounds is not None,
+            "wall_ratio": (method.tokens / method.wall) / (plain.tokens / plain.wall),
+        }
 
 
 @dataclass(frozen=True)
@@ -177,12 +191,11 @@ def run_settings(results: Sequence[RequestResult], config: RunConfig) -> dict:
     return merge_settings(merged, {"dtype": config.dtype, "tensor_parallel_size": config.tensor_parallel_size})
 
 
-
 def anchored_rotation(arms: list[str], r: int, i: int) -> list[str]:
     """Call order for request ``i`` of repeat ``r``: the first arm (the anchor, plain decoding) first
     when ``r + i`` is even and last when odd; the others rotated by the repeat."""
     anchor, others = arms[0], arms[1:]
-    rotated = others[r % len(others):] + others[: r % len(others)] if others else []
+    rotated = others[r % len(others) :] + others[: r % len(others)] if others else []
     return [anchor, *rotated] if (r + i) % 2 == 0 else [*rotated, anchor]
 
 
@@ -226,8 +239,9 @@ def measure(
         failed = [r for r in results if r.finish_reason == "error"]
         if failed or len(results) != len(batch):
             first = (failed[0].error or "").strip().splitlines() if failed else ["wrong number of results"]
-            raise BenchError(f"{arm.label}: {len(failed)} of {len(batch)} requests failed"
-                             f" ({first[-1] if first else 'no message'})")
+            raise BenchError(
+                f"{arm.label}: {len(failed)} of {len(batch)} requests failed ({first[-1] if first else 'no message'})"
+            )
         if on_step:
             on_step(arm.label)
         return results, call_timing(results, wall)
@@ -259,33 +273,53 @@ def measure(
         n = len(history)
         elapsed = now() - started
         for stream in list(active):
-            if sequential and stream.edge is not None and (plan.is_look(n) or
-                                                           ((elapsed >= plan.time_budget_s or n >= plan.max_repeats)
-                                                            and n >= 2)):
+            if (
+                sequential
+                and stream.edge is not None
+                and (plan.is_look(n) or ((elapsed >= plan.time_budget_s or n >= plan.max_repeats) and n >= 2))
+            ):
                 samples = [stream.sample(h) for h in history if all(a in h.totals for a in stream.arms)]
                 found = verdict(ratio_interval(samples, plan.look_alpha), stream.edge)
                 if found:
                     where = "at or above" if found == "pass" else "below"
-                    stop[stream.label] = {"decision": found, "reason": f"interval {where} the edge {stream.edge:.4f} "
-                                          f"after {n} repeats", "repeats": n, "elapsed_s": elapsed}
+                    stop[stream.label] = {
+                        "decision": found,
+                        "reason": f"interval {where} the edge {stream.edge:.4f} after {n} repeats",
+                        "repeats": n,
+                        "elapsed_s": elapsed,
+                    }
                     active.remove(stream)
                     continue
             if not sequential and n >= repeats:
-                stop[stream.label] = {"decision": "fixed", "reason": f"{repeats} fixed repeats", "repeats": n,
-                                      "elapsed_s": elapsed}
+                stop[stream.label] = {
+                    "decision": "fixed",
+                    "reason": f"{repeats} fixed repeats",
+                    "repeats": n,
+                    "elapsed_s": elapsed,
+                }
                 active.remove(stream)
             elif sequential and (n >= plan.max_repeats or elapsed >= plan.time_budget_s):
-                why = (f"time budget {plan.time_budget_s:g} s spent" if elapsed >= plan.time_budget_s
-                       else f"repeat cap {plan.max_repeats} reached")
+                why = (
+                    f"time budget {plan.time_budget_s:g} s spent"
+                    if elapsed >= plan.time_budget_s
+                    else f"repeat cap {plan.max_repeats} reached"
+                )
                 banded = stream.edge is not None
-                stop[stream.label] = {"decision": "inconclusive" if banded else "fixed",
-                                      "reason": f"{why} after {n} repeats" +
-                                      (": the interval still straddles the edge" if banded else ""),
-                                      "repeats": n, "elapsed_s": elapsed}
+                stop[stream.label] = {
+                    "decision": "inconclusive" if banded else "fixed",
+                    "reason": f"{why} after {n} repeats"
+                    + (": the interval still straddles the edge" if banded else ""),
+                    "repeats": n,
+                    "elapsed_s": elapsed,
+                }
                 active.remove(stream)
         if sequential and active and all(s.edge is None for s in active):
             for stream in active:  # only unbanded streams left: they were measured alongside, stop them too
-                stop[stream.label] = {"decision": "fixed", "reason": f"measured alongside the banded runs ({n} "
-                                      "repeats)", "repeats": n, "elapsed_s": elapsed}
+                stop[stream.label] = {
+                    "decision": "fixed",
+                    "reason": f"measured alongside the banded runs ({n} repeats)",
+                    "repeats": n,
+                    "elapsed_s": elapsed,
+                }
             active = []
     return Measured(history, first, stop, settings)

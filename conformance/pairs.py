@@ -131,7 +131,7 @@ class ModelPair(BaseModel):
             raise ValueError("must be a non-empty path or hub id")
         return value
 
-    def with_base_dir(self, base_dir: Path) -> "ModelPair":
+    def with_base_dir(self, base_dir: Path) -> ModelPair:
         copy = self.model_copy()
         copy._base_dir = Path(base_dir)
         return copy
@@ -142,22 +142,46 @@ class ModelPair(BaseModel):
         return self._base_dir
 
 
-_ZLAB = ("z-lab/dflash README.md (Supported Models; Transformers example: dtype='auto', chat template with "
-         "enable_thinking=False) and dflash/benchmark.py (torch.bfloat16, apply_chat_template)")
+_ZLAB = (
+    "z-lab/dflash README.md (Supported Models; Transformers example: dtype='auto', chat template with "
+    "enable_thinking=False) and dflash/benchmark.py (torch.bfloat16, apply_chat_template)"
+)
 
 BUILTIN_PAIRS: dict[str, ModelPair] = {
     "fixture": ModelPair(
-        name="fixture", target="fixture/target", drafter="fixture/drafter", block_size=16,
-        dtype="float32", prompts="fixture", prompt_format="ids", max_new_tokens=64,
+        name="fixture",
+        target="fixture/target",
+        drafter="fixture/drafter",
+        block_size=16,
+        dtype="float32",
+        prompts="fixture",
+        prompt_format="ids",
+        max_new_tokens=64,
         source="bundled: scripts/build_fixture.py (golden/fixture/MANIFEST.json)",
     ).with_base_dir(DATA_DIR),
     "qwen3-8b": ModelPair(
-        name="qwen3-8b", target="Qwen/Qwen3-8B", drafter="z-lab/Qwen3-8B-DFlash-b16", block_size=16,
-        dtype="bfloat16", prompts="fixture", prompt_format="chat", max_new_tokens=64, limit=20, source=_ZLAB,
+        name="qwen3-8b",
+        target="Qwen/Qwen3-8B",
+        drafter="z-lab/Qwen3-8B-DFlash-b16",
+        block_size=16,
+        dtype="bfloat16",
+        prompts="fixture",
+        prompt_format="chat",
+        max_new_tokens=64,
+        limit=20,
+        source=_ZLAB,
     ),
     "qwen3-4b": ModelPair(
-        name="qwen3-4b", target="Qwen/Qwen3-4B", drafter="z-lab/Qwen3-4B-DFlash-b16", block_size=16,
-        dtype="bfloat16", prompts="fixture", prompt_format="chat", max_new_tokens=64, limit=20, source=_ZLAB,
+        name="qwen3-4b",
+        target="Qwen/Qwen3-4B",
+        drafter="z-lab/Qwen3-4B-DFlash-b16",
+        block_size=16,
+        dtype="bfloat16",
+        prompts="fixture",
+        prompt_format="chat",
+        max_new_tokens=64,
+        limit=20,
+        source=_ZLAB,
     ),
 }
 
@@ -165,7 +189,9 @@ BUILTIN_PAIRS: dict[str, ModelPair] = {
 # -- pairs files -------------------------------------------------------------------------------
 def _read_table(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise PairSpecError(f"pairs file {path}: no such file" if not path.exists() else f"pairs file {path}: not a file")
+        raise PairSpecError(
+            f"pairs file {path}: no such file" if not path.exists() else f"pairs file {path}: not a file"
+        )
     suffix = path.suffix.lower()
     if suffix not in (".json", ".toml"):
         raise PairSpecError(f"pairs file {path}: unknown format {suffix or '(no suffix)'!r}; use .json or .toml")
@@ -187,7 +213,9 @@ def _read_table(path: Path) -> dict[str, Any]:
             try:
                 import tomli as tomllib
             except ImportError:
-                raise PairSpecError(f"pairs file {path}: reading TOML needs Python 3.11+ or the tomli package") from None
+                raise PairSpecError(
+                    f"pairs file {path}: reading TOML needs Python 3.11+ or the tomli package"
+                ) from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
@@ -222,11 +250,13 @@ def load_pairs_file(path: str | Path) -> dict[str, ModelPair]:
     pairs: dict[str, ModelPair] = {}
     for name, fields in table.items():
         if not isinstance(fields, dict):
-            raise PairSpecError(f"pairs file {path}: pair {name!r}: expected a table of fields, got "
-                                f"{type(fields).__name__}")
+            raise PairSpecError(
+                f"pairs file {path}: pair {name!r}: expected a table of fields, got {type(fields).__name__}"
+            )
         if "name" in fields and fields["name"] != name:
-            raise PairSpecError(f"pairs file {path}: pair {name!r}: field 'name': {fields['name']!r} differs "
-                                "from the pair's key")
+            raise PairSpecError(
+                f"pairs file {path}: pair {name!r}: field 'name': {fields['name']!r} differs from the pair's key"
+            )
         try:
             pair = ModelPair(**{**fields, "name": name})
         except ValidationError as exc:
@@ -249,8 +279,11 @@ def get_pair(name: str | None = None, pairs_file: str | Path | None = None) -> M
     name = name or os.environ.get(PAIR_ENV) or DEFAULT_PAIR
     pairs = load_pairs(pairs_file)
     if name not in pairs:
-        hint = f" (pairs file: {pairs_file or os.environ.get(PAIRS_FILE_ENV)})" if (
-            pairs_file or os.environ.get(PAIRS_FILE_ENV)) else f" (add pairs with ${PAIRS_FILE_ENV} or --pairs-file)"
+        hint = (
+            f" (pairs file: {pairs_file or os.environ.get(PAIRS_FILE_ENV)})"
+            if (pairs_file or os.environ.get(PAIRS_FILE_ENV))
+            else f" (add pairs with ${PAIRS_FILE_ENV} or --pairs-file)"
+        )
         raise PairSpecError(f"unknown pair {name!r}; known pairs: {', '.join(sorted(pairs))}{hint}")
     return pairs[name]
 
@@ -314,28 +347,34 @@ def _from_hub(pair: ModelPair, repo_id: str, cache_dir: str | Path | None, downl
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise PairUnavailable(f"pair {pair.name!r}: {repo_id} is a hub id, and huggingface_hub is not installed "
-                              "to find it") from None
+        raise PairUnavailable(
+            f"pair {pair.name!r}: {repo_id} is a hub id, and huggingface_hub is not installed to find it"
+        ) from None
     try:
         from huggingface_hub.errors import LocalEntryNotFoundError
     except ImportError:  # older huggingface_hub
         from huggingface_hub.utils import LocalEntryNotFoundError
 
-    unreachable = (f"pair {pair.name!r}: {repo_id} is not in the local Hugging Face cache and the hub is "
-                   "unreachable (HF_HUB_OFFLINE / no network)")
+    unreachable = (
+        f"pair {pair.name!r}: {repo_id} is not in the local Hugging Face cache and the hub is "
+        "unreachable (HF_HUB_OFFLINE / no network)"
+    )
     try:
-        return Path(snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True,
-                                      allow_patterns=HUB_PATTERNS))
+        return Path(snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True, allow_patterns=HUB_PATTERNS))
     except LocalEntryNotFoundError:
         pass
     except Exception as exc:  # a broken cache entry
-        raise PairUnavailable(f"pair {pair.name!r}: reading {repo_id} from the Hugging Face cache failed: "
-                              f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        raise PairUnavailable(
+            f"pair {pair.name!r}: reading {repo_id} from the Hugging Face cache failed: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
     if _offline():
         raise PairUnavailable(unreachable)
     if not (_downloads_allowed() if download is None else download):
-        raise PairUnavailable(f"pair {pair.name!r}: {repo_id} is not in the local Hugging Face cache and downloads "
-                              f"are off ({DOWNLOAD_ENV}=0)")
+        raise PairUnavailable(
+            f"pair {pair.name!r}: {repo_id} is not in the local Hugging Face cache and downloads "
+            f"are off ({DOWNLOAD_ENV}=0)"
+        )
     try:
         return Path(snapshot_download(repo_id, cache_dir=cache_dir, allow_patterns=HUB_PATTERNS))
     except LocalEntryNotFoundError:  # huggingface_hub's answer when the hub cannot be reached
@@ -344,8 +383,9 @@ def _from_hub(pair: ModelPair, repo_id: str, cache_dir: str | Path | None, downl
         text = str(exc).splitlines()[0] if str(exc) else ""
         if any(word in f"{type(exc).__name__} {text}".lower() for word in ("connect", "timeout", "resolve", "offline")):
             raise PairUnavailable(unreachable) from None
-        raise PairUnavailable(f"pair {pair.name!r}: downloading {repo_id} from the hub failed: "
-                              f"{type(exc).__name__}: {text}") from None
+        raise PairUnavailable(
+            f"pair {pair.name!r}: downloading {repo_id} from the hub failed: {type(exc).__name__}: {text}"
+        ) from None
 
 
 def _locate(pair: ModelPair, role: str, ref: str, cache_dir: str | Path | None, download: bool | None) -> Path:
@@ -365,11 +405,15 @@ def _check_block_size(pair: ModelPair, drafter_dir: Path) -> None:
     try:
         raw = json.loads(config.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise PairUnavailable(f"pair {pair.name!r}: drafter {drafter_dir} has no readable config.json ({exc})") from None
+        raise PairUnavailable(
+            f"pair {pair.name!r}: drafter {drafter_dir} has no readable config.json ({exc})"
+        ) from None
     found = raw.get("block_size")
     if found is not None and int(found) != pair.block_size:
-        raise PairSpecError(f"pair {pair.name!r}: field 'block_size': {pair.block_size}, but the drafter's "
-                            f"{config} says block_size {found}")
+        raise PairSpecError(
+            f"pair {pair.name!r}: field 'block_size': {pair.block_size}, but the drafter's "
+            f"{config} says block_size {found}"
+        )
 
 
 def resolve_pair(

@@ -11,8 +11,17 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-__all__ = ["DATA_DIR", "GOLDEN_DIR", "PROMPTS_DIR", "FIXTURE_DIR", "FIXTURE_TARGET", "FIXTURE_DRAFTER",
-           "RECORDS_DIR", "BASELINES_DIR", "REPORTS_DIR"]
+__all__ = [
+    "DATA_DIR",
+    "GOLDEN_DIR",
+    "PROMPTS_DIR",
+    "FIXTURE_DIR",
+    "FIXTURE_TARGET",
+    "FIXTURE_DRAFTER",
+    "RECORDS_DIR",
+    "BASELINES_DIR",
+    "REPORTS_DIR",
+]
 
 # The data package is a plain folder on disk (never a zip): the models in it are opened by path.
 DATA_DIR: Path = Path(str(files("ddtree_conformance.golden")))

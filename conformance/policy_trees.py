@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
 from ddtree_conformance.adapters.interface import Request, RequestResult, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.adapters.reference.replay import replay_result
@@ -71,10 +72,17 @@ def node_paths(tokens: Sequence[int], parents: Sequence[int]) -> list[tuple[int,
     return [path(i) for i in range(len(tokens))]
 
 
-
-def build_policy_tree(draft_logits: torch.Tensor, budget: int, *, max_children: int | None = None,
-                      depth_bonus: float = 0.0, early_stop_margin: float | None = None, keep_spine: bool = False,
-                      chain: bool = False, order: str = "pop") -> DraftTree:
+def build_policy_tree(
+    draft_logits: torch.Tensor,
+    budget: int,
+    *,
+    max_children: int | None = None,
+    depth_bonus: float = 0.0,
+    early_stop_margin: float | None = None,
+    keep_spine: bool = False,
+    chain: bool = False,
+    order: str = "pop",
+) -> DraftTree:
     """The spec's best-first heap with one or more of the known deviations switched on.
 
     ``max_children``: only the top ``k`` tokens per depth are candidates (at most ``k`` children per
@@ -85,12 +93,18 @@ def build_policy_tree(draft_logits: torch.Tensor, budget: int, *, max_children: 
     "breadth-first". All off: exactly :func:`~ddtree_conformance.spec.build_tree`. Scores in the
     returned tree are the plain cumulative log-probs (no bonus)."""
     if chain:
-        return build_chain(draft_logits[:min(budget, draft_logits.shape[0])])
+        return build_chain(draft_logits[: min(budget, draft_logits.shape[0])])
     vocab = draft_logits.shape[1]
     top_lp, top_ids = per_depth_topk(draft_logits, min(budget, vocab, max_children or budget))
     tokens, depths, parents, ranks, scores = policy_heap(
-        top_lp.tolist(), top_ids.tolist(), budget, max_children=max_children, depth_bonus=depth_bonus,
-        early_stop_margin=early_stop_margin, keep_spine=keep_spine)
+        top_lp.tolist(),
+        top_ids.tolist(),
+        budget,
+        max_children=max_children,
+        depth_bonus=depth_bonus,
+        early_stop_margin=early_stop_margin,
+        keep_spine=keep_spine,
+    )
     tree = DraftTree(
         tokens=torch.tensor([-1] + tokens, dtype=torch.long),
         depths=torch.tensor([0] + depths, dtype=torch.long),
@@ -101,9 +115,16 @@ def build_policy_tree(draft_logits: torch.Tensor, budget: int, *, max_children: 
     return renumber_breadth_first(tree) if order == "breadth-first" else tree
 
 
-def policy_heap(lp: list[list[float]], ids: list[list[int]], budget: int, *, max_children: int | None = None,
-                depth_bonus: float = 0.0, early_stop_margin: float | None = None,
-                keep_spine: bool = False) -> tuple[list, list, list, list, list]:
+def policy_heap(
+    lp: list[list[float]],
+    ids: list[list[int]],
+    budget: int,
+    *,
+    max_children: int | None = None,
+    depth_bonus: float = 0.0,
+    early_stop_margin: float | None = None,
+    keep_spine: bool = False,
+) -> tuple[list, list, list, list, list]:
     """:func:`build_policy_tree`'s heap on per-depth top-k log-probs and ids (rank order, as
     :func:`~ddtree_conformance.spec.per_depth_topk` gives them; only the first ``max_children``
     ranks are used): ``(tokens, depths, parents, ranks, scores)`` of the nodes in pop order."""
@@ -126,8 +147,9 @@ def policy_heap(lp: list[list[float]], ids: list[list[int]], budget: int, *, max
         scores.append(score)
         if rank + 1 < k:
             sibling = parent_key + lp[depth - 1][rank + 1] + (depth_bonus if depth > 1 else 0.0)
-            heapq.heappush(heap, (-sibling, rank_path[:-1] + (rank + 1,), parent, depth, rank + 1, parent_score,
-                                  parent_key))
+            heapq.heappush(
+                heap, (-sibling, rank_path[:-1] + (rank + 1,), parent, depth, rank + 1, parent_score, parent_key)
+            )
         if depth < depth_limit:
             child = key + lp[depth][0] + depth_bonus
             heapq.heappush(heap, (-child, rank_path + (0,), node, depth + 1, 0, score, key))
@@ -148,15 +170,25 @@ def renumber_breadth_first(tree: DraftTree) -> DraftTree:
             order.append(i)
     index = torch.tensor(order, dtype=torch.long, device=tree.tokens.device)
     remapped = torch.tensor([-1] + [new[parents[i]] for i in order[1:]], dtype=torch.long, device=index.device)
-    return DraftTree(tokens=tree.tokens[index], depths=tree.depths[index], parents=remapped,
-                     ranks=tree.ranks[index], scores=tree.scores[index])
+    return DraftTree(
+        tokens=tree.tokens[index],
+        depths=tree.depths[index],
+        parents=remapped,
+        ranks=tree.ranks[index],
+        scores=tree.scores[index],
+    )
 
 
 def _sglang_policy(budget: int, depth: int) -> dict:
     if budget <= depth:
         return {"chain": True}
-    return {"max_children": sglang_width(budget, depth), "depth_bonus": 0.2, "early_stop_margin": 1.0,
-            "keep_spine": True, "order": "breadth-first"}
+    return {
+        "max_children": sglang_width(budget, depth),
+        "depth_bonus": 0.2,
+        "early_stop_margin": 1.0,
+        "keep_spine": True,
+        "order": "breadth-first",
+    }
 
 
 #: Policies integrations have shipped, as :func:`build_policy_tree` arguments for (B, L): what an
@@ -168,6 +200,8 @@ KNOWN_POLICIES: dict[str, Callable[[int, int], dict]] = {
     "early-stop": lambda budget, depth: {"early_stop_margin": 1.0, "keep_spine": True},
     "sglang-pr-29907": _sglang_policy,
 }
+
+
 def distinct_policies(budget: int, depth: int) -> list[str]:
     """The known policies that differ at (B, L): at B <= L SGLang PR #29907's is the chain."""
     return [n for n in KNOWN_POLICIES if not (n == "sglang-pr-29907" and budget <= depth)]
@@ -179,8 +213,9 @@ KNOWN_POLICY_KINDS: dict[str, Callable[[int, int], tuple[str, ...]]] = {
     "width-cap": lambda budget, depth: ("width-cap",),
     "depth-bonus": lambda budget, depth: ("depth-bonus",),
     "early-stop": lambda budget, depth: ("early-stop",),
-    "sglang-pr-29907": lambda budget, depth: ("chain",) if budget <= depth else ("width-cap", "depth-bonus",
-                                                                                  "early-stop"),
+    "sglang-pr-29907": lambda budget, depth: (
+        ("chain",) if budget <= depth else ("width-cap", "depth-bonus", "early-stop")
+    ),
 }
 KNOWN_POLICY_TEXT = {
     "chain": "a chain of the first min(B, L) argmax tokens (SGLang PR #29907 at B <= L)",
@@ -205,8 +240,9 @@ class PolicyFit:
         parts = [f"width cap {self.cap}"] if self.cap else []
         parts += [f"depth bonus {self.bonus:g}"] if self.bonus else []
         if self.stop is not None:
-            parts.append(f"early stop at best - log B - {self.stop[0]:g}" + (" (rank-0 chain kept)" if self.stop[1]
-                                                                                else ""))
+            parts.append(
+                f"early stop at best - log B - {self.stop[0]:g}" + (" (rank-0 chain kept)" if self.stop[1] else "")
+            )
         return ", ".join(parts) or "the spec's heap"
 
     def kwargs(self) -> dict:
@@ -237,12 +273,20 @@ def fit_policy(rounds: Sequence[tuple[torch.Tensor, set]], budget: int, cap: int
             missed += len(got ^ target)
         return hits, -missed
 
-    dims = {"cap": [None, cap] if cap else [None], "bonus": [0.0, *BONUS_GRID],
-            "stop": [None, *((m, s) for m in MARGIN_GRID for s in (False, True))]}
+    dims = {
+        "cap": [None, cap] if cap else [None],
+        "bonus": [0.0, *BONUS_GRID],
+        "stop": [None, *((m, s) for m in MARGIN_GRID for s in (False, True))],
+    }
     # start from the best of the known policies' settings (one component, or SGLang PR #29907's three):
     # from the spec's heap alone, a descent can stop where no single component helps yet
-    seeds = [PolicyFit(), PolicyFit(cap=cap), PolicyFit(bonus=0.2), PolicyFit(stop=(1.0, True)),
-             PolicyFit(cap=cap, bonus=0.2, stop=(1.0, True))]
+    seeds = [
+        PolicyFit(),
+        PolicyFit(cap=cap),
+        PolicyFit(bonus=0.2),
+        PolicyFit(stop=(1.0, True)),
+        PolicyFit(cap=cap, bonus=0.2, stop=(1.0, True)),
+    ]
     best, value = max(((s, measure(s)) for s in seeds), key=lambda sv: sv[1])
     for _ in range(4):
         improved = False
@@ -318,9 +362,14 @@ def _same(kind: str, mine, theirs: RequestResult) -> bool:
     return rounds == len(lengths) and bool(lengths) and abs(mean - sum(lengths) / len(lengths)) <= 1e-9
 
 
-def replay_known_policies(engine: PolicyReference, requests: list[Request], config: RunConfig,
-                          results: Sequence[RequestResult], block: int,
-                          names: Sequence[str] | None = None) -> PolicyMatch:
+def replay_known_policies(
+    engine: PolicyReference,
+    requests: list[Request],
+    config: RunConfig,
+    results: Sequence[RequestResult],
+    block: int,
+    names: Sequence[str] | None = None,
+) -> PolicyMatch:
     """Run ``engine`` under each known policy on ``requests`` and compare with the engine's ``results``:
     per prompt where the engine reports per-request acceptance (its lengths, or its mean and round
     count, equal to the policy's on at least :data:`MATCHING_PROMPTS` of the prompts), else the
@@ -345,8 +394,10 @@ def replay_known_policies(engine: PolicyReference, requests: list[Request], conf
     best = max(equal.values(), default=0)
     if mine and best >= MATCHING_PROMPTS * len(results):
         match.matches = [n for n, e in equal.items() if e == best]
-        match.how = (f"{'per-round lengths' if kind == 'rounds' else 'per-request acceptance'} equal on {best}/"
-                     f"{len(results)} prompts")
+        match.how = (
+            f"{'per-round lengths' if kind == 'rounds' else 'per-request acceptance'} equal on {best}/"
+            f"{len(results)} prompts"
+        )
         return match
     close = {n: d for n, d in distance.items() if d <= POOLED_TAU_REL_TOL}
     if close:
@@ -356,8 +407,14 @@ def replay_known_policies(engine: PolicyReference, requests: list[Request], conf
     return match
 
 
-def match_on_rounds(reference: ReferenceEngine, requests: Sequence[Request], results: Sequence[RequestResult],
-                    config: RunConfig, block: int, names: Sequence[str] | None = None) -> PolicyMatch:
+def match_on_rounds(
+    reference: ReferenceEngine,
+    requests: Sequence[Request],
+    results: Sequence[RequestResult],
+    config: RunConfig,
+    block: int,
+    names: Sequence[str] | None = None,
+) -> PolicyMatch:
     """Per-round engines, without running the target once per policy: every round of the engine's
     greedy results is replayed once with the reference on the engine's own context
     (:func:`~ddtree_conformance.adapters.reference.replay.replay_result`), and each known policy's
@@ -371,13 +428,14 @@ def match_on_rounds(reference: ReferenceEngine, requests: Sequence[Request], res
     rounds = 0
     for request, result in zip(requests, results):
         output, lengths = list(result.output_ids), list(result.acceptance_lengths or [])
-        replayed = replay_result(reference, request, output, lengths, "ddtree", budget, config.device,
-                                 keep_logits=lambda *_: True)
+        replayed = replay_result(
+            reference, request, output, lengths, "ddtree", budget, config.device, keep_logits=lambda *_: True
+        )
         for rnd in replayed:
             if rnd.offset + horizon >= len(output):
                 break  # the output's end hides how far this round could have gone
             rounds += 1
-            following = output[rnd.offset:rnd.offset + horizon]
+            following = output[rnd.offset : rnd.offset + horizon]
             for name in names:
                 tree = build_policy_tree(rnd.draft_logits, budget, **KNOWN_POLICIES[name](budget, horizon))
                 children, node, k = tree.children, 0, 0

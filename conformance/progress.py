@@ -29,6 +29,7 @@ def heartbeat_interval() -> float:
         return HEARTBEAT_S
     return value if value > 0 else HEARTBEAT_S
 
+
 Printer = Callable[[str], None]
 
 
@@ -56,7 +57,7 @@ class Heartbeat:
         while not self._stop.wait(self.interval_s):
             self.emit(f"waiting for engine {self.engine!r}: {self.what}, {time.monotonic() - started:.0f} s")
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         if self.emit is not None and self.interval_s > 0:
             self._thread = threading.Thread(target=self._beat, name="ddtree-heartbeat", daemon=True)
             self._thread.start()

@@ -24,8 +24,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .paths import PROMPTS_DIR
 
-__all__ = ["Prompt", "PromptError", "bundled_prompt_sets", "resolve_prompt_set", "load_prompts", "format_prompts",
-           "DEFAULT_CATEGORY"]
+__all__ = [
+    "Prompt",
+    "PromptError",
+    "bundled_prompt_sets",
+    "resolve_prompt_set",
+    "load_prompts",
+    "format_prompts",
+    "DEFAULT_CATEGORY",
+]
 
 DEFAULT_CATEGORY = "default"
 _KNOWN_FIELDS = ("id", "category", "text", "prompt_ids", "max_new_tokens")
@@ -34,8 +41,9 @@ _KNOWN_FIELDS = ("id", "category", "text", "prompt_ids", "max_new_tokens")
 class PromptError(ValueError):
     """A prompt set cannot be used; the message names the file, line and field."""
 
-    def __init__(self, message: str, *, path: str | Path | None = None, line: int | None = None,
-                 field: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, path: str | Path | None = None, line: int | None = None, field: str | None = None
+    ) -> None:
         self.path = None if path is None else Path(path)
         self.line = line
         self.field = field
@@ -99,13 +107,17 @@ class _Tokenizer:
             if self.dir is None:
                 raise PromptError(
                     f"prompt {prompt_id!r} has text but no prompt_ids, and no tokenizer dir was given to encode it",
-                    path=path, line=line, field="prompt_ids",
+                    path=path,
+                    line=line,
+                    field="prompt_ids",
                 )
             file = self.dir / "tokenizer.json"
             if not file.is_file():
                 raise PromptError(
                     f"prompt {prompt_id!r} has text but no prompt_ids, and {file} does not exist to encode it",
-                    path=path, line=line, field="prompt_ids",
+                    path=path,
+                    line=line,
+                    field="prompt_ids",
                 )
             from tokenizers import Tokenizer
 
@@ -198,7 +210,9 @@ def load_prompts(path_or_name: str | Path, tokenizer_dir: str | Path | None = No
         if prompt.id in first_line:
             raise PromptError(
                 f"duplicate id {prompt.id!r} (first on line {first_line[prompt.id]})",
-                path=path, line=number, field="id",
+                path=path,
+                line=number,
+                field="id",
             )
         first_line[prompt.id] = number
         prompts.append(prompt)
@@ -214,8 +228,9 @@ def format_prompts(prompts: list, tokenizer_dir: str | Path, prompt_format: str)
         return prompts
     missing = [p.id for p in prompts if not p.text]
     if missing:
-        raise PromptError(f"prompt {missing[0]!r} has no text to encode as prompt_format {prompt_format!r}",
-                          field="text")
+        raise PromptError(
+            f"prompt {missing[0]!r} has no text to encode as prompt_format {prompt_format!r}", field="text"
+        )
     directory = Path(tokenizer_dir)
     if prompt_format == "text":
         file = directory / "tokenizer.json"
@@ -235,8 +250,9 @@ def format_prompts(prompts: list, tokenizer_dir: str | Path, prompt_format: str)
             raise PromptError(f"prompt_format 'chat': the tokenizer in {directory} has no chat template")
 
         def encode(text: str) -> list[int]:
-            rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                     add_generation_prompt=True, enable_thinking=False)
+            rendered = tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True, enable_thinking=False
+            )
             return list(tokenizer.encode(rendered, add_special_tokens=False))
     else:
         raise PromptError(f"unknown prompt_format {prompt_format!r} (ids, text or chat)")

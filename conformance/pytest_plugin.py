@@ -44,13 +44,23 @@ SUITE = Path(__file__).parent / "suite" / "test_conformance.py"
 # (field, argparse keyword arguments, help); the flag is ddtree_flag(field), "{default}" the settings model's
 # default (settings.shown_default), so help cannot drift from what a run uses.
 _OPTIONS: list[tuple[str, dict[str, Any], str]] = [
-    ("engine", {}, "engine under test: reference, vllm, sglang, an entry-point name or module:Class "
-                   "(turns the plugin on)"),
-    ("engine_options", {"action": "append", "metavar": "KEY=VALUE"},
-     "engine option (repeatable), as the CLI's -O/--engine-option"),
-    ("engine_timeout_s", {"type": float}, "seconds the engine may take to start, answer capabilities() (asked once) "
-                                          "or run one generate before its process group is killed and the "
-                                          "remaining items fail (default {default})"),
+    (
+        "engine",
+        {},
+        "engine under test: reference, vllm, sglang, an entry-point name or module:Class (turns the plugin on)",
+    ),
+    (
+        "engine_options",
+        {"action": "append", "metavar": "KEY=VALUE"},
+        "engine option (repeatable), as the CLI's -O/--engine-option",
+    ),
+    (
+        "engine_timeout_s",
+        {"type": float},
+        "seconds the engine may take to start, answer capabilities() (asked once) "
+        "or run one generate before its process group is killed and the "
+        "remaining items fail (default {default})",
+    ),
     ("model_dir", {}, "target model dir (default: {default}); write --ddtree-model=DIR"),
     ("drafter_dir", {}, "DFlash drafter dir (default: {default}); 'none' for no drafter"),
     ("pair", {}, "named model pair (fixture, qwen3-8b, qwen3-4b, or a pairs file's); default $DDTREE_PAIR"),
@@ -66,16 +76,29 @@ _OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("checks", {"action": "append"}, "keep checks whose id contains this (repeatable)"),
     ("golden_dir", {}, "root of the golden files (default: {default})"),
     ("torch_threads", {"type": int}, "torch CPU threads per process; 0: torch's default (default {default})"),
-    ("tensor_parallel_size", {"type": int}, "devices each engine shards the target over (default: the pair's, "
-                                            "{default})"),
-    ("allow_skip", {"action": "append", "metavar": "FAMILY"},
-     "a check family or mode (ddtree, dflash) whose checks may skip because of the engine without making the run "
-     "incomplete (exit 7); repeatable"),
-    ("held_out_prompts", {"type": int}, "prompts drawn at run time from the target, added to the prompt set "
-                                        "(default one per 20 prompts, at least 1; 0: none)"),
+    (
+        "tensor_parallel_size",
+        {"type": int},
+        "devices each engine shards the target over (default: the pair's, {default})",
+    ),
+    (
+        "allow_skip",
+        {"action": "append", "metavar": "FAMILY"},
+        "a check family or mode (ddtree, dflash) whose checks may skip because of the engine without making the run "
+        "incomplete (exit 7); repeatable",
+    ),
+    (
+        "held_out_prompts",
+        {"type": int},
+        "prompts drawn at run time from the target, added to the prompt set "
+        "(default one per 20 prompts, at least 1; 0: none)",
+    ),
     ("profile", {}, "default, or thorough (nightly: over ten times the default's evidence; explicit options win)"),
-    ("run_seed", {"type": int}, "seed of the held-out prompts and the request order (default: drawn at the run's "
-                                "start; the report records it)"),
+    (
+        "run_seed",
+        {"type": int},
+        "seed of the held-out prompts and the request order (default: drawn at the run's start; the report records it)",
+    ),
 ]
 
 
@@ -87,16 +110,32 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     group = parser.getgroup("ddtree-conformance", "DDTree conformance suite (ddtree-conformance check, as pytest)")
     for field, kwargs, text in _OPTIONS:
         group.addoption(ddtree_flag(field), dest=f"ddtree_{field}", default=None, help=_help(field, text), **kwargs)
-    group.addoption(ddtree_flag("isolate"), dest="ddtree_isolate", action="store_true", default=None,
-                    help="run the engine in its own process (the default)")
-    group.addoption("--ddtree-no-isolate", dest="ddtree_isolate", action="store_false",
-                    help="run the engine in the pytest process")
-    group.addoption("--ddtree-gpus-per-worker", dest="ddtree_gpus_per_worker", type=int, default=None,
-                    help="GPUs per pytest-xdist worker (default $DDTREE_GPUS_PER_WORKER, else 1); -n auto in a GPU "
-                         "run starts GPUs // this many workers")
-    group.addoption("--ddtree-report", dest="ddtree_report", default=None, metavar="PATH",
-                    help="the check report's JSON path, Markdown and HTML beside it, as `ddtree-conformance check "
-                         "--out` (default reports/check-<engine>.json under the directory pytest was started in)")
+    group.addoption(
+        ddtree_flag("isolate"),
+        dest="ddtree_isolate",
+        action="store_true",
+        default=None,
+        help="run the engine in its own process (the default)",
+    )
+    group.addoption(
+        "--ddtree-no-isolate", dest="ddtree_isolate", action="store_false", help="run the engine in the pytest process"
+    )
+    group.addoption(
+        "--ddtree-gpus-per-worker",
+        dest="ddtree_gpus_per_worker",
+        type=int,
+        default=None,
+        help="GPUs per pytest-xdist worker (default $DDTREE_GPUS_PER_WORKER, else 1); -n auto in a GPU "
+        "run starts GPUs // this many workers",
+    )
+    group.addoption(
+        "--ddtree-report",
+        dest="ddtree_report",
+        default=None,
+        metavar="PATH",
+        help="the check report's JSON path, Markdown and HTML beside it, as `ddtree-conformance check "
+        "--out` (default reports/check-<engine>.json under the directory pytest was started in)",
+    )
     # Registered here, before xdist sizes `-n auto` and before any worker touches CUDA.
     if not pluginmanager.has_plugin("ddtree-xdist-gpus"):
         pluginmanager.register(XdistGpuPlugin(), "ddtree-xdist-gpus")
@@ -151,8 +190,10 @@ def _check_engine_name(name: str) -> None:
     name = name.strip()
     known = available_engines()
     if name not in known and ":" not in name:
-        raise pytest.UsageError(f"ddtree-conformance: --ddtree-engine: unknown engine {name!r}; known engines: "
-                                f"{', '.join(sorted(known))} (or give a 'module:Class' path)")
+        raise pytest.UsageError(
+            f"ddtree-conformance: --ddtree-engine: unknown engine {name!r}; known engines: "
+            f"{', '.join(sorted(known))} (or give a 'module:Class' path)"
+        )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -179,8 +220,9 @@ def pytest_configure(config: pytest.Config) -> None:
         out = config.invocation_params.dir / out
     if not config.pluginmanager.has_plugin("ddtree-results"):
         config.pluginmanager.register(Recorder(config, settings, out), "ddtree-results")
-    user_paths = [a for a in config.args if a != str(SUITE)] if config.args_source == pytest.Config.ArgsSource.ARGS \
-        else []
+    user_paths = (
+        [a for a in config.args if a != str(SUITE)] if config.args_source == pytest.Config.ArgsSource.ARGS else []
+    )
     config.stash[_USER_PATHS] = user_paths
     if str(SUITE) in config.args:
         return
@@ -201,15 +243,19 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
     suite = sum(1 for item in items if Path(str(item.fspath)) == SUITE)
     own = len(items) - suite
     settings = settings_from_options(config)
-    lines = [f"ddtree-conformance: {suite} conformance item(s) for engine {settings.engine!r} from the packaged suite "
-             f"({SUITE})"]
+    lines = [
+        f"ddtree-conformance: {suite} conformance item(s) for engine {settings.engine!r} from the packaged suite "
+        f"({SUITE})"
+    ]
     paths = config.stash.get(_USER_PATHS, [])
     if paths:
         lines.append(f"ddtree-conformance: and {own} item(s) of your own tests from: {', '.join(paths)}")
     else:
-        lines.append("ddtree-conformance: no test paths given, so only the conformance suite runs (your project's "
-                     "testpaths are not collected); to run both, name them: pytest tests --ddtree-engine "
-                     f"{settings.engine}")
+        lines.append(
+            "ddtree-conformance: no test paths given, so only the conformance suite runs (your project's "
+            "testpaths are not collected); to run both, name them: pytest tests --ddtree-engine "
+            f"{settings.engine}"
+        )
     return lines
 
 
@@ -232,8 +278,11 @@ def pytest_collect_directory(path, parent):
     if not active(parent.config) or not (Path(path) / "__init__.py").is_file():
         return None
     folder = Path(path).resolve()
-    if folder.name != "ddtree_conformance" and folder in SUITE.resolve().parents and \
-            folder != SUITE.resolve().parent.parent.parent:
+    if (
+        folder.name != "ddtree_conformance"
+        and folder in SUITE.resolve().parents
+        and folder != SUITE.resolve().parent.parent.parent
+    ):
         return pytest.Dir.from_parent(parent, path=Path(path))
     return None
 

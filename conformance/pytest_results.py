@@ -111,10 +111,14 @@ class Recorder:
         partial = new_report("check", s.model_dump(), hardware_class(s.device, None), schema=CHECK_SCHEMA)
         partial["route"] = "pytest"
         report, _, self.verdict = finish_check_report(
-            partial, list(self.entries.values()), allow_skip=s.allow_skip or (), flag_prefix=self.flag_prefix,
+            partial,
+            list(self.entries.values()),
+            allow_skip=s.allow_skip or (),
+            flag_prefix=self.flag_prefix,
             runs=self.session_info.get("runs", []),
             engine=self.session_info.get("engine") or {"spec": s.engine, "name": "", "version": ""},
-            elapsed_s=time.perf_counter() - self.started)
+            elapsed_s=time.perf_counter() - self.started,
+        )
         report["held_out_prompts"] = self.session_info.get("held_out_prompts", [])
         self.written = write_report(report, self.out)
         if self.verdict["status"] == "incomplete" and session.exitstatus == pytest.ExitCode.OK:

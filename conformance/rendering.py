@@ -7,7 +7,7 @@ plots as base64 PNGs); nothing in a template computes a verdict.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +36,14 @@ def _rule(head: Sequence[Any]) -> str:
     return "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _environment(markdown: bool) -> Environment:
-    env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=not markdown, undefined=StrictUndefined,
-                      keep_trailing_newline=True)
+    env = Environment(
+        loader=FileSystemLoader(str(TEMPLATES)),
+        autoescape=not markdown,
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+    )
     if markdown:
         env.filters.update(md=_one_line, cell=_cell, mdrow=_row, mdrule=_rule)
     return env

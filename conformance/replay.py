@@ -54,8 +54,16 @@ from .metrics import emitted_lengths
 from .spec import build_chain, build_tree, least_budget
 from .token_scoring import window
 
-__all__ = ["FP32_DRAFTER_FLIP_RATE", "RoundVerdict", "ReplayRun", "golden_lengths",
-           "drafter_flips_within", "judge_rounds", "drafter_round_cap", "unconfirmed_round_cap"]
+__all__ = [
+    "FP32_DRAFTER_FLIP_RATE",
+    "RoundVerdict",
+    "ReplayRun",
+    "golden_lengths",
+    "drafter_flips_within",
+    "judge_rounds",
+    "drafter_round_cap",
+    "unconfirmed_round_cap",
+]
 
 FP32_DRAFTER_FLIP_RATE = 1e-3  # float32: trees flip only at exact drafter ties (1e-6 apart) across devices
 
@@ -76,9 +84,11 @@ class RoundVerdict:
     def describe(self) -> str:
         if self.round < 0:
             return f"{self.prompt} prefill token: {self.note}"
-        return (f"{self.prompt} round {self.round}: engine length {self.engine_length} tokens {self.engine_tokens}, "
-                f"reference replay length {self.reference_length} tokens {self.reference_tokens}"
-                + (f" ({self.note})" if self.note else ""))
+        return (
+            f"{self.prompt} round {self.round}: engine length {self.engine_length} tokens {self.engine_tokens}, "
+            f"reference replay length {self.reference_length} tokens {self.reference_tokens}"
+            + (f" ({self.note})" if self.note else "")
+        )
 
 
 @dataclass
@@ -132,7 +142,7 @@ def _cut_length(draft_logits: torch.Tensor, mode: str, nodes: int, tokens: Seque
 def _accepted_length(tree, tokens: Sequence[int], most: int) -> int:
     """The acceptance length of a walk along ``tokens`` (the target's choices) on ``tree``, at most ``most``."""
     k = 0
-    while k + 1 < most and _holds(tree, tokens[:k + 1]):
+    while k + 1 < most and _holds(tree, tokens[: k + 1]):
         k += 1
     return k + 1
 
@@ -146,8 +156,9 @@ def _holds(tree, tokens: Sequence[int]) -> bool:
     return True
 
 
-def drafter_flips_within(draft_logits: torch.Tensor, mode: str, budget: int, path: Sequence[int],
-                         tolerance: float) -> bool:
+def drafter_flips_within(
+    draft_logits: torch.Tensor, mode: str, budget: int, path: Sequence[int], tolerance: float
+) -> bool:
     """Whether moving every drafter logit by at most ``tolerance`` flips ``path``'s membership of the
     spec tree (``path``'s tokens up and the rest down at its depths, or the reverse)."""
     present = _holds(_build(draft_logits, mode, budget), path)
@@ -181,9 +192,19 @@ def _tree_dict(tokens, parents, accepted) -> dict:
     return {"tokens": list(tokens), "parents": list(parents), "accepted": list(accepted)}
 
 
-def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], output: Sequence[int], replayed,
-                 rules: Calibration, mode: str, budget: int, token_gaps: Sequence[float],
-                 engine_traces=None, context_limit: int | None = None) -> None:
+def judge_rounds(
+    run: ReplayRun,
+    prompt: str,
+    engine_lengths: Sequence[int],
+    output: Sequence[int],
+    replayed,
+    rules: Calibration,
+    mode: str,
+    budget: int,
+    token_gaps: Sequence[float],
+    engine_traces=None,
+    context_limit: int | None = None,
+) -> None:
     """Classify every replayed round of one prompt into ``run`` (see the module doc).
 
     ``replayed``: :class:`~ddtree_conformance.adapters.reference.replay.ReplayRound` list;
@@ -202,18 +223,26 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
     for rnd in replayed:
         run.rounds += 1
         le = engine_lengths[rnd.index]
-        mine = list(output[rnd.offset: rnd.offset + le])
+        mine = list(output[rnd.offset : rnd.offset + le])
         theirs = rnd.tokens
-        if le == rnd.length and mine == theirs[:len(mine)]:
+        if le == rnd.length and mine == theirs[: len(mine)]:
             continue
         at_end = rnd.offset + le >= len(output)  # the output's last round: it shows only what it emitted
-        if at_end and rnd.length >= len(mine) and mine == theirs[:len(mine)]:
+        if at_end and rnd.length >= len(mine) and mine == theirs[: len(mine)]:
             continue
-        verdict = RoundVerdict(prompt, rnd.index, "differs", le, rnd.length, mine, theirs,
-                               reference_tree=_tree_dict(rnd.tree_tokens, rnd.parents, rnd.accepted))
+        verdict = RoundVerdict(
+            prompt,
+            rnd.index,
+            "differs",
+            le,
+            rnd.length,
+            mine,
+            theirs,
+            reference_tree=_tree_dict(rnd.tree_tokens, rnd.parents, rnd.accepted),
+        )
         if rnd.short_block is not None:
             short_length, short_tokens = rnd.short_block
-            if mine == short_tokens[:len(mine)] and (le == short_length or (at_end and short_length >= len(mine))):
+            if mine == short_tokens[: len(mine)] and (le == short_length or (at_end and short_length >= len(mine))):
                 verdict.kind = "short-block"
                 verdict.note = "equal to the replay with the drafter's block cut to the room the output had left"
                 run.freedom.append(verdict)
@@ -233,19 +262,29 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
             gap = token_gaps[position] if position < len(token_gaps) else float("inf")
             node_gap = rnd.path_gaps[j] if j < len(rnd.path_gaps) else float("inf")
             if rules.fp32_tie(gap) and rules.fp32_tie(node_gap):
-                verdict.kind, verdict.note = "fp32-tie", (
-                    f"fp32 tie at output position {position}: engine token {mine[j]} is {gap:.3g} below the top-1 "
-                    f"{theirs[j]}")
+                verdict.kind, verdict.note = (
+                    "fp32-tie",
+                    (
+                        f"fp32 tie at output position {position}: engine token {mine[j]} is {gap:.3g} below the top-1 "
+                        f"{theirs[j]}"
+                    ),
+                )
                 run.fp32_ties.append(verdict)
             elif gap <= rules.bound and node_gap <= rules.bound and not rules.exact:
-                verdict.kind, verdict.note = "target-near-tie", (
-                    f"fp32 target near-tie at output position {position}: engine token {mine[j]} is {gap:.3g} below "
-                    f"the top-1 {theirs[j]}, within the bound {rules.bound:.3g}")
+                verdict.kind, verdict.note = (
+                    "target-near-tie",
+                    (
+                        f"fp32 target near-tie at output position {position}: engine token {mine[j]} is {gap:.3g} "
+                        f"below the top-1 {theirs[j]}, within the bound {rules.bound:.3g}"
+                    ),
+                )
                 run.target.append(verdict)
             else:
                 engine_trace()
-                verdict.note = (f"at output position {position} the engine commits {mine[j]} where the fp32 target "
-                                f"chose {theirs[j]} ({gap:.3g} below the top-1, bound {rules.bound:.3g})")
+                verdict.note = (
+                    f"at output position {position} the engine commits {mine[j]} where the fp32 target "
+                    f"chose {theirs[j]} ({gap:.3g} below the top-1, bound {rules.bound:.3g})"
+                )
                 run.differs.append(verdict)
             continue
         fits = context_limit is not None and rnd.start - rnd.offset + 1 + len(output) <= context_limit
@@ -254,8 +293,10 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
             least = least_budget(full, context_limit - 2 - rnd.start)
             if least < full and _cut_length(rnd.draft_logits, mode, least, theirs, rnd.length) <= le:
                 verdict.kind = "context-cut"
-                verdict.note = (f"root at position {rnd.start} of a {context_limit}-token context: the KV slots left "
-                                f"hold {least} nodes")
+                verdict.note = (
+                    f"root at position {rnd.start} of a {context_limit}-token context: the KV slots left "
+                    f"hold {least} nodes"
+                )
                 run.freedom.append(verdict)
                 continue
         trace = engine_trace()  # the drafter side decides: the engine's own tree and drafter logits
@@ -263,21 +304,26 @@ def judge_rounds(run: ReplayRun, prompt: str, engine_lengths: Sequence[int], out
         if mode == "ddtree" and nodes < budget and le < rnd.length and rnd.draft_logits is not None:
             expected = _cut_length(rnd.draft_logits, mode, nodes, theirs, rnd.length)
             if expected == le:  # the engine verified a smaller tree (cut); at that size the spec agrees
-                verdict.kind, verdict.note = "cut-tree", (
-                    f"the engine's trace holds {nodes} of B={budget} nodes (its scheduler cut the tree); the spec "
-                    f"tree of {nodes} nodes accepts exactly {le}")
+                verdict.kind, verdict.note = (
+                    "cut-tree",
+                    (
+                        f"the engine's trace holds {nodes} of B={budget} nodes (its scheduler cut the tree); the spec "
+                        f"tree of {nodes} nodes accepts exactly {le}"
+                    ),
+                )
                 run.cut.append(verdict)
                 continue
         engine_logits = None if trace is None else trace.draft_logits
         short = _short_view(rnd, mine, engine_logits)
         if short is not None:  # the engine may have drafted a block cut to the room left: judged on that block
-            why = _drafter_excuse(short, short.tokens[:min(le, short.length)], le > short.length, rules, mode, budget,
-                                  engine_logits)
+            why = _drafter_excuse(
+                short, short.tokens[: min(le, short.length)], le > short.length, rules, mode, budget, engine_logits
+            )
             if why.kind == "excused":
                 verdict.kind, verdict.note = "drafter-near-tie", why.note + " (a cut block)"
                 run.drafter.append(verdict)
                 continue
-        path = theirs[:min(le, rnd.length)]
+        path = theirs[: min(le, rnd.length)]
         why = _drafter_excuse(rnd, path, le > rnd.length, rules, mode, budget, engine_logits)
         if why.kind == "excused":
             verdict.kind, verdict.note = "drafter-near-tie", why.note
@@ -300,8 +346,9 @@ def _short_view(rnd, mine: Sequence[int], engine_logits):
         return None
     if engine_logits is not None and len(engine_logits) != rnd.short_logits.shape[0]:
         return None
-    return replace(rnd, length=length, tokens=tokens, draft_logits=rnd.short_logits, short_block=None,
-                   short_logits=None)
+    return replace(
+        rnd, length=length, tokens=tokens, draft_logits=rnd.short_logits, short_block=None, short_logits=None
+    )
 
 
 @dataclass(frozen=True)
@@ -312,39 +359,58 @@ class DrafterExcuse:
     note: str
 
 
-def _drafter_excuse(rnd, path: list[int], engine_holds: bool, rules: Calibration, mode: str, budget: int,
-                    engine_logits) -> DrafterExcuse:
+def _drafter_excuse(
+    rnd, path: list[int], engine_holds: bool, rules: Calibration, mode: str, budget: int, engine_logits
+) -> DrafterExcuse:
     side = "held" if engine_holds else "lacked"
     if rnd.draft_logits is None:
         return DrafterExcuse("differs", "replay kept no drafter logits for this round")
     if not drafter_flips_within(rnd.draft_logits, mode, budget, path, rules.drafter_tolerance):
-        return DrafterExcuse("differs", f"the engine's tree {side} the path {path}, but no drafter logits within the "
-                             f"tolerance {rules.drafter_tolerance:.3g} of the reference's flip it (drafter positions, "
-                             "feedback rows or RoPE?)")
+        return DrafterExcuse(
+            "differs",
+            f"the engine's tree {side} the path {path}, but no drafter logits within the "
+            f"tolerance {rules.drafter_tolerance:.3g} of the reference's flip it (drafter positions, "
+            "feedback rows or RoPE?)",
+        )
     if engine_logits is not None:
         mine = torch.as_tensor(engine_logits, dtype=torch.float32)
         if mine.shape != rnd.draft_logits.shape:
-            return DrafterExcuse("differs", f"the engine's drafter logits have shape {tuple(mine.shape)}, the "
-                                 f"reference's {tuple(rnd.draft_logits.shape)}")
+            return DrafterExcuse(
+                "differs",
+                f"the engine's drafter logits have shape {tuple(mine.shape)}, the "
+                f"reference's {tuple(rnd.draft_logits.shape)}",
+            )
         distance = _logit_distance(mine, rnd.draft_logits)
         if distance == 0.0:
-            return DrafterExcuse("differs", "the engine reports the reference's drafter logits exactly, so they "
-                                 "cannot flip the tree")
+            return DrafterExcuse(
+                "differs", "the engine reports the reference's drafter logits exactly, so they cannot flip the tree"
+            )
         if distance > rules.drafter_tolerance:
-            return DrafterExcuse("differs", f"the engine's drafter logits are {distance:.3g} from the reference's on "
-                                 f"the same context, more than the tolerance {rules.drafter_tolerance:.3g} (drafter "
-                                 "positions, feedback rows or RoPE?)")
+            return DrafterExcuse(
+                "differs",
+                f"the engine's drafter logits are {distance:.3g} from the reference's on "
+                f"the same context, more than the tolerance {rules.drafter_tolerance:.3g} (drafter "
+                "positions, feedback rows or RoPE?)",
+            )
         if _holds(_build(mine, mode, budget), path) != engine_holds:
-            return DrafterExcuse("differs", f"the spec tree of the engine's own drafter logits does not match its "
-                                 f"round (path {path})")
-        return DrafterExcuse("excused", f"drafter logits {distance:.2g} apart flip the path {path} (engine's tree "
-                             f"{side} it)")
+            return DrafterExcuse(
+                "differs", f"the spec tree of the engine's own drafter logits does not match its round (path {path})"
+            )
+        return DrafterExcuse(
+            "excused", f"drafter logits {distance:.2g} apart flip the path {path} (engine's tree {side} it)"
+        )
     if engine_holds:  # longer than the fp32 reference, and nothing of the engine's own shows its tree held the path
-        return DrafterExcuse("differs", f"the engine claims a longer round than the fp32 reference accepts on the "
-                             f"same context (its tree held the path {path}) and gives no drafter logits that "
-                             "reproduce its tree: an inflated length is never excused")
-    return DrafterExcuse("unconfirmed", f"drafter logits within {rules.drafter_tolerance:.3g} could flip the path "
-                         f"{path} out of the tree, but the engine gives no drafter logits to confirm it")
+        return DrafterExcuse(
+            "differs",
+            f"the engine claims a longer round than the fp32 reference accepts on the "
+            f"same context (its tree held the path {path}) and gives no drafter logits that "
+            "reproduce its tree: an inflated length is never excused",
+        )
+    return DrafterExcuse(
+        "unconfirmed",
+        f"drafter logits within {rules.drafter_tolerance:.3g} could flip the path "
+        f"{path} out of the tree, but the engine gives no drafter logits to confirm it",
+    )
 
 
 def drafter_round_cap(rules: Calibration, rounds: int) -> int:

@@ -34,8 +34,19 @@ from .report_plots import plots
 from .report_trees import trees_html
 from .run import Run
 
-__all__ = ["RUN_SCHEMA", "RUN_SCHEMA_VERSION", "ReportError", "new_report", "environment", "write_partial_report",
-           "write_report", "load_report", "render_markdown", "render_html", "report_verdict"]
+__all__ = [
+    "RUN_SCHEMA",
+    "RUN_SCHEMA_VERSION",
+    "ReportError",
+    "new_report",
+    "environment",
+    "write_partial_report",
+    "write_report",
+    "load_report",
+    "render_markdown",
+    "render_html",
+    "report_verdict",
+]
 
 RUN_SCHEMA = "ddtree-conformance/run-report"
 RUN_SCHEMA_VERSION = 1
@@ -69,7 +80,7 @@ def new_report(kind: str, settings: dict, hardware_class: str, *, schema: str = 
         "schema": schema,
         "schema_version": KNOWN_SCHEMAS[schema],
         "kind": kind,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "hardware_class": hardware_class,
         "environment": environment(),
         "settings": settings,
@@ -84,8 +95,10 @@ def load_report(path: str | Path) -> dict[str, Any]:
     if schema not in KNOWN_SCHEMAS:
         raise ReportError(f"{path}: field 'schema' is {schema!r}; expected one of {sorted(KNOWN_SCHEMAS)}")
     if report.get("schema_version") != KNOWN_SCHEMAS[schema]:
-        raise ReportError(f"{path}: field 'schema_version' is {report.get('schema_version')!r}; "
-                          f"this suite reads version {KNOWN_SCHEMAS[schema]} of {schema}")
+        raise ReportError(
+            f"{path}: field 'schema_version' is {report.get('schema_version')!r}; "
+            f"this suite reads version {KNOWN_SCHEMAS[schema]} of {schema}"
+        )
     for field in ("runs", "settings", "hardware_class"):
         if field not in report:
             raise ReportError(f"{path}: field '{field}' is missing (a report from an older suite?)")
@@ -111,11 +124,20 @@ def write_partial_report(report: dict[str, Any], finished: list, planned: list, 
     run, ``"partial": true``. Rewritten after every check, so a run killed at a deadline (or by the
     OOM killer) leaves a report of what finished; the complete report replaces it at the end."""
     done = {r.check for r in finished}
-    pending = [{"check": c.id, "status": "skip", "message": "not run: the run stopped before this check",
-                "details": {"not_run": True}} for c in planned if c.id not in done]
+    pending = [
+        {
+            "check": c.id,
+            "status": "skip",
+            "message": "not run: the run stopped before this check",
+            "details": {"not_run": True},
+        }
+        for c in planned
+        if c.id not in done
+    ]
     results = [r.model_dump() for r in finished] + pending
-    counts = {s: sum(r.status == s and not r.details.get("not_run") for r in finished)
-              for s in ("pass", "fail", "skip")}
+    counts = {
+        s: sum(r.status == s and not r.details.get("not_run") for r in finished) for s in ("pass", "fail", "skip")
+    }
     counts["not_run"] = len(planned) - sum(not r.details.get("not_run") for r in finished)
     body = dict(report, partial=True, counts=counts, results=results)
     json_path = report_paths(out)[0]
@@ -146,8 +168,10 @@ def _engine_name(report: dict) -> str:
 def _title(report: dict) -> str:
     s = report.get("settings", {})
     kind = report.get("kind", "run")
-    return (f"ddtree-conformance {kind}: {_engine_name(report)} on {s.get('pair_name', '?')} "
-            f"({s.get('dtype', '?')}, {s.get('device', '?')}, {report.get('hardware_class', '?')})")
+    return (
+        f"ddtree-conformance {kind}: {_engine_name(report)} on {s.get('pair_name', '?')} "
+        f"({s.get('dtype', '?')}, {s.get('device', '?')}, {report.get('hardware_class', '?')})"
+    )
 
 
 def report_verdict(report: dict) -> dict | None:
@@ -160,8 +184,11 @@ def report_verdict(report: dict) -> dict | None:
         return None
     if counts.get("fail"):
         return {"status": "fail", "reason": f"{counts['fail']} checks failed"}
-    return {"status": "pass", "reason": f"{counts.get('pass', 0)} checks passed, {counts.get('skip', 0)} skipped "
-                                        "(a report without a coverage table)"}
+    return {
+        "status": "pass",
+        "reason": f"{counts.get('pass', 0)} checks passed, {counts.get('skip', 0)} skipped "
+        "(a report without a coverage table)",
+    }
 
 
 def _banner(report: dict) -> dict | None:
@@ -206,46 +233,66 @@ def _summary(report: dict) -> dict:
         head += ["tokens/s (median)", "speedup [CI]", "tau x step/round (step / round)", "CV", "stopped"]
     rows = []
     for run in report.get("runs", []):
-        row = [run.get("label") or run["mode"], _fmt(run.get("tau")), _fmt(run.get("tau_per_response_mean")),
-               _positions_cell(run)]
+        row = [
+            run.get("label") or run["mode"],
+            _fmt(run.get("tau")),
+            _fmt(run.get("tau_per_response_mean")),
+            _positions_cell(run),
+        ]
         if bench:
             tps = run.get("tokens_per_s") or []
             med = sorted(tps)[len(tps) // 2] if tps else None
             sp = run.get("speedup") or {}
             stop = sp.get("stop") or {}
-            row += [_fmt(med, 1), _speedup_cell(run), _cost_cell(run), _fmt(sp.get("cv"), 3) if sp else "-",
-                    f"{stop['decision']} after {stop['repeats']}" if stop else "-"]
+            row += [
+                _fmt(med, 1),
+                _speedup_cell(run),
+                _cost_cell(run),
+                _fmt(sp.get("cv"), 3) if sp else "-",
+                f"{stop['decision']} after {stop['repeats']}" if stop else "-",
+            ]
         rows.append(row)
     return {"head": head, "rows": rows}
 
 
 def _context_lines(report: dict) -> list[str]:
     s = report.get("settings", {})
-    lines = [f"prompts: {s.get('prompt_set')} (limit {s.get('limit') or 'none'}), "
-             f"max new tokens {s.get('max_new_tokens')}"]
+    lines = [
+        f"prompts: {s.get('prompt_set')} (limit {s.get('limit') or 'none'}), max new tokens {s.get('max_new_tokens')}"
+    ]
     b = report.get("bench")
     if b:
-        lines.append(f"{b['repeats']} interleaved repeats ({b['interleaving']}); timing basis: {b['timing_basis']}; "
-                     f"CI: {b['ci']}")
+        lines.append(
+            f"{b['repeats']} interleaved repeats ({b['interleaving']}); timing basis: {b['timing_basis']}; "
+            f"CI: {b['ci']}"
+        )
         if b.get("speedup_definition"):
-            lines.append(f"speedup: {b['speedup_definition']}" + (f"; sequential plan {b['plan']}"
-                                                                   if b.get("sequential") else ""))
+            lines.append(
+                f"speedup: {b['speedup_definition']}"
+                + (f"; sequential plan {b['plan']}" if b.get("sequential") else "")
+            )
         lines.append(f"tau: {b['tau_definition']}")
     counts = report.get("counts")
     if counts:
         not_run = f", {counts['not_run']} not run" if counts.get("not_run") else ""
-        lines.append(f"checks: {counts.get('pass', 0)} passed, {counts.get('fail', 0)} failed, "
-                     f"{counts.get('skip', 0)} skipped{not_run}")
+        lines.append(
+            f"checks: {counts.get('pass', 0)} passed, {counts.get('fail', 0)} failed, "
+            f"{counts.get('skip', 0)} skipped{not_run}"
+        )
     if s.get("run_seed") is not None and report.get("kind") == "check":
         held = report.get("held_out_prompts")
-        lines.append(f"run seed {s['run_seed']}" + (f"; {len(held)} held-out prompts drawn at run time"
-                                                     if held is not None else ""))
+        lines.append(
+            f"run seed {s['run_seed']}"
+            + (f"; {len(held)} held-out prompts drawn at run time" if held is not None else "")
+        )
     allowed = (report.get("coverage") or {}).get("allow_skip")
     if allowed:
         lines.append(f"allowed to skip (--allow-skip): {', '.join(allowed)}")
     env = report.get("environment", {})
-    lines.append(f"created {report.get('created')}; suite {env.get('ddtree_conformance')}, torch {env.get('torch')}"
-                 + (f"; route {report['route']}" if report.get("route") else ""))
+    lines.append(
+        f"created {report.get('created')}; suite {env.get('ddtree_conformance')}, torch {env.get('torch')}"
+        + (f"; route {report['route']}" if report.get("route") else "")
+    )
     return lines
 
 
@@ -253,18 +300,35 @@ def _coverage(report: dict) -> dict | None:
     cover = report.get("coverage")
     if not cover:
         return None
-    head = ["family", "ran", "pass / fail / skip", "requests", "prompts", "tokens", "rounds", "nodes",
-            "did not run: why"]
+    head = [
+        "family",
+        "ran",
+        "pass / fail / skip",
+        "requests",
+        "prompts",
+        "tokens",
+        "rounds",
+        "nodes",
+        "did not run: why",
+    ]
     rows = []
     for f in cover.get("families", []):
         ev = f.get("evidence") or {}
-        why = [*(f"{g} (engine{'; allowed' if f.get('allowed') else ''})" for g in f.get("gaps", [])),
-               *f.get("notes", [])]
+        why = [
+            *(f"{g} (engine{'; allowed' if f.get('allowed') else ''})" for g in f.get("gaps", [])),
+            *f.get("notes", []),
+        ]
         if f.get("not_run"):
             why.append(f"{f['not_run']} not run (the run stopped)")
-        rows.append([f["family"], f.get("status", ""), f"{f['passed']} / {f['failed']} / {f['skipped']}",
-                     *(str(ev.get(k, 0)) for k in ("requests", "prompts", "tokens", "rounds", "nodes")),
-                     "; ".join(why) or "-"])
+        rows.append(
+            [
+                f["family"],
+                f.get("status", ""),
+                f"{f['passed']} / {f['failed']} / {f['skipped']}",
+                *(str(ev.get(k, 0)) for k in ("requests", "prompts", "tokens", "rounds", "nodes")),
+                "; ".join(why) or "-",
+            ]
+        )
     notes = []
     if cover.get("reason"):
         notes.append(f"incomplete: {cover['reason']}")
@@ -289,9 +353,16 @@ def _results(report: dict) -> tuple[list[dict], list[dict]]:
     rows = []
     for r in sorted(report.get("results") or [], key=lambda r: order.get(r.get("status"), 3)):
         status, css = _status_of(r)
-        rows.append({"check": r.get("check", "?"), "status": status, "css": css, "message": str(r.get("message", "")),
-                     "detectable": str((r.get("details") or {}).get("detectable") or "-"),
-                     "passed": r.get("status") == "pass"})
+        rows.append(
+            {
+                "check": r.get("check", "?"),
+                "status": status,
+                "css": css,
+                "message": str(r.get("message", "")),
+                "detectable": str((r.get("details") or {}).get("detectable") or "-"),
+                "passed": r.get("status") == "pass",
+            }
+        )
     return rows, [r for r in rows if not r["passed"]]
 
 
@@ -301,10 +372,16 @@ def _tables(report: dict) -> list[dict]:
     for result in report.get("results") or []:
         for table in (result.get("details") or {}).get("tables") or []:
             if table.get("columns") and table.get("rows"):
-                out.append({"check": result.get("check", "?"), "status": result.get("status", "?"),
-                            "title": table.get("title", "Table"), "columns": [str(c) for c in table["columns"]],
-                            "rows": [[str(c) for c in row] for row in table["rows"]],
-                            "notes": [str(n) for n in table.get("notes") or []]})
+                out.append(
+                    {
+                        "check": result.get("check", "?"),
+                        "status": result.get("status", "?"),
+                        "title": table.get("title", "Table"),
+                        "columns": [str(c) for c in table["columns"]],
+                        "rows": [[str(c) for c in row] for row in table["rows"]],
+                        "notes": [str(n) for n in table.get("notes") or []],
+                    }
+                )
     return out
 
 
@@ -313,20 +390,39 @@ def _ab(report: dict) -> dict | None:
     if not ab:
         return None
     head = ["run", "candidate tokens/s", "baseline tokens/s", "ratio [CI]", "edge", "decision"]
-    rows = [[r["label"], _fmt(r.get("candidate_tokens_per_s"), 1), _fmt(r.get("baseline_tokens_per_s"), 1),
-             f"{_fmt(r.get('estimate'))} [{_fmt(r.get('ci_low'))}, {_fmt(r.get('ci_high'))}]", _fmt(r.get("edge")),
-             f"{r.get('decision', '-')}: {r.get('reason', '')}"] for r in ab.get("runs", [])]
-    notes = [f"candidate: {ab.get('candidate', '?')}; baseline: {ab.get('baseline', '?')}",
-             f"{ab.get('definition', '')}"]
+    rows = [
+        [
+            r["label"],
+            _fmt(r.get("candidate_tokens_per_s"), 1),
+            _fmt(r.get("baseline_tokens_per_s"), 1),
+            f"{_fmt(r.get('estimate'))} [{_fmt(r.get('ci_low'))}, {_fmt(r.get('ci_high'))}]",
+            _fmt(r.get("edge")),
+            f"{r.get('decision', '-')}: {r.get('reason', '')}",
+        ]
+        for r in ab.get("runs", [])
+    ]
+    notes = [
+        f"candidate: {ab.get('candidate', '?')}; baseline: {ab.get('baseline', '?')}",
+        f"{ab.get('definition', '')}",
+    ]
     return {"head": head, "rows": rows, "notes": [n for n in notes if n]}
 
 
 def _view(report: dict) -> dict[str, Any]:
     checks, not_passed = _results(report)
     partial = report.get("counts", {}).get("not_run", "?") if report.get("partial") else None
-    return {"title": _title(report), "banner": _banner(report), "context": _context_lines(report),
-            "partial": partial, "summary": _summary(report), "coverage": _coverage(report), "checks": checks,
-            "not_passed": not_passed, "tables": _tables(report), "ab": _ab(report)}
+    return {
+        "title": _title(report),
+        "banner": _banner(report),
+        "context": _context_lines(report),
+        "partial": partial,
+        "summary": _summary(report),
+        "coverage": _coverage(report),
+        "checks": checks,
+        "not_passed": not_passed,
+        "tables": _tables(report),
+        "ab": _ab(report),
+    }
 
 
 def render_markdown(report: dict) -> str:
@@ -336,9 +432,12 @@ def render_markdown(report: dict) -> str:
 def render_html(report: dict) -> str:
     # Runs without a tau (an engine that reports no acceptance data) have nothing to plot.
     plotted = {**report, "runs": [r for r in report.get("runs", []) if r.get("tau") is not None]}
-    return render_html_template("report.html.j2", **_view(report),
-                                plots=[{"title": t, "caption": c, "data": d} for t, c, d in plots(plotted)],
-                                first_round=Markup(trees_html(report.get("results") or [])))
+    return render_html_template(
+        "report.html.j2",
+        **_view(report),
+        plots=[{"title": t, "caption": c, "data": d} for t, c, d in plots(plotted)],
+        first_round=Markup(trees_html(report.get("results") or [])),
+    )
 
 
 def runs_from_session(session) -> list[dict[str, Any]]:
@@ -354,13 +453,17 @@ def runs_from_session(session) -> list[dict[str, Any]]:
     found: dict[tuple, list] = {}
     for stored in session.runs():
         run = stored.run
-        if (stored.engine_id == id(engine) and run.speculative and stored.requests == default and run.tensor_parallel_size == tp
-                and (run.mode, run.budget) not in found):
+        if (
+            stored.engine_id == id(engine)
+            and run.speculative
+            and stored.requests == default
+            and run.tensor_parallel_size == tp
+            and (run.mode, run.budget) not in found
+        ):
             found[(run.mode, run.budget)] = stored.results
     runs = []
     for (mode, budget), results in sorted(found.items(), key=lambda kv: (kv[0][0] != "dflash", kv[0][1] or 0)):
         if any(r.finish_reason == "error" for r in results):
             continue
-        runs.append({"mode": mode, "budget": budget, "label": Run(mode, budget).label,
-                     **acceptance_summary(results)})
+        runs.append({"mode": mode, "budget": budget, "label": Run(mode, budget).label, **acceptance_summary(results)})
     return runs

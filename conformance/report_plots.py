@@ -58,8 +58,14 @@ def plots(report: dict) -> list[tuple[str, str, str]]:
         if tree:
             ax.plot([r["budget"] for r in tree], [r["tau"] for r in tree], "o-", color=_COLOURS[0], label="DDTree")
             for r in tree:
-                ax.annotate(f"{r['tau']:.2f}", (r["budget"], r["tau"]), textcoords="offset points", xytext=(0, 7),
-                            ha="center", fontsize=8)
+                ax.annotate(
+                    f"{r['tau']:.2f}",
+                    (r["budget"], r["tau"]),
+                    textcoords="offset points",
+                    xytext=(0, 7),
+                    ha="center",
+                    fontsize=8,
+                )
         for r in chain:
             ax.axhline(r["tau"], color=_COLOURS[1], ls="--", label=f"DFlash chain ({r['tau']:.2f})")
         ax.axhline(1.0, color="#888", ls=":", label="plain (1.00)")
@@ -70,8 +76,7 @@ def plots(report: dict) -> list[tuple[str, str, str]]:
             ax.set_xticks([])
         ax.set_ylim(0, max([r["tau"] for r in runs] + [1.0]) * 1.18)
         ax.legend(fontsize=8, loc="upper left", ncol=3, frameon=False)
-        plots.append(("tau vs budget", "Mean acceptance length (pooled over all rounds, bonus included).",
-                      _png(fig)))
+        plots.append(("tau vs budget", "Mean acceptance length (pooled over all rounds, bonus included).", _png(fig)))
 
     # 2. speedup vs budget, CI error bars
     measured = [r for r in runs if r.get("speedup")]
@@ -103,7 +108,8 @@ def plots(report: dict) -> list[tuple[str, str, str]]:
         ax.legend(fontsize=8, loc="upper left", ncol=2, frameon=False)
         ci = (report.get("bench") or {}).get("ci", "")
         caption = "Speedup over plain decoding (tau x plain step time / round time)" + (
-            f"; bars and band: {ci}." if ci else ".")
+            f"; bars and band: {ci}." if ci else "."
+        )
         plots.append(("speedup vs budget", caption, _png(fig)))
 
     # 3. per-position acceptance
@@ -112,8 +118,14 @@ def plots(report: dict) -> list[tuple[str, str, str]]:
         fig, ax = plt.subplots(figsize=(5.4, 3.6))
         for i, r in enumerate(with_pos):
             pos = r["per_position"]
-            ax.plot(range(1, len(pos) + 1), pos, "o-", ms=3, color=_COLOURS[i % len(_COLOURS)],
-                    label=r.get("label") or r["mode"])
+            ax.plot(
+                range(1, len(pos) + 1),
+                pos,
+                "o-",
+                ms=3,
+                color=_COLOURS[i % len(_COLOURS)],
+                label=r.get("label") or r["mode"],
+            )
         ax.set_xlabel("depth d")
         ax.set_ylabel("fraction of rounds accepting >= d")
         ax.set_ylim(0, 1.02)
@@ -138,6 +150,7 @@ def plots(report: dict) -> list[tuple[str, str, str]]:
         ax.set_ylabel("fraction of rounds")
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=8)
-        plots.append(("acceptance-length histogram", "Distribution of tokens committed per verification round.",
-                      _png(fig)))
+        plots.append(
+            ("acceptance-length histogram", "Distribution of tokens committed per verification round.", _png(fig))
+        )
     return plots

@@ -21,8 +21,10 @@ def detail_tables_html(results: list[dict]) -> str:
             columns, rows = list(table.get("columns") or []), list(table.get("rows") or [])
             if not columns or not rows:
                 continue
-            parts.append(f"<h3>{esc(str(table.get('title', 'Table')))}: {esc(str(result.get('check', '?')))} "
-                         f"({esc(str(result.get('status', '?')))})</h3>")
+            parts.append(
+                f"<h3>{esc(str(table.get('title', 'Table')))}: {esc(str(result.get('check', '?')))} "
+                f"({esc(str(result.get('status', '?')))})</h3>"
+            )
             parts.append("<table><tr>" + "".join(f"<th>{esc(str(c))}</th>" for c in columns) + "</tr>")
             parts += ["<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in row) + "</tr>" for row in rows]
             parts.append("</table>")

@@ -50,11 +50,20 @@ def tree_svg(tree: dict, title: str) -> str:
     depth, row = _layout(parents)
     x = [20 + _R + d * _DX for d in depth]
     y = [34 + r * _DY for r in row]
-    edges = [{"x1": x[parents[n]], "y1": y[parents[n]], "x2": x[n], "y2": y[n],
-              "on": n in path and parents[n] in path} for n in range(1, len(tokens))]
+    edges = [
+        {"x1": x[parents[n]], "y1": y[parents[n]], "x2": x[n], "y2": y[n], "on": n in path and parents[n] in path}
+        for n in range(1, len(tokens))
+    ]
     nodes = [{"x": x[n], "y": y[n], "on": n in path, "token": token} for n, token in enumerate(tokens)]
-    return render_html_template("tree.svg.j2", title=title, width=(max(depth) + 1) * _DX + 40,
-                                height=(max(row) + 1) * _DY + 40, r=_R, edges=edges, nodes=nodes)
+    return render_html_template(
+        "tree.svg.j2",
+        title=title,
+        width=(max(depth) + 1) * _DX + 40,
+        height=(max(row) + 1) * _DY + 40,
+        r=_R,
+        edges=edges,
+        nodes=nodes,
+    )
 
 
 def trees_html(results: list[dict]) -> str:
@@ -65,10 +74,15 @@ def trees_html(results: list[dict]) -> str:
             continue
         engine = first.get("engine_tree")
         return render_html_template(
-            "first_round.html.j2", check=result.get("check", "?"), prompt=first.get("prompt"),
-            round=first.get("round"), engine_length=first.get("engine_length"),
-            reference_length=first.get("reference_length"), note=first.get("note", ""),
+            "first_round.html.j2",
+            check=result.get("check", "?"),
+            prompt=first.get("prompt"),
+            round=first.get("round"),
+            engine_length=first.get("engine_length"),
+            reference_length=first.get("reference_length"),
+            note=first.get("note", ""),
             reference=Markup(tree_svg(first["reference_tree"], "reference (fp32 replay)")),
             engine=Markup(tree_svg(engine, "engine's tree")) if engine else None,
-            engine_tokens=first.get("engine_tokens"))
+            engine_tokens=first.get("engine_tokens"),
+        )
     return ""

@@ -1,7 +1,8 @@
 """One run's identity: what the engine is asked to do, as one frozen value.
 
 A :class:`Run` is a decoding mode (plain, dflash, ddtree) with its budget, and how it runs (traced,
-with drafter logits, tensor-parallel size, CUDA graphs on or off or the engine's default). It owns every name the suite gives a run, so no module
+with drafter logits, tensor-parallel size, CUDA graphs on or off or the engine's default). It owns every name the
+suite gives a run, so no module
 rebuilds them from strings:
 
 * :attr:`Run.label`: ``plain``, ``dflash``, ``ddtree-B16`` (reports, bench rows, baselines, messages);
@@ -47,11 +48,11 @@ class Run:
             object.__setattr__(self, "draft_logits", False)
 
     @classmethod
-    def of(cls, mode: Mode, budget: int | None = None, **how) -> "Run":
+    def of(cls, mode: Mode, budget: int | None = None, **how) -> Run:
         return cls(mode, budget, **how)
 
     @classmethod
-    def from_label(cls, label: str) -> "Run":
+    def from_label(cls, label: str) -> Run:
         """The run a label names (``dflash``, ``ddtree-B16``); a ValueError for anything else."""
         match = _LABEL.fullmatch(label)
         if match is None:
@@ -75,17 +76,24 @@ class Run:
     def speculative(self) -> bool:
         return self.mode != "plain"
 
-    def untraced(self) -> "Run":
+    def untraced(self) -> Run:
         """The same decoding without traces (what a check's main run is)."""
         return replace(self, trace=False, draft_logits=False)
 
-    def traced(self, draft_logits: bool = False) -> "Run":
+    def traced(self, draft_logits: bool = False) -> Run:
         return replace(self, trace=True, draft_logits=draft_logits)
 
     def config(self, dtype: str, device: str) -> RunConfig:
-        return RunConfig(mode=self.mode, budget=self.budget or 1, dtype=dtype, device=device, trace=self.trace,
-                         trace_draft_logits=self.draft_logits, tensor_parallel_size=self.tensor_parallel_size,
-                         cuda_graphs=self.cuda_graphs)
+        return RunConfig(
+            mode=self.mode,
+            budget=self.budget or 1,
+            dtype=dtype,
+            device=device,
+            trace=self.trace,
+            trace_draft_logits=self.draft_logits,
+            tensor_parallel_size=self.tensor_parallel_size,
+            cuda_graphs=self.cuda_graphs,
+        )
 
     def describe(self) -> str:
         """How progress lines name the run: ``ddtree, B=16``."""

@@ -38,8 +38,18 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats
 
-__all__ = ["DEFAULT_ALPHA", "DEFAULT_POWER", "Interval", "SequentialPlan", "planned_looks", "look_alpha",
-           "ratio_interval", "verdict", "cv", "detectable_drop"]
+__all__ = [
+    "DEFAULT_ALPHA",
+    "DEFAULT_POWER",
+    "Interval",
+    "SequentialPlan",
+    "planned_looks",
+    "look_alpha",
+    "ratio_interval",
+    "verdict",
+    "cv",
+    "detectable_drop",
+]
 
 DEFAULT_ALPHA = 0.05
 DEFAULT_POWER = 0.8
@@ -110,8 +120,13 @@ class Interval:
     n: int
 
     def as_dict(self) -> dict:
-        return {"estimate": self.estimate, "ci_low": self.low, "ci_high": self.high, "confidence": self.level,
-                "n": self.n}
+        return {
+            "estimate": self.estimate,
+            "ci_low": self.low,
+            "ci_high": self.high,
+            "confidence": self.level,
+            "n": self.n,
+        }
 
 
 @lru_cache(maxsize=4096)
@@ -148,8 +163,9 @@ def cv(samples: Sequence[float]) -> float | None:
     return float(x.std(ddof=1) / x.mean()) if x.size > 1 else None
 
 
-def detectable_drop(samples: Sequence[float], alpha_k: float, band: float = 0.0,
-                    power: float = DEFAULT_POWER) -> float | None:
+def detectable_drop(
+    samples: Sequence[float], alpha_k: float, band: float = 0.0, power: float = DEFAULT_POWER
+) -> float | None:
     """The minimum detectable effect of a run with these samples' noise and count: the smallest
     relative drop below a baseline that its interval (level ``1 - alpha_k``) would call a regression
     with probability ``power``, for a band of ``band`` (a fraction of the baseline).

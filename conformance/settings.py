@@ -47,8 +47,13 @@ DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
 # evidence (prompts x tokens: (80 + 160) x 256 against (80 + 4) x 64 on the fixture) for nightly runs.
 PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
-    "thorough": {"max_new_tokens": 256, "held_out_per_prompt": 2.0, "sampling_requests": 1000, "branch_rounds": 12,
-                 "branch_prompts": 16},
+    "thorough": {
+        "max_new_tokens": 256,
+        "held_out_per_prompt": 2.0,
+        "sampling_requests": 1000,
+        "branch_rounds": 12,
+        "branch_prompts": 16,
+    },
 }
 
 # field -> CLI flag. The pytest flag of a field is pytest_flag(field).
@@ -167,23 +172,40 @@ class SuiteSettings(BaseModel):
     branch_rounds: int = Field(default=3, ge=1, description="rounds per prompt checked branch-vs-chain")
     branch_prompts: int = Field(default=4, ge=1)
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs the engine shards the target over")
-    held_out_per_prompt: float = Field(default=0.05, ge=0, le=100, description="held-out prompts per prompt of "
-                                       "the set when held_out_prompts is not given (at least one)")
+    held_out_per_prompt: float = Field(
+        default=0.05,
+        ge=0,
+        le=100,
+        description="held-out prompts per prompt of the set when held_out_prompts is not given (at least one)",
+    )
     profile: Literal["default", "thorough"] = Field(
-        default="default", description="how much evidence a run gathers; thorough (nightly): longer outputs, "
-                                       "two held-out prompts per prompt of the set, more sampled requests and branch "
-                                       "rounds, over ten times the default's prompts x tokens (PROFILES)")
-    held_out_prompts: int | None = Field(default=None, ge=0, le=100_000, description="prompts drawn at run time "
-                                         "from the target, added to the prompt set (ddtree_conformance.held_out); "
-                                         "None: one per 20 prompts of the set, at least one")
-    run_seed: int | None = Field(default=None, ge=0, lt=2**63, description="seed of the held-out prompts and the "
-                                 "request order; None: drawn at the run's start (the report records it)")
+        default="default",
+        description="how much evidence a run gathers; thorough (nightly): longer outputs, "
+        "two held-out prompts per prompt of the set, more sampled requests and branch "
+        "rounds, over ten times the default's prompts x tokens (PROFILES)",
+    )
+    held_out_prompts: int | None = Field(
+        default=None,
+        ge=0,
+        le=100_000,
+        description="prompts drawn at run time "
+        "from the target, added to the prompt set (ddtree_conformance.held_out); "
+        "None: one per 20 prompts of the set, at least one",
+    )
+    run_seed: int | None = Field(
+        default=None,
+        ge=0,
+        lt=2**63,
+        description="seed of the held-out prompts and the "
+        "request order; None: drawn at the run's start (the report records it)",
+    )
     torch_threads: int | None = Field(
         default=None, ge=1, description="torch CPU threads in the suite and engine processes (None: torch's default)"
     )
     allow_skip: list[str] | None = Field(
-        default=None, description="check families or modes whose checks may skip because of the engine without "
-                                  "making the run incomplete"
+        default=None,
+        description="check families or modes whose checks may skip because of the engine without "
+        "making the run incomplete",
     )
 
     @field_validator("engine")
@@ -214,8 +236,10 @@ class SuiteSettings(BaseModel):
     @classmethod
     def _pair_name(cls, value: str) -> str:
         if not PAIR_NAME.fullmatch(value) or ".." in value:
-            raise ValueError(f"{value!r} is not a pair name (letters, digits, '.', '_', '-'; golden files are "
-                             "kept under <golden dir>/<pair name>/)")
+            raise ValueError(
+                f"{value!r} is not a pair name (letters, digits, '.', '_', '-'; golden files are "
+                "kept under <golden dir>/<pair name>/)"
+            )
         return value
 
     @field_validator("modes", "budgets", "checks", "allow_skip", mode="before")
@@ -269,7 +293,7 @@ class SuiteSettings(BaseModel):
         return values
 
     @model_validator(mode="after")
-    def _draw_run_seed(self) -> "SuiteSettings":
+    def _draw_run_seed(self) -> SuiteSettings:
         """A run without ``run_seed`` draws one now: every run sees other held-out prompts and another
         request order, and its settings (the report) record the seed that repeats it."""
         if self.run_seed is None:
@@ -299,13 +323,16 @@ class GenerateSettings(SuiteSettings):
 
 
 # How help text names a default that is a path of the bundled data, not the path itself.
-_NAMED_DEFAULTS = {str(FIXTURE_TARGET): "the bundled fixture target", str(FIXTURE_DRAFTER): "the bundled fixture "
-                   "drafter", str(RECORDS_DIR): "the bundled golden files"}
+_NAMED_DEFAULTS = {
+    str(FIXTURE_TARGET): "the bundled fixture target",
+    str(FIXTURE_DRAFTER): "the bundled fixture drafter",
+    str(RECORDS_DIR): "the bundled golden files",
+}
 # Defaults a front end applies to a field whose model default is None (build_settings fills them).
 _FRONT_END_DEFAULTS = {"torch_threads": DEFAULT_TORCH_THREADS}
 
 
-def shown_default(field: str, kind: type["SuiteSettings"] | None = None) -> str | None:
+def shown_default(field: str, kind: type[SuiteSettings] | None = None) -> str | None:
     """The default of ``field`` as help text shows it (``16,64,256``; ``the bundled fixture target``),
     read from the settings model so that no help text can drift from it; None when there is none."""
     model = kind or SuiteSettings
@@ -341,8 +368,13 @@ def _apply_pair(values: dict[str, Any]) -> str | None:
     try:
         resolved = resolve_pair(pair)
     except PairUnavailable as exc:
-        declared = {"pair_name": pair.name, "dtype": pair.dtype, "prompt_format": pair.prompt_format,
-                    "max_new_tokens": pair.max_new_tokens, "tensor_parallel_size": pair.tensor_parallel_size}
+        declared = {
+            "pair_name": pair.name,
+            "dtype": pair.dtype,
+            "prompt_format": pair.prompt_format,
+            "max_new_tokens": pair.max_new_tokens,
+            "tensor_parallel_size": pair.tensor_parallel_size,
+        }
         for key, value in declared.items():
             values.setdefault(key, value)
         return str(exc)
@@ -352,8 +384,13 @@ def _apply_pair(values: dict[str, Any]) -> str | None:
     return None
 
 
-def build_settings(raw: dict[str, Any], *, kind: type[SuiteSettings] = SuiteSettings, flag_prefix: str = "--",
-                   allow_unavailable_pair: bool = False) -> tuple[SuiteSettings, str | None]:
+def build_settings(
+    raw: dict[str, Any],
+    *,
+    kind: type[SuiteSettings] = SuiteSettings,
+    flag_prefix: str = "--",
+    allow_unavailable_pair: bool = False,
+) -> tuple[SuiteSettings, str | None]:
     """Validate raw option values (field name -> value; None means "not given") into settings.
 
     Returns ``(settings, unavailable)``: ``unavailable`` is the reason a named pair's models are not on

@@ -9,9 +9,18 @@ from .adapters.interface import Capabilities
 __all__ = ["unsupported"]
 
 
-def unsupported(caps: Capabilities, *, dtype: str, device: str, budgets: list[int] = (), modes: list[str] = (),
-                tensor_parallel_size: int = 1, prefix: str = "--", budget_flag: str = "budgets",
-                no_drafter: bool = False) -> str | None:
+def unsupported(
+    caps: Capabilities,
+    *,
+    dtype: str,
+    device: str,
+    budgets: list[int] = (),
+    modes: list[str] = (),
+    tensor_parallel_size: int = 1,
+    prefix: str = "--",
+    budget_flag: str = "budgets",
+    no_drafter: bool = False,
+) -> str | None:
     """Why the engine cannot run these options here (one line naming the option as the caller spells
     it, with ``prefix``, and the engine's limit), else None: the one place options meet capabilities.
 
@@ -27,11 +36,15 @@ def unsupported(caps: Capabilities, *, dtype: str, device: str, budgets: list[in
     if device not in caps.devices and device.split(":", 1)[0] not in caps.devices:
         return f"{prefix}device {device}: {who} can use {', '.join(caps.devices) or 'no device'} here"
     if tensor_parallel_size > caps.max_tensor_parallel:
-        return (f"{prefix}tensor-parallel-size {tensor_parallel_size}: {who} accepts at most "
-                f"{caps.max_tensor_parallel} here (capabilities().max_tensor_parallel)")
+        return (
+            f"{prefix}tensor-parallel-size {tensor_parallel_size}: {who} accepts at most "
+            f"{caps.max_tensor_parallel} here (capabilities().max_tensor_parallel)"
+        )
     if "ddtree" in caps.modes and caps.max_budget is not None:
         too_big = [b for b in budgets if b > caps.max_budget]
         if too_big:
-            return (f"{prefix}{budget_flag} {','.join(map(str, too_big))}: {who} accepts budgets up to "
-                    f"{caps.max_budget} (capabilities().max_budget)")
+            return (
+                f"{prefix}{budget_flag} {','.join(map(str, too_big))}: {who} accepts budgets up to "
+                f"{caps.max_budget} (capabilities().max_budget)"
+            )
     return None

@@ -35,8 +35,20 @@ import torch
 from .calibration import ALPHA, FP32_TIE, MAX_BOUND, Calibration, CalibrationError, load_calibration
 from .scorer import shared_scorer
 
-__all__ = ["PositionScores", "TieTest", "TokenFinding", "ScoredRun", "LogitsSource", "target_logits", "table_logits",
-           "score_output", "score_run", "rules_for", "hold_rules", "window"]
+__all__ = [
+    "PositionScores",
+    "TieTest",
+    "TokenFinding",
+    "ScoredRun",
+    "LogitsSource",
+    "target_logits",
+    "table_logits",
+    "score_output",
+    "score_run",
+    "rules_for",
+    "hold_rules",
+    "window",
+]
 
 _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 50_000
@@ -53,7 +65,7 @@ class PositionScores:
     top2: tuple[float, ...]
     top3: tuple[float, ...] = ()
 
-    def head(self, n: int) -> "PositionScores":
+    def head(self, n: int) -> PositionScores:
         """The scores of the first ``n`` positions (a prefix of the output: a causal target scores
         it the same)."""
         return PositionScores(self.argmax[:n], self.gaps[:n], self.top2[:n], self.top3[:n])
@@ -78,8 +90,10 @@ def target_logits(model_dir: str, device: str, dtype: str = "float32") -> Logits
 
 def table_logits(table: torch.Tensor, name: str) -> LogitsSource:
     """A bigram table's logits (synthetic pairs): row ``table[token]`` after each token."""
-    return LogitsSource(("table", name, tuple(table.flatten().tolist())),
-                        lambda sequence: table[torch.tensor(sequence, dtype=torch.long)].float())
+    return LogitsSource(
+        ("table", name, tuple(table.flatten().tolist())),
+        lambda sequence: table[torch.tensor(sequence, dtype=torch.long)].float(),
+    )
 
 
 def _scored_prefix(source_key, prompt: tuple, output: tuple) -> PositionScores | None:
@@ -103,15 +117,19 @@ def score_output(source: LogitsSource, prompt_ids: Sequence[int], output_ids: Se
         return _CACHE[key]
     scores = _scored_prefix(key_fn, prompt, output) if output else PositionScores((), (), (), ())
     if scores is None:
-        logits = fn(list(prompt) + list(output[:-1]))[len(prompt) - 1:].float()
+        logits = fn(list(prompt) + list(output[:-1]))[len(prompt) - 1 :].float()
         top = torch.topk(logits, min(3, logits.shape[-1]), dim=-1)
         tokens = torch.tensor(list(output), dtype=torch.long, device=logits.device).unsqueeze(1)
         gaps = (top.values[:, 0] - logits.gather(1, tokens).squeeze(1)).clamp(min=0.0)
         third = top.values[:, 0] - top.values[:, -1]
         # argmax, not topk's first index: with exact ties (frequent in bf16 logits) argmax takes the lowest
         # token id, as an engine's greedy choice does; topk's order among equal values is unspecified
-        scores = PositionScores(tuple(logits.argmax(dim=-1).tolist()), tuple(gaps.tolist()),
-                                tuple((top.values[:, 0] - top.values[:, 1]).tolist()), tuple(third.tolist()))
+        scores = PositionScores(
+            tuple(logits.argmax(dim=-1).tolist()),
+            tuple(gaps.tolist()),
+            tuple((top.values[:, 0] - top.values[:, 1]).tolist()),
+            tuple(third.tolist()),
+        )
         _LONGER.setdefault((key_fn, prompt), []).append(output)
     _CACHE[key] = scores
     if len(_CACHE) > _CACHE_SIZE:
@@ -165,8 +183,12 @@ class TieTest:
         return float(binomtest(self.engine_only, discordant, 0.5, alternative="greater").pvalue) if discordant else 1.0
 
     def details(self) -> dict:
-        return {"engine_only": self.engine_only, "reference_only": self.reference_only, "both": self.both,
-                "p_value": self.p_value}
+        return {
+            "engine_only": self.engine_only,
+            "reference_only": self.reference_only,
+            "both": self.both,
+            "p_value": self.p_value,
+        }
 
 
 @dataclass(frozen=True)
@@ -194,8 +216,9 @@ class ScoredRun:
     ties: TieTest | None = None  # low precision on the session's own target: against the same-dtype reference
     fp32_ties: int = 0  # float32: positions within FP32_TIE of the top-1 (ties, not wrong tokens)
 
-    def add(self, label: str, prompt_ids: Sequence[int], output_ids: Sequence[int], logits_fn,
-            low_fn=None) -> PositionScores:
+    def add(
+        self, label: str, prompt_ids: Sequence[int], output_ids: Sequence[int], logits_fn, low_fn=None
+    ) -> PositionScores:
         scores = score_output(logits_fn, prompt_ids, output_ids)
         self.outputs += 1
         self.positions += len(output_ids)
@@ -227,12 +250,19 @@ class ScoredRun:
             ties = f" ({self.fp32_ties} at fp32 ties within {FP32_TIE:g})" if self.fp32_ties else ""
             return f"{self.positions} positions equal the fp32 target's argmax{ties}"
         ceiling, mu = self.ceiling
-        ties = "" if self.ties is None else (
-            f"; {self.ties.both} shared with the {self.rules.dtype} reference, {self.ties.engine_only} engine-only vs "
-            f"{self.ties.reference_only} reference-only, p = {self.ties.p_value:.2g}")
-        return (f"{self.positions} positions scored, {len(self.excused)} excused (largest gap "
-                f"{self.largest_excused:.3g} <= bound {self.rules.bound:.3g}; ceiling {ceiling}, expected <= "
-                f"{mu:.1f}{ties})")
+        ties = (
+            ""
+            if self.ties is None
+            else (
+                f"; {self.ties.both} shared with the {self.rules.dtype} reference, {self.ties.engine_only} "
+                f"engine-only vs {self.ties.reference_only} reference-only, p = {self.ties.p_value:.2g}"
+            )
+        )
+        return (
+            f"{self.positions} positions scored, {len(self.excused)} excused (largest gap "
+            f"{self.largest_excused:.3g} <= bound {self.rules.bound:.3g}; ceiling {ceiling}, expected <= "
+            f"{mu:.1f}{ties})"
+        )
 
     def problem(self) -> str | None:
         """Why these outputs fail (first position outside the bound; or the ceiling), else None."""
@@ -241,35 +271,49 @@ class ScoredRun:
             first = self.outside[0]
             output, argmax = self.detail[first.label]
             pos = first.position
-            what = ("are not the fp32 target's argmax on the output's own path" if self.rules.exact else
-                    f"outside the near-tie bound {self.rules.bound:.3g}")
+            what = (
+                "are not the fp32 target's argmax on the output's own path"
+                if self.rules.exact
+                else f"outside the near-tie bound {self.rules.bound:.3g}"
+            )
             notes.append(
                 f"{len(self.outside)}/{self.positions} output positions {what}; first: {first.label} output "
                 f"position {pos}: engine token {first.got} is {first.gap:.4g} below the fp32 top-1 "
                 f"{first.argmax} (engine {window(output, pos)} | fp32 argmax on the engine's path "
-                f"{window(argmax, pos)})")
+                f"{window(argmax, pos)})"
+            )
         ceiling, mu = self.ceiling
         if not self.rules.exact and len(self.excused) > ceiling:
             notes.append(
                 f"{len(self.excused)}/{self.positions} positions excused as near-ties, above the ceiling {ceiling} a "
                 f"correct engine reaches at these gaps (expected <= {mu:.1f}): the engine takes the runner-up at "
-                f"near-ties far more often than low-precision noise does")
+                f"near-ties far more often than low-precision noise does"
+            )
         ties = self.ties
         if ties is not None and ties.p_value < ALPHA:
             notes.append(
                 f"the engine leaves the fp32 argmax at {ties.engine_only} positions where the {self.rules.dtype} "
                 f"reference on the same device and path does not, and keeps it at only {ties.reference_only} where "
                 f"the reference leaves it ({ties.both} shared; McNemar exact p = {ties.p_value:.2g} < {ALPHA:g}): it "
-                "takes the runner-up at near ties more often than low-precision arithmetic explains")
+                "takes the runner-up at near ties more often than low-precision arithmetic explains"
+            )
         return "; ".join(notes) or None
 
     def details(self) -> dict:
         ceiling, mu = self.ceiling
         ties = {"ties_vs_same_dtype_reference": self.ties.details()} if self.ties is not None else {}
-        return {"positions": self.positions, "excused": len(self.excused), "largest_excused_gap": self.largest_excused,
-                "outside": len(self.outside), "ceiling": ceiling, "expected_excused": round(mu, 3),
-                "bound": self.rules.bound, "excused_positions": [asdict(e) for e in self.excused[:50]],
-                "outside_positions": [asdict(e) for e in self.outside[:50]], **ties}
+        return {
+            "positions": self.positions,
+            "excused": len(self.excused),
+            "largest_excused_gap": self.largest_excused,
+            "outside": len(self.outside),
+            "ceiling": ceiling,
+            "expected_excused": round(mu, 3),
+            "bound": self.rules.bound,
+            "excused_positions": [asdict(e) for e in self.excused[:50]],
+            "outside_positions": [asdict(e) for e in self.outside[:50]],
+            **ties,
+        }
 
 
 _HELD: dict[tuple[str, str], Calibration | CalibrationError] = {}

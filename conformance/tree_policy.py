@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+
 from ddtree_conformance.adapters.interface import RoundTrace
 from ddtree_conformance.adapters.reference.dflash import DFlashConfig
 from ddtree_conformance.spec import DraftTree, build_chain, build_tree
@@ -91,8 +92,18 @@ def round_views(label: str, traces: Sequence[RoundTrace], max_context: int | Non
     for r, t in enumerate(traces):
         logits = None if t.draft_logits is None else torch.tensor(t.draft_logits, dtype=torch.float32)
         room = None if not max_context else max(0, max_context - t.start - 1)
-        views.append(RoundView(f"{label} round {r}", t.start, list(t.tree_tokens), list(t.parents), list(t.depths),
-                               logits, last=r == len(traces) - 1, room=room))
+        views.append(
+            RoundView(
+                f"{label} round {r}",
+                t.start,
+                list(t.tree_tokens),
+                list(t.parents),
+                list(t.depths),
+                logits,
+                last=r == len(traces) - 1,
+                room=room,
+            )
+        )
     return views
 
 
@@ -218,17 +229,32 @@ def _level_widths(rows: Sequence[Sequence[int]], levels: int = 6) -> str:
     return "/".join(f"{m:g}" for m in med) + more
 
 
-def _policy_findings(diag: PolicyDiagnosis, rounds: list[_Round], differing: list[_Round], free: list[_Round],
-                     budget: int, horizon: int, has_logits: bool) -> None:
+def _policy_findings(
+    diag: PolicyDiagnosis,
+    rounds: list[_Round],
+    differing: list[_Round],
+    free: list[_Round],
+    budget: int,
+    horizon: int,
+    has_logits: bool,
+) -> None:
     """Chain, width cap, depth bonus and early stop (module doc), appended to ``diag``."""
     f = diag.findings
     chains = all(r.max_children <= 1 for r in rounds)
     spec_branches = [r for r in rounds if (r.spec_max_children or 0) > 1]
     if chains and (spec_branches or (budget > horizon and not has_logits)):
-        shown = (f"in {len(spec_branches)}/{len(rounds)} rounds the spec's tree of the same drafter logits branches"
-                 if spec_branches else f"a B = {budget} tree cannot be a chain within L = {horizon}")
-        f.append(PolicyFinding("chain", f"verifies a chain where the spec branches ({shown}; a chain of min(B, L) "
-                                        "nodes is SGLang PR #29907's spine mode)"))
+        shown = (
+            f"in {len(spec_branches)}/{len(rounds)} rounds the spec's tree of the same drafter logits branches"
+            if spec_branches
+            else f"a B = {budget} tree cannot be a chain within L = {horizon}"
+        )
+        f.append(
+            PolicyFinding(
+                "chain",
+                f"verifies a chain where the spec branches ({shown}; a chain of min(B, L) "
+                "nodes is SGLang PR #29907's spine mode)",
+            )
+        )
         return
     short = [r for r in free if r.nodes < min(budget, r.spec_nodes or budget)]
     cap = max(r.max_children for r in rounds)
@@ -241,29 +267,48 @@ def _policy_findings(diag: PolicyDiagnosis, rounds: list[_Round], differing: lis
     named = fit.hits >= 0.5 * fit.sample if fit.sample else False
     if fit.cap and named:
         top = max(r.spec_max_children or 0 for r in rounds)
-        f.append(PolicyFinding("width-cap", f"caps the children per node at {cap} (the spec's trees have up to {top}; "
-                                            f"{len(wider)}/{len(rounds)} rounds need more than {cap})"))
+        f.append(
+            PolicyFinding(
+                "width-cap",
+                f"caps the children per node at {cap} (the spec's trees have up to {top}; "
+                f"{len(wider)}/{len(rounds)} rounds need more than {cap})",
+            )
+        )
     if fit.bonus and named:
-        f.append(PolicyFinding("depth-bonus", f"raises deeper nodes' scores (a depth bonus of about {fit.bonus:g} per "
-                                              "level reproduces the trees)"))
+        f.append(
+            PolicyFinding(
+                "depth-bonus",
+                f"raises deeper nodes' scores (a depth bonus of about {fit.bonus:g} per level reproduces the trees)",
+            )
+        )
     if short or (fit.stop is not None and named):
         shown = []
         if fit.stop is not None and named:
-            shown.append(f"skips candidates scoring below best - log B - {fit.stop[0]:g}"
-                         + (", keeping the rank-0 chain" if fit.stop[1] else ""))
-        shown.append(f"{len(short)}/{len(free)} rounds with room for B = {budget} verified fewer nodes"
-                     + (f" ({_range([r.nodes for r in short])})" if short else ""))
+            shown.append(
+                f"skips candidates scoring below best - log B - {fit.stop[0]:g}"
+                + (", keeping the rank-0 chain" if fit.stop[1] else "")
+            )
+        shown.append(
+            f"{len(short)}/{len(free)} rounds with room for B = {budget} verified fewer nodes"
+            + (f" ({_range([r.nodes for r in short])})" if short else "")
+        )
         f.append(PolicyFinding("early-stop", f"stops early: {'; '.join(shown)}"))
     if fit.sample:
         diag.notes.append(f"rebuilt with {fit.describe()}: {fit.hits}/{fit.sample} differing rounds reproduced")
     if differing and has_logits and not explained:
-        f.append(PolicyFinding("unexplained", f"trees differ from the spec's in {len(differing)}/{len(rounds)} rounds "
-                                              f"in a way no known policy explains ({fit.hits}/{fit.sample} "
-                                              f"reproduced; first: {differing[0].view.label})"))
+        f.append(
+            PolicyFinding(
+                "unexplained",
+                f"trees differ from the spec's in {len(differing)}/{len(rounds)} rounds "
+                f"in a way no known policy explains ({fit.hits}/{fit.sample} "
+                f"reproduced; first: {differing[0].view.label})",
+            )
+        )
 
 
-def diagnose_traces(run: str, views: Sequence[RoundView], mode: str, budget: int | None,
-                    block: int | None) -> PolicyDiagnosis:
+def diagnose_traces(
+    run: str, views: Sequence[RoundView], mode: str, budget: int | None, block: int | None
+) -> PolicyDiagnosis:
     """Findings for one (mode, budget) run's traced rounds (module doc)."""
     horizon = (block - 1) if block else None
     budget = budget or (horizon or 1)
@@ -271,8 +316,9 @@ def diagnose_traces(run: str, views: Sequence[RoundView], mode: str, budget: int
     for v in views:
         if len(v.tokens) < 1:
             continue
-        rounds.append(_Round(v, len(v.tokens) - 1, max(v.depths) if v.depths else 0, max(_children(v.parents)),
-                             _widths(v.depths)))
+        rounds.append(
+            _Round(v, len(v.tokens) - 1, max(v.depths) if v.depths else 0, max(_children(v.parents)), _widths(v.depths))
+        )
     has_logits = bool(rounds) and all(r.view.logits is not None for r in rounds)
     diag = PolicyDiagnosis(run, "traces with drafter logits" if has_logits else "traces (no drafter logits)")
     if not rounds:
@@ -287,50 +333,70 @@ def diagnose_traces(run: str, views: Sequence[RoundView], mode: str, budget: int
     rows_drafted = max((r.view.logits.shape[0] for r in rounds if r.view.logits is not None), default=horizon)
     if deepest > horizon or rows_drafted > horizon:
         drafted = max(deepest, rows_drafted)
-        f.append(PolicyFinding("depth-beyond-block", f"drafts to depth {drafted} where the drafter's block "
-                                                     f"({horizon + 1}) gives L = {horizon} (draft depth tied to the "
-                                                     f"budget B = {budget}?)"))
+        f.append(
+            PolicyFinding(
+                "depth-beyond-block",
+                f"drafts to depth {drafted} where the drafter's block "
+                f"({horizon + 1}) gives L = {horizon} (draft depth tied to the "
+                f"budget B = {budget}?)",
+            )
+        )
     differing = [r for r in rounds if r.kind == "differs"]
     off_spec = [r for r in rounds if r.kind in ("differs", "subset")]
     free = [r for r in rounds if not r.view.last and (r.view.room is None or r.view.room >= budget)]
     if f:  # a deeper tree over other logits: its widths say nothing against the spec's; only its size does
         short = [r for r in free if r.nodes < budget]
         if short:
-            f.append(PolicyFinding("early-stop", f"stops early: {len(short)}/{len(free)} rounds with room for B = "
-                                                 f"{budget} verified fewer nodes ({_range([r.nodes for r in short])})"))
+            f.append(
+                PolicyFinding(
+                    "early-stop",
+                    f"stops early: {len(short)}/{len(free)} rounds with room for B = "
+                    f"{budget} verified fewer nodes ({_range([r.nodes for r in short])})",
+                )
+            )
     elif mode == "ddtree":
         _policy_findings(diag, rounds, differing, free, budget, horizon, has_logits)
     elif off_spec:
-        f.append(PolicyFinding("unexplained", f"chains differ from the spec's in {len(off_spec)}/{len(rounds)} "
-                                              f"rounds (first: {off_spec[0].view.label})"))
+        f.append(
+            PolicyFinding(
+                "unexplained",
+                f"chains differ from the spec's in {len(off_spec)}/{len(rounds)} "
+                f"rounds (first: {off_spec[0].view.label})",
+            )
+        )
     if off_spec:
         r = off_spec[0]
-        diag.first = (f"{r.view.label}: {r.nodes} nodes vs spec {r.spec_nodes}; first tokens "
-                      f"{r.view.tokens[1:7]}")
+        diag.first = f"{r.view.label}: {r.nodes} nodes vs spec {r.spec_nodes}; first tokens {r.view.tokens[1:7]}"
     # notes: freedoms
     renumbered = [r for r in rounds if r.kind == "renumbered"]
     if renumbered:
         kinds = sorted({r.numbering for r in renumbered})
-        diag.notes.append(f"node order: {len(renumbered)}/{len(rounds)} rounds hold the spec's tree numbered "
-                          f"{' or '.join(kinds)} (a freedom, not a finding)")
+        diag.notes.append(
+            f"node order: {len(renumbered)}/{len(rounds)} rounds hold the spec's tree numbered "
+            f"{' or '.join(kinds)} (a freedom, not a finding)"
+        )
     ties = sum(r.kind == "tie" for r in rounds)
     if ties:
         diag.notes.append(f"{ties} rounds broke exact score ties otherwise (a freedom)")
     cut = [r for r in rounds if r.kind == "cut"]
     if cut:
         diag.notes.append(f"{len(cut)} rounds cut to the room left (context limit or the output's end; a freedom)")
-    order = ("the spec's (pop order)" if all(r.kind in ("spec", "tie", "cut") for r in rounds if r.kind != "untested")
-             and has_logits else _numbering_summary(rounds, has_logits))
+    order = (
+        "the spec's (pop order)"
+        if all(r.kind in ("spec", "tie", "cut") for r in rounds if r.kind != "untested") and has_logits
+        else _numbering_summary(rounds, has_logits)
+    )
     spec_children = [r.spec_max_children for r in rounds if r.spec_max_children is not None]
     diag.row = {
-        "run": run, "evidence": diag.source, "rounds": len(rounds),
+        "run": run,
+        "evidence": diag.source,
+        "rounds": len(rounds),
         "nodes per round": f"{_range([r.nodes for r in rounds])} of B={budget}",
         "depth": f"{deepest} (L = {horizon})",
         "children per node": f"{max(r.max_children for r in rounds)}"
-                             + (f" (spec {max(spec_children)})" if spec_children else ""),
+        + (f" (spec {max(spec_children)})" if spec_children else ""),
         "width per level": _level_widths([r.widths for r in rounds])
-                           + (f" (spec {_level_widths([r.spec_widths for r in rounds if r.spec_widths])})"
-                              if spec_children else ""),
+        + (f" (spec {_level_widths([r.spec_widths for r in rounds if r.spec_widths])})" if spec_children else ""),
         "node order": order,
         "rounds differing": f"{len(off_spec)}/{len(rounds)}" if has_logits else "-",
         "verdict": ", ".join(diag.kinds) or "the spec's trees",
@@ -353,5 +419,9 @@ def policy_table(diagnoses: Sequence[PolicyDiagnosis]) -> dict:
     rows = [d.row for d in diagnoses if d.row]
     columns = list(rows[0]) if rows else []
     notes = [f"{d.run}: {n}" for d in diagnoses for n in d.notes]
-    return {"title": "Tree policy", "columns": columns, "rows": [[str(r.get(c, "")) for c in columns] for r in rows],
-            "notes": notes}
+    return {
+        "title": "Tree policy",
+        "columns": columns,
+        "rows": [[str(r.get(c, "")) for c in columns] for r in rows],
+        "notes": notes,
+    }

@@ -60,7 +60,8 @@ def walk(tokens: Sequence[int], parents: Sequence[int], targets: Sequence[int]) 
 
 def _ids(values, vocab: int | None) -> bool:
     return isinstance(values, (list, tuple)) and all(
-        isinstance(v, int) and not isinstance(v, bool) and 0 <= v and (vocab is None or v < vocab) for v in values)
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v and (vocab is None or v < vocab) for v in values
+    )
 
 
 def shape_problem(trees, vocab: int | None) -> tuple[str, str] | None:
@@ -90,15 +91,20 @@ def round_problem(trees, output: Sequence[int], lengths: Sequence[int], greedy: 
     for k, (tree, length) in enumerate(zip(trees, lengths)):
         field = f"verified_trees[{k}]"
         if tree.tree_tokens[0] != output[committed]:
-            return (f"{field}.tree_tokens", f"root {tree.tree_tokens[0]}, but the round's root (output index "
-                                            f"{committed}) is {output[committed]}")
+            return (
+                f"{field}.tree_tokens",
+                f"root {tree.tree_tokens[0]}, but the round's root (output index {committed}) is {output[committed]}",
+            )
         if greedy:
             tokens = walk(tree.tree_tokens, tree.parents, tree.node_target_tokens)
-            shown = list(output[committed + 1: committed + 1 + length])
+            shown = list(output[committed + 1 : committed + 1 + length])
             last = k == len(lengths) - 1  # the output's end (stop token, max_new_tokens) may cut the last walk
-            if (len(tokens) < length if last else len(tokens) != length) or tokens[:len(shown)] != shown:
-                return (f"{field}.node_target_tokens", f"walking the tree by its target tokens commits {tokens} "
-                                                       f"({len(tokens)} tokens), but round {k} commits {shown} "
-                                                       f"(length {length})")
+            if (len(tokens) < length if last else len(tokens) != length) or tokens[: len(shown)] != shown:
+                return (
+                    f"{field}.node_target_tokens",
+                    f"walking the tree by its target tokens commits {tokens} "
+                    f"({len(tokens)} tokens), but round {k} commits {shown} "
+                    f"(length {length})",
+                )
         committed += length
     return None

@@ -35,8 +35,10 @@ def _cases(root: Path) -> dict[str, tuple[str, list[str]]]:
         "id a list": ('{"id": ["a"], "prompt_ids": [1]}\n', []),
         "a line that is not an object": (GOOD + "\n[1, 2, 3]\n", []),
         f"token id {vocab} (vocab_size {vocab})": (GOOD + f'\n{{"id": "b", "prompt_ids": [5, {vocab}]}}\n', []),
-        f"prompt of {context - 10} tokens + 64 new (context {context})":
-            (GOOD + '\n{"id": "long", "prompt_ids": ' + json.dumps([1] * (context - 10)) + "}\n", []),
+        f"prompt of {context - 10} tokens + 64 new (context {context})": (
+            GOOD + '\n{"id": "long", "prompt_ids": ' + json.dumps([1] * (context - 10)) + "}\n",
+            [],
+        ),
         f"--max-new-tokens {context}": (GOOD + "\n", ["--max-new-tokens", str(context)]),
         "pairs file nested 100,000 deep": (GOOD + "\n", ["--pairs-file", str(pairs), "--pair", "x"]),
     }
@@ -53,9 +55,19 @@ def main(argv: list[str] | None = None) -> int:
         for name, (text, extra) in _cases(root).items():
             prompts = root / "prompts.jsonl"
             prompts.write_text(text)
-            command = [str(Path(sys.executable).parent / "ddtree-conformance"), "check", "--model", str(FIXTURE_TARGET),
-                       "--drafter", str(FIXTURE_DRAFTER), "--prompts", str(prompts), "--out", str(root / "r.json"),
-                       *extra]
+            command = [
+                str(Path(sys.executable).parent / "ddtree-conformance"),
+                "check",
+                "--model",
+                str(FIXTURE_TARGET),
+                "--drafter",
+                str(FIXTURE_DRAFTER),
+                "--prompts",
+                str(prompts),
+                "--out",
+                str(root / "r.json"),
+                *extra,
+            ]
             started = time.perf_counter()
             proc = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
             seconds = time.perf_counter() - started

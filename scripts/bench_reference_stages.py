@@ -14,7 +14,8 @@ spans. Random weights accept almost nothing, which is what this measures: the co
 
 ``--paths``: ``eager`` is transformers' eager forward on a ``DynamicCache`` (``cuda_graphs=False``),
 ``graphs`` transformers' layers on static caches under CUDA graphs (``fused_layers=off``), ``fast`` the
-fast path as shipped (static caches, CUDA graphs, the target's fused layers of ``lean.py``). After the timed pairs, one profiled
+fast path as shipped (static caches, CUDA graphs, the target's fused layers of ``lean.py``). After the timed pairs,
+one profiled
 plain call and one profiled DDTree call per path give the GPU-busy share: the union of the device's
 kernels, copies and fills over the decode loop's device time (``timings.stages["gpu_busy"]`` /
 ``["round_device"]``; the profiler slows the call a little).
@@ -78,22 +79,27 @@ def per_round(result) -> dict:
 
 def write(out: Path, meta: dict, rows: list[dict]) -> None:
     (out / "rounds.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
-    lines = [f"### Round time vs plain step: {meta['shape']}-shaped Qwen3 (random weights), {meta['dtype']}, "
-             f"{meta['device_name']}, context {meta['prompt_len']}",
-             "",
-             f"- clock: {meta['clock']}; {meta['repeats']} alternating (plain, DDTree) pairs per budget after one "
-             f"untimed call; medians; {meta['new_tokens']} new tokens; torch {meta['torch']}",
-             f"- feature hooks on the target: {meta['hooks']} (one per drafter feature layer, checked every budget)",
-             "",
-             "| B | path | plain step ms | round ms | round / plain step | GPU busy: plain / round | "
-             + " | ".join(f"{s} ms" for s in STAGES) + " | tau |",
-             "|---:|---|---:|---:|---:|---:|" + "---:|" * len(STAGES) + "---:|"]
+    lines = [
+        f"### Round time vs plain step: {meta['shape']}-shaped Qwen3 (random weights), {meta['dtype']}, "
+        f"{meta['device_name']}, context {meta['prompt_len']}",
+        "",
+        f"- clock: {meta['clock']}; {meta['repeats']} alternating (plain, DDTree) pairs per budget after one "
+        f"untimed call; medians; {meta['new_tokens']} new tokens; torch {meta['torch']}",
+        f"- feature hooks on the target: {meta['hooks']} (one per drafter feature layer, checked every budget)",
+        "",
+        "| B | path | plain step ms | round ms | round / plain step | GPU busy: plain / round | "
+        + " | ".join(f"{s} ms" for s in STAGES)
+        + " | tau |",
+        "|---:|---|---:|---:|---:|---:|" + "---:|" * len(STAGES) + "---:|",
+    ]
     for r in rows:
         busy = "-" if r.get("busy_plain") is None else f"{r['busy_plain']:.0%} / {r['busy_round']:.0%}"
-        lines.append(f"| {r['budget']} | {r['path']} | {r['plain_step_ms']:.2f} | {r['round_ms']:.2f} | "
-                     f"{r['round_over_step']:.2f} | {busy} | "
-                     + " | ".join(f"{r['stages_ms'].get(s, float('nan')):.2f}" for s in STAGES)
-                     + f" | {r['tau']:.2f} |")
+        lines.append(
+            f"| {r['budget']} | {r['path']} | {r['plain_step_ms']:.2f} | {r['round_ms']:.2f} | "
+            f"{r['round_over_step']:.2f} | {busy} | "
+            + " | ".join(f"{r['stages_ms'].get(s, float('nan')):.2f}" for s in STAGES)
+            + f" | {r['tau']:.2f} |"
+        )
     (out / "rounds.md").write_text("\n".join(lines) + "\n")
 
 
@@ -104,29 +110,47 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     dtype = getattr(torch, args.dtype)
-    target_dir, drafter_dir, target, drafter = build_shaped_pair(args.shape, dtype, args.device,
-                                                                 tempfile.mkdtemp(prefix="rounds-"))
+    target_dir, drafter_dir, target, drafter = build_shaped_pair(
+        args.shape, dtype, args.device, tempfile.mkdtemp(prefix="rounds-")
+    )
     engine = ReferenceEngine(str(target_dir), str(drafter_dir))
     engine.use_models(target, drafter, RunConfig(mode="ddtree", dtype=args.dtype, device=args.device))
     hooks = hook_count(target)
     assert hooks == len(drafter.config.target_layer_ids), hooks
-    request = Request(prompt_ids=random_prompts(1, args.prompt_len, SHAPES[args.shape]["vocab"])[0],
-                      max_new_tokens=args.new_tokens)
+    request = Request(
+        prompt_ids=random_prompts(1, args.prompt_len, SHAPES[args.shape]["vocab"])[0], max_new_tokens=args.new_tokens
+    )
 
     def run(mode: str, budget: int, path: str, profile: bool = False) -> dict:
         engine.fused_layers = path == "fast"
-        config = RunConfig(mode=mode, budget=budget, dtype=args.dtype, device=args.device, timing=True,
-                           cuda_graphs=path != "eager", profile=profile)
+        config = RunConfig(
+            mode=mode,
+            budget=budget,
+            dtype=args.dtype,
+            device=args.device,
+            timing=True,
+            cuda_graphs=path != "eager",
+            profile=profile,
+        )
         return per_round(engine.generate([request], config)[0])
 
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     for path in paths:
         run("plain", 1, path)  # warm-up
-    meta = {"shape": args.shape, "dtype": args.dtype, "device": args.device, "prompt_len": args.prompt_len,
-            "new_tokens": args.new_tokens, "repeats": args.repeats, "torch": torch.__version__, "hooks": hooks,
-            "clock": "CUDA events" if args.device.startswith("cuda") else "host perf_counter",
-            "device_name": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
-            "builder": "heap", "paths": paths}
+    meta = {
+        "shape": args.shape,
+        "dtype": args.dtype,
+        "device": args.device,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "torch": torch.__version__,
+        "hooks": hooks,
+        "clock": "CUDA events" if args.device.startswith("cuda") else "host perf_counter",
+        "device_name": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
+        "builder": "heap",
+        "paths": paths,
+    }
     rows: list[dict] = []
     longest = 0.0
     stop = False
@@ -134,8 +158,10 @@ def main(argv=None) -> int:
         for path in paths:
             elapsed = time.perf_counter() - started
             if elapsed + longest > args.total_budget_s:
-                print(f"total budget {args.total_budget_s:g} s: stopping before B={budget} {path} "
-                      f"(elapsed {elapsed:.0f} s)")
+                print(
+                    f"total budget {args.total_budget_s:g} s: stopping before B={budget} {path} "
+                    f"(elapsed {elapsed:.0f} s)"
+                )
                 stop = True
                 break
             t0 = time.perf_counter()
@@ -152,17 +178,27 @@ def main(argv=None) -> int:
                 busy_plain = run("plain", budget, path, profile=True)["busy_share"]
                 busy_round = run("ddtree", budget, path, profile=True)["busy_share"]
             ratios = [t["round"] / p["round"] for p, t in zip(plains, trees)]
-            row = {"budget": budget, "path": path, "plain_step_ms": statistics.median(p["round"] for p in plains),
-                   "round_ms": statistics.median(t["round"] for t in trees),
-                   "round_over_step": statistics.median(ratios), "busy_plain": busy_plain, "busy_round": busy_round,
-                   "stages_ms": {s: statistics.median(t[s] for t in trees) for s in STAGES if s in trees[0]},
-                   "tau": statistics.median(t["tau"] for t in trees), "samples": {"plain": plains, "ddtree": trees}}
+            row = {
+                "budget": budget,
+                "path": path,
+                "plain_step_ms": statistics.median(p["round"] for p in plains),
+                "round_ms": statistics.median(t["round"] for t in trees),
+                "round_over_step": statistics.median(ratios),
+                "busy_plain": busy_plain,
+                "busy_round": busy_round,
+                "stages_ms": {s: statistics.median(t[s] for t in trees) for s in STAGES if s in trees[0]},
+                "tau": statistics.median(t["tau"] for t in trees),
+                "samples": {"plain": plains, "ddtree": trees},
+            }
             rows.append(row)
             longest = max(longest, time.perf_counter() - t0)
-            print(f"B={budget:5} {path:5} plain {row['plain_step_ms']:7.2f} ms  round {row['round_ms']:7.2f} ms  "
-                  f"x{row['round_over_step']:.2f} busy {busy_plain} / {busy_round} "
-                  + " ".join(f"{s} {v:.2f}" for s, v in row["stages_ms"].items())
-                  + f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
+            print(
+                f"B={budget:5} {path:5} plain {row['plain_step_ms']:7.2f} ms  round {row['round_ms']:7.2f} ms  "
+                f"x{row['round_over_step']:.2f} busy {busy_plain} / {busy_round} "
+                + " ".join(f"{s} {v:.2f}" for s, v in row["stages_ms"].items())
+                + f"  ({time.perf_counter() - t0:.1f} s)",
+                flush=True,
+            )
             write(args.out, meta, rows)
         if stop:
             break

@@ -65,10 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=20, help="timed runs per cell (median reported)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument(
-        "--devices",
-        nargs="+",
-        default=None,
-        help="devices to run on (default: cpu, plus cuda when available)",
+        "--devices", nargs="+", default=None, help="devices to run on (default: cpu, plus cuda when available)"
     )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="logits dtype")
     parser.add_argument("--scale", type=float, default=3.0, help="logits ~ N(0, scale^2)")

@@ -60,13 +60,20 @@ def main() -> None:
     for mode, budget in configs:
         params = vllm.SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens, ignore_eos=True)
         if mode == "ddtree" and args.shared:
-            params = vllm.SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens, ignore_eos=True,
-                                         extra_args={"ddtree": {"budget": budget}})
+            params = vllm.SamplingParams(
+                temperature=0.0,
+                max_tokens=args.max_new_tokens,
+                ignore_eos=True,
+                extra_args={"ddtree": {"budget": budget}},
+            )
         trace = Path(tempfile.mkdtemp()) / "rounds.jsonl"
         kwargs = dict(model=str(FIXTURE_TARGET), dtype="float32", max_model_len=1024, enforce_eager=True, seed=0)
         if mode == "ddtree":
-            kwargs["speculative_config"] = {"method": "dflash", "model": str(FIXTURE_DRAFTER),
-                                            "num_speculative_tokens": max(budgets) if args.shared else budget}
+            kwargs["speculative_config"] = {
+                "method": "dflash",
+                "model": str(FIXTURE_DRAFTER),
+                "num_speculative_tokens": max(budgets) if args.shared else budget,
+            }
             kwargs["additional_config"] = {"ddtree": {"trace_path": str(trace)}}
         if mode == "ddtree" and args.shared and shared is not None:
             llm, trace = shared
@@ -84,9 +91,18 @@ def main() -> None:
             rounds = tokens  # one decode step per token (the prefill step samples the first)
         else:
             rounds = sum(1 for line in trace.read_text().splitlines() if line.strip()) + len(outs)
-        rows.append({"mode": mode, "budget": budget, "shared": bool(args.shared and mode == "ddtree"),
-                     "seconds": round(seconds, 3), "tokens": tokens, "tokens_per_s": round(tokens / seconds, 1),
-                     "steps": rounds, "ms_per_step": round(1000 * seconds / rounds, 2)})
+        rows.append(
+            {
+                "mode": mode,
+                "budget": budget,
+                "shared": bool(args.shared and mode == "ddtree"),
+                "seconds": round(seconds, 3),
+                "tokens": tokens,
+                "tokens_per_s": round(tokens / seconds, 1),
+                "steps": rounds,
+                "ms_per_step": round(1000 * seconds / rounds, 2),
+            }
+        )
         if shared is None or llm is not shared[0]:
             llm.llm_engine.engine_core.shutdown()
         del llm
@@ -99,9 +115,19 @@ def main() -> None:
     for row in rows:
         print(json.dumps(row))
     if args.json:
-        Path(args.json).write_text(json.dumps({"limit": args.limit, "max_new_tokens": args.max_new_tokens,
-                                               "shared": args.shared, "threads": args.threads, "rows": rows},
-                                              indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "limit": args.limit,
+                    "max_new_tokens": args.max_new_tokens,
+                    "shared": args.shared,
+                    "threads": args.threads,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ Everything is generated here from a seed; nothing is downloaded.
    training corpus) to ``<out>/prompts/fixture.jsonl``.
 
 Only torch, transformers, tokenizers, safetensors and numpy are needed (plus this repository's
-``ddtree_conformance.adapters.reference.dflash`` and ``ddtree_conformance.spec.tree``), so it runs on a bare GPU box too.
+``ddtree_conformance.adapters.reference.dflash`` and ``ddtree_conformance.spec.tree``), so it runs on a bare GPU
+box too.
 CPU runs are bit-for-bit repeatable for a given seed and torch version; CUDA runs are seeded but
 not bitwise repeatable (atomic adds in backward passes).
 
@@ -80,30 +81,81 @@ CITIES = (
     "Delft Basel Leeds York Bath Pisa Siena Tartu Vigo"
 ).split()
 TOPICS = [
-    "gardening", "chess", "baking bread", "running", "painting", "birdwatching", "cycling",
-    "knitting", "photography", "hiking", "sailing", "pottery", "astronomy", "journaling",
-    "cooking soup", "learning Spanish", "playing piano", "camping", "fishing", "swimming",
-    "reading poetry", "building kites", "making tea", "yoga", "rock climbing", "woodworking",
-    "drawing maps", "fixing radios", "board games", "dancing",
+    "gardening",
+    "chess",
+    "baking bread",
+    "running",
+    "painting",
+    "birdwatching",
+    "cycling",
+    "knitting",
+    "photography",
+    "hiking",
+    "sailing",
+    "pottery",
+    "astronomy",
+    "journaling",
+    "cooking soup",
+    "learning Spanish",
+    "playing piano",
+    "camping",
+    "fishing",
+    "swimming",
+    "reading poetry",
+    "building kites",
+    "making tea",
+    "yoga",
+    "rock climbing",
+    "woodworking",
+    "drawing maps",
+    "fixing radios",
+    "board games",
+    "dancing",
 ]
 ADJ = (
     "calm useful fun slow relaxing tricky rewarding simple social quiet cheap healthy creative "
     "popular old flexible patient bright gentle steady"
 ).split()
 TIMES = ["morning", "evening", "afternoon", "weekend", "winter", "summer", "spring", "autumn"]
-PLACES = ["the park", "the garden", "a small club", "the library", "the kitchen", "the coast",
-          "a quiet room", "the city centre", "the hills", "a community hall"]
+PLACES = [
+    "the park",
+    "the garden",
+    "a small club",
+    "the library",
+    "the kitchen",
+    "the coast",
+    "a quiet room",
+    "the city centre",
+    "the hills",
+    "a community hall",
+]
 PEOPLE = ["friends", "family", "neighbours", "a coach", "a teacher", "a partner", "colleagues", "kids"]
-THINGS = ["a notebook", "good shoes", "a timer", "a map", "a warm coat", "a sketch pad", "a flask",
-          "a small bag", "a lamp", "a pencil", "a chair", "a pair of gloves"]
+THINGS = [
+    "a notebook",
+    "good shoes",
+    "a timer",
+    "a map",
+    "a warm coat",
+    "a sketch pad",
+    "a flask",
+    "a small bag",
+    "a lamp",
+    "a pencil",
+    "a chair",
+    "a pair of gloves",
+]
 GREETINGS = ["Hi!", "Hello.", "Hey there.", "Good morning.", "Quick question.", "Hi again."]
 FEELINGS = ["curious", "unsure", "excited", "tired", "busy", "nervous", "happy", "bored"]
 VERBS = ["enjoy", "practise", "try", "learn", "share", "plan", "study", "teach"]
 
-NOUNS = ("user order item point book task note file event city score price track photo ticket "
-         "plant route sensor recipe invoice").split()
-FIELDS = ("name size count color price weight owner status title level width height speed label "
-          "kind total index value start end").split()
+NOUNS = (
+    "user order item point book task note file event city score price track photo ticket "
+    "plant route sensor recipe invoice"
+).split()
+FIELDS = (
+    "name size count color price weight owner status title level width height speed label "
+    "kind total index value start end"
+).split()
 CODE_VERBS = ["filter", "select", "collect", "find", "keep", "drop", "count", "group"]
 OPS = [">", "<", ">=", "<=", "=="]
 ITEMS = ["apples", "pens", "books", "cups", "stamps", "shells", "coins", "cards", "eggs", "beads"]
@@ -336,19 +388,25 @@ def train_tokenizer(texts: list[str], vocab_size: int):
 
 def save_tokenizer_files(tok, out: Path, max_len: int) -> None:
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": EOS,
-        "pad_token": EOS,
-        "additional_special_tokens": [MASK],
-        "model_max_length": max_len,
-        "clean_up_tokenization_spaces": False,
-        "add_bos_token": False,
-        "add_eos_token": False,
-    }, indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps({
-        "eos_token": EOS, "pad_token": EOS, "additional_special_tokens": [MASK],
-    }, indent=2) + "\n")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": EOS,
+                "pad_token": EOS,
+                "additional_special_tokens": [MASK],
+                "model_max_length": max_len,
+                "clean_up_tokenization_spaces": False,
+                "add_bos_token": False,
+                "add_eos_token": False,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    (out / "special_tokens_map.json").write_text(
+        json.dumps({"eos_token": EOS, "pad_token": EOS, "additional_special_tokens": [MASK]}, indent=2) + "\n"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -735,8 +793,12 @@ def build(args) -> dict:
         source_manifest = Path(args.target_from).parent / "MANIFEST.json"
         if source_manifest.is_file():
             old = json.loads(source_manifest.read_text())
-            target_info = {**old["target"], "built_by_command": old.get("command"), "built_on": old.get("device_name"),
-                           "versions": old.get("versions")}
+            target_info = {
+                **old["target"],
+                "built_by_command": old.get("command"),
+                "built_on": old.get("device_name"),
+                "versions": old.get("versions"),
+            }
         target_losses, t_target = [float("nan")], 0.0
     else:
         torch.manual_seed(args.seed)
@@ -746,8 +808,15 @@ def build(args) -> dict:
         t0 = time.time()
         with _TF32(args.tf32 and device.type == "cuda"):
             target_losses = train_target(
-                target, stream_np, starts_np, steps=args.target_steps, batch=args.target_batch,
-                seq_len=args.seq_len, lr=args.target_lr, device=device, gen=gen,
+                target,
+                stream_np,
+                starts_np,
+                steps=args.target_steps,
+                batch=args.target_batch,
+                seq_len=args.seq_len,
+                lr=args.target_lr,
+                device=device,
+                gen=gen,
             )
         t_target = time.time() - t0
 
@@ -759,8 +828,15 @@ def build(args) -> dict:
     log(f"distillation data: {args.distill_groups} groups x {args.distill_group_size} continuations")
     t0 = time.time()
     data = distill_data(
-        target, docs_ids, groups=args.distill_groups, group_size=args.distill_group_size,
-        new_tokens=args.distill_new_tokens, max_prefix=args.distill_max_prefix, device=device, gen=None, rng=rng,
+        target,
+        docs_ids,
+        groups=args.distill_groups,
+        group_size=args.distill_group_size,
+        new_tokens=args.distill_new_tokens,
+        max_prefix=args.distill_max_prefix,
+        device=device,
+        gen=None,
+        rng=rng,
     )
     t_data = time.time() - t0
 
@@ -771,8 +847,16 @@ def build(args) -> dict:
     t0 = time.time()
     with _TF32(args.tf32 and device.type == "cuda"):
         drafter_losses, drafter_accs = train_drafter(
-            drafter, target, data, steps=args.drafter_steps, batch=args.drafter_batch,
-            anchors_per_step=args.anchors_per_step, lr=args.drafter_lr, device=device, gen=gen, rng=rng,
+            drafter,
+            target,
+            data,
+            steps=args.drafter_steps,
+            batch=args.drafter_batch,
+            anchors_per_step=args.anchors_per_step,
+            lr=args.drafter_lr,
+            device=device,
+            gen=gen,
+            rng=rng,
         )
     t_drafter = time.time() - t0
 
@@ -820,8 +904,10 @@ def build(args) -> dict:
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "versions": {
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
         },
         "tf32_training": bool(args.tf32 and device.type == "cuda"),
         "repeatability": (
@@ -835,36 +921,60 @@ def build(args) -> dict:
             "source": "generated by templates in scripts/build_fixture.py from the seed; no downloads",
         },
         "tokenizer": {
-            "type": "byte-level BPE (tokenizers)", "vocab_size": vocab, "eos": [EOS, eos_id], "mask": [MASK, mask_id],
+            "type": "byte-level BPE (tokenizers)",
+            "vocab_size": vocab,
+            "eos": [EOS, eos_id],
+            "mask": [MASK, mask_id],
         },
         "target": {
-            "architecture": "Qwen3ForCausalLM", "params": n_target, "hidden_size": sizes.hidden,
-            "num_layers": sizes.target_layers, "num_heads": sizes.heads, "head_dim": sizes.head_dim,
-            "intermediate_size": sizes.intermediate, "tie_word_embeddings": False, "dtype": "float32",
-            "steps": args.target_steps, "batch": args.target_batch, "seq_len": args.seq_len, "lr": args.target_lr,
-            "final_loss": round(float(np.mean(target_losses[-max(1, len(target_losses) // 20):])), 4),
+            "architecture": "Qwen3ForCausalLM",
+            "params": n_target,
+            "hidden_size": sizes.hidden,
+            "num_layers": sizes.target_layers,
+            "num_heads": sizes.heads,
+            "head_dim": sizes.head_dim,
+            "intermediate_size": sizes.intermediate,
+            "tie_word_embeddings": False,
+            "dtype": "float32",
+            "steps": args.target_steps,
+            "batch": args.target_batch,
+            "seq_len": args.seq_len,
+            "lr": args.target_lr,
+            "final_loss": round(float(np.mean(target_losses[-max(1, len(target_losses) // 20) :])), 4),
             "train_seconds": round(t_target, 1),
-        } if target_info is None else {**target_info, "reused_from": str(args.target_from), "params": n_target},
+        }
+        if target_info is None
+        else {**target_info, "reused_from": str(args.target_from), "params": n_target},
         "drafter": {
-            "architecture": "DFlashDraftModel (z-lab format)", "params": n_drafter, "num_layers": sizes.draft_layers,
-            "block_size": BLOCK_SIZE, "target_layer_ids": drafter.config.target_layer_ids, "mask_token_id": mask_id,
+            "architecture": "DFlashDraftModel (z-lab format)",
+            "params": n_drafter,
+            "num_layers": sizes.draft_layers,
+            "block_size": BLOCK_SIZE,
+            "target_layer_ids": drafter.config.target_layer_ids,
+            "mask_token_id": mask_id,
             "intermediate_size": sizes.draft_intermediate,
-            "steps": args.drafter_steps, "batch": args.drafter_batch, "anchors_per_step": args.anchors_per_step,
+            "steps": args.drafter_steps,
+            "batch": args.drafter_batch,
+            "anchors_per_step": args.anchors_per_step,
             "lr": args.drafter_lr,
             "distillation": {
-                "groups": args.distill_groups, "group_size": args.distill_group_size,
-                "continuation_tokens": args.distill_new_tokens, "max_prefix": args.distill_max_prefix,
+                "groups": args.distill_groups,
+                "group_size": args.distill_group_size,
+                "continuation_tokens": args.distill_new_tokens,
+                "max_prefix": args.distill_max_prefix,
                 "temperatures": "even groups greedy (T=0), odd groups sampled (T=1)",
                 "loss": "block cross-entropy on target tokens a+1..a+15, position weights exp(-(k-1)/8)",
                 "seconds_generating": round(t_data, 1),
             },
-            "final_loss": round(float(np.mean(drafter_losses[-max(1, len(drafter_losses) // 20):])), 4),
-            "final_token_accuracy": round(float(np.mean(drafter_accs[-max(1, len(drafter_accs) // 20):])), 4),
+            "final_loss": round(float(np.mean(drafter_losses[-max(1, len(drafter_losses) // 20) :])), 4),
+            "final_token_accuracy": round(float(np.mean(drafter_accs[-max(1, len(drafter_accs) // 20) :])), 4),
             "train_seconds": round(t_drafter, 1),
         },
         "prompts": {
-            "file": "prompts/fixture.jsonl", "per_category": args.prompts_per_category,
-            "stream": f"Random(seed * 1000003 + {PROMPT_STREAM})", "held_out": "no prompt text occurs in the corpus",
+            "file": "prompts/fixture.jsonl",
+            "per_category": args.prompts_per_category,
+            "stream": f"Random(seed * 1000003 + {PROMPT_STREAM})",
+            "held_out": "no prompt text occurs in the corpus",
             "sha256": sha256(prompts_path),
         },
         "files": files,
@@ -882,12 +992,16 @@ def parse_args(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--out", default=str(ROOT / "golden"),
-                    help="writes OUT/fixture/{target,drafter,MANIFEST.json} and OUT/prompts/fixture.jsonl")
+    ap.add_argument(
+        "--out",
+        default=str(ROOT / "golden"),
+        help="writes OUT/fixture/{target,drafter,MANIFEST.json} and OUT/prompts/fixture.jsonl",
+    )
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--quick", action="store_true",
-                    help="small slice: few docs, few steps (for tests; the model is untrained)")
+    ap.add_argument(
+        "--quick", action="store_true", help="small slice: few docs, few steps (for tests; the model is untrained)"
+    )
     ap.add_argument("--docs-per-category", type=int, default=None)
     ap.add_argument("--vocab-size", type=int, default=None)
     ap.add_argument("--target-steps", type=int, default=None)
@@ -903,20 +1017,48 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--distill-new-tokens", type=int, default=80)
     ap.add_argument("--distill-max-prefix", type=int, default=140)
     ap.add_argument("--prompts-per-category", type=int, default=20)
-    ap.add_argument("--estimate", action=argparse.BooleanOptionalAction, default=None,
-                    help="simulate T=0 acceptance on the prompts after building (default: on unless --quick)")
+    ap.add_argument(
+        "--estimate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="simulate T=0 acceptance on the prompts after building (default: on unless --quick)",
+    )
     ap.add_argument("--estimate-prompts", type=int, default=8, help="prompts per category for --estimate")
-    ap.add_argument("--target-from", default=None,
-                    help="reuse the tokenizer + target in this dir (e.g. OUT/fixture/target); build only the drafter")
+    ap.add_argument(
+        "--target-from",
+        default=None,
+        help="reuse the tokenizer + target in this dir (e.g. OUT/fixture/target); build only the drafter",
+    )
     ap.add_argument("--draft-layers", type=int, default=2)
-    ap.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
-                    help="TF32 matmuls in CUDA training steps")
+    ap.add_argument(
+        "--tf32", action=argparse.BooleanOptionalAction, default=True, help="TF32 matmuls in CUDA training steps"
+    )
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: 1 with --quick)")
     args = ap.parse_args(argv)
-    full = dict(docs_per_category=10000, vocab_size=3072, target_steps=3000, target_batch=64, seq_len=256,
-                drafter_steps=300, drafter_batch=256, anchors_per_step=4, distill_groups=48, distill_group_size=256)
-    quick = dict(docs_per_category=60, vocab_size=700, target_steps=4, target_batch=4, seq_len=128,
-                 drafter_steps=3, drafter_batch=4, anchors_per_step=1, distill_groups=2, distill_group_size=4)
+    full = dict(
+        docs_per_category=10000,
+        vocab_size=3072,
+        target_steps=3000,
+        target_batch=64,
+        seq_len=256,
+        drafter_steps=300,
+        drafter_batch=256,
+        anchors_per_step=4,
+        distill_groups=48,
+        distill_group_size=256,
+    )
+    quick = dict(
+        docs_per_category=60,
+        vocab_size=700,
+        target_steps=4,
+        target_batch=4,
+        seq_len=128,
+        drafter_steps=3,
+        drafter_batch=4,
+        anchors_per_step=1,
+        distill_groups=2,
+        distill_group_size=4,
+    )
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)

@@ -35,8 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", default="16,64,256", help="budgets of the drafter round flip measurement")
     parser.add_argument("--flip-limit", type=int, default=None, help="prompts of the drafter round flip measurement")
     parser.add_argument("--manifest", default=None, help="write here instead of the pair's MANIFEST.json")
-    parser.add_argument("--target-only", action="store_true",
-                        help="measure the target's gap shifts only; keep the drafter values already measured")
+    parser.add_argument(
+        "--target-only",
+        action="store_true",
+        help="measure the target's gap shifts only; keep the drafter values already measured",
+    )
     args = parser.parse_args(argv)
     t0 = time.time()
     prompts = load_prompts(args.prompts, tokenizer_dir=args.model)[: args.limit]
@@ -46,9 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     engine.close()
     sequences = [p.prompt_ids + r.output_ids for p, r in zip(prompts, results)]
     drafter = None if args.target_only else args.drafter
-    data = calibrate(args.model, args.dtypes, sequences, args.device, drafter_dir=drafter,
-                     manifest=args.manifest, requests=requests[: args.flip_limit] if drafter else None,
-                     budgets=tuple(int(b) for b in args.budgets.split(",")))
+    data = calibrate(
+        args.model,
+        args.dtypes,
+        sequences,
+        args.device,
+        drafter_dir=drafter,
+        manifest=args.manifest,
+        requests=requests[: args.flip_limit] if drafter else None,
+        budgets=tuple(int(b) for b in args.budgets.split(",")),
+    )
     print(json.dumps(data, indent=1))
     if not args.manifest:
         for dtype in args.dtypes:

@@ -41,20 +41,33 @@ def _cell(text: str, width: int = 400) -> str:
 def policy_rows(fixture: SuiteSettings) -> tuple[list[dict], list[str]]:
     rows, bad = [], []
     for label, (engine, kinds) in tree_policies.TREE_POLICY_ENGINES.items():
-        budget = (8 if engine is tree_policies.ChainAtOrBelowBlock else
-                  64 if engine is tree_policies.SglangPr29907Trees else 16)
+        budget = (
+            8
+            if engine is tree_policies.ChainAtOrBelowBlock
+            else 64
+            if engine is tree_policies.SglangPr29907Trees
+            else 16
+        )
         settings = fixture.model_copy(update={"budgets": [budget]})
         traced = _run(settings, engine, ["lossless/ddtree", "tree-structure/ddtree"])
         counters = _run(settings, tree_policies.counters_only(engine), ["acceptance/ddtree"])["acceptance"]
-        row = {"engine": label, "budget": budget, "lossless": traced["lossless"].status,
-               "tree-structure": traced["tree-structure"].status,
-               "tree-structure message": traced["tree-structure"].message,
-               "acceptance (counters only)": counters.status, "acceptance message": counters.message,
-               "expected": list(kinds)}
+        row = {
+            "engine": label,
+            "budget": budget,
+            "lossless": traced["lossless"].status,
+            "tree-structure": traced["tree-structure"].status,
+            "tree-structure message": traced["tree-structure"].message,
+            "acceptance (counters only)": counters.status,
+            "acceptance message": counters.message,
+            "expected": list(kinds),
+        }
         rows.append(row)
-        print(f"| {label} | B={budget} | {row['lossless']} | {row['tree-structure']}: "
-              f"{_cell(row['tree-structure message'])} | {row['acceptance (counters only)']}: "
-              f"{_cell(row['acceptance message'])} |", flush=True)
+        print(
+            f"| {label} | B={budget} | {row['lossless']} | {row['tree-structure']}: "
+            f"{_cell(row['tree-structure message'])} | {row['acceptance (counters only)']}: "
+            f"{_cell(row['acceptance message'])} |",
+            flush=True,
+        )
         if row["lossless"] != "pass" or row["tree-structure"] != "fail":
             bad.append(label)
     return rows, bad
@@ -65,10 +78,19 @@ def pitfall_rows(fixture: SuiteSettings, random: SuiteSettings) -> tuple[list[di
     rows, bad = [], []
     for label, (engine, check, pair) in pitfalls.PITFALLS.items():
         (result,) = _run(pairs[pair], engine, [check]).values()
-        rows.append({"pitfall": label, "engine": engine.__name__, "check": check, "pair": pair,
-                     "status": result.status, "message": result.message})
-        print(f"| {label} | {check} ({pair}) | {engine.__name__} | {result.status}: {_cell(result.message)} |",
-              flush=True)
+        rows.append(
+            {
+                "pitfall": label,
+                "engine": engine.__name__,
+                "check": check,
+                "pair": pair,
+                "status": result.status,
+                "message": result.message,
+            }
+        )
+        print(
+            f"| {label} | {check} ({pair}) | {engine.__name__} | {result.status}: {_cell(result.message)} |", flush=True
+        )
         if result.status != "fail":
             bad.append(label)
     return rows, bad
@@ -83,19 +105,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    fixture = SuiteSettings(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), pair_name="fixture",
-                            prompt_set="fixture", limit=args.limit, max_new_tokens=32, budgets=[16], isolate=False,
-                            held_out_prompts=0, run_seed=1,
-                            golden_dir="/nonexistent")
+    fixture = SuiteSettings(
+        model_dir=str(FIXTURE_TARGET),
+        drafter_dir=str(FIXTURE_DRAFTER),
+        pair_name="fixture",
+        prompt_set="fixture",
+        limit=args.limit,
+        max_new_tokens=32,
+        budgets=[16],
+        isolate=False,
+        held_out_prompts=0,
+        run_seed=1,
+        golden_dir="/nonexistent",
+    )
     out: dict = {}
     bad: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         target, drafter = write_random_pair(Path(tmp))
         prompts = Path(tmp) / "prompts.jsonl"
         write_random_prompts(prompts, [3, 9, 17, 30], seed=5, prefix="m")
-        random = SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random",
-                               prompt_set=str(prompts), budgets=[16], max_new_tokens=24, isolate=False,
-                               held_out_prompts=0, run_seed=1)
+        random = SuiteSettings(
+            model_dir=str(target),
+            drafter_dir=str(drafter),
+            pair_name="random",
+            prompt_set=str(prompts),
+            budgets=[16],
+            max_new_tokens=24,
+            isolate=False,
+            held_out_prompts=0,
+            run_seed=1,
+        )
         if args.only in (None, "policies"):
             print("| policy engine | budget | lossless | tree-structure (traces) | acceptance (counters only) |")
             print("|---|---|---|---|---|")

@@ -55,8 +55,17 @@ def main() -> int:
         for hole, (engine, extra, _) in HOLES.items():
             if args.only and hole not in args.only:
                 continue
-            cmd = [sys.executable, "-m", "ddtree_conformance", "check", "--engine", engine, *with_small(extra),
-                   "--out", str(work / f"{len(rows)}.json")]
+            cmd = [
+                sys.executable,
+                "-m",
+                "ddtree_conformance",
+                "check",
+                "--engine",
+                engine,
+                *with_small(extra),
+                "--out",
+                str(work / f"{len(rows)}.json"),
+            ]
             code, line = run(cmd, work)
             rows.append(("check", hole, code, line))
             print(f"| check | {hole} | {code} | {line} |", flush=True)

@@ -38,10 +38,26 @@ def screenshot(html: Path, png: Path) -> None:
         print(f"no Chromium here: {png.name} not taken (Debian: apt-get install -y chromium)")
         return
     with tempfile.TemporaryDirectory(prefix="ddtree-chromium-") as profile:
-        subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                        "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-                        "--hide-scrollbars", "--window-size=1200,1400", f"--screenshot={png}", html.as_uri()],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                f"--user-data-dir={profile}",
+                "--hide-scrollbars",
+                "--window-size=1200,1400",
+                f"--screenshot={png}",
+                html.as_uri(),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
     print(f"wrote {png.relative_to(ROOT)}")
 
 
@@ -60,20 +76,59 @@ def main() -> int:
         print(f"re-rendered {stored.with_suffix('.md').name}, {stored.with_suffix('.html').name}")
     if args.check:
         run([*SUITE, "check", "--out", str(EXAMPLES / "check-reference.json")])
-    code = run([*SUITE, "check", "--engine", "ddtree_conformance.testing.coverage_engines:NoDDTree", "--modes",
-                "ddtree", "--limit", "2", "--budgets", "16", "--max-new-tokens", "16",
-                "--out", str(EXAMPLES / "check-no-ddtree.json")])
+    code = run(
+        [
+            *SUITE,
+            "check",
+            "--engine",
+            "ddtree_conformance.testing.coverage_engines:NoDDTree",
+            "--modes",
+            "ddtree",
+            "--limit",
+            "2",
+            "--budgets",
+            "16",
+            "--max-new-tokens",
+            "16",
+            "--out",
+            str(EXAMPLES / "check-no-ddtree.json"),
+        ]
+    )
     print(f"check-no-ddtree: exit {code}")
     if args.ab:
-        code = run([*SUITE, "bench", "--engine", "ddtree_conformance.testing.slow_engines:SlowVerify", "-O",
-                    "verify_slowdown=0.5", "--against", "reference", "--modes", "ddtree", "--budgets", "16",
-                    "--limit", "5", "--max-new-tokens", "32", "--max-repeats", "12", "--time-budget", "300",
-                    "--out", str(EXAMPLES / "ab-slow-verify.json")])
+        code = run(
+            [
+                *SUITE,
+                "bench",
+                "--engine",
+                "ddtree_conformance.testing.slow_engines:SlowVerify",
+                "-O",
+                "verify_slowdown=0.5",
+                "--against",
+                "reference",
+                "--modes",
+                "ddtree",
+                "--budgets",
+                "16",
+                "--limit",
+                "5",
+                "--max-new-tokens",
+                "32",
+                "--max-repeats",
+                "12",
+                "--time-budget",
+                "300",
+                "--out",
+                str(EXAMPLES / "ab-slow-verify.json"),
+            ]
+        )
         print(f"ab-slow-verify: exit {code}")
-    for html, png in (("check-reference.html", "check-report-screenshot.png"),
-                      ("bench-reference.html", "bench-report-screenshot.png"),
-                      ("check-no-ddtree.html", "check-no-ddtree-screenshot.png"),
-                      ("ab-slow-verify.html", "ab-report-screenshot.png")):
+    for html, png in (
+        ("check-reference.html", "check-report-screenshot.png"),
+        ("bench-reference.html", "bench-report-screenshot.png"),
+        ("check-no-ddtree.html", "check-no-ddtree-screenshot.png"),
+        ("ab-slow-verify.html", "ab-report-screenshot.png"),
+    ):
         if (EXAMPLES / html).is_file():
             screenshot(EXAMPLES / html, EXAMPLES / png)
     return 0

@@ -35,8 +35,14 @@ ENGINES = {
     "sibling-peek": adv.SiblingPeek,
     "sibling-peek-black-box": adv.SiblingPeekBlackBox,
 }
-CHECKS = ["lossless/ddtree-B16", "golden/ddtree-B16", "acceptance/ddtree-B16", "tree-structure/ddtree-B16",
-          "branch-vs-chain/ddtree-B16", "near-ties"]
+CHECKS = [
+    "lossless/ddtree-B16",
+    "golden/ddtree-B16",
+    "acceptance/ddtree-B16",
+    "tree-structure/ddtree-B16",
+    "branch-vs-chain/ddtree-B16",
+    "near-ties",
+]
 
 
 def engine_class(name: str):
@@ -60,10 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    settings = SuiteSettings(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), dtype=args.dtype,
-                             limit=args.limit, budgets=[int(b) for b in args.budgets.split(",")],
-                             modes=args.modes.split(","), max_new_tokens=args.max_new_tokens, isolate=False,
-                             torch_threads=args.threads, run_seed=args.run_seed)
+    settings = SuiteSettings(
+        model_dir=str(FIXTURE_TARGET),
+        drafter_dir=str(FIXTURE_DRAFTER),
+        dtype=args.dtype,
+        limit=args.limit,
+        budgets=[int(b) for b in args.budgets.split(",")],
+        modes=args.modes.split(","),
+        max_new_tokens=args.max_new_tokens,
+        isolate=False,
+        torch_threads=args.threads,
+        run_seed=args.run_seed,
+    )
     checks = plan(settings, args.checks.split(","))
     rows = []
     for name in args.engines.split(","):
@@ -76,8 +90,16 @@ def main(argv: list[str] | None = None) -> int:
             session.close()
         elapsed = time.perf_counter() - started
         for r in results:
-            rows.append({"engine": name, "check": r.check, "status": r.status, "message": r.message,
-                         "elapsed_s": r.details.get("elapsed_s"), "details": r.details})
+            rows.append(
+                {
+                    "engine": name,
+                    "check": r.check,
+                    "status": r.status,
+                    "message": r.message,
+                    "elapsed_s": r.details.get("elapsed_s"),
+                    "details": r.details,
+                }
+            )
             head = " ".join(r.message.split())
             print(f"{name:24} {r.check:28} {r.status:5} {head[:300]}", flush=True)
         print(f"{name:24} {'(all checks)':28} {elapsed:6.1f} s", flush=True)

@@ -41,8 +41,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def _python_env(threads: int) -> dict:
     """Environment whose python imports ddtree_conformance from this checkout (shim if not installed)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
-    probe = subprocess.run([sys.executable, "-c", "import ddtree_conformance, sys; print(ddtree_conformance.__file__)"],
-                           capture_output=True, text=True, env=env)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import ddtree_conformance, sys; print(ddtree_conformance.__file__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if probe.returncode == 0 and Path(probe.stdout.strip()).resolve().is_relative_to(ROOT):
         return env
     shim = Path(tempfile.mkdtemp(prefix="ddtree-shim-")) / "ddtree_conformance"
@@ -90,19 +94,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads per process")
     parser.add_argument("--deadline", type=float, default=460.0, help="seconds for the whole run")
     parser.add_argument("--skip-calibration", action="store_true")
-    parser.add_argument("--skip-golden", action="store_true", help="record no golden files (the golden check then "
-                        "uses those already there, or skips)")
-    parser.add_argument("--mutant-device", default=None, help="device of the mutant runs (default: --device); the "
-                        "GPU time-slices between processes, so mutants on the host's cores leave it to the checks")
-    parser.add_argument("--float16-limit", type=int, default=None, help="prompts of the float16 check (default: --limit)")
-    parser.add_argument("--stage12-share", type=float, default=0.45,
-                        help="share of the deadline for calibration and golden recording (they run side by side)")
-    parser.add_argument("--check-dtypes", default="bfloat16,float16",
-                        help="dtypes of the stage-3 default-plan runs (empty: none)")
-    parser.add_argument("--pack-logs", action="store_true", help="end with OUT/logs packed into OUT/logs.tar.gz and "
-                        "no HTML reports (the device tool brings back at most 8 files)")
-    parser.add_argument("--golden-dir", default=str(ROOT / "golden/records"),
-                        help="where the golden files are read and the new ones written")
+    parser.add_argument(
+        "--skip-golden",
+        action="store_true",
+        help="record no golden files (the golden check then uses those already there, or skips)",
+    )
+    parser.add_argument(
+        "--mutant-device",
+        default=None,
+        help="device of the mutant runs (default: --device); the "
+        "GPU time-slices between processes, so mutants on the host's cores leave it to the checks",
+    )
+    parser.add_argument(
+        "--float16-limit", type=int, default=None, help="prompts of the float16 check (default: --limit)"
+    )
+    parser.add_argument(
+        "--stage12-share",
+        type=float,
+        default=0.45,
+        help="share of the deadline for calibration and golden recording (they run side by side)",
+    )
+    parser.add_argument(
+        "--check-dtypes", default="bfloat16,float16", help="dtypes of the stage-3 default-plan runs (empty: none)"
+    )
+    parser.add_argument(
+        "--pack-logs",
+        action="store_true",
+        help="end with OUT/logs packed into OUT/logs.tar.gz and "
+        "no HTML reports (the device tool brings back at most 8 files)",
+    )
+    parser.add_argument(
+        "--golden-dir",
+        default=str(ROOT / "golden/records"),
+        help="where the golden files are read and the new ones written",
+    )
     args = parser.parse_args(argv)
     started = time.time()
     deadline = started + args.deadline
@@ -116,34 +141,72 @@ def main(argv: list[str] | None = None) -> int:
 
     mutants = []  # the mutants run from the start, beside everything else, until the deadline
     for i in range(args.jobs):
-        cmd = [py, "scripts/mutation_table.py", "--dtype", "bfloat16", "--device", args.mutant_device or args.device, "--budgets",
-               args.mutant_budgets, "--limit", str(args.mutant_limit), "--threads", str(args.threads),
-               "--shard", f"{i}/{args.jobs}", "--json", str(out / f"mutants-bfloat16-{i}.json")]
+        cmd = [
+            py,
+            "scripts/mutation_table.py",
+            "--dtype",
+            "bfloat16",
+            "--device",
+            args.mutant_device or args.device,
+            "--budgets",
+            args.mutant_budgets,
+            "--limit",
+            str(args.mutant_limit),
+            "--threads",
+            str(args.threads),
+            "--shard",
+            f"{i}/{args.jobs}",
+            "--json",
+            str(out / f"mutants-bfloat16-{i}.json"),
+        ]
         mutants.append((f"mutants {i}/{args.jobs}", _start(cmd, out / f"logs/mutants-{i}.log", env)))
 
-    record = ("from ddtree_conformance.checks.golden_outputs import device_golden_path\n"
-              "from ddtree_conformance.files import atomic_write\n"
-              "from ddtree_conformance.golden_files import record_golden\n"
-              "from ddtree_conformance.session import SuiteSession, SuiteSettings\n"
-              "import sys, torch\n"
-              "torch.set_num_threads({threads})\n"
-              "s = SuiteSettings(dtype=sys.argv[1], device=sys.argv[2], isolate=False, max_new_tokens={new}, limit={lim},"
-              " golden_dir=sys.argv[4])\n"
-              "session = SuiteSession(s)\n"
-              "golden = record_golden(session, [int(b) for b in sys.argv[3].split(',')])\n"
-              "session.close()\n"
-              "path = device_golden_path(s.golden_dir, s.pair_name, s.prompt_set, s.dtype, s.device)\n"
-              "atomic_write(path, golden.model_dump_json(indent=1) + '\\n')\n"
-              "print('wrote', path)\n").format(threads=args.threads, new=args.max_new_tokens, lim=args.limit)
+    record = (
+        "from ddtree_conformance.checks.golden_outputs import device_golden_path\n"
+        "from ddtree_conformance.files import atomic_write\n"
+        "from ddtree_conformance.golden_files import record_golden\n"
+        "from ddtree_conformance.session import SuiteSession, SuiteSettings\n"
+        "import sys, torch\n"
+        f"torch.set_num_threads({args.threads})\n"
+        f"s = SuiteSettings(dtype=sys.argv[1], device=sys.argv[2], isolate=False, "
+        f"max_new_tokens={args.max_new_tokens}, limit={args.limit},"
+        " golden_dir=sys.argv[4])\n"
+        "session = SuiteSession(s)\n"
+        "golden = record_golden(session, [int(b) for b in sys.argv[3].split(',')])\n"
+        "session.close()\n"
+        "path = device_golden_path(s.golden_dir, s.pair_name, s.prompt_set, s.dtype, s.device)\n"
+        "atomic_write(path, golden.model_dump_json(indent=1) + '\\n')\n"
+        "print('wrote', path)\n"
+    )
     stage12 = []
     if not args.skip_calibration:  # 1. calibration (the checks after it read it), beside 2.
-        cmd = [py, "scripts/calibrate_near_tie.py", "--model", "golden/fixture/target", "--drafter",
-               "golden/fixture/drafter", "--device", args.device, "--max-new-tokens", str(args.max_new_tokens),
-               "--flip-limit", str(args.flip_limit), "--budgets", "16,64,256"]
+        cmd = [
+            py,
+            "scripts/calibrate_near_tie.py",
+            "--model",
+            "golden/fixture/target",
+            "--drafter",
+            "golden/fixture/drafter",
+            "--device",
+            args.device,
+            "--max-new-tokens",
+            str(args.max_new_tokens),
+            "--flip-limit",
+            str(args.flip_limit),
+            "--budgets",
+            "16,64,256",
+        ]
         stage12.append(("calibration", _start(cmd, out / "logs/calibration.log", env)))
     if not args.skip_golden:
-        stage12 += [(f"golden {d}", _start([py, "-c", record, d, args.device, args.budgets, args.golden_dir],
-                                           out / f"logs/golden-{d}.log", env)) for d in ("bfloat16", "float16")]
+        stage12 += [
+            (
+                f"golden {d}",
+                _start(
+                    [py, "-c", record, d, args.device, args.budgets, args.golden_dir], out / f"logs/golden-{d}.log", env
+                ),
+            )
+            for d in ("bfloat16", "float16")
+        ]
     status |= _wait(stage12, started + args.stage12_share * args.deadline)
     if not args.skip_calibration:
         shutil.copy(ROOT / "golden/fixture/MANIFEST.json", out / "MANIFEST.json")
@@ -155,10 +218,27 @@ def main(argv: list[str] | None = None) -> int:
 
     procs = []
     for d in [d for d in args.check_dtypes.split(",") if d]:  # 3. the default plan, and the mutants, all at once
-        cmd = [py, "-c", "from ddtree_conformance.cli import app; app()", "check", "--dtype", d, "--device",
-               args.device, "--budgets", args.budgets, "--max-new-tokens", str(args.max_new_tokens), "--threads",
-               str(args.threads), "--golden-dir", args.golden_dir, "--out", str(out / f"check-reference-{d}.json"),
-               *(["--limit", str(args.float16_limit)] if d == "float16" and args.float16_limit else limit)]
+        cmd = [
+            py,
+            "-c",
+            "from ddtree_conformance.cli import app; app()",
+            "check",
+            "--dtype",
+            d,
+            "--device",
+            args.device,
+            "--budgets",
+            args.budgets,
+            "--max-new-tokens",
+            str(args.max_new_tokens),
+            "--threads",
+            str(args.threads),
+            "--golden-dir",
+            args.golden_dir,
+            "--out",
+            str(out / f"check-reference-{d}.json"),
+            *(["--limit", str(args.float16_limit)] if d == "float16" and args.float16_limit else limit),
+        ]
         procs.append((f"check {d}", _start(cmd, out / f"logs/check-{d}.log", env)))
     status |= _wait(procs + mutants, deadline)
     summary = summarise(out, status, time.time() - started, [d for d in args.check_dtypes.split(",") if d])
@@ -180,22 +260,36 @@ def summarise(out: Path, status: dict, seconds: float, dtypes: list[str]) -> str
         path = out / f"check-reference-{d}.json"
         if not path.is_file():  # stopped at the deadline: the progress lines say what finished
             log = out / f"logs/check-{d}.log"
-            done = [ln.strip() for ln in log.read_text(errors="replace").splitlines()
-                    if ln.startswith("[ddtree] check ")] if log.is_file() else []
+            done = (
+                [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.startswith("[ddtree] check ")]
+                if log.is_file()
+                else []
+            )
             lines += ["", f"## reference {d}: no report, {len(done)} checks finished (logs/check-{d}.log)", ""]
             lines += [f"- {ln}" for ln in done]
             continue
         report = json.loads(path.read_text())
-        lines += ["", f"## reference {d}: {report.get('counts')} in {report.get('elapsed_s')} s", "",
-                  "| check | status | excused positions (largest gap / ceiling) | excused rounds (target / drafter) |",
-                  "|---|---|---|---|"]
+        lines += [
+            "",
+            f"## reference {d}: {report.get('counts')} in {report.get('elapsed_s')} s",
+            "",
+            "| check | status | excused positions (largest gap / ceiling) | excused rounds (target / drafter) |",
+            "|---|---|---|---|",
+        ]
         for r in report.get("results", []):
             det = r.get("details") or {}
             sc = det.get("scoring") or {}
-            pos = (f"{sc.get('excused')}/{sc.get('positions')} ({sc.get('largest_excused_gap', 0):.3g} / "
-                   f"{sc.get('ceiling')})" if sc else "-")
-            rounds = (f"{len(det['target_near_tie_rounds'])} / {len(det['drafter_near_tie_rounds'])} of "
-                      f"{det.get('rounds')}" if "target_near_tie_rounds" in det else "-")
+            pos = (
+                f"{sc.get('excused')}/{sc.get('positions')} ({sc.get('largest_excused_gap', 0):.3g} / "
+                f"{sc.get('ceiling')})"
+                if sc
+                else "-"
+            )
+            rounds = (
+                f"{len(det['target_near_tie_rounds'])} / {len(det['drafter_near_tie_rounds'])} of {det.get('rounds')}"
+                if "target_near_tie_rounds" in det
+                else "-"
+            )
             lines.append(f"| {r['check']} | {r['status']} | {pos} | {rounds} |")
         failed = [r for r in report.get("results", []) if r["status"] == "fail"]
         lines += [f"- FAIL {r['check']}: {r['message']}" for r in failed]

@@ -90,10 +90,16 @@ def measure(args) -> dict:
     report: dict = {
         "fixture": str(fixture),
         "prompts": args.prompts,
-        "settings": {"temperature": 0.0, "dtype": args.dtype, "device": args.device,
-                     "max_new_tokens": args.max_new_tokens, "stop_tokens": [], "budgets": args.budgets,
-                     "tau": "per-response mean of acceptance lengths (bonus included), averaged over responses; "
-                            "tau_aggregate_*: all acceptance lengths pooled (= 1 + accepted / rounds)"},
+        "settings": {
+            "temperature": 0.0,
+            "dtype": args.dtype,
+            "device": args.device,
+            "max_new_tokens": args.max_new_tokens,
+            "stop_tokens": [],
+            "budgets": args.budgets,
+            "tau": "per-response mean of acceptance lengths (bonus included), averaged over responses; "
+            "tau_aggregate_*: all acceptance lengths pooled (= 1 + accepted / rounds)",
+        },
         "categories": {},
     }
     spec_modes = [m for m, _ in modes if m != "plain"]
@@ -114,8 +120,13 @@ def measure(args) -> dict:
         for b in args.budgets:
             row[f"ratio@{b}"] = row[f"tau_ddtree@{b}"] / row["tau_dflash"]
         g = np.array([x for i in idx for x in gaps[i]])
-        row["gap"] = {"min": float(g.min()), "p1": float(np.percentile(g, 1)), "median": float(np.median(g)),
-                      "share_ge_1e-3": float((g >= GAP_BAR).mean()), "positions": int(g.size)}
+        row["gap"] = {
+            "min": float(g.min()),
+            "p1": float(np.percentile(g, 1)),
+            "median": float(np.median(g)),
+            "share_ge_1e-3": float((g >= GAP_BAR).mean()),
+            "positions": int(g.size),
+        }
         report["categories"][cat] = row
 
     allrow = report["categories"]["all"]
@@ -142,14 +153,22 @@ def print_table(report: dict, budgets: list[int]) -> None:
     rows = []
     for cat, r in report["categories"].items():
         spec = [k for k in r if k.startswith("lossless_")]
-        rows.append([
-            cat, str(r["prompts"]), f"{r['distinct_median']:.2f}", f"{r['tau_dflash']:.2f}",
-            f"{r['tau_aggregate_dflash']:.2f}",
-            *[f"{r[f'tau_ddtree@{b}']:.2f}" for b in budgets], *[f"{r[f'ratio@{b}']:.2f}" for b in budgets],
-            f"{min(r[k] for k in spec)}/{r['prompts']}",
-            f"{r['gap']['min']:.2e}", f"{r['gap']['p1']:.3f}", f"{r['gap']['median']:.2f}",
-            f"{100 * r['gap']['share_ge_1e-3']:.2f}%",
-        ])
+        rows.append(
+            [
+                cat,
+                str(r["prompts"]),
+                f"{r['distinct_median']:.2f}",
+                f"{r['tau_dflash']:.2f}",
+                f"{r['tau_aggregate_dflash']:.2f}",
+                *[f"{r[f'tau_ddtree@{b}']:.2f}" for b in budgets],
+                *[f"{r[f'ratio@{b}']:.2f}" for b in budgets],
+                f"{min(r[k] for k in spec)}/{r['prompts']}",
+                f"{r['gap']['min']:.2e}",
+                f"{r['gap']['p1']:.3f}",
+                f"{r['gap']['median']:.2f}",
+                f"{100 * r['gap']['share_ge_1e-3']:.2f}%",
+            ]
+        )
     widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
     print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
     for row in rows:

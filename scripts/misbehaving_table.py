@@ -32,15 +32,21 @@ def run(command: list[str], report: Path) -> dict:
     verdict = "-"
     if report.is_file():
         results = json.loads(report.read_text())["results"]
-        verdict = ", ".join(f"{r['check']}: {'not run' if r['details'].get('not_run') else r['status']}"
-                            for r in results)
+        verdict = ", ".join(
+            f"{r['check']}: {'not run' if r['details'].get('not_run') else r['status']}" for r in results
+        )
         failed = [r["message"] for r in results if r["status"] == "fail"]
         message = failed[0] if failed else (results[0]["message"] if results else "")
         report.unlink()
     else:
         message = errors[0].removeprefix("error: ") if errors else done.stderr.strip()[-300:]
-    return {"exit": done.returncode, "verdict": verdict, "message": message, "stderr": errors[:1],
-            "command": shlex.join(command)}
+    return {
+        "exit": done.returncode,
+        "verdict": verdict,
+        "message": message,
+        "stderr": errors[:1],
+        "command": shlex.join(command),
+    }
 
 
 def main() -> int:
@@ -52,9 +58,28 @@ def main() -> int:
     prompts = root / "p.jsonl"
     prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     report = root / "report.json"
-    base = ["ddtree-conformance", "check", "--model", str(target), "--drafter", str(drafter), "--prompts",
-            str(prompts), "--pair-name", "random", "--golden-dir", str(root / "golden"), "--max-new-tokens", "8",
-            "--modes", "ddtree", "--budgets", "4", "--out", str(report)]
+    base = [
+        "ddtree-conformance",
+        "check",
+        "--model",
+        str(target),
+        "--drafter",
+        str(drafter),
+        "--prompts",
+        str(prompts),
+        "--pair-name",
+        "random",
+        "--golden-dir",
+        str(root / "golden"),
+        "--max-new-tokens",
+        "8",
+        "--modes",
+        "ddtree",
+        "--budgets",
+        "4",
+        "--out",
+        str(report),
+    ]
     rows = []
     for name, fault in CATALOGUE.items():
         command = [*base, "--engine", fault.engine]

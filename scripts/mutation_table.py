@@ -47,16 +47,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard", default=None, help="I/N: run every N-th engine starting at I (parallel runs)")
     parser.add_argument("--json", default=None, help="also write the rows as JSON here")
     parser.add_argument("--include-correct", action="store_true", help="also run the correct reference engine")
-    parser.add_argument("--catalogue", choices=("mutants", "correct"), default="mutants",
-                        help="the broken engines (each must fail) or the correct ones that use the spec's freedoms "
-                             "(each must pass)")
+    parser.add_argument(
+        "--catalogue",
+        choices=("mutants", "correct"),
+        default="mutants",
+        help="the broken engines (each must fail) or the correct ones that use the spec's freedoms (each must pass)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    settings = SuiteSettings(model_dir=args.model, drafter_dir=args.drafter, prompt_set=args.prompts,
-                             pair_name=args.pair_name, budgets=[int(b) for b in args.budgets.split(",")],
-                             limit=args.limit, max_new_tokens=args.max_new_tokens, isolate=False, dtype=args.dtype,
-                             device=args.device, sampling_requests=args.sampling_requests)
+    settings = SuiteSettings(
+        model_dir=args.model,
+        drafter_dir=args.drafter,
+        prompt_set=args.prompts,
+        pair_name=args.pair_name,
+        budgets=[int(b) for b in args.budgets.split(",")],
+        limit=args.limit,
+        max_new_tokens=args.max_new_tokens,
+        isolate=False,
+        dtype=args.dtype,
+        device=args.device,
+        sampling_requests=args.sampling_requests,
+    )
     correct = set(CORRECT_ENGINES) if args.catalogue == "correct" else set()
     engines = dict(CORRECT_ENGINES) if args.catalogue == "correct" else dict(MUTANTS)
     if args.include_correct:
@@ -76,17 +88,27 @@ def main(argv: list[str] | None = None) -> int:
             session.close()
         failed = [r for r in results if r.status == "fail"]
         counts = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
-        rows.append({"engine": label, "dtype": args.dtype, "device": args.device, "failed": [r.check for r in failed],
-                     "message": failed[0].message if failed else "", "counts": counts,
-                     "seconds": round(time.time() - t0, 1)})
+        rows.append(
+            {
+                "engine": label,
+                "dtype": args.dtype,
+                "device": args.device,
+                "failed": [r.check for r in failed],
+                "message": failed[0].message if failed else "",
+                "counts": counts,
+                "seconds": round(time.time() - t0, 1),
+            }
+        )
         must_pass = label == "correct reference" or label in correct
         if not must_pass and not failed:
             holes.append(label)
         if must_pass and failed:
             holes.append(label + " (fails: " + ", ".join(r.check for r in failed) + ")")
-        print(f"| {label} | {args.dtype} | {', '.join(r.check for r in failed) or '-'} | "
-              f"{(failed[0].message if failed else 'all pass')[:300]} | {counts} | {rows[-1]['seconds']} s |",
-              flush=True)
+        print(
+            f"| {label} | {args.dtype} | {', '.join(r.check for r in failed) or '-'} | "
+            f"{(failed[0].message if failed else 'all pass')[:300]} | {counts} | {rows[-1]['seconds']} s |",
+            flush=True,
+        )
         if args.json:  # after every engine: a run stopped at a deadline keeps the rows it finished
             atomic_write(args.json, json.dumps(rows, indent=1) + "\n")
     if holes:

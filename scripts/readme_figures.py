@@ -2,7 +2,8 @@
 """The README's figures, from runs of the commands they describe.
 
 README.md marks each figure it quotes: ``<!-- figure:NAME -->TEXT<!-- /figure -->``. This script runs
-the commands, writes what they printed to ``scripts/measurements/readme-figures.json`` (the value, the command, the date)
+the commands, writes what they printed to ``scripts/measurements/readme-figures.json`` (the value, the command, the
+date)
 and puts each value between its markers, so no figure in the README is typed by hand:
 
 * ``tier``: the default CPU tier, ``python -m pytest -q -n 2`` (its counts and pytest's own time);
@@ -11,7 +12,8 @@ and puts each value between its markers, so no figure in the README is typed by 
 
     python scripts/readme_figures.py               # run both (about 10 minutes on 2 cores), update both files
     python scripts/readme_figures.py --only check  # one group
-    python scripts/readme_figures.py --verify      # no runs: exit 1 when README.md differs from scripts/measurements/readme-figures.json
+    python scripts/readme_figures.py --verify      # no runs: exit 1 when README.md differs from
+    scripts/measurements/readme-figures.json
 """
 
 from __future__ import annotations
@@ -46,13 +48,17 @@ def check_figures(report: dict, wall_s: float) -> dict[str, str]:
     counts = report["counts"]
     runs = {r["label"]: r["tau"] for r in report.get("runs", []) if r.get("tau") is not None}
     ddtree = sorted((label for label in runs if label.startswith("ddtree-B")), key=lambda x: int(x.split("B")[1]))
-    tau = (f"tau {runs['dflash']:.2f} (DFlash), " if "dflash" in runs else "tau ") + \
-        " / ".join(f"{runs[label]:.2f}" for label in ddtree) + \
-        f" (B={'/'.join(label.split('B')[1] for label in ddtree)})"
+    tau = (
+        (f"tau {runs['dflash']:.2f} (DFlash), " if "dflash" in runs else "tau ")
+        + " / ".join(f"{runs[label]:.2f}" for label in ddtree)
+        + f" (B={'/'.join(label.split('B')[1] for label in ddtree)})"
+    )
     skipped = f", {counts['skip']} skip" if counts.get("skip") else ""
-    return {"check-counts": f"{counts['pass']} checks pass{skipped}",
-            "check-seconds": f"{report.get('elapsed_s', wall_s):.0f} s",
-            "check-tau": tau}
+    return {
+        "check-counts": f"{counts['pass']} checks pass{skipped}",
+        "check-seconds": f"{report.get('elapsed_s', wall_s):.0f} s",
+        "check-tau": tau,
+    }
 
 
 def run_tier() -> dict[str, dict]:
@@ -61,8 +67,10 @@ def run_tier() -> dict[str, dict]:
     (ROOT / "reports" / "default-tier.log").write_text(proc.stdout + proc.stderr)  # the durations, the failures
     counts, seconds = pytest_counts(proc.stdout)
     command = " ".join(["python", *TIER[1:]])
-    return {"tier-counts": {"value": counts, "command": command},
-            "tier-seconds": {"value": seconds, "command": command}}
+    return {
+        "tier-counts": {"value": counts, "command": command},
+        "tier-seconds": {"value": seconds, "command": command},
+    }
 
 
 def run_check() -> dict[str, dict]:

@@ -32,9 +32,19 @@ def main() -> int:
     parser.add_argument("--no-isolate", action="store_true")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    settings, _ = build_settings(dict(engine=args.engine, dtype=args.dtype, device=args.device, limit=args.limit,
-                                      budgets=args.budgets, max_new_tokens=args.max_new_tokens, checks=args.check,
-                                      isolate=not args.no_isolate, torch_threads=args.threads))
+    settings, _ = build_settings(
+        dict(
+            engine=args.engine,
+            dtype=args.dtype,
+            device=args.device,
+            limit=args.limit,
+            budgets=args.budgets,
+            max_new_tokens=args.max_new_tokens,
+            checks=args.check,
+            isolate=not args.no_isolate,
+            torch_threads=args.threads,
+        )
+    )
     session = SuiteSession(settings)
     rows, total = [], time.perf_counter()
     try:
@@ -42,8 +52,9 @@ def main() -> int:
             t0 = time.perf_counter()
             result = check.run(session)
             seconds = time.perf_counter() - t0
-            rows.append({"check": check.id, "seconds": round(seconds, 2), "status": result.status,
-                         "message": result.message})
+            rows.append(
+                {"check": check.id, "seconds": round(seconds, 2), "status": result.status, "message": result.message}
+            )
             print(f"{seconds:7.1f} s  {result.status:4}  {check.id}: {result.message[:160]}", flush=True)
     finally:
         session.close()

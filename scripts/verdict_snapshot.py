@@ -42,9 +42,14 @@ def _in_process(args) -> dict[str, dict]:
     from ddtree_conformance.testing.mutants import MUTANTS
 
     torch.set_num_threads(1)
-    settings = SuiteSettings(budgets=[int(b) for b in args.budgets.split(",")], limit=args.limit,
-                             max_new_tokens=args.max_new_tokens, isolate=False, sampling_requests=60,
-                             run_seed=RUN_SEED)
+    settings = SuiteSettings(
+        budgets=[int(b) for b in args.budgets.split(",")],
+        limit=args.limit,
+        max_new_tokens=args.max_new_tokens,
+        isolate=False,
+        sampling_requests=60,
+        run_seed=RUN_SEED,
+    )
     out = {}
     for label, cls in {"correct reference": ReferenceEngine, **MUTANTS}.items():
         session = SuiteSession(settings, engine_factory=lambda m, d, cls=cls: cls(m, d))
@@ -66,9 +71,30 @@ def _misbehaving() -> dict[str, dict]:
     prompts = root / "p.jsonl"
     prompts.write_text('{"id": "a", "prompt_ids": [1, 2, 3, 4]}\n{"id": "b", "prompt_ids": [9, 8, 7, 6, 5, 4, 3]}\n')
     report = root / "report.json"
-    base = ["ddtree-conformance", "check", "--model", str(target), "--drafter", str(drafter), "--prompts",
-            str(prompts), "--pair-name", "random", "--golden-dir", str(root / "golden"), "--max-new-tokens", "8",
-            "--modes", "ddtree", "--budgets", "4", "--run-seed", str(RUN_SEED), "--out", str(report)]
+    base = [
+        "ddtree-conformance",
+        "check",
+        "--model",
+        str(target),
+        "--drafter",
+        str(drafter),
+        "--prompts",
+        str(prompts),
+        "--pair-name",
+        "random",
+        "--golden-dir",
+        str(root / "golden"),
+        "--max-new-tokens",
+        "8",
+        "--modes",
+        "ddtree",
+        "--budgets",
+        "4",
+        "--run-seed",
+        str(RUN_SEED),
+        "--out",
+        str(report),
+    ]
     out = {}
     for name, fault in CATALOGUE.items():
         command = [*base, "--engine", fault.engine]

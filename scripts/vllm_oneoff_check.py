@@ -85,9 +85,23 @@ def parent(args) -> int:
     runs = {}
     for mode in ("plain", "dflash"):
         result = work / f"vllm_{mode}.json"
-        cmd = [sys.executable, __file__, "--child", "--mode", mode, "--result", str(result),
-               "--target", args.target, "--drafter", args.drafter, "--prompts", args.prompts,
-               "--max-new-tokens", str(args.max_new_tokens)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--mode",
+            mode,
+            "--result",
+            str(result),
+            "--target",
+            args.target,
+            "--drafter",
+            args.drafter,
+            "--prompts",
+            args.prompts,
+            "--max-new-tokens",
+            str(args.max_new_tokens),
+        ]
         print(f"running vLLM {mode} ...", flush=True)
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         (work / f"vllm_{mode}.log").write_text(proc.stdout + proc.stderr)
@@ -119,9 +133,15 @@ def parent(args) -> int:
             if not same:
                 first_div.append(next((i for i, (a, b) in enumerate(zip(got, ref.output_ids)) if a != b), None))
         delta = {k: _delta(run["metrics_before"].get(k), v) for k, v in run["metrics_after"].items() if k != "error"}
-        entry = {"exact_match": exact, "of": len(prompts), "by_category": by_cat,
-                 "first_divergence_positions": first_div, "load_s": run["load_s"], "generate_s": run["generate_s"],
-                 "spec_metrics_delta": delta}
+        entry = {
+            "exact_match": exact,
+            "of": len(prompts),
+            "by_category": by_cat,
+            "first_divergence_positions": first_div,
+            "load_s": run["load_s"],
+            "generate_s": run["generate_s"],
+            "spec_metrics_delta": delta,
+        }
         drafts = delta.get("vllm:spec_decode_num_drafts")
         accepted = delta.get("vllm:spec_decode_num_accepted_tokens")
         if drafts:
@@ -129,8 +149,10 @@ def parent(args) -> int:
         report["modes"][mode] = entry
         print(f"vLLM {mode}: {exact}/{len(prompts)} outputs equal the reference plain output; by category {by_cat}")
         if drafts:
-            print(f"  vLLM DFlash mean acceptance length 1 + accepted/drafts = {entry['mean_acceptance_length']:.3f} "
-                  f"(drafts {drafts}, accepted {accepted})")
+            print(
+                f"  vLLM DFlash mean acceptance length 1 + accepted/drafts = {entry['mean_acceptance_length']:.3f} "
+                f"(drafts {drafts}, accepted {accepted})"
+            )
             print(f"  accepted per position: {delta.get('vllm:spec_decode_num_accepted_tokens_per_pos')}")
     same_pair = sum(runs["plain"]["outputs"][p["id"]] == runs["dflash"]["outputs"][p["id"]] for p in prompts)
     report["vllm_dflash_equals_vllm_plain"] = same_pair

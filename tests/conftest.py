@@ -17,28 +17,40 @@ import os
 
 import pytest
 import torch
-
 from hypothesis import HealthCheck, settings
 
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.testing.random_pair import write_random_pair
 
-settings.register_profile("ddtree", deadline=None, derandomize=True, print_blob=True,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("dev", deadline=None, derandomize=False, print_blob=True,
-                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "ddtree", deadline=None, derandomize=True, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "dev", deadline=None, derandomize=False, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ddtree"))
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
     group = parser.getgroup("ddtree-gpu-tier", "GPU tier (pytest -m gpu)")
-    group.addoption("--gpu-engines", default=None,
-                    help="comma-separated engines the GPU tier runs the conformance plan on "
-                         "(default $DDTREE_GPU_ENGINES, else every registered engine)")
-    group.addoption("--gpu-limit", type=int, default=None,
-                    help="prompts per engine conformance run in the GPU tier (default 20; 0: the pair's whole set)")
-    group.addoption("--gpu-sampling-requests", type=int, default=None,
-                    help="seeded requests per sampling variant in the GPU tier (default 40)")
+    group.addoption(
+        "--gpu-engines",
+        default=None,
+        help="comma-separated engines the GPU tier runs the conformance plan on "
+        "(default $DDTREE_GPU_ENGINES, else every registered engine)",
+    )
+    group.addoption(
+        "--gpu-limit",
+        type=int,
+        default=None,
+        help="prompts per engine conformance run in the GPU tier (default 20; 0: the pair's whole set)",
+    )
+    group.addoption(
+        "--gpu-sampling-requests",
+        type=int,
+        default=None,
+        help="seeded requests per sampling variant in the GPU tier (default 40)",
+    )
 
 
 @pytest.fixture(scope="session", autouse=True)

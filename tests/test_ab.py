@@ -26,7 +26,7 @@ from ddtree_conformance.sequential import SequentialPlan
 
 # An engine that reports injected decode times (rounds of 20 us x SLOWDOWN, seeded noise), tau 3, no model
 # work: small enough to stay under the wall clock of its own call, which the bench checks.
-TIMED = '''
+TIMED = """
 import math
 import random
 
@@ -59,7 +59,7 @@ class Timed(Engine):
                                      acceptance_lengths=lengths,
                                      timings=Timings(decode=seconds, stages={{"round_wall": seconds}})))
         return out
-'''
+"""
 
 
 class Simulated(Engine):
@@ -72,8 +72,15 @@ class Simulated(Engine):
         self.round_s, self.rng, self.clock, self.calls, self.tag = round_s, random.Random(seed), clock, calls, tag
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(name=self.name, modes=["plain", "ddtree"], dtypes=["float32"], devices=["cpu"],
-                            sampling=False, traces=False, per_round_acceptance=True)
+        return Capabilities(
+            name=self.name,
+            modes=["plain", "ddtree"],
+            dtypes=["float32"],
+            devices=["cpu"],
+            sampling=False,
+            traces=False,
+            per_round_acceptance=True,
+        )
 
     def generate(self, requests, config):
         out = []
@@ -82,8 +89,15 @@ class Simulated(Engine):
             lengths = [3] * math.ceil((r.max_new_tokens - 1) / 3)
             seconds = self.round_s * len(lengths) * math.exp(self.rng.gauss(0, 0.02))
             self.clock[0] += seconds + 1e-4
-            out.append(RequestResult(output_ids=[1] * r.max_new_tokens, finish_reason="length", rounds=len(lengths),
-                                     acceptance_lengths=lengths, timings=Timings(stages={"round_device": seconds})))
+            out.append(
+                RequestResult(
+                    output_ids=[1] * r.max_new_tokens,
+                    finish_reason="length",
+                    rounds=len(lengths),
+                    acceptance_lengths=lengths,
+                    timings=Timings(stages={"round_device": seconds}),
+                )
+            )
         return out
 
 
@@ -93,8 +107,12 @@ CONFIGS = {"ddtree-B16": RunConfig(mode="ddtree", budget=16), "ddtree-B64": RunC
 
 def simulated_pair(candidate_round_s: float, baseline_round_s: float = 0.01):
     clock, calls = [0.0], []
-    return (Simulated(candidate_round_s, 1, clock, calls, "candidate"),
-            Simulated(baseline_round_s, 2, clock, calls, "baseline"), clock, calls)
+    return (
+        Simulated(candidate_round_s, 1, clock, calls, "candidate"),
+        Simulated(baseline_round_s, 2, clock, calls, "baseline"),
+        clock,
+        calls,
+    )
 
 
 def test_pairs_are_called_back_to_back_alternating_which_goes_first():
@@ -109,8 +127,15 @@ def test_pairs_are_called_back_to_back_alternating_which_goes_first():
 @pytest.mark.parametrize("candidate_round_s, decision, code", [(0.0125, "regression", 1), (0.0098, "pass", 0)])
 def test_the_sequential_test_judges_the_throughput_ratio(candidate_round_s, decision, code):
     candidate, baseline, clock, calls = simulated_pair(candidate_round_s)
-    part = measure_ab(candidate, baseline, REQUESTS, CONFIGS, tolerance=0.05, now=lambda: clock[0],
-                      plan=SequentialPlan(time_budget_s=1e6))
+    part = measure_ab(
+        candidate,
+        baseline,
+        REQUESTS,
+        CONFIGS,
+        tolerance=0.05,
+        now=lambda: clock[0],
+        plan=SequentialPlan(time_budget_s=1e6),
+    )
     assert {run["ab"]["stop"]["decision"] for run in part["runs"]} == {decision}
     ratio = part["runs"][0]["ab"]["estimate"]
     assert ratio == pytest.approx(0.01 / candidate_round_s, rel=0.03)
@@ -124,8 +149,15 @@ def test_the_sequential_test_judges_the_throughput_ratio(candidate_round_s, deci
 
 def test_a_ratio_inside_the_noise_is_inconclusive_when_the_budget_runs_out():
     candidate, baseline, clock, _ = simulated_pair(0.01 / 0.95)  # right on the edge
-    part = measure_ab(candidate, baseline, REQUESTS, {"ddtree-B16": CONFIGS["ddtree-B16"]}, tolerance=0.05,
-                      now=lambda: clock[0], plan=SequentialPlan(max_repeats=6))
+    part = measure_ab(
+        candidate,
+        baseline,
+        REQUESTS,
+        {"ddtree-B16": CONFIGS["ddtree-B16"]},
+        tolerance=0.05,
+        now=lambda: clock[0],
+        plan=SequentialPlan(max_repeats=6),
+    )
     assert part["runs"][0]["ab"]["stop"]["decision"] == "inconclusive"
     assert exit_code(evaluate(part)) == 3 and part["verdict"]["status"] == "inconclusive"
 
@@ -155,12 +187,15 @@ def test_different_clocks_cannot_be_compared():
 
 # ------------------------------------------------------------------------------------------- the CLI
 
+
 def write_wheel(folder: Path, slowdown: float) -> Path:
     """A wheel of ``ddtc_ab_pkg`` 1.0 (the Timed engine at this slowdown), written by hand."""
-    files = {"ddtc_ab_pkg/__init__.py": TIMED.format(slowdown=slowdown),
-             "ddtc_ab_pkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: ddtc-ab-pkg\nVersion: 1.0\n",
-             "ddtc_ab_pkg-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                               "Tag: py3-none-any\n"}
+    files = {
+        "ddtc_ab_pkg/__init__.py": TIMED.format(slowdown=slowdown),
+        "ddtc_ab_pkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: ddtc-ab-pkg\nVersion: 1.0\n",
+        "ddtc_ab_pkg-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
     folder.mkdir(parents=True, exist_ok=True)
     wheel = folder / "ddtc_ab_pkg-1.0-py3-none-any.whl"
     record = []
@@ -188,8 +223,20 @@ def bench(tmp_path, *args):
 def test_bench_against_an_engine_here_and_the_gate_without_baselines(tmp_path, monkeypatch):
     (tmp_path / "ddtc_ab_here.py").write_text(TIMED.format(slowdown=1.0))
     monkeypatch.chdir(tmp_path)  # module:Class from the working directory
-    report, gate = bench(tmp_path, "--engine", "ddtc_ab_here:Timed", "-O", "slowdown=1.3", "-O", "seed=1",
-                         "--against", "ddtc_ab_here:Timed", "--against-option", "seed=2", "--no-isolate")
+    report, gate = bench(
+        tmp_path,
+        "--engine",
+        "ddtc_ab_here:Timed",
+        "-O",
+        "slowdown=1.3",
+        "-O",
+        "seed=1",
+        "--against",
+        "ddtc_ab_here:Timed",
+        "--against-option",
+        "seed=2",
+        "--no-isolate",
+    )
     assert report["kind"] == "ab" and report["verdict"]["status"] == "fail"
     assert report["ab"]["against"] == "ddtc_ab_here:Timed"
     assert gate.exit_code == 1 and "A/B ratio" in gate.output and "gate REGRESSION (exit 1)" in gate.output
@@ -203,8 +250,9 @@ def test_bench_against_a_build_installed_apart(tmp_path, monkeypatch):
     wheel = write_wheel(tmp_path / "dist", slowdown=1.0)
     (tmp_path / "ddtc_ab_pkg.py").write_text(TIMED.format(slowdown=1.3))  # the candidate: 30 % slower
     monkeypatch.chdir(tmp_path)
-    report, gate = bench(tmp_path, "--engine", "ddtc_ab_pkg:Timed", "--against", str(wheel),
-                         "--against-option", "seed=2")
+    report, gate = bench(
+        tmp_path, "--engine", "ddtc_ab_pkg:Timed", "--against", str(wheel), "--against-option", "seed=2"
+    )
     assert report["ab"]["baseline_engine"]["version"] == "1.0"  # the installed build, not the working directory's
     assert report["engine"]["version"] == "1.3"
     assert "installed from" in report["ab"]["baseline"]
@@ -227,14 +275,44 @@ def test_a_slow_mutant_against_the_reference(random_pair, tmp_path):
     real timings: the report's shape, not its verdict (no timed assertions)."""
     target, drafter = random_pair
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "category": "math", "prompt_ids": [1 + i, 2, 3]}) + "\n"
-                               for i in range(2)))
+    prompts.write_text(
+        "".join(json.dumps({"id": f"p{i}", "category": "math", "prompt_ids": [1 + i, 2, 3]}) + "\n" for i in range(2))
+    )
     out = tmp_path / "ab.json"
-    result = CliRunner().invoke(app, [str(a) for a in (
-        "bench", "--engine", "ddtree_conformance.testing.slow_engines:SlowVerify", "-O", "verify_slowdown=1.0",
-        "--against", "reference", "--model", target, "--drafter", drafter, "--prompts", prompts, "--modes", "ddtree",
-        "--budgets", "8", "--max-new-tokens", "12", "--no-isolate", "--max-repeats", "3", "--time-budget", "60",
-        "--out", out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            str(a)
+            for a in (
+                "bench",
+                "--engine",
+                "ddtree_conformance.testing.slow_engines:SlowVerify",
+                "-O",
+                "verify_slowdown=1.0",
+                "--against",
+                "reference",
+                "--model",
+                target,
+                "--drafter",
+                drafter,
+                "--prompts",
+                prompts,
+                "--modes",
+                "ddtree",
+                "--budgets",
+                "8",
+                "--max-new-tokens",
+                "12",
+                "--no-isolate",
+                "--max-repeats",
+                "3",
+                "--time-budget",
+                "60",
+                "--out",
+                out,
+            )
+        ],
+    )
     assert result.exit_code == 0, (result.output, result.exception)
     report = json.loads(out.read_text())
     (run,) = report["runs"]

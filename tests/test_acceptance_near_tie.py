@@ -26,16 +26,19 @@ from ddtree_conformance.spec import build_tree
 BF16 = Calibration("bfloat16", 0.3, 0.2, 0, (), "test", 0.01)
 
 
-@pytest.mark.parametrize("output, lengths, finish, problem", [
-    ([1, 2, 3, 4], [2, 1], "length", None),
-    ([1, 2, 3, 4], [2, 3], "length", None),  # last round cut by the length limit
-    ([1, 2, 3], [2, 3], "length", "do not add up"),  # a last round that emits nothing
-    ([1, 2, 3, 4], [3, 2], "length", "do not add up"),  # reported one too high
-    ([1, 2, 3, 4, 5, 6], [2, 1], "length", "do not add up"),
-    ([1, 2], [0, 1], "length", "round 0 accepts 0 tokens"),
-    ([1, 2, 3], [2, 17], "length", "round 1 accepts 17 tokens"),
-    ([1], [], "stop", None),
-])
+@pytest.mark.parametrize(
+    "output, lengths, finish, problem",
+    [
+        ([1, 2, 3, 4], [2, 1], "length", None),
+        ([1, 2, 3, 4], [2, 3], "length", None),  # last round cut by the length limit
+        ([1, 2, 3], [2, 3], "length", "do not add up"),  # a last round that emits nothing
+        ([1, 2, 3, 4], [3, 2], "length", "do not add up"),  # reported one too high
+        ([1, 2, 3, 4, 5, 6], [2, 1], "length", "do not add up"),
+        ([1, 2], [0, 1], "length", "round 0 accepts 0 tokens"),
+        ([1, 2, 3], [2, 17], "length", "round 1 accepts 17 tokens"),
+        ([1], [], "stop", None),
+    ],
+)
 def test_acceptance_lengths_must_describe_the_output(output, lengths, finish, problem):
     """The acceptance convention the replay relies on is the integrity rule, checked once for every result."""
     from ddtree_conformance.adapters.interface import RequestResult
@@ -66,7 +69,7 @@ def test_replay_follows_the_engine_path_after_a_difference(reference_engine):
     result = reference_engine.generate([request], RunConfig(mode="ddtree", budget=16))[0]
     lengths = list(result.acceptance_lengths)
     r = next(i for i, n in enumerate(lengths) if n >= 2)
-    changed = lengths[:r] + [1, lengths[r] - 1] + lengths[r + 1:]  # claim round r stopped one token early
+    changed = lengths[:r] + [1, lengths[r] - 1] + lengths[r + 1 :]  # claim round r stopped one token early
     rounds = replay_result(reference_engine, request, result.output_ids, changed, "ddtree", 16)
     assert rounds[r].length == lengths[r] and rounds[r].draft_logits is not None
     offset = 1 + sum(lengths[:r])
@@ -74,8 +77,19 @@ def test_replay_follows_the_engine_path_after_a_difference(reference_engine):
 
 
 def _round(tokens, length, draft_logits=None, gaps=None):
-    return ReplayRound(index=0, offset=1, start=5, root=9, length=length, tokens=tokens, tree_tokens=[9],
-                       parents=[-1], accepted=[], path_gaps=gaps or [1.0] * length, draft_logits=draft_logits)
+    return ReplayRound(
+        index=0,
+        offset=1,
+        start=5,
+        root=9,
+        length=length,
+        tokens=tokens,
+        tree_tokens=[9],
+        parents=[-1],
+        accepted=[],
+        path_gaps=gaps or [1.0] * length,
+        draft_logits=draft_logits,
+    )
 
 
 def test_target_near_tie_is_excused_only_within_the_bound():
@@ -99,8 +113,17 @@ def test_a_last_round_cut_by_the_output_end_is_compared_as_far_as_it_shows():
     output = [9, 4, 7]  # the output ends after two tokens of the last round
     for engine_length, replay_length, equal in ((4, 6, True), (5, 2, True), (5, 1, False)):
         run = ReplayRun()
-        judge_rounds(run, "p", [engine_length], output, [_round([4, 7, 5, 6, 1, 2][:replay_length], replay_length)],
-                     BF16, "ddtree", 8, [0, 0, 0])
+        judge_rounds(
+            run,
+            "p",
+            [engine_length],
+            output,
+            [_round([4, 7, 5, 6, 1, 2][:replay_length], replay_length)],
+            BF16,
+            "ddtree",
+            8,
+            [0, 0, 0],
+        )
         assert (not run.differs and not run.drafter) == equal, (engine_length, replay_length)
 
 
@@ -123,9 +146,19 @@ def test_drafter_flip_needs_logits_within_the_tolerance():
 
 
 def _traces(logits):
-    trace = RoundTrace(start=5, root_token=9, tree_tokens=[9, 3, 6], parents=[-1, 0, 1], depths=[0, 1, 2],
-                       positions=[5, 6, 7], accepted=[1, 2], target_tokens=[3, 6, 1], bonus=1, top2_margins=[1, 1, 1],
-                       draft_logits=logits.tolist())
+    trace = RoundTrace(
+        start=5,
+        root_token=9,
+        tree_tokens=[9, 3, 6],
+        parents=[-1, 0, 1],
+        depths=[0, 1, 2],
+        positions=[5, 6, 7],
+        accepted=[1, 2],
+        target_tokens=[3, 6, 1],
+        bonus=1,
+        top2_margins=[1, 1, 1],
+        draft_logits=logits.tolist(),
+    )
     return lambda: [trace]
 
 
@@ -156,8 +189,18 @@ def test_drafter_excuse_rules():
     assert [v.kind for v in run.unconfirmed] == ["unconfirmed-drafter-near-tie"] and not run.differs, run.differs
     assert unconfirmed_round_cap(BF16, 1000) < drafter_round_cap(BF16, 1000)
     run = ReplayRun()  # a round the tolerance cannot explain (tau 66 style: every round far longer)
-    judge_rounds(run, "p", lengths, output, [_round([3, 6], 2, draft_logits=logits)],
-                 Calibration("bfloat16", 0.3, 1e-5, 0, (), "test", 0.01), "ddtree", 2, [0.0] * 4, None)
+    judge_rounds(
+        run,
+        "p",
+        lengths,
+        output,
+        [_round([3, 6], 2, draft_logits=logits)],
+        Calibration("bfloat16", 0.3, 1e-5, 0, (), "test", 0.01),
+        "ddtree",
+        2,
+        [0.0] * 4,
+        None,
+    )
     assert run.differs and "no drafter logits within the tolerance" in run.differs[0].note
 
 
@@ -192,9 +235,16 @@ def test_every_drafter_near_tie_is_judged_on_the_engines_own_drafter_logits(monk
     from ddtree_conformance.session import SuiteSession, SuiteSettings
 
     monkeypatch.setattr(trees, "TRACED_PROMPTS", 2)
-    settings = SuiteSettings(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), dtype="bfloat16",
-                             limit=24, max_new_tokens=64, isolate=False, torch_threads=1,
-                             held_out_prompts=0)  # the same 24 prompts every run: the rounds counted below
+    settings = SuiteSettings(
+        model_dir=str(FIXTURE_TARGET),
+        drafter_dir=str(FIXTURE_DRAFTER),
+        dtype="bfloat16",
+        limit=24,
+        max_new_tokens=64,
+        isolate=False,
+        torch_threads=1,
+        held_out_prompts=0,
+    )  # the same 24 prompts every run: the rounds counted below
     session = SuiteSession(settings)
     try:
         result = check_acceptance(session, "ddtree", 16)

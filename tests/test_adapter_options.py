@@ -24,13 +24,16 @@ def test_flag(value, want):
     assert opts.flag("x", "eager", value) is want
 
 
-@pytest.mark.parametrize("call,needle", [
-    (lambda: opts.flag("x", "eager", "maybe"), "option eager must be true or false, got 'maybe'"),
-    (lambda: opts.number("x", "seed", "abc"), "option seed must be int, got 'abc'"),
-    (lambda: opts.number("x", "frac", 1.5, float, 0.0, 1.0), "option frac must be in [0.0, 1.0], got 1.5"),
-    (lambda: opts.number("x", "len", 0, int, 1), "option len must be >= 1, got 0"),
-    (lambda: opts.choice("x", "scope", "all", ("batch", "request")), "option scope must be one of batch, request"),
-])
+@pytest.mark.parametrize(
+    "call,needle",
+    [
+        (lambda: opts.flag("x", "eager", "maybe"), "option eager must be true or false, got 'maybe'"),
+        (lambda: opts.number("x", "seed", "abc"), "option seed must be int, got 'abc'"),
+        (lambda: opts.number("x", "frac", 1.5, float, 0.0, 1.0), "option frac must be in [0.0, 1.0], got 1.5"),
+        (lambda: opts.number("x", "len", 0, int, 1), "option len must be >= 1, got 0"),
+        (lambda: opts.choice("x", "scope", "all", ("batch", "request")), "option scope must be one of batch, request"),
+    ],
+)
 def test_bad_values_named(call, needle):
     with pytest.raises(EngineError) as err:
         call()

@@ -28,18 +28,36 @@ pytestmark = pytest.mark.slow
 
 # adversary -> (pair, check-id substrings, {dtype: phrases, one of which a failing message holds})
 FAILS = {
-    adv.WrongPositionsBlackBox: ("random", ["lossless/ddtree"], {
-        "float32": "are not the fp32 target's argmax", "bfloat16": "outside the near-tie bound"}),
-    adv.ShiftedPast512BlackBox: ("random", ["long-context/ddtree", "prompt-shapes/ddtree"], {
-        "float32": "are not the fp32 target's argmax", "bfloat16": "outside the near-tie bound"}),
-    adv.PrefillRunnerUp: ("random", ["lossless/ddtree", "acceptance/ddtree"], {
-        "float32": "after the prefill is not the fp32 target's", "bfloat16": "outside the near-tie bound"}),
-    adv.ContextOverstated: ("random", ["long-context/ddtree", "prompt-shapes/ddtree"], {
-        "float32": "larger than the target's context window"}),
-    adv.DrafterLogitsWithheld: ("random", ["tree-structure/ddtree"], {
-        "float32": "draft_logits: missing", "bfloat16": "draft_logits: missing"}),
-    adv.SiblingPeek: ("random", ["branch-vs-chain"], {
-        "float32": "differ from the fp32 verify", "bfloat16": "differ from the fp32 verify"}),
+    adv.WrongPositionsBlackBox: (
+        "random",
+        ["lossless/ddtree"],
+        {"float32": "are not the fp32 target's argmax", "bfloat16": "outside the near-tie bound"},
+    ),
+    adv.ShiftedPast512BlackBox: (
+        "random",
+        ["long-context/ddtree", "prompt-shapes/ddtree"],
+        {"float32": "are not the fp32 target's argmax", "bfloat16": "outside the near-tie bound"},
+    ),
+    adv.PrefillRunnerUp: (
+        "random",
+        ["lossless/ddtree", "acceptance/ddtree"],
+        {"float32": "after the prefill is not the fp32 target's", "bfloat16": "outside the near-tie bound"},
+    ),
+    adv.ContextOverstated: (
+        "random",
+        ["long-context/ddtree", "prompt-shapes/ddtree"],
+        {"float32": "larger than the target's context window"},
+    ),
+    adv.DrafterLogitsWithheld: (
+        "random",
+        ["tree-structure/ddtree"],
+        {"float32": "draft_logits: missing", "bfloat16": "draft_logits: missing"},
+    ),
+    adv.SiblingPeek: (
+        "random",
+        ["branch-vs-chain"],
+        {"float32": "differ from the fp32 verify", "bfloat16": "differ from the fp32 verify"},
+    ),
     # bf16 only: in fp32 the drafter tolerance (1e-3) leaves it no round to forge
     adv.ForgedAcceptance: ("fixture", ["acceptance/ddtree"], {"bfloat16": "inflated length is never excused"}),
 }
@@ -54,15 +72,40 @@ def pairs(tmp_path_factory):
     engine = ReferenceEngine(str(target))
     requests = [Request(prompt_ids=ids, max_new_tokens=48) for ids in prompts]
     outputs = engine.generate(requests, RunConfig(mode="plain"))
-    calibrate(str(target), ["bfloat16"], [r.prompt_ids + o.output_ids for r, o in zip(requests, outputs)],
-              drafter_dir=str(drafter))
-    common = dict(isolate=False, sampling_requests=60, branch_prompts=1, branch_rounds=1, torch_threads=1,
-                  budgets=[16], held_out_prompts=0)
+    calibrate(
+        str(target),
+        ["bfloat16"],
+        [r.prompt_ids + o.output_ids for r, o in zip(requests, outputs)],
+        drafter_dir=str(drafter),
+    )
+    common = dict(
+        isolate=False,
+        sampling_requests=60,
+        branch_prompts=1,
+        branch_rounds=1,
+        torch_threads=1,
+        budgets=[16],
+        held_out_prompts=0,
+    )
     return {
-        "random": SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="adv-random", limit=2,
-                                prompt_set=str(path), max_new_tokens=16, golden_dir=str(root / "golden"), **common),
-        "fixture": SuiteSettings(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), limit=3,
-                                 max_new_tokens=40, golden_dir=str(root / "no-golden"), **common),
+        "random": SuiteSettings(
+            model_dir=str(target),
+            drafter_dir=str(drafter),
+            pair_name="adv-random",
+            limit=2,
+            prompt_set=str(path),
+            max_new_tokens=16,
+            golden_dir=str(root / "golden"),
+            **common,
+        ),
+        "fixture": SuiteSettings(
+            model_dir=str(FIXTURE_TARGET),
+            drafter_dir=str(FIXTURE_DRAFTER),
+            limit=3,
+            max_new_tokens=40,
+            golden_dir=str(root / "no-golden"),
+            **common,
+        ),
     }
 
 
@@ -108,8 +151,12 @@ def test_wrong_everywhere_equals_its_own_plain_run(pairs):
 
 def test_understated_context_is_named_untested(pairs):
     settings = pairs["random"]
-    results = {r.check: r for r in _run(settings, lambda m, d: adv.ContextUnderstated(m, d),
-                                         ["long-context/ddtree", "prompt-shapes/ddtree"])}
+    results = {
+        r.check: r
+        for r in _run(
+            settings, lambda m, d: adv.ContextUnderstated(m, d), ["long-context/ddtree", "prompt-shapes/ddtree"]
+        )
+    }
     for check in ("long-context/ddtree-B16", "prompt-shapes/ddtree-B16"):
         result = results[check]
         assert result.status == "pass", result.message  # a stated limit fails nothing ...
@@ -127,16 +174,16 @@ def test_engine_rewriting_the_golden_file_fails_golden_and_acceptance(pairs, tmp
         session.close()
     before = path.read_text()
     names = ["lossless/ddtree", "golden/ddtree", "acceptance/ddtree"]
-    results = {r.check: r for r in _run(settings, lambda m, d: adv.GoldenRewriter(m, d, golden_file=str(path)),
-                                         names)}
+    results = {r.check: r for r in _run(settings, lambda m, d: adv.GoldenRewriter(m, d, golden_file=str(path)), names)}
     assert path.read_text() != before  # it did rewrite the file under the run
     golden, acceptance = results["golden/ddtree-B16"], results["acceptance/ddtree-B16"]
     for result in (golden, acceptance):
         assert result.status == "fail", result.message
         assert "oracle files changed on disk" in result.message and str(path) in result.message, result.message
     # the verdicts themselves used the copy held before the engine started
-    assert golden.details["check_status"] == "fail" and "differs from the golden file" in golden.details[
-        "check_message"], golden.details
+    assert (
+        golden.details["check_status"] == "fail" and "differs from the golden file" in golden.details["check_message"]
+    ), golden.details
     assert acceptance.details["check_status"] == "fail", acceptance.details
     assert json.loads(path.read_text())["records"]  # still a golden file: only its content was forged
 
@@ -160,8 +207,7 @@ def test_verified_trees_are_held_to_the_output():
     request = Request(prompt_ids=[1, 2], max_new_tokens=4)
     config = RunConfig(mode="ddtree", budget=3)
     tree = VerifiedTree(tree_tokens=[7, 5, 6, 8], parents=[-1, 0, 0, 1], node_target_tokens=[5, 8, 3, 9])
-    good = RequestResult(output_ids=[7, 5, 8, 9], finish_reason="length", acceptance_lengths=[3],
-                         verified_trees=[tree])
+    good = RequestResult(output_ids=[7, 5, 8, 9], finish_reason="length", acceptance_lengths=[3], verified_trees=[tree])
     [ok] = validate_results([request], [good], config, PairLimits(vocab_size=97, block_size=8))
     assert ok.error is None, ok.error
     forged = good.model_copy(update={"acceptance_lengths": [2, 1], "verified_trees": [tree, tree]})

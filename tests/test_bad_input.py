@@ -7,12 +7,13 @@ import json
 import textwrap
 
 import pytest
-from ddtree_conformance.cli import app
 from typer.testing import CliRunner
+
+from ddtree_conformance.cli import app
 
 # An engine that leaves a file behind the moment it is built: a test that finds no file proves that
 # nothing started it.
-MARKER_ENGINE = '''
+MARKER_ENGINE = """
 import os
 from pathlib import Path
 from ddtree_conformance.adapters.interface import Capabilities, Engine, RequestResult
@@ -27,7 +28,7 @@ class Marker(Engine):
                             devices=["cpu"], sampling=True, traces=False, per_round_acceptance=False)
     def generate(self, requests, config):
         return [RequestResult(output_ids=[1] * r.max_new_tokens, finish_reason="length") for r in requests]
-'''
+"""
 
 VOCAB, CONTEXT = 97, 256
 GOOD = {"id": "a", "prompt_ids": [1, 2, 3]}
@@ -50,9 +51,27 @@ def setup(tmp_path, monkeypatch):
 
 
 def _check(tmp_path, target, drafter, prompts, *extra):
-    args = ["check", "--engine", "ddtc_marker_engine:Marker", "--model", target, "--drafter", drafter,
-            "--prompts", prompts, "--pair-name", "bad", "--golden-dir", tmp_path / "golden", "--no-isolate",
-            "--max-new-tokens", "8", "--out", tmp_path / "r.json", *extra]
+    args = [
+        "check",
+        "--engine",
+        "ddtc_marker_engine:Marker",
+        "--model",
+        target,
+        "--drafter",
+        drafter,
+        "--prompts",
+        prompts,
+        "--pair-name",
+        "bad",
+        "--golden-dir",
+        tmp_path / "golden",
+        "--no-isolate",
+        "--max-new-tokens",
+        "8",
+        "--out",
+        tmp_path / "r.json",
+        *extra,
+    ]
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
@@ -62,20 +81,27 @@ def _lines(*objects) -> str:
 
 CASES = {
     "malformed JSON": (_lines(GOOD, '{"id": "b", "prompt_ids": [1, 2'), [":2:", "bad JSON"]),
-    "nested 100,000 deep": (_lines('{"id": "a", "prompt_ids": ' + "[" * 100_000 + "]" * 100_000 + "}"),
-                            [":1:", "nested too deep"]),
+    "nested 100,000 deep": (
+        _lines('{"id": "a", "prompt_ids": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+        [":1:", "nested too deep"],
+    ),
     "a 5000-digit integer": (_lines('{"id": "a", "prompt_ids": [' + "7" * 5000 + "]}"), [":1:", "integer too long"]),
     "prompt_ids a string": (_lines({"id": "a", "prompt_ids": "1 2 3"}), [":1:", "field 'prompt_ids'"]),
     "id a list": (_lines({"id": ["a"], "prompt_ids": [1]}), [":1:", "field 'id'"]),
-    "max_new_tokens a string": (_lines({"id": "a", "prompt_ids": [1], "max_new_tokens": "8"}),
-                                [":1:", "field 'max_new_tokens'"]),
+    "max_new_tokens a string": (
+        _lines({"id": "a", "prompt_ids": [1], "max_new_tokens": "8"}),
+        [":1:", "field 'max_new_tokens'"],
+    ),
     "not a JSON object": (_lines(GOOD, "[1, 2, 3]"), [":2:", "expected a JSON object"]),
-    "id outside the vocabulary": (_lines(GOOD, {"id": "b", "prompt_ids": [5, VOCAB]}),
-                                  [":2:", "field 'prompt_ids'", f"token id {VOCAB}", f"vocab_size {VOCAB}"]),
+    "id outside the vocabulary": (
+        _lines(GOOD, {"id": "b", "prompt_ids": [5, VOCAB]}),
+        [":2:", "field 'prompt_ids'", f"token id {VOCAB}", f"vocab_size {VOCAB}"],
+    ),
     "a 4000-digit id": (_lines({"id": "a", "prompt_ids": [int("9" * 4000)]}), [":1:", "outside the vocabulary"]),
-    "prompt longer than the context": (_lines(GOOD, {"id": "long", "prompt_ids": [1] * (CONTEXT - 4)}),
-                                       [":2:", "field 'prompt_ids'", f"{CONTEXT - 4} tokens + --max-new-tokens 8",
-                                        f"context of {CONTEXT} tokens"]),
+    "prompt longer than the context": (
+        _lines(GOOD, {"id": "long", "prompt_ids": [1] * (CONTEXT - 4)}),
+        [":2:", "field 'prompt_ids'", f"{CONTEXT - 4} tokens + --max-new-tokens 8", f"context of {CONTEXT} tokens"],
+    ),
 }
 
 
@@ -119,8 +145,9 @@ LONG_INT = "7" * 5000
 
 
 @pytest.mark.parametrize("content", [DEEP, '{"a": ' + LONG_INT + "}"], ids=["deep", "long-int"])
-@pytest.mark.parametrize("where", ["pairs file", "calibration manifest", "golden file", "drafter config",
-                                   "target config"])
+@pytest.mark.parametrize(
+    "where", ["pairs file", "calibration manifest", "golden file", "drafter config", "target config"]
+)
 def test_no_input_file_crashes_a_run(setup, where, content):
     """Every file a run reads, nested 100,000 deep or holding a 5000-digit integer: exit 2, one line
     naming the file, before any engine work."""

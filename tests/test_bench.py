@@ -11,12 +11,13 @@ import math
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
+
 from ddtree_conformance.adapters.interface import Capabilities, Engine, Request, RequestResult, RunConfig, Timings
 from ddtree_conformance.bench import Arm, BenchError, Stream, call_timing, measure, run_bench
 from ddtree_conformance.cli import app
 from ddtree_conformance.sequential import SequentialPlan
 from ddtree_conformance.testing.random_pair import write_random_pair
-from typer.testing import CliRunner
 
 
 class TimedEngine(Engine):
@@ -37,14 +38,22 @@ class TimedEngine(Engine):
         return self.t
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(name="timed", modes=["plain", "dflash", "ddtree"], dtypes=["float32"], devices=["cpu"],
-                            sampling=False, traces=False, per_round_acceptance=True)
+        return Capabilities(
+            name="timed",
+            modes=["plain", "dflash", "ddtree"],
+            dtypes=["float32"],
+            devices=["cpu"],
+            sampling=False,
+            traces=False,
+            per_round_acceptance=True,
+        )
 
     def generate(self, requests, config):
         out = []
         for request in requests:
-            self.calls.append((config.mode if config.mode != "ddtree" else f"ddtree-B{config.budget}",
-                               request.prompt_ids[0]))
+            self.calls.append(
+                (config.mode if config.mode != "ddtree" else f"ddtree-B{config.budget}", request.prompt_ids[0])
+            )
             decode = request.max_new_tokens - 1
             if config.mode == "plain":
                 lengths, per = [1] * decode, self.step
@@ -54,9 +63,15 @@ class TimedEngine(Engine):
             seconds = per * len(lengths) * math.exp(self.rng.normal(0, self.noise))
             self.t += seconds + 0.001
             stages = {self.clock: seconds} if self.clock else {}
-            out.append(RequestResult(output_ids=[1] * request.max_new_tokens, finish_reason="length",
-                                     rounds=len(lengths), acceptance_lengths=lengths,
-                                     timings=Timings(prefill=0.001, decode=seconds, stages=stages)))
+            out.append(
+                RequestResult(
+                    output_ids=[1] * request.max_new_tokens,
+                    finish_reason="length",
+                    rounds=len(lengths),
+                    acceptance_lengths=lengths,
+                    timings=Timings(prefill=0.001, decode=seconds, stages=stages),
+                )
+            )
         return out
 
 
@@ -86,10 +101,11 @@ def test_repeats_are_paired_and_interleaved():
     run_bench(engine, REQUESTS, config, [("dflash", None), ("ddtree", 4)], repeats=2, warmup=False, now=engine.now)
     calls = engine.calls
     assert len(calls) == 2 * 3 * 3  # repeats x requests x (plain + 2 methods)
-    groups = [calls[i:i + 3] for i in range(0, len(calls), 3)]
+    groups = [calls[i : i + 3] for i in range(0, len(calls), 3)]
     for index, group in enumerate(groups):  # one request per group, every config once
         assert len({prompt for _, prompt in group}) == 1 and sorted(c for c, _ in group) == sorted(
-            ["plain", "dflash", "ddtree-B4"])
+            ["plain", "dflash", "ddtree-B4"]
+        )
         r, i = divmod(index, 3)
         assert (group[0][0] == "plain") == ((r + i) % 2 == 0) and (group[-1][0] == "plain") == ((r + i) % 2 == 1)
     # methods rotate between repeats
@@ -100,8 +116,7 @@ def test_repeats_are_paired_and_interleaved():
 def test_sequential_stops_when_the_interval_clears_the_edge(edge, decision):
     engine = TimedEngine(rounds={16: 0.020}, tau=3, noise=0.01, seed=1)  # true speedup 1.5
     plan = SequentialPlan(min_repeats=3, max_repeats=40, time_budget_s=1e9)
-    out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], edges={"ddtree-B16": edge}, plan=plan,
-                    now=engine.now)
+    out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], edges={"ddtree-B16": edge}, plan=plan, now=engine.now)
     sp = out["runs"][1]["speedup"]
     assert sp["sequential"] and sp["stop"]["decision"] == decision
     assert sp["stop"]["repeats"] == len(sp["samples"]) < 40
@@ -112,8 +127,7 @@ def test_sequential_stops_when_the_interval_clears_the_edge(edge, decision):
 def test_sequential_runs_out_of_time_inconclusive():
     engine = TimedEngine(rounds={16: 0.020}, tau=3, noise=0.01, seed=2)
     plan = SequentialPlan(min_repeats=3, max_repeats=1000, time_budget_s=5)  # a repeat "takes" ~0.6 s
-    out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], edges={"ddtree-B16": 1.5}, plan=plan,
-                    now=engine.now)
+    out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], edges={"ddtree-B16": 1.5}, plan=plan, now=engine.now)
     sp = out["runs"][1]["speedup"]
     assert sp["stop"]["decision"] == "inconclusive" and "time budget 5 s spent" in sp["stop"]["reason"]
     assert 5 <= sp["stop"]["elapsed_s"] < 6 and sp["stop"]["repeats"] < 1000
@@ -123,8 +137,15 @@ def test_sequential_runs_out_of_time_inconclusive():
 def test_decided_runs_stop_and_the_others_go_on():
     engine = TimedEngine(rounds={4: 0.020, 8: 0.0201}, tau=3, noise=0.01, seed=3)
     plan = SequentialPlan(min_repeats=3, max_repeats=12, time_budget_s=1e9)
-    out = run_bench(engine, REQUESTS, config, [("ddtree", 4), ("ddtree", 8)],
-                    edges={"ddtree-B4": 1.0, "ddtree-B8": 1.49}, plan=plan, now=engine.now)
+    out = run_bench(
+        engine,
+        REQUESTS,
+        config,
+        [("ddtree", 4), ("ddtree", 8)],
+        edges={"ddtree-B4": 1.0, "ddtree-B8": 1.49},
+        plan=plan,
+        now=engine.now,
+    )
     easy, hard = out["runs"][1]["speedup"], out["runs"][2]["speedup"]
     assert easy["stop"]["decision"] == "pass" and easy["stop"]["repeats"] == 3
     assert hard["stop"]["repeats"] > 3 and len(hard["samples"]) == hard["stop"]["repeats"]
@@ -145,20 +166,32 @@ def test_call_clock_without_timings():
 
 
 def test_engine_time_longer_than_the_call_is_refused():
-    result = RequestResult(output_ids=[1, 2, 3], finish_reason="length", rounds=2,
-                           timings=Timings(prefill=0.0, decode=0.5, stages={"round_device": 0.5}))
-    with pytest.raises(BenchError, match=r"reports 0\.500000 s of decoding \(device clock\) in a generate call that "
-                                         r"took 0\.100000 s"):
+    result = RequestResult(
+        output_ids=[1, 2, 3],
+        finish_reason="length",
+        rounds=2,
+        timings=Timings(prefill=0.0, decode=0.5, stages={"round_device": 0.5}),
+    )
+    with pytest.raises(
+        BenchError,
+        match=r"reports 0\.500000 s of decoding \(device clock\) in a generate call that "
+        r"took 0\.100000 s",
+    ):
         call_timing([result], wall_s=0.1)
     assert call_timing([result], wall_s=0.5).seconds == 0.5
 
 
 def test_the_speedup_does_not_move_with_the_rounds_an_engine_reports():
     """Halving the reported rounds doubles tau and the round time; tau x step / round stays."""
+
     class FewerRounds(TimedEngine):
         def generate(self, requests, config):
-            return [r.model_copy(update={"rounds": max(1, (r.rounds or 0) // 2), "acceptance_lengths": None})
-                    if config.mode != "plain" else r for r in super().generate(requests, config)]
+            return [
+                r.model_copy(update={"rounds": max(1, (r.rounds or 0) // 2), "acceptance_lengths": None})
+                if config.mode != "plain"
+                else r
+                for r in super().generate(requests, config)
+            ]
 
     honest, liar = TimedEngine(rounds={16: 0.020}), FewerRounds(rounds={16: 0.020})
     a = run_bench(honest, REQUESTS, config, [("ddtree", 16)], repeats=2, now=honest.now)["runs"][1]
@@ -170,10 +203,15 @@ def test_the_speedup_does_not_move_with_the_rounds_an_engine_reports():
 def test_a_cut_last_round_counts_the_tokens_it_emitted_not_the_length_claimed():
     """12 decode tokens in rounds of 5: the last round emits 2. An engine that claims it accepted the
     whole block there (16, which no output can contradict) gets the same tau as an honest one."""
+
     class ClaimsAFullLastRound(TimedEngine):
         def generate(self, requests, config):
-            return [r.model_copy(update={"acceptance_lengths": r.acceptance_lengths[:-1] + [16]})
-                    if config.mode != "plain" else r for r in super().generate(requests, config)]
+            return [
+                r.model_copy(update={"acceptance_lengths": r.acceptance_lengths[:-1] + [16]})
+                if config.mode != "plain"
+                else r
+                for r in super().generate(requests, config)
+            ]
 
     honest, liar = TimedEngine(tau=5), ClaimsAFullLastRound(tau=5)
     a = run_bench(honest, REQUESTS, config, [("ddtree", 16)], repeats=2, now=honest.now)["runs"][1]
@@ -213,10 +251,15 @@ class SettingsEngine(TimedEngine):
         if config.profile and self.busy is not None:
             self.profiled += 1
             stages = {"gpu_busy": self.busy * out[0].timings.stages["round_device"]}
-        return [r.model_copy(update={"engine_settings": {"cuda_graphs": self.graphs, "attention_backend": "x"},
-                                     "timings": r.timings.model_copy(update={"stages": {**r.timings.stages,
-                                                                                        **stages}})})
-                for r in out]
+        return [
+            r.model_copy(
+                update={
+                    "engine_settings": {"cuda_graphs": self.graphs, "attention_backend": "x"},
+                    "timings": r.timings.model_copy(update={"stages": {**r.timings.stages, **stages}}),
+                }
+            )
+            for r in out
+        ]
 
 
 def gpu_config(mode, budget):
@@ -226,8 +269,12 @@ def gpu_config(mode, budget):
 def test_bench_records_the_engine_settings_and_warns_on_an_eager_gpu_run():
     engine = SettingsEngine(graphs=False)
     out = run_bench(engine, REQUESTS, gpu_config, [("ddtree", 16)], repeats=2, now=engine.now, probe_busy=False)
-    assert out["bench"]["engine_settings"] == {"cuda_graphs": False, "attention_backend": "x", "dtype": "float32",
-                                               "tensor_parallel_size": 1}
+    assert out["bench"]["engine_settings"] == {
+        "cuda_graphs": False,
+        "attention_backend": "x",
+        "dtype": "float32",
+        "tensor_parallel_size": 1,
+    }
     assert out["runs"][1]["engine_settings"]["cuda_graphs"] is False
     assert any(w.startswith("eager-mode GPU run") for w in out["bench"]["warnings"])
     assert "WARNING: eager-mode GPU run" in out["bench"]["timing_basis"]
@@ -259,13 +306,21 @@ def test_measure_interleaves_two_engines_for_an_ab_comparison():
     """What an A/B bench builds on: arms from two engine builds, one stream of B's speedup over A's. B's
     rounds cost 5 % more, so its speedup ratio is about 0.95 and a 2 % edge calls it a regression."""
     a, b = TimedEngine(rounds={16: 0.020}, noise=0.005, seed=1), TimedEngine(rounds={16: 0.021}, noise=0.005, seed=2)
-    arms = [Arm("A:plain", a, config("plain", None)), Arm("A:ddtree-B16", a, config("ddtree", 16)),
-            Arm("B:plain", b, config("plain", None)), Arm("B:ddtree-B16", b, config("ddtree", 16))]
-    stream = Stream("B/A ddtree-B16", tuple(arm.label for arm in arms),
-                    lambda rep: rep.sample("B:ddtree-B16", "B:plain")["speedup"]
-                    / rep.sample("A:ddtree-B16", "A:plain")["speedup"], edge=0.98)
-    measured = measure(arms, REQUESTS, [stream], plan=SequentialPlan(max_repeats=30, time_budget_s=1e9),
-                       now=lambda: a.t + b.t)  # one simulated clock for both engines
+    arms = [
+        Arm("A:plain", a, config("plain", None)),
+        Arm("A:ddtree-B16", a, config("ddtree", 16)),
+        Arm("B:plain", b, config("plain", None)),
+        Arm("B:ddtree-B16", b, config("ddtree", 16)),
+    ]
+    stream = Stream(
+        "B/A ddtree-B16",
+        tuple(arm.label for arm in arms),
+        lambda rep: rep.sample("B:ddtree-B16", "B:plain")["speedup"] / rep.sample("A:ddtree-B16", "A:plain")["speedup"],
+        edge=0.98,
+    )
+    measured = measure(
+        arms, REQUESTS, [stream], plan=SequentialPlan(max_repeats=30, time_budget_s=1e9), now=lambda: a.t + b.t
+    )  # one simulated clock for both engines
     stop = measured.stop["B/A ddtree-B16"]
     assert stop["decision"] == "regression"
     # warm-up, then every request once through every arm per repeat, paired within the request
@@ -283,16 +338,39 @@ def pair(tmp_path_factory):
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory):
     path = tmp_path_factory.mktemp("bench-prompts") / "p.jsonl"
-    path.write_text('{"id": "a", "category": "math", "prompt_ids": [1, 2, 3, 4]}\n'
-                    '{"id": "b", "category": "code", "prompt_ids": [5, 6, 7]}\n')
+    path.write_text(
+        '{"id": "a", "category": "math", "prompt_ids": [1, 2, 3, 4]}\n'
+        '{"id": "b", "category": "code", "prompt_ids": [5, 6, 7]}\n'
+    )
     return path
 
 
 def bench_args(pair, prompts, out, *extra):
     target, drafter = pair
-    return [str(a) for a in ("bench", "--model", target, "--drafter", drafter, "--prompts", prompts,
-                             "--pair-name", "random", "--max-new-tokens", "6", "--budgets", "4", "--no-isolate",
-                             "--out", out, "--hardware-class", "test-cpu", *extra)]
+    return [
+        str(a)
+        for a in (
+            "bench",
+            "--model",
+            target,
+            "--drafter",
+            drafter,
+            "--prompts",
+            prompts,
+            "--pair-name",
+            "random",
+            "--max-new-tokens",
+            "6",
+            "--budgets",
+            "4",
+            "--no-isolate",
+            "--out",
+            out,
+            "--hardware-class",
+            "test-cpu",
+            *extra,
+        )
+    ]
 
 
 def test_bench_writes_report_with_schema_and_three_files(pair, prompts, tmp_path):
@@ -329,16 +407,45 @@ def recorded_args(pair, prompts, out, samples, *extra):
     target, drafter = pair
     one = prompts.parent / "one.jsonl"
     one.write_text(prompts.read_text().splitlines()[0] + "\n")
-    return [str(a) for a in ("bench", "--engine", RECORDED, "-O", f"samples={samples}", "--model", target,
-                             "--drafter", drafter, "--prompts", one, "--pair-name", "recorded", "--max-new-tokens", "9",
-                             "--modes", "ddtree", "--budgets", "32", "--no-isolate", "--no-warmup", "--out", out,
-                             "--hardware-class", "test-h200", *extra)]
+    return [
+        str(a)
+        for a in (
+            "bench",
+            "--engine",
+            RECORDED,
+            "-O",
+            f"samples={samples}",
+            "--model",
+            target,
+            "--drafter",
+            drafter,
+            "--prompts",
+            one,
+            "--pair-name",
+            "recorded",
+            "--max-new-tokens",
+            "9",
+            "--modes",
+            "ddtree",
+            "--budgets",
+            "32",
+            "--no-isolate",
+            "--no-warmup",
+            "--out",
+            out,
+            "--hardware-class",
+            "test-h200",
+            *extra,
+        )
+    ]
 
 
-@pytest.mark.parametrize("samples, decision, repeats, code", [("correct", "pass", 5, 0),
-                                                               ("verify+5%", "regression", 8, 1)])
-def test_sequential_bench_and_gate_on_samples_recorded_on_an_h200(pair, prompts, tmp_path, samples, decision,
-                                                                  repeats, code):
+@pytest.mark.parametrize(
+    "samples, decision, repeats, code", [("correct", "pass", 5, 0), ("verify+5%", "regression", 8, 1)]
+)
+def test_sequential_bench_and_gate_on_samples_recorded_on_an_h200(
+    pair, prompts, tmp_path, samples, decision, repeats, code
+):
     """The whole chain (bench -> baseline -> sequential bench -> gate) on recorded samples: the baseline's
     20 repeats and one trial each of the correct engine and the verify +5 % mutant, as the H200 trial
     decided them (scripts/measurements/2026-12-01-machine-a). Deterministic: no clock of this machine."""
@@ -371,8 +478,9 @@ def test_bench_rejects_bad_options(pair, prompts, tmp_path):
 
 def test_bench_without_a_baseline_runs_fixed_repeats(pair, prompts, tmp_path):
     out = tmp_path / "fixed.json"
-    result = CliRunner().invoke(app, bench_args(pair, prompts, out, "--modes", "ddtree", "--repeats", "2",
-                                                "--baselines", tmp_path / "none"))
+    result = CliRunner().invoke(
+        app, bench_args(pair, prompts, out, "--modes", "ddtree", "--repeats", "2", "--baselines", tmp_path / "none")
+    )
     assert result.exit_code == 0, result.output
     assert "no baseline file" in result.stderr
     sp = json.loads(out.read_text())["runs"][1]["speedup"]

@@ -30,9 +30,14 @@ def _pair(tmp_path, section=None, extra_file=None):
 
 def _entry(shifts, drafter=0.05):
     shifts = np.asarray(shifts)
-    return {"positions": int(shifts.size), "max_shift": float(shifts.max()),
-            "shift_tail": [[t, int((shifts >= t).sum())] for t in shift_thresholds()],
-            "drafter_max_shift": drafter, "drafter_rounds": 1000, "drafter_flips": 3}
+    return {
+        "positions": int(shifts.size),
+        "max_shift": float(shifts.max()),
+        "shift_tail": [[t, int((shifts >= t).sum())] for t in shift_thresholds()],
+        "drafter_max_shift": drafter,
+        "drafter_rounds": 1000,
+        "drafter_flips": 3,
+    }
 
 
 def test_float32_is_exact():
@@ -48,20 +53,27 @@ def test_values_come_from_the_manifest_only(tmp_path):
 
 def test_bound_is_twice_the_largest_shift_over_devices(tmp_path):
     rng = np.random.default_rng(0)
-    section = {"measured": {"bfloat16@cpu": _entry(rng.exponential(0.02, 5000)),
-                            "bfloat16@cuda": {"positions": 100, "max_shift": 0.3}}}
+    section = {
+        "measured": {
+            "bfloat16@cpu": _entry(rng.exponential(0.02, 5000)),
+            "bfloat16@cuda": {"positions": 100, "max_shift": 0.3},
+        }
+    }
     rules = load_calibration(_pair(tmp_path, section), "bfloat16")
     assert rules.bound == pytest.approx(0.6)
     assert rules.drafter_tolerance == pytest.approx(0.1)
     assert rules.positions == 5000  # the tail comes from the entry that has one
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("max_shift", 1e9, "max_shift = 1000000000.0 is outside 0.0..1.0"),
-    ("max_shift", "big", "max_shift must be a finite number"),
-    ("drafter_max_shift", 50.0, "drafter_max_shift = 50.0 is outside"),
-    ("positions", 0, "positions = 0 is outside"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("max_shift", 1e9, "max_shift = 1000000000.0 is outside 0.0..1.0"),
+        ("max_shift", "big", "max_shift must be a finite number"),
+        ("drafter_max_shift", 50.0, "drafter_max_shift = 50.0 is outside"),
+        ("positions", 0, "positions = 0 is outside"),
+    ],
+)
 def test_out_of_range_values_are_refused_naming_file_and_field(tmp_path, field, value, message):
     entry = _entry([0.01, 0.02])
     entry[field] = value
@@ -138,10 +150,12 @@ def test_a_broken_calibration_is_refused_before_any_check_naming_file_and_field(
     from ddtree_conformance.settings import SettingsError
 
     target, drafter = (shutil.copytree(p, tmp_path / p.name) for p in map(type(tmp_path), random_pair))
-    (tmp_path / "MANIFEST.json").write_text(json.dumps(
-        {"near_tie_calibration": {"measured": {"bfloat16@cpu": {"positions": 10, "max_shift": 7.5}}}}))
-    session = SuiteSession(SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), dtype="bfloat16",
-                                         isolate=False, torch_threads=1))
+    (tmp_path / "MANIFEST.json").write_text(
+        json.dumps({"near_tie_calibration": {"measured": {"bfloat16@cpu": {"positions": 10, "max_shift": 7.5}}}})
+    )
+    session = SuiteSession(
+        SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), dtype="bfloat16", isolate=False, torch_threads=1)
+    )
     try:
         with pytest.raises(SettingsError, match=r"MANIFEST.json: field near_tie_calibration.measured.*max_shift"):
             session.require_support()

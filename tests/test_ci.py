@@ -63,17 +63,26 @@ def engine_repo(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("engine-repo")
     (root / "ci_engines.py").write_text(ENGINES)
-    for args in (["init", "-q"], ["add", "ci_engines.py"],
-                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "engine"]):
+    for args in (
+        ["init", "-q"],
+        ["add", "ci_engines.py"],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "engine"],
+    ):
         subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
     data = tmp_path_factory.mktemp("ci-data")
     target, drafter = write_random_pair(data / "pair")
     prompts = data / "p.jsonl"
     prompts.write_text(json.dumps({"id": "p0", "category": "math", "prompt_ids": [1, 2, 3, 4]}) + "\n")
     # what a real run takes from the pair; small: one prompt, 8 tokens, B=4, two check families
-    small = {"DDTREE_MODEL": str(target), "DDTREE_DRAFTER": str(drafter), "DDTREE_PROMPTS": str(prompts),
-             "DDTREE_MAX_NEW_TOKENS": "8", "DDTREE_ISOLATE": "false",
-             "DDTREE_MAX_REPEATS": "3", "DDTREE_TIME_BUDGET": "60"}
+    small = {
+        "DDTREE_MODEL": str(target),
+        "DDTREE_DRAFTER": str(drafter),
+        "DDTREE_PROMPTS": str(prompts),
+        "DDTREE_MAX_NEW_TOKENS": "8",
+        "DDTREE_ISOLATE": "false",
+        "DDTREE_MAX_REPEATS": "3",
+        "DDTREE_TIME_BUDGET": "60",
+    }
     return root, small
 
 
@@ -108,10 +117,20 @@ def run_workflow_step(repo: Path, small: dict, inputs: dict[str, str], tmp: Path
     venv_bin = tmp / "ddtree-venv" / "bin"  # the venv the install steps made: this one
     venv_bin.parent.mkdir(parents=True, exist_ok=True)
     venv_bin.symlink_to(BIN)
-    github = {"RUNNER_TEMP": str(tmp), "GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(tmp / "summary.md"),
-              "GITHUB_OUTPUT": str(tmp / "output")}
-    return subprocess.run(["bash", "-e", "-c", script], cwd=repo, env=clean_env(**{**env, **small, **github}),
-                          capture_output=True, text=True, timeout=600)
+    github = {
+        "RUNNER_TEMP": str(tmp),
+        "GITHUB_ACTIONS": "true",
+        "GITHUB_STEP_SUMMARY": str(tmp / "summary.md"),
+        "GITHUB_OUTPUT": str(tmp / "output"),
+    }
+    return subprocess.run(
+        ["bash", "-e", "-c", script],
+        cwd=repo,
+        env=clean_env(**{**env, **small, **github}),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def buildkite_command(repo: Path, small: dict, overrides: dict[str, str], tmp: Path) -> subprocess.CompletedProcess:
@@ -119,29 +138,44 @@ def buildkite_command(repo: Path, small: dict, overrides: dict[str, str], tmp: P
     (step,) = pipeline["steps"]
     commands = step["command"]
     # the install lines need the network: checked here, replaced by this environment's venv
-    assert commands[:3] == ["python3 -m venv .ddtree-venv", ".ddtree-venv/bin/python -m pip install -q --upgrade pip",
-                            '.ddtree-venv/bin/python -m pip install -q "$$DDTREE_SUITE"']
+    assert commands[:3] == [
+        "python3 -m venv .ddtree-venv",
+        ".ddtree-venv/bin/python -m pip install -q --upgrade pip",
+        '.ddtree-venv/bin/python -m pip install -q "$$DDTREE_SUITE"',
+    ]
     assert "ddtree-conformance[gpu] @ git+https://github.com/" in pipeline["env"]["DDTREE_SUITE"]
     (repo / ".ddtree-venv").symlink_to(BIN.parent, target_is_directory=True)
     agent = tmp / "agent-bin"
     agent.mkdir()
-    (agent / "buildkite-agent").write_text(f'#!/bin/bash\necho "$*" > "{tmp}/annotate-args"\ncat > "{tmp}/annotation"\n')
+    (agent / "buildkite-agent").write_text(
+        f'#!/bin/bash\necho "$*" > "{tmp}/annotate-args"\ncat > "{tmp}/annotation"\n'
+    )
     (agent / "buildkite-agent").chmod(0o755)
     env = clean_env(**{**{k: str(v) for k, v in pipeline["env"].items()}, **small, **overrides, "BUILDKITE": "true"})
     env["PATH"] = f"{agent}{os.pathsep}{env['PATH']}"
     try:
-        return subprocess.run(shlex.split(commands[-1]), cwd=repo, env=env, capture_output=True, text=True,
-                              timeout=600)
+        return subprocess.run(shlex.split(commands[-1]), cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     finally:
         (repo / ".ddtree-venv").unlink()
 
 
 def test_the_reference_passes_as_the_github_workflow_runs_it(engine_repo, tmp_path):
     repo, small = engine_repo
-    proc = run_workflow_step(repo, small, {
-        "engine": "ci_engines:Clocked", "baseline-engine-requirement": "ci_engines:Clocked", "device": "cpu",
-        "dtype": "float32",
-        "modes": "ddtree", "budgets": "4", "limit": "1", "checks": "lossless\ntree-structure"}, tmp_path)
+    proc = run_workflow_step(
+        repo,
+        small,
+        {
+            "engine": "ci_engines:Clocked",
+            "baseline-engine-requirement": "ci_engines:Clocked",
+            "device": "cpu",
+            "dtype": "float32",
+            "modes": "ddtree",
+            "budgets": "4",
+            "limit": "1",
+            "checks": "lossless\ntree-structure",
+        },
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith("## DDTree conformance: PASS: ci_engines:Clocked on fixture (float32, gpu-h200)")
@@ -149,8 +183,16 @@ def test_the_reference_passes_as_the_github_workflow_runs_it(engine_repo, tmp_pa
     outputs = dict(line.split("=", 1) for line in (tmp_path / "output").read_text().splitlines())
     assert outputs["exit-code"] == "0" and outputs["artifact"].startswith("ddtree-conformance-ci_engines_Clocked-")
     reports = tmp_path / "ddtree-reports"
-    assert {p.name for p in reports.iterdir()} >= {"check.json", "check.md", "check.html", "junit.xml", "ab.json",
-                                                   "gate.json", "summary.md", "environment.txt"}
+    assert {p.name for p in reports.iterdir()} >= {
+        "check.json",
+        "check.md",
+        "check.html",
+        "junit.xml",
+        "ab.json",
+        "gate.json",
+        "summary.md",
+        "environment.txt",
+    }
     cases = list(ET.parse(reports / "junit.xml").getroot().iter("testcase"))
     assert [c.get("name") for c in cases] == ["lossless/ddtree-B4", "tree-structure/ddtree-B4"]
     assert "::error" not in proc.stdout
@@ -158,18 +200,37 @@ def test_the_reference_passes_as_the_github_workflow_runs_it(engine_repo, tmp_pa
 
 def test_an_engine_without_ddtree_is_incomplete_as_buildkite_runs_it(engine_repo, tmp_path):
     repo, small = engine_repo
-    proc = buildkite_command(repo, small, {
-        "DDTREE_ENGINE": "ddtree_conformance.testing.coverage_engines:NoDDTree", "DDTREE_ENGINE_VERSION": "",
-        "DDTREE_PAIR": "",
-        "DDTREE_DEVICE": "cpu", "DDTREE_DTYPE": "float32", "DDTREE_MODES": "ddtree", "DDTREE_BUDGETS": "4",
-        "DDTREE_LIMIT": "1", "DDTREE_GATE": "off", "DDTREE_REPORTS": str(tmp_path / "reports")}, tmp_path)
+    proc = buildkite_command(
+        repo,
+        small,
+        {
+            "DDTREE_ENGINE": "ddtree_conformance.testing.coverage_engines:NoDDTree",
+            "DDTREE_ENGINE_VERSION": "",
+            "DDTREE_PAIR": "",
+            "DDTREE_DEVICE": "cpu",
+            "DDTREE_DTYPE": "float32",
+            "DDTREE_MODES": "ddtree",
+            "DDTREE_BUDGETS": "4",
+            "DDTREE_LIMIT": "1",
+            "DDTREE_GATE": "off",
+            "DDTREE_REPORTS": str(tmp_path / "reports"),
+        },
+        tmp_path,
+    )
     assert proc.returncode == 7, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ci: FAILED: conformance: INCOMPLETE: DDTree not available in this engine" in proc.stdout
     annotation = (tmp_path / "annotation").read_text()
-    assert annotation.startswith("## DDTree conformance: INCOMPLETE") and "DDTree not available in this engine" in \
-        annotation
-    assert (tmp_path / "annotate-args").read_text().split() == ["annotate", "--style", "warning", "--context",
-                                                                "ddtree-conformance"]
+    assert (
+        annotation.startswith("## DDTree conformance: INCOMPLETE")
+        and "DDTree not available in this engine" in annotation
+    )
+    assert (tmp_path / "annotate-args").read_text().split() == [
+        "annotate",
+        "--style",
+        "warning",
+        "--context",
+        "ddtree-conformance",
+    ]
 
 
 def test_a_slower_build_under_ab_fails_the_job(engine_repo, tmp_path, monkeypatch):
@@ -181,9 +242,28 @@ def test_a_slower_build_under_ab_fails_the_job(engine_repo, tmp_path, monkeypatc
     for key, value in small.items():
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(repo)
-    result = CliRunner().invoke(app, ["ci", "--engine", "ci_engines:Clocked", "--against", "ci_engines:Fast",
-                                      "--device", "cpu", "--modes", "ddtree", "--budgets", "4", "--limit", "1",
-                                      "--check", "lossless", "--reports", str(tmp_path / "r")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "ci",
+            "--engine",
+            "ci_engines:Clocked",
+            "--against",
+            "ci_engines:Fast",
+            "--device",
+            "cpu",
+            "--modes",
+            "ddtree",
+            "--budgets",
+            "4",
+            "--limit",
+            "1",
+            "--check",
+            "lossless",
+            "--reports",
+            str(tmp_path / "r"),
+        ],
+    )
     assert result.exit_code == 1, result.output
     summary = (tmp_path / "r" / "summary.md").read_text()
     assert summary.startswith("## DDTree conformance: FAIL")
@@ -203,11 +283,15 @@ def test_ci_refuses_bad_options(tmp_path):
 def test_junit_from_a_check_report_marks_an_incomplete_run():
     from ddtree_conformance.cli.ci import junit_from_report
 
-    report = {"settings": {"engine": "x:Y", "dtype": "float32", "pair_name": "fixture"},
-              "counts": {"pass": 1, "fail": 0, "skip": 1},
-              "results": [{"check": "lossless/ddtree-B4", "status": "pass", "message": ""},
-                          {"check": "acceptance/ddtree-B4", "status": "skip", "message": "no acceptance data"}],
-              "verdict": {"status": "incomplete", "reason": "acceptance did not run"}}
+    report = {
+        "settings": {"engine": "x:Y", "dtype": "float32", "pair_name": "fixture"},
+        "counts": {"pass": 1, "fail": 0, "skip": 1},
+        "results": [
+            {"check": "lossless/ddtree-B4", "status": "pass", "message": ""},
+            {"check": "acceptance/ddtree-B4", "status": "skip", "message": "no acceptance data"},
+        ],
+        "verdict": {"status": "incomplete", "reason": "acceptance did not run"},
+    }
     root = ET.fromstring(junit_from_report(report))
     cases = {c.get("name"): c for c in root.iter("testcase")}
     assert cases["acceptance/ddtree-B4"].find("skipped").get("message") == "no acceptance data"

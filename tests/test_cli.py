@@ -87,8 +87,21 @@ def invoke(*args: str):
 
 def base_args(pair, prompts_file, out):
     target, drafter = pair
-    return ["generate", "--model", target, "--drafter", drafter, "--prompts", prompts_file, "--out", out,
-            "--max-new-tokens", "4", "--budget", "4"]
+    return [
+        "generate",
+        "--model",
+        target,
+        "--drafter",
+        drafter,
+        "--prompts",
+        prompts_file,
+        "--out",
+        out,
+        "--max-new-tokens",
+        "4",
+        "--budget",
+        "4",
+    ]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -144,8 +157,19 @@ def test_generate_ddtree_matches_plain(pair, prompts_file, tmp_path, monkeypatch
     # plain decoding, default output path: fp32 greedy DDTree must be lossless.
     monkeypatch.chdir(tmp_path)
     target, drafter = pair
-    result = invoke("generate", "--model", target, "--drafter", drafter, "--prompts", prompts_file,
-                    "--mode", "plain", "--max-new-tokens", "4")
+    result = invoke(
+        "generate",
+        "--model",
+        target,
+        "--drafter",
+        drafter,
+        "--prompts",
+        prompts_file,
+        "--mode",
+        "plain",
+        "--max-new-tokens",
+        "4",
+    )
     assert result.exit_code == 0, result.output
     plain = read_jsonl(tmp_path / "reports" / "generate-plain.jsonl")
     assert [r["output_ids"] for r in plain] == [r["output_ids"] for r in rows]
@@ -163,13 +187,27 @@ def test_generate_stop_tokens_limits_and_text(pair, tmp_path, fake_engines):
     tok.save(str(target / "tokenizer.json"))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
-        json.dumps({"id": "t", "category": "chat", "text": "hello world", "max_new_tokens": 9}) + "\n"
-        + json.dumps({"id": "i", "category": "chat", "prompt_ids": [3]}) + "\n"
-        + json.dumps({"id": "j", "category": "chat", "prompt_ids": [4]}) + "\n"
+        json.dumps({"id": "t", "category": "chat", "text": "hello world", "max_new_tokens": 9})
+        + "\n"
+        + json.dumps({"id": "i", "category": "chat", "prompt_ids": [3]})
+        + "\n"
+        + json.dumps({"id": "j", "category": "chat", "prompt_ids": [4]})
+        + "\n"
     )
     out = tmp_path / "o.jsonl"
-    common = ["generate", "--engine", f"{fake_engines}:EchoEngine", "--model", target, "--drafter", "none",
-              "--prompts", prompts, "--out", out]
+    common = [
+        "generate",
+        "--engine",
+        f"{fake_engines}:EchoEngine",
+        "--model",
+        target,
+        "--drafter",
+        "none",
+        "--prompts",
+        prompts,
+        "--out",
+        out,
+    ]
 
     result = invoke(*common, "--limit", "2")
     assert result.exit_code == 0, result.output
@@ -190,8 +228,22 @@ def test_generate_stop_tokens_limits_and_text(pair, tmp_path, fake_engines):
 
 def test_generate_crash_keeps_partial_results(pair, prompts_file, tmp_path, fake_engines):
     out = tmp_path / "o.jsonl"
-    result = invoke("generate", "--engine", f"{fake_engines}:CrashEngine", "--model", pair[0], "--drafter", pair[1],
-                    "--prompts", prompts_file, "--out", out, "--batch-size", "1", "--no-isolate")
+    result = invoke(
+        "generate",
+        "--engine",
+        f"{fake_engines}:CrashEngine",
+        "--model",
+        pair[0],
+        "--drafter",
+        pair[1],
+        "--prompts",
+        prompts_file,
+        "--out",
+        out,
+        "--batch-size",
+        "1",
+        "--no-isolate",
+    )
     line = assert_engine_error(result, "crash engine: device lost", "1 results kept in", "o.jsonl.partial")
     assert line
     assert not out.exists()
@@ -200,8 +252,19 @@ def test_generate_crash_keeps_partial_results(pair, prompts_file, tmp_path, fake
 
 def test_generate_failed_requests_exit_1(pair, prompts_file, tmp_path, fake_engines):
     out = tmp_path / "o.jsonl"
-    result = invoke("generate", "--engine", f"{fake_engines}:FailingRequestEngine", "--model", pair[0],
-                    "--drafter", pair[1], "--prompts", prompts_file, "--out", out)
+    result = invoke(
+        "generate",
+        "--engine",
+        f"{fake_engines}:FailingRequestEngine",
+        "--model",
+        pair[0],
+        "--drafter",
+        pair[1],
+        "--prompts",
+        prompts_file,
+        "--out",
+        out,
+    )
     assert result.exit_code == 1
     assert "\n".join(_messages(result)) == (
         f"error: 2 of 2 requests failed (first: prompt 'm1': prompt too long); results written to {out}"
@@ -230,8 +293,10 @@ def test_missing_drafter_dir(pair, prompts_file, tmp_path):
         (lambda c: c.update(vocab_size=50), ["vocab_size 50", "target vocab_size 97"]),
         (lambda c: c.update(hidden_size=32), ["hidden_size 32", "target hidden_size 64"]),
         (lambda c: c["dflash_config"].update(target_layer_ids=[99]), ["dflash_config.target_layer_ids", "[99]"]),
-        (lambda c: c["dflash_config"].update(mask_token_id=10**6), ["dflash_config.mask_token_id 1000000",
-                                                                    "outside the vocabulary"]),
+        (
+            lambda c: c["dflash_config"].update(mask_token_id=10**6),
+            ["dflash_config.mask_token_id 1000000", "outside the vocabulary"],
+        ),
     ],
     ids=["vocab_size", "hidden_size", "target_layer_ids", "mask_token_id"],
 )
@@ -286,7 +351,7 @@ def test_bad_options(pair, prompts_file, tmp_path, option, value, fragments):
     [
         (['{"id": "a", "prompt_ids": [1]}', '{"id": "b", "text": ""}'], [":2:", "field 'text'", "prompt 'b' is empty"]),
         (['{"id": "a", "prompt_ids": []}'], [":1:", "field 'prompt_ids'", "is empty"]),
-        (['{"id": "a", "prompt_ids": [1]', ], [":1:", "bad JSON"]),
+        (['{"id": "a", "prompt_ids": [1]'], [":1:", "bad JSON"]),
         (['{"prompt_ids": [1]}'], [":1:", "field 'id'", "missing"]),
         (['{"id": "a", "prompt_ids": [1]}', '{"id": "a", "prompt_ids": [2]}'], [":2:", "duplicate id 'a'"]),
         (['{"id": "a", "prompt_ids": [-1]}'], [":1:", "negative token id"]),
@@ -308,9 +373,17 @@ def test_engines_lists_capabilities_and_unavailable(pair):
     result = invoke("engines", "--model", pair[0], "--drafter", pair[1])
     assert result.exit_code == 0, result.output
     out = result.stdout
-    for fragment in ("reference", "built-in", "ok", "plain,dflash,ddtree", "float32,bfloat16,float16", "cpu",
-                     "unavailable", "vllm: engine 'vllm' is not available here: No module named '",
-                     "sglang: engine 'sglang' is not available here"):
+    for fragment in (
+        "reference",
+        "built-in",
+        "ok",
+        "plain,dflash,ddtree",
+        "float32,bfloat16,float16",
+        "cpu",
+        "unavailable",
+        "vllm: engine 'vllm' is not available here: No module named '",
+        "sglang: engine 'sglang' is not available here",
+    ):
         assert fragment in out, out
 
 
@@ -341,24 +414,58 @@ def test_version_and_help():
 
 def _suite_args(pair, prompts_file, golden_dir):
     target, drafter = pair
-    return ["--model", target, "--drafter", drafter, "--prompts", prompts_file, "--pair-name", "random",
-            "--golden-dir", golden_dir, "--max-new-tokens", "8"]
+    return [
+        "--model",
+        target,
+        "--drafter",
+        drafter,
+        "--prompts",
+        prompts_file,
+        "--pair-name",
+        "random",
+        "--golden-dir",
+        golden_dir,
+        "--max-new-tokens",
+        "8",
+    ]
 
 
 def test_check_passes_reference_and_writes_report(pair, prompts_file, tmp_path):
     out = tmp_path / "report.json"
-    result = invoke("check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--budgets", "4",
-                    "--check", "lossless", "--check", "tree-structure", "--no-isolate", "--out", out)
+    result = invoke(
+        "check",
+        *_suite_args(pair, prompts_file, tmp_path / "golden"),
+        "--budgets",
+        "4",
+        "--check",
+        "lossless",
+        "--check",
+        "tree-structure",
+        "--no-isolate",
+        "--out",
+        out,
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert report["schema_version"] == 1 and report["counts"] == {"pass": 4, "fail": 0, "skip": 0,
-                                                                  "not_run": 0}
+    assert report["schema_version"] == 1 and report["counts"] == {"pass": 4, "fail": 0, "skip": 0, "not_run": 0}
 
 
 def test_check_fails_a_mutant_with_exit_1(pair, prompts_file, tmp_path):
-    result = invoke("check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--budgets", "8",
-                    "--modes", "ddtree", "--check", "tree-structure", "--no-isolate",
-                    "--engine", "ddtree_conformance.testing.mutants:FlatPositions", "--out", tmp_path / "r.json")
+    result = invoke(
+        "check",
+        *_suite_args(pair, prompts_file, tmp_path / "golden"),
+        "--budgets",
+        "8",
+        "--modes",
+        "ddtree",
+        "--check",
+        "tree-structure",
+        "--no-isolate",
+        "--engine",
+        "ddtree_conformance.testing.mutants:FlatPositions",
+        "--out",
+        tmp_path / "r.json",
+    )
     assert result.exit_code == 1, result.output
     assert "flat index" in result.output
     assert "1 of 1 checks failed" in result.stderr
@@ -378,8 +485,22 @@ def test_record_refuses_overwrite_then_updates_with_diff(pair, prompts_file, tmp
 def test_check_runs_the_tp_check_on_cpu_when_asked(tmp_path):
     """The fixture pair (the random pair's vocabulary does not split): reference TP=2 as gloo ranks."""
     out = tmp_path / "tp.json"
-    args = ["check", "--check", "tensor-parallel", "--modes", "ddtree", "--budgets", "16", "--limit", "2",
-            "--max-new-tokens", "16", "--no-isolate", "--out", out]
+    args = [
+        "check",
+        "--check",
+        "tensor-parallel",
+        "--modes",
+        "ddtree",
+        "--budgets",
+        "16",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "16",
+        "--no-isolate",
+        "--out",
+        out,
+    ]
     skipped = invoke(*args)
     assert skipped.exit_code == 0, skipped.output
     assert "on CPU it runs when asked: --tensor-parallel-size N" in json.loads(out.read_text())["results"][0]["message"]
@@ -388,8 +509,11 @@ def test_check_runs_the_tp_check_on_cpu_when_asked(tmp_path):
     result = json.loads(out.read_text())["results"][0]
     assert result["status"] == "pass" and result["message"].startswith("TP=2 (tensor_parallel_size 2 (settings))")
     assert_usage_error(invoke(*args, "--tensor-parallel-size", "0"), "--tensor-parallel-size")
-    assert_usage_error(invoke(*args, "--tensor-parallel-size", "64"), "--tensor-parallel-size 64: engine 'reference' "
-                       "accepts at most", "(capabilities().max_tensor_parallel)")
+    assert_usage_error(
+        invoke(*args, "--tensor-parallel-size", "64"),
+        "--tensor-parallel-size 64: engine 'reference' accepts at most",
+        "(capabilities().max_tensor_parallel)",
+    )
 
 
 def test_check_rejects_bad_budgets(pair, prompts_file, tmp_path):
@@ -407,27 +531,66 @@ def test_help_documents_the_exit_statuses():
 
 def test_check_prints_one_line_per_check_and_a_heartbeat_when_not_a_terminal(pair, prompts_file, tmp_path):
     runner = CliRunner(env={"DDTREE_HEARTBEAT_S": "0.5"})
-    result = runner.invoke(app, [str(a) for a in (
-        "check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--budgets", "4", "--modes", "ddtree",
-        "--check", "lossless", "--check", "tree-structure", "--engine-timeout", "4",
-        "--engine", "ddtree_conformance.testing.misbehaving:HangInGenerate", "-O", "helper=false",
-        "--out", tmp_path / "r.json")])
+    result = runner.invoke(
+        app,
+        [
+            str(a)
+            for a in (
+                "check",
+                *_suite_args(pair, prompts_file, tmp_path / "golden"),
+                "--budgets",
+                "4",
+                "--modes",
+                "ddtree",
+                "--check",
+                "lossless",
+                "--check",
+                "tree-structure",
+                "--engine-timeout",
+                "4",
+                "--engine",
+                "ddtree_conformance.testing.misbehaving:HangInGenerate",
+                "-O",
+                "helper=false",
+                "--out",
+                tmp_path / "r.json",
+            )
+        ],
+    )
     assert result.exit_code == 5, result.output
     progress = [line for line in result.stderr.splitlines() if line.startswith("[ddtree] ")]
     name = "ddtree_conformance.testing.misbehaving:HangInGenerate"
     assert progress[0] == f"[ddtree] check: 2 checks against engine '{name}'"
-    beats = [line for line in progress if line.startswith(f"[ddtree] waiting for engine '{name}': generate 3 requests "
-                                                          "(plain), ")]
+    beats = [
+        line
+        for line in progress
+        if line.startswith(f"[ddtree] waiting for engine '{name}': generate 3 requests (plain), ")
+    ]
     assert beats and beats[0].endswith(" s")
-    assert re.fullmatch(r"\[ddtree\] check lossless/ddtree-B4: fail \(\d+\.\d s\): .*hung: no answer to.*", progress[-1]), progress
+    assert re.fullmatch(
+        r"\[ddtree\] check lossless/ddtree-B4: fail \(\d+\.\d s\): .*hung: no answer to.*", progress[-1]
+    ), progress
 
 
 def test_check_with_a_passing_engine_prints_progress_lines(pair, prompts_file, tmp_path):
-    result = invoke("check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--budgets", "4", "--modes",
-                    "ddtree", "--check", "lossless", "--no-isolate", "--out", tmp_path / "r.json")
+    result = invoke(
+        "check",
+        *_suite_args(pair, prompts_file, tmp_path / "golden"),
+        "--budgets",
+        "4",
+        "--modes",
+        "ddtree",
+        "--check",
+        "lossless",
+        "--no-isolate",
+        "--out",
+        tmp_path / "r.json",
+    )
     assert result.exit_code == 0, result.output
-    line = (r"^\[ddtree\] check lossless/ddtree-B4: pass \(\d+\.\d s\): 3 match, 0 near-tie \(exact\); "
-            r"48 positions equal the fp32 target's argmax; plain and ddtree-B4 both ran with attention backend sdpa$")
+    line = (
+        r"^\[ddtree\] check lossless/ddtree-B4: pass \(\d+\.\d s\): 3 match, 0 near-tie \(exact\); "
+        r"48 positions equal the fp32 target's argmax; plain and ddtree-B4 both ran with attention backend sdpa$"
+    )
     assert re.search(line, result.stderr, re.M), result.stderr
     report = json.loads((tmp_path / "r.json").read_text())  # the seed drawn and the held-out prompt it gave
     seed = report["settings"]["run_seed"]
@@ -444,16 +607,32 @@ def test_a_check_run_stopped_midway_leaves_a_partial_report(pair, prompts_file, 
         def first_then_stop(result):
             on_result(result)
             raise KeyboardInterrupt  # what a kill at the deadline leaves: the reports written so far
+
         return real(session, planned, on_result=first_then_stop)
 
     monkeypatch.setattr(checks, "run_plan", stopped_after_the_first)
     out = tmp_path / "r.json"
-    invoke("check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--budgets", "4", "--modes", "ddtree",
-           "--check", "lossless", "--check", "tree-structure", "--no-isolate", "--out", out)
+    invoke(
+        "check",
+        *_suite_args(pair, prompts_file, tmp_path / "golden"),
+        "--budgets",
+        "4",
+        "--modes",
+        "ddtree",
+        "--check",
+        "lossless",
+        "--check",
+        "tree-structure",
+        "--no-isolate",
+        "--out",
+        out,
+    )
     report = json.loads(out.read_text())
     assert report["partial"] is True and report["schema"] == "ddtree-conformance/check-report"
-    assert [(r["check"], r["status"]) for r in report["results"]] == [("lossless/ddtree-B4", "pass"),
-                                                                       ("tree-structure/ddtree-B4", "skip")]
+    assert [(r["check"], r["status"]) for r in report["results"]] == [
+        ("lossless/ddtree-B4", "pass"),
+        ("tree-structure/ddtree-B4", "skip"),
+    ]
     assert report["results"][1]["message"] == "not run: the run stopped before this check"
     assert report["counts"] == {"pass": 1, "fail": 0, "skip": 0, "not_run": 1}
     assert "Partial report" in render_markdown(report)
@@ -484,10 +663,20 @@ def test_check_on_a_non_utf8_golden_file_names_it(pair, prompts_file, tmp_path):
     (golden / "random").mkdir(parents=True)
     bad = golden / "random" / "p-float32.json"
     bad.write_bytes(b"\xe9")
-    args = ["check", *_suite_args(pair, prompts_file, golden), "--budgets", "4", "--modes", "ddtree", "--no-isolate",
-            "--out", tmp_path / "r.json"]
-    assert_usage_error(invoke(*args, "--check", "golden"),
-                       f"{bad}: not UTF-8 text (byte 0xe9 at offset 0); is it a golden file?")
+    args = [
+        "check",
+        *_suite_args(pair, prompts_file, golden),
+        "--budgets",
+        "4",
+        "--modes",
+        "ddtree",
+        "--no-isolate",
+        "--out",
+        tmp_path / "r.json",
+    ]
+    assert_usage_error(
+        invoke(*args, "--check", "golden"), f"{bad}: not UTF-8 text (byte 0xe9 at offset 0); is it a golden file?"
+    )
     assert not (tmp_path / "r.json").exists()
     assert invoke(*args, "--check", "lossless").exit_code == 0  # a plan that does not read it runs
 
@@ -502,7 +691,11 @@ def test_generate_refuses_a_budget_above_the_engines(pair, prompts_file, tmp_pat
 
 
 def test_unknown_engine_option_is_refused_by_every_command(pair, prompts_file, tmp_path):
-    for command in (base_args(pair, prompts_file, tmp_path / "o.jsonl"),
-                    ["check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--out", tmp_path / "r.json"]):
-        assert_usage_error(invoke(*command, "-O", "bulider=vectorized"),
-                           "engine 'reference': unknown option(s) bulider; known: cuda_graphs, fused_layers")
+    for command in (
+        base_args(pair, prompts_file, tmp_path / "o.jsonl"),
+        ["check", *_suite_args(pair, prompts_file, tmp_path / "golden"), "--out", tmp_path / "r.json"],
+    ):
+        assert_usage_error(
+            invoke(*command, "-O", "bulider=vectorized"),
+            "engine 'reference': unknown option(s) bulider; known: cuda_graphs, fused_layers",
+        )

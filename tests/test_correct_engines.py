@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ddtree_conformance.adapters.interface import RoundTrace
 from ddtree_conformance.adapters.reference.replay import ReplayRound
 from ddtree_conformance.calibration import Calibration
@@ -51,9 +52,20 @@ OVERRIDES = {
 
 
 def _settings(dtype: str, **overrides) -> SuiteSettings:
-    values = dict(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), limit=2, max_new_tokens=20,
-                  budgets=[16], dtype=dtype, isolate=False, sampling_requests=40, branch_prompts=1, branch_rounds=2,
-                  torch_threads=1, held_out_prompts=0)  # the freedoms, not fresh prompts, are tested here
+    values = dict(
+        model_dir=str(FIXTURE_TARGET),
+        drafter_dir=str(FIXTURE_DRAFTER),
+        limit=2,
+        max_new_tokens=20,
+        budgets=[16],
+        dtype=dtype,
+        isolate=False,
+        sampling_requests=40,
+        branch_prompts=1,
+        branch_rounds=2,
+        torch_threads=1,
+        held_out_prompts=0,
+    )  # the freedoms, not fresh prompts, are tested here
     return SuiteSettings(**{**values, **overrides})
 
 
@@ -69,8 +81,11 @@ def test_every_correct_engine_has_a_row():
     assert set(ROWS) == set(ce.CORRECT_ENGINES.values())
 
 
-@pytest.mark.parametrize("engine, dtype", [(e, d) for e, (_, dtypes) in ROWS.items() for d in dtypes],
-                         ids=lambda v: getattr(v, "__name__", v))
+@pytest.mark.parametrize(
+    "engine, dtype",
+    [(e, d) for e, (_, dtypes) in ROWS.items() for d in dtypes],
+    ids=lambda v: getattr(v, "__name__", v),
+)
 def test_correct_engine_passes(engine, dtype):
     names, _ = ROWS[engine]
     results = _run(_settings(dtype, **OVERRIDES.get(engine, {})), engine, names)
@@ -84,9 +99,20 @@ EXACT = Calibration("float32", 0.0, 1e-3, 0, (), "exact", 0.0)
 
 
 def _round(index, offset, tokens, draft_logits=None, short=None, start=5):
-    return ReplayRound(index=index, offset=offset, start=start, root=9, length=len(tokens), tokens=tokens,
-                       tree_tokens=[9], parents=[-1], accepted=[], path_gaps=[1.0] * len(tokens),
-                       draft_logits=draft_logits, short_block=short)
+    return ReplayRound(
+        index=index,
+        offset=offset,
+        start=start,
+        root=9,
+        length=len(tokens),
+        tokens=tokens,
+        tree_tokens=[9],
+        parents=[-1],
+        accepted=[],
+        path_gaps=[1.0] * len(tokens),
+        draft_logits=draft_logits,
+        short_block=short,
+    )
 
 
 def test_the_last_round_may_report_what_it_emitted():
@@ -96,18 +122,47 @@ def test_the_last_round_may_report_what_it_emitted():
     judge_rounds(run, "p", [2], [9, 4, 7], [_round(0, 1, [4, 7, 5, 6])], EXACT, "ddtree", 8, [])
     assert not run.differs and not run.freedom
     run = ReplayRun()  # the same short round where the output goes on is a difference
-    judge_rounds(run, "p", [2, 3], [9, 4, 7, 5, 6, 1], [_round(0, 1, [4, 7, 5, 6]), _round(1, 3, [5, 6, 1])],
-                 EXACT, "ddtree", 8, [])
+    judge_rounds(
+        run,
+        "p",
+        [2, 3],
+        [9, 4, 7, 5, 6, 1],
+        [_round(0, 1, [4, 7, 5, 6]), _round(1, 3, [5, 6, 1])],
+        EXACT,
+        "ddtree",
+        8,
+        [],
+    )
     assert [v.round for v in run.differs] == [0]
 
 
 def test_a_root_only_tree_is_a_named_verdict():
     """Before: ``check crashed: ValueError: budget must be >= 1, got 0``."""
-    trace = RoundTrace(start=5, root_token=9, tree_tokens=[9], parents=[-1], depths=[0], positions=[5], accepted=[],
-                       target_tokens=[4], bonus=4, top2_margins=[1.0])
+    trace = RoundTrace(
+        start=5,
+        root_token=9,
+        tree_tokens=[9],
+        parents=[-1],
+        depths=[0],
+        positions=[5],
+        accepted=[],
+        target_tokens=[4],
+        bonus=4,
+        top2_margins=[1.0],
+    )
     run = ReplayRun()
-    judge_rounds(run, "p", [1, 2], [9, 4, 7, 5], [_round(0, 1, [4, 7, 5], torch.zeros(4, 12)), _round(1, 2, [7, 5])],
-                 EXACT, "ddtree", 8, [], lambda: [trace, trace])
+    judge_rounds(
+        run,
+        "p",
+        [1, 2],
+        [9, 4, 7, 5],
+        [_round(0, 1, [4, 7, 5], torch.zeros(4, 12)), _round(1, 2, [7, 5])],
+        EXACT,
+        "ddtree",
+        8,
+        [],
+        lambda: [trace, trace],
+    )
     assert [v.kind for v in run.cut] == ["cut-tree"] and "holds 0 of B=8 nodes" in run.cut[0].note
 
 
@@ -124,12 +179,27 @@ def test_a_context_cut_is_allowed_only_where_the_kv_slots_run_out():
     tree (B=8) accepts 5. The engine's shorter round is a freedom there, and only there."""
     output = [9, 3, 3, 7]  # a 100-token prompt, then round 0 emits [3, 3], round 1 [7]: position 103 is the last
     theirs = [3, 3, 3, 3, 5]
-    for limit, length, allowed in ((104, 2, True), (104, 1, False), (None, 2, False), (200, 2, False),
-                                   (103, 2, False)):  # an output past the engine's own limit: no limit stated
+    for limit, length, allowed in (
+        (104, 2, True),
+        (104, 1, False),
+        (None, 2, False),
+        (200, 2, False),
+        (103, 2, False),
+    ):  # an output past the engine's own limit: no limit stated
         run = ReplayRun()
         lengths = [length, len(output) - 1 - length]
-        judge_rounds(run, "p", lengths, output, [_round(0, 1, theirs, _two_way(), start=100)], EXACT, "ddtree", 8, [],
-                     context_limit=limit)
+        judge_rounds(
+            run,
+            "p",
+            lengths,
+            output,
+            [_round(0, 1, theirs, _two_way(), start=100)],
+            EXACT,
+            "ddtree",
+            8,
+            [],
+            context_limit=limit,
+        )
         assert (len(run.freedom) == 1 and not run.differs) == allowed, (limit, length, run.differs)
 
 

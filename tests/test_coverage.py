@@ -22,8 +22,10 @@ from ddtree_conformance.coverage import Entry, coverage, verdict
 pytest_plugins = ["pytester"]
 
 ENGINES = "ddtree_conformance.testing.coverage_engines"
-PROMPTS = "".join(json.dumps({"id": f"p{i}", "category": "math", "prompt_ids": ids}) + "\n"
-                  for i, ids in enumerate([[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]))
+PROMPTS = "".join(
+    json.dumps({"id": f"p{i}", "category": "math", "prompt_ids": ids}) + "\n"
+    for i, ids in enumerate([[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]])
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +43,22 @@ def check(inputs, tmp_path, engine: str, *args: str, fixture: bool = False):
     """``check`` on the random pair (``fixture``: the bundled pair, whose trained drafter makes a chain
     accept less than a tree)."""
     out = tmp_path / "check.json"
-    pair = [] if fixture else ["--model", str(inputs["target"]), "--drafter", str(inputs["drafter"]), "--prompts",
-                               str(inputs["prompts"]), "--golden-dir", str(inputs["golden"]), "--pair-name", "random"]
+    pair = (
+        []
+        if fixture
+        else [
+            "--model",
+            str(inputs["target"]),
+            "--drafter",
+            str(inputs["drafter"]),
+            "--prompts",
+            str(inputs["prompts"]),
+            "--golden-dir",
+            str(inputs["golden"]),
+            "--pair-name",
+            "random",
+        ]
+    )
     small = ["--max-new-tokens", "16", "--budgets", "16"] if fixture else ["--max-new-tokens", "6", "--budgets", "4"]
     argv = ["check", "--engine", engine, *pair, *small, "--modes", "ddtree", "--no-isolate", *args, "--out", str(out)]
     result = CliRunner().invoke(app, argv)
@@ -50,15 +66,26 @@ def check(inputs, tmp_path, engine: str, *args: str, fixture: bool = False):
     return result, report
 
 
-@pytest.mark.parametrize("engine, args, why, fixture", [
-    ("NoDDTree", ["--limit", "1"], "DDTree not available in this engine: no ddtree check ran (engine does not offer "
-                                   "mode ddtree); opt out with --allow-skip ddtree", False),
-    ("PlainOnly", ["--limit", "1", "--modes", "dflash,ddtree"], "DFlash not available in this engine", False),
-    ("ChainNoAcceptance", ["--limit", "2", "--check", "lossless", "--check", "acceptance", "--check",
-                           "tree-structure"],
-     "acceptance did not run on 1 check(s) (engine reports neither per-round nor aggregate acceptance)", False),
-    ("AggregateOnly", ["--limit", "3", "--check", "acceptance"], "the bootstrap band needs at least 5", True),
-])
+@pytest.mark.parametrize(
+    "engine, args, why, fixture",
+    [
+        (
+            "NoDDTree",
+            ["--limit", "1"],
+            "DDTree not available in this engine: no ddtree check ran (engine does not offer "
+            "mode ddtree); opt out with --allow-skip ddtree",
+            False,
+        ),
+        ("PlainOnly", ["--limit", "1", "--modes", "dflash,ddtree"], "DFlash not available in this engine", False),
+        (
+            "ChainNoAcceptance",
+            ["--limit", "2", "--check", "lossless", "--check", "acceptance", "--check", "tree-structure"],
+            "acceptance did not run on 1 check(s) (engine reports neither per-round nor aggregate acceptance)",
+            False,
+        ),
+        ("AggregateOnly", ["--limit", "3", "--check", "acceptance"], "the bootstrap band needs at least 5", True),
+    ],
+)
 def test_an_engine_that_hides_from_checks_is_incomplete(inputs, tmp_path, engine, args, why, fixture):
     result, report = check(inputs, tmp_path, f"{ENGINES}:{engine}", *args, fixture=fixture)
     assert result.exit_code == 7, (result.output, result.exception)
@@ -71,8 +98,19 @@ def test_an_engine_that_hides_from_checks_is_incomplete(inputs, tmp_path, engine
 
 
 def test_the_chain_engine_names_every_family_it_hid_from(inputs, tmp_path):
-    _, report = check(inputs, tmp_path, f"{ENGINES}:ChainNoAcceptance", "--limit", "2", "--check", "lossless",
-                      "--check", "acceptance", "--check", "tree-structure")
+    _, report = check(
+        inputs,
+        tmp_path,
+        f"{ENGINES}:ChainNoAcceptance",
+        "--limit",
+        "2",
+        "--check",
+        "lossless",
+        "--check",
+        "acceptance",
+        "--check",
+        "tree-structure",
+    )
     families = {f["family"]: f for f in report["coverage"]["families"]}
     assert families["lossless"]["status"] == "ran" and families["lossless"]["evidence"]["tokens"] > 0
     assert families["acceptance"]["status"] == families["tree-structure"]["status"] == "did not run"
@@ -81,12 +119,28 @@ def test_the_chain_engine_names_every_family_it_hid_from(inputs, tmp_path):
 
 
 def test_allow_skip_opts_out_per_family_and_the_report_says_so(inputs, tmp_path):
-    result, report = check(inputs, tmp_path, f"{ENGINES}:ChainNoAcceptance", "--limit", "2", "--check", "lossless",
-                           "--check", "acceptance", "--check", "tree-structure", "--allow-skip", "acceptance",
-                           "--allow-skip", "tree-structure")
+    result, report = check(
+        inputs,
+        tmp_path,
+        f"{ENGINES}:ChainNoAcceptance",
+        "--limit",
+        "2",
+        "--check",
+        "lossless",
+        "--check",
+        "acceptance",
+        "--check",
+        "tree-structure",
+        "--allow-skip",
+        "acceptance",
+        "--allow-skip",
+        "tree-structure",
+    )
     assert result.exit_code == 0, (result.output, result.exception)
-    assert report["verdict"]["status"] == "pass" and "allowed to skip: acceptance, tree-structure" in \
-        report["verdict"]["reason"]
+    assert (
+        report["verdict"]["status"] == "pass"
+        and "allowed to skip: acceptance, tree-structure" in report["verdict"]["reason"]
+    )
     assert [g["family"] for g in report["coverage"]["allowed"]] == ["acceptance", "tree-structure"]
     assert "allowed to skip (--allow-skip): acceptance, tree-structure" in (tmp_path / "check.md").read_text()
     one, _ = check(inputs, tmp_path, f"{ENGINES}:NoDDTree", "--limit", "1", "--allow-skip", "ddtree")
@@ -102,21 +156,54 @@ def test_an_unknown_allow_skip_name_is_a_usage_error(inputs, tmp_path):
 def test_the_reference_engine_on_the_same_settings_is_complete(inputs, tmp_path):
     """No false alarm: the correct engine passes; golden (no file for these prompts: input) and
     tensor-parallel (one device: environment) stay plain skips."""
-    result, report = check(inputs, tmp_path, "reference", "--limit", "2", "--check", "lossless", "--check",
-                           "acceptance", "--check", "tree-structure", "--check", "golden", "--check", "tensor")
+    result, report = check(
+        inputs,
+        tmp_path,
+        "reference",
+        "--limit",
+        "2",
+        "--check",
+        "lossless",
+        "--check",
+        "acceptance",
+        "--check",
+        "tree-structure",
+        "--check",
+        "golden",
+        "--check",
+        "tensor",
+    )
     assert result.exit_code == 0, (result.output, result.exception)
     assert report["verdict"]["status"] == "pass" and report["coverage"]["complete"]
     causes = {r["check"].split("/")[0]: r.get("cause") for r in report["results"] if r["status"] == "skip"}
     assert causes == {"golden": "input", "tensor-parallel": "environment"}
-    assert report["engine"] == {"spec": "reference", "name": "reference",
-                                "version": __import__("ddtree_conformance").__version__}
+    assert report["engine"] == {
+        "spec": "reference",
+        "name": "reference",
+        "version": __import__("ddtree_conformance").__version__,
+    }
 
 
 def test_the_pytest_route_of_an_engine_without_ddtree_is_incomplete(pytester, inputs):
-    args = ["-p", "no:cacheprovider", "-q", "--ddtree-engine", f"{ENGINES}:NoDDTree", "--ddtree-modes", "ddtree",
-            f"--ddtree-model={inputs['target']}", f"--ddtree-drafter={inputs['drafter']}",
-            f"--ddtree-prompts={inputs['prompts']}", "--ddtree-limit", "1", "--ddtree-budgets", "4",
-            "--ddtree-no-isolate", "--ddtree-report", "out/check.json"]
+    args = [
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--ddtree-engine",
+        f"{ENGINES}:NoDDTree",
+        "--ddtree-modes",
+        "ddtree",
+        f"--ddtree-model={inputs['target']}",
+        f"--ddtree-drafter={inputs['drafter']}",
+        f"--ddtree-prompts={inputs['prompts']}",
+        "--ddtree-limit",
+        "1",
+        "--ddtree-budgets",
+        "4",
+        "--ddtree-no-isolate",
+        "--ddtree-report",
+        "out/check.json",
+    ]
     result = pytester.runpytest_inprocess(*args)
     assert result.ret == 7, result.stdout.str()
     result.assert_outcomes(skipped=17)  # the items keep their own skip reasons
@@ -134,8 +221,11 @@ def test_the_verdict_ranks_fail_above_incomplete():
     skip = CheckResult.skipped("acceptance/ddtree-B16", "no acceptance data")
     fail = CheckResult.failed("lossless/ddtree-B16", "differs")
     env = CheckResult.skipped("tensor-parallel/ddtree-B16", "one device", cause="environment")
-    entries = [Entry("acceptance", "ddtree", skip), Entry("lossless", "ddtree", fail),
-               Entry("tensor-parallel", "ddtree", env)]
+    entries = [
+        Entry("acceptance", "ddtree", skip),
+        Entry("lossless", "ddtree", fail),
+        Entry("tensor-parallel", "ddtree", env),
+    ]
     assert verdict([e.result for e in entries], coverage(entries))["status"] == "fail"
     assert verdict([skip, env], coverage([entries[0], entries[2]]))["status"] == "incomplete"
     assert verdict([env], coverage([entries[2]]))["status"] == "pass"

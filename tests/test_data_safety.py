@@ -13,12 +13,13 @@ import textwrap
 import time
 
 import pytest
+from typer.testing import CliRunner
+
 from ddtree_conformance.cli import app
 from ddtree_conformance.testing.misbehaving import CATALOGUE
 from ddtree_conformance.testing.processes import pid_alive
-from typer.testing import CliRunner
 
-WRITER = textwrap.dedent('''
+WRITER = textwrap.dedent("""
     import sys
     from ddtree_conformance.files import atomic_write
     path, tag, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -30,15 +31,22 @@ WRITER = textwrap.dedent('''
             failures += 1
             print(type(exc).__name__, exc, file=sys.stderr)
     print(failures)
-''')
+""")
 
 
 def test_concurrent_writers_never_delete_each_others_temporary_files(tmp_path):
     """Two processes, 40 writes each to one path: every write lands, the file is one whole write, and
     no temporary file is left (before: 40 of 80 writes failed with FileNotFoundError)."""
     path = tmp_path / "report.json"
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), tag, "40"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for tag in ("a", "b")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(path), tag, "40"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for tag in ("a", "b")
+    ]
     outcomes = [p.communicate(timeout=300) for p in procs]
     assert [int(out.strip()) for out, _ in outcomes] == [0, 0], [err[-500:] for _, err in outcomes]
     assert json.loads(path.read_text())["writer"] in ("a", "b")
@@ -52,10 +60,37 @@ def test_a_detached_grandchild_of_the_engine_ends_with_the_run(tmp_path, random_
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "prompt_ids": [1, 2, 3]}\n')
     out = tmp_path / "r.json"
-    result = CliRunner().invoke(app, [str(a) for a in (
-        "check", "--engine", CATALOGUE["detached grandchild"].engine, "--model", target, "--drafter", drafter,
-        "--prompts", prompts, "--golden-dir", tmp_path / "golden", "--max-new-tokens", "4", "--modes", "dflash",
-        "--check", "lossless", "--engine-timeout", "120", "-O", f"pid_file={tmp_path / 'pid'}", "--out", out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            str(a)
+            for a in (
+                "check",
+                "--engine",
+                CATALOGUE["detached grandchild"].engine,
+                "--model",
+                target,
+                "--drafter",
+                drafter,
+                "--prompts",
+                prompts,
+                "--golden-dir",
+                tmp_path / "golden",
+                "--max-new-tokens",
+                "4",
+                "--modes",
+                "dflash",
+                "--check",
+                "lossless",
+                "--engine-timeout",
+                "120",
+                "-O",
+                f"pid_file={tmp_path / 'pid'}",
+                "--out",
+                out,
+            )
+        ],
+    )
     assert result.exit_code in (0, 1), result.output  # a verdict (its echo outputs fail the fp32 oracle)
     text = result.stderr + result.stdout
     report = json.loads(out.read_text())
@@ -100,9 +135,22 @@ def run_dir(tmp_path, monkeypatch, random_pair):
     (golden / "mine").mkdir(parents=True)
     (golden / "mine" / "prompts-float32.json").write_text("{}\n")
     (tmp_path / "prompts.jsonl").write_text('{"id": "a", "prompt_ids": [1, 2, 3]}\n')
-    (tmp_path / "pairs.json").write_text(json.dumps({"pairs": {"mine": {
-        "target": str(target), "drafter": str(drafter), "block_size": 8, "dtype": "float32",
-        "prompts": str(tmp_path / "prompts.jsonl"), "prompt_format": "ids"}}}))
+    (tmp_path / "pairs.json").write_text(
+        json.dumps(
+            {
+                "pairs": {
+                    "mine": {
+                        "target": str(target),
+                        "drafter": str(drafter),
+                        "block_size": 8,
+                        "dtype": "float32",
+                        "prompts": str(tmp_path / "prompts.jsonl"),
+                        "prompt_format": "ids",
+                    }
+                }
+            }
+        )
+    )
     (tmp_path / "ddtc_echo_engine.py").write_text(textwrap.dedent(ECHO_ENGINE))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
@@ -110,9 +158,28 @@ def run_dir(tmp_path, monkeypatch, random_pair):
 
 
 def _echo_check(root, out, *extra):
-    args = ["check", "--engine", "ddtc_echo_engine:Echo", "--pairs-file", root / "pairs.json", "--pair", "mine",
-            "--golden-dir", root / "golden", "--no-isolate", "--max-new-tokens", "4", "--modes", "dflash",
-            "--check", "lossless", "--held-out-prompts", "0", *(["--out", out] if out is not None else []), *extra]
+    args = [
+        "check",
+        "--engine",
+        "ddtc_echo_engine:Echo",
+        "--pairs-file",
+        root / "pairs.json",
+        "--pair",
+        "mine",
+        "--golden-dir",
+        root / "golden",
+        "--no-isolate",
+        "--max-new-tokens",
+        "4",
+        "--modes",
+        "dflash",
+        "--check",
+        "lossless",
+        "--held-out-prompts",
+        "0",
+        *(["--out", out] if out is not None else []),
+        *extra,
+    ]
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
@@ -162,8 +229,20 @@ def test_an_engine_that_changes_the_working_folder_cannot_move_the_report(run_di
 # ------------------------------------------------------------------ record --update
 def _record(random_pair, root, *extra):
     target, drafter = random_pair
-    args = ["record", "--model", target, "--drafter", drafter, "--prompts", root / "p.jsonl", "--pair-name", "random",
-            "--golden-dir", root / "golden", *extra]
+    args = [
+        "record",
+        "--model",
+        target,
+        "--drafter",
+        drafter,
+        "--prompts",
+        root / "p.jsonl",
+        "--pair-name",
+        "random",
+        "--golden-dir",
+        root / "golden",
+        *extra,
+    ]
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
@@ -175,9 +254,11 @@ def test_record_update_refuses_to_drop_records_budgets_or_tokens_without_replace
     assert first.exit_code == 0, first.output
     path = tmp_path / "golden" / "random" / "p-float32.json"
     before = path.read_bytes()
-    for extra, lost in ((["--limit", "1", "--budgets", "4,8", "--max-new-tokens", "8"], "1 of 2 records (b)"),
-                        (["--budgets", "4", "--max-new-tokens", "8"], "acceptance of ddtree-8"),
-                        (["--budgets", "4,8", "--max-new-tokens", "6"], "output tokens past 6")):
+    for extra, lost in (
+        (["--limit", "1", "--budgets", "4,8", "--max-new-tokens", "8"], "1 of 2 records (b)"),
+        (["--budgets", "4", "--max-new-tokens", "8"], "acceptance of ddtree-8"),
+        (["--budgets", "4,8", "--max-new-tokens", "6"], "output tokens past 6"),
+    ):
         refused = _record(random_pair, tmp_path, "--update", *extra)
         assert refused.exit_code == 2, (extra, refused.output)
         assert f"the update would drop {lost}" in refused.stderr and "--replace" in refused.stderr, refused.stderr

@@ -80,7 +80,7 @@ def test_every_check_family_is_documented():
 
 def test_readme_layout_table_names_what_is_there():
     readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("## Layout"):readme.index("## Using it")]
+    table = readme[readme.index("## Layout") : readme.index("## Using it")]
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     named = set()
     for row in rows:
@@ -92,10 +92,16 @@ def test_readme_layout_table_names_what_is_there():
             folder = path.rsplit("/", 1)[0] + "/" if "/" in path.rstrip("/") else folder
             assert (ROOT / path).exists(), f"README layout names {path}, which does not exist"
             named.add(path.rstrip("/"))
-    expected = {f"conformance/{p.name}" for p in (ROOT / "conformance").iterdir()
-                if p.suffix == ".py" and p.name != "__init__.py" or (p.is_dir() and (p / "__init__.py").exists())}
-    expected |= {f"adapters/{p.name}" for p in (ROOT / "adapters").iterdir()
-                 if p.suffix == ".py" and p.name != "__init__.py" or (p.is_dir() and (p / "__init__.py").exists())}
+    expected = {
+        f"conformance/{p.name}"
+        for p in (ROOT / "conformance").iterdir()
+        if p.suffix == ".py" and p.name != "__init__.py" or (p.is_dir() and (p / "__init__.py").exists())
+    }
+    expected |= {
+        f"adapters/{p.name}"
+        for p in (ROOT / "adapters").iterdir()
+        if p.suffix == ".py" and p.name != "__init__.py" or (p.is_dir() and (p / "__init__.py").exists())
+    }
     expected |= {"vllm-plugin", "golden", "docs", "tests", "scripts", ".github", ".ci"}
     assert not expected - named, f"the README layout table does not name {sorted(expected - named)}"
 
@@ -127,9 +133,29 @@ def test_the_adapter_at_the_top_of_the_engine_guide_runs_through_the_suite(tmp_p
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(__import__("sys").modules, "my_engine", raising=False)
     request.addfinalizer(lambda: __import__("sys").modules.pop("my_engine", None))  # not another test's module
-    result = CliRunner().invoke(app, ["check", "--engine", "my_engine:MyEngine", "--limit", "1", "--budgets", "16",
-                                      "--max-new-tokens", "8", "--modes", "ddtree", "--check", "lossless",
-                                      "--check", "tree-structure", "--no-isolate", "--out", "r.json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "check",
+            "--engine",
+            "my_engine:MyEngine",
+            "--limit",
+            "1",
+            "--budgets",
+            "16",
+            "--max-new-tokens",
+            "8",
+            "--modes",
+            "ddtree",
+            "--check",
+            "lossless",
+            "--check",
+            "tree-structure",
+            "--no-isolate",
+            "--out",
+            "r.json",
+        ],
+    )
     assert result.exit_code == 0, (result.output, result.exception)
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["engine"] == {"spec": "my_engine:MyEngine", "name": "my-engine", "version": "1.4.0"}
@@ -168,7 +194,8 @@ def test_help_shows_the_settings_models_defaults():
 
 
 def test_the_readme_figures_come_from_the_figures_script():
-    """Every figure README.md marks equals what scripts/readme_figures.py recorded in scripts/measurements/readme-figures.json."""
+    """Every figure README.md marks equals what scripts/readme_figures.py recorded in
+    scripts/measurements/readme-figures.json."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("readme_figures", ROOT / "scripts" / "readme_figures.py")
@@ -178,4 +205,7 @@ def test_the_readme_figures_come_from_the_figures_script():
     figures = __import__("json").loads((ROOT / "scripts" / "measurements" / "readme-figures.json").read_text())
     assert len(module.MARKER.findall(readme)) >= 5
     assert module.differences(readme, figures) == []
-    assert module.pytest_counts("..\n580 passed, 4 skipped in 231.20s (0:03:51)\n") == ("580 passed, 4 skipped", "231 s")
+    assert module.pytest_counts("..\n580 passed, 4 skipped in 231.20s (0:03:51)\n") == (
+        "580 passed, 4 skipped",
+        "231 s",
+    )

@@ -41,8 +41,9 @@ def test_a_check_run_carries_its_detectable_effect(tmp_path):
     from ddtree_conformance.checks import plan, run_plan
     from ddtree_conformance.session import SuiteSession, SuiteSettings
 
-    settings = SuiteSettings(limit=2, max_new_tokens=8, modes=["ddtree"], budgets=[16], isolate=False,
-                             torch_threads=1, sampling_requests=40)
+    settings = SuiteSettings(
+        limit=2, max_new_tokens=8, modes=["ddtree"], budgets=[16], isolate=False, torch_threads=1, sampling_requests=40
+    )
     session = SuiteSession(settings)
     try:
         results = run_plan(session, plan(settings, ["lossless", "acceptance", "sampling/ddtree-B16/T=1"]))

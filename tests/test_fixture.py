@@ -80,17 +80,23 @@ def test_build_script_quick_slice(tmp_path):
     manifest = build.main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--seed", "7"])
     elapsed = time.time() - t0
     fixture = tmp_path / "fixture"
-    target_files = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                    "model.safetensors")
+    target_files = (
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "model.safetensors",
+    )
     for name in target_files:
         assert (fixture / "target" / name).is_file(), name
     for name in ("config.json", "model.safetensors"):
         assert (fixture / "drafter" / name).is_file(), name
     on_disk = json.loads((fixture / "MANIFEST.json").read_text())
     assert on_disk["seed"] == 7 and on_disk["quick"] is True
-    assert on_disk["files"]["drafter/model.safetensors"]["sha256"] == hashlib.sha256(
-        (fixture / "drafter" / "model.safetensors").read_bytes()
-    ).hexdigest()
+    assert (
+        on_disk["files"]["drafter/model.safetensors"]["sha256"]
+        == hashlib.sha256((fixture / "drafter" / "model.safetensors").read_bytes()).hexdigest()
+    )
     assert manifest["target"]["steps"] == on_disk["target"]["steps"]
     prompts = [json.loads(line) for line in (tmp_path / "prompts" / "fixture.jsonl").read_text().splitlines()]
     assert len({p["category"] for p in prompts}) >= 3

@@ -9,11 +9,24 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from ddtree_conformance.baselines import (BaselineError, entries_from_report, load_baselines, merge_entries,
-                                   write_baselines)
+from ddtree_conformance.baselines import (
+    BaselineError,
+    entries_from_report,
+    load_baselines,
+    merge_entries,
+    write_baselines,
+)
 from ddtree_conformance.cli import app
-from ddtree_conformance.gate import (EXIT_INCONCLUSIVE, EXIT_MISSING, EXIT_PASS, EXIT_REGRESSION,
-                                     EXIT_SETTINGS_CHANGED, evaluate, exit_code, speedup_interval)
+from ddtree_conformance.gate import (
+    EXIT_INCONCLUSIVE,
+    EXIT_MISSING,
+    EXIT_PASS,
+    EXIT_REGRESSION,
+    EXIT_SETTINGS_CHANGED,
+    evaluate,
+    exit_code,
+    speedup_interval,
+)
 
 HW = "test-hw"
 
@@ -21,30 +34,60 @@ HW = "test-hw"
 BASE_RATIOS = (0.495, 0.5, 0.505, 0.4975, 0.5025)  # step/round per repeat: speedup 2.0 at tau 4
 
 
-def make_report(tau=4.0, ratios=BASE_RATIOS, positions=(0.9, 0.7, 0.5), sequential=False, min_repeats=3,
-                stored_ci=None) -> dict:
+def make_report(
+    tau=4.0, ratios=BASE_RATIOS, positions=(0.9, 0.7, 0.5), sequential=False, min_repeats=3, stored_ci=None
+) -> dict:
     """A bench report whose per-repeat speedups are ``tau x ratios`` (the cost model)."""
     samples = [tau * r for r in ratios]
     low, high = stored_ci or (min(samples), max(samples))
     return {
-        "schema": "ddtree-conformance/run-report", "schema_version": 1, "kind": "bench",
-        "created": "2026-01-01T00:00:00+00:00", "hardware_class": HW, "environment": {},
-        "settings": {"engine": "reference", "pair_name": "fixture", "dtype": "float32", "device": "cpu",
-                     "prompt_set": "fixture", "limit": 2, "max_new_tokens": 8},
+        "schema": "ddtree-conformance/run-report",
+        "schema_version": 1,
+        "kind": "bench",
+        "created": "2026-01-01T00:00:00+00:00",
+        "hardware_class": HW,
+        "environment": {},
+        "settings": {
+            "engine": "reference",
+            "pair_name": "fixture",
+            "dtype": "float32",
+            "device": "cpu",
+            "prompt_set": "fixture",
+            "limit": 2,
+            "max_new_tokens": 8,
+        },
         "bench": {"repeats": len(samples), "clock": "device"},
         "runs": [
             {"mode": "plain", "budget": None, "label": "plain", "tau": 1.0, "per_position": [], "histogram": {}},
-            {"mode": "ddtree", "budget": 16, "label": "ddtree-B16", "tau": tau, "per_position": list(positions),
-             "histogram": {"1": 2, "4": 5},
-             "cost_model": {"tau": tau, "step_s": 0.010, "round_s": 0.020,
-                            "step_over_round": {"estimate": float(np.exp(np.mean(np.log(ratios)))),
-                                                "samples": list(ratios)}},
-             "speedup": {"estimate": float(np.exp(np.mean(np.log(samples)))), "median": float(np.median(samples)),
-                         "ci_low": low, "ci_high": high, "confidence": 0.95, "samples": samples, "cv": 0.01,
-                         "alpha": 0.05, "sequential": sequential, "min_repeats": min_repeats,
-                         "max_repeats": 60, "growth": 1.5,
-                         "stop": {"decision": "fixed", "reason": f"{len(samples)} fixed repeats",
-                                  "repeats": len(samples)}}},
+            {
+                "mode": "ddtree",
+                "budget": 16,
+                "label": "ddtree-B16",
+                "tau": tau,
+                "per_position": list(positions),
+                "histogram": {"1": 2, "4": 5},
+                "cost_model": {
+                    "tau": tau,
+                    "step_s": 0.010,
+                    "round_s": 0.020,
+                    "step_over_round": {"estimate": float(np.exp(np.mean(np.log(ratios)))), "samples": list(ratios)},
+                },
+                "speedup": {
+                    "estimate": float(np.exp(np.mean(np.log(samples)))),
+                    "median": float(np.median(samples)),
+                    "ci_low": low,
+                    "ci_high": high,
+                    "confidence": 0.95,
+                    "samples": samples,
+                    "cv": 0.01,
+                    "alpha": 0.05,
+                    "sequential": sequential,
+                    "min_repeats": min_repeats,
+                    "max_repeats": 60,
+                    "growth": 1.5,
+                    "stop": {"decision": "fixed", "reason": f"{len(samples)} fixed repeats", "repeats": len(samples)},
+                },
+            },
         ],
     }
 
@@ -233,8 +276,13 @@ def test_bad_baseline_file_names_file_and_field(tmp_path, stored):
 
 
 # -- engine settings: recorded with the baseline, a change refused ----------------------------------------
-GRAPHS = {"cuda_graphs": True, "attention_backend": "sdpa", "overlap_scheduling": False, "dtype": "float32",
-          "tensor_parallel_size": 1}
+GRAPHS = {
+    "cuda_graphs": True,
+    "attention_backend": "sdpa",
+    "overlap_scheduling": False,
+    "dtype": "float32",
+    "tensor_parallel_size": 1,
+}
 
 
 def with_settings(report: dict, settings: dict | None) -> dict:
@@ -255,12 +303,15 @@ def test_the_baseline_records_the_engine_settings(stored_with_settings):
     assert load_baselines(stored_with_settings).entries[0].settings == GRAPHS
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"cuda_graphs": False}, "cuda_graphs False (baseline True)"),
-    ({"attention_backend": "triton"}, "attention_backend 'triton' (baseline 'sdpa')"),
-    ({"cuda_graphs": "mixed"}, "cuda_graphs changed within the run"),
-    ({"cuda_graphs": None}, None),  # dropped below: a setting the report does not give
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"cuda_graphs": False}, "cuda_graphs False (baseline True)"),
+        ({"attention_backend": "triton"}, "attention_backend 'triton' (baseline 'sdpa')"),
+        ({"cuda_graphs": "mixed"}, "cuda_graphs changed within the run"),
+        ({"cuda_graphs": None}, None),  # dropped below: a setting the report does not give
+    ],
+)
 def test_gate_refuses_a_settings_change_with_exit_6(tmp_path, stored_with_settings, change, words):
     settings = {**GRAPHS, **change}
     if change == {"cuda_graphs": None}:

@@ -19,10 +19,15 @@ from ddtree_conformance.golden_files import (
 
 
 def _golden(output=(1, 2, 3), acceptance=(2, 1)) -> GoldenFile:
-    record = GoldenRecord(prompt_ids=[5, 6], output_ids=list(output), top2_gaps=[1.0] * len(output),
-                          acceptance={"ddtree-16": list(acceptance)})
-    return GoldenFile(pair="p", prompt_set="s", dtype="float32", max_new_tokens=3, versions={"torch": "x"},
-                      records={"a": record})
+    record = GoldenRecord(
+        prompt_ids=[5, 6],
+        output_ids=list(output),
+        top2_gaps=[1.0] * len(output),
+        acceptance={"ddtree-16": list(acceptance)},
+    )
+    return GoldenFile(
+        pair="p", prompt_set="s", dtype="float32", max_new_tokens=3, versions={"torch": "x"}, records={"a": record}
+    )
 
 
 def test_write_then_refuse_then_update_with_diff(tmp_path):
@@ -52,8 +57,19 @@ def test_diff_reports_added_and_removed_prompts():
     [
         ("{not json", "not valid JSON"),
         (json.dumps({"schema_version": 99}), "schema_version 99"),
-        (json.dumps({"schema_version": 1, "pair": "p", "prompt_set": "s", "dtype": "float32",
-                     "max_new_tokens": 3, "records": {"a": {"prompt_ids": [1]}}}), "field records.a.output_ids"),
+        (
+            json.dumps(
+                {
+                    "schema_version": 1,
+                    "pair": "p",
+                    "prompt_set": "s",
+                    "dtype": "float32",
+                    "max_new_tokens": 3,
+                    "records": {"a": {"prompt_ids": [1]}},
+                }
+            ),
+            "field records.a.output_ids",
+        ),
     ],
 )
 def test_bad_golden_file_is_one_clear_error(tmp_path, content, message):
@@ -75,9 +91,16 @@ def test_golden_check_catches_changed_output(random_pair, tmp_path):
     target, drafter = random_pair
     prompts = tmp_path / "set.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt_ids": [i + 3, 7, i]}) + "\n" for i in range(3)))
-    settings = SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random",
-                             prompt_set=str(prompts), budgets=[16], max_new_tokens=20, isolate=False,
-                             golden_dir=str(tmp_path / "golden"))
+    settings = SuiteSettings(
+        model_dir=str(target),
+        drafter_dir=str(drafter),
+        pair_name="random",
+        prompt_set=str(prompts),
+        budgets=[16],
+        max_new_tokens=20,
+        isolate=False,
+        golden_dir=str(tmp_path / "golden"),
+    )
     session = SuiteSession(settings)
     write_golden(settings.golden_dir, record_golden(session, [16]))
     good = run_plan(session, plan(settings, ["golden/", "acceptance/"]))
@@ -141,8 +164,9 @@ def test_update_replaces_a_corrupt_golden_file_with_a_warning_naming_it(tmp_path
         write_golden(tmp_path, _golden())
     warned: list[str] = []
     _, diff = write_golden(tmp_path, _golden(), update=True, warn=warned.append)
-    assert warned == [f"replacing an unreadable golden file: {path}: not UTF-8 text (byte 0xff at offset 0); "
-                      "is it a golden file?"]
+    assert warned == [
+        f"replacing an unreadable golden file: {path}: not UTF-8 text (byte 0xff at offset 0); is it a golden file?"
+    ]
     assert diff == ["new golden file: 1 prompts"]
     assert load_golden(tmp_path, "p", "s", "float32").records["a"].output_ids == [1, 2, 3]
 
@@ -156,8 +180,17 @@ def test_non_utf8_golden_file_is_one_error_naming_it(tmp_path):
     assert str(path) in str(info.value)
 
 
-@pytest.mark.parametrize("pair, dtype", [("../x", "float32"), ("a/b", "float32"), ("/abs", "float32"),
-                                         ("..", "float32"), ("p", "float32/../../x"), ("", "float32")])
+@pytest.mark.parametrize(
+    "pair, dtype",
+    [
+        ("../x", "float32"),
+        ("a/b", "float32"),
+        ("/abs", "float32"),
+        ("..", "float32"),
+        ("p", "float32/../../x"),
+        ("", "float32"),
+    ],
+)
 def test_names_cannot_leave_the_golden_folder(tmp_path, pair, dtype):
     with pytest.raises(GoldenError, match="cannot name a golden file under"):
         golden_path(tmp_path, pair, "s", dtype)
@@ -169,8 +202,17 @@ def test_golden_check_on_a_corrupt_file_fails_naming_it_not_as_a_crash(random_pa
     from ddtree_conformance.session import SuiteSession, SuiteSettings
 
     target, drafter = random_pair
-    settings = SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", budgets=[4],
-                             modes=["ddtree"], max_new_tokens=4, limit=1, isolate=False, golden_dir=str(tmp_path))
+    settings = SuiteSettings(
+        model_dir=str(target),
+        drafter_dir=str(drafter),
+        pair_name="random",
+        budgets=[4],
+        modes=["ddtree"],
+        max_new_tokens=4,
+        limit=1,
+        isolate=False,
+        golden_dir=str(tmp_path),
+    )
     path = golden_path(tmp_path, "random", "fixture", "float32")
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
@@ -179,5 +221,7 @@ def test_golden_check_on_a_corrupt_file_fails_naming_it_not_as_a_crash(random_pa
         [result] = run_plan(session, plan(settings, ["golden/"]))
     finally:
         session.close()
-    assert (result.status, result.message) == ("fail", f"{path}: not valid JSON (line 1: Expecting property name "
-                                                       "enclosed in double quotes)")
+    assert (result.status, result.message) == (
+        "fail",
+        f"{path}: not valid JSON (line 1: Expecting property name enclosed in double quotes)",
+    )

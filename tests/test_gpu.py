@@ -38,10 +38,7 @@ from ddtree_conformance.session import SuiteSession
 from ddtree_conformance.settings import SettingsError, SuiteSettings, build_settings
 from ddtree_conformance.testing.xdist_gpus import parse_visible_devices
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible"),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")]
 
 GPU_DTYPES = ("float32", "bfloat16")
 DEFAULT_GPU_LIMIT = 20
@@ -76,8 +73,9 @@ def _plan_settings(config: pytest.Config) -> SuiteSettings:
     budgets 16,64,256,1024); no model is touched at collection."""
     raw = raw_options(config)
     try:
-        settings, _ = build_settings({"modes": raw["modes"], "budgets": raw["budgets"] or GPU_BUDGETS},
-                                     flag_prefix="--ddtree-")
+        settings, _ = build_settings(
+            {"modes": raw["modes"], "budgets": raw["budgets"] or GPU_BUDGETS}, flag_prefix="--ddtree-"
+        )
     except SettingsError as exc:
         raise pytest.UsageError(str(exc)) from None
     return settings
@@ -131,13 +129,21 @@ class EngineSessions:
             return
         raw = raw_options(self.config)
         planned = _plan_settings(self.config)
-        settings = SuiteSettings(**self.resolved.suite_settings(
-            engine=engine, dtype=dtype, device="cuda", limit=self._limit(), modes=planned.modes,
-            budgets=planned.budgets, tensor_parallel_size=raw["tensor_parallel_size"],
-            engine_timeout_s=raw["engine_timeout_s"], torch_threads=raw["torch_threads"] or None,
-            engine_options=raw["engine_options"],
-            sampling_requests=self.config.getoption("--gpu-sampling-requests") or DEFAULT_GPU_SAMPLING_REQUESTS,
-        ))
+        settings = SuiteSettings(
+            **self.resolved.suite_settings(
+                engine=engine,
+                dtype=dtype,
+                device="cuda",
+                limit=self._limit(),
+                modes=planned.modes,
+                budgets=planned.budgets,
+                tensor_parallel_size=raw["tensor_parallel_size"],
+                engine_timeout_s=raw["engine_timeout_s"],
+                torch_threads=raw["torch_threads"] or None,
+                engine_options=raw["engine_options"],
+                sampling_requests=self.config.getoption("--gpu-sampling-requests") or DEFAULT_GPU_SAMPLING_REQUESTS,
+            )
+        )
         session = SuiteSession(settings)
         try:
             caps = session.capabilities
@@ -209,8 +215,10 @@ def test_reference_fast_path_equals_eager_in_fp32(mode, budget):
 
     engine = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
     requests = [Request(prompt_ids=p.prompt_ids, max_new_tokens=48) for p in load_prompts("fixture")[:6]]
-    eager, fast = (engine.generate(requests, RunConfig(mode=mode, budget=budget, device="cuda", cuda_graphs=graphs))
-                   for graphs in (False, True))
+    eager, fast = (
+        engine.generate(requests, RunConfig(mode=mode, budget=budget, device="cuda", cuda_graphs=graphs))
+        for graphs in (False, True)
+    )
     assert [r.output_ids for r in fast] == [r.output_ids for r in eager]
     assert [r.acceptance_lengths for r in fast] == [r.acceptance_lengths for r in eager]
     stats = engine.fast_path_stats()

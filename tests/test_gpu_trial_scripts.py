@@ -23,10 +23,41 @@ def script(name: str):
 def test_gate_decisiveness_writes_its_table(tmp_path):
     main = script("gate_decisiveness.py")
     out = tmp_path / "decisive"
-    assert main(["--pair", "tiny", "--device", "cpu", "--dtype", "float32", "--trials", "1", "--engines",
-                 "correct,build+2ms", "--prompts", "1", "--prompt-len", "8", "--new-tokens", "6", "--budget", "4",
-                 "--baseline-repeats", "3", "--max-repeats", "4", "--simulate", "50", "--threads", "1",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--pair",
+                "tiny",
+                "--device",
+                "cpu",
+                "--dtype",
+                "float32",
+                "--trials",
+                "1",
+                "--engines",
+                "correct,build+2ms",
+                "--prompts",
+                "1",
+                "--prompt-len",
+                "8",
+                "--new-tokens",
+                "6",
+                "--budget",
+                "4",
+                "--baseline-repeats",
+                "3",
+                "--max-repeats",
+                "4",
+                "--simulate",
+                "50",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     table = json.loads((out / "table.json").read_text())
     assert [r["engine"] for r in table["rows"]] == ["correct", "build+2ms"]
     assert all(r["trials"] == 1 and r["simulated_share_correct"] is not None for r in table["rows"])
@@ -38,9 +69,32 @@ def test_gate_decisiveness_writes_its_table(tmp_path):
 def test_round_time_table_writes_its_rows(tmp_path):
     main = script("bench_reference_stages.py")
     out = tmp_path / "rounds"
-    assert main(["--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--budgets", "4", "16",
-                 "--prompt-len", "8", "--new-tokens", "5", "--repeats", "1", "--threads", "1",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--shape",
+                "tiny",
+                "--device",
+                "cpu",
+                "--dtype",
+                "float32",
+                "--budgets",
+                "4",
+                "16",
+                "--prompt-len",
+                "8",
+                "--new-tokens",
+                "5",
+                "--repeats",
+                "1",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = json.loads((out / "rounds.json").read_text())["rows"]
     assert [(r["budget"], r["path"]) for r in rows] == [(4, "eager"), (4, "fast"), (16, "eager"), (16, "fast")]
     assert all(r["plain_step_ms"] > 0 and r["round_ms"] > 0 and "verify" in r["stages_ms"] for r in rows)
@@ -51,8 +105,10 @@ def test_round_time_table_writes_its_rows(tmp_path):
 def test_fast_path_equality_writes_its_table(tmp_path):
     main = script("fast_path_equality.py")
     out = tmp_path / "equality"
-    assert main(["--device", "cpu", "--runs", "tiny:float32", "--budgets", "4", "--new-tokens", "5",
-                 "--out", str(out)]) == 0
+    assert (
+        main(["--device", "cpu", "--runs", "tiny:float32", "--budgets", "4", "--new-tokens", "5", "--out", str(out)])
+        == 0
+    )
     rows = json.loads((out / "equality.json").read_text())["rows"]
     assert [r["mode"] for r in rows] == ["plain", "dflash", "ddtree"]
     assert all(r["outputs_equal"] == r["requests"] == r["acceptance_equal"] for r in rows)

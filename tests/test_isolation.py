@@ -130,8 +130,9 @@ def test_hang_times_out_kills_the_group_and_is_not_restarted(random_pair, bad_en
 def test_capabilities_are_asked_once(random_pair, bad_engines, tmp_path):
     target, drafter = random_pair
     counter = tmp_path / "calls"
-    with IsolatedEngine(f"{bad_engines}:CountingCapabilities", str(target), str(drafter),
-                        counter=str(counter)) as engine:
+    with IsolatedEngine(
+        f"{bad_engines}:CountingCapabilities", str(target), str(drafter), counter=str(counter)
+    ) as engine:
         assert engine.capabilities() == engine.capabilities()
     assert counter.read_text() == "x"
 
@@ -185,8 +186,9 @@ def test_engine_dies_with_the_suite_even_on_kill_9(random_pair, tmp_path):
     script = tmp_path / "suite.py"
     script.write_text(SUITE_THAT_GETS_KILLED)
     env = {**os.environ, "TMPDIR": str(tmp_path)}  # the killed suite cannot remove its engine's log folder
-    suite = subprocess.Popen([sys.executable, str(script), *map(str, random_pair)], stdout=subprocess.PIPE, text=True,
-                             env=env)
+    suite = subprocess.Popen(
+        [sys.executable, str(script), *map(str, random_pair)], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         child = int(suite.stdout.readline())
         time.sleep(0.5)  # into generate: the child hangs there

@@ -29,26 +29,62 @@ ROWS = {
     mutants.FirstRowsCompaction: ("random", [16], ["lossless/ddtree"], {"bfloat16": "outside the near-tie bound"}),
     mutants.FirstRowsFeedback: ("fixture", [16], ["acceptance/ddtree"], {"bfloat16": "lossless but slower"}),
     mutants.NonZeroTreeSize: ("random", [16], ["token-0-and-mask-id/ddtree"], {"bfloat16": "token 0"}),
-    mutants.MaskIdDropped: ("random", [16], ["token-0-and-mask-id/dflash"],  # caught by integrity: lengths vs output
-                            {"bfloat16": "field acceptance_lengths"}),
+    mutants.MaskIdDropped: (
+        "random",
+        [16],
+        ["token-0-and-mask-id/dflash"],  # caught by integrity: lengths vs output
+        {"bfloat16": "field acceptance_lengths"},
+    ),
     mutants.TopKTopPIgnored: ("random", [16], ["sampling/ddtree-B16/T=1,top_k=3"], {"bfloat16": "probability 0"}),
-    mutants.DrafterPositionsOffByOne: ("fixture", [16], ["acceptance/ddtree"],
-                                       {"bfloat16": "lossless but slower", "float32": "lossless but slower"}),
-    mutants.RunnerUpBelowTwiceBound: ("random", [16], ["lossless/ddtree"],
-                                      {"bfloat16": "outside the near-tie bound", "float32": "not lossless"}),
-    mutants.RunnerUpWithinBound: ("fixture", [16], ["lossless/ddtree"],
-                                  {"bfloat16": "above the ceiling", "float32": "not lossless"}),
-    mutants.AcceptanceOverReported: ("random", [16], ["acceptance/ddtree"],
-                                     {"bfloat16": "do not add up", "float32": "do not add up"}),
-    mutants.BudgetCappedAbove128: ("fixture", [256], ["acceptance/ddtree-B256"],  # named a cut tree where the
-                                   # spec tree of the capped size explains the round, else a slower round
-                                   {"bfloat16": ("smaller trees than B=256", "lossless but slower"),
-                                    "float32": ("smaller trees than B=256", "lossless but slower")}),
-    mutants.CompactionPast512: ("fixture", [16], ["long-context/ddtree"],
-                                {"bfloat16": "not lossless at", "float32": "not lossless at"}),
-    mutants.BatchSettingsMixedUp: ("random", [16], ["busy-batch/ddtree"],  # or its verified trees give it away
-                                   {"bfloat16": ("in a batch of", "walking the tree by its target tokens"),
-                                    "float32": ("in a batch of", "walking the tree by its target tokens")}),
+    mutants.DrafterPositionsOffByOne: (
+        "fixture",
+        [16],
+        ["acceptance/ddtree"],
+        {"bfloat16": "lossless but slower", "float32": "lossless but slower"},
+    ),
+    mutants.RunnerUpBelowTwiceBound: (
+        "random",
+        [16],
+        ["lossless/ddtree"],
+        {"bfloat16": "outside the near-tie bound", "float32": "not lossless"},
+    ),
+    mutants.RunnerUpWithinBound: (
+        "fixture",
+        [16],
+        ["lossless/ddtree"],
+        {"bfloat16": "above the ceiling", "float32": "not lossless"},
+    ),
+    mutants.AcceptanceOverReported: (
+        "random",
+        [16],
+        ["acceptance/ddtree"],
+        {"bfloat16": "do not add up", "float32": "do not add up"},
+    ),
+    mutants.BudgetCappedAbove128: (
+        "fixture",
+        [256],
+        ["acceptance/ddtree-B256"],  # named a cut tree where the
+        # spec tree of the capped size explains the round, else a slower round
+        {
+            "bfloat16": ("smaller trees than B=256", "lossless but slower"),
+            "float32": ("smaller trees than B=256", "lossless but slower"),
+        },
+    ),
+    mutants.CompactionPast512: (
+        "fixture",
+        [16],
+        ["long-context/ddtree"],
+        {"bfloat16": "not lossless at", "float32": "not lossless at"},
+    ),
+    mutants.BatchSettingsMixedUp: (
+        "random",
+        [16],
+        ["busy-batch/ddtree"],  # or its verified trees give it away
+        {
+            "bfloat16": ("in a batch of", "walking the tree by its target tokens"),
+            "float32": ("in a batch of", "walking the tree by its target tokens"),
+        },
+    ),
 }
 
 
@@ -62,14 +98,26 @@ def pairs(tmp_path_factory):
     engine = ReferenceEngine(str(target))
     requests = [Request(prompt_ids=ids, max_new_tokens=48) for ids in prompts]
     outputs = engine.generate(requests, RunConfig(mode="plain"))
-    calibrate(str(target), ["bfloat16"], [r.prompt_ids + o.output_ids for r, o in zip(requests, outputs)],
-              drafter_dir=str(drafter))
+    calibrate(
+        str(target),
+        ["bfloat16"],
+        [r.prompt_ids + o.output_ids for r, o in zip(requests, outputs)],
+        drafter_dir=str(drafter),
+    )
     common = dict(isolate=False, sampling_requests=120, branch_prompts=2, branch_rounds=2, torch_threads=1)
     return {
-        "random": SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="lp-random",
-                                prompt_set=str(path), max_new_tokens=24, golden_dir=str(root / "golden"), **common),
-        "fixture": SuiteSettings(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), limit=3,
-                                 max_new_tokens=32, **common),
+        "random": SuiteSettings(
+            model_dir=str(target),
+            drafter_dir=str(drafter),
+            pair_name="lp-random",
+            prompt_set=str(path),
+            max_new_tokens=24,
+            golden_dir=str(root / "golden"),
+            **common,
+        ),
+        "fixture": SuiteSettings(
+            model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), limit=3, max_new_tokens=32, **common
+        ),
     }
 
 
@@ -98,10 +146,13 @@ def test_mutant_fails_naming_the_symptom(pairs, mutant, dtype):
 GROUPS = sorted({(row[0], tuple(row[1]), dtype) for row in ROWS.values() for dtype in row[3]})
 
 
-@pytest.mark.parametrize("pair, budgets, dtype", GROUPS, ids=[f"{p}-B{'-'.join(map(str, b))}-{d}" for p, b, d in GROUPS])
+@pytest.mark.parametrize(
+    "pair, budgets, dtype", GROUPS, ids=[f"{p}-B{'-'.join(map(str, b))}-{d}" for p, b, d in GROUPS]
+)
 def test_reference_passes_every_check_that_catches_a_mutant(pairs, pair, budgets, dtype):
-    names = sorted({n for row in ROWS.values() if (row[0], tuple(row[1])) == (pair, budgets) and dtype in row[3]
-                    for n in row[2]})
+    names = sorted(
+        {n for row in ROWS.values() if (row[0], tuple(row[1])) == (pair, budgets) and dtype in row[3] for n in row[2]}
+    )
     settings = pairs[pair].model_copy(update={"dtype": dtype, "budgets": list(budgets)})
     results = _run(settings, ReferenceEngine, names)
     bad = [(r.check, r.status, r.message) for r in results if r.status != "pass"]

@@ -42,10 +42,33 @@ def suite(random_pair, tmp_path_factory):
 def check(suite, engine: str, families: list[str], *extra: str):
     """``ddtree-conformance check`` on the small run; returns (result, report or None, stderr lines)."""
     out = suite["root"] / f"{engine.rsplit(':', 1)[-1]}-{'-'.join(families)}.json"
-    args = ["check", "--engine", engine, "--model", suite["target"], "--drafter", suite["drafter"],
-            "--prompts", suite["prompts"], "--pair-name", "random", "--golden-dir", suite["root"] / "golden",
-            "--max-new-tokens", "8", "--limit", "2", "--modes", "ddtree", "--budgets", "4", "--out", out,
-            "--held-out-prompts", "0"]  # a and b differ in length: results swapped between them show in integrity
+    args = [
+        "check",
+        "--engine",
+        engine,
+        "--model",
+        suite["target"],
+        "--drafter",
+        suite["drafter"],
+        "--prompts",
+        suite["prompts"],
+        "--pair-name",
+        "random",
+        "--golden-dir",
+        suite["root"] / "golden",
+        "--max-new-tokens",
+        "8",
+        "--limit",
+        "2",
+        "--modes",
+        "ddtree",
+        "--budgets",
+        "4",
+        "--out",
+        out,
+        "--held-out-prompts",
+        "0",
+    ]  # a and b differ in length: results swapped between them show in integrity
     for family in families:
         args += ["--check", family]
     result = CliRunner().invoke(app, [str(a) for a in (*args, *extra)])
@@ -58,54 +81,67 @@ def any_request(pattern: str) -> str:
     """``pattern`` with its request named as any request of the run: the engine gets the requests shuffled
     and beside a held-out prompt (ddtree_conformance.session.mixing), so which one a fault lands on varies."""
     pattern = re.sub(r"request\\ [01]\\ \\\(prompt\\ [ab]\\\)", r"request \\d+ \\(prompt [^)]+\\)", pattern)
-    return re.sub(r"returned\\ \d+\\ results?\\ for\\ \d+\\ requests", r"returned \\d+ results? for \\d+ requests",
-                  pattern)
+    return re.sub(
+        r"returned\\ \d+\\ results?\\ for\\ \d+\\ requests", r"returned \\d+ results? for \\d+ requests", pattern
+    )
 
 
 def verdicts(report) -> dict[str, tuple[str, str]]:
-    return {r["check"]: ("not run" if r["details"].get("not_run") else r["status"], r["message"])
-            for r in report["results"]}
+    return {
+        r["check"]: ("not run" if r["details"].get("not_run") else r["status"], r["message"]) for r in report["results"]
+    }
 
 
 # fault -> regex the failing check's message must match in full (the check family: CATALOGUE[fault].checks)
 RESULT_FAULTS = {
     "one result too few": re.escape(
-        f"integrity: engine '{M}OneResultTooFew' returned 1 result for 2 requests (mode ddtree, budget 4)"),
+        f"integrity: engine '{M}OneResultTooFew' returned 1 result for 2 requests (mode ddtree, budget 4)"
+    ),
     "one result too many": re.escape(
-        f"integrity: engine '{M}OneResultTooMany' returned 3 results for 2 requests (mode ddtree, budget 4)"),
+        f"integrity: engine '{M}OneResultTooMany' returned 3 results for 2 requests (mode ddtree, budget 4)"
+    ),
     "results out of order": re.escape(
         "integrity: request 0 (prompt a): field traces[0].start: 7, expected 4 (prompt of 4 tokens + 0 committed "
-        "after the prefill's token)"),
+        "after the prefill's token)"
+    ),
     "negative output ids": re.escape(
-        "integrity: request 1 (prompt b): field output_ids: token -5 at index 7 is outside the vocabulary (size 97)"),
+        "integrity: request 1 (prompt b): field output_ids: token -5 at index 7 is outside the vocabulary (size 97)"
+    ),
     "ids beyond the vocabulary": re.escape(
-        "integrity: request 1 (prompt b): field output_ids: token 5000 at index 7 is outside the vocabulary "
-        "(size 97)"),
+        "integrity: request 1 (prompt b): field output_ids: token 5000 at index 7 is outside the vocabulary (size 97)"
+    ),
     "output longer than max_new_tokens": re.escape(
-        "integrity: request 0 (prompt a): field output_ids: 9 tokens, more than max_new_tokens 8"),
+        "integrity: request 0 (prompt a): field output_ids: 9 tokens, more than max_new_tokens 8"
+    ),
     "wrong finish_reason": re.escape(
-        "integrity: request 0 (prompt a): field finish_reason: 'stop', but the last output token ") + r"\d+"
-        + re.escape(" is not a stop token of the request []"),
-    "emits past a stop token": re.escape(
-        "integrity: request 0 (prompt a): field output_ids: stop token ") + r"\d+ at index \d+"
-        + re.escape(" is followed by 1 more token(s)"),
+        "integrity: request 0 (prompt a): field finish_reason: 'stop', but the last output token "
+    )
+    + r"\d+"
+    + re.escape(" is not a stop token of the request []"),
+    "emits past a stop token": re.escape("integrity: request 0 (prompt a): field output_ids: stop token ")
+    + r"\d+ at index \d+"
+    + re.escape(" is followed by 1 more token(s)"),
     "tau 66 on a small block": re.escape(
         "integrity: request 0 (prompt a): field acceptance_lengths: round 0 accepts 66 tokens; each round's "
-        "acceptance length must be in 1..8 (the drafter's block size) in mode ddtree"),
-    "acceptance lengths do not add up": re.escape(
-        "integrity: request 0 (prompt a): field acceptance_lengths: ") + r"\d+ rounds committing \d+ tokens after "
-        r"the prefill's one do not add up to the output's 8 tokens \(the last round may only be cut short: "
-        r"expected \d+ < 8 <= \d+\)",
+        "acceptance length must be in 1..8 (the drafter's block size) in mode ddtree"
+    ),
+    "acceptance lengths do not add up": re.escape("integrity: request 0 (prompt a): field acceptance_lengths: ")
+    + r"\d+ rounds committing \d+ tokens after "
+    r"the prefill's one do not add up to the output's 8 tokens \(the last round may only be cut short: "
+    r"expected \d+ < 8 <= \d+\)",
     "per-round acceptance dropped while promised": re.escape(
         "integrity: request 0 (prompt a): field acceptance_lengths: missing, though the engine's capabilities "
-        "promise per-round acceptance in mode ddtree"),
+        "promise per-round acceptance in mode ddtree"
+    ),
     "traces dropped while promised": re.escape(
         "integrity: request 0 (prompt a): field traces: missing, though traces were asked for and the engine's "
-        "capabilities promise them in mode ddtree"),
-    "garbage traces": re.escape(
-        "integrity: request 0 (prompt a): field traces[0].bonus: token ") + r"\d+, but the output has \d+ at index \d+",
+        "capabilities promise them in mode ddtree"
+    ),
+    "garbage traces": re.escape("integrity: request 0 (prompt a): field traces[0].bonus: token ")
+    + r"\d+, but the output has \d+ at index \d+",
     "results that are not RequestResults": re.escape(
-        "integrity: request 0 (prompt a): field result: not a RequestResult (dict)"),
+        "integrity: request 0 (prompt a): field result: not a RequestResult (dict)"
+    ),
 }
 
 
@@ -124,8 +160,17 @@ def test_corrupt_results_fail_naming_request_and_field(suite, fault):
 
 
 def test_every_catalogue_entry_is_tested():
-    process = {"cannot start", "hang at start-up", "hang in capabilities", "crash in generate", "hang in generate",
-               "out of memory", "unknown option", "no acceptance data (honest)", "detached grandchild"}
+    process = {
+        "cannot start",
+        "hang at start-up",
+        "hang in capabilities",
+        "crash in generate",
+        "hang in generate",
+        "out of memory",
+        "unknown option",
+        "no acceptance data (honest)",
+        "detached grandchild",
+    }
     assert set(CATALOGUE) == set(RESULT_FAULTS) | process
     assert len([f for f in CATALOGUE.values() if f.engine.startswith(M)]) >= 15
 
@@ -138,8 +183,11 @@ def test_engine_without_acceptance_data_is_incomplete_and_its_report_renders(sui
     assert result.exit_code == 7, result.output
     assert "error: run incomplete: acceptance did not run on 1 check(s)" in result.stderr
     assert verdicts(report) == {
-        "lossless/ddtree-B4": ("pass", "2 match, 0 near-tie (exact); 32 positions equal the fp32 target's argmax; "
-                                       "plain and ddtree-B4 both ran with attention backend sdpa"),
+        "lossless/ddtree-B4": (
+            "pass",
+            "2 match, 0 near-tie (exact); 32 positions equal the fp32 target's argmax; "
+            "plain and ddtree-B4 both ran with attention backend sdpa",
+        ),
         "acceptance/ddtree-B4": ("skip", "engine reports neither per-round nor aggregate acceptance"),
     }
     assert report["runs"][0]["tau"] is None
@@ -159,29 +207,50 @@ def _log_pid(text: str) -> int:
 # CATALOGUE[fault].checks isolated, with --engine-timeout CATALOGUE[fault].timeout
 PROCESS_FAULTS = {
     "cannot start": (
-        re.escape(f"error: engine '{M}CannotStart' failed to start: RuntimeError: no accelerator found for this "
-                  "engine (simulated) (2 of 2 checks not run)"),
-        "looking for an accelerator (simulated)", ("not run", "not run")),
+        re.escape(
+            f"error: engine '{M}CannotStart' failed to start: RuntimeError: no accelerator found for this "
+            "engine (simulated) (2 of 2 checks not run)"
+        ),
+        "looking for an accelerator (simulated)",
+        ("not run", "not run"),
+    ),
     "hang at start-up": (
-        re.escape(f"error: engine '{M}HangAtStart' hung: no answer to start within 3 s (--engine-timeout); its "
-                  "process group was killed (2 of 2 checks not run)"),
-        "loading weights forever (simulated hang at start-up)", ("not run", "not run")),
+        re.escape(
+            f"error: engine '{M}HangAtStart' hung: no answer to start within 3 s (--engine-timeout); its "
+            "process group was killed (2 of 2 checks not run)"
+        ),
+        "loading weights forever (simulated hang at start-up)",
+        ("not run", "not run"),
+    ),
     "hang in capabilities": (
-        re.escape(f"error: engine '{M}HangInCapabilities' hung: no answer to capabilities within 3 s "
-                  "(--engine-timeout); its process group was killed (2 of 2 checks not run)"),
-        "capabilities() called: hanging (simulated)", ("not run", "not run")),
+        re.escape(
+            f"error: engine '{M}HangInCapabilities' hung: no answer to capabilities within 3 s "
+            "(--engine-timeout); its process group was killed (2 of 2 checks not run)"
+        ),
+        "capabilities() called: hanging (simulated)",
+        ("not run", "not run"),
+    ),
     "crash in generate": (
-        re.escape(f"error: engine '{M}CrashInGenerate' crashed during generate: exit code 139 (1 of 2 checks not "
-                  "run)"),
-        "about to crash: simulated segfault in the engine's kernel", ("fail", "not run")),
+        re.escape(f"error: engine '{M}CrashInGenerate' crashed during generate: exit code 139 (1 of 2 checks not run)"),
+        "about to crash: simulated segfault in the engine's kernel",
+        ("fail", "not run"),
+    ),
     "hang in generate": (
-        re.escape(f"error: engine '{M}HangInGenerate' hung: no answer to generate within 5 s (--engine-timeout); "
-                  "its process group was killed (1 of 2 checks not run)"),
-        "hanging in generate (simulated)", ("fail", "not run")),
+        re.escape(
+            f"error: engine '{M}HangInGenerate' hung: no answer to generate within 5 s (--engine-timeout); "
+            "its process group was killed (1 of 2 checks not run)"
+        ),
+        "hanging in generate (simulated)",
+        ("fail", "not run"),
+    ),
     "out of memory": (
-        re.escape(f"error: engine '{M}OutOfMemory' crashed during generate: killed by SIGKILL (as the "
-                  "out-of-memory killer does: out of memory?) (1 of 2 checks not run)"),
-        "allocating the KV cache (simulated out of memory: the OOM killer sends SIGKILL)", ("fail", "not run")),
+        re.escape(
+            f"error: engine '{M}OutOfMemory' crashed during generate: killed by SIGKILL (as the "
+            "out-of-memory killer does: out of memory?) (1 of 2 checks not run)"
+        ),
+        "allocating the KV cache (simulated out of memory: the OOM killer sends SIGKILL)",
+        ("fail", "not run"),
+    ),
 }
 
 
@@ -214,17 +283,22 @@ def test_unknown_option_is_refused_before_anything_starts(suite):
     options = [a for k, v in fault.options.items() for a in ("-O", f"{k}={v}")]
     result, report, lines = check(suite, fault.engine, ["lossless"], *options)
     assert result.exit_code == 2 and report is None
-    assert lines == ["error: engine 'reference': unknown option(s) bulider; known: cuda_graphs, "
-                     "fused_layers"]
+    assert lines == ["error: engine 'reference': unknown option(s) bulider; known: cuda_graphs, fused_layers"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--engine", "nosuch"], "error: unknown engine 'nosuch'; known engines: "),
-    (["--budgets", "100000000"], "error: --budgets: budget 100000000 is outside 1..65536 (got '100000000')"),
-    (["--budgets", "5000", "--no-isolate"], "error: --budgets 5000: engine 'reference' accepts budgets up to 4096 "
-                                            "(capabilities().max_budget)"),
-    (["--device", "cuda", "--no-isolate"], "error: --device cuda: engine 'reference' can use cpu here"),
-], ids=["unknown-engine", "budget-above-any", "budget-above-engine", "device-not-here"])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--engine", "nosuch"], "error: unknown engine 'nosuch'; known engines: "),
+        (["--budgets", "100000000"], "error: --budgets: budget 100000000 is outside 1..65536 (got '100000000')"),
+        (
+            ["--budgets", "5000", "--no-isolate"],
+            "error: --budgets 5000: engine 'reference' accepts budgets up to 4096 (capabilities().max_budget)",
+        ),
+        (["--device", "cuda", "--no-isolate"], "error: --device cuda: engine 'reference' can use cpu here"),
+    ],
+    ids=["unknown-engine", "budget-above-any", "budget-above-engine", "device-not-here"],
+)
 def test_usage_errors_are_one_line_and_exit_2(suite, args, message):
     if "cuda" in args:
         import torch
@@ -239,24 +313,69 @@ def test_usage_errors_are_one_line_and_exit_2(suite, args, message):
 
 def test_generate_never_writes_an_invalid_result(suite, tmp_path):
     out = tmp_path / "g.jsonl"
-    result = CliRunner().invoke(app, [str(a) for a in (
-        "generate", "--engine", CATALOGUE["ids beyond the vocabulary"].engine, "--model", suite["target"],
-        "--drafter", suite["drafter"], "--prompts", suite["prompts"], "--limit", "2", "--max-new-tokens", "8",
-        "--budget", "4", "--batch-size", "2", "--no-isolate", "--out", out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            str(a)
+            for a in (
+                "generate",
+                "--engine",
+                CATALOGUE["ids beyond the vocabulary"].engine,
+                "--model",
+                suite["target"],
+                "--drafter",
+                suite["drafter"],
+                "--prompts",
+                suite["prompts"],
+                "--limit",
+                "2",
+                "--max-new-tokens",
+                "8",
+                "--budget",
+                "4",
+                "--batch-size",
+                "2",
+                "--no-isolate",
+                "--out",
+                out,
+            )
+        ],
+    )
     assert result.exit_code == 1, result.output
     partial = out.with_name("g.jsonl.partial")
     lines = [line for line in result.stderr.splitlines() if not line.startswith("[ddtree] ")]
-    assert lines == [f"error: integrity: request 1 (prompt b): field output_ids: token 5000 at index 7 is outside the "
-                     f"vocabulary (size 97); 1 valid results kept in {partial}"]
+    assert lines == [
+        f"error: integrity: request 1 (prompt b): field output_ids: token 5000 at index 7 is outside the "
+        f"vocabulary (size 97); 1 valid results kept in {partial}"
+    ]
     assert not out.exists()
     assert [json.loads(line)["id"] for line in partial.read_text().splitlines()] == ["a"]
 
 
 def test_generate_with_a_crashing_engine_exits_5_with_its_log_tail(suite, tmp_path):
-    result = CliRunner().invoke(app, [str(a) for a in (
-        "generate", "--engine", CATALOGUE["crash in generate"].engine, "--model", suite["target"],
-        "--drafter", suite["drafter"], "--prompts", suite["prompts"], "--limit", "2", "--out", tmp_path / "g.jsonl",
-        "--engine-timeout", "10")])
+    result = CliRunner().invoke(
+        app,
+        [
+            str(a)
+            for a in (
+                "generate",
+                "--engine",
+                CATALOGUE["crash in generate"].engine,
+                "--model",
+                suite["target"],
+                "--drafter",
+                suite["drafter"],
+                "--prompts",
+                suite["prompts"],
+                "--limit",
+                "2",
+                "--out",
+                tmp_path / "g.jsonl",
+                "--engine-timeout",
+                "10",
+            )
+        ],
+    )
     assert result.exit_code == 5, result.output
     lines = [line for line in result.stderr.splitlines() if not line.startswith("[ddtree] ")]
     assert lines[0] == f"error: engine '{M}CrashInGenerate' crashed during generate: exit code 139"
@@ -264,22 +383,48 @@ def test_generate_with_a_crashing_engine_exits_5_with_its_log_tail(suite, tmp_pa
 
 
 def test_pytest_items_after_the_engine_died_fail_fast_with_one_line(suite, tmp_path, capsys):
-    code = pytest.main(["-p", "no:cacheprovider", "-p", "no:randomly", "-q", "-rf", str(tmp_path),
-                        "--ddtree-engine", CATALOGUE["crash in generate"].engine,
-                        f"--ddtree-model={suite['target']}", f"--ddtree-drafter={suite['drafter']}",
-                        f"--ddtree-prompts={suite['prompts']}", "--ddtree-limit", "2", "--ddtree-max-new-tokens", "8",
-                        "--ddtree-modes", "ddtree", "--ddtree-budgets", "4", "--ddtree-check", "lossless",
-                        "--ddtree-check", "tree-structure", "--ddtree-engine-timeout", "10",
-                        f"--ddtree-golden-dir={tmp_path / 'golden'}"])
+    code = pytest.main(
+        [
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            "-q",
+            "-rf",
+            str(tmp_path),
+            "--ddtree-engine",
+            CATALOGUE["crash in generate"].engine,
+            f"--ddtree-model={suite['target']}",
+            f"--ddtree-drafter={suite['drafter']}",
+            f"--ddtree-prompts={suite['prompts']}",
+            "--ddtree-limit",
+            "2",
+            "--ddtree-max-new-tokens",
+            "8",
+            "--ddtree-modes",
+            "ddtree",
+            "--ddtree-budgets",
+            "4",
+            "--ddtree-check",
+            "lossless",
+            "--ddtree-check",
+            "tree-structure",
+            "--ddtree-engine-timeout",
+            "10",
+            f"--ddtree-golden-dir={tmp_path / 'golden'}",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == pytest.ExitCode.TESTS_FAILED, out + err
     assert "2 failed" in out
     died = f"engine '{M}CrashInGenerate' crashed during generate: exit code 139"
     lines = out.splitlines()
     first = lines.index(died)  # the item it happened in: the cause, then the engine's log tail
-    assert lines[first + 1: first + 3] == ["--- engine log tail ---",
-                                           "about to crash: simulated segfault in the engine's kernel"]
-    assert f"not run: engine '{M}CrashInGenerate' failed earlier and is not restarted: {died}" in lines[first + 3:]
+    assert lines[first + 1 : first + 3] == [
+        "--- engine log tail ---",
+        "about to crash: simulated segfault in the engine's kernel",
+    ]
+    assert f"not run: engine '{M}CrashInGenerate' failed earlier and is not restarted: {died}" in lines[first + 3 :]
     assert "Traceback" not in out and "During handling" not in out
 
 
@@ -294,16 +439,35 @@ def test_misbehaving_module_imports_no_torch():
 
 
 def test_pytest_refuses_a_budget_above_the_engines_in_every_item(suite, tmp_path, capsys):
-    code = pytest.main(["-p", "no:cacheprovider", "-p", "no:randomly", "-q", str(tmp_path),
-                        "--ddtree-engine", "reference", "--ddtree-no-isolate",
-                        f"--ddtree-model={suite['target']}", f"--ddtree-drafter={suite['drafter']}",
-                        f"--ddtree-prompts={suite['prompts']}", "--ddtree-modes", "ddtree",
-                        "--ddtree-budgets", "4,5000",
-                        "--ddtree-check", "lossless", f"--ddtree-golden-dir={tmp_path / 'golden'}"])
+    code = pytest.main(
+        [
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            "-q",
+            str(tmp_path),
+            "--ddtree-engine",
+            "reference",
+            "--ddtree-no-isolate",
+            f"--ddtree-model={suite['target']}",
+            f"--ddtree-drafter={suite['drafter']}",
+            f"--ddtree-prompts={suite['prompts']}",
+            "--ddtree-modes",
+            "ddtree",
+            "--ddtree-budgets",
+            "4,5000",
+            "--ddtree-check",
+            "lossless",
+            f"--ddtree-golden-dir={tmp_path / 'golden'}",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == pytest.ExitCode.TESTS_FAILED and "2 failed" in out, out + err
-    message = ("ddtree-conformance: --ddtree-budgets 5000: engine 'reference' accepts budgets up to 4096 "
-               "(capabilities().max_budget)")
+    message = (
+        "ddtree-conformance: --ddtree-budgets 5000: engine 'reference' accepts budgets up to 4096 "
+        "(capabilities().max_budget)"
+    )
     assert out.splitlines().count(message) == 2, out
 
 
@@ -326,11 +490,15 @@ def test_reference_results_keep_every_integrity_rule(reference_engine, random_pa
     assert (limits.vocab_size, limits.block_size) == (97, 8)
     caps = reference_engine.capabilities()
     prompts = [[1, 2, 3, 4], [9, 8, 7, 6, 5, 4, 3], [11]]
-    plain = reference_engine.generate([Request(prompt_ids=p, max_new_tokens=12) for p in prompts],
-                                      RunConfig(mode="plain"))
+    plain = reference_engine.generate(
+        [Request(prompt_ids=p, max_new_tokens=12) for p in prompts], RunConfig(mode="plain")
+    )
     requests = [Request(prompt_ids=p, max_new_tokens=n) for p in prompts for n in (1, 2, 3, 5, 12)]
-    requests += [Request(prompt_ids=p, max_new_tokens=12, stop_token_ids=[r.output_ids[i]])
-                 for p, r in zip(prompts, plain) for i in (0, 1, 4, 9)]
+    requests += [
+        Request(prompt_ids=p, max_new_tokens=12, stop_token_ids=[r.output_ids[i]])
+        for p, r in zip(prompts, plain)
+        for i in (0, 1, 4, 9)
+    ]
     checked = 0
     for mode, budget in (("plain", 1), ("dflash", 1), ("ddtree", 4), ("ddtree", 32)):
         config = RunConfig(mode=mode, budget=budget, trace=True)
@@ -350,25 +518,34 @@ def test_rules_name_the_field_for_results_no_engine_should_send(random_pair):
     cases = {
         "field output_ids: empty": RequestResult(output_ids=[], finish_reason="stop"),
         "field output_ids: True at index 0 is not a token id": RequestResult.model_construct(
-            output_ids=[True], finish_reason="length"),
+            output_ids=[True], finish_reason="length"
+        ),
         "field finish_reason: 'length', but the output ends with the stop token 7": RequestResult(
-            output_ids=[1, 2, 3, 7], finish_reason="length"),
+            output_ids=[1, 2, 3, 7], finish_reason="length"
+        ),
         "field finish_reason: 'length', but the output holds 2 tokens, not max_new_tokens 4": RequestResult(
-            output_ids=[1, 2], finish_reason="length"),
+            output_ids=[1, 2], finish_reason="length"
+        ),
         "field rounds: 3, but acceptance_lengths has 2 entries": RequestResult.model_construct(
-            output_ids=[1, 2, 3, 4], finish_reason="length", rounds=3, acceptance_lengths=[2, 1]),
+            output_ids=[1, 2, 3, 4], finish_reason="length", rounds=3, acceptance_lengths=[2, 1]
+        ),
         "field acceptance_lengths: no rounds, but the output holds 4 tokens": RequestResult(
-            output_ids=[1, 2, 3, 4], finish_reason="length", rounds=0, acceptance_lengths=[]),
+            output_ids=[1, 2, 3, 4], finish_reason="length", rounds=0, acceptance_lengths=[]
+        ),
         "field mean_acceptance: 9.5 is outside [1, 8]": RequestResult(
-            output_ids=[1, 2, 3, 4], finish_reason="length", mean_acceptance=9.5),
+            output_ids=[1, 2, 3, 4], finish_reason="length", mean_acceptance=9.5
+        ),
         "field per_position_acceptance: depth 2: 1.5 is not a rate in [0, 1]": RequestResult(
-            output_ids=[1, 2, 3, 4], finish_reason="length", per_position_acceptance=[0.5, 1.5]),
+            output_ids=[1, 2, 3, 4], finish_reason="length", per_position_acceptance=[0.5, 1.5]
+        ),
         "field error: the result is marked failed (finish_reason 'error') without a message": RequestResult(
-            output_ids=[], finish_reason="error"),
+            output_ids=[], finish_reason="error"
+        ),
     }
     got = validate_results([request] * len(cases), list(cases.values()), config, limits, labels=["prompt x"] * 9)
     for want, result in zip(cases, got):
         assert result.finish_reason == "error" and result.output_ids == []
         assert result.error.startswith("integrity: request ") and want in result.error, (want, result.error)
     assert validate_results([request], "nonsense", config, limits)[0].error == (
-        "integrity: engine returned str, not a list of results")
+        "integrity: engine returned str, not a list of results"
+    )

@@ -35,8 +35,7 @@ CAUGHT_BY = {
     mutants.AcceptanceOverReported: (["acceptance/ddtree"], "do not add up"),
     # A greedy request run with a sampled neighbour's settings: its verified trees (light traces) show the
     # target's argmax was not what it committed, caught by the integrity rules before busy-batch compares.
-    mutants.BatchSettingsMixedUp: (["busy-batch/ddtree"],
-                                   ("in a batch of", "walking the tree by its target tokens")),
+    mutants.BatchSettingsMixedUp: (["busy-batch/ddtree"], ("in a batch of", "walking the tree by its target tokens")),
     mutants.SampledSettingsRotated: (["busy-batch/ddtree"], "outside the request's support"),
 }
 
@@ -46,9 +45,18 @@ def settings(random_pair, tmp_path_factory) -> SuiteSettings:
     target, drafter = random_pair
     path = tmp_path_factory.mktemp("prompts") / "mutants.jsonl"
     write_random_prompts(path, [3, 9, 17, 30], seed=5, prefix="m")
-    return SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", prompt_set=str(path),
-                         budgets=[16], max_new_tokens=24, isolate=False, sampling_requests=120, branch_prompts=2,
-                         branch_rounds=2)
+    return SuiteSettings(
+        model_dir=str(target),
+        drafter_dir=str(drafter),
+        pair_name="random",
+        prompt_set=str(path),
+        budgets=[16],
+        max_new_tokens=24,
+        isolate=False,
+        sampling_requests=120,
+        branch_prompts=2,
+        branch_rounds=2,
+    )
 
 
 def _run(settings: SuiteSettings, engine_class, names: list[str]):
@@ -93,10 +101,17 @@ def _aggregate_only(engine_class):
             out = []
             for r in super().generate(requests, config.model_copy(update={"trace": False})):
                 lengths = r.acceptance_lengths or []
-                out.append(r.model_copy(update={
-                    "acceptance_lengths": None, "aggregate_only": True, "traces": None,
-                    "mean_acceptance": sum(lengths) / len(lengths) if lengths else None,
-                    "per_position_acceptance": per_position_acceptance([lengths], 7)}))
+                out.append(
+                    r.model_copy(
+                        update={
+                            "acceptance_lengths": None,
+                            "aggregate_only": True,
+                            "traces": None,
+                            "mean_acceptance": sum(lengths) / len(lengths) if lengths else None,
+                            "per_position_acceptance": per_position_acceptance([lengths], 7),
+                        }
+                    )
+                )
             return out
 
     return AggregateOnly
@@ -106,9 +121,17 @@ def test_aggregate_only_engine_compared_on_tau_and_skips_trace_checks(settings):
     # The trained fixture pair: a feedback bug moves its tau far more than the 2 % band.
     from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 
-    settings = settings.model_copy(update={"model_dir": str(FIXTURE_TARGET), "drafter_dir": str(FIXTURE_DRAFTER),
-                                           "prompt_set": "fixture", "pair_name": "fixture", "limit": 6,
-                                           "golden_dir": "/nonexistent", "max_new_tokens": 32})
+    settings = settings.model_copy(
+        update={
+            "model_dir": str(FIXTURE_TARGET),
+            "drafter_dir": str(FIXTURE_DRAFTER),
+            "prompt_set": "fixture",
+            "pair_name": "fixture",
+            "limit": 6,
+            "golden_dir": "/nonexistent",
+            "max_new_tokens": 32,
+        }
+    )
     names = ["acceptance/ddtree", "tree-structure/ddtree", "branch-vs-chain"]
     good = {r.check: r for r in _run(settings, _aggregate_only(ReferenceEngine), names)}
     assert good["acceptance/ddtree-B16"].status == "pass", good["acceptance/ddtree-B16"].message
@@ -128,16 +151,25 @@ def _batch_pooled(engine_class):
         name = f"batch-pooled-{engine_class.name}"
 
         def capabilities(self):
-            return super().capabilities().model_copy(update={"traces": False, "per_round_acceptance": False,
-                                                              "traced_modes": None})
+            return (
+                super()
+                .capabilities()
+                .model_copy(update={"traces": False, "per_round_acceptance": False, "traced_modes": None})
+            )
 
         def generate(self, requests, config):
             results = super().generate(requests, config)
             if config.mode == "plain":
                 return results
             lengths = [r.acceptance_lengths or [] for r in results]
-            pooled = {"acceptance_lengths": None, "aggregate_only": True, "traces": None, "rounds": None,
-                      "mean_acceptance": mean_tau(lengths), "per_position_acceptance": per_position_acceptance(lengths, 7)}
+            pooled = {
+                "acceptance_lengths": None,
+                "aggregate_only": True,
+                "traces": None,
+                "rounds": None,
+                "mean_acceptance": mean_tau(lengths),
+                "per_position_acceptance": per_position_acceptance(lengths, 7),
+            }
             return [r.model_copy(update=pooled) for r in results]
 
     return BatchPooled
@@ -147,9 +179,17 @@ def test_batch_pooled_aggregates_compared_pooled(settings):
     # Pooled aggregates give no per-prompt values: tau is held to 2 % of the reference's pooled tau.
     from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 
-    settings = settings.model_copy(update={"model_dir": str(FIXTURE_TARGET), "drafter_dir": str(FIXTURE_DRAFTER),
-                                           "prompt_set": "fixture", "pair_name": "fixture", "limit": 6,
-                                           "golden_dir": "/nonexistent", "max_new_tokens": 32})
+    settings = settings.model_copy(
+        update={
+            "model_dir": str(FIXTURE_TARGET),
+            "drafter_dir": str(FIXTURE_DRAFTER),
+            "prompt_set": "fixture",
+            "pair_name": "fixture",
+            "limit": 6,
+            "golden_dir": "/nonexistent",
+            "max_new_tokens": 32,
+        }
+    )
     (good,) = _run(settings, _batch_pooled(ReferenceEngine), ["acceptance/ddtree"])
     assert good.status == "pass" and "batch-pooled tau" in good.message, good.message
     (bad,) = _run(settings, _batch_pooled(mutants.FirstRowsFeedback), ["acceptance/ddtree"])
@@ -169,8 +209,16 @@ def test_aggregate_only_engine_with_a_drafter_that_is_not_the_pairs_fails_agains
     assert holder["target_layer_ids"] == [0, 2]
     holder["target_layer_ids"] = [1, 3]  # features from other layers than the drafter was trained on
     (drafter / "config.json").write_text(json.dumps(config))
-    settings = settings.model_copy(update={"model_dir": str(FIXTURE_TARGET), "drafter_dir": str(drafter),
-                                           "prompt_set": "fixture", "pair_name": "fixture", "limit": 6,
-                                           "max_new_tokens": 32, "golden_dir": str(RECORDS_DIR)})
+    settings = settings.model_copy(
+        update={
+            "model_dir": str(FIXTURE_TARGET),
+            "drafter_dir": str(drafter),
+            "prompt_set": "fixture",
+            "pair_name": "fixture",
+            "limit": 6,
+            "max_new_tokens": 32,
+            "golden_dir": str(RECORDS_DIR),
+        }
+    )
     (result,) = _run(settings, _batch_pooled(ReferenceEngine), ["acceptance/dflash"])
     assert result.status == "fail" and "golden" in result.message, result.message

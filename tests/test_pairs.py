@@ -23,8 +23,10 @@ from ddtree_conformance.paths import DATA_DIR, FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.prompts import PromptError, format_prompts, load_prompts
 from ddtree_conformance.session import SuiteSession, SuiteSettings
 
-OFFLINE_8B = ("pair 'qwen3-8b': Qwen/Qwen3-8B is not in the local Hugging Face cache and the hub is unreachable "
-              "(HF_HUB_OFFLINE / no network)")
+OFFLINE_8B = (
+    "pair 'qwen3-8b': Qwen/Qwen3-8B is not in the local Hugging Face cache and the hub is unreachable "
+    "(HF_HUB_OFFLINE / no network)"
+)
 
 
 @pytest.fixture
@@ -62,7 +64,11 @@ def test_fixture_resolves_to_the_bundled_dirs(no_env):
     assert resolved.target_dir == FIXTURE_TARGET and resolved.drafter_dir == FIXTURE_DRAFTER
     settings = SuiteSettings(**resolved.suite_settings(device="cpu"))
     assert (settings.pair_name, settings.prompt_set, settings.prompt_format, settings.dtype) == (
-        "fixture", "fixture", "ids", "float32")
+        "fixture",
+        "fixture",
+        "ids",
+        "float32",
+    )
     assert settings.model_dir == str(FIXTURE_TARGET)
 
 
@@ -122,14 +128,18 @@ def test_cached_drafter_with_another_block_size_is_an_error(no_env, monkeypatch,
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     _hub_cache(tmp_path, "Qwen/Qwen3-4B", {"config.json": "{}"})
     _hub_cache(tmp_path, "z-lab/Qwen3-4B-DFlash-b16", {"config.json": json.dumps({"block_size": 8})})
-    with pytest.raises(PairSpecError, match=r"pair 'qwen3-4b': field 'block_size': 16, but the drafter's .* says "
-                                            r"block_size 8"):
+    with pytest.raises(
+        PairSpecError,
+        match=r"pair 'qwen3-4b': field 'block_size': 16, but the drafter's .* says "
+        r"block_size 8",
+    ):
         resolve_pair("qwen3-4b", cache_dir=tmp_path)
 
 
 def test_an_existing_local_dir_wins_over_the_hub(no_env, tmp_path):
-    pair = ModelPair(name="local", target=str(FIXTURE_TARGET), drafter="fixture/drafter", block_size=16,
-                     dtype="float32").with_base_dir(DATA_DIR)
+    pair = ModelPair(
+        name="local", target=str(FIXTURE_TARGET), drafter="fixture/drafter", block_size=16, dtype="float32"
+    ).with_base_dir(DATA_DIR)
     resolved = resolve_pair(pair)
     assert resolved.target_dir == FIXTURE_TARGET and resolved.drafter_dir == DATA_DIR / "fixture/drafter"
     missing = ModelPair(name="gone", target=str(tmp_path / "nothing"), drafter=None, block_size=16, dtype="float32")
@@ -142,11 +152,26 @@ def test_pairs_file_json_and_toml_add_and_replace_pairs(no_env, tmp_path, monkey
     (tmp_path / "models").mkdir()
     shutil.copytree(FIXTURE_TARGET, tmp_path / "models" / "t")
     json_file = tmp_path / "pairs.json"
-    json_file.write_text(json.dumps({"pairs": {"mine": {
-        "target": "models/t", "drafter": None, "block_size": 16, "dtype": "bfloat16", "max_new_tokens": 8}}}))
+    json_file.write_text(
+        json.dumps(
+            {
+                "pairs": {
+                    "mine": {
+                        "target": "models/t",
+                        "drafter": None,
+                        "block_size": 16,
+                        "dtype": "bfloat16",
+                        "max_new_tokens": 8,
+                    }
+                }
+            }
+        )
+    )
     toml_file = tmp_path / "pairs.toml"
-    toml_file.write_text('[pairs.qwen3-8b]\ntarget = "/models/Qwen3-8B"\ndrafter = "/models/d"\nblock_size = 16\n'
-                         'dtype = "bfloat16"\nprompt_format = "chat"\ntensor_parallel_size = 2\n')
+    toml_file.write_text(
+        '[pairs.qwen3-8b]\ntarget = "/models/Qwen3-8B"\ndrafter = "/models/d"\nblock_size = 16\n'
+        'dtype = "bfloat16"\nprompt_format = "chat"\ntensor_parallel_size = 2\n'
+    )
     mine = load_pairs_file(json_file)["mine"]
     resolved = resolve_pair(mine)
     assert resolved.target_dir == tmp_path / "models" / "t"  # relative to the file's directory
@@ -157,26 +182,49 @@ def test_pairs_file_json_and_toml_add_and_replace_pairs(no_env, tmp_path, monkey
 
 
 BAD_FILES = [
-    ("bad.json", '{"pairs": {"p": {"target": "t", "drafter": "d", "block_size": "x", "dtype": "bfloat16"}}}',
-     r"pair 'p': field 'block_size': Input should be a valid integer"),
-    ("bad.json", '{"pairs": {"p": {"target": "t", "drafter": "d", "block_size": 16, "dtype": "fp8"}}}',
-     r"pair 'p': field 'dtype': Input should be 'float32', 'bfloat16' or 'float16'"),
-    ("bad.json", '{"pairs": {"p": {"drafter": "d", "block_size": 16, "dtype": "float32"}}}',
-     r"pair 'p': field 'target': Field required"),
-    ("bad.json", '{"pairs": {"p": {"target": "t", "drafter": "d", "block_size": 16, "dtype": "float32", '
-                 '"blocksize": 16}}}', r"pair 'p': field 'blocksize': unknown field \(known fields: target, drafter"),
-    ("bad.json", '{"pairs": {"p": {"target": "t", "drafter": "d", "block_size": 16, "dtype": "float32", '
-                 '"prompt_format": "jinja"}}}', r"pair 'p': field 'prompt_format': Input should be 'ids', 'text' or"),
-    ("bad.json", '{"pairs": {"p": {"target": "t", "drafter": "d", "block_size": 16, "dtype": "float32", '
-                 '"tensor_parallel_size": 0}}}', r"pair 'p': field 'tensor_parallel_size': Input should be greater"),
-    ("bad.json", '{"pairs": {"bad name": {"target": "t", "drafter": "d", "block_size": 16, "dtype": "float32"}}}',
-     r"pair 'bad name': field 'name': Value error, 'bad name' is not a pair name"),
+    (
+        "bad.json",
+        '{"pairs": {"p": {"target": "t", "drafter": "d", "block_size": "x", "dtype": "bfloat16"}}}',
+        r"pair 'p': field 'block_size': Input should be a valid integer",
+    ),
+    (
+        "bad.json",
+        '{"pairs": {"p": {"target": "t", "drafter": "d", "block_size": 16, "dtype": "fp8"}}}',
+        r"pair 'p': field 'dtype': Input should be 'float32', 'bfloat16' or 'float16'",
+    ),
+    (
+        "bad.json",
+        '{"pairs": {"p": {"drafter": "d", "block_size": 16, "dtype": "float32"}}}',
+        r"pair 'p': field 'target': Field required",
+    ),
+    (
+        "bad.json",
+        '{"pairs": {"p": {"target": "t", "drafter": "d", "block_size": 16, "dtype": "float32", "blocksize": 16}}}',
+        r"pair 'p': field 'blocksize': unknown field \(known fields: target, drafter",
+    ),
+    (
+        "bad.json",
+        '{"pairs": {"p": {"target": "t", "drafter": "d", "block_size": 16, "dtype": "float32", '
+        '"prompt_format": "jinja"}}}',
+        r"pair 'p': field 'prompt_format': Input should be 'ids', 'text' or",
+    ),
+    (
+        "bad.json",
+        '{"pairs": {"p": {"target": "t", "drafter": "d", "block_size": 16, "dtype": "float32", '
+        '"tensor_parallel_size": 0}}}',
+        r"pair 'p': field 'tensor_parallel_size': Input should be greater",
+    ),
+    (
+        "bad.json",
+        '{"pairs": {"bad name": {"target": "t", "drafter": "d", "block_size": 16, "dtype": "float32"}}}',
+        r"pair 'bad name': field 'name': Value error, 'bad name' is not a pair name",
+    ),
     ("bad.json", '{"pairs": {"p": ["t", "d"]}}', r"pair 'p': expected a table of fields, got list"),
     ("bad.json", '{"pair": {}}', r"unknown top-level key 'pair' \(expected only 'pairs'\)"),
     ("bad.json", '{"pairs": {}}', r"field 'pairs': expected a non-empty table"),
     ("bad.json", '{"pairs": {"p": {"target": "t",}}}', r"not valid JSON \(line 1"),
-    ("bad.toml", '[pairs.p]\ntarget = \n', r"not valid TOML"),
-    ("bad.yaml", 'pairs: {}', r"unknown format '.yaml'; use .json or .toml"),
+    ("bad.toml", "[pairs.p]\ntarget = \n", r"not valid TOML"),
+    ("bad.yaml", "pairs: {}", r"unknown format '.yaml'; use .json or .toml"),
 ]
 
 
@@ -211,16 +259,30 @@ def test_pytest_with_a_bad_pairs_file_stops_with_one_error(tmp_path, monkeypatch
     monkeypatch.setenv("DDTREE_PAIRS_FILE", str(bad))
     code, out, err = _pytest_inprocess(capsys, "--ddtree-engine", "reference", "--co", "-q", str(tmp_path))
     assert code == pytest.ExitCode.USAGE_ERROR, out + err
-    assert f"ERROR: ddtree-conformance: pairs file {bad}: pair 'p': field 'block_size': Input should be greater than or equal to 2" in err
+    assert (
+        f"ERROR: ddtree-conformance: pairs file {bad}: pair 'p': field 'block_size': "
+        "Input should be greater than or equal to 2" in err
+    )
     assert "Traceback" not in out + err
 
 
 def test_engine_suite_on_an_unreachable_hub_pair_is_skipped_with_the_reason(tmp_path, monkeypatch, capsys, no_env):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))  # an empty cache
-    code, out, err = _pytest_inprocess(capsys, "--ddtree-engine", "reference", "--ddtree-pair", "qwen3-8b",
-                                       "--ddtree-check", "lossless", "-q", "-rs", "--ddtree-no-isolate",
-                                       "-p", "no:randomly")
+    code, out, err = _pytest_inprocess(
+        capsys,
+        "--ddtree-engine",
+        "reference",
+        "--ddtree-pair",
+        "qwen3-8b",
+        "--ddtree-check",
+        "lossless",
+        "-q",
+        "-rs",
+        "--ddtree-no-isolate",
+        "-p",
+        "no:randomly",
+    )
     assert code == pytest.ExitCode.OK, out + err
     assert OFFLINE_8B in out
     assert "4 skipped" in out  # lossless/dflash, /ddtree-B16, /ddtree-B64, /ddtree-B256
@@ -237,8 +299,10 @@ def test_chat_format_applies_the_chat_template_without_thinking(tmp_path):
     tokenizer_dir = tmp_path / "tok"
     shutil.copytree(FIXTURE_TARGET, tokenizer_dir, ignore=shutil.ignore_patterns("*.safetensors"))
     config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
-    config["chat_template"] = ("{% for m in messages %}U: {{ m['content'] }}\n{% endfor %}"
-                               "{% if enable_thinking is defined and not enable_thinking %}[no-think]{% endif %}A:")
+    config["chat_template"] = (
+        "{% for m in messages %}U: {{ m['content'] }}\n{% endfor %}"
+        "{% if enable_thinking is defined and not enable_thinking %}[no-think]{% endif %}A:"
+    )
     (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps(config))
     prompts = load_prompts("fixture", tokenizer_dir=FIXTURE_TARGET)[:2]
     chat = format_prompts(prompts, tokenizer_dir, "chat")
@@ -255,7 +319,8 @@ def test_session_applies_the_pairs_prompt_format():
     session = SuiteSession(settings)
     try:
         assert [p.prompt_ids for p in session.inputs.bundled] == [
-            p.prompt_ids for p in load_prompts("fixture", tokenizer_dir=FIXTURE_TARGET)[:3]]
+            p.prompt_ids for p in load_prompts("fixture", tokenizer_dir=FIXTURE_TARGET)[:3]
+        ]
     finally:
         session.close()
 

@@ -10,6 +10,7 @@ drafts well (a stop token inside an accepted path, masks of a busy batch) run on
 from __future__ import annotations
 
 import pytest
+
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
@@ -37,16 +38,35 @@ def pairs(random_pair, tmp_path_factory) -> dict[str, SuiteSettings]:
     target, drafter = random_pair
     path = tmp_path_factory.mktemp("prompts") / "pitfalls.jsonl"
     write_random_prompts(path, [3, 9, 17, 30], seed=5, prefix="m")
-    random = SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", prompt_set=str(path),
-                           budgets=[16], max_new_tokens=24, isolate=False,
-                           held_out_prompts=0, run_seed=1, branch_prompts=2, branch_rounds=2)
+    random = SuiteSettings(
+        model_dir=str(target),
+        drafter_dir=str(drafter),
+        pair_name="random",
+        prompt_set=str(path),
+        budgets=[16],
+        max_new_tokens=24,
+        isolate=False,
+        held_out_prompts=0,
+        run_seed=1,
+        branch_prompts=2,
+        branch_rounds=2,
+    )
     return {
         "random": random,
         "random-tp2": random.model_copy(update={"tensor_parallel_size": 2}),
-        "fixture": SuiteSettings(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), pair_name="fixture",
-                                 prompt_set="fixture", limit=3, budgets=[16], max_new_tokens=24, isolate=False,
-                                 held_out_prompts=0, run_seed=1,
-                                 golden_dir="/nonexistent"),
+        "fixture": SuiteSettings(
+            model_dir=str(FIXTURE_TARGET),
+            drafter_dir=str(FIXTURE_DRAFTER),
+            pair_name="fixture",
+            prompt_set="fixture",
+            limit=3,
+            budgets=[16],
+            max_new_tokens=24,
+            isolate=False,
+            held_out_prompts=0,
+            run_seed=1,
+            golden_dir="/nonexistent",
+        ),
     }
 
 

@@ -38,8 +38,9 @@ def test_a_thorough_session_draws_two_held_out_prompts_per_prompt():
 
 
 def test_golden_compares_the_prefix_the_file_holds_when_the_run_is_longer():
-    settings = SuiteSettings(limit=2, max_new_tokens=80, modes=["ddtree"], budgets=[16], isolate=False,
-                             torch_threads=1, held_out_prompts=0)  # the fixture's golden file holds 64 tokens
+    settings = SuiteSettings(
+        limit=2, max_new_tokens=80, modes=["ddtree"], budgets=[16], isolate=False, torch_threads=1, held_out_prompts=0
+    )  # the fixture's golden file holds 64 tokens
     session = SuiteSession(settings)
     try:
         [result] = run_plan(session, plan(settings, ["golden/"]))

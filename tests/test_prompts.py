@@ -177,8 +177,7 @@ def test_real_bundled_sets_load():
 @given(
     st.lists(
         st.tuples(
-            st.text(min_size=1, max_size=8).filter(str.strip),
-            st.lists(st.integers(0, 10**6), min_size=1, max_size=6),
+            st.text(min_size=1, max_size=8).filter(str.strip), st.lists(st.integers(0, 10**6), min_size=1, max_size=6)
         ),
         min_size=1,
         max_size=6,

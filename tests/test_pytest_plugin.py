@@ -26,7 +26,7 @@ pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parent.parent
 EDITABLE = Path(ddtree_conformance.__file__).resolve().is_relative_to(ROOT)
 
-CONFTEST = '''
+CONFTEST = """
 import json
 import os
 import sys
@@ -45,17 +45,17 @@ def pytest_sessionfinish(session):
         bare = sorted(k for k in sys.modules if k.split(".")[0] in ("conformance", "adapters"))
         with open(probe, "w") as f:
             json.dump({"bare": bare, "sys_path": sys.path}, f)
-'''
+"""
 
-LOCAL_TEST = '''
+LOCAL_TEST = """
 def test_own_options(request):
     assert request.config.getoption("--model") == "my-model"
     assert request.config.getoption("--engine") == "my-engine"
     assert request.config.getoption("--device") == "my-device"
-'''
+"""
 
 # An engine of "another team": the reference engine behind module:Class, needing an option to start.
-WRAPPED_ENGINE = '''
+WRAPPED_ENGINE = """
 from ddtree_conformance.adapters.interface import EngineError
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 
@@ -69,11 +69,19 @@ class Wrapped(ReferenceEngine):
         if marker != 7:  # the value arrives parsed as JSON: the int 7
             raise EngineError(f"engine 'wrapped': option marker must be 7, got {marker!r}")
         super().__init__(model_dir, drafter_dir, **options)
-'''
+"""
 
 # Small and real: one prompt, short generations, one budget, one check.
-FAST = ["--ddtree-limit", "1", "--ddtree-budgets", "16", "--ddtree-max-new-tokens", "8",
-        "--ddtree-check", "lossless/dflash"]
+FAST = [
+    "--ddtree-limit",
+    "1",
+    "--ddtree-budgets",
+    "16",
+    "--ddtree-max-new-tokens",
+    "8",
+    "--ddtree-check",
+    "lossless/dflash",
+]
 OWN = ["--model", "my-model", "--engine", "my-engine", "--device", "my-device"]
 REFERENCE_ID = "test_conformance[reference-float32-fixture|lossless/dflash]"
 WRAPPED_ID = "test_conformance[my_engine_Wrapped-float32-fixture|lossless/dflash]"
@@ -113,6 +121,7 @@ def text(result: pytest.RunResult) -> str:
 
 # ------------------------------------------------------------------ one real subprocess run
 
+
 @pytest.fixture(scope="module")
 def subprocess_run(tmp_path_factory):
     """``pytest`` in a fresh process in the engine repository: its own test and the suite's item in one
@@ -120,10 +129,32 @@ def subprocess_run(tmp_path_factory):
     project = write_project(tmp_path_factory.mktemp("engine-repo"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DDTREE_"))}
     env["MODULE_PROBE"] = str(project / "modules.json")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning",
-                           "-q", "tests", *OWN, "--ddtree-engine", "reference", *FAST, "--ddtree-engine-option",
-                           "cuda_graphs=off", "--junitxml", "reference.xml"],
-                          cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore::DeprecationWarning",
+            "-q",
+            "tests",
+            *OWN,
+            "--ddtree-engine",
+            "reference",
+            *FAST,
+            "--ddtree-engine-option",
+            "cuda_graphs=off",
+            "--junitxml",
+            "reference.xml",
+        ],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return proc, project
 
 
@@ -147,6 +178,7 @@ def test_a_conformance_run_imports_nothing_under_the_bare_names(subprocess_run):
 
 # ------------------------------------------------------------------ in-process runs
 
+
 def test_without_ddtree_engine_the_plugin_is_inert_beside_the_projects_options(repo):
     # --ddtree-budgets is accepted (so the plugin is loaded) and does nothing without --ddtree-engine
     result = run_in_repo(repo, "-q", "tests", *OWN, "--ddtree-budgets", "16")
@@ -157,11 +189,20 @@ def test_without_ddtree_engine_the_plugin_is_inert_beside_the_projects_options(r
 
 def test_two_engines_never_collide_in_junit_and_engine_options_arrive_typed(repo):
     """Reference and a module:Class wrapper of it that starts only when -O marker=7 arrives as the int 7."""
-    first = run_in_repo(repo, "-q", "--ddtree-engine", "reference", *FAST, "--ddtree-no-isolate",
-                        "--junitxml", "a.xml")
+    first = run_in_repo(repo, "-q", "--ddtree-engine", "reference", *FAST, "--ddtree-no-isolate", "--junitxml", "a.xml")
     assert first.ret == 0, text(first)
-    second = run_in_repo(repo, "-q", "--ddtree-engine", "my_engine:Wrapped", *FAST, "--ddtree-no-isolate",
-                         "--ddtree-engine-option", "marker=7", "--junitxml", "b.xml")
+    second = run_in_repo(
+        repo,
+        "-q",
+        "--ddtree-engine",
+        "my_engine:Wrapped",
+        *FAST,
+        "--ddtree-no-isolate",
+        "--ddtree-engine-option",
+        "marker=7",
+        "--junitxml",
+        "b.xml",
+    )
     assert second.ret == 0, text(second)
     assert set(junit_cases(repo.path / "a.xml")) == {f"ddtree.reference-float32-fixture::{REFERENCE_ID}"}
     assert set(junit_cases(repo.path / "b.xml")) == {f"ddtree.my_engine_Wrapped-float32-fixture::{WRAPPED_ID}"}
@@ -170,15 +211,36 @@ def test_two_engines_never_collide_in_junit_and_engine_options_arrive_typed(repo
 def test_engine_options_reach_the_engine_and_bad_ones_fail_naming_it(repo):
     missing = run_in_repo(repo, "-q", "--ddtree-engine", "my_engine:Wrapped", *FAST, "--ddtree-no-isolate")
     assert missing.ret == 1 and "option marker must be 7, got None" in text(missing), text(missing)
-    bogus = run_in_repo(repo, "-q", "--ddtree-engine", "my_engine:Wrapped", *FAST, "--ddtree-no-isolate",
-                        "--ddtree-engine-option", "marker=7", "--ddtree-engine-option", "cuda_graphs=bogus")
+    bogus = run_in_repo(
+        repo,
+        "-q",
+        "--ddtree-engine",
+        "my_engine:Wrapped",
+        *FAST,
+        "--ddtree-no-isolate",
+        "--ddtree-engine-option",
+        "marker=7",
+        "--ddtree-engine-option",
+        "cuda_graphs=bogus",
+    )
     assert bogus.ret == 1, text(bogus)
     assert "cuda_graphs must be 'on' or 'off'" in text(bogus) and "got 'bogus'" in text(bogus)
 
 
 def test_node_ids_carry_engine_dtype_and_pair(repo):
-    result = run_in_repo(repo, "--collect-only", "-q", "--ddtree-engine", "my_engine:Wrapped", "--ddtree-dtype",
-                         "bfloat16", "--ddtree-pair-name", "mine", "--ddtree-check", "lossless/dflash")
+    result = run_in_repo(
+        repo,
+        "--collect-only",
+        "-q",
+        "--ddtree-engine",
+        "my_engine:Wrapped",
+        "--ddtree-dtype",
+        "bfloat16",
+        "--ddtree-pair-name",
+        "mine",
+        "--ddtree-check",
+        "lossless/dflash",
+    )
     assert result.ret == 0, text(result)
     ids = [line.split("::", 1)[1] for line in result.stdout.lines if "::test_conformance[" in line]
     assert ids == ["test_conformance[my_engine_Wrapped-bfloat16-mine|lossless/dflash]"], text(result)
@@ -240,16 +302,20 @@ def test_a_prompt_past_the_vocabulary_is_a_usage_error_before_any_engine_work(re
     assert result.ret == pytest.ExitCode.USAGE_ERROR, text(result)
     assert f"{prompts}:2: field 'prompt_ids'" in text(result) and "outside the vocabulary" in text(result)
     assert "Traceback" not in text(result)
+
+
 def test_the_run_says_which_test_paths_it_collected(repo):
     """`pytest --ddtree-engine X` without paths runs only the suite, and says so; with paths, both run."""
-    alone = run_in_repo(repo, "--collect-only", "-q", "--ddtree-engine", "reference", "--ddtree-check",
-                        "lossless/dflash")
+    alone = run_in_repo(
+        repo, "--collect-only", "-q", "--ddtree-engine", "reference", "--ddtree-check", "lossless/dflash"
+    )
     assert alone.ret == 0, text(alone)
     assert "ddtree-conformance: 1 conformance item(s) for engine 'reference' from the packaged suite" in text(alone)
     assert "no test paths given, so only the conformance suite runs" in text(alone)
     assert "pytest tests --ddtree-engine reference" in text(alone)
-    both = run_in_repo(repo, "--collect-only", "-q", "tests", *OWN, "--ddtree-engine", "reference", "--ddtree-check",
-                       "lossless/dflash")
+    both = run_in_repo(
+        repo, "--collect-only", "-q", "tests", *OWN, "--ddtree-engine", "reference", "--ddtree-check", "lossless/dflash"
+    )
     assert both.ret == 0, text(both)
     assert "ddtree-conformance: and 1 item(s) of your own tests from: tests" in text(both)
     assert "test_own_options" in text(both)

@@ -230,7 +230,9 @@ SAMPLING = [  # (request sampling fields, ddtree budget)
 
 
 @pytest.mark.parametrize(
-    "sampling, budget", SAMPLING, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) if isinstance(s, dict) else f"B{s}"
+    "sampling, budget",
+    SAMPLING,
+    ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) if isinstance(s, dict) else f"B{s}",
 )
 def test_sampling_matches_plain_with_same_seed(reference_engine, sampling, budget):
     """The walk draws one sample per committed token from the request's generator, in order, so
@@ -324,10 +326,14 @@ def test_max_new_tokens_reached_mid_round(reference_engine, traced_results, plai
 
 @pytest.mark.parametrize("mode, budget", [("plain", 1), ("dflash", 1), ("ddtree", 1), ("ddtree", 64)])
 def test_single_token_prompt_and_single_new_token(reference_engine, mode, budget):
-    one = reference_engine.generate([Request(prompt_ids=[5], max_new_tokens=NEW_TOKENS)], RunConfig(mode=mode, budget=budget))[0]
+    one = reference_engine.generate(
+        [Request(prompt_ids=[5], max_new_tokens=NEW_TOKENS)], RunConfig(mode=mode, budget=budget)
+    )[0]
     plain = reference_engine.generate([Request(prompt_ids=[5], max_new_tokens=NEW_TOKENS)], RunConfig(mode="plain"))[0]
     assert one.output_ids == plain.output_ids and len(one.output_ids) == NEW_TOKENS
-    first = reference_engine.generate([Request(prompt_ids=[5], max_new_tokens=1)], RunConfig(mode=mode, budget=budget))[0]
+    first = reference_engine.generate([Request(prompt_ids=[5], max_new_tokens=1)], RunConfig(mode=mode, budget=budget))[
+        0
+    ]
     assert first.output_ids == plain.output_ids[:1] and first.finish_reason == "length"
     assert first.rounds == 0
 

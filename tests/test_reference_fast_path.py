@@ -10,6 +10,7 @@ import tempfile
 
 import pytest
 import torch
+
 from ddtree_conformance.adapters.interface import EngineError, Request, RunConfig
 from ddtree_conformance.adapters.reference.clock import busy_seconds
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
@@ -37,8 +38,10 @@ def fixture_engine():
 
 
 def both(engine, requests, mode, budget, **config):
-    return [engine.generate(requests, RunConfig(mode=mode, budget=budget, cuda_graphs=graphs, trace=True, **config))
-            for graphs in (False, True)]
+    return [
+        engine.generate(requests, RunConfig(mode=mode, budget=budget, cuda_graphs=graphs, trace=True, **config))
+        for graphs in (False, True)
+    ]
 
 
 @pytest.mark.parametrize("mode, budget", RUNS)
@@ -48,8 +51,13 @@ def test_fast_path_outputs_equal_the_eager_path(fixture_engine, fixture_requests
     assert [r.acceptance_lengths for r in fast] == [r.acceptance_lengths for r in eager]
     if mode != "plain":  # the trees too: the drafter reads the same context
         assert [[t.tree_tokens for t in r.traces] for r in fast] == [[t.tree_tokens for t in r.traces] for r in eager]
-    assert fast[0].engine_settings == {"cuda_graphs": False, "static_kv_cache": True, "fused_layers": True,
-                                       "overlap_scheduling": False, "attention_backend": "sdpa"}
+    assert fast[0].engine_settings == {
+        "cuda_graphs": False,
+        "static_kv_cache": True,
+        "fused_layers": True,
+        "overlap_scheduling": False,
+        "attention_backend": "sdpa",
+    }
     assert eager[0].engine_settings["static_kv_cache"] is False
 
 
@@ -116,8 +124,9 @@ def test_capacities_and_busy_time():
 
 
 def cuda_graphs_session(engine: str) -> SuiteSession:
-    settings, _ = build_settings({"engine": engine, "budgets": [16], "modes": ["ddtree"], "max_new_tokens": 12,
-                                  "limit": 2, "isolate": False})
+    settings, _ = build_settings(
+        {"engine": engine, "budgets": [16], "modes": ["ddtree"], "max_new_tokens": 12, "limit": 2, "isolate": False}
+    )
     return SuiteSession(settings)
 
 

@@ -17,8 +17,9 @@ from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.session import SuiteSession, SuiteSettings
 from ddtree_conformance.testing.tp_engines import DriverOnlyKvMove, RankDiesInRun, RankFailsToStart, RankLocalResult
 
-SETTINGS = SuiteSettings(limit=4, budgets=[16], max_new_tokens=32, tensor_parallel_size=2, torch_threads=1,
-                         held_out_prompts=0)  # "4 match": the four prompts of the set
+SETTINGS = SuiteSettings(
+    limit=4, budgets=[16], max_new_tokens=32, tensor_parallel_size=2, torch_threads=1, held_out_prompts=0
+)  # "4 match": the four prompts of the set
 
 
 def _tp_check(engine_class=None, **updates):
@@ -52,10 +53,15 @@ def test_driver_only_kv_move_fails_trees_not_chains():
 def test_ranks_that_disagree_are_refused_naming_the_rank():
     engine = RankLocalResult(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
     try:
-        with pytest.raises(EngineError, match=r"tensor_parallel_size=2: rank 1 disagrees with rank 0 on request 0: output "
-                                              r"token 3 is \d+ there, \d+ on rank 0"):
-            engine.generate([Request(prompt_ids=[5, 6, 7], max_new_tokens=4)],
-                            RunConfig(mode="ddtree", budget=8, tensor_parallel_size=2))
+        with pytest.raises(
+            EngineError,
+            match=r"tensor_parallel_size=2: rank 1 disagrees with rank 0 on request 0: output "
+            r"token 3 is \d+ there, \d+ on rank 0",
+        ):
+            engine.generate(
+                [Request(prompt_ids=[5, 6, 7], max_new_tokens=4)],
+                RunConfig(mode="ddtree", budget=8, tensor_parallel_size=2),
+            )
     finally:
         engine.close()
 
@@ -75,12 +81,16 @@ def test_a_rank_that_dies_in_a_run_fails_that_call_and_the_next_call_restarts_th
     fine = [Request(prompt_ids=[5, 6, 7], max_new_tokens=4)]
     try:
         before = engine.generate(fine, config)
-        with pytest.raises(EngineError, match=r"tensor_parallel_size=2: the rank group failed \(.*Connection closed "
-                                              r".*\); it restarts on the next call"):
+        with pytest.raises(
+            EngineError,
+            match=r"tensor_parallel_size=2: the rank group failed \(.*Connection closed "
+            r".*\); it restarts on the next call",
+        ):
             engine.generate([Request(prompt_ids=[RankDiesInRun.FATAL_TOKEN, 6], max_new_tokens=4)], config)
         after = engine.generate(fine, config)
-        assert [(r.output_ids, r.acceptance_lengths) for r in after] == [(r.output_ids, r.acceptance_lengths)
-                                                                          for r in before]
+        assert [(r.output_ids, r.acceptance_lengths) for r in after] == [
+            (r.output_ids, r.acceptance_lengths) for r in before
+        ]
     finally:
         engine.close()
 
@@ -88,8 +98,11 @@ def test_a_rank_that_dies_in_a_run_fails_that_call_and_the_next_call_restarts_th
 def test_tp_size_must_split_heads_and_gpus_must_be_visible():
     engine = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
     request = [Request(prompt_ids=[5, 6, 7], max_new_tokens=4)]
-    with pytest.raises(EngineError, match=r"tensor_parallel_size=4 does not split target .* evenly "
-                                          r"\(num_attention_heads 6, num_key_value_heads 6"):
+    with pytest.raises(
+        EngineError,
+        match=r"tensor_parallel_size=4 does not split target .* evenly "
+        r"\(num_attention_heads 6, num_key_value_heads 6",
+    ):
         engine.generate(request, RunConfig(tensor_parallel_size=4))
     with pytest.raises(EngineError, match=r"tensor_parallel_size=2 on CUDA needs 2 visible GPUs, 0 visible"):
         engine.generate(request, RunConfig(tensor_parallel_size=2, device="cuda"))

@@ -20,7 +20,7 @@ from ddtree_conformance.adapters.registry import (
     load_engine_class,
 )
 
-FAKE_MODULE = '''
+FAKE_MODULE = """
 from ddtree_conformance.adapters.interface import Capabilities, Engine
 
 class Good(Engine):
@@ -36,7 +36,7 @@ class Abstract(Engine):
 
 class NotAnEngine:
     pass
-'''
+"""
 
 
 @pytest.fixture(scope="session")
@@ -185,8 +185,11 @@ def test_every_engine_refuses_options_it_does_not_declare(pair, fake_modules):
 
     target, drafter = pair
     # the reference engine (it used to ignore a typo silently), before anything is built...
-    with pytest.raises(UnknownOption, match=r"^engine 'reference': unknown option\(s\) bulider; known: "
-                                            r"cuda_graphs, fused_layers$"):
+    with pytest.raises(
+        UnknownOption,
+        match=r"^engine 'reference': unknown option\(s\) bulider; known: "
+        r"cuda_graphs, fused_layers$",
+    ):
         resolve_engine("reference", {"bulider": "vectorized"})
     # ... and when built directly
     with pytest.raises(UnknownOption, match="bulider"):
@@ -217,12 +220,14 @@ def test_module_class_resolves_from_the_working_directory_as_python_m_does(tmp_p
     (it used to fail: "No module named 'my_engine'", exit 5; only PYTHONPATH=. helped)."""
     import sys
 
-    (tmp_path / "ddtc_here_engine.py").write_text(textwrap.dedent('''
+    (tmp_path / "ddtc_here_engine.py").write_text(
+        textwrap.dedent("""
         from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 
         class Mine(ReferenceEngine):
             name = "mine"
-    '''))
+    """)
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     monkeypatch.delitem(sys.modules, "ddtc_here_engine", raising=False)

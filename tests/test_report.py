@@ -15,22 +15,65 @@ from ddtree_conformance.report import ReportError, load_report, render_html, ren
 def bench_report() -> dict:
     def run(mode, budget, tau, median):
         label = mode if budget is None else f"{mode}-B{budget}"
-        return {"mode": mode, "budget": budget, "label": label, "tau": tau, "tau_per_response_mean": tau,
-                "per_position": [0.9, 0.6, 0.3], "histogram": {"1": 3, "2": 4, "4": 2}, "rounds": 9,
-                "tokens": 30, "tokens_per_s": [10.0] * 5,
-                "speedup": {"median": median, "ci_low": median - 0.1, "ci_high": median + 0.1, "confidence": 0.95,
-                            "resamples": 2000, "samples": [median] * 5, "cv": 0.03}}
+        return {
+            "mode": mode,
+            "budget": budget,
+            "label": label,
+            "tau": tau,
+            "tau_per_response_mean": tau,
+            "per_position": [0.9, 0.6, 0.3],
+            "histogram": {"1": 3, "2": 4, "4": 2},
+            "rounds": 9,
+            "tokens": 30,
+            "tokens_per_s": [10.0] * 5,
+            "speedup": {
+                "median": median,
+                "ci_low": median - 0.1,
+                "ci_high": median + 0.1,
+                "confidence": 0.95,
+                "resamples": 2000,
+                "samples": [median] * 5,
+                "cv": 0.03,
+            },
+        }
 
     return {
-        "schema": "ddtree-conformance/run-report", "schema_version": 1, "kind": "bench",
-        "created": "2026-01-01T00:00:00+00:00", "hardware_class": "cpu-test", "environment": {"torch": "x"},
-        "settings": {"engine": "reference", "pair_name": "fixture", "dtype": "float32", "device": "cpu",
-                     "prompt_set": "fixture", "limit": 2, "max_new_tokens": 8},
-        "bench": {"repeats": 5, "interleaving": "rotated", "timing_basis": "prefill+decode", "ci": "95%",
-                  "tau_definition": "pooled"},
-        "runs": [{"mode": "plain", "budget": None, "label": "plain", "tau": 1.0, "per_position": [],
-                  "histogram": {}, "tokens_per_s": [5.0] * 5},
-                 run("dflash", None, 2.5, 1.6), run("ddtree", 16, 3.1, 1.9), run("ddtree", 64, 3.6, 2.1)],
+        "schema": "ddtree-conformance/run-report",
+        "schema_version": 1,
+        "kind": "bench",
+        "created": "2026-01-01T00:00:00+00:00",
+        "hardware_class": "cpu-test",
+        "environment": {"torch": "x"},
+        "settings": {
+            "engine": "reference",
+            "pair_name": "fixture",
+            "dtype": "float32",
+            "device": "cpu",
+            "prompt_set": "fixture",
+            "limit": 2,
+            "max_new_tokens": 8,
+        },
+        "bench": {
+            "repeats": 5,
+            "interleaving": "rotated",
+            "timing_basis": "prefill+decode",
+            "ci": "95%",
+            "tau_definition": "pooled",
+        },
+        "runs": [
+            {
+                "mode": "plain",
+                "budget": None,
+                "label": "plain",
+                "tau": 1.0,
+                "per_position": [],
+                "histogram": {},
+                "tokens_per_s": [5.0] * 5,
+            },
+            run("dflash", None, 2.5, 1.6),
+            run("ddtree", 16, 3.1, 1.9),
+            run("ddtree", 64, 3.6, 2.1),
+        ],
     }
 
 
@@ -89,10 +132,34 @@ def test_check_writes_three_files_with_acceptance_runs(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "category": "math", "prompt_ids": [1, 2, 3, 4]}\n')
     out = tmp_path / "check.json"
-    result = CliRunner().invoke(app, [str(a) for a in (
-        "check", "--model", target, "--drafter", drafter, "--prompts", prompts, "--pair-name", "random",
-        "--golden-dir", tmp_path / "golden", "--max-new-tokens", "6", "--budgets", "4", "--check", "lossless",
-        "--no-isolate", "--out", out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            str(a)
+            for a in (
+                "check",
+                "--model",
+                target,
+                "--drafter",
+                drafter,
+                "--prompts",
+                prompts,
+                "--pair-name",
+                "random",
+                "--golden-dir",
+                tmp_path / "golden",
+                "--max-new-tokens",
+                "6",
+                "--budgets",
+                "4",
+                "--check",
+                "lossless",
+                "--no-isolate",
+                "--out",
+                out,
+            )
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = load_report(out)
     assert report["schema"] == "ddtree-conformance/check-report" and report["counts"]["pass"] == 2
@@ -106,9 +173,20 @@ def test_html_for_an_engine_without_acceptance_data_renders():
     """Runs whose tau is None (no acceptance data reported) used to crash the plots (NoneType.__format__)."""
     report = bench_report()
     report["kind"] = "check"
-    report["runs"] = [{"mode": m, "budget": b, "label": label, "tau": None, "tau_per_response_mean": None,
-                       "per_position": [], "histogram": {}, "rounds": 0, "aggregate_only": True}
-                      for m, b, label in (("dflash", None, "dflash"), ("ddtree", 16, "ddtree-B16"))]
+    report["runs"] = [
+        {
+            "mode": m,
+            "budget": b,
+            "label": label,
+            "tau": None,
+            "tau_per_response_mean": None,
+            "per_position": [],
+            "histogram": {},
+            "rounds": 0,
+            "aggregate_only": True,
+        }
+        for m, b, label in (("dflash", None, "dflash"), ("ddtree", 16, "ddtree-B16"))
+    ]
     text = render_html(report)
     assert_self_contained(text, plots=0)
     assert "<tr><td>ddtree-B16</td><td>-</td>" in text

@@ -14,26 +14,55 @@ from ddtree_conformance.report import render_html
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 BROWSER = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
-needs_browser = pytest.mark.skipif(BROWSER is None, reason="no headless Chromium here (Debian: apt-get install -y "
-                                                            "chromium; .ci/run installs it)")
+needs_browser = pytest.mark.skipif(
+    BROWSER is None, reason="no headless Chromium here (Debian: apt-get install -y chromium; .ci/run installs it)"
+)
 COLOURS = {"pass": (0x1A, 0x7F, 0x37), "fail": (0xCF, 0x22, 0x2E), "incomplete": (0x9A, 0x67, 0x00)}
 
 
 def screenshot(html: Path, png: Path, profile: Path, size: str = "1000,420") -> Path:
-    subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-                    "--hide-scrollbars", f"--window-size={size}", f"--screenshot={png}", html.as_uri()],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            BROWSER,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            "--hide-scrollbars",
+            f"--window-size={size}",
+            f"--screenshot={png}",
+            html.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return png
 
 
 def report(status: str | None) -> dict:
-    body = {"schema": "ddtree-conformance/check-report", "schema_version": 1, "kind": "check",
-            "hardware_class": "cpu-test", "settings": {"engine": "my_engine:MyEngine", "pair_name": "fixture",
-                                                       "dtype": "float32", "device": "cpu"},
-            "engine": {"spec": "my_engine:MyEngine", "name": "my-engine", "version": "1.4.0"}, "runs": [],
-            "results": [{"check": "acceptance/ddtree-B16", "status": "skip", "message": "no acceptance data",
-                         "cause": "engine", "details": {}}]}
+    body = {
+        "schema": "ddtree-conformance/check-report",
+        "schema_version": 1,
+        "kind": "check",
+        "hardware_class": "cpu-test",
+        "settings": {"engine": "my_engine:MyEngine", "pair_name": "fixture", "dtype": "float32", "device": "cpu"},
+        "engine": {"spec": "my_engine:MyEngine", "name": "my-engine", "version": "1.4.0"},
+        "runs": [],
+        "results": [
+            {
+                "check": "acceptance/ddtree-B16",
+                "status": "skip",
+                "message": "no acceptance data",
+                "cause": "engine",
+                "details": {},
+            }
+        ],
+    }
     if status:
         body["verdict"] = {"status": status, "reason": f"the {status} reason"}
     else:

@@ -12,15 +12,36 @@ ENG = {"tokens": [9, 3, 6, 4], "parents": [-1, 0, 1, 0], "accepted": [1]}
 
 
 def _report(first_round):
-    return {"kind": "check", "settings": {}, "runs": [], "results": [
-        {"check": "lossless/dflash", "status": "pass", "message": "ok", "details": {}},
-        {"check": "acceptance/ddtree-B16", "status": "fail", "message": "differs", "details": {"first_round": first_round}},
-    ]}
+    return {
+        "kind": "check",
+        "settings": {},
+        "runs": [],
+        "results": [
+            {"check": "lossless/dflash", "status": "pass", "message": "ok", "details": {}},
+            {
+                "check": "acceptance/ddtree-B16",
+                "status": "fail",
+                "message": "differs",
+                "details": {"first_round": first_round},
+            },
+        ],
+    }
 
 
 def test_first_failing_round_is_drawn_side_by_side():
-    page = render_html(_report({"prompt": "p3", "round": 4, "engine_length": 2, "reference_length": 3,
-                                "note": "drafter", "reference_tree": REF, "engine_tree": ENG}))
+    page = render_html(
+        _report(
+            {
+                "prompt": "p3",
+                "round": 4,
+                "engine_length": 2,
+                "reference_length": 3,
+                "note": "drafter",
+                "reference_tree": REF,
+                "engine_tree": ENG,
+            }
+        )
+    )
     assert "<h2>First failing round</h2>" in page and "p3 round 4" in page
     assert page.count("<svg") == 2
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")

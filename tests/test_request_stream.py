@@ -10,8 +10,7 @@ from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.held_out import HELD_OUT_CATEGORY, held_out_prompts
 from ddtree_conformance.prompts import load_prompts
-from ddtree_conformance.session import SuiteSession, SuiteSettings
-from ddtree_conformance.session import mixing
+from ddtree_conformance.session import SuiteSession, SuiteSettings, mixing
 from ddtree_conformance.testing.random_pair import write_random_prompts
 from ddtree_conformance.testing.stream_adversaries import KnowsPublicPrompts, RepeatedRequestBug, public_prompts
 from ddtree_conformance.token_scoring import target_logits
@@ -22,9 +21,19 @@ def settings(random_pair, tmp_path_factory) -> SuiteSettings:
     target, drafter = random_pair
     path = tmp_path_factory.mktemp("stream") / "p.jsonl"
     write_random_prompts(path, [5, 9, 14], seed=3, prefix="s")
-    return SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", prompt_set=str(path),
-                         golden_dir=str(path.parent / "golden"), modes=["ddtree"], budgets=[4], max_new_tokens=12,
-                         isolate=False, torch_threads=1, run_seed=5)
+    return SuiteSettings(
+        model_dir=str(target),
+        drafter_dir=str(drafter),
+        pair_name="random",
+        prompt_set=str(path),
+        golden_dir=str(path.parent / "golden"),
+        modes=["ddtree"],
+        budgets=[4],
+        max_new_tokens=12,
+        isolate=False,
+        torch_threads=1,
+        run_seed=5,
+    )
 
 
 def _run(settings: SuiteSettings, engine_class, families: list[str], **updates):
@@ -96,7 +105,8 @@ def test_requests_reach_the_engine_shuffled_and_mixed_but_batch_checks_get_their
     with_session = SuiteSession(settings)
     try:
         with_session.engines._engines[(settings.model_dir, settings.drafter_dir)] = ReferenceEngine(
-            settings.model_dir, settings.drafter_dir)
+            settings.model_dir, settings.drafter_dir
+        )
         expected = [tuple(r.prompt_ids) for r in busy_batch_requests(with_session)[0]]
     finally:
         with_session.close()

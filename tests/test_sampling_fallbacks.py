@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.checks.sampling import VARIANTS, silent_fallback, transition_test
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
@@ -30,12 +31,15 @@ def _sequences(params: SamplingParams, first: SamplingParams | None = None, n: i
     return table, out
 
 
-@pytest.mark.parametrize(("variant", "actual", "phrase"), [
-    ("T=1", SamplingParams(), "sampled requests were verified greedily"),
-    ("T=0.8,top_p=0.7", SamplingParams(temperature=1.0, top_p=0.7), "the temperature ignored"),
-    ("T=1,top_k=3", SamplingParams(temperature=1.0), "top-k/top-p ignored"),
-    ("T=0.8,top_p=0.7", SamplingParams(temperature=1.0), "temperature and top-k/top-p ignored"),
-])
+@pytest.mark.parametrize(
+    ("variant", "actual", "phrase"),
+    [
+        ("T=1", SamplingParams(), "sampled requests were verified greedily"),
+        ("T=0.8,top_p=0.7", SamplingParams(temperature=1.0, top_p=0.7), "the temperature ignored"),
+        ("T=1,top_k=3", SamplingParams(temperature=1.0), "top-k/top-p ignored"),
+        ("T=0.8,top_p=0.7", SamplingParams(temperature=1.0), "temperature and top-k/top-p ignored"),
+    ],
+)
 def test_each_fallback_is_named(variant, actual, phrase):
     asked = VARIANTS[variant]
     table, sequences = _sequences(actual, first=asked)  # the prefill's token sampled as asked, as engines do
@@ -58,9 +62,18 @@ ENGINE_CASES = [
 
 @pytest.fixture(scope="module")
 def settings() -> SuiteSettings:
-    return SuiteSettings(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), pair_name="fixture",
-                         prompt_set="fixture", limit=1, budgets=[16], isolate=False,
-                         held_out_prompts=0, run_seed=1, sampling_requests=40)
+    return SuiteSettings(
+        model_dir=str(FIXTURE_TARGET),
+        drafter_dir=str(FIXTURE_DRAFTER),
+        pair_name="fixture",
+        prompt_set="fixture",
+        limit=1,
+        budgets=[16],
+        isolate=False,
+        held_out_prompts=0,
+        run_seed=1,
+        sampling_requests=40,
+    )
 
 
 def _run(settings: SuiteSettings, engine_class, check: str):

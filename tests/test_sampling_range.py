@@ -24,8 +24,16 @@ def test_drawn_settings_cover_each_stratum_and_follow_the_seed():
 
 
 def _sampling(engine_class, seed: int, variants: tuple[str, ...] = ("sampling/",), requests: int = 150):
-    settings = SuiteSettings(modes=["ddtree"], budgets=[4], limit=1, isolate=False, torch_threads=1, run_seed=seed,
-                             sampling_requests=requests, held_out_prompts=0)
+    settings = SuiteSettings(
+        modes=["ddtree"],
+        budgets=[4],
+        limit=1,
+        isolate=False,
+        torch_threads=1,
+        run_seed=seed,
+        sampling_requests=requests,
+        held_out_prompts=0,
+    )
     session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
     try:
         checks = plan(settings, list(variants))
@@ -37,10 +45,14 @@ def _sampling(engine_class, seed: int, variants: tuple[str, ...] = ("sampling/",
 def test_the_fixed_variants_never_reach_the_range():
     """The hole: an engine that ignores top_k above 8 passes every fixed variant (the drawn variant fails it:
     the next test)."""
-    results = _sampling(RANGE_ADVERSARIES["ignores top_k > 8"], seed=3, variants=("/T=1", "/T=0.8"),
-                        requests=60)  # at the fixed points it samples as the reference does: any count passes
-    assert {k: r.status for k, r in results.items()} == {"T=1": "pass", "T=1,top_k=3": "pass",
-                                                         "T=0.8,top_p=0.7": "pass"}
+    results = _sampling(
+        RANGE_ADVERSARIES["ignores top_k > 8"], seed=3, variants=("/T=1", "/T=0.8"), requests=60
+    )  # at the fixed points it samples as the reference does: any count passes
+    assert {k: r.status for k, r in results.items()} == {
+        "T=1": "pass",
+        "T=1,top_k=3": "pass",
+        "T=0.8,top_p=0.7": "pass",
+    }
 
 
 @pytest.mark.parametrize("hole", list(RANGE_ADVERSARIES))

@@ -1,6 +1,7 @@
 """Contract tests: the SGLang adapter against the real installed SGLang (``sglang==0.5.23``), on CPU.
 
-Every name in :mod:`ddtree_conformance.adapters.sglang.upstream_api` must exist in the installed package: ServerArgs fields
+Every name in :mod:`ddtree_conformance.adapters.sglang.upstream_api` must exist in the installed package:
+ServerArgs fields
 (with the types and choices of the values the adapter passes), algorithm names, the plugin
 registry API, the offline engine's methods, sampling keys, and the meta_info keys and finish types
 where SGLang produces them. Each check is a function in :mod:`ddtree_conformance.adapters.sglang.engine`; every test
@@ -102,7 +103,9 @@ def test_server_args_field(field):
 
 def test_server_args_check_catches_wrong_names_types_and_choices():
     assert sg.check_server_args({"speculative_num_draft_tokens": 16}) == []
-    assert sg.check_server_args({"speculative_num_draft_token": 16}) == ["ServerArgs has no field 'speculative_num_draft_token'"]
+    assert sg.check_server_args({"speculative_num_draft_token": 16}) == [
+        "ServerArgs has no field 'speculative_num_draft_token'"
+    ]
     (wrong_type,) = sg.check_server_args({"tp_size": "2"})
     assert "ServerArgs.tp_size = '2'" in wrong_type
     (wrong_choice,) = sg.check_server_args({"dtype": "fp32"})
@@ -121,8 +124,15 @@ CONFIGS = [
 def test_engine_kwargs_build_a_real_server_args(config):
     from sglang.srt.server_args import ServerArgs
 
-    engine = _engine(context_length=512, mem_fraction_static=0.5, max_running_requests=8, attention_backend="triton",
-                     deterministic=True, cuda_graph=False, seed=3)
+    engine = _engine(
+        context_length=512,
+        mem_fraction_static=0.5,
+        max_running_requests=8,
+        attention_backend="triton",
+        deterministic=True,
+        cuda_graph=False,
+        seed=3,
+    )
     kwargs = engine.server_args(config)
     assert set(kwargs) <= set(api.SERVER_ARGS_FIELDS), set(kwargs) - set(api.SERVER_ARGS_FIELDS)
     assert sg.check_server_args(kwargs) == []
@@ -291,14 +301,16 @@ def test_sampling_keys_and_semantics():
     p = SamplingParams(**greedy)
     assert p.verify(100) is None
     assert p.max_new_tokens == 5 and p.stop_token_ids == {7} and p.ignore_eos and p.top_k == 1  # T=0: greedy
-    sampled = sg.SglangEngine.sampling_params(Request(prompt_ids=[1], max_new_tokens=5, temperature=0.7, top_p=0.9,
-                                                      top_k=0, seed=11))
+    sampled = sg.SglangEngine.sampling_params(
+        Request(prompt_ids=[1], max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=0, seed=11)
+    )
     assert set(sampled) == set(api.SAMPLING_KEYS) and sampled["top_k"] == api.TOP_K_DISABLED
     p = SamplingParams(**sampled)
     assert p.verify(100) is None
     assert p.top_k == TOP_K_ALL and p.sampling_seed == 11 and p.temperature == 0.7 and p.top_p == 0.9
-    topk = SamplingParams(**sg.SglangEngine.sampling_params(Request(prompt_ids=[1], max_new_tokens=5, temperature=1.0,
-                                                                    top_k=5)))
+    topk = SamplingParams(
+        **sg.SglangEngine.sampling_params(Request(prompt_ids=[1], max_new_tokens=5, temperature=1.0, top_k=5))
+    )
     assert topk.top_k == 5
 
 
@@ -312,12 +324,18 @@ def test_finish_types():
     assert sg.finish_types() == {"stop", "length", "abort"}
     assert sg.check_finish_types() == []
     assert sg.check_finish_types({"eos": "stop"}) == [
-        "SGLang never reports finish type 'eos' (it reports: abort, length, stop)"]
+        "SGLang never reports finish type 'eos' (it reports: abort, length, stop)"
+    ]
 
 
 def _meta(rounds, correct, histogram, reason="length"):
-    return {api.META_FINISH_REASON: {api.META_FINISH_TYPE: reason}, api.META_COMPLETION_TOKENS: 9,
-            api.META_VERIFY_CT: rounds, api.META_CORRECT_DRAFTS: correct, api.META_ACCEPT_HISTOGRAM: histogram}
+    return {
+        api.META_FINISH_REASON: {api.META_FINISH_TYPE: reason},
+        api.META_COMPLETION_TOKENS: 9,
+        api.META_VERIFY_CT: rounds,
+        api.META_CORRECT_DRAFTS: correct,
+        api.META_ACCEPT_HISTOGRAM: histogram,
+    }
 
 
 def test_aggregates_from_meta_info():
@@ -337,8 +355,7 @@ def test_aggregates_from_meta_info():
 
 
 def test_results_and_finish_reasons():
-    result = sg.SglangEngine._result({api.OUTPUT_IDS: [5, 6], api.META_INFO: _meta(1, 0, [1], "stop")},
-                                     {"rounds": 1})
+    result = sg.SglangEngine._result({api.OUTPUT_IDS: [5, 6], api.META_INFO: _meta(1, 0, [1], "stop")}, {"rounds": 1})
     assert result.output_ids == [5, 6] and result.finish_reason == "stop" and result.rounds == 1
     assert sg.SglangEngine._result({api.OUTPUT_IDS: [5], api.META_INFO: _meta(1, 0, [1])}, {}).finish_reason == "length"
     aborted = sg.SglangEngine._result({api.OUTPUT_IDS: [], api.META_INFO: _meta(0, 0, [], "abort")}, {})
@@ -371,7 +388,9 @@ def test_isolated_engine_on_cpu():
     try:
         caps = engine.capabilities()
         assert caps.name == "sglang" and caps.devices == [] and "dflash" in caps.modes
-        results = engine.generate([Request(prompt_ids=[1, 2], max_new_tokens=4)] * 2, RunConfig(mode="dflash", device="cuda"))
+        results = engine.generate(
+            [Request(prompt_ids=[1, 2], max_new_tokens=4)] * 2, RunConfig(mode="dflash", device="cuda")
+        )
         assert [r.finish_reason for r in results] == ["error", "error"]
         assert "SGLang needs CUDA" in results[0].error
     finally:
@@ -388,27 +407,31 @@ def test_no_drafter_plain_only():
         engine.server_args(RunConfig(mode="dflash", device="cuda"))
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"no_such_option": 1}, "unknown option.*no_such_option"),
-    ({"acceptance_scope": "round"}, "option acceptance_scope must be 'batch' or 'request'"),
-    ({"seed": "abc"}, "option seed must be int"),
-    ({"context_length": 0}, "option context_length must be >= 1"),
-    ({"mem_fraction_static": 1.5}, r"option mem_fraction_static must be in \[0.0, 1.0\]"),
-    ({"max_running_requests": "x"}, "option max_running_requests must be int"),
-    ({"deterministic": "maybe"}, "option deterministic must be true or false"),
-    ({"cuda_graph": "2"}, "option cuda_graph must be true or false"),
-    ({"attention_backend": "no_such_backend"}, "ServerArgs.attention_backend = 'no_such_backend' is not one of"),
-    ({"ddtree_algorithm": " "}, "option ddtree_algorithm is empty"),
-    ({"ddtree_budget_arg": ""}, "option ddtree_budget_arg is empty"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"no_such_option": 1}, "unknown option.*no_such_option"),
+        ({"acceptance_scope": "round"}, "option acceptance_scope must be 'batch' or 'request'"),
+        ({"seed": "abc"}, "option seed must be int"),
+        ({"context_length": 0}, "option context_length must be >= 1"),
+        ({"mem_fraction_static": 1.5}, r"option mem_fraction_static must be in \[0.0, 1.0\]"),
+        ({"max_running_requests": "x"}, "option max_running_requests must be int"),
+        ({"deterministic": "maybe"}, "option deterministic must be true or false"),
+        ({"cuda_graph": "2"}, "option cuda_graph must be true or false"),
+        ({"attention_backend": "no_such_backend"}, "ServerArgs.attention_backend = 'no_such_backend' is not one of"),
+        ({"ddtree_algorithm": " "}, "option ddtree_algorithm is empty"),
+        ({"ddtree_budget_arg": ""}, "option ddtree_budget_arg is empty"),
+    ],
+)
 def test_bad_options(options, message):
     with pytest.raises(EngineError, match=message):
         _engine(**options)
 
 
 def test_string_options_parse():
-    engine = _engine(seed="5", deterministic="true", cuda_graph="false", mem_fraction_static="0.4",
-                     acceptance_scope="request")
+    engine = _engine(
+        seed="5", deterministic="true", cuda_graph="false", mem_fraction_static="0.4", acceptance_scope="request"
+    )
     kwargs = engine.server_args(RunConfig(device="cuda"))
     assert kwargs["random_seed"] == 5 and kwargs["enable_deterministic_inference"] is True
     assert kwargs["disable_cuda_graph"] is True and kwargs["mem_fraction_static"] == 0.4

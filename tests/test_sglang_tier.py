@@ -37,9 +37,9 @@ pytest_plugins = ["ddtree_conformance.testing.tiers"]
 if HAVE_CUDA:
     pytest.importorskip("sglang", reason="SGLang is not installed here (bash .ci/sglang-tier or tox -e sglang)")
 
-from ddtree_conformance.metrics import mean_tau
-from ddtree_conformance.session import SuiteSession, SuiteSettings
-from ddtree_conformance.testing.tiers import TierSummary, fixture_golden, run_checks
+from ddtree_conformance.metrics import mean_tau  # noqa: E402
+from ddtree_conformance.session import SuiteSession, SuiteSettings  # noqa: E402
+from ddtree_conformance.testing.tiers import TierSummary, fixture_golden, run_checks  # noqa: E402
 
 MAX_NEW_TOKENS = 64
 BUDGETS = [16, 64]
@@ -52,9 +52,19 @@ def _options() -> dict:
 
 
 def _settings(**overrides) -> SuiteSettings:
-    base = {"engine": "sglang", "device": "cuda", "modes": ["dflash"], "budgets": BUDGETS, "dtype": "float32",
-            "max_new_tokens": MAX_NEW_TOKENS, "isolate": True, "timeout_s": 900.0, "pair_name": "fixture",
-            "prompt_set": "fixture", "engine_options": _options()}
+    base = {
+        "engine": "sglang",
+        "device": "cuda",
+        "modes": ["dflash"],
+        "budgets": BUDGETS,
+        "dtype": "float32",
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "isolate": True,
+        "timeout_s": 900.0,
+        "pair_name": "fixture",
+        "prompt_set": "fixture",
+        "engine_options": _options(),
+    }
     base.update(overrides)
     return SuiteSettings(**base)
 
@@ -121,8 +131,12 @@ def test_dflash_acceptance_fp32(fp32, golden):
     dflash = fp32["dflash"]
     assert all(r.aggregate_only and r.rounds and r.mean_acceptance for r in dflash)
     reference = [golden.records[p.id].acceptance["dflash"] for p in fp32["session"].prompts]
-    SUMMARY["acceptance_fp32"] = {"check": result.message, "tau": dflash[0].mean_acceptance,
-                                  "reference_tau": mean_tau(reference), "seconds": fp32["seconds"]}
+    SUMMARY["acceptance_fp32"] = {
+        "check": result.message,
+        "tau": dflash[0].mean_acceptance,
+        "reference_tau": mean_tau(reference),
+        "seconds": fp32["seconds"],
+    }
     assert result.status == "pass", result.message
 
 

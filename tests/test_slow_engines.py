@@ -71,8 +71,9 @@ def test_shared_engines_reuse_the_loaded_models(reference):
     engine = share_loaded(base, SlowVerify)
     engine.generate(REQUESTS[:1], CONFIGS[2])
     assert engine._loaded == base._loaded  # nothing loaded again
-    assert sum(len(layer._forward_hooks) for pair in base._loaded.values()
-               for layer in pair.target.model.layers) == hooks
+    assert (
+        sum(len(layer._forward_hooks) for pair in base._loaded.values() for layer in pair.target.model.layers) == hooks
+    )
 
 
 @pytest.mark.parametrize("cls, option", [(SlowVerify, {"verify_slowdown": -1}), (SlowBuild, {"build_extra_s": 5})])

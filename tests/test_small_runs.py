@@ -18,8 +18,16 @@ def settings(random_pair, tmp_path_factory) -> SuiteSettings:
     target, drafter = random_pair
     path = tmp_path_factory.mktemp("small") / "small.jsonl"
     write_random_prompts(path, [6, 13, 20], seed=21, prefix="s")
-    return SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", prompt_set=str(path),
-                         budgets=[16], isolate=False, branch_prompts=1, branch_rounds=1)
+    return SuiteSettings(
+        model_dir=str(target),
+        drafter_dir=str(drafter),
+        pair_name="random",
+        prompt_set=str(path),
+        budgets=[16],
+        isolate=False,
+        branch_prompts=1,
+        branch_rounds=1,
+    )
 
 
 @pytest.mark.parametrize("limit, new_tokens", [(1, 1), (2, 8), (1, 3)])

@@ -4,6 +4,7 @@ and nodes the output's or the context's end leaves out; and nothing else."""
 from __future__ import annotations
 
 import torch
+
 from ddtree_conformance.spec import build_chain, build_tree, tree_problem
 from ddtree_conformance.testing.correct_engines import reversed_ties_tree
 from ddtree_conformance.testing.stepped import first_nodes, renumbered, shallower
@@ -36,8 +37,9 @@ def test_another_tree_fails():
     chain = build_chain(logits)
     swapped = chain.tokens.clone()
     swapped[3] = int(torch.topk(logits[2], 2).indices[1])  # a runner-up at depth 3
-    assert "not a most probable token" in tree_problem([9] + swapped[1:].tolist(), chain.parents.tolist(),
-                                                       chain.depths.tolist(), logits, "dflash", 1)
+    assert "not a most probable token" in tree_problem(
+        [9] + swapped[1:].tolist(), chain.parents.tolist(), chain.depths.tolist(), logits, "dflash", 1
+    )
 
 
 def test_a_cycle_or_a_repeated_sibling_is_not_a_tree():
@@ -56,8 +58,10 @@ def test_ties_broken_either_way_pass():
     chain = build_chain(logits)
     chain_other = chain.tokens.clone()
     chain_other[1:] = 11  # also a most probable token at every depth
-    assert tree_problem([9] + chain_other[1:].tolist(), chain.parents.tolist(), chain.depths.tolist(), logits,
-                        "dflash", 1) is None
+    assert (
+        tree_problem([9] + chain_other[1:].tolist(), chain.parents.tolist(), chain.depths.tolist(), logits, "dflash", 1)
+        is None
+    )
 
 
 def test_unemittable_nodes_may_be_left_out_only_near_the_output_end():

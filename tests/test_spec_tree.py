@@ -10,12 +10,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from ddtree_conformance.spec.tree import (
-    DraftTree,
-    build_chain,
-    build_tree,
-    per_depth_topk,
-)
+from ddtree_conformance.spec.tree import DraftTree, build_chain, build_tree, per_depth_topk
 
 NEG_INF = float("-inf")
 
@@ -153,7 +148,11 @@ def test_heap_tree_is_the_best_prefixes_by_brute_force(logits, budget):
 # smaller rank path, which can be (j, r). The heap builder (and the brute force) keep (j, r).
 TIE_CASES = [
     pytest.param(
-        [[0.0, 0.0, 0.0, NEG_INF, NEG_INF], [0.0, NEG_INF, 0.0, NEG_INF, NEG_INF], [NEG_INF, NEG_INF, NEG_INF, 0.0, NEG_INF]],
+        [
+            [0.0, 0.0, 0.0, NEG_INF, NEG_INF],
+            [0.0, NEG_INF, 0.0, NEG_INF, NEG_INF],
+            [NEG_INF, NEG_INF, NEG_INF, 0.0, NEG_INF],
+        ],
         29,
         id="neg-inf-ties",
     ),

@@ -23,9 +23,17 @@ def settings(random_pair, tmp_path_factory) -> SuiteSettings:
     target, drafter = random_pair
     path = tmp_path_factory.mktemp("prompts") / "tp.jsonl"
     write_random_prompts(path, [4, 11, 19, 27], seed=11, prefix="tp")
-    return SuiteSettings(model_dir=str(target), drafter_dir=str(drafter), pair_name="random", prompt_set=str(path),
-                         budgets=[16], max_new_tokens=24, isolate=False, tensor_parallel_size=2,
-                         held_out_prompts=0)  # the counts below are of these four prompts
+    return SuiteSettings(
+        model_dir=str(target),
+        drafter_dir=str(drafter),
+        pair_name="random",
+        prompt_set=str(path),
+        budgets=[16],
+        max_new_tokens=24,
+        isolate=False,
+        tensor_parallel_size=2,
+        held_out_prompts=0,
+    )  # the counts below are of these four prompts
 
 
 def _tp_results(settings: SuiteSettings, engine_class, **updates):
@@ -55,8 +63,9 @@ def test_tp_output_mutant_fails_naming_the_divergence(settings):
     for result in results.values():
         assert result.status == "fail"
         # which prompt comes first depends on the order the requests reach the engine (shuffled per run)
-        assert re.search(r"TP=2 output differs from TP=1 on 2/4 prompts; prompt tp\d diverges at output token 12",
-                         result.message), result.message
+        assert re.search(
+            r"TP=2 output differs from TP=1 on 2/4 prompts; prompt tp\d diverges at output token 12", result.message
+        ), result.message
 
 
 def test_tp_acceptance_mutant_fails_on_acceptance_not_outputs(settings):
@@ -90,6 +99,9 @@ def test_reference_engine_refuses_a_tp_size_that_does_not_split_the_target(rando
     target, drafter = random_pair  # vocabulary 97: no TP size above 1 splits it evenly
     engine = ReferenceEngine(str(target), str(drafter))
     assert engine.capabilities().max_tensor_parallel == 1
-    with pytest.raises(EngineError, match=r"reference engine: tensor_parallel_size=2 does not split target .* evenly "
-                                          r"\(num_attention_heads 2, num_key_value_heads 2, .*vocab_size 97\)"):
+    with pytest.raises(
+        EngineError,
+        match=r"reference engine: tensor_parallel_size=2 does not split target .* evenly "
+        r"\(num_attention_heads 2, num_key_value_heads 2, .*vocab_size 97\)",
+    ):
         engine.generate([Request(prompt_ids=[1, 2], max_new_tokens=2)], RunConfig(tensor_parallel_size=2))

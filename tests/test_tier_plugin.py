@@ -16,7 +16,7 @@ from ddtree_conformance.testing import tiers
 
 pytest_plugins = ["pytester"]
 
-TIER_MODULE = '''
+TIER_MODULE = """
 import pytest
 from ddtree_conformance.testing.tiers import TierSummary
 
@@ -27,7 +27,7 @@ SUMMARY = TierSummary("DDTREE_TEST_SUMMARY", key={key!r})
 @pytest.mark.parametrize("n", [3, 1, 2])
 def test_measures(n):
     SUMMARY[f"n{{n}}"] = n * 10
-'''
+"""
 
 
 def test_summaries_written_at_the_end_in_any_order(pytester, monkeypatch, tmp_path):
@@ -52,8 +52,16 @@ class _Counting(Engine):
     closed = 0
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(name="counting", version="0", modes=["plain"], dtypes=["float32"], devices=["cpu"],
-                            sampling=False, traces=False, per_round_acceptance=False)
+        return Capabilities(
+            name="counting",
+            version="0",
+            modes=["plain"],
+            dtypes=["float32"],
+            devices=["cpu"],
+            sampling=False,
+            traces=False,
+            per_round_acceptance=False,
+        )
 
     def generate(self, requests, config):
         return []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ddtree_conformance.acceptance_policy import acceptance_depth_findings
 from ddtree_conformance.adapters.interface import RequestResult
 from ddtree_conformance.checks import plan, run_plan
@@ -39,8 +40,17 @@ def _views(builder, budget: int, rounds: int = 30, room: int | None = None, peak
     for r in range(rounds):
         logits = _peaked(g, peak)
         tree = builder(logits, budget)
-        views.append(RoundView(f"p round {r}", 10, [5, *tree.tokens[1:].tolist()], tree.parents.tolist(),
-                               tree.depths.tolist(), logits, room=room))
+        views.append(
+            RoundView(
+                f"p round {r}",
+                10,
+                [5, *tree.tokens[1:].tolist()],
+                tree.parents.tolist(),
+                tree.depths.tolist(),
+                logits,
+                room=room,
+            )
+        )
     return views
 
 
@@ -56,23 +66,33 @@ def test_policy_builder_with_every_switch_off_is_the_spec_and_agrees_with_the_en
         logits = torch.randn(depth, vocab, generator=g) * 3
         assert build_policy_tree(logits, budget).same_as(build_tree(logits, budget))
         width = min(max(budget // depth + 1, 2), 6)
-        for mine, theirs in [({"max_children": width}, {"width": width}), ({"depth_bonus": 0.2}, {"bonus": 0.2}),
-                             ({"early_stop_margin": 1.0, "keep_spine": True}, {"margin": 1.0})]:
+        for mine, theirs in [
+            ({"max_children": width}, {"width": width}),
+            ({"depth_bonus": 0.2}, {"bonus": 0.2}),
+            ({"early_stop_margin": 1.0, "keep_spine": True}, {"margin": 1.0}),
+        ]:
             ours, engines = build_policy_tree(logits, budget, **mine), tp.pr_heap_tree(logits, budget, **theirs)
             assert _paths(ours) == _paths(engines)
         spec = build_tree(logits, budget)
         assert _paths(renumber_breadth_first(spec)) == _paths(tp._breadth_first(spec))
 
 
-@pytest.mark.parametrize(("builder", "budget", "kinds"), [
-    (build_tree, 16, []),
-    (lambda logits, b: tp.spine(logits, b), 6, ["chain"]),
-    (lambda logits, b: tp.pr_heap_tree(logits, b, width=3), 16, ["width-cap"]),
-    (lambda logits, b: tp.pr_heap_tree(logits, b, bonus=0.2), 16, ["depth-bonus"]),
-    (lambda logits, b: tp.pr_heap_tree(logits, b, margin=1.0), 16, ["early-stop"]),
-    (lambda logits, b: tp._breadth_first(tp.pr_heap_tree(logits, b, width=3, bonus=0.2, margin=1.0)), 32,
-     ["width-cap", "depth-bonus", "early-stop"]),
-], ids=["spec", "chain", "width-cap", "depth-bonus", "early-stop", "sglang"])
+@pytest.mark.parametrize(
+    ("builder", "budget", "kinds"),
+    [
+        (build_tree, 16, []),
+        (lambda logits, b: tp.spine(logits, b), 6, ["chain"]),
+        (lambda logits, b: tp.pr_heap_tree(logits, b, width=3), 16, ["width-cap"]),
+        (lambda logits, b: tp.pr_heap_tree(logits, b, bonus=0.2), 16, ["depth-bonus"]),
+        (lambda logits, b: tp.pr_heap_tree(logits, b, margin=1.0), 16, ["early-stop"]),
+        (
+            lambda logits, b: tp._breadth_first(tp.pr_heap_tree(logits, b, width=3, bonus=0.2, margin=1.0)),
+            32,
+            ["width-cap", "depth-bonus", "early-stop"],
+        ),
+    ],
+    ids=["spec", "chain", "width-cap", "depth-bonus", "early-stop", "sglang"],
+)
 def test_each_policy_is_named_from_traces(builder, budget, kinds):
     peak = 2.0 if kinds == ["chain"] else 7.0
     diagnosis = diagnose_traces("ddtree-B", _views(builder, budget, peak=peak), "ddtree", budget, HORIZON + 1)
@@ -81,8 +101,9 @@ def test_each_policy_is_named_from_traces(builder, budget, kinds):
 
 
 def test_bonus_and_width_are_measured_not_assumed():
-    diagnosis = diagnose_traces("x", _views(lambda lg, b: tp.pr_heap_tree(lg, b, width=4, bonus=0.5), 32), "ddtree",
-                                32, HORIZON + 1)
+    diagnosis = diagnose_traces(
+        "x", _views(lambda lg, b: tp.pr_heap_tree(lg, b, width=4, bonus=0.5), 32), "ddtree", 32, HORIZON + 1
+    )
     assert diagnosis.kinds == ["width-cap", "depth-bonus"]
     assert "at 4 " in diagnosis.findings[0].message and "about 0.5 per level" in diagnosis.findings[1].message
 
@@ -97,8 +118,9 @@ def test_depth_beyond_the_block_from_traces():
 
 
 def test_freedoms_are_notes_never_findings():
-    renumbered = diagnose_traces("x", _views(lambda lg, b: tp._breadth_first(build_tree(lg, b)), 16), "ddtree", 16,
-                                 HORIZON + 1)
+    renumbered = diagnose_traces(
+        "x", _views(lambda lg, b: tp._breadth_first(build_tree(lg, b)), 16), "ddtree", 16, HORIZON + 1
+    )
     assert renumbered.kinds == [] and "numbered breadth-first" in " ".join(renumbered.notes)
     cut = diagnose_traces("x", _views(lambda lg, b: build_tree(lg, 10), 16, room=10), "ddtree", 16, HORIZON + 1)
     assert cut.kinds == [] and "cut to the room left" in " ".join(cut.notes)
@@ -109,14 +131,30 @@ def test_freedoms_are_notes_never_findings():
 def test_depth_from_acceptance_alone():
     per_round = RequestResult(output_ids=[1] * 20, finish_reason="length", rounds=2, acceptance_lengths=[10, 9])
     assert acceptance_depth_findings([per_round], 8, 16)[0].kind == "depth-beyond-block"
-    counters = RequestResult(output_ids=[1] * 5, finish_reason="length", aggregate_only=True,
-                             mean_acceptance=2.0, per_position_acceptance=[0.5] * 16)
+    counters = RequestResult(
+        output_ids=[1] * 5,
+        finish_reason="length",
+        aggregate_only=True,
+        mean_acceptance=2.0,
+        per_position_acceptance=[0.5] * 16,
+    )
     assert "reported at 16 depths" in acceptance_depth_findings([counters], 8, 16)[0].message
-    fine = RequestResult(output_ids=[1] * 5, finish_reason="length", rounds=2, acceptance_lengths=[2, 2],
-                         per_position_acceptance=[0.5] * 16)  # per-round lengths win over a long vector
+    fine = RequestResult(
+        output_ids=[1] * 5,
+        finish_reason="length",
+        rounds=2,
+        acceptance_lengths=[2, 2],
+        per_position_acceptance=[0.5] * 16,
+    )  # per-round lengths win over a long vector
     assert acceptance_depth_findings([fine], 8, 16) == []
-    stated = RequestResult(output_ids=[1] * 5, finish_reason="length", aggregate_only=True, mean_acceptance=2.0,
-                           per_position_acceptance=[0.5] * 7, engine_settings={"draft_depth": 16})
+    stated = RequestResult(
+        output_ids=[1] * 5,
+        finish_reason="length",
+        aggregate_only=True,
+        mean_acceptance=2.0,
+        per_position_acceptance=[0.5] * 7,
+        engine_settings={"draft_depth": 16},
+    )
     assert "the engine reports a draft depth of 16" in acceptance_depth_findings([stated], 8, 16)[0].message
 
 
@@ -125,10 +163,19 @@ def test_depth_from_acceptance_alone():
 
 @pytest.fixture(scope="module")
 def fixture_settings() -> SuiteSettings:
-    return SuiteSettings(model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), pair_name="fixture",
-                         prompt_set="fixture", limit=2, max_new_tokens=24, budgets=[16], isolate=False,
-                         held_out_prompts=0, run_seed=1,
-                         golden_dir="/nonexistent")
+    return SuiteSettings(
+        model_dir=str(FIXTURE_TARGET),
+        drafter_dir=str(FIXTURE_DRAFTER),
+        pair_name="fixture",
+        prompt_set="fixture",
+        limit=2,
+        max_new_tokens=24,
+        budgets=[16],
+        isolate=False,
+        held_out_prompts=0,
+        run_seed=1,
+        golden_dir="/nonexistent",
+    )
 
 
 def _run(settings: SuiteSettings, engine_class, names: list[str]) -> dict:
@@ -152,8 +199,9 @@ def test_policy_engine_is_lossless_but_fails_ddtree_naming_its_policy(fixture_se
 
 
 def test_spec_tree_numbered_breadth_first_passes_with_a_note(fixture_settings):
-    results = _run(fixture_settings, tp.BreadthFirstNumbering, ["lossless/ddtree", "tree-structure/ddtree",
-                                                                "acceptance/ddtree"])
+    results = _run(
+        fixture_settings, tp.BreadthFirstNumbering, ["lossless/ddtree", "tree-structure/ddtree", "acceptance/ddtree"]
+    )
     assert all(r.status == "pass" for r in results.values()), {k: r.message for k, r in results.items()}
     assert "numbered breadth-first (a freedom" in results["tree-structure"].message
 
@@ -163,8 +211,10 @@ def test_counters_only_engines_are_named_from_acceptance(fixture_settings):
     settings = fixture_settings.model_copy(update={"budgets": [32], "limit": 5, "max_new_tokens": 32})
     (result,) = _run(settings, tp.counters_only(tp.SglangPr29907Trees), ["acceptance/ddtree"]).values()
     assert result.status == "fail", result.message
-    assert result.message.startswith("the engine's trees are not the spec's (aggregate acceptance): acceptance "
-                                     "equals the reference's under SGLang PR #29907's trees"), result.message
+    assert result.message.startswith(
+        "the engine's trees are not the spec's (aggregate acceptance): acceptance "
+        "equals the reference's under SGLang PR #29907's trees"
+    ), result.message
     assert result.details["tree_policy"] == ["width-cap", "depth-bonus", "early-stop"]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from ddtree_conformance.adapters.interface import EngineError, RunConfig
 from ddtree_conformance.adapters.sglang import pr_contract as sg_contract
 from ddtree_conformance.adapters.sglang import upstream_api as sg_api
@@ -62,16 +63,26 @@ def test_vllm_baselines_hold_to_the_released_names_and_keep_vllms_backend():
     assert vl_contract.check_release_config({k: v for k, v in kwargs.items() if k != "additional_config"}) == []
 
 
-@pytest.mark.parametrize(("field", "value", "phrase"), [
-    ("method", "dd_tree", "the PR selects DDTree with 'dd_tree'"),
-    ("budget_key", "num_tree_nodes", "must be speculative_config.num_tree_nodes"),
-    ("attention_backend", "TREE_ATTENTION", "asserts the TREE_ATTENTION backend"),
-    ("attention_backend_kwarg", "attention_config", "attention_config is None"),
-    ("spec_fields", ("method", "model"), "speculative_config has 'num_speculative_tokens', which the PR does not read"),
-    ("llm_kwargs", tuple(k for k in vl_api.LLM_KWARGS if k != "attention_backend"),
-     "vllm.LLM has no keyword argument 'attention_backend'"),
-    ("draft_depth_is_budget", False, None),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "phrase"),
+    [
+        ("method", "dd_tree", "the PR selects DDTree with 'dd_tree'"),
+        ("budget_key", "num_tree_nodes", "must be speculative_config.num_tree_nodes"),
+        ("attention_backend", "TREE_ATTENTION", "asserts the TREE_ATTENTION backend"),
+        ("attention_backend_kwarg", "attention_config", "attention_config is None"),
+        (
+            "spec_fields",
+            ("method", "model"),
+            "speculative_config has 'num_speculative_tokens', which the PR does not read",
+        ),
+        (
+            "llm_kwargs",
+            tuple(k for k in vl_api.LLM_KWARGS if k != "attention_backend"),
+            "vllm.LLM has no keyword argument 'attention_backend'",
+        ),
+        ("draft_depth_is_budget", False, None),
+    ],
+)
 def test_vllm_contract_fails_when_a_recorded_name_changes(field, value, phrase):
     kwargs, depth = _vllm_run(_vllm(), "ddtree", 64)
     changed = dataclasses.replace(vl_api.PR_DDTREE, **{field: value})
@@ -94,8 +105,11 @@ def test_vllm_contract_fails_on_a_wrong_depth_or_an_overridden_backend():
 
 def test_vllm_results_report_backend_and_depth():
     setup = _vllm()
-    assert setup.engine_settings("ddtree", 64) == {"attention_backend": "TREE_ATTN", "enforce_eager": True,
-                                                   "draft_depth": 64}
+    assert setup.engine_settings("ddtree", 64) == {
+        "attention_backend": "TREE_ATTN",
+        "enforce_eager": True,
+        "draft_depth": 64,
+    }
     assert setup.engine_settings("plain", 1)["attention_backend"] == "vllm default"
     assert any("drafts B positions past the root where its block gives L = 15" in n for n in setup.notes())
 
@@ -104,8 +118,11 @@ def test_vllm_results_report_backend_and_depth():
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_sglang_ddtree_configs_hold_to_the_pr_record_and_baselines_match(budget):
     setup = _sglang()
-    by_mode = {"plain": _sglang_run(setup, "plain"), "dflash": _sglang_run(setup, "dflash"),
-               "ddtree": _sglang_run(setup, "ddtree", budget)}
+    by_mode = {
+        "plain": _sglang_run(setup, "plain"),
+        "dflash": _sglang_run(setup, "dflash"),
+        "ddtree": _sglang_run(setup, "ddtree", budget),
+    }
     assert sg_contract.check_ddtree_pr_server_args(by_mode["ddtree"], budget, BLOCK) == []
     assert sg_contract.check_release_server_args(by_mode["plain"]) == []
     assert sg_contract.check_release_server_args(by_mode["dflash"]) == []
@@ -114,14 +131,17 @@ def test_sglang_ddtree_configs_hold_to_the_pr_record_and_baselines_match(budget)
     assert setup.engine_settings("plain")["attention_backend"] == "triton"
 
 
-@pytest.mark.parametrize(("field", "value", "phrase"), [
-    ("algorithm", "DD_TREE", "the PR names DDTree 'DD_TREE'"),
-    ("budget_field", "speculative_tree_budget", "must be speculative_tree_budget"),
-    ("added_fields", (), "ServerArgs has no field 'speculative_ddtree_budget'"),
-    ("draft_tokens_field", "speculative_dflash_block_size", "speculative_dflash_block_size must be the drafter's"),
-    ("full_tree_attention_backend", "fa3", "refuses attention backend 'triton' (it needs 'fa3')"),
-    ("page_size", 16, "page_size must be 16"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "phrase"),
+    [
+        ("algorithm", "DD_TREE", "the PR names DDTree 'DD_TREE'"),
+        ("budget_field", "speculative_tree_budget", "must be speculative_tree_budget"),
+        ("added_fields", (), "ServerArgs has no field 'speculative_ddtree_budget'"),
+        ("draft_tokens_field", "speculative_dflash_block_size", "speculative_dflash_block_size must be the drafter's"),
+        ("full_tree_attention_backend", "fa3", "refuses attention backend 'triton' (it needs 'fa3')"),
+        ("page_size", 16, "page_size must be 16"),
+    ],
+)
 def test_sglang_contract_fails_when_a_recorded_name_changes(field, value, phrase):
     kwargs = _sglang_run(_sglang(), "ddtree", 64)
     if field == "page_size":
@@ -136,11 +156,18 @@ def test_sglang_attention_backend_option_applies_to_every_mode_and_is_refused_ab
     setup = _sglang(attention_backend="flashinfer")
     assert {_sglang_run(setup, m)["attention_backend"] for m in ("plain", "dflash")} == {"flashinfer"}
     assert _sglang_run(setup, "ddtree", 15)["attention_backend"] == "flashinfer"  # spine mode takes any backend
-    with pytest.raises(EngineError, match=r"option attention_backend=flashinfer: SGLang PR #29907's DDTree runs "
-                                          r"budgets above L = 15 \(B = 16\) only with the triton attention backend"):
+    with pytest.raises(
+        EngineError,
+        match=r"option attention_backend=flashinfer: SGLang PR #29907's DDTree runs "
+        r"budgets above L = 15 \(B = 16\) only with the triton attention backend",
+    ):
         _sglang_run(setup, "ddtree", 16)
-    assert sg_contract.check_like_with_like({"plain": {"attention_backend": "flashinfer"},
-                                              "ddtree": {"attention_backend": "triton"}}) != []
+    assert (
+        sg_contract.check_like_with_like(
+            {"plain": {"attention_backend": "flashinfer"}, "ddtree": {"attention_backend": "triton"}}
+        )
+        != []
+    )
 
 
 def test_sglang_without_pr_ddtree_keeps_sglangs_backend():
@@ -158,8 +185,9 @@ def test_lossless_says_whether_plain_and_the_speculative_run_shared_their_settin
         return RequestResult(output_ids=[1], finish_reason="length", engine_settings=settings)
 
     setup = _sglang()
-    same = settings_note([result(**setup.engine_settings("plain"))], [result(**setup.engine_settings("ddtree"))],
-                         "ddtree-B64")
+    same = settings_note(
+        [result(**setup.engine_settings("plain"))], [result(**setup.engine_settings("ddtree"))], "ddtree-B64"
+    )
     assert same == "; plain and ddtree-B64 both ran with attention backend triton"
     differ = settings_note([result(attention_backend="flashinfer")], [result(attention_backend="triton")], "ddtree-B64")
     assert differ == "; engine settings differ from plain: attention_backend flashinfer (plain) vs triton (ddtree-B64)"

@@ -1,6 +1,7 @@
 """Contract tests: every vLLM name the vLLM adapter relies on exists in the installed vLLM.
 
-The names live in :mod:`ddtree_conformance.adapters.vllm.upstream_api`. Skipped when vLLM is not installed (the main CI venv
+The names live in :mod:`ddtree_conformance.adapters.vllm.upstream_api`. Skipped when vLLM is not installed (the
+main CI venv
 has none); run with ``pytest -m vllm tests/test_vllm_contract.py`` in a venv with vLLM (tox -e
 vllm, .ci/vllm-tier). The metric names are checked after a real speculative run in the vLLM tier
 (tests/test_vllm_tier.py).
@@ -104,8 +105,9 @@ def test_ddtree_probe_matches_capabilities():
 
 
 def test_ddtree_through_the_plugin_when_vllm_has_none():
-    from ddtree_conformance.adapters.vllm.engine import VllmEngine, probe_method
     from ddtree_vllm_plugin import unavailable_reason
+
+    from ddtree_conformance.adapters.vllm.engine import VllmEngine, probe_method
     from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 
     native, _ = probe_method(api.DEFAULT_DDTREE_METHOD, api.DEFAULT_DDTREE_BUDGET_KEY)
@@ -129,8 +131,9 @@ def test_sampling_params_kwarg(name):
 
 
 def test_sampling_params_semantics():
-    p = vllm.SamplingParams(temperature=0.0, top_k=api.TOP_K_DISABLED, max_tokens=5, stop_token_ids=[7],
-                            ignore_eos=True, detokenize=False)
+    p = vllm.SamplingParams(
+        temperature=0.0, top_k=api.TOP_K_DISABLED, max_tokens=5, stop_token_ids=[7], ignore_eos=True, detokenize=False
+    )
     assert p.ignore_eos and p.stop_token_ids == [7] and p.max_tokens == 5
     assert p.top_k in (0, -1), "top_k disabled value changed"
 

@@ -56,8 +56,7 @@ if _why:
 from ddtree_conformance.metrics import mean_tau  # noqa: E402
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET  # noqa: E402
 from ddtree_conformance.session import SuiteSession, SuiteSettings  # noqa: E402
-from ddtree_conformance.testing.tiers import (  # noqa: E402
-    VLLM_TIER_ENGINE_OPTIONS, TierSummary, fixture_golden, run_checks)
+from ddtree_conformance.testing.tiers import VLLM_TIER_ENGINE_OPTIONS, TierSummary, fixture_golden, run_checks  # noqa: E402
 from ddtree_conformance.testing.vllm_plugin_mutants import PLUGIN_MUTANT_FAILS, PLUGIN_MUTANTS  # noqa: E402
 
 MAX_NEW_TOKENS = 64
@@ -74,9 +73,19 @@ SUMMARY = TierSummary("VLLM_TIER_SUMMARY", key="plugin")
 
 
 def _settings(**overrides) -> SuiteSettings:
-    base = dict(engine="vllm", modes=["ddtree"], budgets=BUDGETS, dtype="float32", max_new_tokens=MAX_NEW_TOKENS,
-                isolate=True, engine_timeout_s=900.0, pair_name="fixture", prompt_set="fixture", torch_threads=1,
-                engine_options=ENGINE_OPTIONS)
+    base = dict(
+        engine="vllm",
+        modes=["ddtree"],
+        budgets=BUDGETS,
+        dtype="float32",
+        max_new_tokens=MAX_NEW_TOKENS,
+        isolate=True,
+        engine_timeout_s=900.0,
+        pair_name="fixture",
+        prompt_set="fixture",
+        torch_threads=1,
+        engine_options=ENGINE_OPTIONS,
+    )
     base.update(overrides)
     return SuiteSettings(**base)
 
@@ -125,8 +134,11 @@ def test_capabilities_say_plugin(fp32):
     assert any("ddtree_vllm_plugin" in note for note in caps.notes), caps.notes
     SUMMARY["capabilities_notes"] = caps.notes
     assert any("share one LLM" in note for note in caps.notes), caps.notes
-    SUMMARY["seconds"] = {"plain": fp32["plain_seconds"], "ddtree": fp32["ddtree_seconds"],
-                          "full_plan_b16": fp32["full"]["seconds"]}
+    SUMMARY["seconds"] = {
+        "plain": fp32["plain_seconds"],
+        "ddtree": fp32["ddtree_seconds"],
+        "full_plan_b16": fp32["full"]["seconds"],
+    }
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
@@ -151,8 +163,12 @@ def test_per_round_acceptance_equals_reference(fp32, budget):
     lengths = [r.acceptance_lengths for r in fp32[budget]]
     metric_tau = fp32[budget][0].mean_acceptance  # vLLM's spec-decode counters, pooled over the batch
     tau = mean_tau(lengths)  # pooled over the plugin's per-round traces
-    SUMMARY.setdefault("tau", {})[budget] = {"plugin_traces": tau, "vllm_metrics": metric_tau,
-                                             "check": result.message, "seconds": fp32["ddtree_seconds"][budget]}
+    SUMMARY.setdefault("tau", {})[budget] = {
+        "plugin_traces": tau,
+        "vllm_metrics": metric_tau,
+        "check": result.message,
+        "seconds": fp32["ddtree_seconds"][budget],
+    }
     assert metric_tau is not None and abs(metric_tau - tau) < 1e-9, (metric_tau, tau)
     if budget == max(BUDGETS) and result.status == "fail":
         # Open finding (notes, 2026-12-01): here, where the scheduler cuts trees (test below), 1 of 410
@@ -190,9 +206,14 @@ def test_full_plan_at_b16(fp32):
     failed = {cid: r.message for cid, r in results.items() if r.status == "fail"}
     assert not failed, failed
     passed = {cid for cid, r in results.items() if r.status == "pass"}
-    for must in ("tree-structure/ddtree-B16", "branch-vs-chain/ddtree-B16", "stop-token/ddtree-B16",
-                 "sampling/ddtree-B16/T=1", "sampling/ddtree-B16/T=1,top_k=3",
-                 "sampling/ddtree-B16/T=0.8,top_p=0.7"):
+    for must in (
+        "tree-structure/ddtree-B16",
+        "branch-vs-chain/ddtree-B16",
+        "stop-token/ddtree-B16",
+        "sampling/ddtree-B16/T=1",
+        "sampling/ddtree-B16/T=1,top_k=3",
+        "sampling/ddtree-B16/T=0.8,top_p=0.7",
+    ):
         assert any(cid.startswith(must) for cid in passed), (must, sorted(passed))
     assert "trees are the spec's tree" in results["tree-structure/ddtree-B16"].message
 
@@ -212,16 +233,22 @@ def test_bf16_near_tie(tier_engines):
 @pytest.mark.parametrize("mutant", sorted(PLUGIN_MUTANTS))
 def test_broken_builds_fail(mutant):
     # its own engine process (a broken build may crash or hang it), LLM started with B=16: the plain path
-    session = SuiteSession(_settings(budgets=[FULL_PLAN_BUDGET], limit=MUTANT_PROMPTS,
-                                     engine_options={"ddtree_runner_class": PLUGIN_MUTANTS[mutant]}))
+    session = SuiteSession(
+        _settings(
+            budgets=[FULL_PLAN_BUDGET],
+            limit=MUTANT_PROMPTS,
+            engine_options={"ddtree_runner_class": PLUGIN_MUTANTS[mutant]},
+        )
+    )
     try:
         out = _run(session, ["lossless", "acceptance", "tree-structure"])
     finally:
         session.close()
     statuses = {cid: f"{r.status}: {r.message}" for cid, r in out["results"].items()}
     SUMMARY.setdefault("mutants", {})[mutant] = statuses
-    assert sorted(statuses) == [f"{name}/ddtree-B{FULL_PLAN_BUDGET}" for name in
-                                ("acceptance", "lossless", "tree-structure")], statuses
+    assert sorted(statuses) == [
+        f"{name}/ddtree-B{FULL_PLAN_BUDGET}" for name in ("acceptance", "lossless", "tree-structure")
+    ], statuses
     failed = {cid.split("/")[0] for cid, text in statuses.items() if text.startswith("fail")}
     assert failed == PLUGIN_MUTANT_FAILS[mutant], statuses
 
@@ -267,8 +294,13 @@ def refusals(tmp_path_factory):
     and serves a batch mixing three budgets (``lines``: label -> what happened; ``traces``)."""
     traces = tmp_path_factory.mktemp("refusals") / "rounds.jsonl"
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-c", REFUSALS_CHILD, str(FIXTURE_TARGET), str(FIXTURE_DRAFTER),
-                           str(traces)], capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", REFUSALS_CHILD, str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), str(traces)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     lines = {}
     for line in proc.stdout.splitlines():
         label, _, rest = line.partition(" ")
@@ -289,13 +321,19 @@ def test_logprobs_request_refused(refusals):
     assert "SamplingParams.logprobs is not supported" in error
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("budget-low", "extra_args['ddtree'].budget is 8; this instance takes budgets from the drafter horizon L = 15 "
-                   "to its num_speculative_tokens = 32"),
-    ("budget-high", "extra_args['ddtree'].budget is 33"),
-    ("budget-type", "extra_args['ddtree'].budget: Input should be a valid integer"),
-    ("unknown-key", "extra_args['ddtree'].nodes: Extra inputs are not permitted"),
-])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        (
+            "budget-low",
+            "extra_args['ddtree'].budget is 8; this instance takes budgets from the drafter horizon L = 15 "
+            "to its num_speculative_tokens = 32",
+        ),
+        ("budget-high", "extra_args['ddtree'].budget is 33"),
+        ("budget-type", "extra_args['ddtree'].budget: Input should be a valid integer"),
+        ("unknown-key", "extra_args['ddtree'].nodes: Extra inputs are not permitted"),
+    ],
+)
 def test_request_budget_refused(refusals, case, needle):
     error = refusals["lines"].get(f"request-{case}", refusals["stderr"])
     SUMMARY.setdefault("refusal_request", {})[case] = error
@@ -320,9 +358,8 @@ def test_mixed_budgets_in_one_batch_and_still_serves(refusals):
 def test_plugin_hooks_installed_and_pass_through():
     """The entry point ran (vLLM loads general plugins) and both hooks are pass-through wrappers;
     tests/test_vllm_tier.py shows plain and DFlash outputs unchanged with them installed."""
-    from vllm.plugins import load_general_plugins
-
     from ddtree_vllm_plugin import hooks
+    from vllm.plugins import load_general_plugins
 
     load_general_plugins()
     assert hooks.installed()

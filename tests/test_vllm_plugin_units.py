@@ -23,6 +23,7 @@ except ImportError:  # the default tier does not install the plugin; its vLLM-fr
 
 from ddtree_vllm_plugin import config as plugin_config
 from ddtree_vllm_plugin.tree import NodeSampler, best_first_tree, visibility, walk
+
 from ddtree_conformance.spec import SamplingParams, build_tree, processed_probs, walk_tree
 from ddtree_conformance.spec.verify import compile_tree
 
@@ -78,9 +79,13 @@ def build_tree_from(tree):
     from ddtree_conformance.spec.tree import DraftTree
 
     n = tree.size + 1
-    return DraftTree(tokens=torch.tensor(tree.tokens), depths=torch.tensor(tree.depths),
-                     parents=torch.tensor(tree.parents), ranks=torch.zeros(n, dtype=torch.long),
-                     scores=torch.zeros(n, dtype=torch.float64))
+    return DraftTree(
+        tokens=torch.tensor(tree.tokens),
+        depths=torch.tensor(tree.depths),
+        parents=torch.tensor(tree.parents),
+        ranks=torch.zeros(n, dtype=torch.long),
+        scores=torch.zeros(n, dtype=torch.float64),
+    )
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (1.0, 3, 1.0), (0.8, 0, 0.7), (0.5, 5, 0.9)])
@@ -102,16 +107,25 @@ def test_visibility_equals_spec_mask():
 
 # -- refusals -------------------------------------------------------------------------------------
 
+
 def _vllm_config(**over):
-    spec = SimpleNamespace(method="dflash", num_speculative_tokens=16, disable_padded_drafter_batch=False,
-                           draft_model_config=SimpleNamespace(hf_config=SimpleNamespace(block_size=16)))
+    spec = SimpleNamespace(
+        method="dflash",
+        num_speculative_tokens=16,
+        disable_padded_drafter_batch=False,
+        draft_model_config=SimpleNamespace(hf_config=SimpleNamespace(block_size=16)),
+    )
     cfg = SimpleNamespace(
         additional_config={"ddtree": {}},
         speculative_config=spec,
         use_v2_model_runner=False,
         scheduler_config=SimpleNamespace(async_scheduling=False),
-        parallel_config=SimpleNamespace(pipeline_parallel_size=1, tensor_parallel_size=1, data_parallel_size=1,
-                                        worker_cls="vllm.v1.worker.cpu_worker.CPUWorker"),
+        parallel_config=SimpleNamespace(
+            pipeline_parallel_size=1,
+            tensor_parallel_size=1,
+            data_parallel_size=1,
+            worker_cls="vllm.v1.worker.cpu_worker.CPUWorker",
+        ),
         cache_config=SimpleNamespace(cache_dtype="auto"),
         model_config=SimpleNamespace(is_hybrid=False, uses_mrope=False, model="target"),
         lora_config=None,
@@ -133,20 +147,23 @@ def test_supported_config_passes():
     assert options.trace_path is None
 
 
-@pytest.mark.parametrize("override,platform,version,needle", [
-    ({}, CPU, "0.33.1", "vLLM 0.33.1 is outside the tested range 0.32.x"),
-    ({}, SimpleNamespace(is_cpu=lambda: False, device_type="cuda"), "0.32.0", "CPU platform only"),
-    ({"speculative_config.method": "eagle3"}, CPU, "0.32.0", "needs speculative_config method 'dflash'"),
-    ({"speculative_config.num_speculative_tokens": 8}, CPU, "0.32.0", "below the drafter horizon L"),
-    ({"speculative_config.num_speculative_tokens": 129}, CPU, "0.32.0", "at most 128"),
-    ({"use_v2_model_runner": True}, CPU, "0.32.0", "VLLM_USE_V2_MODEL_RUNNER=0"),
-    ({"scheduler_config.async_scheduling": True}, CPU, "0.32.0", "async scheduling"),
-    ({"parallel_config.pipeline_parallel_size": 2}, CPU, "0.32.0", "pipeline parallelism"),
-    ({"parallel_config.tensor_parallel_size": 2}, CPU, "0.32.0", "tensor parallelism"),
-    ({"cache_config.cache_dtype": "fp8"}, CPU, "0.32.0", "kv_cache_dtype=fp8"),
-    ({"model_config.is_hybrid": True}, CPU, "0.32.0", "hybrid"),
-    ({"additional_config": {"ddtree": {"budget": 3}}}, CPU, "0.32.0", "additional_config['ddtree'].budget"),
-])
+@pytest.mark.parametrize(
+    "override,platform,version,needle",
+    [
+        ({}, CPU, "0.33.1", "vLLM 0.33.1 is outside the tested range 0.32.x"),
+        ({}, SimpleNamespace(is_cpu=lambda: False, device_type="cuda"), "0.32.0", "CPU platform only"),
+        ({"speculative_config.method": "eagle3"}, CPU, "0.32.0", "needs speculative_config method 'dflash'"),
+        ({"speculative_config.num_speculative_tokens": 8}, CPU, "0.32.0", "below the drafter horizon L"),
+        ({"speculative_config.num_speculative_tokens": 129}, CPU, "0.32.0", "at most 128"),
+        ({"use_v2_model_runner": True}, CPU, "0.32.0", "VLLM_USE_V2_MODEL_RUNNER=0"),
+        ({"scheduler_config.async_scheduling": True}, CPU, "0.32.0", "async scheduling"),
+        ({"parallel_config.pipeline_parallel_size": 2}, CPU, "0.32.0", "pipeline parallelism"),
+        ({"parallel_config.tensor_parallel_size": 2}, CPU, "0.32.0", "tensor parallelism"),
+        ({"cache_config.cache_dtype": "fp8"}, CPU, "0.32.0", "kv_cache_dtype=fp8"),
+        ({"model_config.is_hybrid": True}, CPU, "0.32.0", "hybrid"),
+        ({"additional_config": {"ddtree": {"budget": 3}}}, CPU, "0.32.0", "additional_config['ddtree'].budget"),
+    ],
+)
 def test_refusals_name_the_setting(override, platform, version, needle):
     with pytest.raises(plugin_config.DDTreeConfigError, match=None) as err:
         plugin_config.validate(_vllm_config(**override), version, platform)
@@ -160,11 +177,22 @@ def test_inert_without_the_switch():
     assert not plugin_config.requested(_vllm_config(additional_config=None))
 
 
-@pytest.mark.parametrize("field,value", [
-    ("logprobs", 1), ("prompt_logprobs", 0), ("presence_penalty", 0.5), ("frequency_penalty", 0.1),
-    ("repetition_penalty", 1.2), ("min_p", 0.1), ("min_tokens", 3), ("logit_bias", {1: 2.0}),
-    ("allowed_token_ids", [1, 2]), ("bad_words", ["x"]), ("structured_outputs", object()),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("logprobs", 1),
+        ("prompt_logprobs", 0),
+        ("presence_penalty", 0.5),
+        ("frequency_penalty", 0.1),
+        ("repetition_penalty", 1.2),
+        ("min_p", 0.1),
+        ("min_tokens", 3),
+        ("logit_bias", {1: 2.0}),
+        ("allowed_token_ids", [1, 2]),
+        ("bad_words", ["x"]),
+        ("structured_outputs", object()),
+    ],
+)
 def test_request_refusals(field, value):
     params = SimpleNamespace(**{field: value})
     problem = plugin_config.request_problem(params)
@@ -175,24 +203,42 @@ def test_plain_request_accepted():
     assert plugin_config.request_problem(SimpleNamespace(temperature=1.0, top_k=5, top_p=0.9)) is None
 
 
-@pytest.mark.parametrize("extra,needle", [
-    ({"ddtree": {"budget": 14}}, "extra_args['ddtree'].budget is 14; this instance takes budgets from the drafter "
-                                 "horizon L = 15 to its num_speculative_tokens = 64"),
-    ({"ddtree": {"budget": 65}}, "extra_args['ddtree'].budget is 65"),
-    ({"ddtree": {"budget": "16"}}, "extra_args['ddtree'].budget: Input should be a valid integer"),
-    ({"ddtree": {"budget": True}}, "extra_args['ddtree'].budget: Input should be a valid integer"),
-    ({"ddtree": {"trace_draft_logits": "yes"}}, "extra_args['ddtree'].trace_draft_logits: Input should be a valid "
-                                               "boolean"),
-    ({"ddtree": {"nodes": 16}}, "extra_args['ddtree'].nodes: Extra inputs are not permitted"),
-    ({"ddtree": [16]}, "extra_args['ddtree'] must be a dict, got list"),
-])
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (
+            {"ddtree": {"budget": 14}},
+            "extra_args['ddtree'].budget is 14; this instance takes budgets from the drafter "
+            "horizon L = 15 to its num_speculative_tokens = 64",
+        ),
+        ({"ddtree": {"budget": 65}}, "extra_args['ddtree'].budget is 65"),
+        ({"ddtree": {"budget": "16"}}, "extra_args['ddtree'].budget: Input should be a valid integer"),
+        ({"ddtree": {"budget": True}}, "extra_args['ddtree'].budget: Input should be a valid integer"),
+        (
+            {"ddtree": {"trace_draft_logits": "yes"}},
+            "extra_args['ddtree'].trace_draft_logits: Input should be a valid boolean",
+        ),
+        ({"ddtree": {"nodes": 16}}, "extra_args['ddtree'].nodes: Extra inputs are not permitted"),
+        ({"ddtree": [16]}, "extra_args['ddtree'] must be a dict, got list"),
+    ],
+)
 def test_request_budget_refusals(extra, needle):
     problem = plugin_config.request_problem(SimpleNamespace(extra_args=extra), (15, 64))
     assert problem is not None and needle in problem, problem
 
 
-@pytest.mark.parametrize("extra", [None, {}, {"other_plugin": 1}, {"ddtree": {}}, {"ddtree": None},
-                                   {"ddtree": {"budget": 15}}, {"ddtree": {"budget": 64, "trace_draft_logits": True}}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        None,
+        {},
+        {"other_plugin": 1},
+        {"ddtree": {}},
+        {"ddtree": None},
+        {"ddtree": {"budget": 15}},
+        {"ddtree": {"budget": 64, "trace_draft_logits": True}},
+    ],
+)
 def test_request_budget_accepted(extra):
     assert plugin_config.request_problem(SimpleNamespace(extra_args=extra), (15, 64)) is None
     options = plugin_config.request_options(SimpleNamespace(extra_args=extra))

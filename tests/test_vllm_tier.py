@@ -40,8 +40,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (pip install vllm
 from ddtree_conformance.metrics import mean_tau, per_position_acceptance  # noqa: E402
 from ddtree_conformance.paths import FIXTURE_DRAFTER  # noqa: E402
 from ddtree_conformance.session import SuiteSession, SuiteSettings  # noqa: E402
-from ddtree_conformance.testing.tiers import (  # noqa: E402
-    VLLM_TIER_ENGINE_OPTIONS, TierSummary, fixture_golden, run_checks)
+from ddtree_conformance.testing.tiers import VLLM_TIER_ENGINE_OPTIONS, TierSummary, fixture_golden, run_checks  # noqa: E402
 
 MAX_NEW_TOKENS = 64
 CHECKS = ["lossless", "golden", "acceptance"]
@@ -51,12 +50,22 @@ RUN_SEED = secrets.randbits(32)  # one per module: every session here draws the 
 
 
 def _settings(**overrides) -> SuiteSettings:
-    base = dict(engine="vllm", modes=["dflash"], dtype="float32", max_new_tokens=MAX_NEW_TOKENS, isolate=True,
-                engine_timeout_s=900.0, pair_name="fixture", prompt_set="fixture", torch_threads=1,
-                engine_options=ENGINE_OPTIONS, run_seed=RUN_SEED,
-                # the numbers here are compared with the golden file's 80 prompts, and stock DFlash pools its
-                # acceptance counters over the batch: no held-out prompts in it (the plugin tier has them)
-                held_out_prompts=0)
+    base = dict(
+        engine="vllm",
+        modes=["dflash"],
+        dtype="float32",
+        max_new_tokens=MAX_NEW_TOKENS,
+        isolate=True,
+        engine_timeout_s=900.0,
+        pair_name="fixture",
+        prompt_set="fixture",
+        torch_threads=1,
+        engine_options=ENGINE_OPTIONS,
+        run_seed=RUN_SEED,
+        # the numbers here are compared with the golden file's 80 prompts, and stock DFlash pools its
+        # acceptance counters over the batch: no held-out prompts in it (the plugin tier has them)
+        held_out_prompts=0,
+    )
     base.update(overrides)
     return SuiteSettings(**base)
 
@@ -98,7 +107,9 @@ def broken(tmp_path_factory):
     session = SuiteSession(_settings(drafter_dir=str(drafter)))  # pair_name stays "fixture": golden reference
     try:
         out = _run(session)
-        out.update(session=session, dflash=session.run("dflash"), layers=(layers, config["dflash_config"]["target_layer_ids"]))
+        out.update(
+            session=session, dflash=session.run("dflash"), layers=(layers, config["dflash_config"]["target_layer_ids"])
+        )
         yield out
     finally:
         session.close()
@@ -111,13 +122,19 @@ def _exact(results, expected) -> int:
 def _acceptance_numbers(session, results, golden) -> dict:
     bundled = session.inputs.bundled  # the golden file holds these; the held-out prompts follow them
     ref = [golden.records[p.id].acceptance["dflash"] for p in bundled]
-    results = results[:len(bundled)]
+    results = results[: len(bundled)]
     ref_tau, ref_pos = mean_tau(ref), per_position_acceptance(ref)
     tau = sum(r.mean_acceptance for r in results) / len(results)
     got_pos = [sum(col) / len(col) for col in zip(*[r.per_position_acceptance for r in results])]
     diffs = [abs(a - b) for a, b in zip(got_pos, ref_pos)]
-    return {"tau": tau, "reference_tau": ref_tau, "tau_rel_diff": abs(tau - ref_tau) / ref_tau,
-            "per_position_max_abs_diff": max(diffs), "per_position": got_pos, "reference_per_position": ref_pos}
+    return {
+        "tau": tau,
+        "reference_tau": ref_tau,
+        "tau_rel_diff": abs(tau - ref_tau) / ref_tau,
+        "per_position_max_abs_diff": max(diffs),
+        "per_position": got_pos,
+        "reference_per_position": ref_pos,
+    }
 
 
 def test_capabilities(real):

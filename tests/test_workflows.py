@@ -44,8 +44,9 @@ def _labels() -> list[str]:
 
 
 def _lint(*files: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["node", str(LINTER), ",".join(_labels()), *map(str, files)], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        ["node", str(LINTER), ",".join(_labels()), *map(str, files)], capture_output=True, text=True, timeout=120
+    )
 
 
 def workflow_files() -> list[Path]:
@@ -69,6 +70,7 @@ def step(workflow: dict, job: str, step_id: str) -> dict:
 
 # ---------------------------------------------------------------------------------------- actionlint
 
+
 @needs_actionlint
 def test_all_workflows_pass_actionlint():
     files = workflow_files()
@@ -81,8 +83,7 @@ def test_all_workflows_pass_actionlint():
 def test_linter_catches_a_broken_workflow(tmp_path):
     broken = tmp_path / "broken.yml"
     broken.write_text(
-        "on: push\njobs:\n  a:\n    runs-on: [self-hosted, gpux]\n    steps:\n"
-        "      - run: echo ${{ matrix.nope }}\n"
+        "on: push\njobs:\n  a:\n    runs-on: [self-hosted, gpux]\n    steps:\n      - run: echo ${{ matrix.nope }}\n"
     )
     result = _lint(broken)
     assert result.returncode == 1
@@ -91,6 +92,7 @@ def test_linter_catches_a_broken_workflow(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- pinning
+
 
 def _uses() -> list[tuple[str, int, str, str]]:
     found = []
@@ -138,6 +140,7 @@ def test_self_hosted_labels_name_the_gpu_type():
 
 # ---------------------------------------------------------------------------------------- reusable calls
 
+
 def _calls() -> list[tuple[str, str, dict, dict]]:
     """(caller file, job, with, called workflow's workflow_call) for every local reusable call."""
     found = []
@@ -152,8 +155,11 @@ def _calls() -> list[tuple[str, str, dict, dict]]:
 
 def test_local_reusable_calls_pass_known_inputs_and_every_required_one():
     calls = _calls()
-    assert {(c[0], c[1]) for c in calls} >= {("gpu.yml", "conformance"), ("release.yml", "gpu-gate"),
-                                             ("engine-ci-example.yml", "ddtree-conformance")}
+    assert {(c[0], c[1]) for c in calls} >= {
+        ("gpu.yml", "conformance"),
+        ("release.yml", "gpu-gate"),
+        ("engine-ci-example.yml", "ddtree-conformance"),
+    }
     for caller, job, given, called in calls:
         inputs = called.get("inputs", {})
         unknown = sorted(set(given) - set(inputs))
@@ -174,20 +180,35 @@ def test_documented_caller_snippet_uses_known_inputs():
     for caller in callers:
         for job in caller["jobs"].values():
             # a ref that resolves today: a branch or a commit SHA (the suite is built from it), or a tag
-            assert re.fullmatch(r"[\w.-]+/ddtree-conformance/\.github/workflows/conformance\.yml@(main|[0-9a-f]{40}|v[\d.]+)",
-                                job["uses"]), job["uses"]
+            assert re.fullmatch(
+                r"[\w.-]+/ddtree-conformance/\.github/workflows/conformance\.yml@(main|[0-9a-f]{40}|v[\d.]+)",
+                job["uses"],
+            ), job["uses"]
             assert set(job["with"]) <= set(inputs), sorted(set(job["with"]) - set(inputs))
             assert "engine" in job["with"]
 
 
 # ---------------------------------------------------------------------------------------- conformance.yml
 
+
 def test_the_reusable_workflow_takes_what_an_engine_repository_gives():
     workflow = load("conformance.yml")
     assert set(workflow["on"]) == {"workflow_call"}
     inputs = workflow["on"]["workflow_call"]["inputs"]
-    assert {"engine", "engine-version", "engine-requirement", "baseline-engine-requirement", "allow-skip", "pair",
-            "dtype", "budgets", "gpu-type", "gate", "suite-version", "suite-wheel-artifact"} <= set(inputs)
+    assert {
+        "engine",
+        "engine-version",
+        "engine-requirement",
+        "baseline-engine-requirement",
+        "allow-skip",
+        "pair",
+        "dtype",
+        "budgets",
+        "gpu-type",
+        "gate",
+        "suite-version",
+        "suite-wheel-artifact",
+    } <= set(inputs)
     assert inputs["engine"]["required"] is True
     assert inputs["suite-version"]["default"] == "", "no release on the index: build the suite from the called ref"
 
@@ -200,8 +221,11 @@ def test_the_reusable_workflow_installs_the_suite_from_its_own_ref_and_never_the
     assert checkouts[0]["with"]["ref"] == "${{ job.workflow_sha }}"
     assert checkouts[0]["with"]["path"] == ".ddtree-suite"
     suite = job["env"]["SUITE"]
-    for source in ("format('ddtree-conformance[gpu]=={0}', inputs.suite-version)", "'ddtree-conformance[gpu]'",
-                   "format('{0}/.ddtree-suite[gpu]', github.workspace)"):
+    for source in (
+        "format('ddtree-conformance[gpu]=={0}', inputs.suite-version)",
+        "'ddtree-conformance[gpu]'",
+        "format('{0}/.ddtree-suite[gpu]', github.workspace)",
+    ):
         assert source in suite
     scripts = "\n".join(s.get("run", "") for s in job["steps"])
     assert '"$SUITE"' in scripts and "pip install -e" not in scripts
@@ -217,7 +241,9 @@ def test_the_reusable_workflow_keeps_no_logic():
     for script in runs:
         assert "\n" not in script.strip(), script
         assert not re.search(r"\b(if|then|case|for|while|until)\b|\$\(", script), script
-    assert [r for r in runs if "ddtree-conformance\" ci" in r] == ['"$RUNNER_TEMP/ddtree-venv/bin/ddtree-conformance" ci']
+    assert [r for r in runs if 'ddtree-conformance" ci' in r] == [
+        '"$RUNNER_TEMP/ddtree-venv/bin/ddtree-conformance" ci'
+    ]
     assert job["outputs"]["exit-code"] == "${{ steps.ci.outputs.exit-code }}"
 
 
@@ -274,8 +300,10 @@ def test_the_release_runs_every_prompt_and_publishes_only_after_the_gate():
     assert gpu["jobs"]["conformance"]["with"]["limit"] == "${{ inputs.limit || '20' }}"  # "all" passes through
     assert set(jobs["tag"]["needs"]) == {"build", "gpu-gate"} and jobs["publish"]["needs"] == "tag"
     assert set(jobs["github-release"]["needs"]) == {"tag", "publish"}
-    assert jobs["tag"]["if"] == "${{ !inputs.dry-run }}" and release["on"]["workflow_dispatch"]["inputs"]["dry-run"][
-        "default"] is True
+    assert (
+        jobs["tag"]["if"] == "${{ !inputs.dry-run }}"
+        and release["on"]["workflow_dispatch"]["inputs"]["dry-run"]["default"] is True
+    )
     assert jobs["publish"]["permissions"] == {"id-token": "write"} and jobs["publish"]["environment"] == "pypi"
     steps_text = json.dumps(jobs["build"]["steps"])
     assert ".ci/release check" in steps_text and ".ci/release build" in steps_text and ".ci/package-smoke" in steps_text
@@ -283,9 +311,15 @@ def test_the_release_runs_every_prompt_and_publishes_only_after_the_gate():
 
 # ---------------------------------------------------------------------------------------- matrix, pins, tokens
 
+
 def test_engine_matrix_reads_the_pins():
-    out = subprocess.run([sys.executable, str(ROOT / ".github" / "scripts" / "engine_matrix.py")], capture_output=True,
-                         text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(ROOT / ".github" / "scripts" / "engine_matrix.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     values = dict(line.split("=", 1) for line in out.strip().splitlines())
     engines, versions = json.loads(values["engines"]), json.loads(values["versions"])
     assert engines == ["reference", "vllm", "sglang"]
@@ -297,8 +331,7 @@ def test_engine_matrix_reads_the_pins():
 def test_gate_and_regeneration_cover_the_same_engines():
     gpu, regenerate = load("gpu.yml"), load("regenerate.yml")
     assert gpu["jobs"]["conformance"]["strategy"]["matrix"]["engine"] == "${{ fromJSON(needs.wheel.outputs.engines) }}"
-    assert regenerate["jobs"]["bench"]["strategy"]["matrix"]["engine"] == \
-        "${{ fromJSON(needs.pins.outputs.engines) }}"
+    assert regenerate["jobs"]["bench"]["strategy"]["matrix"]["engine"] == "${{ fromJSON(needs.pins.outputs.engines) }}"
     for workflow, job in ((gpu, "wheel"), (regenerate, "pins")):
         assert "engine_matrix.py" in step(workflow, job, "pins")["run"]
     assert "DDTREE_HARDWARE_CLASS" in regenerate["jobs"]["bench"]["env"]
@@ -329,20 +362,28 @@ def test_tox_calls_the_tier_scripts_instead_of_defining_the_tiers():
         assert "pip install" not in section and "commands_pre" not in section
 
 
-@pytest.mark.parametrize("engine, version, requirements, expected", [
-    ("vllm", "", [], ["vllm==0.32.0"]),  # the version this suite pins
-    ("sglang", "0.5.24", [], ["sglang==0.5.24"]),
-    ("reference", "", [], None),  # ships with the suite: nothing to install
-    ("vllm", None, [], None),  # not asked: the engine is in this environment
-    ("my_pkg.engine:Mine", "", ["my-engine @ git+https://example.org/me/my-engine@abc123", "extra-dep==2"],
-     ["my-engine @ git+https://example.org/me/my-engine@abc123", "extra-dep==2"]),
-])
+@pytest.mark.parametrize(
+    "engine, version, requirements, expected",
+    [
+        ("vllm", "", [], ["vllm==0.32.0"]),  # the version this suite pins
+        ("sglang", "0.5.24", [], ["sglang==0.5.24"]),
+        ("reference", "", [], None),  # ships with the suite: nothing to install
+        ("vllm", None, [], None),  # not asked: the engine is in this environment
+        (
+            "my_pkg.engine:Mine",
+            "",
+            ["my-engine @ git+https://example.org/me/my-engine@abc123", "extra-dep==2"],
+            ["my-engine @ git+https://example.org/me/my-engine@abc123", "extra-dep==2"],
+        ),
+    ],
+)
 def test_ci_installs_the_pinned_version_or_the_requirements(engine, version, requirements, expected, monkeypatch):
     from ddtree_conformance.cli import ci
 
     calls = []
-    monkeypatch.setattr(ci.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(
-        cmd, 0, "", ""))
+    monkeypatch.setattr(
+        ci.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", "")
+    )
     step = ci.install(requirements, engine, version)
     if expected is None:
         assert step.skipped and not calls

@@ -28,21 +28,25 @@ def test_worker_index():
         worker_index("master")
 
 
-@pytest.mark.parametrize("value,expected", [
-    (None, None), ("", []), ("-1", []), ("0", ["0"]), ("2, 3", ["2", "3"]), ("GPU-a1,GPU-b2", ["GPU-a1", "GPU-b2"]),
-])
+@pytest.mark.parametrize(
+    "value,expected",
+    [(None, None), ("", []), ("-1", []), ("0", ["0"]), ("2, 3", ["2", "3"]), ("GPU-a1,GPU-b2", ["GPU-a1", "GPU-b2"])],
+)
 def test_parse_visible_devices(value, expected):
     assert parse_visible_devices(value) == expected
 
 
-@pytest.mark.parametrize("devices,per_worker,expected", [
-    (["0", "1"], 1, [["0"], ["1"], ["0"], ["1"]]),  # more workers than GPUs: round-robin
-    (["0", "1", "2", "3"], 2, [["0", "1"], ["2", "3"], ["0", "1"], ["2", "3"]]),
-    (["5", "7"], 1, [["5"], ["7"], ["5"], ["7"]]),  # CUDA_VISIBLE_DEVICES given: its entries
-    (["0", "1", "2"], 2, [["0", "1"], ["0", "1"], ["0", "1"], ["0", "1"]]),  # a spare GPU stays unused
-    (["0"], 2, [["0"], ["0"], ["0"], ["0"]]),  # fewer GPUs than asked: all of them
-    ([], 1, [[], [], [], []]),
-])
+@pytest.mark.parametrize(
+    "devices,per_worker,expected",
+    [
+        (["0", "1"], 1, [["0"], ["1"], ["0"], ["1"]]),  # more workers than GPUs: round-robin
+        (["0", "1", "2", "3"], 2, [["0", "1"], ["2", "3"], ["0", "1"], ["2", "3"]]),
+        (["5", "7"], 1, [["5"], ["7"], ["5"], ["7"]]),  # CUDA_VISIBLE_DEVICES given: its entries
+        (["0", "1", "2"], 2, [["0", "1"], ["0", "1"], ["0", "1"], ["0", "1"]]),  # a spare GPU stays unused
+        (["0"], 2, [["0"], ["0"], ["0"], ["0"]]),  # fewer GPUs than asked: all of them
+        ([], 1, [[], [], [], []]),
+    ],
+)
 def test_worker_devices(devices, per_worker, expected):
     assert [worker_devices(i, devices, per_worker) for i in range(4)] == expected
 
@@ -59,18 +63,31 @@ def test_auto_workers():
     assert [auto_workers(n, 2) for n in (1, 2, 4, 5)] == [1, 1, 2, 2]
 
 
-@pytest.mark.parametrize("expr,expected", [
-    ("gpu", True), ("gpu and not slow", True), ("not gpu", False), ("", False), (None, False), ("slow", False),
-    ("gpu or vllm", True),
-])
+@pytest.mark.parametrize(
+    "expr,expected",
+    [
+        ("gpu", True),
+        ("gpu and not slow", True),
+        ("not gpu", False),
+        ("", False),
+        (None, False),
+        ("slow", False),
+        ("gpu or vllm", True),
+    ],
+)
 def test_selects_gpu_tier(expr, expected):
     assert selects_gpu_tier(expr) is expected
 
 
 def test_scope_of_groups_by_the_id_prefix():
-    assert scope_of("tests/test_gpu.py::test_c[reference-float32|lossless/dflash]") == "tests/test_gpu.py::reference-float32"
-    assert scope_of("tests/test_gpu.py::test_c[reference-float32|sampling/dflash/T=1]") == \
-        "tests/test_gpu.py::reference-float32"
+    assert (
+        scope_of("tests/test_gpu.py::test_c[reference-float32|lossless/dflash]")
+        == "tests/test_gpu.py::reference-float32"
+    )
+    assert (
+        scope_of("tests/test_gpu.py::test_c[reference-float32|sampling/dflash/T=1]")
+        == "tests/test_gpu.py::reference-float32"
+    )
     assert scope_of("tests/test_gpu.py::test_b[16]") == "tests/test_gpu.py::test_b[16]"  # no group: itself
     assert scope_of("tests/test_gpu.py::test_w") == "tests/test_gpu.py::test_w"
 
@@ -82,7 +99,9 @@ def test_visible_gpus_prefers_cuda_visible_devices():
 
 
 def _config(workerinput=None, per_worker=None):
-    config = SimpleNamespace(getoption=lambda name, default=None: per_worker if name == "--gpus-per-worker" else default)
+    config = SimpleNamespace(
+        getoption=lambda name, default=None: per_worker if name == "--gpus-per-worker" else default
+    )
     if workerinput is not None:
         config.workerinput = workerinput
     return config
@@ -103,12 +122,12 @@ def test_pin_worker_sets_cuda_visible_devices(monkeypatch):
 
 # An engine repository's own test tree: nothing of the suite in it; the pinning ships with the
 # installed suite's pytest plugin.
-PROJECT_CONFTEST = '''
+PROJECT_CONFTEST = """
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a GPU")
-'''
+"""
 
-PROJECT_TEST = '''
+PROJECT_TEST = """
 import os
 from pathlib import Path
 
@@ -119,7 +138,7 @@ import pytest
 def test_record(i):
     worker = os.environ["PYTEST_XDIST_WORKER"]
     (Path(os.environ["RECORD_DIR"]) / f"{worker}-{i}").write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
-'''
+"""
 
 
 def test_xdist_auto_starts_one_worker_per_gpu_slot_and_pins_it(tmp_path):
@@ -136,14 +155,35 @@ def test_xdist_auto_starts_one_worker_per_gpu_slot_and_pins_it(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "PYTEST_XDIST_WORKER")}
     env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", RECORD_DIR=str(records))
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-n", "auto",
-         "-m", "gpu", "--ddtree-gpus-per-worker", "2", "-v", str(project)],
-        capture_output=True, text=True, cwd=project, env=env, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:hypothesispytest",
+            "-n",
+            "auto",
+            "-m",
+            "gpu",
+            "--ddtree-gpus-per-worker",
+            "2",
+            "-v",
+            str(project),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=project,
+        env=env,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     seen = {path.name.split("-")[0]: path.read_text() for path in records.iterdir()}
     assert seen == {"gw0": "0,1", "gw1": "2,3"}
-    workers_of = {g: {p.name.split("-")[0] for p in records.iterdir() if int(p.name.split("-")[1]) % 2 == g}
-                  for g in (0, 1)}
+    workers_of = {
+        g: {p.name.split("-")[0] for p in records.iterdir() if int(p.name.split("-")[1]) % 2 == g} for g in (0, 1)
+    }
     assert all(len(w) == 1 for w in workers_of.values()), workers_of  # one group, one worker
     assert "GPU per xdist worker" in result.stdout
     assert "gw0: CUDA_VISIBLE_DEVICES=0,1 -> CUDA not used" in result.stdout
@@ -152,8 +192,26 @@ def test_xdist_auto_starts_one_worker_per_gpu_slot_and_pins_it(tmp_path):
     for path in records.iterdir():
         path.unlink()
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-n", "2",
-         "-m", "not slow", "-q", str(project)],
-        capture_output=True, text=True, cwd=project, env=env, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:hypothesispytest",
+            "-n",
+            "2",
+            "-m",
+            "not slow",
+            "-q",
+            str(project),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=project,
+        env=env,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert {path.read_text() for path in records.iterdir()} == {"unset"}

@@ -19,8 +19,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # engine -> (extra of pyproject.toml, distribution pinned there); the reference engine ships with the suite
-ENGINES: dict[str, tuple[str, str] | None] = {"reference": None, "vllm": ("vllm", "vllm"),
-                                              "sglang": ("sglang", "sglang")}
+ENGINES: dict[str, tuple[str, str] | None] = {
+    "reference": None,
+    "vllm": ("vllm", "vllm"),
+    "sglang": ("sglang", "sglang"),
+}
 
 
 def _pins():

@@ -21,6 +21,7 @@ import gc
 
 import torch
 import torch.nn.functional as F
+
 from ddtree_conformance.spec import compact_dynamic_cache
 
 from .graphs import GraphRunner, StaticDraftCache, StaticTargetCache, capacity_for, fill_in_place
@@ -83,8 +84,13 @@ class EagerDecoder:
 
     def settings(self) -> dict:
         """What the request ran under that changes its speed (``RequestResult.engine_settings``)."""
-        return {"cuda_graphs": False, "static_kv_cache": False, "fused_layers": False, "overlap_scheduling": False,
-                "attention_backend": "sdpa"}
+        return {
+            "cuda_graphs": False,
+            "static_kv_cache": False,
+            "fused_layers": False,
+            "overlap_scheduling": False,
+            "attention_backend": "sdpa",
+        }
 
 
 class FastPathState:
@@ -109,15 +115,17 @@ class FastPathState:
     def target_cache(self, capacity: int, like) -> StaticTargetCache:
         if capacity not in self.targets:
             keys = like.layers[0].keys
-            self.targets[capacity] = StaticTargetCache(len(like.layers), keys.shape[1], keys.shape[3], capacity,
-                                                       keys.dtype, keys.device)
+            self.targets[capacity] = StaticTargetCache(
+                len(like.layers), keys.shape[1], keys.shape[3], capacity, keys.dtype, keys.device
+            )
         return self.targets[capacity]
 
     def draft_cache(self, capacity: int, drafter, dtype, device) -> StaticDraftCache:
         if capacity not in self.drafts:
             attention = drafter.layers[0].self_attn
-            self.drafts[capacity] = StaticDraftCache(len(drafter.layers), attention.num_kv_heads,
-                                                     attention.head_dim, capacity, dtype, device)
+            self.drafts[capacity] = StaticDraftCache(
+                len(drafter.layers), attention.num_kv_heads, attention.head_dim, capacity, dtype, device
+            )
         return self.drafts[capacity]
 
 
@@ -126,8 +134,16 @@ class StaticDecoder(EagerDecoder):
 
     fast = True
 
-    def __init__(self, pair, state: FastPathState, prompt_len: int, max_new_tokens: int, rows: int,
-                 fill=fill_in_place, fused: bool = True) -> None:
+    def __init__(
+        self,
+        pair,
+        state: FastPathState,
+        prompt_len: int,
+        max_new_tokens: int,
+        rows: int,
+        fill=fill_in_place,
+        fused: bool = True,
+    ) -> None:
         super().__init__(pair)
         self.state, self.fill = state, fill
         self.lean = state.lean if fused else None
@@ -144,8 +160,9 @@ class StaticDecoder(EagerDecoder):
         self.static.load(self.cache)
         self.cache = self.static
         if self.pair.drafter is not None:
-            self.draft_static = self.state.draft_cache(self.capacity, self.pair.drafter, self.pair.dtype,
-                                                       self.pair.device)
+            self.draft_static = self.state.draft_cache(
+                self.capacity, self.pair.drafter, self.pair.dtype, self.pair.device
+            )
         return last, features
 
     def _target(self, key, static_inputs: dict, mask_from_slots: bool):
@@ -161,14 +178,18 @@ class StaticDecoder(EagerDecoder):
                 mask = static["mask"]
             if lean is not None:
                 return lean.forward(static["ids"], static["positions"], cache, mask)
-            return pair.forward(static["ids"], static["positions"], cache,
-                                {"full_attention": mask, "sliding_attention": mask})
+            return pair.forward(
+                static["ids"], static["positions"], cache, {"full_attention": mask, "sliding_attention": mask}
+            )
 
         return self.state.runner.run((*key, lean is not None), forward, static_inputs, fill=self.fill)
 
     def step(self, token: int, position: int):
-        inputs = {"ids": torch.tensor([token]), "positions": torch.tensor([position]),
-                  "slots": torch.tensor([position])}
+        inputs = {
+            "ids": torch.tensor([token]),
+            "positions": torch.tensor([position]),
+            "slots": torch.tensor([position]),
+        }
         logits, _ = self._target(("step", 1, self.capacity, id(self.static)), inputs, True)
         self.static.length = position + 1
         return logits[-1]
@@ -181,8 +202,12 @@ class StaticDecoder(EagerDecoder):
         start = self.static.length
         mask = verify.attention_mask
         mask = F.pad(mask, (0, self.capacity - mask.shape[-1]), value=self.minimum)
-        inputs = {"ids": verify.input_ids, "positions": verify.position_ids,
-                  "slots": torch.arange(start, start + rows), "mask": mask}
+        inputs = {
+            "ids": verify.input_ids,
+            "positions": verify.position_ids,
+            "slots": torch.arange(start, start + rows),
+            "mask": mask,
+        }
         out = self._target(("verify", rows, self.capacity, id(self.static)), inputs, False)
         self.static.length = start + rows
         return out
@@ -197,8 +222,12 @@ class StaticDecoder(EagerDecoder):
 
     def settings(self) -> dict:
         runner = self.state.runner
-        settings = {**super().settings(), "cuda_graphs": runner.capture, "static_kv_cache": True,
-                    "fused_layers": self.lean is not None}
+        settings = {
+            **super().settings(),
+            "cuda_graphs": runner.capture,
+            "static_kv_cache": True,
+            "fused_layers": self.lean is not None,
+        }
         if runner.failure:
             settings["cuda_graphs_failure"] = runner.failure
         return settings
@@ -211,10 +240,15 @@ class StaticDecoder(EagerDecoder):
         block = torch.full((1, size), drafter.config.mask_token_id, dtype=torch.long)
         block[0, 0] = root
         positions = torch.arange(context_start, start + size)
-        positions[start - context_start:] += block_offset
+        positions[start - context_start :] += block_offset
         rows = context.shape[0]
-        inputs = {"block": block, "context": context.unsqueeze(0), "positions": positions.unsqueeze(0),
-                  "slots": torch.arange(context_start, start), "valid": torch.tensor([start])}
+        inputs = {
+            "block": block,
+            "context": context.unsqueeze(0),
+            "positions": positions.unsqueeze(0),
+            "slots": torch.arange(context_start, start),
+            "valid": torch.tensor([start]),
+        }
         minimum = self.minimum
 
         def forward(static):
@@ -228,5 +262,6 @@ class StaticDecoder(EagerDecoder):
 
         # the first draft of a request reads the whole prompt: a shape seen once, not worth a graph
         first = context_start == 0
-        return self.state.runner.run(("draft", rows, capacity, id(cache)), forward, inputs, fill=self.fill,
-                                     capture=not first)
+        return self.state.runner.run(
+            ("draft", rows, capacity, id(cache)), forward, inputs, fill=self.fill, capture=not first
+        )

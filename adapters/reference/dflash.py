@@ -26,21 +26,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import Qwen3Config
-from transformers.models.qwen3.modeling_qwen3 import (
-    Qwen3MLP,
-    Qwen3RMSNorm,
-    Qwen3RotaryEmbedding,
-    apply_rotary_pos_emb,
-)
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, apply_rotary_pos_emb
 
-__all__ = [
-    "DFlashConfig",
-    "DFlashDrafter",
-    "DraftCache",
-    "default_target_layer_ids",
-    "load_drafter",
-    "save_drafter",
-]
+__all__ = ["DFlashConfig", "DFlashDrafter", "DraftCache", "default_target_layer_ids", "load_drafter", "save_drafter"]
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -63,14 +51,14 @@ class DFlashConfig:
     raw: dict = field(repr=False, default_factory=dict)
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "DFlashConfig":
+    def from_dir(cls, path: str | Path) -> DFlashConfig:
         config_path = Path(path) / "config.json"
         if not config_path.is_file():
             raise FileNotFoundError(f"drafter config not found: {config_path}")
         return cls.from_dict(json.loads(config_path.read_text()), source=str(config_path))
 
     @classmethod
-    def from_dict(cls, raw: dict, source: str = "drafter config") -> "DFlashConfig":
+    def from_dict(cls, raw: dict, source: str = "drafter config") -> DFlashConfig:
         missing = [k for k in ("block_size", "num_target_layers", "dflash_config") if k not in raw]
         if missing:
             raise ValueError(f"{source}: not a DFlash drafter config, missing {', '.join(missing)}")
@@ -151,8 +139,9 @@ class DFlashAttention(nn.Module):
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, is_causal=False,
-                                             scale=self.head_dim**-0.5)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attention_mask, is_causal=False, scale=self.head_dim**-0.5
+        )
         return self.o_proj(out.transpose(1, 2).reshape(block.shape[0], block.shape[1], -1))
 
 
@@ -165,8 +154,7 @@ class DFlashLayer(nn.Module):
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, hidden, context, cos, sin, cache, layer, attention_mask=None):
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), context, cos, sin, cache, layer,
-                                         attention_mask)
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), context, cos, sin, cache, layer, attention_mask)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 

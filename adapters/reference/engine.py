@@ -14,6 +14,7 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as distribution_version
 
 import torch
+
 from ddtree_conformance.spec import (
     SamplingParams,
     build_chain,
@@ -42,15 +43,8 @@ from .clock import DecodeClock as _Clock
 from .clock import busy_probe
 from .decoders import EagerDecoder, StaticDecoder, collector_paused
 from .graphs import fill_in_place
+from .pair import TORCH_DTYPES, LoadedPair, TargetInfo, read_drafter_config, read_target_info, validate_pair
 from .round_records import round_trace, verified_tree
-from .pair import (
-    TORCH_DTYPES,
-    LoadedPair,
-    TargetInfo,
-    read_drafter_config,
-    read_target_info,
-    validate_pair,
-)
 from .tensor_parallel import RankGroup, local_device, shardable_sizes
 
 __all__ = ["ReferenceEngine", "MAX_BUDGET", "LoadedPair"]
@@ -117,9 +111,13 @@ class ReferenceEngine(Engine):
 
     def use_models(self, target, drafter, config: RunConfig) -> None:
         """Run ``config``'s (dtype, device) with models already in memory (benchmarks)."""
-        info = TargetInfo(path=self.info.path, vocab_size=target.config.vocab_size,
-                          hidden_size=target.config.hidden_size, num_layers=target.config.num_hidden_layers,
-                          max_position_embeddings=target.config.max_position_embeddings)
+        info = TargetInfo(
+            path=self.info.path,
+            vocab_size=target.config.vocab_size,
+            hidden_size=target.config.hidden_size,
+            num_layers=target.config.num_hidden_layers,
+            max_position_embeddings=target.config.max_position_embeddings,
+        )
         self.info = info
         self._loaded[(config.dtype, config.device, 1)] = LoadedPair(
             target, info, drafter, TORCH_DTYPES[config.dtype], config.device
@@ -148,8 +146,9 @@ class ReferenceEngine(Engine):
 
     def _split_sizes(self, limit: int) -> list[int]:
         info = self.info
-        return shardable_sizes(info.num_attention_heads, info.num_key_value_heads, info.intermediate_size,
-                               info.vocab_size, limit)
+        return shardable_sizes(
+            info.num_attention_heads, info.num_key_value_heads, info.intermediate_size, info.vocab_size, limit
+        )
 
     def max_tensor_parallel(self) -> int:
         """The largest TP size here: GPUs visible (or CPU cores without CUDA) that split the target evenly."""
@@ -174,8 +173,10 @@ class ReferenceEngine(Engine):
 
     def generate(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
         if config.mode == "ddtree" and config.budget > MAX_BUDGET:  # refused here, never by the allocator
-            raise EngineError(f"reference engine: budget {config.budget} is above the largest it accepts, {MAX_BUDGET} "
-                              "(capabilities().max_budget)")
+            raise EngineError(
+                f"reference engine: budget {config.budget} is above the largest it accepts, {MAX_BUDGET} "
+                "(capabilities().max_budget)"
+            )
         tp = config.tensor_parallel_size
         if tp == 1:
             return self.generate_local(requests, config)
@@ -191,8 +192,10 @@ class ReferenceEngine(Engine):
             raise
         except Exception as exc:  # a collective failed (a rank died): start a fresh group next time
             self._close_ranks()
-            raise EngineError(f"reference engine, tensor_parallel_size={tp}: the rank group failed "
-                              f"({type(exc).__name__}: {exc}); it restarts on the next call") from exc
+            raise EngineError(
+                f"reference engine, tensor_parallel_size={tp}: the rank group failed "
+                f"({type(exc).__name__}: {exc}); it restarts on the next call"
+            ) from exc
 
     def validate_tensor_parallel(self, tp: int, device: str) -> None:
         """Raise one :class:`EngineError` naming the numbers if ``tp`` cannot run on ``device`` here."""
@@ -206,8 +209,10 @@ class ReferenceEngine(Engine):
         if device.startswith("cuda"):
             visible = cuda_device_count()
             if visible < tp:
-                raise EngineError(f"reference engine: tensor_parallel_size={tp} on CUDA needs {tp} visible GPUs, "
-                                  f"{visible} visible (CUDA_VISIBLE_DEVICES)")
+                raise EngineError(
+                    f"reference engine: tensor_parallel_size={tp} on CUDA needs {tp} visible GPUs, "
+                    f"{visible} visible (CUDA_VISIBLE_DEVICES)"
+                )
 
     def generate_local(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
         """This rank's run of ``requests`` (the whole run when ``tensor_parallel_size`` is 1)."""
@@ -262,8 +267,15 @@ class ReferenceEngine(Engine):
         if not self.fast_path_on(config):
             return EagerDecoder(pair)
         rows = config.budget + 1 if config.mode == "ddtree" else 1
-        return StaticDecoder(pair, pair.fast_path(), len(request.prompt_ids), request.max_new_tokens, rows,
-                             fill=self.fill_static, fused=self.fused_layers)
+        return StaticDecoder(
+            pair,
+            pair.fast_path(),
+            len(request.prompt_ids),
+            request.max_new_tokens,
+            rows,
+            fill=self.fill_static,
+            fused=self.fused_layers,
+        )
 
     def _verify(self, decoder: EagerDecoder, verify):
         """The target forward over one compiled tree (or chain): logits and drafter features."""
@@ -294,8 +306,7 @@ class ReferenceEngine(Engine):
             finish_reason=reason,
             rounds=rounds,
             acceptance_lengths=[1] * rounds,
-            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill,
-                            stages={**stages, **busy}),
+            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages={**stages, **busy}),
             engine_settings=decoder.settings(),
         )
 
@@ -320,8 +331,11 @@ class ReferenceEngine(Engine):
                 with clock.stage("draft"):
                     draft_logits = decoder.draft(root, start, context, context_start, self.block_position_offset)
                 with clock.stage("build"):
-                    tree = (build_chain(draft_logits) if config.mode == "dflash"
-                            else self._build(draft_logits, config.budget))
+                    tree = (
+                        build_chain(draft_logits)
+                        if config.mode == "dflash"
+                        else self._build(draft_logits, config.budget)
+                    )
                     if tree.tokens.device != tree_device:
                         tree = tree.to(tree_device)
                 with clock.stage("compile"):
@@ -339,8 +353,9 @@ class ReferenceEngine(Engine):
                     trees.append(self._verified_tree(tree, verify, walk, logits, params))
                 if traces is not None:
                     traces.append(self._trace(tree, verify, walk, logits, start, root, draft_logits, config))
-                emitted, reason = self.emit_step(new_tokens, request.stop_token_ids,
-                                                 request.max_new_tokens - len(output))
+                emitted, reason = self.emit_step(
+                    new_tokens, request.stop_token_ids, request.max_new_tokens - len(output)
+                )
                 output += emitted
                 start += len(walk.accepted) + 1
                 root = walk.bonus
@@ -350,8 +365,7 @@ class ReferenceEngine(Engine):
             finish_reason=reason,
             rounds=len(lengths),
             acceptance_lengths=lengths,
-            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill,
-                            stages={**stages, **busy}),
+            timings=Timings(prefill=t_prefill, decode=time.perf_counter() - t0 - t_prefill, stages={**stages, **busy}),
             traces=traces,
             verified_trees=trees,
             engine_settings=decoder.settings(),
@@ -365,9 +379,12 @@ class ReferenceEngine(Engine):
         """The fast path's graph counts over every loaded pair: captures, replays, eager calls, and the
         first capture failure (None when every capture worked)."""
         runners = [pair.fast_path().runner for pair in self._loaded.values() if pair.fast_path_started]
-        return {"captures": sum(r.captures for r in runners), "replays": sum(r.replays for r in runners),
-                "eager_calls": sum(r.eager_calls for r in runners),
-                "failure": next((r.failure for r in runners if r.failure), None)}
+        return {
+            "captures": sum(r.captures for r in runners),
+            "replays": sum(r.replays for r in runners),
+            "eager_calls": sum(r.eager_calls for r in runners),
+            "failure": next((r.failure for r in runners if r.failure), None),
+        }
 
     def _close_ranks(self) -> None:
         ranks, self._ranks = self._ranks, None
@@ -379,4 +396,3 @@ class ReferenceEngine(Engine):
     def close(self) -> None:
         self._close_ranks()
         self._loaded.clear()
-

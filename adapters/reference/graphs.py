@@ -60,8 +60,9 @@ class _LayerView:
 class StaticTargetCache:
     """The target's K/V in one fixed buffer (module doc). ``length`` is the number of rows in use."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         self.capacity = capacity
         self.buffer = torch.zeros((layers, 2, 1, kv_heads, capacity, head_dim), dtype=dtype, device=device)
         self._keys = [self.buffer[i, 0] for i in range(layers)]
@@ -91,7 +92,7 @@ class StaticTargetCache:
     def show_rows(self) -> None:
         """Make ``layers[i].keys/values`` the rows in use, as a ``DynamicCache`` would hold them."""
         for view, keys, values in zip(self.layers, self._keys, self._values):
-            view.keys, view.values = keys[:, :, :self.length], values[:, :, :self.length]
+            view.keys, view.values = keys[:, :, : self.length], values[:, :, : self.length]
 
     def rows_shown(self) -> int:
         """After a step changed the shown rows (compaction): take their length and show the buffer again."""
@@ -105,7 +106,7 @@ class StaticTargetCache:
         """The spec's compaction (``compact_dynamic_cache``) for every layer at once: rows ``start + rows[i]``
         move to ``start + i``, and the cache ends there."""
         source = torch.tensor([start + r for r in rows], dtype=torch.long).to(self.buffer.device, non_blocking=True)
-        self.buffer[:, :, :, :, start:start + len(rows)] = self.buffer.index_select(4, source)
+        self.buffer[:, :, :, :, start : start + len(rows)] = self.buffer.index_select(4, source)
         self.length = start + len(rows)
 
 
@@ -113,8 +114,9 @@ class StaticDraftCache:
     """The drafter's context K/V in fixed buffers ``[1, kv_heads, capacity, head_dim]`` per layer;
     ``extend`` writes the new context rows at :attr:`slots` and returns the whole buffer."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         self.capacity = capacity
         self.keys = [torch.zeros((1, kv_heads, capacity, head_dim), dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros_like(k) for k in self.keys]
@@ -153,8 +155,15 @@ class GraphRunner:
     def __post_init__(self) -> None:
         self.capture = bool(self.capture and self.device.type == "cuda")
 
-    def run(self, key, fn: Callable[[dict[str, torch.Tensor]], Any], inputs: dict[str, torch.Tensor], *,
-            fill: Callable[[dict, str, torch.Tensor], None] = fill_in_place, capture: bool = True):
+    def run(
+        self,
+        key,
+        fn: Callable[[dict[str, torch.Tensor]], Any],
+        inputs: dict[str, torch.Tensor],
+        *,
+        fill: Callable[[dict, str, torch.Tensor], None] = fill_in_place,
+        capture: bool = True,
+    ):
         """``fn(static)`` on ``key``'s buffers holding ``inputs``; a graph replay where one is captured.
 
         ``fill(static, name, value)`` puts each input into its buffer (in place); ``capture=False``

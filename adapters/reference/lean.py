@@ -76,16 +76,19 @@ class LeanQwen3:
                 a, m = layer.self_attn, layer.mlp
                 biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
                 qk_norm = torch.cat([a.q_norm.weight.expand(self.heads, -1), a.k_norm.weight.expand(self.kv_heads, -1)])
-                self.layers.append({
-                    "input_norm": layer.input_layernorm.weight,
-                    "qkv": torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                    "qkv_bias": None if biases[0] is None else torch.cat(biases),
-                    "qk_norm": qk_norm.contiguous(),
-                    "o": a.o_proj.weight, "o_bias": a.o_proj.bias,
-                    "post_norm": layer.post_attention_layernorm.weight,
-                    "gate_up": torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                    "down": m.down_proj.weight,
-                })
+                self.layers.append(
+                    {
+                        "input_norm": layer.input_layernorm.weight,
+                        "qkv": torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                        "qkv_bias": None if biases[0] is None else torch.cat(biases),
+                        "qk_norm": qk_norm.contiguous(),
+                        "o": a.o_proj.weight,
+                        "o_bias": a.o_proj.bias,
+                        "post_norm": layer.post_attention_layernorm.weight,
+                        "gate_up": torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                        "down": m.down_proj.weight,
+                    }
+                )
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor):
         """``ids``/``positions`` ``[T]``; ``cache`` a static cache whose ``slots`` say where the new rows go;
@@ -104,10 +107,10 @@ class LeanQwen3:
             x = _rms(h, w["input_norm"], eps)
             qkv = F.linear(x, w["qkv"], w["qkv_bias"])
             qk = qkv[:, : self.split[0] + self.split[1]].view(rows, qk_heads, d)
-            v = qkv[:, self.split[0] + self.split[1]:].view(rows, self.kv_heads, d)
+            v = qkv[:, self.split[0] + self.split[1] :].view(rows, self.kv_heads, d)
             qk = _rms(qk, w["qk_norm"], eps)
             qk = qk * cos + _rotate_half(qk) * sin
-            q, k = qk[:, : self.heads], qk[:, self.heads:]
+            q, k = qk[:, : self.heads], qk[:, self.heads :]
             keys, values = cache.update(k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0), index)
             # [T, heads, d] -> [1, kv_heads, groups * T, d]: head h = g * groups + r sits at row r * T + t
             q = q.view(rows, self.kv_heads, groups, d).permute(1, 2, 0, 3).reshape(1, self.kv_heads, groups * rows, d)

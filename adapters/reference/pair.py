@@ -115,12 +115,17 @@ def load_target(model_dir: str | Path, dtype: torch.dtype, device: str, tensor_p
         )
         return model.to(device).eval(), info
     if importlib.util.find_spec("accelerate") is None:
-        raise EngineError(f"reference engine: tensor_parallel_size={tensor_parallel_size} needs the 'accelerate' "
-                          "package (transformers loads tensor-parallel shards through it): pip install accelerate")
+        raise EngineError(
+            f"reference engine: tensor_parallel_size={tensor_parallel_size} needs the 'accelerate' "
+            "package (transformers loads tensor-parallel shards through it): pip install accelerate"
+        )
     from transformers import DistributedConfig
 
     model = AutoModelForCausalLM.from_pretrained(
-        str(info.path), dtype=dtype, attn_implementation="sdpa", use_safetensors=True,
+        str(info.path),
+        dtype=dtype,
+        attn_implementation="sdpa",
+        use_safetensors=True,
         distributed_config=DistributedConfig(tp_plan="auto", tp_size=tensor_parallel_size),
     )
     return model.eval(), info
@@ -150,8 +155,9 @@ class LoadedPair:
                 layers[layer_id].register_forward_hook(self._capture(layer_id))
 
     @classmethod
-    def load(cls, model_dir: str, drafter_dir: str | None, dtype: torch.dtype, device: str,
-             tensor_parallel_size: int = 1) -> "LoadedPair":
+    def load(
+        cls, model_dir: str, drafter_dir: str | None, dtype: torch.dtype, device: str, tensor_parallel_size: int = 1
+    ) -> LoadedPair:
         target, info = load_target(model_dir, dtype, device, tensor_parallel_size)
         drafter = None if drafter_dir is None else load_drafter_checked(drafter_dir, info, dtype, device)
         return cls(target, info, drafter, dtype, device)
@@ -186,8 +192,16 @@ class LoadedPair:
             self._fast = FastPathState(self, capture=True)
         return self._fast
 
-    def draft_logits(self, root: int, start: int, context: torch.Tensor, context_start: int, cache,
-                     block_offset: int = 0, rows: int | None = None) -> torch.Tensor:
+    def draft_logits(
+        self,
+        root: int,
+        start: int,
+        context: torch.Tensor,
+        context_start: int,
+        cache,
+        block_offset: int = 0,
+        rows: int | None = None,
+    ) -> torch.Tensor:
         """Drafter logits ``[S-1, V]`` for the positions after ``root`` (doc §1).
 
         ``block_offset`` moves the block's positions against the context's (0 is right; mutants only).
@@ -198,7 +212,7 @@ class LoadedPair:
         block[0, 0] = root
         embeds = self.target.get_input_embeddings()(block)
         positions = torch.arange(context_start, start + size, device=self.device)
-        positions[start - context_start:] += block_offset
+        positions[start - context_start :] += block_offset
         positions = positions.unsqueeze(0)
         hidden = drafter(embeds, context.unsqueeze(0), positions, cache)
         return self.target.get_output_embeddings()(hidden[0, 1:])

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from ddtree_conformance.spec import (
     build_chain,
     build_tree,
@@ -76,8 +77,9 @@ def _path_nodes(tree, tokens: list[int]) -> list[int] | None:
     return nodes
 
 
-def _short_block_round(pair, root: int, start: int, context_width: torch.Tensor, draft_cache, cache, mode: str,
-                       budget: int, room: int) -> tuple[int, list[int], torch.Tensor]:
+def _short_block_round(
+    pair, root: int, start: int, context_width: torch.Tensor, draft_cache, cache, mode: str, budget: int, room: int
+) -> tuple[int, list[int], torch.Tensor]:
     """(length, tokens, drafter logits) of the round with the drafter's block cut to ``room`` positions.
     The round's context is already in the drafter's cache; the target's cache comes back as it was."""
     logits = pair.draft_logits(root, start, context_width[:0], start, draft_cache, rows=room)
@@ -96,8 +98,16 @@ def _short_block_round(pair, root: int, start: int, context_width: torch.Tensor,
     return len(walk.accepted) + 1, tokens, logits.float().cpu()
 
 
-def replay_result(engine, request: Request, output: list[int], lengths: list[int], mode: str, budget: int,
-                  device: str = "cpu", keep_logits=None) -> list[ReplayRound]:
+def replay_result(
+    engine,
+    request: Request,
+    output: list[int],
+    lengths: list[int],
+    mode: str,
+    budget: int,
+    device: str = "cpu",
+    keep_logits=None,
+) -> list[ReplayRound]:
     """Replay the rounds of one greedy ``output`` with per-round ``lengths`` (see the module doc).
 
     ``engine`` is a :class:`ReferenceEngine`; it runs in float32 on ``device``. ``keep_logits(r,
@@ -125,24 +135,37 @@ def replay_result(engine, request: Request, output: list[int], lengths: list[int
             logits, feats = pair.forward(verify.input_ids, verify.position_ids, cache, verify.attention_mask)
             walk = walk_tree(tree, logits)
             tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
-            engine_tokens = output[offset: offset + length]
+            engine_tokens = output[offset : offset + length]
             if keep_logits is not None:
                 keep = keep_logits(index, engine_tokens, tokens)
             else:
-                keep = engine_tokens != tokens[:len(engine_tokens)] or length != len(tokens)
+                keep = engine_tokens != tokens[: len(engine_tokens)] or length != len(tokens)
             room = request.max_new_tokens - offset
             short = (None, None, None)
-            if room < draft_logits.shape[0] and (engine_tokens != tokens[:len(engine_tokens)] or length != len(tokens)):
+            if room < draft_logits.shape[0] and (
+                engine_tokens != tokens[: len(engine_tokens)] or length != len(tokens)
+            ):
                 short = _short_block_round(pair, root, start, feats, draft_cache, cache, mode, budget, room)
-            rounds.append(ReplayRound(
-                index=index, offset=offset, start=start, root=root, length=len(walk.accepted) + 1, tokens=tokens,
-                tree_tokens=verify.input_ids.tolist(), parents=tree.parents.tolist(), accepted=list(walk.accepted),
-                path_gaps=top2_margin(logits[[0, *walk.accepted]]).tolist(),
-                draft_logits=draft_logits.float().cpu() if keep else None,
-                short_block=None if short[0] is None else short[:2], short_logits=short[2]))
+            rounds.append(
+                ReplayRound(
+                    index=index,
+                    offset=offset,
+                    start=start,
+                    root=root,
+                    length=len(walk.accepted) + 1,
+                    tokens=tokens,
+                    tree_tokens=verify.input_ids.tolist(),
+                    parents=tree.parents.tolist(),
+                    accepted=list(walk.accepted),
+                    path_gaps=top2_margin(logits[[0, *walk.accepted]]).tolist(),
+                    draft_logits=draft_logits.float().cpu() if keep else None,
+                    short_block=None if short[0] is None else short[:2],
+                    short_logits=short[2],
+                )
+            )
             if offset + length > len(output) or index == len(lengths) - 1:
                 break  # the last round: nothing to commit
-            accepted_tokens = output[offset: offset + length - 1]
+            accepted_tokens = output[offset : offset + length - 1]
             nodes = _path_nodes(tree, accepted_tokens)
             if nodes is not None:
                 compact_dynamic_cache(cache, start, nodes)

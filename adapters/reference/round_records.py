@@ -5,6 +5,7 @@ carries)."""
 from __future__ import annotations
 
 import torch
+
 from ddtree_conformance.spec import SamplingParams, top2_margin
 
 from ..interface import RoundTrace, RunConfig, VerifiedTree
@@ -18,8 +19,9 @@ def verified_tree(tree, verify, walk, logits, params: SamplingParams) -> Verifie
     if params.greedy:  # the walk's own choices at the nodes it visited (its logits may be processed)
         for node, token in walk.target_tokens.items():
             targets[node] = int(token)
-    return VerifiedTree(tree_tokens=verify.input_ids.tolist(), parents=tree.parents.tolist(),
-                        node_target_tokens=targets)
+    return VerifiedTree(
+        tree_tokens=verify.input_ids.tolist(), parents=tree.parents.tolist(), node_target_tokens=targets
+    )
 
 
 def round_trace(tree, verify, walk, logits, start, root, draft_logits, config: RunConfig) -> RoundTrace:

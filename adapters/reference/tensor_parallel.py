@@ -49,11 +49,15 @@ def local_device(device: str, tensor_parallel_size: int) -> str:
     return device
 
 
-def shardable_sizes(num_heads: int, num_kv_heads: int, intermediate_size: int, vocab_size: int,
-                    limit: int) -> list[int]:
+def shardable_sizes(
+    num_heads: int, num_kv_heads: int, intermediate_size: int, vocab_size: int, limit: int
+) -> list[int]:
     """TP sizes up to ``limit`` that split heads, KV heads, MLP columns and vocabulary evenly."""
-    return [n for n in range(1, max(1, limit) + 1)
-            if not (num_heads % n or num_kv_heads % n or intermediate_size % n or vocab_size % n)]
+    return [
+        n
+        for n in range(1, max(1, limit) + 1)
+        if not (num_heads % n or num_kv_heads % n or intermediate_size % n or vocab_size % n)
+    ]
 
 
 _RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
@@ -67,8 +71,13 @@ def _join(rank_: int, size: int, store, device_type: str):
     os.environ.update(dict(zip(_RANK_ENV, map(str, (rank_, size, rank_, size)))))
     if device_type == "cuda":
         torch.cuda.set_device(rank_)
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=store, rank=rank_, world_size=size,
-                            timeout=COLLECTIVE_TIMEOUT)
+    dist.init_process_group(
+        "nccl" if device_type == "cuda" else "gloo",
+        store=store,
+        rank=rank_,
+        world_size=size,
+        timeout=COLLECTIVE_TIMEOUT,
+    )
     return dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
 
 
@@ -78,11 +87,14 @@ def _wait_for(followers: list, store) -> None:
     for rank_, process in enumerate(followers, start=1):
         while not store.check([f"arrived/{rank_}"]):
             if not process.is_alive():
-                raise EngineError(f"reference engine: tensor-parallel rank {rank_} exited with code "
-                                  f"{process.exitcode} before joining (see the engine log)")
+                raise EngineError(
+                    f"reference engine: tensor-parallel rank {rank_} exited with code "
+                    f"{process.exitcode} before joining (see the engine log)"
+                )
             if time.monotonic() > deadline:
-                raise EngineError(f"reference engine: tensor-parallel rank {rank_} did not join within "
-                                  f"{START_TIMEOUT_S:.0f} s")
+                raise EngineError(
+                    f"reference engine: tensor-parallel rank {rank_} did not join within {START_TIMEOUT_S:.0f} s"
+                )
             time.sleep(0.2)
 
 
@@ -98,8 +110,10 @@ def _difference(mine: list[tuple], theirs: list[tuple]) -> str:
         if a != b:
             if field == "output" and a and b:
                 at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                return (f"request {index}: output token {at} is {a[at] if at < len(a) else 'missing'} there, "
-                        f"{b[at] if at < len(b) else 'missing'} on rank 0")
+                return (
+                    f"request {index}: output token {at} is {a[at] if at < len(a) else 'missing'} there, "
+                    f"{b[at] if at < len(b) else 'missing'} on rank 0"
+                )
             return f"request {index}: {field} {a!r} there, {b!r} on rank 0"
     return f"request {index}"
 
@@ -119,8 +133,18 @@ def _exit_with(parent_pid: int) -> None:
     os._exit(1)
 
 
-def _follower(rank_: int, size: int, port: int, device_type: str, engine_class, model_dir: str,
-              drafter_dir: str | None, options: dict, parent_pid: int, threads: int) -> None:
+def _follower(
+    rank_: int,
+    size: int,
+    port: int,
+    device_type: str,
+    engine_class,
+    model_dir: str,
+    drafter_dir: str | None,
+    options: dict,
+    parent_pid: int,
+    threads: int,
+) -> None:
     """Main of ranks 1..N-1: build the engine, join, then run each call rank 0 broadcasts until 'close'."""
     threading.Thread(target=_exit_with, args=(parent_pid,), daemon=True).start()
     torch.set_num_threads(threads)
@@ -145,8 +169,10 @@ class RankGroup:
 
     def __init__(self, engine, size: int, device_type: str) -> None:
         if dist.is_initialized():
-            raise EngineError("reference engine: a torch.distributed process group is already active in this "
-                              "process; tensor parallelism needs its own")
+            raise EngineError(
+                "reference engine: a torch.distributed process group is already active in this "
+                "process; tensor parallelism needs its own"
+            )
         allow_children()
         self.size, self.device_type = size, device_type
         self._environ = {k: os.environ.get(k) for k in _RANK_ENV}
@@ -154,9 +180,21 @@ class RankGroup:
         context = mp.get_context("spawn")
         self._followers = [
             context.Process(
-                target=_follower, name=f"reference-tp-rank{r}", daemon=True,
-                args=(r, size, store.port, device_type, type(engine), engine.model_dir, engine.drafter_dir,
-                      engine.options, os.getpid(), torch.get_num_threads()),
+                target=_follower,
+                name=f"reference-tp-rank{r}",
+                daemon=True,
+                args=(
+                    r,
+                    size,
+                    store.port,
+                    device_type,
+                    type(engine),
+                    engine.model_dir,
+                    engine.drafter_dir,
+                    engine.options,
+                    os.getpid(),
+                    torch.get_num_threads(),
+                ),
             )
             for r in range(1, size)
         ]
@@ -181,8 +219,10 @@ class RankGroup:
             if isinstance(theirs, str):
                 raise EngineError(f"{where}: rank {r} failed: {theirs}")
             if theirs != mine:
-                raise EngineError(f"{where}: rank {r} disagrees with rank 0 on {_difference(mine, theirs)}; every "
-                                  "rank must make the same decisions from the same gathered logits")
+                raise EngineError(
+                    f"{where}: rank {r} disagrees with rank 0 on {_difference(mine, theirs)}; every "
+                    "rank must make the same decisions from the same gathered logits"
+                )
         return results
 
     def close(self) -> None:

@@ -19,9 +19,23 @@ from ..interface import EngineError
 from . import upstream_api as api
 from .upstream_api import TESTED_VERSIONS
 
-__all__ = ["version_tested", "resolve", "algorithm", "server_args_fields", "check_server_args", "builtin_algorithms",
-           "load_plugins", "probe_algorithm", "probe_ddtree", "check_register_api", "check_engine_api",
-           "check_sampling_keys", "check_meta_keys", "finish_types", "check_finish_types"]
+__all__ = [
+    "version_tested",
+    "resolve",
+    "algorithm",
+    "server_args_fields",
+    "check_server_args",
+    "builtin_algorithms",
+    "load_plugins",
+    "probe_algorithm",
+    "probe_ddtree",
+    "check_register_api",
+    "check_engine_api",
+    "check_sampling_keys",
+    "check_meta_keys",
+    "finish_types",
+    "check_finish_types",
+]
 
 
 def version_tested(version: str) -> bool:
@@ -113,9 +127,11 @@ def probe_algorithm(name: str) -> tuple[bool, str]:
     """Whether the installed SGLang knows speculative algorithm ``name`` (builtin or registered), and why not."""
     if algorithm(name) is not None:
         return True, ""
-    return False, (f"SpeculativeAlgorithm has no algorithm {name!r} (builtins: {', '.join(builtin_algorithms())}; "
-                   f"none registered under that name through SpeculativeAlgorithm.{api.REGISTER} or a "
-                   f"{api.PLUGINS_GROUP} plugin)")
+    return False, (
+        f"SpeculativeAlgorithm has no algorithm {name!r} (builtins: {', '.join(builtin_algorithms())}; "
+        f"none registered under that name through SpeculativeAlgorithm.{api.REGISTER} or a "
+        f"{api.PLUGINS_GROUP} plugin)"
+    )
 
 
 def probe_ddtree(algorithm: str, budget_arg: str) -> tuple[bool, str]:
@@ -137,8 +153,9 @@ def check_register_api() -> list[str]:
     if not callable(register):
         return [f"SpeculativeAlgorithm.{api.REGISTER} is missing"]
     params = inspect.signature(register).parameters
-    problems = [f"SpeculativeAlgorithm.{api.REGISTER} has no parameter {p!r}"
-                for p in api.REGISTER_PARAMS if p not in params]
+    problems = [
+        f"SpeculativeAlgorithm.{api.REGISTER} has no parameter {p!r}" for p in api.REGISTER_PARAMS if p not in params
+    ]
     if not callable(getattr(spec, api.FROM_STRING, None)):
         problems.append(f"SpeculativeAlgorithm.{api.FROM_STRING} is missing")
     return problems
@@ -152,8 +169,9 @@ def _module_source(module_name: str) -> tuple[str, str]:
     return spec.origin, Path(spec.origin).read_text()
 
 
-def check_engine_api(path: str = api.ENGINE, methods=api.ENGINE_METHODS,
-                     generate_kwargs=api.GENERATE_KWARGS) -> list[str]:
+def check_engine_api(
+    path: str = api.ENGINE, methods=api.ENGINE_METHODS, generate_kwargs=api.GENERATE_KWARGS
+) -> list[str]:
     """Problems with the offline engine class: its methods and ``generate``'s keyword arguments.
 
     Read from the source (ast): ``srt/entrypoints/engine.py`` imports GPU-only packages at module
@@ -183,7 +201,9 @@ def check_sampling_keys(keys=api.SAMPLING_KEYS) -> list[str]:
 def check_meta_keys(keys=api.META_KEYS, module_name: str = api.META_SOURCE_MODULE) -> list[str]:
     """Keys that never appear as a string literal in the module that builds ``meta_info``."""
     origin, source = _module_source(module_name)
-    literals = {n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    literals = {
+        n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
     return [f"{origin} never produces meta_info key {k!r}" for k in keys if k not in literals]
 
 
@@ -200,7 +220,11 @@ def finish_types(module_name: str = api.FINISH_SOURCE_MODULE) -> set[str]:
             for node in ast.walk(fn):
                 if isinstance(node, ast.Dict):
                     for k, v in zip(node.keys, node.values):
-                        if isinstance(k, ast.Constant) and k.value == api.META_FINISH_TYPE and isinstance(v, ast.Constant):
+                        if (
+                            isinstance(k, ast.Constant)
+                            and k.value == api.META_FINISH_TYPE
+                            and isinstance(v, ast.Constant)
+                        ):
                             found.add(v.value)
     return found
 
@@ -209,8 +233,11 @@ def check_finish_types(mapped=None, module_name: str = api.FINISH_SOURCE_MODULE)
     """Mapped finish types that SGLang never produces."""
     produced = finish_types(module_name)
     mapped = api.FINISH_TYPES if mapped is None else mapped
-    return [f"SGLang never reports finish type {t!r} (it reports: {', '.join(sorted(produced))})"
-            for t in mapped if t not in produced]
+    return [
+        f"SGLang never reports finish type {t!r} (it reports: {', '.join(sorted(produced))})"
+        for t in mapped
+        if t not in produced
+    ]
 
 
 # -- processes ---------------------------------------------------------------------------------------

@@ -102,9 +102,19 @@ class SglangEngine(Engine):
     """SGLang's offline engine behind the suite's :class:`Engine` interface (see module doc)."""
 
     name = "sglang"
-    OPTIONS = ("seed", "context_length", "mem_fraction_static", "max_running_requests", "attention_backend",
-               "deterministic", "cuda_graph", "log_level", "acceptance_scope", "ddtree_algorithm",
-               "ddtree_budget_arg")
+    OPTIONS = (
+        "seed",
+        "context_length",
+        "mem_fraction_static",
+        "max_running_requests",
+        "attention_backend",
+        "deterministic",
+        "cuda_graph",
+        "log_level",
+        "acceptance_scope",
+        "ddtree_algorithm",
+        "ddtree_budget_arg",
+    )
 
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
         super().__init__(model_dir, drafter_dir, **options)
@@ -117,19 +127,30 @@ class SglangEngine(Engine):
                 stacklevel=2,
             )
         self.seed = opts.number(self.name, "seed", options.get("seed", 0), int)
-        self.context_length = (opts.number(self.name, "context_length", options["context_length"], int, 1)
-                               if "context_length" in options else None)
-        self.mem_fraction_static = (opts.number(self.name, "mem_fraction_static", options["mem_fraction_static"], float, 0.0, 1.0)
-                                    if "mem_fraction_static" in options else None)
-        self.max_running_requests = (opts.number(self.name, "max_running_requests", options["max_running_requests"], int, 1)
-                                     if "max_running_requests" in options else None)
+        self.context_length = (
+            opts.number(self.name, "context_length", options["context_length"], int, 1)
+            if "context_length" in options
+            else None
+        )
+        self.mem_fraction_static = (
+            opts.number(self.name, "mem_fraction_static", options["mem_fraction_static"], float, 0.0, 1.0)
+            if "mem_fraction_static" in options
+            else None
+        )
+        self.max_running_requests = (
+            opts.number(self.name, "max_running_requests", options["max_running_requests"], int, 1)
+            if "max_running_requests" in options
+            else None
+        )
         self.attention_backend = str(options["attention_backend"]) if "attention_backend" in options else None
         self.deterministic = opts.flag(self.name, "deterministic", options.get("deterministic", False))
         self.cuda_graph = opts.flag(self.name, "cuda_graph", options.get("cuda_graph", True))
         self.log_level = str(options.get("log_level", "error"))
         self.scope = str(options.get("acceptance_scope", "batch"))
         if self.scope not in _SCOPES:
-            raise EngineError(f"engine 'sglang': option acceptance_scope must be 'batch' or 'request', got {self.scope!r}")
+            raise EngineError(
+                f"engine 'sglang': option acceptance_scope must be 'batch' or 'request', got {self.scope!r}"
+            )
         self.ddtree_algorithm = str(options.get("ddtree_algorithm", api.DEFAULT_DDTREE_ALGORITHM)).strip()
         self.ddtree_budget_arg = str(options.get("ddtree_budget_arg", api.DEFAULT_DDTREE_BUDGET_ARG)).strip()
         if not self.ddtree_algorithm:
@@ -148,14 +169,29 @@ class SglangEngine(Engine):
         load_plugins()  # sgl.Engine does this first too (engine.py:286); plugins may register DDTree
         self._dflash_ok, self._dflash_why = probe_algorithm(api.DFLASH_ALGORITHM)
         self.ddtree_ok, self.ddtree_why = probe_ddtree(self.ddtree_algorithm, self.ddtree_budget_arg)
-        overlap = (getattr(contract_algorithm(self.ddtree_algorithm), api.SUPPORTS_OVERLAP, True) is not False
-                   if self.ddtree_ok else True)
-        self.setup = ServerSetup(model_dir, drafter_dir, self.block_size, self.seed, self.log_level,
-                                 self.context_length, self.mem_fraction_static, self.max_running_requests,
-                                 self.attention_backend,
-                                 self.deterministic, self.cuda_graph, None if self._dflash_ok else self._dflash_why,
-                                 None if self.ddtree_ok else self.ddtree_why, self.ddtree_algorithm,
-                                 self.ddtree_budget_arg, overlap)
+        overlap = (
+            getattr(contract_algorithm(self.ddtree_algorithm), api.SUPPORTS_OVERLAP, True) is not False
+            if self.ddtree_ok
+            else True
+        )
+        self.setup = ServerSetup(
+            model_dir,
+            drafter_dir,
+            self.block_size,
+            self.seed,
+            self.log_level,
+            self.context_length,
+            self.mem_fraction_static,
+            self.max_running_requests,
+            self.attention_backend,
+            self.deterministic,
+            self.cuda_graph,
+            None if self._dflash_ok else self._dflash_why,
+            None if self.ddtree_ok else self.ddtree_why,
+            self.ddtree_algorithm,
+            self.ddtree_budget_arg,
+            overlap,
+        )
         self.gpus = opts.cuda_device_count()
         self._engine = None
         self._engine_key: tuple | None = None
@@ -163,9 +199,13 @@ class SglangEngine(Engine):
     # -- Engine interface ------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
         modes = ["plain"]
-        notes = [(f"SGLang {self.version}; no per-round traces: acceptance from meta_info "
-                  f"{api.META_VERIFY_CT}/{api.META_CORRECT_DRAFTS}/{api.META_ACCEPT_HISTOGRAM} "
-                  f"({self.scope} scope)")]
+        notes = [
+            (
+                f"SGLang {self.version}; no per-round traces: acceptance from meta_info "
+                f"{api.META_VERIFY_CT}/{api.META_CORRECT_DRAFTS}/{api.META_ACCEPT_HISTOGRAM} "
+                f"({self.scope} scope)"
+            )
+        ]
         if not self.gpus:
             notes.append("SGLang needs CUDA: no CUDA device is visible here, so no device is offered")
         if self.drafter_dir is None:
@@ -181,8 +221,9 @@ class SglangEngine(Engine):
                 notes.append(f"no ddtree in this SGLang: {self.ddtree_why}")
         notes += self.setup.notes()
         if not self.deterministic:
-            notes.append("sampling seeds are honoured only with option deterministic=true "
-                         "(enable_deterministic_inference)")
+            notes.append(
+                "sampling seeds are honoured only with option deterministic=true (enable_deterministic_inference)"
+            )
         if not version_tested(self.version):
             notes.append(f"version {self.version} is outside the tested range {', '.join(TESTED_VERSIONS)}")
         return Capabilities(
@@ -230,10 +271,17 @@ class SglangEngine(Engine):
     def _get_engine(self, config: RunConfig):
         gpu = self._gpu_index(config.device)
         if config.tensor_parallel_size > self.gpus - gpu:
-            raise EngineError(f"engine 'sglang': tensor_parallel_size {config.tensor_parallel_size} needs that many GPUs "
-                              f"from cuda:{gpu}; {self.gpus} visible")
-        key = (config.mode, config.budget if config.mode == "ddtree" else None, config.dtype,
-               config.tensor_parallel_size, gpu)
+            raise EngineError(
+                f"engine 'sglang': tensor_parallel_size {config.tensor_parallel_size} needs that many GPUs "
+                f"from cuda:{gpu}; {self.gpus} visible"
+            )
+        key = (
+            config.mode,
+            config.budget if config.mode == "ddtree" else None,
+            config.dtype,
+            config.tensor_parallel_size,
+            gpu,
+        )
         if self._engine is not None and self._engine_key == key:
             return self._engine
         self._shutdown_engine()
@@ -242,8 +290,10 @@ class SglangEngine(Engine):
         try:
             self._engine = resolve(api.ENGINE)(**kwargs)
         except Exception as exc:
-            raise EngineError(f"engine 'sglang': sgl.Engine({config.mode}, {config.dtype}, "
-                              f"tp={config.tensor_parallel_size}) failed: {type(exc).__name__}: {exc}") from exc
+            raise EngineError(
+                f"engine 'sglang': sgl.Engine({config.mode}, {config.dtype}, "
+                f"tp={config.tensor_parallel_size}) failed: {type(exc).__name__}: {exc}"
+            ) from exc
         self._engine_key = key
         return self._engine
 
@@ -281,15 +331,23 @@ class SglangEngine(Engine):
             correct = sum(c[1] for c in counts)
             width = max((len(c[2]) for c in counts), default=0)
             histogram = [sum(c[2][k] for c in counts if k < len(c[2])) for k in range(width)]
-            pooled = ({"mean_acceptance": 1.0 + correct / rounds, "per_position_acceptance": self._per_position(histogram, rounds)}
-                      if rounds else {})
+            pooled = (
+                {
+                    "mean_acceptance": 1.0 + correct / rounds,
+                    "per_position_acceptance": self._per_position(histogram, rounds),
+                }
+                if rounds
+                else {}
+            )
             return [{"aggregate_only": True, "rounds": c[0], **pooled} for c in counts]
         out = []
         for rounds, correct, histogram in counts:
             extra = {"aggregate_only": True, "rounds": rounds}
             if rounds:
-                extra.update(mean_acceptance=1.0 + correct / rounds,
-                             per_position_acceptance=self._per_position(histogram, rounds))
+                extra.update(
+                    mean_acceptance=1.0 + correct / rounds,
+                    per_position_acceptance=self._per_position(histogram, rounds),
+                )
             out.append(extra)
         return out
 
@@ -312,16 +370,21 @@ class SglangEngine(Engine):
         for i, r in enumerate(requests):
             need = len(r.prompt_ids) + r.max_new_tokens
             if self.max_context is not None and need > self.max_context:
-                results[i] = RequestResult(output_ids=[], finish_reason="error",
-                                           error=f"prompt + max_new_tokens = {need} exceeds the context length "
-                                                 f"{self.max_context} (engine option context_length)")
+                results[i] = RequestResult(
+                    output_ids=[],
+                    finish_reason="error",
+                    error=f"prompt + max_new_tokens = {need} exceeds the context length "
+                    f"{self.max_context} (engine option context_length)",
+                )
             else:
                 runnable.append(i)
         if not runnable:
             return results  # type: ignore[return-value]
         try:
-            outputs = engine.generate(input_ids=[list(requests[i].prompt_ids) for i in runnable],
-                                      sampling_params=[self.sampling_params(requests[i]) for i in runnable])
+            outputs = engine.generate(
+                input_ids=[list(requests[i].prompt_ids) for i in runnable],
+                sampling_params=[self.sampling_params(requests[i]) for i in runnable],
+            )
         except Exception as exc:
             raise EngineError(f"engine 'sglang': generate failed: {type(exc).__name__}: {exc}") from exc
         if isinstance(outputs, dict):

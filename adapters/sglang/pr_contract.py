@@ -16,33 +16,44 @@ __all__ = ["check_ddtree_pr_server_args", "check_like_with_like", "check_release
 
 def check_release_server_args(kwargs: dict) -> list[str]:
     """A plain or DFLASH run's arguments against the released SGLang's recorded ServerArgs fields."""
-    problems = [f"ServerArgs has no field {k!r} (upstream_api.SERVER_ARGS_FIELDS)" for k in kwargs
-                if k not in api.SERVER_ARGS_FIELDS]
+    problems = [
+        f"ServerArgs has no field {k!r} (upstream_api.SERVER_ARGS_FIELDS)"
+        for k in kwargs
+        if k not in api.SERVER_ARGS_FIELDS
+    ]
     algorithm = kwargs.get("speculative_algorithm")
     if algorithm not in (None, api.DFLASH_ALGORITHM):
         problems.append(f"speculative_algorithm {algorithm!r} is not the released {api.DFLASH_ALGORITHM!r}")
     return problems
 
 
-def check_ddtree_pr_server_args(kwargs: dict, budget: int, block_size: int,
-                                pr: DdtreePullRequest = api.PR_DDTREE) -> list[str]:
+def check_ddtree_pr_server_args(
+    kwargs: dict, budget: int, block_size: int, pr: DdtreePullRequest = api.PR_DDTREE
+) -> list[str]:
     """A DDTree run's arguments against ``pr`` (what ``_handle_ddtree`` accepts and how it reads them)."""
     where = f"SGLang PR #{pr.number} at {pr.files[0][1][:8]}"
     fields = set(api.SERVER_ARGS_FIELDS) | set(pr.added_fields)
     problems = [f"{where}: ServerArgs has no field {k!r}" for k in kwargs if k not in fields]
     if kwargs.get("speculative_algorithm") != pr.algorithm:
-        problems.append(f"{where}: speculative_algorithm is {kwargs.get('speculative_algorithm')!r}; the PR names "
-                        f"DDTree {pr.algorithm!r}")
+        problems.append(
+            f"{where}: speculative_algorithm is {kwargs.get('speculative_algorithm')!r}; the PR names "
+            f"DDTree {pr.algorithm!r}"
+        )
     if kwargs.get(pr.budget_field) != budget:
-        problems.append(f"{where}: the budget B = {budget} must be {pr.budget_field} (got "
-                        f"{kwargs.get(pr.budget_field)!r})")
+        problems.append(
+            f"{where}: the budget B = {budget} must be {pr.budget_field} (got {kwargs.get(pr.budget_field)!r})"
+        )
     if kwargs.get(pr.draft_tokens_field) != block_size:
-        problems.append(f"{where}: {pr.draft_tokens_field} must be the drafter's block size {block_size} (got "
-                        f"{kwargs.get(pr.draft_tokens_field)!r})")
+        problems.append(
+            f"{where}: {pr.draft_tokens_field} must be the drafter's block size {block_size} (got "
+            f"{kwargs.get(pr.draft_tokens_field)!r})"
+        )
     backend = kwargs.get("attention_backend")
     if budget > block_size - 1 and backend != pr.full_tree_attention_backend:
-        problems.append(f"{where}: B = {budget} > L = {block_size - 1} is full-tree mode, which refuses attention "
-                        f"backend {backend!r} (it needs {pr.full_tree_attention_backend!r})")
+        problems.append(
+            f"{where}: B = {budget} > L = {block_size - 1} is full-tree mode, which refuses attention "
+            f"backend {backend!r} (it needs {pr.full_tree_attention_backend!r})"
+        )
     if kwargs.get("page_size", pr.page_size) != pr.page_size:
         problems.append(f"{where}: page_size must be {pr.page_size}")
     problems += [f"{where}: {k} is refused by the PR" for k in pr.refused_fields if kwargs.get(k)]

@@ -65,13 +65,22 @@ class ServerSetup:
         drafter cannot run, or a budget the chosen attention backend cannot). ``config.device``
         only sets ``base_gpu_id``."""
         kind, _, index = config.device.partition(":")
-        kwargs = {"model_path": self.model_dir, "dtype": config.dtype, "tp_size": config.tensor_parallel_size,
-                  "random_seed": self.seed, "device": api.DEVICE,
-                  "base_gpu_id": int(index) if kind == api.DEVICE and index.isdigit() else 0,
-                  "skip_tokenizer_init": True, "log_level": self.log_level}
-        optional = {"context_length": self.context_length, "mem_fraction_static": self.mem_fraction_static,
-                    "max_running_requests": self.max_running_requests,
-                    "attention_backend": self.attention_backend_for(config.mode)}
+        kwargs = {
+            "model_path": self.model_dir,
+            "dtype": config.dtype,
+            "tp_size": config.tensor_parallel_size,
+            "random_seed": self.seed,
+            "device": api.DEVICE,
+            "base_gpu_id": int(index) if kind == api.DEVICE and index.isdigit() else 0,
+            "skip_tokenizer_init": True,
+            "log_level": self.log_level,
+        }
+        optional = {
+            "context_length": self.context_length,
+            "mem_fraction_static": self.mem_fraction_static,
+            "max_running_requests": self.max_running_requests,
+            "attention_backend": self.attention_backend_for(config.mode),
+        }
         kwargs.update({k: v for k, v in optional.items() if v is not None})
         if self.deterministic:
             kwargs["enable_deterministic_inference"] = True
@@ -90,24 +99,32 @@ class ServerSetup:
                 raise EngineError(f"engine 'sglang': mode ddtree unavailable: {self.ddtree_why}")
             algorithm = self.ddtree_algorithm
         # DFLASH: verify window = block_size; steps and topk must be 1 (speculative_hook.py:334-387).
-        kwargs.update(speculative_algorithm=algorithm, speculative_draft_model_path=self.drafter_dir,
-                      speculative_num_draft_tokens=self.block_size, speculative_num_steps=1,
-                      speculative_eagle_topk=1)
+        kwargs.update(
+            speculative_algorithm=algorithm,
+            speculative_draft_model_path=self.drafter_dir,
+            speculative_num_draft_tokens=self.block_size,
+            speculative_num_steps=1,
+            speculative_eagle_topk=1,
+        )
         if config.mode == "ddtree":
             kwargs[self.ddtree_budget_arg] = config.budget
             backend, needed = kwargs.get("attention_backend"), api.PR_DDTREE.full_tree_attention_backend
             if self.pr_ddtree and config.budget > (self.horizon or 0) and backend != needed:
-                raise EngineError(f"engine 'sglang': option attention_backend={backend}: SGLang PR #29907's DDTree "
-                                  f"runs budgets above L = {self.horizon} (B = {config.budget}) only with the "
-                                  f"{needed} attention backend")
+                raise EngineError(
+                    f"engine 'sglang': option attention_backend={backend}: SGLang PR #29907's DDTree "
+                    f"runs budgets above L = {self.horizon} (B = {config.budget}) only with the "
+                    f"{needed} attention backend"
+                )
             if not self.ddtree_overlap:
                 kwargs["disable_overlap_schedule"] = True  # else create_worker refuses (spec_registry.py:137)
         return kwargs
 
     def engine_settings(self, mode: str) -> dict:
         """What each result of a run of ``mode`` reports under ``engine_settings``."""
-        settings: dict = {"attention_backend": self.attention_backend_for(mode) or "sglang default",
-                          "cuda_graphs": self.cuda_graph}
+        settings: dict = {
+            "attention_backend": self.attention_backend_for(mode) or "sglang default",
+            "cuda_graphs": self.cuda_graph,
+        }
         if mode == "ddtree" and self.pr_ddtree:
             settings["overlap_scheduling"] = False  # PR #29907's hook turns it off for DDTREE
         return settings
@@ -116,9 +133,15 @@ class ServerSetup:
         if self.attention_backend:
             return [f"attention backend {self.attention_backend} for every mode (option attention_backend)"]
         if self.pr_ddtree:
-            return [(f"attention backend {api.PR_DDTREE.full_tree_attention_backend} for every mode (plain, dflash, "
+            return [
+                (
+                    f"attention backend {api.PR_DDTREE.full_tree_attention_backend} for every mode (plain, dflash, "
                     f"ddtree), as SGLang PR #29907's DDTree needs it above B = L = {self.horizon}: lossless compares "
-                    "like with like (-O attention_backend=... overrides)"),
-                    ("ddtree: SGLang PR #29907 turns overlap scheduling off for DDTREE; plain and dflash keep SGLang's "
-                    "default")]
+                    "like with like (-O attention_backend=... overrides)"
+                ),
+                (
+                    "ddtree: SGLang PR #29907 turns overlap scheduling off for DDTREE; plain and dflash keep SGLang's "
+                    "default"
+                ),
+            ]
         return []

@@ -66,7 +66,8 @@ SERVER_ARGS_FIELDS = (
     "attention_backend",  # fields/exec_.py:207 (PR #29907's DDTree needs "triton")
     "enable_deterministic_inference",  # fields/exec_.py:1153
     "disable_cuda_graph",  # fields/exec_.py:670 (no CLI flag, still honoured: arg_groups/cuda_graph_hook.py:55)
-    "disable_overlap_schedule",  # fields/schedule.py:193: plugin algorithms without overlap need it (spec_registry.py:137)
+    # fields/schedule.py:193: plugin algorithms without overlap need it (spec_registry.py:137)
+    "disable_overlap_schedule",
     "speculative_algorithm",  # fields/spec.py:31
     "speculative_draft_model_path",  # fields/spec.py:36
     "speculative_num_steps",  # fields/spec.py:58

@@ -28,7 +28,8 @@ per-round acceptance lengths and, when asked, :class:`RoundTrace` objects (``tra
 
 Options (``--engine-option KEY=VALUE`` or ``SuiteSettings.engine_options``):
 ``max_model_len`` (default: the target's ``max_position_embeddings``, at most 4096),
-``kv_cache_gib`` (whole GiB, as vLLM reads it: sets ``VLLM_CPU_KVCACHE_SPACE`` when unset; default 1), ``in_process`` (True),
+``kv_cache_gib`` (whole GiB, as vLLM reads it: sets ``VLLM_CPU_KVCACHE_SPACE`` when unset; default 1),
+``in_process`` (True),
 ``enforce_eager`` (default True on CPU, vLLM's default elsewhere), ``max_num_seqs``, ``seed`` (0),
 ``live_llms`` (1: how many ``LLM`` s, one per configuration, stay alive at once; the least recently
 used one is shut down to make room; 2 keeps plain and speculative both warm when checks alternate),
@@ -61,43 +62,70 @@ from ..interface import Capabilities, Engine, EngineError, Request, RequestResul
 from . import plugin_traces
 from . import upstream_api as api
 from .llm_config import LlmSetup
-from .probe import metric_delta, metric_snapshot, method_names, probe_method, spec_config_fields, version_tested
+from .probe import method_names, metric_delta, metric_snapshot, probe_method, spec_config_fields, version_tested
 from .upstream_api import TESTED_VERSIONS
 
-__all__ = ["VllmEngine", "TESTED_VERSIONS", "method_names", "spec_config_fields", "probe_method",
-           "version_tested", "metric_snapshot"]
+__all__ = [
+    "VllmEngine",
+    "TESTED_VERSIONS",
+    "method_names",
+    "spec_config_fields",
+    "probe_method",
+    "version_tested",
+    "metric_snapshot",
+]
+
 
 class VllmEngine(Engine):
     """vLLM's offline engine behind the suite's :class:`Engine` interface (see module doc)."""
 
     name = "vllm"
-    OPTIONS = ("max_model_len", "kv_cache_gib", "in_process", "enforce_eager", "max_num_seqs", "seed",
-               "acceptance_scope", "ddtree_method", "ddtree_budget_key", "ddtree_plugin", "ddtree_runner_class",
-               "ddtree_max_budget", "live_llms", "attention_backend")
+    OPTIONS = (
+        "max_model_len",
+        "kv_cache_gib",
+        "in_process",
+        "enforce_eager",
+        "max_num_seqs",
+        "seed",
+        "acceptance_scope",
+        "ddtree_method",
+        "ddtree_budget_key",
+        "ddtree_plugin",
+        "ddtree_runner_class",
+        "ddtree_max_budget",
+        "live_llms",
+        "attention_backend",
+    )
 
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
         super().__init__(model_dir, drafter_dir, **options)  # refuses options other than OPTIONS
         self.version = getattr(vllm, "__version__", "unknown")
         if not version_tested(self.version):
             warnings.warn(
-                f"vLLM {self.version} is outside the adapter's tested range ({', '.join(v + '.x' for v in TESTED_VERSIONS)})",
+                f"vLLM {self.version} is outside the adapter's tested range "
+                f"({', '.join(v + '.x' for v in TESTED_VERSIONS)})",
                 stacklevel=2,
             )
-        os.environ.setdefault(api.ENV_KVCACHE_SPACE,
-                              str(opts.number(self.name, "kv_cache_gib", options.get("kv_cache_gib", 1), int, 1)))
+        os.environ.setdefault(
+            api.ENV_KVCACHE_SPACE, str(opts.number(self.name, "kv_cache_gib", options.get("kv_cache_gib", 1), int, 1))
+        )
         self.in_process = opts.flag(self.name, "in_process", options.get("in_process", True))
         if self.in_process:
             os.environ.setdefault(api.ENV_V1_MULTIPROCESSING, "0")
-        self.scope = opts.choice(self.name, "acceptance_scope", options.get("acceptance_scope", "batch"),
-                                 ("batch", "request"))
+        self.scope = opts.choice(
+            self.name, "acceptance_scope", options.get("acceptance_scope", "batch"), ("batch", "request")
+        )
         self.ddtree_method = str(options.get("ddtree_method", api.DEFAULT_DDTREE_METHOD))
         self.ddtree_budget_key = str(options.get("ddtree_budget_key", api.DEFAULT_DDTREE_BUDGET_KEY))
         self.seed = opts.number(self.name, "seed", options.get("seed", 0), int)
         target_config = opts.read_config(self.name, model_dir, "target")
         default_len = min(int(target_config.get("max_position_embeddings") or 4096), 4096)
         self.max_model_len = opts.number(self.name, "max_model_len", options.get("max_model_len", default_len), int, 1)
-        self.max_num_seqs = (opts.number(self.name, "max_num_seqs", options["max_num_seqs"], int, 1)
-                             if "max_num_seqs" in options else None)
+        self.max_num_seqs = (
+            opts.number(self.name, "max_num_seqs", options["max_num_seqs"], int, 1)
+            if "max_num_seqs" in options
+            else None
+        )
         self.cuda = self._has_cuda()
         eager = options.get("enforce_eager")
         self.enforce_eager = (not self.cuda) if eager is None else opts.flag(self.name, "enforce_eager", eager)
@@ -110,8 +138,10 @@ class VllmEngine(Engine):
             try:
                 from ddtree_vllm_plugin import unavailable_reason
             except ImportError:
-                why = ("the DDTree plugin for vLLM is not installed; it is opt-in: pip install ./vllm-plugin from "
-                       "the suite's repository (distribution ddtree-vllm-plugin)")
+                why = (
+                    "the DDTree plugin for vLLM is not installed; it is opt-in: pip install ./vllm-plugin from "
+                    "the suite's repository (distribution ddtree-vllm-plugin)"
+                )
             else:
                 why = unavailable_reason()
             if why is None:
@@ -121,20 +151,34 @@ class VllmEngine(Engine):
             else:
                 self.ddtree_why += f"; and {why}"
         max_budget = options.get("ddtree_max_budget")
-        self.shared_budget = (None if max_budget in (None, "", "none") else
-                              opts.number(self.name, "ddtree_max_budget", max_budget, int, 1))
+        self.shared_budget = (
+            None
+            if max_budget in (None, "", "none")
+            else opts.number(self.name, "ddtree_max_budget", max_budget, int, 1)
+        )
         if self.shared_budget is not None and not self.plugin:
-            raise EngineError(f"engine 'vllm': ddtree_max_budget needs the DDTree plugin (per-request budgets); "
-                              f"ddtree here: {self.ddtree_why or 'native vLLM DDTree'}")
+            raise EngineError(
+                f"engine 'vllm': ddtree_max_budget needs the DDTree plugin (per-request budgets); "
+                f"ddtree here: {self.ddtree_why or 'native vLLM DDTree'}"
+            )
         self._trace_dir = tempfile.mkdtemp(prefix="ddtree-vllm-traces-") if self.plugin else None
         self._dflash_ok, self._dflash_why = probe_method(api.DFLASH_METHOD)
         self.live_llms = opts.number(self.name, "live_llms", options.get("live_llms", 1), int, 1)
         self._llms: OrderedDict[tuple, object] = OrderedDict()  # key -> vllm.LLM, least recently used first
         backend = str(options.get("attention_backend", "auto")).strip()
-        self.setup = LlmSetup(model_dir, drafter_dir, self.block_size, self.seed, self.max_model_len,
-                              self.enforce_eager, self.max_num_seqs,
-                              "plugin" if self.plugin else "native" if self.ddtree_ok else "none", self.ddtree_method,
-                              self.ddtree_budget_key, None if backend.lower() in ("", "auto") else backend)
+        self.setup = LlmSetup(
+            model_dir,
+            drafter_dir,
+            self.block_size,
+            self.seed,
+            self.max_model_len,
+            self.enforce_eager,
+            self.max_num_seqs,
+            "plugin" if self.plugin else "native" if self.ddtree_ok else "none",
+            self.ddtree_method,
+            self.ddtree_budget_key,
+            None if backend.lower() in ("", "auto") else backend,
+        )
 
     # -- helpers ---------------------------------------------------------------------------
     @staticmethod
@@ -149,8 +193,10 @@ class VllmEngine(Engine):
     # -- Engine interface ------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
         modes = ["plain"]
-        notes = [f"vLLM {self.version}; no per-round traces: acceptance is aggregated from "
-                 f"LLM.get_metrics() deltas ({self.scope} scope)"]
+        notes = [
+            f"vLLM {self.version}; no per-round traces: acceptance is aggregated from "
+            f"LLM.get_metrics() deltas ({self.scope} scope)"
+        ]
         if self.drafter_dir is None:
             notes.append("no drafter given: plain only")
         else:
@@ -161,11 +207,15 @@ class VllmEngine(Engine):
             if self.ddtree_ok:
                 modes.append("ddtree")
                 if self.plugin:
-                    notes.append("ddtree runs through the out-of-tree plugin ddtree_vllm_plugin (exact "
-                                  "per-round traces); dflash is stock vLLM")
+                    notes.append(
+                        "ddtree runs through the out-of-tree plugin ddtree_vllm_plugin (exact "
+                        "per-round traces); dflash is stock vLLM"
+                    )
                     if self.shared_budget is not None:
-                        notes.append(f"ddtree budgets up to {self.shared_budget} share one LLM "
-                                     f"(num_speculative_tokens={self.shared_budget}, budget per request)")
+                        notes.append(
+                            f"ddtree budgets up to {self.shared_budget} share one LLM "
+                            f"(num_speculative_tokens={self.shared_budget}, budget per request)"
+                        )
             else:
                 notes.append(f"no ddtree in this vLLM: {self.ddtree_why}")
         notes += self.setup.notes()
@@ -229,11 +279,17 @@ class VllmEngine(Engine):
             raise EngineError(f"engine 'vllm': device {config.device} not supported here ({', '.join(caps.devices)})")
         caps_tp = self.capabilities().max_tensor_parallel
         if config.tensor_parallel_size > caps_tp:
-            raise EngineError(f"engine 'vllm': tensor_parallel_size {config.tensor_parallel_size} exceeds the "
-                              f"{caps_tp} device(s) usable here")
+            raise EngineError(
+                f"engine 'vllm': tensor_parallel_size {config.tensor_parallel_size} exceeds the "
+                f"{caps_tp} device(s) usable here"
+            )
         # The plugin takes trace_draft_logits (and, when shared, the budget) per request: not in the key.
-        key = (config.mode, self._llm_budget(config) if config.mode == "ddtree" else None, config.dtype,
-               config.tensor_parallel_size)
+        key = (
+            config.mode,
+            self._llm_budget(config) if config.mode == "ddtree" else None,
+            config.dtype,
+            config.tensor_parallel_size,
+        )
         if key in self._llms:
             self._llms.move_to_end(key)
             return self._llms[key]
@@ -244,7 +300,9 @@ class VllmEngine(Engine):
         try:
             llm = vllm.LLM(**kwargs)
         except Exception as exc:
-            raise EngineError(f"engine 'vllm': LLM({config.mode}, {config.dtype}) failed: {type(exc).__name__}: {exc}") from exc
+            raise EngineError(
+                f"engine 'vllm': LLM({config.mode}, {config.dtype}) failed: {type(exc).__name__}: {exc}"
+            ) from exc
         self._llms[key] = llm
         return llm
 
@@ -328,8 +386,11 @@ class VllmEngine(Engine):
         completion = output.outputs[0]
         reason = api.FINISH_REASONS.get(str(completion.finish_reason))
         if reason is None:
-            return RequestResult(output_ids=list(completion.token_ids), finish_reason="error",
-                                 error=f"vLLM finish_reason {completion.finish_reason!r} ({completion.stop_reason!r})")
+            return RequestResult(
+                output_ids=list(completion.token_ids),
+                finish_reason="error",
+                error=f"vLLM finish_reason {completion.finish_reason!r} ({completion.stop_reason!r})",
+            )
         return RequestResult(output_ids=list(completion.token_ids), finish_reason=reason, **extra)
 
     def generate(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
@@ -342,9 +403,12 @@ class VllmEngine(Engine):
         for i, r in enumerate(requests):
             need = len(r.prompt_ids) + r.max_new_tokens
             if need > self.max_model_len:
-                results[i] = RequestResult(output_ids=[], finish_reason="error",
-                                           error=f"prompt + max_new_tokens = {need} exceeds max_model_len "
-                                                 f"{self.max_model_len} (engine option max_model_len)")
+                results[i] = RequestResult(
+                    output_ids=[],
+                    finish_reason="error",
+                    error=f"prompt + max_new_tokens = {need} exceeds max_model_len "
+                    f"{self.max_model_len} (engine option max_model_len)",
+                )
             else:
                 runnable.append(i)
         if self.scope == "request" or not spec:
@@ -369,13 +433,16 @@ class VllmEngine(Engine):
                     # mean_acceptance and per-position acceptance stay vLLM's own metrics
                     # (batch-pooled), so both can be compared
                     lengths, untraced = plugin_traces.acceptance_lengths(
-                        rows, len(requests[i].prompt_ids), len(output.outputs[0].token_ids))
+                        rows, len(requests[i].prompt_ids), len(output.outputs[0].token_ids)
+                    )
                     own.update(aggregate_only=False, rounds=len(lengths), acceptance_lengths=lengths)
                     if config.trace and untraced:
                         results[i] = RequestResult(
-                            output_ids=list(output.outputs[0].token_ids), finish_reason="error",
+                            output_ids=list(output.outputs[0].token_ids),
+                            finish_reason="error",
                             error=f"vLLM ran {untraced} decode step(s) without a draft tree (its scheduler left "
-                                  "no room for one); such steps have no trace")
+                            "no room for one); such steps have no trace",
+                        )
                         continue
                     if config.trace:
                         own["traces"] = [plugin_traces.round_trace(r) for r in rows]

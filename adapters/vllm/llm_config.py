@@ -79,9 +79,15 @@ class LlmSetup:
     def llm_kwargs(self, config: RunConfig, llm_budget: int, plugin_options: dict | None = None) -> dict:
         """Keyword arguments of the ``vllm.LLM`` that runs ``config`` (every one in
         :data:`.upstream_api.LLM_KWARGS`)."""
-        kwargs = {"model": self.model_dir, "dtype": config.dtype, "seed": self.seed,
-                  "max_model_len": self.max_model_len, "enforce_eager": self.enforce_eager,
-                  "disable_log_stats": False, "generation_config": "vllm"}
+        kwargs = {
+            "model": self.model_dir,
+            "dtype": config.dtype,
+            "seed": self.seed,
+            "max_model_len": self.max_model_len,
+            "enforce_eager": self.enforce_eager,
+            "disable_log_stats": False,
+            "generation_config": "vllm",
+        }
         spec = self.speculative_config(config.mode, llm_budget)
         if spec is not None:
             kwargs["speculative_config"] = spec
@@ -98,8 +104,10 @@ class LlmSetup:
 
     def engine_settings(self, mode: str, llm_budget: int) -> dict:
         """What each result of a run reports under ``engine_settings``."""
-        settings: dict = {"attention_backend": self.attention_backend_for(mode) or "vllm default",
-                          "enforce_eager": self.enforce_eager}
+        settings: dict = {
+            "attention_backend": self.attention_backend_for(mode) or "vllm default",
+            "enforce_eager": self.enforce_eager,
+        }
         if mode != "plain":
             settings["draft_depth"] = self.draft_depth(mode, llm_budget)
         return settings
@@ -111,11 +119,15 @@ class LlmSetup:
             out.append(f"attention backend {self.attention_backend} for every mode (option attention_backend)")
         if self.ddtree == "native":
             backend = self.attention_backend_for("ddtree")
-            out.append(f"ddtree: vLLM's own method {self.ddtree_method!r} (DDTree PR #42910's interface), attention "
-                       f"backend {backend}" + ("" if self.attention_backend else " for ddtree only (-O "
-                                                                                   "attention_backend=... overrides)"))
+            out.append(
+                f"ddtree: vLLM's own method {self.ddtree_method!r} (DDTree PR #42910's interface), attention "
+                f"backend {backend}"
+                + ("" if self.attention_backend else " for ddtree only (-O attention_backend=... overrides)")
+            )
             if self.ddtree_budget_key == "num_speculative_tokens":
-                out.append(f"ddtree: num_speculative_tokens is both the node budget B and the DFlash draft depth, so "
-                           f"the drafter drafts B positions past the root where its block gives L = {self.horizon}; "
-                           "each result's engine_settings.draft_depth and per-depth acceptance say how deep")
+                out.append(
+                    f"ddtree: num_speculative_tokens is both the node budget B and the DFlash draft depth, so "
+                    f"the drafter drafts B positions past the root where its block gives L = {self.horizon}; "
+                    "each result's engine_settings.draft_depth and per-depth acceptance say how deep"
+                )
         return out

@@ -50,7 +50,7 @@ def read(trace_path: str) -> dict[str, list[dict]]:
             if logits is None:
                 logits = numpy.fromfile(logits_path(trace_path), dtype="<f4")
             start, (rows, cols) = where["offset"] // 4, where["shape"]
-            row["draft_logits"] = logits[start: start + rows * cols].reshape(rows, cols).tolist()
+            row["draft_logits"] = logits[start : start + rows * cols].reshape(rows, cols).tolist()
         external = row["req_id"].rsplit("-", 1)[0]  # vLLM appends "-<8 random chars>" internally
         by_request.setdefault(external, []).append(row)
     return by_request

@@ -12,8 +12,7 @@ import typing
 from . import upstream_api as api
 from .upstream_api import TESTED_VERSIONS
 
-__all__ = ["version_tested", "spec_config_fields", "method_names", "probe_method", "metric_snapshot",
-           "metric_delta"]
+__all__ = ["version_tested", "spec_config_fields", "method_names", "probe_method", "metric_snapshot", "metric_delta"]
 
 
 def version_tested(version: str) -> bool:

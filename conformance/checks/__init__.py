@@ -81,20 +81,32 @@ def plan(settings: SuiteSettings, only: list[str] | None = None, *, flag_prefix:
             checks.append(PlannedCheck(run.check_id(name), fn, {"mode": run.mode, "budget": run.budget}, name, run))
     ddtree = [run for run in runs if run.mode == "ddtree"]
     for run in ddtree:
-        checks.append(PlannedCheck(run.check_id("branch-vs-chain"), check_branch_vs_chain, {"budget": run.budget},
-                                   "branch-vs-chain", run))
+        checks.append(
+            PlannedCheck(
+                run.check_id("branch-vs-chain"), check_branch_vs_chain, {"budget": run.budget}, "branch-vs-chain", run
+            )
+        )
     if settings.dtype != "float32":  # the tie test pooled over every greedy run (float32: every token is exact)
         checks.append(PlannedCheck(NEAR_TIES_ID, check_near_ties, {"runs": runs}, "near-ties"))
     sampled = ddtree[:1] + [run for run in runs if run.mode == "dflash"]
     for run in sampled:
         for variant in [*VARIANTS, DRAWN]:
-            checks.append(PlannedCheck(run.check_id("sampling", variant), check_sampling,
-                                       {"mode": run.mode, "budget": run.budget, "variant": variant}, "sampling", run))
+            checks.append(
+                PlannedCheck(
+                    run.check_id("sampling", variant),
+                    check_sampling,
+                    {"mode": run.mode, "budget": run.budget, "variant": variant},
+                    "sampling",
+                    run,
+                )
+            )
     only = only if only is not None else settings.checks
     if only:
         kept = [c for c in checks if any(name in c.id for name in only)]
         if not kept:
-            raise SettingsError(f"{flag_prefix}check {','.join(only)} keeps none of the {len(checks)} planned checks "
-                                f"({', '.join(sorted({c.family for c in checks}))})")
+            raise SettingsError(
+                f"{flag_prefix}check {','.join(only)} keeps none of the {len(checks)} planned checks "
+                f"({', '.join(sorted({c.family for c in checks}))})"
+            )
         checks = kept
     return checks

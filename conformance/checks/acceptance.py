@@ -49,19 +49,24 @@ def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> Ch
     return _named_policy(session, mode, budget, results, _judge(session, name, mode, budget, results))
 
 
-def _judge(session: SuiteSession, name: str, mode: str, budget: int | None,
-           results: list[RequestResult]) -> CheckResult:
+def _judge(
+    session: SuiteSession, name: str, mode: str, budget: int | None, results: list[RequestResult]
+) -> CheckResult:
     """Round by round where the engine reports per-round lengths, else on its aggregates."""
     caps, run = session.capabilities, Run(mode, budget)
     labels = [p.id for p in session.prompts]
     if caps.per_round(mode):
         missing = [label for label, r in zip(labels, results) if r.acceptance_lengths is None]
         if missing:
-            return CheckResult.failed(name, f"engine promises per-round acceptance in mode {mode} but returned none "
-                                            f"for {missing[0]} ({len(missing)}/{len(labels)} prompts)")
+            return CheckResult.failed(
+                name,
+                f"engine promises per-round acceptance in mode {mode} but returned none "
+                f"for {missing[0]} ({len(missing)}/{len(labels)} prompts)",
+            )
         traced_run = partial(_traced_prompt, session, run) if caps.traced(mode) else None
-        return judge_per_round(session, name, run, RoundsUnderTest(labels, session.requests(), results),
-                               traced_run=traced_run)
+        return judge_per_round(
+            session, name, run, RoundsUnderTest(labels, session.requests(), results), traced_run=traced_run
+        )
     golden = golden_results(session, run)
     if golden is not None:
         return judge_aggregates(name, results, *golden)
@@ -77,12 +82,18 @@ def _traced_prompt(session: SuiteSession, run: Run, index: int) -> RequestResult
     indices, traced = shared_traced_run(session, run.mode, run.budget)
     if index in indices:
         return traced[indices.index(index)]
-    return session.run(run.mode, run.budget, trace=True, trace_draft_logits=session.capabilities.draft_logits,
-                       requests=[session.requests()[index]])[0]
+    return session.run(
+        run.mode,
+        run.budget,
+        trace=True,
+        trace_draft_logits=session.capabilities.draft_logits,
+        requests=[session.requests()[index]],
+    )[0]
 
 
-def _named_policy(session: SuiteSession, mode: str, budget: int | None, results: list[RequestResult],
-                  verdict: CheckResult) -> CheckResult:
+def _named_policy(
+    session: SuiteSession, mode: str, budget: int | None, results: list[RequestResult], verdict: CheckResult
+) -> CheckResult:
     """A failing ddtree verdict with the tree policy that explains it, where one does
     (:mod:`ddtree_conformance.tree_policy`): from the tree checks' traced run where the engine traces,
     else from its acceptance (:mod:`ddtree_conformance.acceptance_policy`)."""
@@ -92,24 +103,41 @@ def _named_policy(session: SuiteSession, mode: str, budget: int | None, results:
     if verdict.message.startswith("engine ") or not (deeper or (verdict.status == "fail" and mode == "ddtree")):
         stated = {r.engine_settings.get("draft_depth") for r in results} - {None}
         if verdict.status == "pass" and len(stated) == 1:  # the depth the engine says it drafts, within the block
-            return verdict.model_copy(update={"message": f"{verdict.message}; the engine drafts {stated.pop()} "
-                                                         f"positions past the root (L = {(block or 1) - 1})"})
+            return verdict.model_copy(
+                update={
+                    "message": f"{verdict.message}; the engine drafts {stated.pop()} "
+                    f"positions past the root (L = {(block or 1) - 1})"
+                }
+            )
         return verdict  # a skip stays one, unless acceptance shows the depth (which needs no band)
     label = Run(mode, budget).label
     if caps.traced(mode):
         indices, traced = shared_traced_run(session, mode, budget)
-        views = [v for i, r in zip(indices, traced) if not r.error
-                 for v in round_views(session.prompts[i].id, r.traces or [], caps.max_context)]
+        views = [
+            v
+            for i, r in zip(indices, traced)
+            if not r.error
+            for v in round_views(session.prompts[i].id, r.traces or [], caps.max_context)
+        ]
         diagnosis = diagnose_traces(label, views, mode, budget, block)
     else:
-        diagnosis = diagnose_acceptance(label, results, budget or 1, block,
-                                        _policy_matcher(session, budget, results, block) if mode == "ddtree" else None)
-    details = dict(verdict.details, tables=[policy_table([diagnosis])], tree_policy=diagnosis.kinds,
-                   notes=diagnosis.notes)
+        diagnosis = diagnose_acceptance(
+            label,
+            results,
+            budget or 1,
+            block,
+            _policy_matcher(session, budget, results, block) if mode == "ddtree" else None,
+        )
+    details = dict(
+        verdict.details, tables=[policy_table([diagnosis])], tree_policy=diagnosis.kinds, notes=diagnosis.notes
+    )
     if not diagnosis.findings:
         return verdict.model_copy(update={"details": details})
-    return CheckResult.failed(verdict.check, f"the engine's trees are not the spec's ({diagnosis.source}): "
-                                             f"{diagnosis.message()}; {verdict.message}", **details)
+    return CheckResult.failed(
+        verdict.check,
+        f"the engine's trees are not the spec's ({diagnosis.source}): {diagnosis.message()}; {verdict.message}",
+        **details,
+    )
 
 
 def _policy_matcher(session: SuiteSession, budget: int, results: list[RequestResult], block: int | None):

@@ -55,11 +55,16 @@ def golden_results(session: SuiteSession, run: Run) -> tuple[list[RequestResult]
         record = golden.records.get(prompt.id)
         if record is None or record.prompt_ids != prompt.prompt_ids or key not in record.acceptance:
             return None
-        out.append(RequestResult(output_ids=record.output_ids[: s.max_new_tokens], finish_reason="length",
-                                 acceptance_lengths=golden_lengths(record.acceptance[key], s.max_new_tokens)))
+        out.append(
+            RequestResult(
+                output_ids=record.output_ids[: s.max_new_tokens],
+                finish_reason="length",
+                acceptance_lengths=golden_lengths(record.acceptance[key], s.max_new_tokens),
+            )
+        )
     if session.inputs.held_out:
         reference = session.reference_for(s.model_dir, s.drafter_dir)
-        out += session.run(run.mode, run.budget, engine=reference, requests=session.requests()[len(out):])
+        out += session.run(run.mode, run.budget, engine=reference, requests=session.requests()[len(out) :])
     path = golden_path(s.golden_dir, s.pair_name, s.prompt_set, "float32")
     held_out = f" and the live reference on {len(session.inputs.held_out)} held-out" if session.inputs.held_out else ""
     return out, f"golden ({path.name}{held_out})"

@@ -93,8 +93,16 @@ class EngineTraces:
         return mine.traces
 
 
-def judge_per_round(session: SuiteSession, name: str, run: Run, rounds: RoundsUnderTest,
-                    against: ReplayAgainst = ReplayAgainst(), *, traced_run=None, engine=None) -> CheckResult:
+def judge_per_round(
+    session: SuiteSession,
+    name: str,
+    run: Run,
+    rounds: RoundsUnderTest,
+    against: ReplayAgainst = ReplayAgainst(),
+    *,
+    traced_run=None,
+    engine=None,
+) -> CheckResult:
     """Replay every round of ``rounds`` with the fp32 reference and judge them (module doc).
 
     A round that differs is explained with the engine's own traces (its tree, its drafter logits)
@@ -105,16 +113,25 @@ def judge_per_round(session: SuiteSession, name: str, run: Run, rounds: RoundsUn
     rules = rules_for(session.settings)
     caps = session.capabilities
     if traced_run is None and caps.traced(run.mode):
+
         def traced_run(index: int) -> RequestResult:
-            return session.run(run.mode, run.budget, trace=True, trace_draft_logits=caps.draft_logits,
-                               requests=[rounds.requests[index]], engine=engine)[0]
+            return session.run(
+                run.mode,
+                run.budget,
+                trace=True,
+                trace_draft_logits=caps.draft_logits,
+                requests=[rounds.requests[index]],
+                engine=engine,
+            )[0]
+
     evidence = gather_rounds(session, run, rounds, against, rules)
     judged = judge_prompts(evidence, rules, run, EngineTraces(traced_run, rounds.results), caps.max_context)
     return summarise_rounds(name, run, judged, rules, rounds.results)
 
 
-def gather_rounds(session: SuiteSession, run: Run, rounds: RoundsUnderTest, against: ReplayAgainst,
-                  rules: Calibration) -> Iterator[PromptRounds]:
+def gather_rounds(
+    session: SuiteSession, run: Run, rounds: RoundsUnderTest, against: ReplayAgainst, rules: Calibration
+) -> Iterator[PromptRounds]:
     """Each prompt's evidence in turn: the golden rounds where they equal the engine's, else a replay."""
     s = session.settings
     model_dir, drafter_dir = against.model_dir or s.model_dir, against.drafter_dir or s.drafter_dir
@@ -135,8 +152,9 @@ def gather_rounds(session: SuiteSession, run: Run, rounds: RoundsUnderTest, agai
         yield PromptRounds(index, label, result, lengths, list(top2), replayed, scores)
 
 
-def judge_prompts(prompts: Iterable[PromptRounds], rules: Calibration, run: Run, traces: EngineTraces,
-                  context_limit: int | None) -> JudgedRounds:
+def judge_prompts(
+    prompts: Iterable[PromptRounds], rules: Calibration, run: Run, traces: EngineTraces, context_limit: int | None
+) -> JudgedRounds:
     """Every prompt's rounds judged (:func:`~ddtree_conformance.replay.judge_rounds`); golden rounds
     equal the engine's by construction."""
     judged = JudgedRounds()
@@ -150,9 +168,19 @@ def judge_prompts(prompts: Iterable[PromptRounds], rules: Calibration, run: Run,
             continue
         output = prompt.result.output_ids
         _judge_prefill_token(judged.run, prompt.label, output, prompt.scores, rules)
-        judge_rounds(judged.run, prompt.label, prompt.lengths, output, prompt.replayed, rules, run.mode,
-                     run.budget or 1, prompt.scores.gaps, lambda index=prompt.index: traces.of(index, judged.run),
-                     context_limit=context_limit)
+        judge_rounds(
+            judged.run,
+            prompt.label,
+            prompt.lengths,
+            output,
+            prompt.replayed,
+            rules,
+            run.mode,
+            run.budget or 1,
+            prompt.scores.gaps,
+            lambda index=prompt.index: traces.of(index, judged.run),
+            context_limit=context_limit,
+        )
     return judged
 
 
@@ -165,49 +193,72 @@ def _judge_prefill_token(run: ReplayRun, label: str, output: list[int], scores, 
     verdict = RoundVerdict(label, -1, "differs", 1, 1, [output[0]], [scores.argmax[0]])
     if not rules.exact and gap <= rules.bound:
         verdict.kind = "target-near-tie"
-        verdict.note = (f"fp32 target near-tie: the engine's token {output[0]} is {gap:.3g} below the top-1 "
-                        f"{scores.argmax[0]}, within the bound {rules.bound:.3g}")
+        verdict.note = (
+            f"fp32 target near-tie: the engine's token {output[0]} is {gap:.3g} below the top-1 "
+            f"{scores.argmax[0]}, within the bound {rules.bound:.3g}"
+        )
         run.target.append(verdict)
     else:
-        verdict.note = (f"the engine's token {output[0]} after the prefill is not the fp32 target's {scores.argmax[0]} "
-                        f"({gap:.3g} below the top-1, bound {rules.bound:.3g})")
+        verdict.note = (
+            f"the engine's token {output[0]} after the prefill is not the fp32 target's {scores.argmax[0]} "
+            f"({gap:.3g} below the top-1, bound {rules.bound:.3g})"
+        )
         run.differs.append(verdict)
 
 
 def _details(judged: JudgedRounds, results: list[RequestResult]) -> dict:
     run = judged.run
-    source = (f"{judged.from_golden} prompts from the float32 golden file, {len(results) - judged.from_golden} "
-              "replayed live")
-    return {"tau": mean_tau(run.engine_lengths), "reference_tau": mean_tau(run.reference_lengths),
-            "rounds": run.rounds, "source": source,
-            "target_near_tie_rounds": [v.describe() for v in run.target[:50]],
-            "drafter_near_tie_rounds": [v.describe() for v in run.drafter[:50]],
-            "unconfirmed_drafter_rounds": [v.describe() for v in run.unconfirmed[:50]],
-            "fp32_tie_rounds": [v.describe() for v in run.fp32_ties[:50]],
-            "cut_tree_rounds": [v.describe() for v in run.cut[:50]],
-            "freedom_rounds": [v.describe() for v in run.freedom[:50]],
-            "differing_rounds": [v.describe() for v in run.differs[:50]]}
+    source = (
+        f"{judged.from_golden} prompts from the float32 golden file, {len(results) - judged.from_golden} replayed live"
+    )
+    return {
+        "tau": mean_tau(run.engine_lengths),
+        "reference_tau": mean_tau(run.reference_lengths),
+        "rounds": run.rounds,
+        "source": source,
+        "target_near_tie_rounds": [v.describe() for v in run.target[:50]],
+        "drafter_near_tie_rounds": [v.describe() for v in run.drafter[:50]],
+        "unconfirmed_drafter_rounds": [v.describe() for v in run.unconfirmed[:50]],
+        "fp32_tie_rounds": [v.describe() for v in run.fp32_ties[:50]],
+        "cut_tree_rounds": [v.describe() for v in run.cut[:50]],
+        "freedom_rounds": [v.describe() for v in run.freedom[:50]],
+        "differing_rounds": [v.describe() for v in run.differs[:50]],
+    }
 
 
-def summarise_rounds(name: str, run: Run, judged: JudgedRounds, rules: Calibration,
-                     results: list[RequestResult]) -> CheckResult:
+def summarise_rounds(
+    name: str, run: Run, judged: JudgedRounds, rules: Calibration, results: list[RequestResult]
+) -> CheckResult:
     """The verdict on the judged rounds: no differing or cut round, and the excused ones within their caps."""
     rounds, details = judged.run, _details(judged, results)
     if rounds.rounds == 0:
         if all(len(r.output_ids) <= 1 for r in results):
-            return CheckResult.skipped(name, "every output is the prefill token alone (max_new_tokens or a stop "
-                                             "token): no speculative round to compare",
-                                       cause="input")
+            return CheckResult.skipped(
+                name,
+                "every output is the prefill token alone (max_new_tokens or a stop "
+                "token): no speculative round to compare",
+                cause="input",
+            )
         return CheckResult.failed(name, "the engine reports per-round acceptance but no rounds", **details)
     if rounds.differs:
-        return _rounds_failed(name, rounds, rounds.differs, details,
-                              "per-round acceptance differs from the fp32 reference replayed on the engine's context",
-                              "lossless but slower: drafter positions, feedback rows, RoPE or budget?")
+        return _rounds_failed(
+            name,
+            rounds,
+            rounds.differs,
+            details,
+            "per-round acceptance differs from the fp32 reference replayed on the engine's context",
+            "lossless but slower: drafter positions, feedback rows, RoPE or budget?",
+        )
     if rounds.cut:
-        return _rounds_failed(name, rounds, rounds.cut, details,
-                              f"the engine verified smaller trees than B={run.budget} and accepted less",
-                              "its traces hold fewer nodes; the spec tree of that size accepts exactly the engine's "
-                              "length: a scheduler or cap that cuts trees, not a wrong tree")
+        return _rounds_failed(
+            name,
+            rounds,
+            rounds.cut,
+            details,
+            f"the engine verified smaller trees than B={run.budget} and accepted less",
+            "its traces hold fewer nodes; the spec tree of that size accepts exactly the engine's "
+            "length: a scheduler or cap that cuts trees, not a wrong tree",
+        )
     return _excused_within_caps(name, judged, rules, details)
 
 
@@ -215,9 +266,12 @@ def _rounds_failed(name: str, run: ReplayRun, verdicts: list, details: dict, wha
     """``what`` in N/M rounds, the first named with both sides' lengths around it, then ``why``."""
     first = verdicts[0]
     return CheckResult.failed(
-        name, f"{what} in {len(verdicts)}/{run.rounds} rounds; first: {first.describe()}; {run.lengths_around(first)}; "
-              f"tau {details['tau']:.3f} vs replay {details['reference_tau']:.3f} ({why})", first_round=first.__dict__,
-        **details)
+        name,
+        f"{what} in {len(verdicts)}/{run.rounds} rounds; first: {first.describe()}; {run.lengths_around(first)}; "
+        f"tau {details['tau']:.3f} vs replay {details['reference_tau']:.3f} ({why})",
+        first_round=first.__dict__,
+        **details,
+    )
 
 
 def _excused_within_caps(name: str, judged: JudgedRounds, rules: Calibration, details: dict) -> CheckResult:
@@ -226,27 +280,42 @@ def _excused_within_caps(name: str, judged: JudgedRounds, rules: Calibration, de
     ceiling, mu = rules.ceiling(judged.top2)
     if len(run.target) > ceiling:
         return CheckResult.failed(
-            name, f"{len(run.target)}/{run.rounds} rounds excused as target near-ties, above the ceiling {ceiling} a "
-                  f"correct engine reaches at these gaps (expected <= {mu:.1f}); first: {run.target[0].describe()}",
-            first_round=run.target[0].__dict__, **details)
+            name,
+            f"{len(run.target)}/{run.rounds} rounds excused as target near-ties, above the ceiling {ceiling} a "
+            f"correct engine reaches at these gaps (expected <= {mu:.1f}); first: {run.target[0].describe()}",
+            first_round=run.target[0].__dict__,
+            **details,
+        )
     cap = drafter_round_cap(rules, run.rounds)
     if len(run.drafter) > cap:
         return CheckResult.failed(
-            name, f"{len(run.drafter)}/{run.rounds} rounds excused as drafter near-ties, above the cap {cap} a "
-                  f"correct engine reaches ({run.drafter[0].describe()}); tau {tau:.3f} vs replay {ref_tau:.3f}",
-            first_round=run.drafter[0].__dict__, **details)
+            name,
+            f"{len(run.drafter)}/{run.rounds} rounds excused as drafter near-ties, above the cap {cap} a "
+            f"correct engine reaches ({run.drafter[0].describe()}); tau {tau:.3f} vs replay {ref_tau:.3f}",
+            first_round=run.drafter[0].__dict__,
+            **details,
+        )
     small = unconfirmed_round_cap(rules, run.rounds)
     if len(run.unconfirmed) > small:
         return CheckResult.failed(
-            name, f"{len(run.unconfirmed)}/{run.rounds} rounds shorter than the reference's where only a drafter near "
-                  f"tie could explain it and the engine gives no drafter logits to confirm one, above the cap {small} "
-                  f"for unconfirmed rounds ({run.unconfirmed[0].describe()}); tau {tau:.3f} vs replay {ref_tau:.3f} "
-                  "(report drafter logits in traces to have drafter near ties confirmed)",
-            first_round=run.unconfirmed[0].__dict__, **details)
+            name,
+            f"{len(run.unconfirmed)}/{run.rounds} rounds shorter than the reference's where only a drafter near "
+            f"tie could explain it and the engine gives no drafter logits to confirm one, above the cap {small} "
+            f"for unconfirmed rounds ({run.unconfirmed[0].describe()}); tau {tau:.3f} vs replay {ref_tau:.3f} "
+            "(report drafter logits in traces to have drafter near ties confirmed)",
+            first_round=run.unconfirmed[0].__dict__,
+            **details,
+        )
     excused = ""
     if run.target or run.drafter or run.unconfirmed:
-        excused = (f" except {len(run.target)} target near-tie and {len(run.drafter)} drafter near-tie rounds (cap "
-                   f"{cap})" + (f" and {len(run.unconfirmed)} unconfirmed shorter rounds (cap {small})"
-                                if run.unconfirmed else ""))
-    return CheckResult.passed(name, f"per-round acceptance equals the reference{excused} over {run.rounds} rounds "
-                                    f"({source}); tau {tau:.3f} vs {ref_tau:.3f}", **details)
+        excused = (
+            f" except {len(run.target)} target near-tie and {len(run.drafter)} drafter near-tie rounds (cap "
+            f"{cap})"
+            + (f" and {len(run.unconfirmed)} unconfirmed shorter rounds (cap {small})" if run.unconfirmed else "")
+        )
+    return CheckResult.passed(
+        name,
+        f"per-round acceptance equals the reference{excused} over {run.rounds} rounds "
+        f"({source}); tau {tau:.3f} vs {ref_tau:.3f}",
+        **details,
+    )

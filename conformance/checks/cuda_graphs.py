@@ -55,8 +55,11 @@ def check_cuda_graphs(session: SuiteSession, mode: str, budget: int | None) -> C
         eager = [p.id for p, r in zip(prompts, on) if r.engine_settings.get("cuda_graphs") is False]
         if eager:
             why = on[0].engine_settings.get("cuda_graphs_failure") or "no reason given"
-            return CheckResult.failed(name, f"asked for CUDA graphs, the engine reports it ran eagerly on {len(eager)}/"
-                                            f"{len(prompts)} prompts (first {eager[0]}; {why}): nothing to compare")
+            return CheckResult.failed(
+                name,
+                f"asked for CUDA graphs, the engine reports it ran eagerly on {len(eager)}/"
+                f"{len(prompts)} prompts (first {eager[0]}; {why}): nothing to compare",
+            )
     cases = []
     for prompt, a, b in zip(prompts, off, on):
         error = f"graphs off: {a.error}" if a.error else (f"graphs on: {b.error}" if b.error else None)
@@ -71,10 +74,13 @@ def check_cuda_graphs(session: SuiteSession, mode: str, budget: int | None) -> C
             first = next(c for c in cases if list(c.got) != list(c.expected))
             pos = first_divergence(first.expected, first.got)
             return CheckResult.failed(
-                name, f"output with CUDA graphs differs from graphs off on {len(verdict.differing)}/{len(prompts)} "
-                      f"prompts{where}; prompt {first.label} diverges at output token {pos} (off "
-                      f"{window(list(first.expected), pos)} | on {window(list(first.got), pos)}): an input the "
-                      "graph does not read, or a buffer it reads stale?", **verdict.details)
+                name,
+                f"output with CUDA graphs differs from graphs off on {len(verdict.differing)}/{len(prompts)} "
+                f"prompts{where}; prompt {first.label} diverges at output token {pos} (off "
+                f"{window(list(first.expected), pos)} | on {window(list(first.got), pos)}): an input the "
+                "graph does not read, or a buffer it reads stale?",
+                **verdict.details,
+            )
         return CheckResult.failed(name, f"output with CUDA graphs: {verdict.problem}", **verdict.details)
     summary = verdict.summary + where
     per_round = caps.per_round(mode) and all(r.acceptance_lengths is not None for r in on + off)
@@ -83,24 +89,35 @@ def check_cuda_graphs(session: SuiteSession, mode: str, budget: int | None) -> C
             if a.acceptance_lengths != b.acceptance_lengths:
                 first = first_divergence(a.acceptance_lengths, b.acceptance_lengths)
                 return CheckResult.failed(
-                    name, f"per-round acceptance with CUDA graphs differs from graphs off on {prompt.id} at round "
-                          f"{first}: off {window(a.acceptance_lengths, first)} | on "
-                          f"{window(b.acceptance_lengths, first)}; tau {mean_tau([r.acceptance_lengths for r in on]):.3f}"
-                          f" vs {mean_tau([r.acceptance_lengths for r in off]):.3f} (outputs equal: the drafter's "
-                          "inputs under graphs?)")
-        return CheckResult.passed(name, f"{summary}; per-round acceptance equals graphs off "
-                                        f"(tau {mean_tau([r.acceptance_lengths for r in off]):.3f})")
+                    name,
+                    f"per-round acceptance with CUDA graphs differs from graphs off on {prompt.id} at round "
+                    f"{first}: off {window(a.acceptance_lengths, first)} | on "
+                    f"{window(b.acceptance_lengths, first)}; tau {mean_tau([r.acceptance_lengths for r in on]):.3f}"
+                    f" vs {mean_tau([r.acceptance_lengths for r in off]):.3f} (outputs equal: the drafter's "
+                    "inputs under graphs?)",
+                )
+        return CheckResult.passed(
+            name,
+            f"{summary}; per-round acceptance equals graphs off "
+            f"(tau {mean_tau([r.acceptance_lengths for r in off]):.3f})",
+        )
     taus = [[r.tau for r in rs] for rs in (off, on)]
     if any(t is None for t in taus[0] + taus[1]):
         return CheckResult.passed(name, f"{summary}; engine reports no acceptance to compare")
     if len(taus[0]) < 5:
-        return CheckResult.passed(name, f"{summary}; tau not compared on {len(taus[0])} prompts (the bootstrap band "
-                                        "needs 5)")
+        return CheckResult.passed(
+            name, f"{summary}; tau not compared on {len(taus[0])} prompts (the bootstrap band needs 5)"
+        )
     low, high = paired_band(taus[1], taus[0], ALPHA)
     tau_off, tau_on = sum(taus[0]) / len(taus[0]), sum(taus[1]) / len(taus[1])
     if not low <= 0.0 <= high:
-        return CheckResult.failed(name, f"mean tau with CUDA graphs {tau_on:.3f} vs {tau_off:.3f} off: the per-prompt "
-                                        f"difference's bootstrap band [{low:.3f}, {high:.3f}] excludes 0",
-                                  tau=tau_on, tau_graphs_off=tau_off)
-    return CheckResult.passed(name, f"{summary}; tau {tau_on:.3f} vs {tau_off:.3f} off (difference band "
-                                    f"[{low:.3f}, {high:.3f}])", tau=tau_on)
+        return CheckResult.failed(
+            name,
+            f"mean tau with CUDA graphs {tau_on:.3f} vs {tau_off:.3f} off: the per-prompt "
+            f"difference's bootstrap band [{low:.3f}, {high:.3f}] excludes 0",
+            tau=tau_on,
+            tau_graphs_off=tau_off,
+        )
+    return CheckResult.passed(
+        name, f"{summary}; tau {tau_on:.3f} vs {tau_off:.3f} off (difference band [{low:.3f}, {high:.3f}])", tau=tau_on
+    )

@@ -17,12 +17,12 @@ from __future__ import annotations
 from ddtree_conformance.adapters.interface import Request
 
 from ..model_limits import context_claim
+from ..run import Run
 from ..session import SuiteSession
 from ..synthetic import edge_table, write_bigram_pair
 from ..token_scoring import rules_for, table_logits
 from .acceptance_rounds import ReplayAgainst, RoundsUnderTest, judge_per_round
 from .output_comparison import GreedyCase, judge_greedy, mismatch
-from ..run import Run
 from .result import CheckResult
 
 __all__ = ["check_stops", "check_lengths", "check_prompt_shapes", "check_special_tokens", "stop_rule_problem"]
@@ -45,8 +45,10 @@ def stop_rule_problem(output: list[int], finish_reason: str, stops: list[int], m
     """How ``output`` breaks the stop/length rules, or None (exact in every dtype)."""
     stops_at = [i for i, t in enumerate(output) if t in stops]
     if stops_at and stops_at[0] != len(output) - 1:
-        return (f"stop token {output[stops_at[0]]} at output position {stops_at[0]}, but {len(output) - 1 - stops_at[0]} "
-                f"tokens follow it")
+        return (
+            f"stop token {output[stops_at[0]]} at output position {stops_at[0]}, but {len(output) - 1 - stops_at[0]} "
+            f"tokens follow it"
+        )
     if len(output) > max_new_tokens:
         return f"{len(output)} tokens, more than max_new_tokens {max_new_tokens}"
     if stops_at and finish_reason != "stop":
@@ -71,9 +73,12 @@ def check_stops(session: SuiteSession, mode: str, budget: int | None) -> CheckRe
         cut = plain.output_ids.index(stop) + 1
         cases.append((prompt, stop, plain.output_ids[:cut]))
     if not cases:
-        return CheckResult.skipped(name, "no plain output has two tokens or more to place a stop token in "
-                                         f"(max_new_tokens {session.settings.max_new_tokens})",
-                                   cause="input")
+        return CheckResult.skipped(
+            name,
+            "no plain output has two tokens or more to place a stop token in "
+            f"(max_new_tokens {session.settings.max_new_tokens})",
+            cause="input",
+        )
     n = session.settings.max_new_tokens
     requests = [Request(prompt_ids=p.prompt_ids, max_new_tokens=n, stop_token_ids=[stop]) for p, stop, _ in cases]
     results = session.run(mode, budget, requests=requests)
@@ -83,18 +88,25 @@ def check_stops(session: SuiteSession, mode: str, budget: int | None) -> CheckRe
             return CheckResult.failed(name, f"engine error on {prompt.id}: {result.error.splitlines()[0]}")
         problem = stop_rule_problem(result.output_ids, result.finish_reason, [stop], n)
         if problem:
-            return CheckResult.failed(name, f"{prompt.id}, stop token {stop}: output must end right after it: "
-                                            f"{problem} ({mismatch(expected, result.output_ids, 'plain up to the stop')})")
+            return CheckResult.failed(
+                name,
+                f"{prompt.id}, stop token {stop}: output must end right after it: "
+                f"{problem} ({mismatch(expected, result.output_ids, 'plain up to the stop')})",
+            )
         reached += result.finish_reason == "stop"
         greedy.append(GreedyCase(f"{prompt.id} (stop {stop})", prompt.prompt_ids, result.output_ids, expected))
     verdict = judge_greedy(session, greedy, what="plain up to the stop")
     if verdict.problem:
         return CheckResult.failed(name, f"stop token: {verdict.problem}", **verdict.details)
     if not reached:
-        return CheckResult.skipped(name, f"no output reached its stop token ({len(cases)} diverged from plain before "
-                                         f"it): the stop rule was not exercised")
-    return CheckResult.passed(name, f"{reached}/{len(cases)} prompts stop right after the stop token; {verdict.summary}",
-                              **verdict.details)
+        return CheckResult.skipped(
+            name,
+            f"no output reached its stop token ({len(cases)} diverged from plain before "
+            f"it): the stop rule was not exercised",
+        )
+    return CheckResult.passed(
+        name, f"{reached}/{len(cases)} prompts stop right after the stop token; {verdict.summary}", **verdict.details
+    )
 
 
 def check_lengths(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
@@ -113,19 +125,24 @@ def check_lengths(session: SuiteSession, mode: str, budget: int | None) -> Check
         prompt, n = prompts[i // len(limits)], limits[i % len(limits)]
         source = plain[i // len(limits)]
         if result.error or source.error:
-            return CheckResult.failed(name, f"engine error on {prompt.id}: {(result.error or source.error).splitlines()[0]}")
+            return CheckResult.failed(
+                name, f"engine error on {prompt.id}: {(result.error or source.error).splitlines()[0]}"
+            )
         problem = stop_rule_problem(result.output_ids, result.finish_reason, [], n)
         expected = source.output_ids[:n]
         if problem:
-            return CheckResult.failed(name, f"{prompt.id}, max_new_tokens {n}: {problem} "
-                                            f"({mismatch(expected, result.output_ids, 'plain prefix')})")
+            return CheckResult.failed(
+                name,
+                f"{prompt.id}, max_new_tokens {n}: {problem} ({mismatch(expected, result.output_ids, 'plain prefix')})",
+            )
         cases.append(GreedyCase(f"{prompt.id} (max_new_tokens {n})", prompt.prompt_ids, result.output_ids, expected))
     verdict = judge_greedy(session, cases, what="the plain prefix")
     if verdict.problem:
         return CheckResult.failed(name, f"max_new_tokens: {verdict.problem}", **verdict.details)
     note = f" (limits {left_out} exceed --max-new-tokens {session.settings.max_new_tokens})" if left_out else ""
-    return CheckResult.passed(name, f"limits {limits} on {len(prompts)} prompts: {verdict.summary}{note}",
-                              **verdict.details)
+    return CheckResult.passed(
+        name, f"limits {limits} on {len(prompts)} prompts: {verdict.summary}{note}", **verdict.details
+    )
 
 
 def check_prompt_shapes(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
@@ -136,8 +153,10 @@ def check_prompt_shapes(session: SuiteSession, mode: str, budget: int | None) ->
     n_new = min(16, session.settings.max_new_tokens)
     base = [p.prompt_ids for p in session.prompts[:3]]
     pick = [base[i % len(base)] for i in range(3)]  # a one-prompt run reuses it, cut to other lengths
-    cases = {"length-1 prompt": [pick[0][:1]],
-             "mixed-length batch": [pick[0][:3], pick[1], pick[2][:7] if len(pick) > 2 else pick[2][:2]]}
+    cases = {
+        "length-1 prompt": [pick[0][:1]],
+        "mixed-length batch": [pick[0][:3], pick[1], pick[2][:7] if len(pick) > 2 else pick[2][:2]],
+    }
     claim = context_claim(session)
     if claim.problem:
         return CheckResult.failed(name, claim.problem, **claim.details())
@@ -157,17 +176,31 @@ def check_prompt_shapes(session: SuiteSession, mode: str, budget: int | None) ->
         if batch:
             alone = [session.run(mode, budget, requests=[r], together=True)[0] for r in requests]
             for i, (a, b) in enumerate(zip(alone, spec)):
-                greedy.append(GreedyCase(f"{label} request {i} (in the batch vs alone)", requests[i].prompt_ids,
-                                         b.output_ids, a.output_ids, error=a.error or b.error))
+                greedy.append(
+                    GreedyCase(
+                        f"{label} request {i} (in the batch vs alone)",
+                        requests[i].prompt_ids,
+                        b.output_ids,
+                        a.output_ids,
+                        error=a.error or b.error,
+                    )
+                )
         for i, (p, s) in enumerate(zip(plain, spec)):
-            greedy.append(GreedyCase(f"{label} request {i}", requests[i].prompt_ids, s.output_ids, p.output_ids,
-                                     error=p.error or s.error))
+            greedy.append(
+                GreedyCase(
+                    f"{label} request {i}", requests[i].prompt_ids, s.output_ids, p.output_ids, error=p.error or s.error
+                )
+            )
             greedy.append(GreedyCase(f"{label} request {i} (plain)", requests[i].prompt_ids, p.output_ids))
     verdict = judge_greedy(session, greedy, what="plain")
     if verdict.problem:
         return CheckResult.failed(name, verdict.problem, **verdict.details, **claim.details())
-    return CheckResult.passed(name, ", ".join(cases) + f": {verdict.summary}" + ("; " + "; ".join(notes) if notes else ""),
-                              **verdict.details, **claim.details())
+    return CheckResult.passed(
+        name,
+        ", ".join(cases) + f": {verdict.summary}" + ("; " + "; ".join(notes) if notes else ""),
+        **verdict.details,
+        **claim.details(),
+    )
 
 
 def check_special_tokens(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
@@ -188,30 +221,42 @@ def check_special_tokens(session: SuiteSession, mode: str, budget: int | None) -
         seq = list(r.prompt_ids)
         for _ in range(r.max_new_tokens):
             seq.append(int(table[seq[-1]].argmax()))
-        expected.append(seq[len(r.prompt_ids):])
+        expected.append(seq[len(r.prompt_ids) :])
     results = session.run(mode, budget, requests=requests, engine=engine)
     rules = rules_for(session.settings)
     top2 = table.topk(2, dim=-1).values
     exact = bool(((top2[:, 0] - top2[:, 1]) > rules.bound).all())  # every table gap is beyond the bound
-    cases = [GreedyCase(f"prompt {r.prompt_ids}", r.prompt_ids, got.output_ids, want, error=got.error)
-             for r, want, got in zip(requests, expected, results)]
-    verdict = judge_greedy(session, cases, logits_fn=table_logits(table, "edges"), rules=rules,
-                           what="the table's greedy chain", compare_low_precision=exact)
+    cases = [
+        GreedyCase(f"prompt {r.prompt_ids}", r.prompt_ids, got.output_ids, want, error=got.error)
+        for r, want, got in zip(requests, expected, results)
+    ]
+    verdict = judge_greedy(
+        session,
+        cases,
+        logits_fn=table_logits(table, "edges"),
+        rules=rules,
+        what="the table's greedy chain",
+        compare_low_precision=exact,
+    )
     if verdict.problem:
         dropped = any(got.output_ids.count(mask) < want.count(mask) for want, got in zip(expected, results))
         hint = " (mask-id tokens dropped from the output?)" if dropped else ""
         return CheckResult.failed(name, f"{verdict.problem}{hint}", **verdict.details)
     if not session.capabilities.per_round(mode):
-        return CheckResult.passed(name, "outputs with token 0 and the mask id are right; engine reports no per-round "
-                                        "acceptance to compare")
+        return CheckResult.passed(
+            name, "outputs with token 0 and the mask id are right; engine reports no per-round acceptance to compare"
+        )
     # Acceptance must match the reference: a tree that loses token-0 nodes stays lossless but slower.
     missing = [r.prompt_ids for r, got in zip(requests, results) if got.acceptance_lengths is None]
     if missing:
-        return CheckResult.failed(name, f"engine promises per-round acceptance but returned none for prompt {missing[0]}")
+        return CheckResult.failed(
+            name, f"engine promises per-round acceptance but returned none for prompt {missing[0]}"
+        )
     rounds = RoundsUnderTest([f"prompt {r.prompt_ids}" for r in requests], requests, results)
     against = ReplayAgainst(target, drafter, table_logits(table, "edges"), use_golden=False)
     replay = judge_per_round(session, name, Run(mode, budget), rounds, against, engine=engine)
     if replay.status == "fail":
-        return CheckResult.failed(name, f"{replay.message}: nodes with token 0 or the mask id lost from the tree?",
-                                  **replay.details)
+        return CheckResult.failed(
+            name, f"{replay.message}: nodes with token 0 or the mask id lost from the tree?", **replay.details
+        )
     return CheckResult.passed(name, f"outputs with token 0 and the mask id right; {replay.message}")

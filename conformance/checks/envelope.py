@@ -22,17 +22,24 @@ from ddtree_conformance.adapters.interface import Request
 from ddtree_conformance.spec import SamplingParams, processed_probs
 
 from ..model_limits import context_claim
+from ..run import Run
 from ..session import SuiteSession
+from ..token_scoring import rules_for, target_logits
 from ..tree_policy import block_size
 from .acceptance_rounds import ReplayAgainst, RoundsUnderTest, judge_per_round
 from .edges import stop_rule_problem
-from ..token_scoring import rules_for, target_logits
 from .output_comparison import GreedyCase, judge_greedy
-from ..run import Run
 from .result import CheckResult
 
-__all__ = ["LONG_PROMPTS", "LONG_NEW_TOKENS", "long_prompts", "check_long_context", "busy_batch_requests",
-           "outside_support", "check_busy_batch"]
+__all__ = [
+    "LONG_PROMPTS",
+    "LONG_NEW_TOKENS",
+    "long_prompts",
+    "check_long_context",
+    "busy_batch_requests",
+    "outside_support",
+    "check_busy_batch",
+]
 
 LONG_PROMPTS = 3
 LONG_NEW_TOKENS = 32
@@ -69,38 +76,54 @@ def check_long_context(session: SuiteSession, mode: str, budget: int | None) -> 
     limit = claim.limit
     new_tokens = min(LONG_NEW_TOKENS, session.settings.max_new_tokens)
     if not limit:
-        return CheckResult(check=name, status="skip", details=claim.details(),
-                           message="engine states no context limit (capabilities().max_context)"
-                                   + (f"; {claim.note()}" if claim.untested else ""))
+        return CheckResult(
+            check=name,
+            status="skip",
+            details=claim.details(),
+            message="engine states no context limit (capabilities().max_context)"
+            + (f"; {claim.note()}" if claim.untested else ""),
+        )
     prompts = long_prompts(session, limit, new_tokens)
     if not prompts or len(prompts[0]) < limit // 2:
-        return CheckResult(check=name, status="skip", details=claim.details(),
-                           message=f"context limit {limit} leaves no room for a long prompt"
-                                   + (f"; {claim.note()}" if claim.untested else ""))
+        return CheckResult(
+            check=name,
+            status="skip",
+            details=claim.details(),
+            message=f"context limit {limit} leaves no room for a long prompt"
+            + (f"; {claim.note()}" if claim.untested else ""),
+        )
     requests = [Request(prompt_ids=ids, max_new_tokens=new_tokens) for ids in prompts]
     labels = [f"long prompt {k} ({len(ids)} tokens)" for k, ids in enumerate(prompts)]
     plain = session.run("plain", requests=requests)
     spec = session.run(mode, budget, requests=requests)
-    cases = [GreedyCase(label, r.prompt_ids, s.output_ids, p.output_ids, error=s.error or p.error)
-             for label, r, p, s in zip(labels, requests, plain, spec)]
-    cases += [GreedyCase(f"{label} (plain)", r.prompt_ids, p.output_ids) for label, r, p in zip(labels, requests, plain)
-              if not p.error]
+    cases = [
+        GreedyCase(label, r.prompt_ids, s.output_ids, p.output_ids, error=s.error or p.error)
+        for label, r, p, s in zip(labels, requests, plain, spec)
+    ]
+    cases += [
+        GreedyCase(f"{label} (plain)", r.prompt_ids, p.output_ids)
+        for label, r, p in zip(labels, requests, plain)
+        if not p.error
+    ]
     verdict = judge_greedy(session, cases, what="plain")
     details = {**verdict.details, **claim.details()}
     if verdict.problem:
-        return CheckResult.failed(name, f"not lossless at {len(prompts[0])}-token contexts: {verdict.problem}",
-                                  **details)
+        return CheckResult.failed(
+            name, f"not lossless at {len(prompts[0])}-token contexts: {verdict.problem}", **details
+        )
     summary = f"{len(prompts)} prompts of {len(prompts[0])} tokens (context limit {limit}): {verdict.summary}"
     untested = f"; {claim.note()}" if claim.untested else ""
     if not caps.per_round(mode):
         return CheckResult.passed(name, summary + f"; engine reports no per-round acceptance{untested}", **details)
     if any(r.acceptance_lengths is None for r in spec):
         return CheckResult.failed(name, f"engine promises per-round acceptance in mode {mode} but returned none")
-    replay = judge_per_round(session, name, Run(mode, budget), RoundsUnderTest(labels, requests, spec),
-                             ReplayAgainst(use_golden=False))
+    replay = judge_per_round(
+        session, name, Run(mode, budget), RoundsUnderTest(labels, requests, spec), ReplayAgainst(use_golden=False)
+    )
     if replay.status == "fail":
-        return CheckResult.failed(name, f"at {len(prompts[0])}-token contexts: {replay.message}",
-                                  **{**replay.details, **claim.details()})
+        return CheckResult.failed(
+            name, f"at {len(prompts[0])}-token contexts: {replay.message}", **{**replay.details, **claim.details()}
+        )
     return CheckResult.passed(name, f"{summary}; {replay.message}{untested}", **details)
 
 
@@ -111,18 +134,22 @@ def busy_batch_requests(session: SuiteSession) -> tuple[list[Request], list[str]
     prompts = [prompts[i % len(prompts)] for i in range(3)]
     plain = session.plain()
     stop = plain[0].output_ids[min(3, len(plain[0].output_ids) - 1)] if plain[0].output_ids else None
-    greedy = [Request(prompt_ids=prompts[0], max_new_tokens=n),
-              Request(prompt_ids=prompts[1], max_new_tokens=max(1, n // 2 + 1)),
-              Request(prompt_ids=prompts[2][: max(1, len(prompts[2]) // 2)], max_new_tokens=max(1, n // 3))]
+    greedy = [
+        Request(prompt_ids=prompts[0], max_new_tokens=n),
+        Request(prompt_ids=prompts[1], max_new_tokens=max(1, n // 2 + 1)),
+        Request(prompt_ids=prompts[2][: max(1, len(prompts[2]) // 2)], max_new_tokens=max(1, n // 3)),
+    ]
     labels = [f"greedy request {i} (max_new_tokens {r.max_new_tokens})" for i, r in enumerate(greedy)]
     if stop is not None:
         greedy.append(Request(prompt_ids=prompts[0], max_new_tokens=n, stop_token_ids=[stop]))
         labels.append(f"greedy request 3 (stop token {stop})")
     sampled = []
     if session.capabilities.sampling:
-        sampled = [Request(prompt_ids=prompts[1], max_new_tokens=n, temperature=1.0, seed=11),
-                   Request(prompt_ids=prompts[2], max_new_tokens=max(1, n // 2), temperature=0.8, top_k=5, seed=12),
-                   Request(prompt_ids=prompts[0], max_new_tokens=n, temperature=1.0, top_p=0.7, seed=13)]
+        sampled = [
+            Request(prompt_ids=prompts[1], max_new_tokens=n, temperature=1.0, seed=11),
+            Request(prompt_ids=prompts[2], max_new_tokens=max(1, n // 2), temperature=0.8, top_k=5, seed=12),
+            Request(prompt_ids=prompts[0], max_new_tokens=n, temperature=1.0, top_p=0.7, seed=13),
+        ]
     requests, names = [], []
     for i in range(max(len(greedy), len(sampled))):  # greedy, sampled, greedy, ... so neighbours differ
         for group, group_names in ((greedy, labels), (sampled, [f"sampled request {j}" for j in range(len(sampled))])):
@@ -146,18 +173,21 @@ def outside_support(session: SuiteSession, request: Request, output: list[int]) 
     rules = rules_for(session.settings)
     logits_fn = target_logits(session.settings.model_dir, session.settings.device).fn
     prompt = list(request.prompt_ids)
-    logits = logits_fn(prompt + list(output[:-1]))[len(prompt) - 1:].float().cpu()
-    params = SamplingParams(temperature=request.temperature, top_k=request.top_k,
-                            top_p=min(1.0, request.top_p + TOP_P_SLACK))
+    logits = logits_fn(prompt + list(output[:-1]))[len(prompt) - 1 :].float().cpu()
+    params = SamplingParams(
+        temperature=request.temperature, top_k=request.top_k, top_p=min(1.0, request.top_p + TOP_P_SLACK)
+    )
     for position, (row, token) in enumerate(zip(logits, output)):
         support = processed_probs(row, params) > 0
         edge = float(row[support].min())
         if float(row[token]) < edge - rules.bound:
             rank = int((row > row[token]).sum()) + 1
-            return (f"sampled token {token} at output position {position} is rank {rank} of the fp32 target there, "
-                    f"outside the request's support (top_k {request.top_k}, top_p {request.top_p}: "
-                    f"{int(support.sum())} tokens; {edge - float(row[token]):.3g} below its weakest, bound "
-                    f"{rules.bound:.3g})")
+            return (
+                f"sampled token {token} at output position {position} is rank {rank} of the fp32 target there, "
+                f"outside the request's support (top_k {request.top_k}, top_p {request.top_p}: "
+                f"{int(support.sum())} tokens; {edge - float(row[token]):.3g} below its weakest, bound "
+                f"{rules.bound:.3g})"
+            )
     return None
 
 
@@ -172,17 +202,24 @@ def check_busy_batch(session: SuiteSession, mode: str, budget: int | None) -> Ch
     greedy, sampled_equal, sampled_total = [], 0, 0
     for label, request, b, a in zip(labels, requests, batch, alone):
         if a.error or b.error:
-            return CheckResult.failed(name, f"in a batch of {len(requests)} mixed requests: {label}: engine error: "
-                                            f"{(b.error or a.error).splitlines()[0]}")
+            return CheckResult.failed(
+                name,
+                f"in a batch of {len(requests)} mixed requests: {label}: engine error: "
+                f"{(b.error or a.error).splitlines()[0]}",
+            )
         problem = stop_rule_problem(b.output_ids, b.finish_reason, request.stop_token_ids, request.max_new_tokens)
         if problem:
-            return CheckResult.failed(name, f"in a batch of {len(requests)} mixed requests: {label}: {problem} "
-                                            "(another request's settings?)")
+            return CheckResult.failed(
+                name, f"in a batch of {len(requests)} mixed requests: {label}: {problem} (another request's settings?)"
+            )
         if request.temperature > 0:  # equal to its solo run (own settings, same seed): nothing to doubt
             problem = None if b.output_ids == a.output_ids else outside_support(session, request, b.output_ids)
             if problem:
-                return CheckResult.failed(name, f"in a batch of {len(requests)} mixed requests: {label}: {problem} "
-                                                "(another request's sampling settings?)")
+                return CheckResult.failed(
+                    name,
+                    f"in a batch of {len(requests)} mixed requests: {label}: {problem} "
+                    "(another request's sampling settings?)",
+                )
             sampled_total += 1
             sampled_equal += b.output_ids == a.output_ids
             continue
@@ -190,13 +227,17 @@ def check_busy_batch(session: SuiteSession, mode: str, budget: int | None) -> Ch
         greedy.append(GreedyCase(f"{label} (alone)", request.prompt_ids, a.output_ids))
     verdict = judge_greedy(session, greedy, what="the request alone")
     if verdict.problem:
-        return CheckResult.failed(name, f"in a batch of {len(requests)} mixed requests: {verdict.problem}",
-                                  **verdict.details)
+        return CheckResult.failed(
+            name, f"in a batch of {len(requests)} mixed requests: {verdict.problem}", **verdict.details
+        )
     sampled = ""
     if sampled_total:
-        sampled = (f"; {sampled_equal}/{sampled_total} sampled requests equal alone" +
-                   ("" if sampled_equal == sampled_total else
-                    " (the others differ, within their own top-k/top-p support: this engine's samples depend on "
-                    "the batch, so they are judged by the sampling check's distribution test)"))
-    return CheckResult.passed(name, f"{len(requests)} requests in one batch: greedy {verdict.summary}{sampled}",
-                              **verdict.details)
+        sampled = f"; {sampled_equal}/{sampled_total} sampled requests equal alone" + (
+            ""
+            if sampled_equal == sampled_total
+            else " (the others differ, within their own top-k/top-p support: this engine's samples depend on "
+            "the batch, so they are judged by the sampling check's distribution test)"
+        )
+    return CheckResult.passed(
+        name, f"{len(requests)} requests in one batch: greedy {verdict.summary}{sampled}", **verdict.details
+    )

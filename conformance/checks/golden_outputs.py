@@ -12,9 +12,9 @@ from pathlib import Path
 
 from ..golden_files import GoldenFile, golden_path, load_golden
 from ..oracle import oracle_for
+from ..run import Run
 from ..session import SuiteSession
 from .output_comparison import GreedyCase, judge_greedy
-from ..run import Run
 from .result import CheckResult
 
 __all__ = ["check_golden", "device_golden_path", "load_device_golden", "held_device_golden"]
@@ -31,10 +31,14 @@ def load_device_golden(settings) -> tuple[GoldenFile | None, Path]:
     if s.dtype != "float32":
         keyed = f"{s.dtype}-{s.device.split(':', 1)[0]}"
         if golden_path(s.golden_dir, s.pair_name, s.prompt_set, keyed).is_file():
-            return (load_golden(s.golden_dir, s.pair_name, s.prompt_set, keyed),
-                    golden_path(s.golden_dir, s.pair_name, s.prompt_set, keyed))
-    return (load_golden(s.golden_dir, s.pair_name, s.prompt_set, s.dtype),
-            golden_path(s.golden_dir, s.pair_name, s.prompt_set, s.dtype))
+            return (
+                load_golden(s.golden_dir, s.pair_name, s.prompt_set, keyed),
+                golden_path(s.golden_dir, s.pair_name, s.prompt_set, keyed),
+            )
+    return (
+        load_golden(s.golden_dir, s.pair_name, s.prompt_set, s.dtype),
+        golden_path(s.golden_dir, s.pair_name, s.prompt_set, s.dtype),
+    )
 
 
 def held_device_golden(session: SuiteSession) -> tuple[GoldenFile | None, Path]:
@@ -55,10 +59,13 @@ def check_golden(session: SuiteSession, mode: str, budget: int | None) -> CheckR
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
     golden, path = held_device_golden(session)
     if golden is None:
-        return CheckResult.skipped(name, f"no golden file {path} (record one with `ddtree-conformance record`)",
-                                   cause="input")
+        return CheckResult.skipped(
+            name, f"no golden file {path} (record one with `ddtree-conformance record`)", cause="input"
+        )
     length = min(golden.max_new_tokens, s.max_new_tokens)  # greedy outputs of a longer run extend shorter ones
-    cut = "" if length == s.max_new_tokens else f"; first {length} of {s.max_new_tokens} tokens: the file holds {length}"
+    cut = (
+        "" if length == s.max_new_tokens else f"; first {length} of {s.max_new_tokens} tokens: the file holds {length}"
+    )
     missing = [p.id for p in session.inputs.bundled if p.id not in golden.records]
     if missing:
         return CheckResult.failed(name, f"prompts {missing[:3]} are not in the golden file {path}")
@@ -67,8 +74,11 @@ def check_golden(session: SuiteSession, mode: str, budget: int | None) -> CheckR
         record = golden.records[prompt.id]
         if record.prompt_ids != prompt.prompt_ids:
             return CheckResult.failed(name, f"{prompt.id}: prompt ids differ from the golden file {path}")
-        cases.append(GreedyCase(prompt.id, prompt.prompt_ids, result.output_ids[:length],
-                                record.output_ids[:length], error=result.error))
+        cases.append(
+            GreedyCase(
+                prompt.id, prompt.prompt_ids, result.output_ids[:length], record.output_ids[:length], error=result.error
+            )
+        )
     verdict = judge_greedy(session, cases, what=f"golden ({path.name})")
     if verdict.problem:
         return CheckResult.failed(name, f"differs from the golden file: {verdict.problem}", **verdict.details)

@@ -29,8 +29,11 @@ def speculative_cases(session: SuiteSession, spec, plain, labels=None, prompts=N
             cases.append(GreedyCase(label, prompt_ids, [], error="plain: " + p.error))
             continue
         cases.append(GreedyCase(label, prompt_ids, s.output_ids, p.output_ids, error=s.error))
-    cases += [GreedyCase(f"{label} (plain)", prompt_ids, p.output_ids)
-              for label, prompt_ids, p in zip(labels, prompts, plain) if not p.error]
+    cases += [
+        GreedyCase(f"{label} (plain)", prompt_ids, p.output_ids)
+        for label, prompt_ids, p in zip(labels, prompts, plain)
+        if not p.error
+    ]
     return cases
 
 
@@ -38,6 +41,7 @@ def settings_note(plain, spec, label: str) -> str:
     """What the engine says its plain and speculative runs ran under (``engine_settings``): the
     attention backend both share, or every setting they do not (then the comparison is not like with
     like). Empty when the engine says nothing."""
+
     def first(results) -> dict:
         return next((r.engine_settings for r in results if r.engine_settings), {})
 
@@ -45,8 +49,9 @@ def settings_note(plain, spec, label: str) -> str:
     shared = sorted(set(mine) & set(base) - {"draft_depth"})
     differ = [k for k in shared if mine[k] != base[k]]
     if differ:
-        return "; engine settings differ from plain: " + ", ".join(f"{k} {base[k]} (plain) vs {mine[k]} ({label})"
-                                                                   for k in differ)
+        return "; engine settings differ from plain: " + ", ".join(
+            f"{k} {base[k]} (plain) vs {mine[k]} ({label})" for k in differ
+        )
     if "attention_backend" in shared:
         return f"; plain and {label} both ran with attention backend {mine['attention_backend']}"
     return ""

@@ -30,22 +30,34 @@ def check_near_ties(session: SuiteSession, runs: list[Run]) -> CheckResult:
         results = session.run(run.mode, run.budget)
         for prompt, result in zip(session.prompts, results):
             if result.error:
-                return CheckResult.failed(NEAR_TIES_ID, f"engine error in the {run.label} run on {prompt.id}: "
-                                                        f"{result.error.splitlines()[0]}")
+                return CheckResult.failed(
+                    NEAR_TIES_ID, f"engine error in the {run.label} run on {prompt.id}: {result.error.splitlines()[0]}"
+                )
             items.append((f"{prompt.id} ({run.label})", prompt.prompt_ids, result.output_ids))
         labels.append(run.label)
     scored = score_run(session, items)
     ties = scored.ties
-    details = {"runs": labels, "outputs": scored.outputs, "positions": scored.positions,
-               **({"ties_vs_same_dtype_reference": ties.details()} if ties is not None else {})}
+    details = {
+        "runs": labels,
+        "outputs": scored.outputs,
+        "positions": scored.positions,
+        **({"ties_vs_same_dtype_reference": ties.details()} if ties is not None else {}),
+    }
     if ties is None:
-        return CheckResult.skipped(NEAR_TIES_ID, "no same-dtype reference to compare with (float32 or a synthetic "
-                                                 "target)")
-    what = (f"{scored.outputs} outputs of {len(labels)} runs ({', '.join(labels)}), {scored.positions} positions: the "
-            f"engine leaves the fp32 argmax at {ties.engine_only} where the {session.settings.dtype} reference on the "
-            f"same path does not, and keeps it at {ties.reference_only} where the reference leaves it ({ties.both} "
-            f"shared; McNemar exact p = {ties.p_value:.2g})")
+        return CheckResult.skipped(
+            NEAR_TIES_ID, "no same-dtype reference to compare with (float32 or a synthetic target)"
+        )
+    what = (
+        f"{scored.outputs} outputs of {len(labels)} runs ({', '.join(labels)}), {scored.positions} positions: the "
+        f"engine leaves the fp32 argmax at {ties.engine_only} where the {session.settings.dtype} reference on the "
+        f"same path does not, and keeps it at {ties.reference_only} where the reference leaves it ({ties.both} "
+        f"shared; McNemar exact p = {ties.p_value:.2g})"
+    )
     if ties.p_value < ALPHA:
-        return CheckResult.failed(NEAR_TIES_ID, f"{what} < {ALPHA:g}: it takes the runner-up at near ties more often "
-                                                "than low-precision arithmetic explains", **details)
+        return CheckResult.failed(
+            NEAR_TIES_ID,
+            f"{what} < {ALPHA:g}: it takes the runner-up at near ties more often "
+            "than low-precision arithmetic explains",
+            **details,
+        )
     return CheckResult.passed(NEAR_TIES_ID, what, **details)

@@ -60,8 +60,15 @@ def mismatch(expected: Sequence[int], got: Sequence[int], what: str = "expected"
     return f"at output token {pos}: {what} {window(list(expected), pos)} | got {window(list(got), pos)}{length}"
 
 
-def judge_greedy(session, cases: list[GreedyCase], *, logits_fn=None, rules=None, what: str = "expected",
-                 compare_low_precision: bool = False) -> GreedyVerdict:
+def judge_greedy(
+    session,
+    cases: list[GreedyCase],
+    *,
+    logits_fn=None,
+    rules=None,
+    what: str = "expected",
+    compare_low_precision: bool = False,
+) -> GreedyVerdict:
     """Judge ``cases`` by the session's dtype (module doc). ``compare_low_precision`` also demands
     equality in bf16/fp16 (where low precision cannot excuse a difference)."""
     rules = rules or rules_for(session.settings)
@@ -79,8 +86,13 @@ def judge_greedy(session, cases: list[GreedyCase], *, logits_fn=None, rules=None
         details = {"compared": len(compared), "differing": labels}
         if differing:
             first = differing[0]
-            return GreedyVerdict(f"{len(differing)}/{len(compared)} outputs differ; first: {first.label} diverges "
-                                 f"{mismatch(first.expected, first.got, what)}", "", details, labels)
+            return GreedyVerdict(
+                f"{len(differing)}/{len(compared)} outputs differ; first: {first.label} diverges "
+                f"{mismatch(first.expected, first.got, what)}",
+                "",
+                details,
+                labels,
+            )
     scored: ScoredRun = score_run(session, [(c.label, c.prompt_ids, c.got) for c in cases], logits_fn, rules)
     details = {"scoring": scored.details(), "compared": len(compared), "differing": labels}
     if scored.positions == 0:

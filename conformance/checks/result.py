@@ -27,15 +27,15 @@ class CheckResult(BaseModel):
     cause: SkipCause | None = None
 
     @classmethod
-    def passed(cls, check: str, message: str = "", **details) -> "CheckResult":
+    def passed(cls, check: str, message: str = "", **details) -> CheckResult:
         return cls(check=check, status="pass", message=message, details=details)
 
     @classmethod
-    def failed(cls, check: str, message: str, **details) -> "CheckResult":
+    def failed(cls, check: str, message: str, **details) -> CheckResult:
         return cls(check=check, status="fail", message=message, details=details)
 
     @classmethod
-    def skipped(cls, check: str, reason: str, cause: SkipCause = "engine") -> "CheckResult":
+    def skipped(cls, check: str, reason: str, cause: SkipCause = "engine") -> CheckResult:
         return cls(check=check, status="skip", message=reason, cause=cause)
 
     @property

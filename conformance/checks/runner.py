@@ -107,15 +107,22 @@ class PlannedCheck:
             except Exception as exc:  # a check crash is a failed check, not a dead run
                 if session.failure is not None:
                     raise session.failure from exc
-                result = CheckResult.failed(self.id, f"check crashed: {type(exc).__name__}: {one_line(exc)}",
-                                            traceback=traceback.format_exc(limit=-8))
+                result = CheckResult.failed(
+                    self.id,
+                    f"check crashed: {type(exc).__name__}: {one_line(exc)}",
+                    traceback=traceback.format_exc(limit=-8),
+                )
         if session.failure is not None:  # the engine died inside, whatever the check made of it
             raise session.failure
         error = consumed_error(used) or changed_on_disk(session)
         if error is not None:
-            result = CheckResult.failed(self.id, error, check_status=result.status, check_message=result.message,
-                                        **{k: v for k, v in result.details.items()
-                                           if k not in ("check_status", "check_message")})
+            result = CheckResult.failed(
+                self.id,
+                error,
+                check_status=result.status,
+                check_message=result.message,
+                **{k: v for k, v in result.details.items() if k not in ("check_status", "check_message")},
+            )
         details = {**result.details, "elapsed_s": round(time.perf_counter() - started, 2), "evidence": evidence(used)}
         if result.status != "skip" and (line := detectable(self.family, result.details)):
             details["detectable"] = line
@@ -124,12 +131,15 @@ class PlannedCheck:
 
 def not_run(checks: Sequence[PlannedCheck], reason: str) -> list[CheckResult]:
     """``checks`` marked not run (skips with ``details["not_run"]``), each saying why."""
-    return [CheckResult(check=c.id, status="skip", message=f"not run: {reason}", details={"not_run": True},
-                        cause="engine") for c in checks]
+    return [
+        CheckResult(check=c.id, status="skip", message=f"not run: {reason}", details={"not_run": True}, cause="engine")
+        for c in checks
+    ]
 
 
-def run_plan(session: SuiteSession, checks: list[PlannedCheck],
-             on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
+def run_plan(
+    session: SuiteSession, checks: list[PlannedCheck], on_result: Callable[[CheckResult], None] | None = None
+) -> list[CheckResult]:
     """Run ``checks`` in order; stops at an engine failure (module doc). ``session.failure`` then
     says what happened."""
     results: list[CheckResult] = []
@@ -138,13 +148,16 @@ def run_plan(session: SuiteSession, checks: list[PlannedCheck],
         try:
             result = check.run(session)
         except EngineDied as exc:
-            result = CheckResult(check=check.id, status="fail", message=one_line(exc),
-                                 details={"engine_failed": True,
-                                          "elapsed_s": round(time.perf_counter() - started, 2)})
+            result = CheckResult(
+                check=check.id,
+                status="fail",
+                message=one_line(exc),
+                details={"engine_failed": True, "elapsed_s": round(time.perf_counter() - started, 2)},
+            )
             results.append(result)
             if on_result:
                 on_result(result)
-            results += not_run(checks[index + 1:], f"the engine failed during {check.id}")
+            results += not_run(checks[index + 1 :], f"the engine failed during {check.id}")
             break
         results.append(result)
         if on_result:

@@ -32,8 +32,16 @@ from ..session import SuiteSession
 from ..synthetic import sampling_table, write_bigram_pair
 from .result import CheckResult
 
-__all__ = ["ALPHA", "VARIANTS", "DRAWN", "drawn_settings", "transition_test", "chi_square", "silent_fallback",
-           "check_sampling"]
+__all__ = [
+    "ALPHA",
+    "VARIANTS",
+    "DRAWN",
+    "drawn_settings",
+    "transition_test",
+    "chi_square",
+    "silent_fallback",
+    "check_sampling",
+]
 
 ALPHA = 1e-3  # false-alarm rate of one variant's test on a correct engine
 VARIANTS = {
@@ -55,10 +63,13 @@ def drawn_settings(seed: int, vocab: int) -> dict[str, SamplingParams]:
     return {
         "temperature near 0": SamplingParams(temperature=temperature(0.05, 0.5)),
         "top_p near 1": SamplingParams(temperature=temperature(0.7, 1.4), top_p=round(rng.uniform(0.9, 0.995), 4)),
-        "top_k large": SamplingParams(temperature=temperature(0.7, 1.4), top_k=rng.randint(vocab - vocab // 4, vocab - 1)),
+        "top_k large": SamplingParams(
+            temperature=temperature(0.7, 1.4), top_k=rng.randint(vocab - vocab // 4, vocab - 1)
+        ),
         "top_k 1": SamplingParams(temperature=temperature(0.3, 2.0), top_k=1),
-        "all three": SamplingParams(temperature=temperature(0.2, 2.0), top_k=rng.randint(2, vocab - 1),
-                                    top_p=round(rng.uniform(0.3, 0.99), 4)),
+        "all three": SamplingParams(
+            temperature=temperature(0.2, 2.0), top_k=rng.randint(2, vocab - 1), top_p=round(rng.uniform(0.3, 0.99), 4)
+        ),
     }
 
 
@@ -75,8 +86,7 @@ def transition_test(table: torch.Tensor, params: SamplingParams, sequences: list
     return p_value, note
 
 
-def chi_square(table: torch.Tensor, params: SamplingParams,
-               sequences: list[list[int]]) -> tuple[float, str, int, int]:
+def chi_square(table: torch.Tensor, params: SamplingParams, sequences: list[list[int]]) -> tuple[float, str, int, int]:
     """``(p-value, note, transitions, degrees of freedom)`` of :func:`transition_test`."""
     vocab = table.shape[0]
     counts = torch.zeros((vocab, vocab), dtype=torch.float64)
@@ -92,8 +102,15 @@ def chi_square(table: torch.Tensor, params: SamplingParams,
         impossible = (probs == 0) & (counts[prev] > 0)
         if bool(impossible.any()):
             token = int(torch.nonzero(impossible)[0])
-            return 0.0, (f"token {token} sampled after {prev} {int(counts[prev, token])} times but has probability 0 "
-                         f"under the request's top-k/top-p (not applied at tree nodes?)"), int(counts.sum()), dof
+            return (
+                0.0,
+                (
+                    f"token {token} sampled after {prev} {int(counts[prev, token])} times but has probability 0 "
+                    f"under the request's top-k/top-p (not applied at tree nodes?)"
+                ),
+                int(counts.sum()),
+                dof,
+            )
         expected = probs * n
         keep = expected >= 5
         obs = list(counts[prev][keep].tolist()) + [float(counts[prev][~keep].sum())]
@@ -105,8 +122,11 @@ def chi_square(table: torch.Tensor, params: SamplingParams,
         dof += len(cells) - 1
     if dof == 0:
         total = int(counts.sum())
-        if total and all(int((processed_probs(table[prev], params) > 0).sum()) == 1
-                         for prev in range(vocab) if counts[prev].sum() > 0):
+        if total and all(
+            int((processed_probs(table[prev], params) > 0).sum()) == 1
+            for prev in range(vocab)
+            if counts[prev].sum() > 0
+        ):
             return 1.0, f"{total} transitions, each to the one token its row allows", total, 0
         return 1.0, "too few transitions for a test", total, 0
     return float(chi2.sf(statistic, dof)), f"chi2 {statistic:.1f} on {dof} dof", int(counts.sum()), dof
@@ -137,13 +157,19 @@ def silent_fallback(table: torch.Tensor, params: SamplingParams, sequences: list
     if total and hits >= GREEDY_SHARE * total:
         share = expected / total
         if share < 1.0 and binomtest(hits, total, min(share, 1.0), alternative="greater").pvalue < ALPHA:
-            return (f"sampled requests were verified greedily: {hits}/{total} transitions after the first token are "
-                    f"the target's argmax, where sampling at the request's settings gives about {share:.0%}")
+            return (
+                f"sampled requests were verified greedily: {hits}/{total} transitions after the first token are "
+                f"the target's argmax, where sampling at the request's settings gives about {share:.0%}"
+            )
     filtered = params.top_k > 0 or params.top_p < 1.0
     alternatives = []
     if params.temperature != 1.0:
-        alternatives.append(("the temperature ignored (sampled at T=1)",
-                             SamplingParams(temperature=1.0, top_k=params.top_k, top_p=params.top_p)))
+        alternatives.append(
+            (
+                "the temperature ignored (sampled at T=1)",
+                SamplingParams(temperature=1.0, top_k=params.top_k, top_p=params.top_p),
+            )
+        )
     if filtered:
         alternatives.append(("top-k/top-p ignored", SamplingParams(temperature=params.temperature)))
     if filtered and params.temperature != 1.0:
@@ -156,8 +182,17 @@ def silent_fallback(table: torch.Tensor, params: SamplingParams, sequences: list
 
 
 def _requests(params: SamplingParams, seeds: range, vocab: int) -> list[Request]:
-    return [Request(prompt_ids=[seed % vocab], max_new_tokens=NEW_TOKENS, temperature=params.temperature,
-                    top_k=params.top_k, top_p=params.top_p, seed=seed) for seed in seeds]
+    return [
+        Request(
+            prompt_ids=[seed % vocab],
+            max_new_tokens=NEW_TOKENS,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            seed=seed,
+        )
+        for seed in seeds
+    ]
 
 
 def check_sampling(session: SuiteSession, mode: str, budget: int | None, variant: str) -> CheckResult:
@@ -196,23 +231,35 @@ def check_sampling(session: SuiteSession, mode: str, budget: int | None, variant
         tokens = sum(len(o.output_ids) for o in results[part])
         where = "" if variant != DRAWN else f"{label} ({_describe(params)}): "
         if tokens == 0 or note == "too few transitions for a test":
-            return CheckResult.failed(name, f"{where}{share} sampled requests gave {tokens} tokens: nothing to test "
-                                            f"against the target distribution")
+            return CheckResult.failed(
+                name,
+                f"{where}{share} sampled requests gave {tokens} tokens: nothing to test "
+                f"against the target distribution",
+            )
         p_values[label] = p_value
         detail = f"{share} requests, {tokens} tokens; {note}; p = {p_value:.3g}"
         if p_value < alpha:
             fallback = silent_fallback(table, params, sequences)
             named = f"{fallback}; " if fallback else ""
-            return CheckResult.failed(name, f"{where}{named}sampled outputs do not follow the target distribution: "
-                                            f"{detail} (< alpha {alpha:.3g})", p_value=p_value, fallback=fallback,
-                                      settings={k: _describe(v) for k, v in strata.items()})
+            return CheckResult.failed(
+                name,
+                f"{where}{named}sampled outputs do not follow the target distribution: {detail} (< alpha {alpha:.3g})",
+                p_value=p_value,
+                fallback=fallback,
+                settings={k: _describe(v) for k, v in strata.items()},
+            )
         notes.append(f"{where}{detail}")
     rounds = sum(r.rounds or 0 for r in results)
     if variant != DRAWN:
         [only] = notes
         head = only.split(";", 1)
-        return CheckResult.passed(name, f"{head[0]}, {rounds} rounds;{head[1]}", p_value=p_values[variant],
-                                  **(evidence or {}))
-    return CheckResult.passed(name, f"settings drawn with run seed {session.settings.run_seed}, {rounds} rounds: "
-                                    + "; ".join(notes), p_values=p_values,
-                              settings={k: _describe(v) for k, v in strata.items()}, **(evidence or {}))
+        return CheckResult.passed(
+            name, f"{head[0]}, {rounds} rounds;{head[1]}", p_value=p_values[variant], **(evidence or {})
+        )
+    return CheckResult.passed(
+        name,
+        f"settings drawn with run seed {session.settings.run_seed}, {rounds} rounds: " + "; ".join(notes),
+        p_values=p_values,
+        settings={k: _describe(v) for k, v in strata.items()},
+        **(evidence or {}),
+    )

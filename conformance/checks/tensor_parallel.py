@@ -44,18 +44,24 @@ def tp_size(session: SuiteSession) -> tuple[int, str]:
     """The TP size to compare with TP=1, and where it came from (or 1 and the reason to skip)."""
     caps, asked = session.capabilities, session.settings.tensor_parallel_size
     if caps.max_tensor_parallel <= 1:
-        return 1, (f"engine reports max_tensor_parallel={caps.max_tensor_parallel} here, so there is no TP>1 run "
-                   "to compare")
+        return 1, (
+            f"engine reports max_tensor_parallel={caps.max_tensor_parallel} here, so there is no TP>1 run to compare"
+        )
     if asked > 1:
         if asked > caps.max_tensor_parallel:
-            return 1, (f"tensor_parallel_size {asked} asked, but the engine reports max_tensor_parallel="
-                       f"{caps.max_tensor_parallel} here")
+            return 1, (
+                f"tensor_parallel_size {asked} asked, but the engine reports max_tensor_parallel="
+                f"{caps.max_tensor_parallel} here"
+            )
         return asked, f"tensor_parallel_size {asked} (settings)"
     devices = visible_devices(session.settings.device)
     if devices < 2:
         kind = session.settings.device.split(":", 1)[0]
-        hint = ("on CPU it runs when asked: --tensor-parallel-size N" if kind == "cpu" else
-                "with pytest-xdist, give each worker several GPUs: --gpus-per-worker N")
+        hint = (
+            "on CPU it runs when asked: --tensor-parallel-size N"
+            if kind == "cpu"
+            else "with pytest-xdist, give each worker several GPUs: --gpus-per-worker N"
+        )
         return 1, f"{devices} {kind} device(s) visible; the TP check needs 2 or more ({hint})"
     n = min(devices, caps.max_tensor_parallel)
     return n, f"{devices} devices visible, engine max_tensor_parallel={caps.max_tensor_parallel}"
@@ -74,8 +80,7 @@ def _tree_difference(session: SuiteSession, mode: str, budget: int | None, index
     if not session.capabilities.traced(mode):
         return ""
     request = [session.requests()[index]]
-    one, many = (session.run(mode, budget, trace=True, requests=request, tensor_parallel_size=tp)[0]
-                 for tp in (1, n))
+    one, many = (session.run(mode, budget, trace=True, requests=request, tensor_parallel_size=tp)[0] for tp in (1, n))
     for r, (a, b) in enumerate(zip(one.traces or [], many.traces or [])):
         if (a.tree_tokens, a.parents) == (b.tree_tokens, b.parents):
             continue
@@ -84,10 +89,12 @@ def _tree_difference(session: SuiteSession, mode: str, budget: int | None, index
         if vocab:
             shard = -(-vocab // n)
             if all(t < shard for t in b.tree_tokens[1:]) and any(t >= shard for t in a.tree_tokens[1:]):
-                hint = (f" (every TP={n} tree token is below {shard} = vocab / {n}: token ids local to a vocabulary "
-                        "shard?)")
-        return (f"; the trees differ from round {r}: TP=1 tokens {a.tree_tokens[1:7]} | TP={n} {b.tree_tokens[1:7]}"
-                f"{hint}")
+                hint = (
+                    f" (every TP={n} tree token is below {shard} = vocab / {n}: token ids local to a vocabulary shard?)"
+                )
+        return (
+            f"; the trees differ from round {r}: TP=1 tokens {a.tree_tokens[1:7]} | TP={n} {b.tree_tokens[1:7]}{hint}"
+        )
     return "; the traced trees are equal (feedback or walk under sharding?)"
 
 
@@ -115,9 +122,13 @@ def check_tensor_parallel(session: SuiteSession, mode: str, budget: int | None) 
         if session.settings.dtype == "float32" and verdict.differing and first is not None:
             pos = first_divergence(first.expected, first.got)
             return CheckResult.failed(
-                name, f"TP={n} output differs from TP=1 on {len(verdict.differing)}/{len(session.prompts)} prompts; "
-                      f"prompt {first.label} diverges at output token {pos} (TP=1 {window(list(first.expected), pos)} | "
-                      f"TP={n} {window(list(first.got), pos)})", tp=n, **verdict.details)
+                name,
+                f"TP={n} output differs from TP=1 on {len(verdict.differing)}/{len(session.prompts)} prompts; "
+                f"prompt {first.label} diverges at output token {pos} (TP=1 {window(list(first.expected), pos)} | "
+                f"TP={n} {window(list(first.got), pos)})",
+                tp=n,
+                **verdict.details,
+            )
         return CheckResult.failed(name, f"TP={n} output: {verdict.problem}", tp=n, **verdict.details)
     summary = verdict.summary
     per_round = caps.per_round(mode) and all(r.acceptance_lengths is not None for r in one + many)
@@ -135,21 +146,37 @@ def check_tensor_parallel(session: SuiteSession, mode: str, budget: int | None) 
                     f"TP={n} per-round acceptance differs from TP=1 on {prompt.id} at round {first}: "
                     f"TP=1 {window(want, first)} | TP={n} {window(have, first)}; tau {tau_many:.3f} vs {tau_one:.3f} "
                     f"(outputs equal: drafter feedback or tree under sharding?){trees}",
-                    tp=n, tau=tau_many, tau_tp1=tau_one,
+                    tp=n,
+                    tau=tau_many,
+                    tau_tp1=tau_one,
                 )
-        return CheckResult.passed(name, f"TP={n} ({why}): {summary}; per-round acceptance equals TP=1 "
-                                        f"(tau {tau_one:.3f})", tp=n, tau=tau_one)
+        return CheckResult.passed(
+            name, f"TP={n} ({why}): {summary}; per-round acceptance equals TP=1 (tau {tau_one:.3f})", tp=n, tau=tau_one
+        )
     taus = [[r.tau for r in rs] for rs in (one, many)]
     if any(t is None for t in taus[0] + taus[1]):
         return CheckResult.passed(name, f"TP={n} ({why}): {summary}; engine reports no acceptance to compare", tp=n)
     if len(taus[0]) < 5:
-        return CheckResult.passed(name, f"TP={n} ({why}): {summary}; tau not compared on {len(taus[0])} prompts (the "
-                                        "bootstrap band needs 5)", tp=n)
+        return CheckResult.passed(
+            name,
+            f"TP={n} ({why}): {summary}; tau not compared on {len(taus[0])} prompts (the bootstrap band needs 5)",
+            tp=n,
+        )
     low, high = paired_band(taus[1], taus[0], ALPHA)
     tau_one, tau_many = sum(taus[0]) / len(taus[0]), sum(taus[1]) / len(taus[1])
     if not low <= 0.0 <= high:
-        return CheckResult.failed(name, f"TP={n} mean tau {tau_many:.3f} vs TP=1 {tau_one:.3f}: the per-prompt "
-                                        f"difference's bootstrap band [{low:.3f}, {high:.3f}] excludes 0", tp=n,
-                                  tau=tau_many, tau_tp1=tau_one)
-    return CheckResult.passed(name, f"TP={n} ({why}): {summary}; tau {tau_many:.3f} vs TP=1 {tau_one:.3f} (difference "
-                                    f"band [{low:.3f}, {high:.3f}])", tp=n, tau=tau_many)
+        return CheckResult.failed(
+            name,
+            f"TP={n} mean tau {tau_many:.3f} vs TP=1 {tau_one:.3f}: the per-prompt "
+            f"difference's bootstrap band [{low:.3f}, {high:.3f}] excludes 0",
+            tp=n,
+            tau=tau_many,
+            tau_tp1=tau_one,
+        )
+    return CheckResult.passed(
+        name,
+        f"TP={n} ({why}): {summary}; tau {tau_many:.3f} vs TP=1 {tau_one:.3f} (difference "
+        f"band [{low:.3f}, {high:.3f}])",
+        tp=n,
+        tau=tau_many,
+    )

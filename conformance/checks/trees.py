@@ -12,19 +12,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from ddtree_conformance.adapters.interface import RoundTrace
 from ddtree_conformance.spec import tree_problem
 
-from ..run import Run
 from ..node_scoring import rounds_of, score_nodes
+from ..run import Run
 from ..scorer import shared_scorer
 from ..session import SuiteSession
 from ..token_scoring import rules_for
 from ..tree_policy import block_size, diagnose_traces, policy_table, round_views
 from .result import CheckResult
 
-__all__ = ["CHAIN_LEAVES", "TRACED_PROMPTS", "traced_run", "trace_problems", "check_tree_structure",
-           "node_evidence", "out_of_reach", "check_branch_vs_chain"]
+__all__ = [
+    "CHAIN_LEAVES",
+    "TRACED_PROMPTS",
+    "traced_run",
+    "trace_problems",
+    "check_tree_structure",
+    "node_evidence",
+    "out_of_reach",
+    "check_branch_vs_chain",
+]
 
 CHAIN_LEAVES = 4  # root-to-leaf paths per round run as chains beside node scoring (an oracle without a tree mask)
 # Prompts of the traced runs: structural bugs show in every round, so ~20 prompts (some 250 rounds,
@@ -41,13 +50,13 @@ def traced_run(session: SuiteSession, mode: str, budget: int | None):
     step = max(1, bundled // TRACED_PROMPTS)
     indices = list(range(0, bundled, step))[:TRACED_PROMPTS] + list(range(bundled, len(session.prompts)))
     requests = session.requests()
-    results = session.run(mode, budget, trace=True, trace_draft_logits=caps.draft_logits,
-                          requests=[requests[i] for i in indices])
+    results = session.run(
+        mode, budget, trace=True, trace_draft_logits=caps.draft_logits, requests=[requests[i] for i in indices]
+    )
     return indices, results
 
 
-def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True,
-                   output_end: bool = False) -> list[str]:
+def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True, output_end: bool = False) -> list[str]:
     """Every way one round's trace breaks the DDTree rules (doc §3); empty when it is fine.
 
     Nodes may be numbered in any order after the root (docs/reference/freedoms.md). ``output_end``: the
@@ -56,8 +65,12 @@ def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True,
     problems: list[str] = []
     n = len(trace.tree_tokens) - 1
     if not (len(trace.parents) == len(trace.depths) == len(trace.positions) == n + 1):
-        return [(f"trace arrays differ in length ({len(trace.tree_tokens)}, {len(trace.parents)}, "
-                f"{len(trace.depths)}, {len(trace.positions)})")]
+        return [
+            (
+                f"trace arrays differ in length ({len(trace.tree_tokens)}, {len(trace.parents)}, "
+                f"{len(trace.depths)}, {len(trace.positions)})"
+            )
+        ]
     if budget is not None and n > budget:
         problems.append(f"tree has {n} nodes, more than the budget {budget}")
     if trace.parents[0] != -1 or trace.depths[0] != 0:
@@ -89,8 +102,9 @@ def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True,
             problems.append(f"accepted nodes {trace.accepted} are not a root-to-node path")
             break
         if trace.tree_tokens[node] != trace.target_tokens[step]:
-            problems.append(f"accepted node {node} has token {trace.tree_tokens[node]}, target chose "
-                            f"{trace.target_tokens[step]}")
+            problems.append(
+                f"accepted node {node} has token {trace.tree_tokens[node]}, target chose {trace.target_tokens[step]}"
+            )
             break
         previous = node
     if trace.target_tokens and trace.bonus != trace.target_tokens[-1]:
@@ -107,6 +121,8 @@ def _off_path_rounds(traces) -> int:
     """Rounds, other than a request's last, whose accepted path is not the verify batch's first rows: the
     runs that continue after a branch other than the first one (KV, feedback and state must follow it)."""
     return sum(1 for t in traces[:-1] if t.accepted != list(range(1, len(t.accepted) + 1)))
+
+
 def _spec_device(device: str) -> str:
     """Rebuild spec trees on the run's device kind: CPU and CUDA log-softmax differ in low bits, and
     bf16/fp16 drafter logits tie often, so a tie broken by one bit would otherwise differ."""
@@ -115,14 +131,30 @@ def _spec_device(device: str) -> str:
     return "cpu"
 
 
-def _spec_tree_problem(trace: RoundTrace, mode: str, budget: int | None, device: str = "cpu", *,
-                       depth_limit: int | None = None, room: int | None = None,
-                       context_room: int | None = None) -> str | None:
+def _spec_tree_problem(
+    trace: RoundTrace,
+    mode: str,
+    budget: int | None,
+    device: str = "cpu",
+    *,
+    depth_limit: int | None = None,
+    room: int | None = None,
+    context_room: int | None = None,
+) -> str | None:
     """Whether the traced tree is one the spec allows for the round's own drafter logits: the spec tree
     up to node numbering, ties, and nodes the output's or the context's end leaves out (spec.freedoms)."""
     logits = torch.tensor(trace.draft_logits, dtype=torch.float32, device=_spec_device(device))
-    problem = tree_problem(trace.tree_tokens, trace.parents, trace.depths, logits, mode, budget or 1,
-                           depth_limit=depth_limit, room=room, context_room=context_room)
+    problem = tree_problem(
+        trace.tree_tokens,
+        trace.parents,
+        trace.depths,
+        logits,
+        mode,
+        budget or 1,
+        depth_limit=depth_limit,
+        room=room,
+        context_room=context_room,
+    )
     return None if problem is None else f"tree differs from the spec's tree for its own drafter logits: {problem}"
 
 
@@ -160,23 +192,35 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
             if trace.draft_logits is not None:
                 spec_rounds += 1
                 emitted = trace.start - len(prompt.prompt_ids) + 1  # output tokens before this round
-                if _spec_tree_problem(trace, mode, budget, session.settings.device,
-                                      depth_limit=block - 1 if block else None,
-                                      room=session.settings.max_new_tokens - emitted,
-                                      context_room=_context_room(caps.max_context, prompt, result, trace)) is None:
+                if (
+                    _spec_tree_problem(
+                        trace,
+                        mode,
+                        budget,
+                        session.settings.device,
+                        depth_limit=block - 1 if block else None,
+                        room=session.settings.max_new_tokens - emitted,
+                        context_room=_context_room(caps.max_context, prompt, result, trace),
+                    )
+                    is None
+                ):
                     allowed.append(view)  # the spec's tree, up to its freedoms (spec.freedoms)
                     continue
             views.append(view)
         off_path += _off_path_rounds(traces)
     if not rounds:
         if all(len(r.output_ids) <= 1 for r in results):
-            return CheckResult.skipped(name, "every output is the prefill token alone: no round to trace",
-                                         cause="input")
+            return CheckResult.skipped(
+                name, "every output is the prefill token alone: no round to trace", cause="input"
+            )
         return CheckResult.failed(name, "engine claims traces but returned none")
     if caps.draft_logits and spec_rounds == 0:  # never claim agreement with nothing compared
-        return CheckResult.failed(name, f"engine promises drafter logits (draft_logits) but no traced round of "
-                                        f"{rounds} carries them: no tree could be compared with the spec's",
-                                  rounds=rounds)
+        return CheckResult.failed(
+            name,
+            f"engine promises drafter logits (draft_logits) but no traced round of "
+            f"{rounds} carries them: no tree could be compared with the spec's",
+            rounds=rounds,
+        )
     label = Run(mode, budget).label
     # every round, for the table and its notes (node order, ties, cuts); findings only from the rounds the
     # spec's freedoms do not explain
@@ -187,17 +231,33 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
         if whole.row:
             whole.row["verdict"] = "the spec's trees (up to its freedoms)"
         diagnosis = whole
-    details = {"tables": [policy_table([diagnosis])], "tree_policy": diagnosis.kinds,
-               "off_path_rounds": off_path, "rounds": rounds, "spec_rounds": spec_rounds}
+    details = {
+        "tables": [policy_table([diagnosis])],
+        "tree_policy": diagnosis.kinds,
+        "off_path_rounds": off_path,
+        "rounds": rounds,
+        "spec_rounds": spec_rounds,
+    }
     notes = "".join(f"; {n}" for n in whole.notes)
     if diagnosis.findings:
         first = f" (first differing: {diagnosis.first})" if diagnosis.first else ""
-        return CheckResult.failed(name, f"trees are not the spec's trees ({diagnosis.source}): {diagnosis.message()}"
-                                        f"{first}", notes=diagnosis.notes, **details)
-    spec = (f"; {len(allowed)}/{spec_rounds} trees are the spec's tree for their drafter logits (up to its freedoms)"
-            if spec_rounds else "; drafter logits not reported, spec-tree equality not checked")
-    return CheckResult.passed(name, f"{rounds} rounds well-formed{spec}; {off_path} rounds continued after "
-                                    f"accepting a path off the first rows{notes}", **details)
+        return CheckResult.failed(
+            name,
+            f"trees are not the spec's trees ({diagnosis.source}): {diagnosis.message()}{first}",
+            notes=diagnosis.notes,
+            **details,
+        )
+    spec = (
+        f"; {len(allowed)}/{spec_rounds} trees are the spec's tree for their drafter logits (up to its freedoms)"
+        if spec_rounds
+        else "; drafter logits not reported, spec-tree equality not checked"
+    )
+    return CheckResult.passed(
+        name,
+        f"{rounds} rounds well-formed{spec}; {off_path} rounds continued after "
+        f"accepting a path off the first rows{notes}",
+        **details,
+    )
 
 
 def node_evidence(session: SuiteSession, budget: int) -> tuple[str, list] | None:
@@ -217,15 +277,17 @@ def out_of_reach(session: SuiteSession) -> tuple[str, list[str]]:
     """What a run without node-level evidence cannot see in its dtype, and the bug classes named."""
     rules = rules_for(session.settings)
     if rules.exact:
-        return ("in float32 every output is judged exactly against the fp32 target, so a tree bug that changes an "
-                "output still fails lossless; one that changes no output of this run is out of reach"), [
-                   "tree-mask, node-position or KV bugs that change no output of this run"]
-    classes = ["sub-noise tree-mask bugs (e.g. attention between some sibling nodes)",
-               "sub-noise node-position bugs"]
-    return (f"in {rules.dtype} a tree-mask or node-position bug that moves each output only within the near-tie bound "
-            f"{rules.bound:.3g} (sub-noise: say, attention between some sibling nodes) passes output scoring at this "
-            "evidence: emit verified trees (light traces, docs/guides/your-engine.md) for node-level evidence, or run "
-            "the thorough profile (far more prompts and tokens)"), classes
+        return (
+            "in float32 every output is judged exactly against the fp32 target, so a tree bug that changes an "
+            "output still fails lossless; one that changes no output of this run is out of reach"
+        ), ["tree-mask, node-position or KV bugs that change no output of this run"]
+    classes = ["sub-noise tree-mask bugs (e.g. attention between some sibling nodes)", "sub-noise node-position bugs"]
+    return (
+        f"in {rules.dtype} a tree-mask or node-position bug that moves each output only within the near-tie bound "
+        f"{rules.bound:.3g} (sub-noise: say, attention between some sibling nodes) passes output scoring at this "
+        "evidence: emit verified trees (light traces, docs/guides/your-engine.md) for node-level evidence, or run "
+        "the thorough profile (far more prompts and tokens)"
+    ), classes
 
 
 def check_branch_vs_chain(session: SuiteSession, budget: int) -> CheckResult:
@@ -238,9 +300,12 @@ def check_branch_vs_chain(session: SuiteSession, budget: int) -> CheckResult:
     evidence = node_evidence(session, budget)
     if evidence is None:
         why, classes = out_of_reach(session)
-        return CheckResult(check=name, status="skip", details={"out_of_reach": classes},
-                           message=f"engine gives no verified trees or per-round traces in mode ddtree: no node-level "
-                                   f"evidence; {why}")
+        return CheckResult(
+            check=name,
+            status="skip",
+            details={"out_of_reach": classes},
+            message=f"engine gives no verified trees or per-round traces in mode ddtree: no node-level evidence; {why}",
+        )
     what, pairs = evidence
     s = session.settings
     for prompt, result in pairs:
@@ -296,7 +361,7 @@ def _chain_cross_check(session: SuiteSession, scorer, rules, pairs) -> ChainVerd
                     path.append(node)
                     node = rnd.parents[node]
                 path.reverse()  # root .. leaf
-                tail = scorer.logits(committed + [rnd.tree_tokens[i] for i in path])[len(committed):]
+                tail = scorer.logits(committed + [rnd.tree_tokens[i] for i in path])[len(committed) :]
                 for offset, node in enumerate(path):
                     nodes += 1
                     row = tail[offset]
@@ -318,11 +383,15 @@ def _chain_cross_check(session: SuiteSession, scorer, rules, pairs) -> ChainVerd
         return ChainVerdict(
             f"{mismatches}/{nodes} node checks differ from the chain run of their ancestors; first: {pid} round {r} "
             f"node {node}: tree gives {got}, chain gives {want} ({gap:.3f} below the chain's top-1, bound "
-            f"{rules.bound:.3g}); mask, positions or KV wrong", "")
+            f"{rules.bound:.3g}); mask, positions or KV wrong",
+            "",
+        )
     ceiling, mu = rules.ceiling(top2_gaps)
     if len(excused) > ceiling:
-        return ChainVerdict(f"{len(excused)}/{nodes} node checks differ from their chain runs within the near-tie "
-                            f"bound, above the ceiling {ceiling} (expected <= {mu:.1f}); mask, positions or KV wrong",
-                            "")
+        return ChainVerdict(
+            f"{len(excused)}/{nodes} node checks differ from their chain runs within the near-tie "
+            f"bound, above the ceiling {ceiling} (expected <= {mu:.1f}); mask, positions or KV wrong",
+            "",
+        )
     near = f", {len(excused)} within the near-tie bound (ceiling {ceiling})" if excused else ""
     return ChainVerdict(None, f"{nodes} node checks equal their chain runs{near}")

@@ -35,11 +35,17 @@ __all__ = ["bench_against"]
 def _baseline_factory(settings: SuiteSettings, baseline) -> Any:
     def make(model_dir: str, drafter_dir: str | None):
         if baseline.installed or settings.isolate:
-            return IsolatedEngine(baseline.spec, model_dir, drafter_dir, timeout_s=settings.engine_timeout_s,
-                                  start_timeout_s=settings.engine_timeout_s, torch_threads=settings.torch_threads,
-                                  python=baseline.python,
-                                  sys_path=None if baseline.sys_path is None else list(baseline.sys_path),
-                                  **settings.engine_options)
+            return IsolatedEngine(
+                baseline.spec,
+                model_dir,
+                drafter_dir,
+                timeout_s=settings.engine_timeout_s,
+                start_timeout_s=settings.engine_timeout_s,
+                torch_threads=settings.torch_threads,
+                python=baseline.python,
+                sys_path=None if baseline.sys_path is None else list(baseline.sys_path),
+                **settings.engine_options,
+            )
         return create_engine(baseline.spec, model_dir, drafter_dir, **settings.engine_options)
 
     return make
@@ -47,15 +53,29 @@ def _baseline_factory(settings: SuiteSettings, baseline) -> Any:
 
 def _ready(session: SuiteSession, settings: SuiteSettings, who: str) -> None:
     session.require_support()
-    problem = unsupported(session.capabilities, dtype=settings.dtype, device=settings.device, modes=settings.modes,
-                          no_drafter=settings.drafter_dir is None)
+    problem = unsupported(
+        session.capabilities,
+        dtype=settings.dtype,
+        device=settings.device,
+        modes=settings.modes,
+        no_drafter=settings.drafter_dir is None,
+    )
     if problem:
         raise CliError(f"{who}: {problem}")
 
 
-def bench_against(settings: SuiteSettings, against: str, *, hw: str, plan: SequentialPlan, warmup: bool,
-                  tolerance: float, out: Path | None, against_engine: str | None = None,
-                  against_options: list[str] | None = None) -> Path:
+def bench_against(
+    settings: SuiteSettings,
+    against: str,
+    *,
+    hw: str,
+    plan: SequentialPlan,
+    warmup: bool,
+    tolerance: float,
+    out: Path | None,
+    against_engine: str | None = None,
+    against_options: list[str] | None = None,
+) -> Path:
     runs = [("dflash", None)] if "dflash" in settings.modes else []
     runs += [("ddtree", b) for b in settings.budgets] if "ddtree" in settings.modes else []
     printer = progress_printer()
@@ -86,8 +106,16 @@ def bench_against(settings: SuiteSettings, against: str, *, hw: str, plan: Seque
                     printer(f"bench A/B: {label} ({steps[0]} runs)")
 
             try:
-                part = measure_ab(candidate.engine, reference.engine, candidate.requests(), configs,
-                                  tolerance=tolerance, plan=plan, warmup=warmup, on_step=step)
+                part = measure_ab(
+                    candidate.engine,
+                    reference.engine,
+                    candidate.requests(),
+                    configs,
+                    tolerance=tolerance,
+                    plan=plan,
+                    warmup=warmup,
+                    on_step=step,
+                )
             except BenchError as exc:
                 raise CliError(str(exc), exit_code=EXIT_FAILED) from exc
         finally:
@@ -96,25 +124,38 @@ def bench_against(settings: SuiteSettings, against: str, *, hw: str, plan: Seque
     report = new_report("ab", settings.model_dump(), hw)
     report.update(part)
     report["engine"] = identity["candidate"]
-    report["ab"].update(candidate=_named(identity["candidate"]), baseline=_named(identity["baseline"]) +
-                        (f", installed from {baseline.source}" if baseline.installed else ""),
-                        baseline_engine=identity["baseline"], against=against)
+    report["ab"].update(
+        candidate=_named(identity["candidate"]),
+        baseline=_named(identity["baseline"]) + (f", installed from {baseline.source}" if baseline.installed else ""),
+        baseline_engine=identity["baseline"],
+        against=against,
+    )
     out_path = out if out is not None else REPORTS_DIR / f"ab-{settings.engine.replace(':', '_')}.json"
     paths = write_report(report, out_path)
-    table = Table(title=escape(f"A/B: {report['ab']['candidate']} against {report['ab']['baseline']} "
-                               f"({settings.pair_name}, {settings.dtype}, {settings.device}, {hw})"))
+    table = Table(
+        title=escape(
+            f"A/B: {report['ab']['candidate']} against {report['ab']['baseline']} "
+            f"({settings.pair_name}, {settings.dtype}, {settings.device}, {hw})"
+        )
+    )
     for column in ("run", "candidate tok/s", "baseline tok/s", "ratio [CI]", "edge", "decision"):
         table.add_column(column, overflow="fold")
     for row in report["ab"]["runs"]:
-        ratio = "-" if row["estimate"] is None else \
-            f"{row['estimate']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
-        table.add_row(row["label"], f"{row['candidate_tokens_per_s']:.1f}", f"{row['baseline_tokens_per_s']:.1f}",
-                      ratio, f"{row['edge']:.3f}", escape(f"{row['decision']}: {row['reason']}"))
+        ratio = "-" if row["estimate"] is None else f"{row['estimate']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+        table.add_row(
+            row["label"],
+            f"{row['candidate_tokens_per_s']:.1f}",
+            f"{row['baseline_tokens_per_s']:.1f}",
+            ratio,
+            f"{row['edge']:.3f}",
+            escape(f"{row['decision']}: {row['reason']}"),
+        )
     console = stdout_console()
     console.print(table)
     console.print(escape(f"{report['verdict']['status'].upper()}: {report['verdict']['reason']}"), soft_wrap=True)
-    console.print(escape(f"wrote {', '.join(map(str, paths))}; `ddtree-conformance gate {paths[0]}` judges it"),
-                  soft_wrap=True)
+    console.print(
+        escape(f"wrote {', '.join(map(str, paths))}; `ddtree-conformance gate {paths[0]}` judges it"), soft_wrap=True
+    )
     return paths[0]
 
 

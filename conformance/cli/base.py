@@ -57,18 +57,18 @@ EXIT_INCOMPLETE = 7  # nothing failed, but a requested mode or check family did 
 EXIT_STATUSES: dict[int, str] = {
     EXIT_OK: "all checks passed",
     EXIT_FAILED: "a check failed (conformance failure, or a result that breaks the integrity rules) or the gate "
-                 "found a regression",
+    "found a regression",
     EXIT_USAGE: "usage error: bad option, unknown engine or engine option, a budget above the engine's largest, "
-                "bad input file or unusable model dir; nothing was run",
+    "bad input file or unusable model dir; nothing was run",
     EXIT_INCONCLUSIVE: "gate only: inconclusive (the interval still straddles the band when its budget ran out)",
     EXIT_MISSING_BASELINE: "gate only: a baseline or a measurement is missing",
     EXIT_ENGINE: "the engine could not start, hung past --engine-timeout, or died (crash, out of memory); the run "
-                 "stopped there (the report marks the remaining checks not run) and the engine's log tail is printed",
+    "stopped there (the report marks the remaining checks not run) and the engine's log tail is printed",
     EXIT_SETTINGS_CHANGED: "gate only: refused, the report's engine settings that change speed (CUDA graphs, "
-                           "attention backend, ...) differ from the baseline's; nothing was compared",
+    "attention backend, ...) differ from the baseline's; nothing was compared",
     EXIT_INCOMPLETE: "incomplete: nothing failed, but a requested mode or check family did not run because of the "
-                     "engine (mode not offered, no acceptance data, no traces, too few prompts); the report's "
-                     "coverage table says which and why; --allow-skip FAMILY opts out",
+    "engine (mode not offered, no acceptance data, no traces, too few prompts); the report's "
+    "coverage table says which and why; --allow-skip FAMILY opts out",
 }
 
 EXIT_HELP = "Exit statuses: " + "; ".join(f"{code} {text}" for code, text in EXIT_STATUSES.items()) + "."
@@ -171,8 +171,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """Cross-engine conformance suite for DDTree speculative decoding."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

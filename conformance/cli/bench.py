@@ -33,10 +33,15 @@ from .base import EXIT_FAILED, CliError, command, stderr_console, stdout_console
 __all__ = ["bench", "baseline", "gate"]
 
 
-GateAgainst = Annotated[Optional[Path], typer.Option(
-    "--baselines", help="Go sequential: repeat until every run's speedup interval clears the lower edge of its "
-                        "band in these baselines (file, or folder holding <hardware-class>.json), or the time "
-                        "budget is spent. Without it: --repeats fixed repeats.")]
+GateAgainst = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--baselines",
+        help="Go sequential: repeat until every run's speedup interval clears the lower edge of its "
+        "band in these baselines (file, or folder holding <hardware-class>.json), or the time "
+        "budget is spent. Without it: --repeats fixed repeats.",
+    ),
+]
 
 
 @command()
@@ -56,32 +61,68 @@ def bench(
     max_new_tokens: opt.MaxNewTokens = None,
     repeats: Annotated[int, typer.Option("--repeats", "-r", help="Fixed repeats when no --baselines are given.")] = 5,
     baselines: GateAgainst = None,
-    alpha: Annotated[float, typer.Option("--alpha", help="Error budget of the interval (each wrong verdict <= "
-                                                         "alpha/2), spent over the looks.")] = 0.05,
-    min_repeats: Annotated[int, typer.Option("--min-repeats", help="Sequential: first look after this many "
-                                                                   "repeats.")] = 3,
-    max_repeats: Annotated[int, typer.Option("--max-repeats", help="Sequential: stop undecided after this many "
-                                                                   "repeats.")] = 60,
-    time_budget: Annotated[float, typer.Option("--time-budget", help="Sequential: stop undecided once the timed "
-                                                                     "repeats have taken this many seconds.")] = 600.0,
+    alpha: Annotated[
+        float,
+        typer.Option(
+            "--alpha", help="Error budget of the interval (each wrong verdict <= alpha/2), spent over the looks."
+        ),
+    ] = 0.05,
+    min_repeats: Annotated[
+        int, typer.Option("--min-repeats", help="Sequential: first look after this many repeats.")
+    ] = 3,
+    max_repeats: Annotated[
+        int, typer.Option("--max-repeats", help="Sequential: stop undecided after this many repeats.")
+    ] = 60,
+    time_budget: Annotated[
+        float,
+        typer.Option(
+            "--time-budget", help="Sequential: stop undecided once the timed repeats have taken this many seconds."
+        ),
+    ] = 600.0,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="One untimed call per config first.")] = True,
-    against: Annotated[Optional[str], typer.Option(
-        "--against", metavar="ENGINE", help="A/B: measure the engine against this baseline build, interleaved on the "
-                                            "same runner, instead of against plain decoding: an engine here (name or "
-                                            "module:Class), or a build of --engine to install apart (a requirement, a "
-                                            "wheel or a folder). Sequential on the throughput ratio; `gate` judges "
-                                            "the report.")] = None,
-    against_engine: Annotated[Optional[str], typer.Option(
-        "--against-engine", help="A/B: the engine spec the installed baseline runs as.",
-        show_default="--engine")] = None,
-    against_option: Annotated[Optional[list[str]], typer.Option(
-        "--against-option", metavar="KEY=VALUE", help="A/B: the baseline's engine options (repeatable).",
-        show_default="--engine-option's")] = None,
-    tolerance: Annotated[float, typer.Option("--tolerance", help="A/B: the candidate may be this fraction slower "
-                                                                 "than the baseline (edge 1 - tolerance).")] = 0.05,
+    against: Annotated[
+        Optional[str],
+        typer.Option(
+            "--against",
+            metavar="ENGINE",
+            help="A/B: measure the engine against this baseline build, interleaved on the "
+            "same runner, instead of against plain decoding: an engine here (name or "
+            "module:Class), or a build of --engine to install apart (a requirement, a "
+            "wheel or a folder). Sequential on the throughput ratio; `gate` judges "
+            "the report.",
+        ),
+    ] = None,
+    against_engine: Annotated[
+        Optional[str],
+        typer.Option(
+            "--against-engine", help="A/B: the engine spec the installed baseline runs as.", show_default="--engine"
+        ),
+    ] = None,
+    against_option: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--against-option",
+            metavar="KEY=VALUE",
+            help="A/B: the baseline's engine options (repeatable).",
+            show_default="--engine-option's",
+        ),
+    ] = None,
+    tolerance: Annotated[
+        float,
+        typer.Option(
+            "--tolerance", help="A/B: the candidate may be this fraction slower than the baseline (edge 1 - tolerance)."
+        ),
+    ] = 0.05,
     isolate: opt.Isolate = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="JSON report path (.md and .html beside it).",
-                                                show_default="reports/bench-<engine>.json")] = None,
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--out",
+            "-o",
+            help="JSON report path (.md and .html beside it).",
+            show_default="reports/bench-<engine>.json",
+        ),
+    ] = None,
     engine_option: opt.EngineOptions = None,
     engine_timeout: opt.EngineTimeout = None,
     threads: opt.Threads = None,
@@ -100,22 +141,50 @@ def bench(
     except ValueError as exc:
         raise CliError(f"--alpha/--min-repeats/--max-repeats/--time-budget: {exc}") from None
     settings = opt.run_settings(
-        engine=engine, model_dir=model, drafter_dir=drafter, pair=pair, pairs_file=pairs_file, pair_name=pair_name,
-        modes=modes, budgets=budgets, dtype=dtype, device=device, prompt_set=prompts, limit=limit,
-        max_new_tokens=max_new_tokens, isolate=isolate, engine_options=engine_option,
-        engine_timeout_s=engine_timeout, torch_threads=threads,
-        held_out_prompts=0)  # a bench times the bundled prompts only: every run and its baseline time the same set
+        engine=engine,
+        model_dir=model,
+        drafter_dir=drafter,
+        pair=pair,
+        pairs_file=pairs_file,
+        pair_name=pair_name,
+        modes=modes,
+        budgets=budgets,
+        dtype=dtype,
+        device=device,
+        prompt_set=prompts,
+        limit=limit,
+        max_new_tokens=max_new_tokens,
+        isolate=isolate,
+        engine_options=engine_option,
+        engine_timeout_s=engine_timeout,
+        torch_threads=threads,
+        held_out_prompts=0,
+    )  # a bench times the bundled prompts only: every run and its baseline time the same set
     validate_run_inputs(settings)
-    out_path = output_path(out, REPORTS_DIR / f"bench-{settings.engine.replace(':', '_')}.json", settings,
-                           pairs_file=pairs_file, extra=[baselines])  # absolute, never an input of the run
+    out_path = output_path(
+        out,
+        REPORTS_DIR / f"bench-{settings.engine.replace(':', '_')}.json",
+        settings,
+        pairs_file=pairs_file,
+        extra=[baselines],
+    )  # absolute, never an input of the run
     hw = opt.hw_class(settings.device, hardware_class)
     if against is not None:  # A/B: conformance/cli/ab.py
         from .ab import bench_against
 
         if baselines is not None:
             raise CliError("--against and --baselines: an A/B run needs no stored baselines; give one of them")
-        bench_against(settings, against, hw=hw, plan=plan, warmup=warmup, tolerance=tolerance, out=out,
-                      against_engine=against_engine, against_options=against_option)
+        bench_against(
+            settings,
+            against,
+            hw=hw,
+            plan=plan,
+            warmup=warmup,
+            tolerance=tolerance,
+            out=out,
+            against_engine=against_engine,
+            against_options=against_option,
+        )
         return
     runs = [("dflash", None)] if "dflash" in settings.modes else []
     runs += [("ddtree", b) for b in settings.budgets] if "ddtree" in settings.modes else []
@@ -124,15 +193,26 @@ def bench(
     try:
         eng = session.engine
         session.require_support()  # every budget within capabilities().max_budget, dtype, device
-        problem = unsupported(session.capabilities, dtype=settings.dtype, device=settings.device,
-                              modes=["plain", *settings.modes], no_drafter=settings.drafter_dir is None)
+        problem = unsupported(
+            session.capabilities,
+            dtype=settings.dtype,
+            device=settings.device,
+            modes=["plain", *settings.modes],
+            no_drafter=settings.drafter_dir is None,
+        )
         if problem:
             raise CliError(problem)
         requests = session.requests()
         printer = progress_printer()
         done = [0]
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=stderr_console(), transient=True) as progress:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=stderr_console(),
+            transient=True,
+        ) as progress:
             task = progress.add_task(f"bench {settings.engine}", total=None)
 
             def step(label: str) -> None:
@@ -142,8 +222,17 @@ def bench(
                     printer(f"bench {settings.engine}: {label} ({done[0]} runs)")
 
             try:
-                measured = run_bench(eng, requests, lambda m, b: session.config(m, b), runs, repeats=repeats,
-                                     edges=edges, plan=plan, warmup=warmup, on_step=step)
+                measured = run_bench(
+                    eng,
+                    requests,
+                    lambda m, b: session.config(m, b),
+                    runs,
+                    repeats=repeats,
+                    edges=edges,
+                    plan=plan,
+                    warmup=warmup,
+                    on_step=step,
+                )
             except BenchError as exc:
                 raise CliError(str(exc), exit_code=EXIT_FAILED) from exc
     finally:
@@ -151,19 +240,34 @@ def bench(
     report = new_report("bench", settings.model_dump(), hw)
     report.update(measured)
     paths = write_report(report, out_path)
-    table = Table(title=escape(f"bench: {settings.engine} on {settings.pair_name} ({settings.dtype}, "
-                               f"{settings.device}, {hw}), {report['bench']['repeats']} repeats, clock "
-                               f"{report['bench']['clock']}"))
-    for column, justify in (("run", "left"), ("tau", "right"), ("step ms", "right"), ("round ms", "right"),
-                            ("speedup [CI]", "right"), ("CV", "right"), ("stopped", "left")):
+    table = Table(
+        title=escape(
+            f"bench: {settings.engine} on {settings.pair_name} ({settings.dtype}, "
+            f"{settings.device}, {hw}), {report['bench']['repeats']} repeats, clock "
+            f"{report['bench']['clock']}"
+        )
+    )
+    for column, justify in (
+        ("run", "left"),
+        ("tau", "right"),
+        ("step ms", "right"),
+        ("round ms", "right"),
+        ("speedup [CI]", "right"),
+        ("CV", "right"),
+        ("stopped", "left"),
+    ):
         table.add_column(column, justify=justify, overflow="fold")
     for run in report["runs"]:
         sp, cm = run.get("speedup"), run.get("cost_model") or {}
-        table.add_row(run["label"], f"{run['tau']:.3f}", f"{cm['step_s'] * 1e3:.2f}" if cm.get("step_s") else "-",
-                      f"{cm['round_s'] * 1e3:.2f}" if cm.get("round_s") else "-",
-                      "-" if not sp else f"{sp['estimate']:.3f}x [{_fmt(sp['ci_low'])}, {_fmt(sp['ci_high'])}]",
-                      "-" if not sp or sp["cv"] is None else f"{sp['cv']:.3f}",
-                      "-" if not sp else escape(f"{sp['stop']['decision']}: {sp['stop']['reason']}"))
+        table.add_row(
+            run["label"],
+            f"{run['tau']:.3f}",
+            f"{cm['step_s'] * 1e3:.2f}" if cm.get("step_s") else "-",
+            f"{cm['round_s'] * 1e3:.2f}" if cm.get("round_s") else "-",
+            "-" if not sp else f"{sp['estimate']:.3f}x [{_fmt(sp['ci_low'])}, {_fmt(sp['ci_high'])}]",
+            "-" if not sp or sp["cv"] is None else f"{sp['cv']:.3f}",
+            "-" if not sp else escape(f"{sp['stop']['decision']}: {sp['stop']['reason']}"),
+        )
     console = stdout_console()
     console.print(table)
     shown = ", ".join(f"{k}={v}" for k, v in sorted(report["bench"]["engine_settings"].items()))
@@ -187,8 +291,10 @@ def _edges(baselines: Path, hw: str, settings, runs) -> dict[str, float]:
     path = baseline_path(baselines, hw)
     labels = ", ".join(Run(m, b).label for m, b in runs)
     if not path.exists():
-        stderr_console().print(escape(f"note: no baseline file {path} for hardware class {hw}: "
-                                      f"--repeats fixed repeats, not sequential"), soft_wrap=True)
+        stderr_console().print(
+            escape(f"note: no baseline file {path} for hardware class {hw}: --repeats fixed repeats, not sequential"),
+            soft_wrap=True,
+        )
         return {}
     try:
         loaded = load_baselines(path)
@@ -200,9 +306,13 @@ def _edges(baselines: Path, hw: str, settings, runs) -> dict[str, float]:
         if entry is not None and entry.speedup is not None:
             edges[Run(mode, budget).label] = entry.speedup.lower
     if not edges:
-        stderr_console().print(escape(f"note: {path} has no speedup baseline for {settings.engine} on "
-                                      f"{settings.pair_name} ({labels}): --repeats fixed repeats, not sequential"),
-                               soft_wrap=True)
+        stderr_console().print(
+            escape(
+                f"note: {path} has no speedup baseline for {settings.engine} on "
+                f"{settings.pair_name} ({labels}): --repeats fixed repeats, not sequential"
+            ),
+            soft_wrap=True,
+        )
     return edges
 
 
@@ -221,20 +331,28 @@ def baseline(
     update: Annotated[bool, typer.Option("--update", help="Replace existing entries; prints the diff.")] = False,
     tau_band: Annotated[float, typer.Option("--tau-band", help="Tau band, as a fraction of tau.")] = 0.05,
     position_band: Annotated[float, typer.Option("--position-band", help="Per-position band, absolute.")] = 0.05,
-    speedup_band: Annotated[float, typer.Option("--speedup-band", help="Speedup band, fraction of speedup (widened "
-                                                                       "to the report's own interval).")] = 0.02,
+    speedup_band: Annotated[
+        float,
+        typer.Option(
+            "--speedup-band", help="Speedup band, fraction of speedup (widened to the report's own interval)."
+        ),
+    ] = 0.02,
 ) -> None:
     """Write baselines (tau, per-position floors, speedup, with bands) from a run report."""
-    for value, option in ((tau_band, "--tau-band"), (position_band, "--position-band"),
-                          (speedup_band, "--speedup-band")):
+    for value, option in (
+        (tau_band, "--tau-band"),
+        (position_band, "--position-band"),
+        (speedup_band, "--speedup-band"),
+    ):
         if not 0 <= value < 1:
             raise CliError(f"{option} must be in [0, 1), got {value}")
     data = _load_report_or_fail(report)
     if data.get("kind") == "ab":
         raise CliError(f"{report} is an A/B report: it compares two builds on one runner and makes no baselines")
     hw = hardware_class or data["hardware_class"]
-    entries = entries_from_report(data, hw_class=hw, tau_band=tau_band, position_band=position_band,
-                                  speedup_band=speedup_band)
+    entries = entries_from_report(
+        data, hw_class=hw, tau_band=tau_band, position_band=position_band, speedup_band=speedup_band
+    )
     if not entries:
         raise CliError(f"{report} holds no speculative runs to make baselines from")
     path = baseline_path(baselines, hw)
@@ -252,8 +370,9 @@ def baseline(
         console.print(escape(line), soft_wrap=True, highlight=False)
     if any(e.speedup is None for e in entries):
         console.print("note: the report has no throughput; speedup baselines left empty (run `bench`)")
-    console.print(escape(f"no changes to {written}" if not diff else f"wrote {len(entries)} entries to {written}"),
-                  soft_wrap=True)
+    console.print(
+        escape(f"no changes to {written}" if not diff else f"wrote {len(entries)} entries to {written}"), soft_wrap=True
+    )
 
 
 @command()
@@ -290,24 +409,53 @@ def gate(
         path = Path(f"A/B baseline {data.get('ab', {}).get('against', '?')}")
     s = data.get("settings", {})
     table = Table(title=escape(f"gate: {s.get('engine')} on {s.get('pair_name')} ({hw}) vs {path}"))
-    for column, justify in (("run", "left"), ("metric", "left"), ("status", "left"), ("measured", "right"),
-                            ("band", "right"), ("margin", "right"), ("note", "left")):
+    for column, justify in (
+        ("run", "left"),
+        ("metric", "left"),
+        ("status", "left"),
+        ("measured", "right"),
+        ("band", "right"),
+        ("margin", "right"),
+        ("note", "left"),
+    ):
         table.add_column(column, justify=justify, overflow="fold")
     colours = {"pass": "green", "fail": "red", "inconclusive": "yellow", "missing": "magenta", "refused": "red"}
     for r in rows:
-        table.add_row(escape(r.run), r.metric, f"[{colours[r.status]}]{r.status}[/]", escape(r.measured),
-                      escape(r.band), "-" if r.margin is None else f"{r.margin:+.3f}", escape(r.message))
+        table.add_row(
+            escape(r.run),
+            r.metric,
+            f"[{colours[r.status]}]{r.status}[/]",
+            escape(r.measured),
+            escape(r.band),
+            "-" if r.margin is None else f"{r.margin:+.3f}",
+            escape(r.message),
+        )
     console = stdout_console()
     console.print(table)
     code = exit_code(rows) if stored else ab.exit_code(rows)
     counts = {k: sum(r.status == k for r in rows) for k in colours}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"schema": "ddtree-conformance/gate", "schema_version": 1, "report": str(report),
-                                   "baselines": str(path), "hardware_class": hw, "exit_code": code,
-                                   "counts": counts, "rows": [r.as_dict() for r in rows]}, indent=1) + "\n")
+        out.write_text(
+            json.dumps(
+                {
+                    "schema": "ddtree-conformance/gate",
+                    "schema_version": 1,
+                    "report": str(report),
+                    "baselines": str(path),
+                    "hardware_class": hw,
+                    "exit_code": code,
+                    "counts": counts,
+                    "rows": [r.as_dict() for r in rows],
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-    verdict = {0: "PASS", 1: "REGRESSION", 3: "INCONCLUSIVE", 4: "MISSING BASELINE", 6: "REFUSED: SETTINGS CHANGED"}[code]
+    verdict = {0: "PASS", 1: "REGRESSION", 3: "INCONCLUSIVE", 4: "MISSING BASELINE", 6: "REFUSED: SETTINGS CHANGED"}[
+        code
+    ]
     console.print(escape(f"gate {verdict} (exit {code}): {summary}"), soft_wrap=True)
     if stored and not path.exists():
         console.print(escape(f"no baseline file {path}: every run is 'missing'"), soft_wrap=True)

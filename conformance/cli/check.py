@@ -60,25 +60,45 @@ def check(
     allow_skip: opt.AllowSkip = None,
 ) -> None:
     settings = opt.run_settings(
-        engine=engine, model_dir=model, drafter_dir=drafter, pair=pair, pairs_file=pairs_file, pair_name=pair_name,
-        modes=modes, budgets=budgets, dtype=dtype, device=device, prompt_set=prompts, limit=limit,
-        max_new_tokens=max_new_tokens, checks=only, isolate=isolate, golden_dir=golden_dir,
-        engine_options=engine_option, engine_timeout_s=engine_timeout, torch_threads=threads,
-        tensor_parallel_size=tensor_parallel_size, held_out_prompts=held_out_prompts, run_seed=run_seed,
-        profile=profile, allow_skip=allow_skip)
+        engine=engine,
+        model_dir=model,
+        drafter_dir=drafter,
+        pair=pair,
+        pairs_file=pairs_file,
+        pair_name=pair_name,
+        modes=modes,
+        budgets=budgets,
+        dtype=dtype,
+        device=device,
+        prompt_set=prompts,
+        limit=limit,
+        max_new_tokens=max_new_tokens,
+        checks=only,
+        isolate=isolate,
+        golden_dir=golden_dir,
+        engine_options=engine_option,
+        engine_timeout_s=engine_timeout,
+        torch_threads=threads,
+        tensor_parallel_size=tensor_parallel_size,
+        held_out_prompts=held_out_prompts,
+        run_seed=run_seed,
+        profile=profile,
+        allow_skip=allow_skip,
+    )
     validate_run_inputs(settings)  # bad prompts, ids or lengths: exit 2 before any engine work (and heavy import)
-    out_path = output_path(out, REPORTS_DIR / f"check-{settings.engine.replace(':', '_')}.json", settings,
-                           pairs_file=pairs_file)  # absolute, never an input of the run
+    out_path = output_path(
+        out, REPORTS_DIR / f"check-{settings.engine.replace(':', '_')}.json", settings, pairs_file=pairs_file
+    )  # absolute, never an input of the run
 
     # imported here: the checks pull torch; --help and bad input are refused without it
     from ..adapters.interface import EngineDied
     from ..adapters.registry import resolve_engine
+    from ..check_report import engine_identity, entries_of, finish_check_report
     from ..checks import needs_golden, plan, run_plan
     from ..checks.runner import not_run, one_line
+    from ..coverage import check_allow_skip
     from ..golden_files import load_golden
     from ..oracle import hold as hold_oracle
-    from ..check_report import engine_identity, entries_of, finish_check_report
-    from ..coverage import check_allow_skip
     from ..progress import progress_printer
     from ..report import CHECK_SCHEMA, new_report, runs_from_session, write_partial_report, write_report
     from ..session import SuiteSession
@@ -88,8 +108,9 @@ def check(
     check_allow_skip(settings)
     if needs_golden(checks):
         load_golden(settings.golden_dir, settings.pair_name, settings.prompt_set, settings.dtype)  # unreadable: exit 2
-    partial = new_report("check", settings.model_dump(), opt.hw_class(settings.device, hardware_class),
-                         schema=CHECK_SCHEMA)
+    partial = new_report(
+        "check", settings.model_dump(), opt.hw_class(settings.device, hardware_class), schema=CHECK_SCHEMA
+    )
     printer = progress_printer()
     session = SuiteSession(settings, progress=printer)
     started = time.perf_counter()
@@ -134,15 +155,25 @@ def check(
     console = stdout_console()
     console.print(table)
     report, _, found = finish_check_report(
-        partial, entries_of(checks, results), allow_skip=settings.allow_skip or (), runs=run_metrics,
-        engine=identity, elapsed_s=elapsed,
-        engine_failure=None if failure is None else (str(failure), failure.log_tail))
+        partial,
+        entries_of(checks, results),
+        allow_skip=settings.allow_skip or (),
+        runs=run_metrics,
+        engine=identity,
+        elapsed_s=elapsed,
+        engine_failure=None if failure is None else (str(failure), failure.log_tail),
+    )
     counts = report["counts"]
     report["held_out_prompts"] = held_out
     out_path, md_path, html_path = write_report(report, out_path)
     not_run_note = f", {counts['not_run']} not run" if counts["not_run"] else ""
-    console.print(escape(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped{not_run_note} "
-                         f"in {elapsed:.0f} s; report {out_path} (+ {md_path.name}, {html_path.name})"), soft_wrap=True)
+    console.print(
+        escape(
+            f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped{not_run_note} "
+            f"in {elapsed:.0f} s; report {out_path} (+ {md_path.name}, {html_path.name})"
+        ),
+        soft_wrap=True,
+    )
     if failure is not None:
         skipped = f" ({counts['not_run']} of {len(results)} checks not run)" if counts["not_run"] else ""
         raise EngineFailed(f"{one_line(failure)}{skipped}", failure.log_tail)
@@ -157,28 +188,51 @@ def record(
     model: opt.Model = None,
     drafter: opt.Drafter = None,
     pair_name: opt.PairName = None,
-    budgets: Annotated[Optional[str], typer.Option("--budgets", help="Comma-separated DDTree budgets.",
-                                                   show_default="16,32,64,256")] = None,
+    budgets: Annotated[
+        Optional[str], typer.Option("--budgets", help="Comma-separated DDTree budgets.", show_default="16,32,64,256")
+    ] = None,
     dtype: opt.DType = None,
     device: opt.Device = None,
     prompts: opt.Prompts = None,
     limit: opt.Limit = None,
     max_new_tokens: opt.MaxNewTokens = None,
     golden_dir: opt.GoldenDir = None,
-    update: Annotated[bool, typer.Option("--update", help="Replace an existing golden file; prints the diff. "
-                                                          "Refused when it would drop records, budgets or output "
-                                                          "tokens the file holds.")] = False,
-    replace: Annotated[bool, typer.Option(
-        "--replace", help="Replace an existing golden file even where it drops records, budgets or output tokens "
-                          "(implies --update).")] = False,
+    update: Annotated[
+        bool,
+        typer.Option(
+            "--update",
+            help="Replace an existing golden file; prints the diff. "
+            "Refused when it would drop records, budgets or output "
+            "tokens the file holds.",
+        ),
+    ] = False,
+    replace: Annotated[
+        bool,
+        typer.Option(
+            "--replace",
+            help="Replace an existing golden file even where it drops records, budgets or output tokens "
+            "(implies --update).",
+        ),
+    ] = False,
     threads: opt.Threads = None,
 ) -> None:
     """Record golden outputs, top-2 gaps and acceptance traces with the reference engine."""
     settings = opt.run_settings(
-        engine="reference", model_dir=model, drafter_dir=drafter, pair_name=pair_name,
-        budgets=budgets or "16,32,64,256", dtype=dtype, device=device, prompt_set=prompts, limit=limit,
-        max_new_tokens=max_new_tokens, isolate=False, golden_dir=golden_dir, torch_threads=threads,
-        held_out_prompts=0)  # golden files hold the prompt set's prompts only
+        engine="reference",
+        model_dir=model,
+        drafter_dir=drafter,
+        pair_name=pair_name,
+        budgets=budgets or "16,32,64,256",
+        dtype=dtype,
+        device=device,
+        prompt_set=prompts,
+        limit=limit,
+        max_new_tokens=max_new_tokens,
+        isolate=False,
+        golden_dir=golden_dir,
+        torch_threads=threads,
+        held_out_prompts=0,
+    )  # golden files hold the prompt set's prompts only
     prompt_set = validate_run_inputs(settings)
 
     from ..golden_files import (
@@ -207,12 +261,18 @@ def record(
             raise GoldenExists(refusal(path, losses))
     session = SuiteSession(settings)
     try:
-        golden = record_golden(session, settings.budgets,
-                               progress=lambda key: stderr_console().print(escape(f"recorded {key}")))
+        golden = record_golden(
+            session, settings.budgets, progress=lambda key: stderr_console().print(escape(f"recorded {key}"))
+        )
     finally:
         session.close()
-    written, diff = write_golden(settings.golden_dir, golden, update=update, replace=replace,
-                                 warn=lambda text: print(f"warning: {text}", file=sys.stderr, flush=True))
+    written, diff = write_golden(
+        settings.golden_dir,
+        golden,
+        update=update,
+        replace=replace,
+        warn=lambda text: print(f"warning: {text}", file=sys.stderr, flush=True),
+    )
     console = stdout_console()
     for line in diff:
         console.print(escape(line), soft_wrap=True)

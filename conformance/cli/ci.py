@@ -44,16 +44,7 @@ from ..adapters.registry import load_engine_class
 from ..baselines import baseline_path
 from ..pins import pinned_version
 from . import options as opt
-from .base import (
-    app,
-    EXIT_ENGINE,
-    EXIT_FAILED,
-    EXIT_INCOMPLETE,
-    EXIT_OK,
-    EXIT_USAGE,
-    CliError,
-    command,
-)
+from .base import EXIT_ENGINE, EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, CliError, app, command
 from .ci_output import Step, combine, junit_from_report, outputs, publish, read_json, slug, summary_markdown
 
 __all__ = ["ci", "install", "install_check", "conformance", "throughput", "PINNED_ENGINES"]
@@ -61,7 +52,11 @@ __all__ = ["ci", "install", "install_check", "conformance", "throughput", "PINNE
 PINNED_ENGINES = {"vllm": ("vllm", "vllm"), "sglang": ("sglang", "sglang")}  # engine -> (extra, distribution)
 GATE_MODES = ("auto", "required", "off")
 OUTPUTS = [f"{stem}.{ext}" for stem in ("check", "ab", "bench") for ext in ("json", "md", "html")] + [
-    "gate.json", "junit.xml", "summary.md", "environment.txt"]
+    "gate.json",
+    "junit.xml",
+    "summary.md",
+    "environment.txt",
+]
 
 
 def _say(text: str) -> None:
@@ -118,6 +113,7 @@ def _suite(step: Step, *args: str) -> int:
 
 # ------------------------------------------------------------------------------------------ steps
 
+
 def install(requirements: list[str], engine: str, engine_version: Optional[str]) -> Step:
     step = Step("install")
     wanted = list(requirements)
@@ -127,8 +123,12 @@ def install(requirements: list[str], engine: str, engine_version: Optional[str])
     if not wanted:
         step.skipped, step.summary = True, "nothing to install (the engine is in this environment)"
         return step
-    proc = _run(step, [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *wanted],
-                capture_output=True, text=True)
+    proc = _run(
+        step,
+        [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *wanted],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
         print(tail, file=sys.stderr, flush=True)
@@ -141,8 +141,9 @@ def install(requirements: list[str], engine: str, engine_version: Optional[str])
 def install_check(engine: str, reports: Path) -> Step:
 
     step = Step("install check")
-    frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--disable-pip-version-check"],
-                            capture_output=True, text=True)
+    frozen = subprocess.run(
+        [sys.executable, "-m", "pip", "freeze", "--disable-pip-version-check"], capture_output=True, text=True
+    )
     environment = reports / "environment.txt"
     environment.write_text(frozen.stdout)
     step.files.append(environment)
@@ -177,8 +178,17 @@ def conformance(run_args: list[str], allow_skip: list[str], reports: Path) -> tu
     return step, report
 
 
-def throughput(bench_args: list[str], *, against: Optional[str], against_engine: Optional[str], tolerance: float,
-               baselines: Optional[Path], hw: str, gate: str, reports: Path) -> list[Step]:
+def throughput(
+    bench_args: list[str],
+    *,
+    against: Optional[str],
+    against_engine: Optional[str],
+    tolerance: float,
+    baselines: Optional[Path],
+    hw: str,
+    gate: str,
+    reports: Path,
+) -> list[Step]:
     bench, judged = Step("bench"), Step("gate")
     if gate == "off":
         bench.skipped = judged.skipped = True
@@ -193,8 +203,10 @@ def throughput(bench_args: list[str], *, against: Optional[str], against_engine:
         stored = baseline_path(baselines, hw)
         if not stored.exists() and gate == "auto":
             bench.skipped = judged.skipped = True
-            bench.summary = judged.summary = (f"not run: no stored baselines for {hw} ({stored}) and no --against "
-                                              "baseline build (give one for an A/B run, or --gate required)")
+            bench.summary = judged.summary = (
+                f"not run: no stored baselines for {hw} ({stored}) and no --against "
+                "baseline build (give one for an A/B run, or --gate required)"
+            )
             return [bench, judged]
         out = reports / "bench.json"
         extra = ["--baselines", str(baselines or stored.parent)] if stored.exists() else []
@@ -220,6 +232,7 @@ def throughput(bench_args: list[str], *, against: Optional[str], against_engine:
 
 # ------------------------------------------------------------------------------------------ the command
 
+
 def _env(name: str, text: str, **kwargs) -> typer.models.OptionInfo:
     """An option that also reads ``$DDTREE_<NAME>`` (what the GitHub workflow and the Buildkite pipeline set)."""
     return typer.Option(name, envvar="DDTREE_" + name[2:].upper().replace("-", "_"), help=text, **kwargs)
@@ -235,22 +248,41 @@ def _given(value: str | None) -> str | None:
     return value if value not in (None, "") else None
 
 
-@command(help=__doc__.split("\n\n", 1)[0] + "\n\nSteps: install, install check, conformance (check), bench, gate, "
-         "summary. Every option also reads $DDTREE_<OPTION> (--engine: $DDTREE_ENGINE; list options one value per "
-         "line). Exit status: the most severe step's (2, 5, 1, 7, 3, 4), else 0.")
+@command(
+    help=__doc__.split("\n\n", 1)[0] + "\n\nSteps: install, install check, conformance (check), bench, gate, "
+    "summary. Every option also reads $DDTREE_<OPTION> (--engine: $DDTREE_ENGINE; list options one value per "
+    "line). Exit status: the most severe step's (2, 5, 1, 7, 3, 4), else 0."
+)
 def ci(
     engine: Annotated[str, _env("--engine", "Engine: built-in name, entry-point name, or module:Class.")] = "reference",
-    engine_option: Annotated[Optional[list[str]], typer.Option(
-        "--engine-option", "-O", metavar="KEY=VALUE", help="Engine option (repeatable; $DDTREE_ENGINE_OPTIONS: one "
-                                                           "per line).")] = None,
-    engine_requirement: Annotated[Optional[list[str]], typer.Option(
-        "--engine-requirement", metavar="REQ", help="pip requirement installing the engine first (repeatable; "
-                                                    "$DDTREE_ENGINE_REQUIREMENT: one per line).")] = None,
-    engine_version: Annotated[Optional[str], typer.Option(
-        "--engine-version", help="Install this version of an engine the suite pins (vllm, sglang); 'pinned': the "
-                                 "pinned one. Not given: install nothing. ($DDTREE_ENGINE_VERSION)")] = None,
-    pair: Annotated[Optional[str], _env("--pair", "Named model pair (fixture, qwen3-8b, qwen3-4b, or a pairs "
-                                                  "file's).")] = None,
+    engine_option: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--engine-option",
+            "-O",
+            metavar="KEY=VALUE",
+            help="Engine option (repeatable; $DDTREE_ENGINE_OPTIONS: one per line).",
+        ),
+    ] = None,
+    engine_requirement: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--engine-requirement",
+            metavar="REQ",
+            help="pip requirement installing the engine first (repeatable; $DDTREE_ENGINE_REQUIREMENT: one per line).",
+        ),
+    ] = None,
+    engine_version: Annotated[
+        Optional[str],
+        typer.Option(
+            "--engine-version",
+            help="Install this version of an engine the suite pins (vllm, sglang); 'pinned': the "
+            "pinned one. Not given: install nothing. ($DDTREE_ENGINE_VERSION)",
+        ),
+    ] = None,
+    pair: Annotated[
+        Optional[str], _env("--pair", "Named model pair (fixture, qwen3-8b, qwen3-4b, or a pairs file's).")
+    ] = None,
     pairs_file: Annotated[Optional[str], _env("--pairs-file", "JSON/TOML file of more named pairs.")] = None,
     model: Annotated[Optional[str], _env("--model", "Target model dir.")] = None,
     drafter: Annotated[Optional[str], _env("--drafter", "DFlash drafter dir.")] = None,
@@ -261,39 +293,77 @@ def ci(
     prompts: Annotated[Optional[str], _env("--prompts", "Prompts JSONL path or bundled set name.")] = None,
     limit: Annotated[Optional[str], _env("--limit", "Prompts per run: a number, or 'all'.", show_default="all")] = None,
     max_new_tokens: Annotated[Optional[int], _env("--max-new-tokens", "Tokens per prompt.")] = None,
-    only: Annotated[Optional[list[str]], typer.Option(
-        "--check", help="Keep checks whose id contains this (repeatable; $DDTREE_CHECKS: one per line).")] = None,
-    allow_skip: Annotated[Optional[list[str]], typer.Option(
-        "--allow-skip", metavar="FAMILY", help="A check family or mode that may skip because of the engine "
-                                               "(repeatable; $DDTREE_ALLOW_SKIP: one per line).")] = None,
-    isolate: Annotated[Optional[bool], typer.Option("--isolate/--no-isolate", envvar="DDTREE_ISOLATE",
-                                                    help="Run the engine in its own process.",
-                                                    show_default="isolate")] = None,
+    only: Annotated[
+        Optional[list[str]],
+        typer.Option("--check", help="Keep checks whose id contains this (repeatable; $DDTREE_CHECKS: one per line)."),
+    ] = None,
+    allow_skip: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--allow-skip",
+            metavar="FAMILY",
+            help="A check family or mode that may skip because of the engine "
+            "(repeatable; $DDTREE_ALLOW_SKIP: one per line).",
+        ),
+    ] = None,
+    isolate: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--isolate/--no-isolate",
+            envvar="DDTREE_ISOLATE",
+            help="Run the engine in its own process.",
+            show_default="isolate",
+        ),
+    ] = None,
     threads: Annotated[Optional[int], _env("--threads", "torch CPU threads per process; 0: torch's default.")] = None,
     engine_timeout: opt.EngineTimeout = None,
-    hardware_class: Annotated[Optional[str], _env("--hardware-class", "Hardware class the reports are filed "
-                                                                      "under (baselines are keyed by it).")] = None,
-    against: Annotated[Optional[str], _env(
-        "--against", "A/B baseline build (bench --against): an engine here, a requirement, a wheel or a folder. "
-                     "Without it: stored baselines.", metavar="ENGINE")] = None,
-    against_engine: Annotated[Optional[str], _env("--against-engine",
-                                                  "The spec the installed baseline runs as.")] = None,
-    against_option: Annotated[Optional[list[str]], typer.Option(
-        "--against-option", metavar="KEY=VALUE", help="The A/B baseline's engine options (repeatable).")] = None,
+    hardware_class: Annotated[
+        Optional[str],
+        _env("--hardware-class", "Hardware class the reports are filed under (baselines are keyed by it)."),
+    ] = None,
+    against: Annotated[
+        Optional[str],
+        _env(
+            "--against",
+            "A/B baseline build (bench --against): an engine here, a requirement, a wheel or a folder. "
+            "Without it: stored baselines.",
+            metavar="ENGINE",
+        ),
+    ] = None,
+    against_engine: Annotated[
+        Optional[str], _env("--against-engine", "The spec the installed baseline runs as.")
+    ] = None,
+    against_option: Annotated[
+        Optional[list[str]],
+        typer.Option("--against-option", metavar="KEY=VALUE", help="The A/B baseline's engine options (repeatable)."),
+    ] = None,
     tolerance: Annotated[float, _env("--tolerance", "A/B: allowed slowdown (edge 1 - tolerance).")] = 0.05,
-    baselines: Annotated[Optional[str], _env("--baselines", "Stored baselines: a file, or a folder of "
-                                                            "<hardware-class>.json.",
-                                                 show_default="the suite's")] = None,
-    gate: Annotated[str, _env("--gate", "auto: gate throughput when --against or stored baselines exist, else "
-                                        "say it did not; required: a missing baseline fails (exit 4); off: no "
-                                        "bench.")] = "auto",
-    time_budget: Annotated[float, _env("--time-budget", "Bench: seconds of timed repeats before an undecided "
-                                                        "interval stops.")] = 600.0,
+    baselines: Annotated[
+        Optional[str],
+        _env(
+            "--baselines", "Stored baselines: a file, or a folder of <hardware-class>.json.", show_default="the suite's"
+        ),
+    ] = None,
+    gate: Annotated[
+        str,
+        _env(
+            "--gate",
+            "auto: gate throughput when --against or stored baselines exist, else "
+            "say it did not; required: a missing baseline fails (exit 4); off: no "
+            "bench.",
+        ),
+    ] = "auto",
+    time_budget: Annotated[
+        float, _env("--time-budget", "Bench: seconds of timed repeats before an undecided interval stops.")
+    ] = 600.0,
     max_repeats: Annotated[int, _env("--max-repeats", "Bench: repeat cap.")] = 60,
-    reports: Annotated[Path, _env("--reports", "Folder of every report, the JUnit file and the summary.")] =
-    Path("reports/ci"),
-    summary: Annotated[Optional[Path], typer.Option("--summary", help="Also append the summary here.",
-                                                    show_default="$GITHUB_STEP_SUMMARY when set")] = None,
+    reports: Annotated[Path, _env("--reports", "Folder of every report, the JUnit file and the summary.")] = Path(
+        "reports/ci"
+    ),
+    summary: Annotated[
+        Optional[Path],
+        typer.Option("--summary", help="Also append the summary here.", show_default="$GITHUB_STEP_SUMMARY when set"),
+    ] = None,
 ) -> None:
     if gate not in GATE_MODES:
         raise CliError(f"--gate must be one of {', '.join(GATE_MODES)}, got {gate!r}")
@@ -306,10 +376,20 @@ def ci(
     for stale in OUTPUTS:  # a self-hosted runner keeps its folders: never report an earlier run's files
         (reports / stale).unlink(missing_ok=True)
     common: list[str] = ["--engine", engine]
-    for flag, value in (("--pair", pair), ("--pairs-file", pairs_file), ("--model", model), ("--drafter", drafter),
-                        ("--dtype", dtype), ("--device", device), ("--modes", modes), ("--budgets", budgets),
-                        ("--prompts", prompts), ("--max-new-tokens", max_new_tokens), ("--threads", threads),
-                        ("--engine-timeout", engine_timeout)):
+    for flag, value in (
+        ("--pair", pair),
+        ("--pairs-file", pairs_file),
+        ("--model", model),
+        ("--drafter", drafter),
+        ("--dtype", dtype),
+        ("--device", device),
+        ("--modes", modes),
+        ("--budgets", budgets),
+        ("--prompts", prompts),
+        ("--max-new-tokens", max_new_tokens),
+        ("--threads", threads),
+        ("--engine-timeout", engine_timeout),
+    ):
         if _given(value) is not None:
             common += [flag, str(value)]
     if limit not in (None, "all"):
@@ -322,10 +402,12 @@ def ci(
     common += ["--hardware-class", hw]
     check_args = [*common, *(a for name in _listed(only, "DDTREE_CHECKS") for a in ("--check", name))]
     bench_args = [*common, "--time-budget", str(time_budget), "--max-repeats", str(max_repeats)]
-    bench_args += [a for option in _listed(against_option, "DDTREE_AGAINST_OPTIONS") for a in ("--against-option",
-                                                                                               option)]
-    outputs(artifact=f"ddtree-conformance-{slug(engine)}-{slug(pair or 'fixture')}-{slug(dtype or 'float32')}"
-                      f"-{slug(hw)}")
+    bench_args += [
+        a for option in _listed(against_option, "DDTREE_AGAINST_OPTIONS") for a in ("--against-option", option)
+    ]
+    outputs(
+        artifact=f"ddtree-conformance-{slug(engine)}-{slug(pair or 'fixture')}-{slug(dtype or 'float32')}-{slug(hw)}"
+    )
 
     steps = [install(_listed(engine_requirement, "DDTREE_ENGINE_REQUIREMENT"), engine, engine_version)]
     if steps[-1].code == EXIT_OK:
@@ -334,9 +416,16 @@ def ci(
         step, _ = conformance(check_args, _listed(allow_skip, "DDTREE_ALLOW_SKIP"), reports)
         steps.append(step)
         if step.code in (EXIT_OK, EXIT_FAILED, EXIT_INCOMPLETE):  # a release needs both verdicts
-            steps += throughput(bench_args, against=_given(against), against_engine=_given(against_engine),
-                                tolerance=tolerance, baselines=Path(baselines) if _given(baselines) else None, hw=hw,
-                                gate=gate, reports=reports)
+            steps += throughput(
+                bench_args,
+                against=_given(against),
+                against_engine=_given(against_engine),
+                tolerance=tolerance,
+                baselines=Path(baselines) if _given(baselines) else None,
+                hw=hw,
+                gate=gate,
+                reports=reports,
+            )
     job = combine(steps)
     title = f"{engine} on {pair or 'fixture'} ({dtype or 'float32'}, {hw})"
     markdown = summary_markdown(title, steps, job, reports)

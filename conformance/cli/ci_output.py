@@ -66,13 +66,19 @@ def junit_from_report(report: dict) -> str:
     group = "ddtree." + "-".join(str(x).replace(":", "_") for x in names)
     results = report.get("results", [])
     counts = report.get("counts", {})
-    suite = ET.Element("testsuite", name="ddtree-conformance", tests=str(len(results)),
-                       failures=str(counts.get("fail", 0)), errors="0",
-                       skipped=str(counts.get("skip", 0) + counts.get("not_run", 0)),
-                       time=str(report.get("elapsed_s", 0)))
+    suite = ET.Element(
+        "testsuite",
+        name="ddtree-conformance",
+        tests=str(len(results)),
+        failures=str(counts.get("fail", 0)),
+        errors="0",
+        skipped=str(counts.get("skip", 0) + counts.get("not_run", 0)),
+        time=str(report.get("elapsed_s", 0)),
+    )
     for r in results:
-        case = ET.SubElement(suite, "testcase", classname=group, name=r["check"],
-                             time=str((r.get("details") or {}).get("elapsed_s", 0)))
+        case = ET.SubElement(
+            suite, "testcase", classname=group, name=r["check"], time=str((r.get("details") or {}).get("elapsed_s", 0))
+        )
         if r["status"] == "fail":
             ET.SubElement(case, "failure", message=" ".join(str(r.get("message", "")).split())[:2000])
         elif r["status"] == "skip":
@@ -87,11 +93,21 @@ def junit_from_report(report: dict) -> str:
 
 
 def summary_markdown(title: str, steps: list[Step], job: Step, reports: Path) -> str:
-    word = {EXIT_OK: "PASS", EXIT_INCOMPLETE: "INCOMPLETE", EXIT_INCONCLUSIVE: "INCONCLUSIVE",
-            EXIT_MISSING_BASELINE: "MISSING BASELINE", EXIT_USAGE: "USAGE ERROR"}.get(job.code, "FAIL")
-    lines = [f"## DDTree conformance: {word}: {title}", "",
-             f"**{job.name}**: {job.summary}" if job.code else "Every step passed.", "",
-             "| step | exit | result |", "|---|---:|---|"]
+    word = {
+        EXIT_OK: "PASS",
+        EXIT_INCOMPLETE: "INCOMPLETE",
+        EXIT_INCONCLUSIVE: "INCONCLUSIVE",
+        EXIT_MISSING_BASELINE: "MISSING BASELINE",
+        EXIT_USAGE: "USAGE ERROR",
+    }.get(job.code, "FAIL")
+    lines = [
+        f"## DDTree conformance: {word}: {title}",
+        "",
+        f"**{job.name}**: {job.summary}" if job.code else "Every step passed.",
+        "",
+        "| step | exit | result |",
+        "|---|---:|---|",
+    ]
     for step in steps:
         code = "-" if step.skipped else str(step.code)
         lines.append(f"| {step.name} | {code} | {' '.join(step.summary.split()).replace('|', '/')} |")
@@ -124,8 +140,12 @@ def publish(markdown: str, job: Step, steps: list[Step], summary: Optional[Path]
     agent = shutil.which("buildkite-agent") if os.environ.get("BUILDKITE") else None
     if agent:
         style = "success" if job.code == EXIT_OK else "error" if job.code in (EXIT_FAILED, EXIT_ENGINE) else "warning"
-        subprocess.run([agent, "annotate", "--style", style, "--context", "ddtree-conformance"], input=markdown,
-                       text=True, check=False)
+        subprocess.run(
+            [agent, "annotate", "--style", style, "--context", "ddtree-conformance"],
+            input=markdown,
+            text=True,
+            check=False,
+        )
 
 
 def slug(text: str) -> str:

@@ -27,8 +27,18 @@ from ..support import unsupported
 from . import options as opt
 from .base import EXIT_FAILED, CliError, command, stderr_console, stdout_console
 
-__all__ = ["generate", "engines", "default_stop_tokens", "build_requests", "run_prompts", "JsonlSink",
-           "result_row", "summary_table", "require_support", "open_engine"]
+__all__ = [
+    "generate",
+    "engines",
+    "default_stop_tokens",
+    "build_requests",
+    "run_prompts",
+    "JsonlSink",
+    "result_row",
+    "summary_table",
+    "require_support",
+    "open_engine",
+]
 
 DEFAULT_MAX_NEW_TOKENS = 64
 
@@ -37,9 +47,15 @@ def open_engine(settings: GenerateSettings) -> Engine:
     """The engine under test: in its own process unless ``--no-isolate``."""
     resolve_engine(settings.engine, settings.engine_options)  # unknown engine/option: fails before any model work
     if settings.isolate:
-        return IsolatedEngine(settings.engine, settings.model_dir, settings.drafter_dir,
-                              timeout_s=settings.engine_timeout_s, start_timeout_s=settings.engine_timeout_s,
-                              torch_threads=settings.torch_threads, **settings.engine_options)
+        return IsolatedEngine(
+            settings.engine,
+            settings.model_dir,
+            settings.drafter_dir,
+            timeout_s=settings.engine_timeout_s,
+            start_timeout_s=settings.engine_timeout_s,
+            torch_threads=settings.torch_threads,
+            **settings.engine_options,
+        )
     return create_engine(settings.engine, settings.model_dir, settings.drafter_dir, **settings.engine_options)
 
 
@@ -47,9 +63,16 @@ def require_support(engine: Engine, config: RunConfig) -> Capabilities:
     """Fail early (a usage error) when the engine says it cannot run this config here
     (:func:`~ddtree_conformance.support.unsupported`); returns its capabilities."""
     caps = engine.capabilities()
-    problem = unsupported(caps, dtype=config.dtype, device=config.device, modes=[config.mode],
-                          budgets=[config.budget] if config.mode == "ddtree" else [], budget_flag="budget",
-                          tensor_parallel_size=config.tensor_parallel_size, no_drafter=engine.drafter_dir is None)
+    problem = unsupported(
+        caps,
+        dtype=config.dtype,
+        device=config.device,
+        modes=[config.mode],
+        budgets=[config.budget] if config.mode == "ddtree" else [],
+        budget_flag="budget",
+        tensor_parallel_size=config.tensor_parallel_size,
+        no_drafter=engine.drafter_dir is None,
+    )
     if problem:
         raise CliError(problem)
     return caps
@@ -72,7 +95,9 @@ def default_stop_tokens(model: str | Path) -> list[int]:
     return list(dict.fromkeys(ids))
 
 
-def build_requests(prompts: Sequence[Prompt], settings: GenerateSettings, stop_token_ids: Sequence[int]) -> list[Request]:
+def build_requests(
+    prompts: Sequence[Prompt], settings: GenerateSettings, stop_token_ids: Sequence[int]
+) -> list[Request]:
     """One Request per prompt; ``max_new_tokens`` None means the prompt's own limit, else 64."""
     return [
         Request(
@@ -109,11 +134,17 @@ def run_prompts(
     console = stderr_console()
     printer = None if console.is_terminal else progress_printer(True)
     name = getattr(engine, "name", "engine")
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, disable=not console.is_terminal) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    ) as progress:
         task = progress.add_task(description, total=len(requests))
         for start in range(0, len(requests), batch_size):
-            chunk = list(requests[start: start + batch_size])
+            chunk = list(requests[start : start + batch_size])
             with Heartbeat(printer, name, f"generate {len(chunk)} request{'' if len(chunk) == 1 else 's'}"):
                 out = engine.generate(chunk, config)
             if validate is not None:
@@ -158,7 +189,7 @@ class JsonlSink:
         if not self._file.closed:
             self._file.close()
 
-    def __enter__(self) -> "JsonlSink":
+    def __enter__(self) -> JsonlSink:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -177,8 +208,13 @@ def summary_table(prompts: Sequence[Prompt], results: Sequence[RequestResult], t
     for prompt, result in zip(prompts, results):
         groups.setdefault(prompt.category, []).append(result)
     table = Table(title=title)
-    for name, justify in (("category", "left"), ("prompts", "right"), ("errors", "right"), ("tokens", "right"),
-                          ("mean tau", "right")):
+    for name, justify in (
+        ("category", "left"),
+        ("prompts", "right"),
+        ("errors", "right"),
+        ("tokens", "right"),
+        ("mean tau", "right"),
+    ):
         table.add_column(name, justify=justify)
 
     def row(label: str, rs: Sequence[RequestResult], **style: Any) -> None:
@@ -200,30 +236,57 @@ def generate(
     engine: opt.Engine = "reference",
     model: opt.Model = None,
     drafter: opt.Drafter = None,
-    mode: Annotated[Optional[str], typer.Option("--mode", help="Decoding mode: plain | dflash | ddtree.",
-                                                show_default=shown_default("mode", GenerateSettings))] = None,
-    budget: Annotated[Optional[int], typer.Option("--budget", "-B", help="DDTree node budget (non-root nodes).",
-                                                  show_default=shown_default("budget", GenerateSettings))] = None,
+    mode: Annotated[
+        Optional[str],
+        typer.Option(
+            "--mode",
+            help="Decoding mode: plain | dflash | ddtree.",
+            show_default=shown_default("mode", GenerateSettings),
+        ),
+    ] = None,
+    budget: Annotated[
+        Optional[int],
+        typer.Option(
+            "--budget",
+            "-B",
+            help="DDTree node budget (non-root nodes).",
+            show_default=shown_default("budget", GenerateSettings),
+        ),
+    ] = None,
     dtype: opt.DType = None,
     device: opt.Device = None,
     prompts: opt.Prompts = None,
     limit: opt.Limit = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option(
-        "--max-new-tokens", help="Tokens per prompt; overrides the prompt set's own limits. (default: the set's "
-                                 "own, else 64)")] = None,
+    max_new_tokens: Annotated[
+        Optional[int],
+        typer.Option(
+            "--max-new-tokens",
+            help="Tokens per prompt; overrides the prompt set's own limits. (default: the set's own, else 64)",
+        ),
+    ] = None,
     temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 = greedy.")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].")] = None,
     top_k: Annotated[Optional[int], typer.Option("--top-k", help="Top-k sampling; 0 disables.")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Per-request sampling seed.")] = None,
-    stop_token: Annotated[Optional[list[int]], typer.Option(
-        "--stop-token", help="Stop token id (repeatable). (default: the eos ids in the target's "
-                             "generation_config.json)")] = None,
+    stop_token: Annotated[
+        Optional[list[int]],
+        typer.Option(
+            "--stop-token",
+            help="Stop token id (repeatable). (default: the eos ids in the target's generation_config.json)",
+        ),
+    ] = None,
     trace: Annotated[bool, typer.Option("--trace/--no-trace", help="Record per-round traces.")] = False,
-    batch_size: Annotated[Optional[int], typer.Option(
-        "--batch-size", help="Prompts per generate call.",
-        show_default=shown_default("batch_size", GenerateSettings))] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output JSONL.",
-                                                show_default="reports/generate-<mode>.jsonl")] = None,
+    batch_size: Annotated[
+        Optional[int],
+        typer.Option(
+            "--batch-size",
+            help="Prompts per generate call.",
+            show_default=shown_default("batch_size", GenerateSettings),
+        ),
+    ] = None,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", "-o", help="Output JSONL.", show_default="reports/generate-<mode>.jsonl")
+    ] = None,
     engine_option: opt.EngineOptions = None,
     engine_timeout: opt.EngineTimeout = None,
     isolate: opt.Isolate = None,
@@ -231,21 +294,53 @@ def generate(
 ) -> None:
     """Run a prompt set through an engine (in its own process) and write one JSON line per prompt."""
     settings = opt.generate_settings(
-        engine=engine, model_dir=model, drafter_dir=drafter, mode=mode, budget=budget, dtype=dtype, device=device,
-        prompt_set=prompts, limit=limit, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-        top_k=top_k, seed=seed, stop_token_ids=stop_token, batch_size=batch_size, engine_options=engine_option,
-        engine_timeout_s=engine_timeout, isolate=isolate, torch_threads=threads)
-    config = RunConfig(mode=settings.mode, budget=settings.budget, dtype=settings.dtype, device=settings.device,
-                       trace=trace, tensor_parallel_size=settings.tensor_parallel_size)
+        engine=engine,
+        model_dir=model,
+        drafter_dir=drafter,
+        mode=mode,
+        budget=budget,
+        dtype=dtype,
+        device=device,
+        prompt_set=prompts,
+        limit=limit,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        stop_token_ids=stop_token,
+        batch_size=batch_size,
+        engine_options=engine_option,
+        engine_timeout_s=engine_timeout,
+        isolate=isolate,
+        torch_threads=threads,
+    )
+    config = RunConfig(
+        mode=settings.mode,
+        budget=settings.budget,
+        dtype=settings.dtype,
+        device=settings.device,
+        trace=trace,
+        tensor_parallel_size=settings.tensor_parallel_size,
+    )
     prompt_path = resolve_prompt_set(settings.prompt_set)
     prompt_set = load_prompts(prompt_path, tokenizer_dir=settings.model_dir)
     prompt_set = prompt_set[: settings.limit] if settings.limit else prompt_set
-    validate_prompts(prompt_set, prompt_path, pair_limits(settings.model_dir),  # exit 2 before any engine work
-                     lambda p: settings.max_new_tokens or p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, "max_new_tokens")
+    validate_prompts(
+        prompt_set,
+        prompt_path,
+        pair_limits(settings.model_dir),  # exit 2 before any engine work
+        lambda p: settings.max_new_tokens or p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+        "max_new_tokens",
+    )
     stops = settings.stop_token_ids if settings.stop_token_ids is not None else default_stop_tokens(settings.model_dir)
     requests = build_requests(prompt_set, settings, stops)
-    out_path = output_path(out, REPORTS_DIR / f"generate-{settings.mode}.jsonl", settings,
-                           files=lambda path: [path, path.with_name(path.name + ".partial")])
+    out_path = output_path(
+        out,
+        REPORTS_DIR / f"generate-{settings.mode}.jsonl",
+        settings,
+        files=lambda path: [path, path.with_name(path.name + ".partial")],
+    )
 
     labels = [f"prompt {p.id}" for p in prompt_set]
     limits = PairLimits.read(settings.model_dir, settings.drafter_dir)
@@ -256,8 +351,16 @@ def generate(
         with JsonlSink(out_path) as sink:
 
             def validate(start: int, chunk: list[Request], got: list[RequestResult]) -> list[RequestResult]:
-                return validate_results(chunk, got, config, limits, caps, labels[start: start + len(chunk)],
-                                        settings.engine, first_index=start)
+                return validate_results(
+                    chunk,
+                    got,
+                    config,
+                    limits,
+                    caps,
+                    labels[start : start + len(chunk)],
+                    settings.engine,
+                    first_index=start,
+                )
 
             def write_chunk(start: int, chunk: list[RequestResult]) -> None:
                 bad = next((i for i, r in enumerate(chunk) if is_integrity_error(r)), None)
@@ -268,8 +371,15 @@ def generate(
                     raise CliError(f"{chunk[bad].error.splitlines()[0]}{kept}", exit_code=EXIT_FAILED)
 
             try:
-                results = run_prompts(eng, requests, config, batch_size=settings.batch_size, on_chunk=write_chunk,
-                                      description=f"{settings.engine} {settings.mode}", validate=validate)
+                results = run_prompts(
+                    eng,
+                    requests,
+                    config,
+                    batch_size=settings.batch_size,
+                    on_chunk=write_chunk,
+                    description=f"{settings.engine} {settings.mode}",
+                    validate=validate,
+                )
             except EngineDied as exc:
                 kept = f" ({sink.rows} results kept in {sink.partial})" if sink.rows else ""
                 raise EngineDied(f"{str(exc).splitlines()[0]}{kept}", exc.log_tail) from exc
@@ -279,14 +389,18 @@ def generate(
             written = sink.commit()
 
     console = stdout_console()
-    console.print(summary_table(prompt_set, results, title=escape(f"{settings.engine} {settings.mode} on "
-                                                                  f"{settings.prompt_set}")))
+    console.print(
+        summary_table(prompt_set, results, title=escape(f"{settings.engine} {settings.mode} on {settings.prompt_set}"))
+    )
     console.print(escape(f"wrote {len(results)} results to {written}"), soft_wrap=True)
     failed = [(p, r) for p, r in zip(prompt_set, results) if r.finish_reason == "error"]
     if failed:
         first_prompt, first = failed[0]
-        raise CliError(f"{len(failed)} of {len(results)} requests failed (first: prompt {first_prompt.id!r}: "
-                       f"{first.error}); results written to {written}", exit_code=EXIT_FAILED)
+        raise CliError(
+            f"{len(failed)} of {len(results)} requests failed (first: prompt {first_prompt.id!r}: "
+            f"{first.error}); results written to {written}",
+            exit_code=EXIT_FAILED,
+        )
 
 
 @command()
@@ -312,9 +426,17 @@ def engines(model: opt.Model = None, drafter: opt.Drafter = None) -> None:
             table.add_row(entry.name, entry.source, "[red]error[/]")
             notes.append(f"{entry.name}: {exc if isinstance(exc, EngineError) else f'{type(exc).__name__}: {exc}'}")
             continue
-        table.add_row(entry.name, entry.source, "[green]ok[/]", caps.version, ",".join(caps.modes),
-                      ",".join(caps.dtypes), ",".join(caps.devices), "yes" if caps.sampling else "no",
-                      "yes" if caps.traces else "no")
+        table.add_row(
+            entry.name,
+            entry.source,
+            "[green]ok[/]",
+            caps.version,
+            ",".join(caps.modes),
+            ",".join(caps.dtypes),
+            ",".join(caps.devices),
+            "yes" if caps.sampling else "no",
+            "yes" if caps.traces else "no",
+        )
     console = stdout_console()
     console.print(table)
     for note in notes:

@@ -18,77 +18,172 @@ from ..settings import GenerateSettings, SuiteSettings, build_settings, shown_de
 
 __all__ = ["run_settings", "hw_class"]
 
-Engine = Annotated[str, typer.Option("--engine", "-e", help="Engine: built-in name, entry-point name, or module:Class.")]
+Engine = Annotated[
+    str, typer.Option("--engine", "-e", help="Engine: built-in name, entry-point name, or module:Class.")
+]
 EngineOptions = Annotated[
     Optional[list[str]],
-    typer.Option("--engine-option", "-O", metavar="KEY=VALUE",
-                 help="Engine option (repeatable); VALUE as JSON if it parses. Unknown options are refused."),
+    typer.Option(
+        "--engine-option",
+        "-O",
+        metavar="KEY=VALUE",
+        help="Engine option (repeatable); VALUE as JSON if it parses. Unknown options are refused.",
+    ),
 ]
 EngineTimeout = Annotated[
     Optional[float],
-    typer.Option("--engine-timeout", help="Seconds the engine may take to start, to answer capabilities() (asked "
-                                          "once) and to run each generate; past it the engine counts as hung, its "
-                                          "process group is killed and the run stops with exit status 5. An "
-                                          "engine run with --no-isolate cannot be timed out.",
-                 show_default=shown_default("engine_timeout_s")),
+    typer.Option(
+        "--engine-timeout",
+        help="Seconds the engine may take to start, to answer capabilities() (asked "
+        "once) and to run each generate; past it the engine counts as hung, its "
+        "process group is killed and the run stops with exit status 5. An "
+        "engine run with --no-isolate cannot be timed out.",
+        show_default=shown_default("engine_timeout_s"),
+    ),
 ]
-Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Target model dir (HF format).",
-                                               show_default=shown_default("model_dir"))]
-Drafter = Annotated[Optional[str], typer.Option("--drafter", "-d", help="DFlash drafter dir (z-lab format); 'none' "
-                                                                        "for no drafter.",
-                                                show_default=shown_default("drafter_dir"))]
-Pair = Annotated[Optional[str], typer.Option("--pair", help="Named model pair (fixture, qwen3-8b, qwen3-4b, or a "
-                                                            "pairs file's); supplies model, drafter, dtype, prompts.")]
+Model = Annotated[
+    Optional[str],
+    typer.Option("--model", "-m", help="Target model dir (HF format).", show_default=shown_default("model_dir")),
+]
+Drafter = Annotated[
+    Optional[str],
+    typer.Option(
+        "--drafter",
+        "-d",
+        help="DFlash drafter dir (z-lab format); 'none' for no drafter.",
+        show_default=shown_default("drafter_dir"),
+    ),
+]
+Pair = Annotated[
+    Optional[str],
+    typer.Option(
+        "--pair",
+        help="Named model pair (fixture, qwen3-8b, qwen3-4b, or a "
+        "pairs file's); supplies model, drafter, dtype, prompts.",
+    ),
+]
 PairsFile = Annotated[Optional[str], typer.Option("--pairs-file", help="JSON/TOML file of more named pairs.")]
-PairName = Annotated[Optional[str], typer.Option("--pair-name", help="Model pair name; golden files are keyed by it.",
-                                                 show_default=shown_default("pair_name"))]
-Modes = Annotated[Optional[str], typer.Option("--modes", help="Comma-separated speculative modes: dflash,ddtree.",
-                                              show_default=shown_default("modes"))]
-Budgets = Annotated[Optional[str], typer.Option("--budgets", help="Comma-separated DDTree budgets.",
-                                                show_default=shown_default("budgets"))]
-DType = Annotated[Optional[str], typer.Option("--dtype", help="float32 | bfloat16 | float16.",
-                                              show_default=shown_default("dtype"))]
-Device = Annotated[Optional[str], typer.Option("--device", help="Device, e.g. cpu, cuda, cuda:1.",
-                                               show_default=shown_default("device"))]
-Prompts = Annotated[Optional[str], typer.Option("--prompts", "-p", help="Prompts JSONL path or bundled set name.",
-                                                show_default=shown_default("prompt_set"))]
+PairName = Annotated[
+    Optional[str],
+    typer.Option(
+        "--pair-name", help="Model pair name; golden files are keyed by it.", show_default=shown_default("pair_name")
+    ),
+]
+Modes = Annotated[
+    Optional[str],
+    typer.Option(
+        "--modes", help="Comma-separated speculative modes: dflash,ddtree.", show_default=shown_default("modes")
+    ),
+]
+Budgets = Annotated[
+    Optional[str],
+    typer.Option("--budgets", help="Comma-separated DDTree budgets.", show_default=shown_default("budgets")),
+]
+DType = Annotated[
+    Optional[str], typer.Option("--dtype", help="float32 | bfloat16 | float16.", show_default=shown_default("dtype"))
+]
+Device = Annotated[
+    Optional[str],
+    typer.Option("--device", help="Device, e.g. cpu, cuda, cuda:1.", show_default=shown_default("device")),
+]
+Prompts = Annotated[
+    Optional[str],
+    typer.Option(
+        "--prompts", "-p", help="Prompts JSONL path or bundled set name.", show_default=shown_default("prompt_set")
+    ),
+]
 Limit = Annotated[Optional[int], typer.Option("--limit", "-n", help="Use only the first N prompts.")]
-MaxNewTokens = Annotated[Optional[int], typer.Option("--max-new-tokens", help="Tokens to generate per prompt.",
-                                                     show_default=shown_default("max_new_tokens"))]
-Checks = Annotated[Optional[list[str]], typer.Option("--check", help="Keep checks whose id contains this "
-                                                                     "(repeatable); a filter that keeps none is "
-                                                                     "an error.")]
-Isolate = Annotated[Optional[bool], typer.Option("--isolate/--no-isolate", help="Run the engine in its own process.",
-                                                 show_default=shown_default("isolate"))]
-GoldenDir = Annotated[Optional[str], typer.Option("--golden-dir", help="Root of the golden files.",
-                                                  show_default=shown_default("golden_dir"))]
-Threads = Annotated[Optional[int], typer.Option(
-    "--threads", help="torch CPU threads per process; 0 = torch's default (the default is fastest for small models on "
-                      "small CPUs).", show_default=shown_default("torch_threads"))]
-TensorParallel = Annotated[Optional[int], typer.Option(
-    "--tensor-parallel-size", help="Shard the target over N devices in every run; the tensor-parallel check "
-                                   "compares N with 1. With 1, that check uses the GPUs visible.",
-    show_default=shown_default("tensor_parallel_size"))]
-AllowSkip = Annotated[Optional[list[str]], typer.Option(
-    "--allow-skip", metavar="FAMILY", help="A check family (acceptance, tree-structure, ...) or mode (ddtree, dflash) "
-                                           "whose checks may skip because of the engine without making the run "
-                                           "incomplete (exit 7); repeatable. The report lists what was allowed.")]
-HeldOutPrompts = Annotated[Optional[int], typer.Option(
-    "--held-out-prompts", help="Prompts drawn at run time from the target and added to the prompt set (an engine "
-                               "cannot know them); 0: none.", show_default="one per 20 prompts, at least 1")]
-RunSeed = Annotated[Optional[int], typer.Option(
-    "--run-seed", help="Seed of the held-out prompts and of the order and batching of requests; the report "
-                       "records the one used.", show_default="drawn at the run's start")]
-Profile = Annotated[Optional[str], typer.Option(
-    "--profile", help="How much evidence the run gathers: default, or thorough (nightly: 256 new tokens, two "
-                      "held-out prompts per prompt, 1000 sampled requests per variant; over ten times the "
-                      "default's prompts x tokens). Explicit options win.", show_default="default")]
-HardwareClass = Annotated[Optional[str], typer.Option(
-    "--hardware-class", help="Hardware class the report is filed under (default: from the device, e.g. "
-                             "cpu-x86_64-2c, cuda-NVIDIA-H200; or $DDTREE_HARDWARE_CLASS).")]
-Baselines = Annotated[Optional[Path], typer.Option("--baselines", help="Baseline file, or folder holding "
-                                                                       "<hardware-class>.json.",
-                                                   show_default="golden/baselines")]
+MaxNewTokens = Annotated[
+    Optional[int],
+    typer.Option(
+        "--max-new-tokens", help="Tokens to generate per prompt.", show_default=shown_default("max_new_tokens")
+    ),
+]
+Checks = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--check", help="Keep checks whose id contains this (repeatable); a filter that keeps none is an error."
+    ),
+]
+Isolate = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--isolate/--no-isolate", help="Run the engine in its own process.", show_default=shown_default("isolate")
+    ),
+]
+GoldenDir = Annotated[
+    Optional[str],
+    typer.Option("--golden-dir", help="Root of the golden files.", show_default=shown_default("golden_dir")),
+]
+Threads = Annotated[
+    Optional[int],
+    typer.Option(
+        "--threads",
+        help="torch CPU threads per process; 0 = torch's default (the default is fastest for small models on "
+        "small CPUs).",
+        show_default=shown_default("torch_threads"),
+    ),
+]
+TensorParallel = Annotated[
+    Optional[int],
+    typer.Option(
+        "--tensor-parallel-size",
+        help="Shard the target over N devices in every run; the tensor-parallel check "
+        "compares N with 1. With 1, that check uses the GPUs visible.",
+        show_default=shown_default("tensor_parallel_size"),
+    ),
+]
+AllowSkip = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--allow-skip",
+        metavar="FAMILY",
+        help="A check family (acceptance, tree-structure, ...) or mode (ddtree, dflash) "
+        "whose checks may skip because of the engine without making the run "
+        "incomplete (exit 7); repeatable. The report lists what was allowed.",
+    ),
+]
+HeldOutPrompts = Annotated[
+    Optional[int],
+    typer.Option(
+        "--held-out-prompts",
+        help="Prompts drawn at run time from the target and added to the prompt set (an engine "
+        "cannot know them); 0: none.",
+        show_default="one per 20 prompts, at least 1",
+    ),
+]
+RunSeed = Annotated[
+    Optional[int],
+    typer.Option(
+        "--run-seed",
+        help="Seed of the held-out prompts and of the order and batching of requests; the report records the one used.",
+        show_default="drawn at the run's start",
+    ),
+]
+Profile = Annotated[
+    Optional[str],
+    typer.Option(
+        "--profile",
+        help="How much evidence the run gathers: default, or thorough (nightly: 256 new tokens, two "
+        "held-out prompts per prompt, 1000 sampled requests per variant; over ten times the "
+        "default's prompts x tokens). Explicit options win.",
+        show_default="default",
+    ),
+]
+HardwareClass = Annotated[
+    Optional[str],
+    typer.Option(
+        "--hardware-class",
+        help="Hardware class the report is filed under (default: from the device, e.g. "
+        "cpu-x86_64-2c, cuda-NVIDIA-H200; or $DDTREE_HARDWARE_CLASS).",
+    ),
+]
+Baselines = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--baselines", help="Baseline file, or folder holding <hardware-class>.json.", show_default="golden/baselines"
+    ),
+]
 Out = Annotated[Optional[Path], typer.Option("--out", "-o", help="Report path (.md and .html beside it).")]
 
 

@@ -41,13 +41,21 @@ __all__ = ["SuiteSettings", "SuiteSession", "EngineFactory", "EngineRole", "Engi
 class SuiteSession:
     """Runs and caches everything checks need. Close it when done."""
 
-    def __init__(self, settings: SuiteSettings, engine_factory: EngineFactory | None = None, *,
-                 progress: Printer | None = None, heartbeat_s: float | None = None, flag_prefix: str = "--") -> None:
+    def __init__(
+        self,
+        settings: SuiteSettings,
+        engine_factory: EngineFactory | None = None,
+        *,
+        progress: Printer | None = None,
+        heartbeat_s: float | None = None,
+        flag_prefix: str = "--",
+    ) -> None:
         self.settings = settings
         self.flag_prefix = flag_prefix  # how messages spell options: "--budgets" (CLI), "--ddtree-budgets" (pytest)
         self.inputs = SuiteInputs(settings)
-        self.engines = EngineLifecycle(settings, engine_factory, progress=progress, heartbeat_s=heartbeat_s,
-                                       flag_prefix=flag_prefix)
+        self.engines = EngineLifecycle(
+            settings, engine_factory, progress=progress, heartbeat_s=heartbeat_s, flag_prefix=flag_prefix
+        )
         self.store = RunStore()
         self.mixer = RequestMixer(settings.run_seed or 0)
         self._scratch = tempfile.TemporaryDirectory(prefix="ddtree-suite-")
@@ -81,6 +89,7 @@ class SuiteSession:
     def require_support(self) -> None:
         """Refuse, before any check runs, what this run cannot do: a broken low-precision calibration
         (bad input, named) and settings beyond the engine's capabilities (one ``SettingsError``)."""
+
         def check_calibration() -> None:
             if self.settings.dtype != "float32":
                 try:
@@ -109,17 +118,28 @@ class SuiteSession:
         return self.inputs.scorer
 
     # -- runs (RunStore) -------------------------------------------------------------------------
-    def run(self, mode: Mode, budget: int | None = None, *, trace: bool = False,
-            requests: list[Request] | None = None, engine: Engine | None = None, trace_draft_logits: bool = False,
-            tensor_parallel_size: int | None = None, together: bool = False) -> list[RequestResult]:
+    def run(
+        self,
+        mode: Mode,
+        budget: int | None = None,
+        *,
+        trace: bool = False,
+        requests: list[Request] | None = None,
+        engine: Engine | None = None,
+        trace_draft_logits: bool = False,
+        tensor_parallel_size: int | None = None,
+        together: bool = False,
+    ) -> list[RequestResult]:
         """Results for ``requests`` (default: the prompt set) under one configuration, memoised
         (:meth:`results`). ``tensor_parallel_size`` defaults to the settings' (the TP check asks for 1 and N)."""
-        run = self.inputs.run(mode, budget, trace=trace, draft_logits=trace_draft_logits,
-                              tensor_parallel_size=tensor_parallel_size)
+        run = self.inputs.run(
+            mode, budget, trace=trace, draft_logits=trace_draft_logits, tensor_parallel_size=tensor_parallel_size
+        )
         return self.results(run, requests, engine, together=together)
 
-    def results(self, run: Run, requests: list[Request] | None = None, engine: Engine | None = None, *,
-                together: bool = False) -> list[RequestResult]:
+    def results(
+        self, run: Run, requests: list[Request] | None = None, engine: Engine | None = None, *, together: bool = False
+    ) -> list[RequestResult]:
         """Results of ``run`` for ``requests`` (default: the prompt set) on ``engine`` (default: the
         engine under test), memoised; validated by the integrity rules. The engine gets them shuffled
         and mixed with other checks' requests (:mod:`.mixing`), unless ``together``: then it gets
@@ -130,37 +150,44 @@ class SuiteSession:
         key = StoreKey.of(id(engine), run, requests)
         if self.failure is not None and not self.store.has(key):
             raise self.dead_again()
-        results = self.store.get_or_make(key, info, requests,
-                                         lambda: self._call(engine, run, requests, labels, together))
+        results = self.store.get_or_make(
+            key, info, requests, lambda: self._call(engine, run, requests, labels, together)
+        )
         self.store.note_use(info, run, results, labels)
         return results
 
-    def _call(self, engine: Engine, run: Run, requests: list[Request], labels: list[str],
-              together: bool) -> list[RequestResult]:
+    def _call(
+        self, engine: Engine, run: Run, requests: list[Request], labels: list[str], together: bool
+    ) -> list[RequestResult]:
         config = self.inputs.config(run)
         if together or not requests:
             return self.engines.generate(engine, requests, config, labels)[0]
         pool = [pair for pair in self.store.answered(id(engine), run) if pair[0] not in requests]
         arrangement = self.mixer.arrange(len(requests), pool)
         companions = [request for request, _ in arrangement.companions]
-        results, again = self.engines.generate(engine, requests, config, labels, arrangement,
-                                               self.labels(companions))
+        results, again = self.engines.generate(engine, requests, config, labels, arrangement, self.labels(companions))
         if self.settings.dtype == "float32":
             self._compare_companions(engine, run, arrangement, again)
         return results
 
-    def _compare_companions(self, engine: Engine, run: Run, arrangement: Arrangement,
-                            again: list[RequestResult]) -> None:
+    def _compare_companions(
+        self, engine: Engine, run: Run, arrangement: Arrangement, again: list[RequestResult]
+    ) -> None:
         """A companion whose greedy output changed with its company fails the check that saw it (module
         :mod:`.mixing`): it is noted as a used run holding one error result."""
         info = self.engines.info(engine)
         for (request, first), second in zip(arrangement.companions, again):
             label = self.labels([request])[0]
-            problem = second.error or (None if second.output_ids == first.output_ids else
-                                       f"output {_first_difference(first.output_ids, second.output_ids)}")
+            problem = second.error or (
+                None
+                if second.output_ids == first.output_ids
+                else f"output {_first_difference(first.output_ids, second.output_ids)}"
+            )
             if problem:
-                message = (f"{label} of the {run.label} run, asked again in a batch with other checks' requests, "
-                           f"gave another result: {problem} (greedy float32 outputs must not depend on the batch)")
+                message = (
+                    f"{label} of the {run.label} run, asked again in a batch with other checks' requests, "
+                    f"gave another result: {problem} (greedy float32 outputs must not depend on the batch)"
+                )
                 self.store.note_use(info, run, [error_result(message)], [label])
 
     def plain(self) -> list[RequestResult]:

@@ -31,8 +31,15 @@ EngineFactory = Callable[[str, "str | None"], Engine]
 class EngineLifecycle:
     """Starts, asks and stops the session's engines (module doc)."""
 
-    def __init__(self, settings: SuiteSettings, factory: EngineFactory | None = None, *,
-                 progress: Printer | None = None, heartbeat_s: float | None = None, flag_prefix: str = "--") -> None:
+    def __init__(
+        self,
+        settings: SuiteSettings,
+        factory: EngineFactory | None = None,
+        *,
+        progress: Printer | None = None,
+        heartbeat_s: float | None = None,
+        flag_prefix: str = "--",
+    ) -> None:
         self.settings, self.flag_prefix = settings, flag_prefix
         self.progress, self.heartbeat_s = progress, heartbeat_s
         self._factory = factory or self._default_factory
@@ -49,9 +56,15 @@ class EngineLifecycle:
         s = self.settings
         resolve_engine(s.engine, s.engine_options)  # unknown engine or option: a usage error, nothing started
         if s.isolate:
-            return IsolatedEngine(s.engine, model_dir, drafter_dir, timeout_s=s.engine_timeout_s,
-                                  start_timeout_s=s.engine_timeout_s, torch_threads=s.torch_threads,
-                                  **s.engine_options)
+            return IsolatedEngine(
+                s.engine,
+                model_dir,
+                drafter_dir,
+                timeout_s=s.engine_timeout_s,
+                start_timeout_s=s.engine_timeout_s,
+                torch_threads=s.torch_threads,
+                **s.engine_options,
+            )
         return create_engine(s.engine, model_dir, drafter_dir, **s.engine_options)
 
     def _fail(self, exc: EngineDied) -> EngineDied:
@@ -102,12 +115,17 @@ class EngineLifecycle:
 
     def started(self) -> Engine | None:
         """The engine under test on the settings' pair when it has started, else None (nothing starts)."""
-        return self._engines.get((str(self.settings.model_dir),
-                                  None if self.settings.drafter_dir is None else str(self.settings.drafter_dir)))
+        return self._engines.get(
+            (
+                str(self.settings.model_dir),
+                None if self.settings.drafter_dir is None else str(self.settings.drafter_dir),
+            )
+        )
 
     def info(self, engine: Engine) -> EngineInfo:
-        return self._info.get(id(engine)) or EngineInfo(getattr(engine, "name", "engine"), EngineRole.UNDER_TEST,
-                                                        PairLimits())
+        return self._info.get(id(engine)) or EngineInfo(
+            getattr(engine, "name", "engine"), EngineRole.UNDER_TEST, PairLimits()
+        )
 
     @property
     def capabilities(self) -> Capabilities:
@@ -127,8 +145,9 @@ class EngineLifecycle:
             except EngineUsageError as exc:
                 self._caps_error = exc
             except Exception as exc:
-                self._caps_error = self._fail(EngineDied(f"engine {name!r}: capabilities() failed: "
-                                                         f"{type(exc).__name__}: {exc}"))
+                self._caps_error = self._fail(
+                    EngineDied(f"engine {name!r}: capabilities() failed: {type(exc).__name__}: {exc}")
+                )
         if self._caps_error is not None:
             raise self._caps_error
         return self._caps
@@ -141,9 +160,14 @@ class EngineLifecycle:
             try:
                 check_inputs()
                 s = self.settings
-                problem = unsupported(self.capabilities, dtype=s.dtype, device=s.device,
-                                      budgets=s.budgets if "ddtree" in s.modes else [],
-                                      tensor_parallel_size=s.tensor_parallel_size, prefix=self.flag_prefix)
+                problem = unsupported(
+                    self.capabilities,
+                    dtype=s.dtype,
+                    device=s.device,
+                    budgets=s.budgets if "ddtree" in s.modes else [],
+                    tensor_parallel_size=s.tensor_parallel_size,
+                    prefix=self.flag_prefix,
+                )
                 if problem:
                     raise SettingsError(problem)
             except Exception as exc:
@@ -152,9 +176,15 @@ class EngineLifecycle:
         if self._support_error is not None:
             raise self._support_error
 
-    def generate(self, engine: Engine, requests: list[Request], config: RunConfig, labels: Sequence[str],
-                 arrangement: Arrangement | None = None,
-                 companion_labels: Sequence[str] = ()) -> tuple[list[RequestResult], list[RequestResult]]:
+    def generate(
+        self,
+        engine: Engine,
+        requests: list[Request],
+        config: RunConfig,
+        labels: Sequence[str],
+        arrangement: Arrangement | None = None,
+        companion_labels: Sequence[str] = (),
+    ) -> tuple[list[RequestResult], list[RequestResult]]:
         """One engine call, validated: ``(results, companion results)``, each in the caller's order.
 
         With an ``arrangement`` (:mod:`.mixing`) the engine gets ``requests`` and the companions in
@@ -175,17 +205,19 @@ class EngineLifecycle:
         except Exception as exc:
             message = f"engine {info.name!r} raised {type(exc).__name__}: {exc}"
             errors = [error_result(message) for _ in sent]
-            return errors[: len(requests)], errors[len(requests):]
+            return errors[: len(requests)], errors[len(requests) :]
         caps = engine.capabilities() if info.oracle else self.capabilities
         if arrangement is None:
             return validate_results(requests, results, config, info.limits, caps, labels, info.name), []
         if not isinstance(results, (list, tuple)) or len(results) != len(sent):  # cannot be put back: all fail
             errors = validate_results(sent, results, config, info.limits, caps, None, info.name)
-            return errors[: len(requests)], errors[len(requests):]
+            return errors[: len(requests)], errors[len(requests) :]
         own, others = arrangement.split(results, len(requests))
         companions = [request for request, _ in arrangement.companions]
-        return (validate_results(requests, own, config, info.limits, caps, labels, info.name),
-                validate_results(companions, others, config, info.limits, caps, companion_labels, info.name))
+        return (
+            validate_results(requests, own, config, info.limits, caps, labels, info.name),
+            validate_results(companions, others, config, info.limits, caps, companion_labels, info.name),
+        )
 
     def close(self) -> None:
         for engine in self._engines.values():

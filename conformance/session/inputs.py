@@ -59,8 +59,15 @@ class SuiteInputs:
         base = {"max_new_tokens": self.settings.max_new_tokens, **overrides}
         return [Request(prompt_ids=p.prompt_ids, **base) for p in self.prompts]
 
-    def run(self, mode: Mode, budget: int | None = None, *, trace: bool = False, draft_logits: bool = False,
-            tensor_parallel_size: int | None = None) -> Run:
+    def run(
+        self,
+        mode: Mode,
+        budget: int | None = None,
+        *,
+        trace: bool = False,
+        draft_logits: bool = False,
+        tensor_parallel_size: int | None = None,
+    ) -> Run:
         """The :class:`Run` of ``mode`` at ``budget``; the tensor-parallel size defaults to the settings'."""
         tp = tensor_parallel_size or self.settings.tensor_parallel_size
         return Run(mode, budget, trace=trace, draft_logits=draft_logits, tensor_parallel_size=tp)

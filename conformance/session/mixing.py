@@ -5,7 +5,8 @@ company. So every engine call a check asks for (unless the check needs that exac
 and prompt-shapes' "in the batch vs alone") is sent
 
 * in a seeded random order (results are put back in the check's order before anything reads them);
-* with one to :data:`MAX_COMPANIONS` *companions* (when there are any): greedy requests that other checks already asked of
+* with one to :data:`MAX_COMPANIONS` *companions* (when there are any): greedy requests that other checks already
+asked of
   the same engine in the same run (same mode, budget and tracing), drawn at random. A companion's
   new output is compared with its first one: in float32 a correct engine gives the same greedy
   output whatever else is in the batch, so a difference fails the check in whose call it showed,

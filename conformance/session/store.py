@@ -28,7 +28,7 @@ class StoreKey:
     requests: tuple[str, ...]  # each request as JSON
 
     @classmethod
-    def of(cls, engine_id: int, run: Run, requests: list[Request]) -> "StoreKey":
+    def of(cls, engine_id: int, run: Run, requests: list[Request]) -> StoreKey:
         return cls(engine_id, run, tuple(r.model_dump_json() for r in requests))
 
 
@@ -69,8 +69,9 @@ class RunStore:
     def has(self, key: StoreKey) -> bool:
         return key in self._runs
 
-    def get_or_make(self, key: StoreKey, engine: EngineInfo, requests: list[Request],
-                    make: Callable[[], list[RequestResult]]) -> list[RequestResult]:
+    def get_or_make(
+        self, key: StoreKey, engine: EngineInfo, requests: list[Request], make: Callable[[], list[RequestResult]]
+    ) -> list[RequestResult]:
         if key not in self._runs:
             self._runs[key] = StoredRun(engine, key.engine_id, key.run, key.requests, make(), tuple(requests))
         return self._runs[key].results

@@ -47,9 +47,7 @@ def select_feedback_rows(hidden: torch.Tensor, accepted: Sequence[int]) -> torch
     return hidden.index_select(-2, index)
 
 
-def emit_tokens(
-    new_tokens: Sequence[int], stop_token_ids: Sequence[int], room: int
-) -> tuple[list[int], str | None]:
+def emit_tokens(new_tokens: Sequence[int], stop_token_ids: Sequence[int], room: int) -> tuple[list[int], str | None]:
     """Tokens a round may emit and the finish reason they cause.
 
     ``new_tokens``: accepted tokens then the bonus. ``room``: tokens still allowed by

@@ -68,8 +68,10 @@ def _chain_problem(paths, log_probs: torch.Tensor, need: int) -> str | None:
     path = max(paths, key=len)
     for depth, token in enumerate(path):
         if float(log_probs[depth, token]) != float(best[depth]):
-            return (f"chain node at depth {depth + 1} drafts token {token}, not a most probable token of that "
-                    f"position ({float(log_probs[depth, token]):.4g} < {float(best[depth]):.4g})")
+            return (
+                f"chain node at depth {depth + 1} drafts token {token}, not a most probable token of that "
+                f"position ({float(log_probs[depth, token]):.4g} < {float(best[depth]):.4g})"
+            )
     if deepest < need:
         return f"chain of {deepest} drafts, fewer than the {need} this round must verify"
     return None
@@ -82,9 +84,18 @@ def _score(log_probs: list[list[float]], path: tuple[int, ...]) -> float:
     return score
 
 
-def tree_problem(tokens: Sequence[int], parents: Sequence[int], depths: Sequence[int], draft_logits: torch.Tensor,
-                 mode: str, budget: int, *, depth_limit: int | None = None, room: int | None = None,
-                 context_room: int | None = None) -> str | None:
+def tree_problem(
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    depths: Sequence[int],
+    draft_logits: torch.Tensor,
+    mode: str,
+    budget: int,
+    *,
+    depth_limit: int | None = None,
+    room: int | None = None,
+    context_room: int | None = None,
+) -> str | None:
     """Why a traced tree (node 0 the root, any numbering) is not one the spec allows for ``draft_logits``
     ``[rows, V]`` (the engine's own drafter logits), else None (module doc).
 
@@ -95,8 +106,10 @@ def tree_problem(tokens: Sequence[int], parents: Sequence[int], depths: Sequence
     if rows > depth_limit:
         return f"the drafter's logits cover {rows} positions where its block gives L = {depth_limit}"
     if rows < depth_limit and (room is None or rows < min(depth_limit, room)):
-        return (f"the drafter's logits cover {rows} positions of its {depth_limit}: a block is cut only to the room "
-                f"the output has left ({'unknown' if room is None else room} tokens)")
+        return (
+            f"the drafter's logits cover {rows} positions of its {depth_limit}: a block is cut only to the room "
+            f"the output has left ({'unknown' if room is None else room} tokens)"
+        )
     paths = _paths(tokens, parents, depths)
     if isinstance(paths, str):
         return paths
@@ -121,8 +134,10 @@ def tree_problem(tokens: Sequence[int], parents: Sequence[int], depths: Sequence
     scores = [_score(lp, p) for p in nodes]
     if keep >= rows and least_budget(budget, context_room) >= budget:  # nothing may be left out
         if sorted(scores, reverse=True) != spec_scores:
-            return (f"the tree's {len(nodes)} nodes are not the {len(spec_scores)} most probable prefixes (the spec "
-                    f"tree's scores; first tokens {[p[-1] for p in nodes[:6]]} vs {[p[-1] for p in spec_paths[:6]]})")
+            return (
+                f"the tree's {len(nodes)} nodes are not the {len(spec_scores)} most probable prefixes (the spec "
+                f"tree's scores; first tokens {[p[-1] for p in nodes[:6]]} vs {[p[-1] for p in spec_paths[:6]]})"
+            )
         return None
     # cut rounds: the engine's nodes must all lie in some spec tree of a budget it may use, and hold
     # every node of that tree the output could still emit (equal scores at the edge either way)
@@ -136,9 +151,13 @@ def tree_problem(tokens: Sequence[int], parents: Sequence[int], depths: Sequence
     needed = [(p, s) for p, s in zip(spec_paths[:used], spec_scores[:used]) if len(p) <= keep]
     for path, score in needed:
         if score > edge and path not in have:
-            return (f"the tree lacks the prefix {list(path)} of the spec tree of {used} nodes, which the output "
-                    f"could still emit (room {room})")
+            return (
+                f"the tree lacks the prefix {list(path)} of the spec tree of {used} nodes, which the output "
+                f"could still emit (room {room})"
+            )
     if sum(len(p) <= keep for p in nodes) < len(needed):  # nodes at the edge score may be swapped, not dropped
-        return (f"the tree holds {sum(len(p) <= keep for p in nodes)} nodes of depth <= {keep}, the spec tree of "
-                f"{used} nodes {len(needed)}")
+        return (
+            f"the tree holds {sum(len(p) <= keep for p in nodes)} nodes of depth <= {keep}, the spec tree of "
+            f"{used} nodes {len(needed)}"
+        )
     return None

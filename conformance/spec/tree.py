@@ -25,12 +25,7 @@ from functools import cached_property
 
 import torch
 
-__all__ = [
-    "DraftTree",
-    "per_depth_topk",
-    "build_tree",
-    "build_chain",
-]
+__all__ = ["DraftTree", "per_depth_topk", "build_tree", "build_chain"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,9 +52,7 @@ class DraftTree:
     def children(self) -> tuple[dict[int, int], ...]:
         """Per-node ``{token: child index}`` maps (siblings have distinct tokens)."""
         maps: list[dict[int, int]] = [{} for _ in range(self.num_nodes + 1)]
-        for node, (parent, token) in enumerate(
-            zip(self.parents.tolist(), self.tokens.tolist())
-        ):
+        for node, (parent, token) in enumerate(zip(self.parents.tolist(), self.tokens.tolist())):
             if node == 0:
                 continue
             if token in maps[parent]:
@@ -67,14 +60,14 @@ class DraftTree:
             maps[parent][token] = node
         return tuple(maps)
 
-    def same_as(self, other: "DraftTree") -> bool:
+    def same_as(self, other: DraftTree) -> bool:
         """True when both trees have identical structure, tokens, ranks and scores."""
         return all(
             torch.equal(getattr(self, name).cpu(), getattr(other, name).cpu())
             for name in ("tokens", "depths", "parents", "ranks", "scores")
         )
 
-    def to(self, device: torch.device | str) -> "DraftTree":
+    def to(self, device: torch.device | str) -> DraftTree:
         return DraftTree(*(getattr(self, n).to(device) for n in ("tokens", "depths", "parents", "ranks", "scores")))
 
 

@@ -46,11 +46,7 @@ def ancestor_visibility(parents: torch.Tensor) -> torch.Tensor:
 
 
 def compile_tree(
-    tree: DraftTree,
-    root_token: int,
-    start: int,
-    prefix_len: int | None = None,
-    dtype: torch.dtype = torch.float32,
+    tree: DraftTree, root_token: int, start: int, prefix_len: int | None = None, dtype: torch.dtype = torch.float32
 ) -> VerifyInputs:
     """Build verify inputs for ``tree`` rooted at ``root_token`` (doc §3, "Verification").
 

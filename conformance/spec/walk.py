@@ -18,14 +18,7 @@ import torch
 
 from .tree import DraftTree
 
-__all__ = [
-    "SamplingParams",
-    "WalkResult",
-    "processed_probs",
-    "choose_token",
-    "walk_tree",
-    "top2_margin",
-]
+__all__ = ["SamplingParams", "WalkResult", "processed_probs", "choose_token", "walk_tree", "top2_margin"]
 
 
 @dataclass(frozen=True)
@@ -70,9 +63,7 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return probs
 
 
-def choose_token(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
-) -> int:
+def choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> int:
     """The target's token for one row of logits: argmax (lowest id on ties) or one sample."""
     if params.greedy:
         return int(torch.argmax(logits))
@@ -91,9 +82,7 @@ def walk_tree(
     ``target_logits``: ``[N+1, V]``, row i is the target's next-token logits at node i.
     """
     if target_logits.shape[0] != tree.num_nodes + 1:
-        raise ValueError(
-            f"target_logits has {target_logits.shape[0]} rows, tree has {tree.num_nodes + 1} nodes"
-        )
+        raise ValueError(f"target_logits has {target_logits.shape[0]} rows, tree has {tree.num_nodes + 1} nodes")
     children = tree.children
     accepted: list[int] = []
     chosen: dict[int, int] = {}

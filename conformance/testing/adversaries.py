@@ -33,14 +33,22 @@ __all__ = ["ADVERSARIES"]
 # --------------------------------------------------------------------------------------- helpers
 def black_box(caps: Capabilities) -> Capabilities:
     """Capabilities of an engine that shows nothing but its outputs (no traces, no acceptance data)."""
-    return caps.model_copy(update={"traces": False, "per_round_acceptance": False, "draft_logits": False,
-                                   "verified_tree_modes": []})
+    return caps.model_copy(
+        update={"traces": False, "per_round_acceptance": False, "draft_logits": False, "verified_tree_modes": []}
+    )
 
 
 def outputs_only(result: RequestResult) -> RequestResult:
-    return result.model_copy(update={"acceptance_lengths": None, "rounds": None, "traces": None,
-                                     "verified_trees": None, "mean_acceptance": None,
-                                     "per_position_acceptance": None})
+    return result.model_copy(
+        update={
+            "acceptance_lengths": None,
+            "rounds": None,
+            "traces": None,
+            "verified_trees": None,
+            "mean_acceptance": None,
+            "per_position_acceptance": None,
+        }
+    )
 
 
 class _BlackBox(ReferenceEngine):
@@ -146,8 +154,12 @@ class DrafterLogitsWithheld(ReferenceEngine):
 
     def generate(self, requests, config):
         results = super().generate(requests, config)
-        return [r if r.traces is None else r.model_copy(update={
-            "traces": [t.model_copy(update={"draft_logits": None}) for t in r.traces]}) for r in results]
+        return [
+            r
+            if r.traces is None
+            else r.model_copy(update={"traces": [t.model_copy(update={"draft_logits": None}) for t in r.traces]})
+            for r in results
+        ]
 
 
 # ------------------------------------------------------------------ item 6: the oracle out of reach
@@ -199,17 +211,26 @@ def _forge_round(trace: RoundTrace, follower: RoundTrace) -> RoundTrace:
     targets = None
     if trace.node_target_tokens is not None:
         targets = [trace.node_target_tokens[i] for i in keep] + [follower.bonus]
-    return trace.model_copy(update={
-        "tree_tokens": tokens, "parents": parents, "depths": depths, "positions": positions,
-        "accepted": [index[a] for a in trace.accepted] + [forged],
-        "target_tokens": list(trace.target_tokens) + [follower.bonus], "bonus": follower.bonus,
-        "top2_margins": list(trace.top2_margins) + [follower.top2_margins[0]],
-        "node_target_tokens": targets, "draft_logits": None})
+    return trace.model_copy(
+        update={
+            "tree_tokens": tokens,
+            "parents": parents,
+            "depths": depths,
+            "positions": positions,
+            "accepted": [index[a] for a in trace.accepted] + [forged],
+            "target_tokens": list(trace.target_tokens) + [follower.bonus],
+            "bonus": follower.bonus,
+            "top2_margins": list(trace.top2_margins) + [follower.top2_margins[0]],
+            "node_target_tokens": targets,
+            "draft_logits": None,
+        }
+    )
 
 
 def _light(trace: RoundTrace) -> VerifiedTree:
-    return VerifiedTree(tree_tokens=trace.tree_tokens, parents=trace.parents,
-                        node_target_tokens=trace.node_target_tokens)
+    return VerifiedTree(
+        tree_tokens=trace.tree_tokens, parents=trace.parents, node_target_tokens=trace.node_target_tokens
+    )
 
 
 class ForgedAcceptance(ReferenceEngine):
@@ -246,15 +267,25 @@ class ForgedAcceptance(ReferenceEngine):
         block = self._pair(config).drafter.block_size
         traces, k = list(result.traces), 0
         while k + 1 < len(traces):
-            if (len(traces[k + 1].accepted) == 0 and len(traces[k].accepted) + 2 <= block and k + 2 < len(traces)
-                    and traces[k].draft_logits is not None and self._forgeable(traces[k], config)):
-                traces[k: k + 2] = [_forge_round(traces[k], traces[k + 1])]
+            if (
+                len(traces[k + 1].accepted) == 0
+                and len(traces[k].accepted) + 2 <= block
+                and k + 2 < len(traces)
+                and traces[k].draft_logits is not None
+                and self._forgeable(traces[k], config)
+            ):
+                traces[k : k + 2] = [_forge_round(traces[k], traces[k + 1])]
             k += 1
         traces = [t.model_copy(update={"draft_logits": None}) for t in traces]
         lengths = [len(t.accepted) + 1 for t in traces]
-        return result.model_copy(update={
-            "acceptance_lengths": lengths, "rounds": len(lengths), "verified_trees": [_light(t) for t in traces],
-            "traces": traces if config.trace else None})
+        return result.model_copy(
+            update={
+                "acceptance_lengths": lengths,
+                "rounds": len(lengths),
+                "verified_trees": [_light(t) for t in traces],
+                "traces": traces if config.trace else None,
+            }
+        )
 
 
 class RunnerUpUnder005(ReferenceEngine):

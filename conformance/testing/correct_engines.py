@@ -29,6 +29,7 @@ from collections.abc import Generator
 from dataclasses import replace
 
 import torch
+
 from ddtree_conformance.adapters.interface import Capabilities, Request, RequestResult
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.spec import build_chain, choose_token, processed_probs
@@ -115,11 +116,13 @@ def reversed_ties_tree(draft_logits: torch.Tensor, budget: int) -> DraftTree:
             heapq.heappush(heap, (-s, rank_key + (0,), node, depth + 1, 0, -neg_score))
     tokens, depths, parents, ranks, scores = (list(column) for column in zip(*nodes)) if nodes else ([],) * 5
     device = draft_logits.device
-    return DraftTree(tokens=torch.tensor([-1, *tokens], device=device),
-                     depths=torch.tensor([0, *depths], device=device),
-                     parents=torch.tensor([-1, *parents], device=device),
-                     ranks=torch.tensor([-1, *ranks], device=device),
-                     scores=torch.tensor([0.0, *scores], dtype=torch.float64, device=device))
+    return DraftTree(
+        tokens=torch.tensor([-1, *tokens], device=device),
+        depths=torch.tensor([0, *depths], device=device),
+        parents=torch.tensor([-1, *parents], device=device),
+        ranks=torch.tensor([-1, *ranks], device=device),
+        scores=torch.tensor([0.0, *scores], dtype=torch.float64, device=device),
+    )
 
 
 class TiesBrokenTheOtherWay(SteppedEngine):
@@ -131,8 +134,10 @@ class TiesBrokenTheOtherWay(SteppedEngine):
     def build(self, draft_logits, config, params, generator):
         if config.mode == "dflash":
             _, ids = _reversed_ties_topk(draft_logits, 1)
-            return replace(build_chain(draft_logits), tokens=torch.tensor([-1] + [row[0] for row in ids],
-                                                                          device=draft_logits.device))
+            return replace(
+                build_chain(draft_logits),
+                tokens=torch.tensor([-1] + [row[0] for row in ids], device=draft_logits.device),
+            )
         return reversed_ties_tree(draft_logits, config.budget)
 
 
@@ -216,8 +221,11 @@ class OtherRandomStream(SteppedEngine):
         return torch.Generator(device=pair.device).manual_seed(seed)
 
     def choose(self, logits, params, generator):
-        return choose_token(logits, params) if params.greedy else _exponential_race(
-            processed_probs(logits, params), generator)
+        return (
+            choose_token(logits, params)
+            if params.greedy
+            else _exponential_race(processed_probs(logits, params), generator)
+        )
 
     def walk(self, tree, logits, params, generator, draft):
         if params.greedy:
@@ -254,8 +262,9 @@ class ContinuousBatching(SteppedEngine):
         for index in self.admission_order(requests):
             problem = self._request_problem(requests[index])
             if problem:
-                results[index] = RequestResult(output_ids=[], finish_reason="error",
-                                               error=f"request {index}: {problem}")
+                results[index] = RequestResult(
+                    output_ids=[], finish_reason="error", error=f"request {index}: {problem}"
+                )
             else:
                 waiting.append(index)
         running: list[tuple[int, Generator]] = []
@@ -314,7 +323,7 @@ def _copy_rows(cache, prefix_len: int, accepted) -> None:
             for slot, row in enumerate(rows):
                 if row != slot:
                     tensor[:, :, prefix_len + slot].copy_(tensor[:, :, prefix_len + row])
-            setattr(layer, name, tensor[:, :, :prefix_len + len(rows)])
+            setattr(layer, name, tensor[:, :, : prefix_len + len(rows)])
 
 
 class KvCompactionByRowCopies(SteppedEngine):
@@ -344,9 +353,9 @@ class VerifyBatchPadded(SteppedEngine):
         mask = verify.attention_mask[0, 0]
         prefix = mask.shape[1] - n
         full = torch.full((n + pad, prefix + n + pad), low, dtype=mask.dtype, device=device)
-        full[:n, :prefix + n] = mask
+        full[:n, : prefix + n] = mask
         full[n:, :prefix] = 0
-        full[n:, prefix + n:] = torch.where(torch.eye(pad, dtype=torch.bool, device=device), 0.0, low)
+        full[n:, prefix + n :] = torch.where(torch.eye(pad, dtype=torch.bool, device=device), 0.0, low)
         logits, features = pair.forward(ids, positions, cache, full.view(1, 1, n + pad, -1))
         return verify, logits[:n], features[:n]
 
@@ -358,14 +367,25 @@ class OutputsOnly(ReferenceEngine):
     name = "correct-outputs-only"
 
     def capabilities(self) -> Capabilities:
-        return super().capabilities().model_copy(update={"traces": False, "per_round_acceptance": False,
-                                                         "draft_logits": False, "stage_timings": False,
-                                                         "verified_tree_modes": []})
+        return (
+            super()
+            .capabilities()
+            .model_copy(
+                update={
+                    "traces": False,
+                    "per_round_acceptance": False,
+                    "draft_logits": False,
+                    "stage_timings": False,
+                    "verified_tree_modes": [],
+                }
+            )
+        )
 
     def generate(self, requests, config):
         results = super().generate(requests, config.model_copy(update={"trace": False, "timing": False}))
-        return [r if r.error else RequestResult(output_ids=r.output_ids, finish_reason=r.finish_reason)
-                for r in results]
+        return [
+            r if r.error else RequestResult(output_ids=r.output_ids, finish_reason=r.finish_reason) for r in results
+        ]
 
 
 CORRECT_ENGINES: dict[str, type] = {

@@ -53,8 +53,13 @@ class ChainNoAcceptance(ReferenceEngine):
     name = "chain-no-acceptance"
 
     def capabilities(self) -> Capabilities:
-        return super().capabilities().model_copy(update={
-            "name": self.name, "traces": False, "per_round_acceptance": False, "draft_logits": False})
+        return (
+            super()
+            .capabilities()
+            .model_copy(
+                update={"name": self.name, "traces": False, "per_round_acceptance": False, "draft_logits": False}
+            )
+        )
 
     def generate(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
         if config.mode == "ddtree":
@@ -64,8 +69,15 @@ class ChainNoAcceptance(ReferenceEngine):
 
     @staticmethod
     def _strip(result: RequestResult) -> RequestResult:
-        return result.model_copy(update={"acceptance_lengths": None, "rounds": None, "traces": None,
-                                         "mean_acceptance": None, "per_position_acceptance": None})
+        return result.model_copy(
+            update={
+                "acceptance_lengths": None,
+                "rounds": None,
+                "traces": None,
+                "mean_acceptance": None,
+                "per_position_acceptance": None,
+            }
+        )
 
 
 class AggregateOnly(ChainNoAcceptance):
@@ -76,14 +88,24 @@ class AggregateOnly(ChainNoAcceptance):
     def generate(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
         if config.mode == "ddtree":
             config = config.model_copy(update={"mode": "dflash"})
-        results = ReferenceEngine.generate(self, requests, config.model_copy(update={"trace": False,
-                                                                                    "trace_draft_logits": False}))
+        results = ReferenceEngine.generate(
+            self, requests, config.model_copy(update={"trace": False, "trace_draft_logits": False})
+        )
         out = []
         for r in results:
             tau = r.tau if config.mode != "plain" else None
-            out.append(r.model_copy(update={"acceptance_lengths": None, "rounds": None, "traces": None,
-                                            "aggregate_only": tau is not None, "mean_acceptance": tau,
-                                            "per_position_acceptance": None}))
+            out.append(
+                r.model_copy(
+                    update={
+                        "acceptance_lengths": None,
+                        "rounds": None,
+                        "traces": None,
+                        "aggregate_only": tau is not None,
+                        "mean_acceptance": tau,
+                        "per_position_acceptance": None,
+                    }
+                )
+            )
         return out
 
 

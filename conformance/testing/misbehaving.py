@@ -66,9 +66,15 @@ class _Process(Engine):
     """An engine that fails as a process does; it never gets as far as computing anything."""
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(name=f"misbehaving-{type(self).__name__}", modes=["plain", "dflash", "ddtree"],
-                            dtypes=["float32"], devices=["cpu"], sampling=True, traces=False,
-                            per_round_acceptance=False)
+        return Capabilities(
+            name=f"misbehaving-{type(self).__name__}",
+            modes=["plain", "dflash", "ddtree"],
+            dtypes=["float32"],
+            devices=["cpu"],
+            sampling=True,
+            traces=False,
+            per_round_acceptance=False,
+        )
 
     def generate(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
         raise NotImplementedError
@@ -139,8 +145,9 @@ class EmitsPastStop(_Corrupting):
     """Keeps emitting after a stop token."""
 
     def corrupt(self, requests, config, results):
-        return _each(results, output_ids=lambda r: r.output_ids + r.output_ids[:1] if r.finish_reason == "stop"
-                     else r.output_ids)
+        return _each(
+            results, output_ids=lambda r: r.output_ids + r.output_ids[:1] if r.finish_reason == "stop" else r.output_ids
+        )
 
 
 class Tau66(_Corrupting):
@@ -154,8 +161,11 @@ class LengthsDoNotAddUp(_Corrupting):
     """Reports one round more than it ran (acceptance lengths no longer add up to the output)."""
 
     def corrupt(self, requests, config, results):
-        return _each(results, acceptance_lengths=lambda r: (r.acceptance_lengths or []) + [1],
-                     rounds=lambda r: (r.rounds or 0) + 1)
+        return _each(
+            results,
+            acceptance_lengths=lambda r: (r.acceptance_lengths or []) + [1],
+            rounds=lambda r: (r.rounds or 0) + 1,
+        )
 
 
 class PerRoundAcceptanceDropped(_Corrupting):
@@ -201,8 +211,14 @@ class NoAcceptanceData(_Corrupting):
         return caps.model_copy(update={"traces": False, "per_round_acceptance": False, "draft_logits": False})
 
     def corrupt(self, requests, config, results):
-        return _each(results, acceptance_lengths=None, rounds=None, traces=None, mean_acceptance=None,
-                     per_position_acceptance=None)
+        return _each(
+            results,
+            acceptance_lengths=None,
+            rounds=None,
+            traces=None,
+            mean_acceptance=None,
+            per_position_acceptance=None,
+        )
 
 
 # --------------------------------------------------------------------------- processes
@@ -285,8 +301,15 @@ class DetachedGrandchild(_Process):
                 with open(self.options["pid_file"], "w") as handle:
                     handle.write(pid)
             self.started = True
-        return [RequestResult(output_ids=[1] * r.max_new_tokens, finish_reason="length", rounds=r.max_new_tokens - 1,
-                              acceptance_lengths=[1] * (r.max_new_tokens - 1)) for r in requests]
+        return [
+            RequestResult(
+                output_ids=[1] * r.max_new_tokens,
+                finish_reason="length",
+                rounds=r.max_new_tokens - 1,
+                acceptance_lengths=[1] * (r.max_new_tokens - 1),
+            )
+            for r in requests
+        ]
 
 
 class OutOfMemory(_Process):
@@ -322,38 +345,51 @@ _DIES = ("lossless", "tree-structure")  # the first check meets the failure, the
 CATALOGUE: dict[str, Fault] = {
     "one result too few": Fault(_spec(OneResultTooFew), "drops the last result of a batch"),
     "one result too many": Fault(_spec(OneResultTooMany), "returns a result twice"),
-    "results out of order": Fault(_spec(ResultsOutOfOrder), "returns results in reverse order",
-                                  checks=("tree-structure",)),
+    "results out of order": Fault(
+        _spec(ResultsOutOfOrder), "returns results in reverse order", checks=("tree-structure",)
+    ),
     "negative output ids": Fault(_spec(NegativeOutputIds), "token id -5 in the output"),
     "ids beyond the vocabulary": Fault(_spec(IdsBeyondVocabulary), "token id past the vocabulary"),
     "output longer than max_new_tokens": Fault(_spec(OutputTooLong), "one token past max_new_tokens"),
     "wrong finish_reason": Fault(_spec(WrongFinishReason), "'stop' at the length limit"),
     "emits past a stop token": Fault(_spec(EmitsPastStop), "tokens after the stop token", checks=("stop-token",)),
-    "tau 66 on a small block": Fault(_spec(Tau66), "acceptance lengths beyond the block size",
-                                     checks=("acceptance",)),
+    "tau 66 on a small block": Fault(_spec(Tau66), "acceptance lengths beyond the block size", checks=("acceptance",)),
     "acceptance lengths do not add up": Fault(_spec(LengthsDoNotAddUp), "one round more than the output holds"),
-    "per-round acceptance dropped while promised": Fault(_spec(PerRoundAcceptanceDropped),
-                                                         "capabilities promise per-round acceptance",
-                                                         checks=("acceptance",)),
-    "traces dropped while promised": Fault(_spec(TracesDropped), "capabilities promise traces",
-                                           checks=("tree-structure",)),
-    "garbage traces": Fault(_spec(GarbageTraces), "trace bonus tokens differ from the output",
-                            checks=("tree-structure",)),
+    "per-round acceptance dropped while promised": Fault(
+        _spec(PerRoundAcceptanceDropped), "capabilities promise per-round acceptance", checks=("acceptance",)
+    ),
+    "traces dropped while promised": Fault(
+        _spec(TracesDropped), "capabilities promise traces", checks=("tree-structure",)
+    ),
+    "garbage traces": Fault(
+        _spec(GarbageTraces), "trace bonus tokens differ from the output", checks=("tree-structure",)
+    ),
     "results that are not RequestResults": Fault(_spec(NotResults), "dicts with a string for output_ids"),
-    "no acceptance data (honest)": Fault(_spec(NoAcceptanceData), "reports none, and says so: not a fault, but the "
-                                         "run is incomplete (exit 7) unless --allow-skip acceptance",
-                                         checks=("lossless", "acceptance")),
+    "no acceptance data (honest)": Fault(
+        _spec(NoAcceptanceData),
+        "reports none, and says so: not a fault, but the run is incomplete (exit 7) unless --allow-skip acceptance",
+        checks=("lossless", "acceptance"),
+    ),
     "cannot start": Fault(_spec(CannotStart), "raises in __init__", checks=_DIES, isolate=True, timeout=10),
     "hang at start-up": Fault(_spec(HangAtStart), "never finishes __init__", checks=_DIES, isolate=True, timeout=3),
-    "hang in capabilities": Fault(_spec(HangInCapabilities), "capabilities() never answers", checks=_DIES,
-                                  isolate=True, timeout=3),
-    "crash in generate": Fault(_spec(CrashInGenerate), "os._exit(139) in generate", checks=_DIES, isolate=True,
-                               timeout=10),
-    "hang in generate": Fault(_spec(HangInGenerate), "starts a helper process, then sleeps", checks=_DIES,
-                              isolate=True, timeout=5),
-    "detached grandchild": Fault(_spec(DetachedGrandchild), "starts a grandchild in its own session, then answers "
-                                 "correctly", checks=("lossless",), isolate=True, timeout=120),
-    "out of memory": Fault(_spec(OutOfMemory), "SIGKILL in generate, as the OOM killer sends", checks=_DIES,
-                           isolate=True, timeout=10),
+    "hang in capabilities": Fault(
+        _spec(HangInCapabilities), "capabilities() never answers", checks=_DIES, isolate=True, timeout=3
+    ),
+    "crash in generate": Fault(
+        _spec(CrashInGenerate), "os._exit(139) in generate", checks=_DIES, isolate=True, timeout=10
+    ),
+    "hang in generate": Fault(
+        _spec(HangInGenerate), "starts a helper process, then sleeps", checks=_DIES, isolate=True, timeout=5
+    ),
+    "detached grandchild": Fault(
+        _spec(DetachedGrandchild),
+        "starts a grandchild in its own session, then answers correctly",
+        checks=("lossless",),
+        isolate=True,
+        timeout=120,
+    ),
+    "out of memory": Fault(
+        _spec(OutOfMemory), "SIGKILL in generate, as the OOM killer sends", checks=_DIES, isolate=True, timeout=10
+    ),
     "unknown option": Fault("reference", "a typo in an option name", {"bulider": "vectorized"}, isolate=True),
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+
 from ddtree_conformance.adapters.reference.dflash import DFlashConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.calibration import load_calibration
@@ -126,7 +127,8 @@ class GreedyVerifyAtT(ReferenceEngine):
 
     name = "mutant-greedy-verify-at-t"
     walk_step = staticmethod(
-        lambda tree, logits, params, generator: walk_tree(tree, logits, SamplingParams(), generator))
+        lambda tree, logits, params, generator: walk_tree(tree, logits, SamplingParams(), generator)
+    )
 
 
 class TemperatureIgnored(ReferenceEngine):
@@ -135,8 +137,11 @@ class TemperatureIgnored(ReferenceEngine):
     name = "mutant-temperature-ignored"
     walk_step = staticmethod(
         lambda tree, logits, params, generator: walk_tree(
-            tree, logits, SamplingParams(temperature=1.0 if params.temperature > 0 else 0.0, top_k=params.top_k,
-                                         top_p=params.top_p), generator)
+            tree,
+            logits,
+            SamplingParams(temperature=1.0 if params.temperature > 0 else 0.0, top_k=params.top_k, top_p=params.top_p),
+            generator,
+        )
     )
 
 
@@ -231,7 +236,8 @@ class CompactionPast512(ReferenceEngine):
     name = "mutant-compaction-past-512"
     compact_step = staticmethod(
         lambda cache, prefix_len, accepted: compact_dynamic_cache(
-            cache, prefix_len, accepted if prefix_len <= 512 else list(range(1, len(accepted) + 1)))
+            cache, prefix_len, accepted if prefix_len <= 512 else list(range(1, len(accepted) + 1))
+        )
     )
 
 
@@ -244,8 +250,10 @@ class BatchSettingsMixedUp(ReferenceEngine):
 
     def generate_local(self, requests, config):
         settings = ("temperature", "top_p", "top_k", "seed")
-        mixed = [r.model_copy(update={k: getattr(requests[(i + 1) % len(requests)], k) for k in settings})
-                 for i, r in enumerate(requests)]
+        mixed = [
+            r.model_copy(update={k: getattr(requests[(i + 1) % len(requests)], k) for k in settings})
+            for i, r in enumerate(requests)
+        ]
         return super().generate_local(mixed, config)
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.spec import (
     DraftTree,
@@ -63,9 +64,13 @@ def _subtree(tree: DraftTree, keep: list[int]) -> DraftTree:
     index = {old: new for new, old in enumerate(keep)}
     parents = [-1] + [index[int(tree.parents[i])] for i in keep[1:]]
     pick = torch.tensor(keep, dtype=torch.long, device=tree.tokens.device)
-    return DraftTree(tree.tokens[pick], tree.depths[pick], torch.tensor(parents, dtype=torch.long,
-                                                                         device=tree.tokens.device),
-                     tree.ranks[pick], tree.scores[pick])
+    return DraftTree(
+        tree.tokens[pick],
+        tree.depths[pick],
+        torch.tensor(parents, dtype=torch.long, device=tree.tokens.device),
+        tree.ranks[pick],
+        tree.scores[pick],
+    )
 
 
 def _with_block(verify, visibility: torch.Tensor):
@@ -201,8 +206,7 @@ class TokenZeroPadding(_RoomTracking):
                 return verify
             visibility = verify.visibility.clone()
             visibility[real:, :] = False
-            visibility[real:, real:] = torch.eye(visibility.shape[0] - real, dtype=torch.bool,
-                                                 device=visibility.device)
+            visibility[real:, real:] = torch.eye(visibility.shape[0] - real, dtype=torch.bool, device=visibility.device)
             return _with_block(verify, visibility)
 
         self.compile_step = compile_padded
@@ -219,11 +223,13 @@ class TokenZeroPadding(_RoomTracking):
         def extend(values, more, dtype):
             return torch.cat([values, torch.tensor(more, dtype=dtype, device=device)])
 
-        return DraftTree(extend(cut.tokens, [0] * missing, torch.long),
-                         extend(cut.depths, list(range(n + 1, n + 1 + missing)), torch.long),
-                         extend(cut.parents, list(range(n, n + missing)), torch.long),
-                         extend(cut.ranks, [0] * missing, torch.long),
-                         extend(cut.scores, [0.0] * missing, torch.float64))
+        return DraftTree(
+            extend(cut.tokens, [0] * missing, torch.long),
+            extend(cut.depths, list(range(n + 1, n + 1 + missing)), torch.long),
+            extend(cut.parents, list(range(n, n + missing)), torch.long),
+            extend(cut.ranks, [0] * missing, torch.long),
+            extend(cut.scores, [0.0] * missing, torch.float64),
+        )
 
 
 def _chain_walk(tree, logits, params, generator) -> WalkResult:
@@ -255,8 +261,9 @@ class DroppedTreeWalkedAsChain(ReferenceEngine):
             return _subtree(tree, list(range(max(room, 1) + 1))) if self.cut else tree
 
         self._build = cut_build
-        self.walk_step = lambda tree, logits, params, generator: (
-            _chain_walk if self.cut else walk_tree)(tree, logits, params, generator)
+        self.walk_step = lambda tree, logits, params, generator: (_chain_walk if self.cut else walk_tree)(
+            tree, logits, params, generator
+        )
 
     def _speculative(self, pair, request, config):
         original = pair.draft_logits
@@ -337,8 +344,7 @@ class ShardLocalTokenIds(ShardedReference):
 #: random pair), "fixture" (a drafter that drafts well) or "random-tp2" (the random pair at TP=2))
 PITFALLS = {
     "positions ignored under CUDA graphs": (StaleVerifyPositions, "lossless/ddtree", "random"),
-    "per-request masks mapped wrong when tree sizes differ": (MasksMixedAcrossRequests, "busy-batch/ddtree",
-                                                              "fixture"),
+    "per-request masks mapped wrong when tree sizes differ": (MasksMixedAcrossRequests, "busy-batch/ddtree", "fixture"),
     "state committed for num_accepted - 1": (StateAtFlatIndex, "lossless/ddtree", "random"),
     "token 0 as padding in short trees": (TokenZeroPadding, "tree-structure/ddtree", "random"),
     "dropped trees walked as chains": (DroppedTreeWalkedAsChain, "long-context/ddtree", "random"),

@@ -118,8 +118,9 @@ def write_random_pair(
     return root / "target", root / "drafter"
 
 
-def write_random_prompts(path: str | Path, lengths: list[int], *, seed: int, prefix: str = "p",
-                         vocab: int = 96) -> list[list[int]]:
+def write_random_prompts(
+    path: str | Path, lengths: list[int], *, seed: int, prefix: str = "p", vocab: int = 96
+) -> list[list[int]]:
     """A prompt set (JSON lines ``{"id": "<prefix><i>", "category": "random", "prompt_ids": ...}``) of
     random token ids below ``vocab``, one prompt per length, seeded; returns the prompts' ids."""
     g = torch.Generator().manual_seed(seed)

@@ -16,21 +16,35 @@ of the verify +5 % mutant (regression after 8).
 
 from __future__ import annotations
 
-from ddtree_conformance.adapters.interface import (
-    Capabilities,
-    Engine,
-    EngineError,
-    RequestResult,
-    Timings,
-)
+from ddtree_conformance.adapters.interface import Capabilities, Engine, EngineError, RequestResult, Timings
 
 __all__ = ["SAMPLES", "STEP_S", "RecordedTimings"]
 
 STEP_S = 6.5e-6  # the H200's 6.5 ms plain step, in microseconds so no call outlasts its wall clock
 
 SAMPLES = {
-    "baseline": [0.59152, 0.58478, 0.58964, 0.58479, 0.58685, 0.58701, 0.58591, 0.58657, 0.58614, 0.58379,
-                 0.58323, 0.58127, 0.61788, 0.60776, 0.5842, 0.57824, 0.60286, 0.58923, 0.59461, 0.59518],
+    "baseline": [
+        0.59152,
+        0.58478,
+        0.58964,
+        0.58479,
+        0.58685,
+        0.58701,
+        0.58591,
+        0.58657,
+        0.58614,
+        0.58379,
+        0.58323,
+        0.58127,
+        0.61788,
+        0.60776,
+        0.5842,
+        0.57824,
+        0.60286,
+        0.58923,
+        0.59461,
+        0.59518,
+    ],
     "correct": [0.60113, 0.59656, 0.59207, 0.58947, 0.59324],
     "verify+5%": [0.56472, 0.56579, 0.57267, 0.56573, 0.57386, 0.57134, 0.56511, 0.56627],
 }
@@ -51,8 +65,15 @@ class RecordedTimings(Engine):
         self.calls: dict[tuple[int, ...], int] = {}  # speculative calls so far, per prompt
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(name=self.name, modes=["plain", "dflash", "ddtree"], dtypes=["float32"], devices=["cpu"],
-                            sampling=False, traces=False, per_round_acceptance=True)
+        return Capabilities(
+            name=self.name,
+            modes=["plain", "dflash", "ddtree"],
+            dtypes=["float32"],
+            devices=["cpu"],
+            sampling=False,
+            traces=False,
+            per_round_acceptance=True,
+        )
 
     def generate(self, requests, config):
         out = []
@@ -64,8 +85,14 @@ class RecordedTimings(Engine):
                 k = self.calls.get(tuple(request.prompt_ids), 0)
                 seconds = STEP_S / self.samples[k % len(self.samples)] * decode
                 self.calls[tuple(request.prompt_ids)] = k + 1
-            out.append(RequestResult(output_ids=[1] * request.max_new_tokens, finish_reason="length", rounds=decode,
-                                     acceptance_lengths=[1] * decode,
-                                     timings=Timings(decode=seconds, stages={"round_device": seconds}),
-                                     engine_settings={"cuda_graphs": True, "attention_backend": "recorded"}))
+            out.append(
+                RequestResult(
+                    output_ids=[1] * request.max_new_tokens,
+                    finish_reason="length",
+                    rounds=decode,
+                    acceptance_lengths=[1] * decode,
+                    timings=Timings(decode=seconds, stages={"round_device": seconds}),
+                    engine_settings={"cuda_graphs": True, "attention_backend": "recorded"},
+                )
+            )
         return out

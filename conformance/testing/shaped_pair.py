@@ -23,8 +23,9 @@ from .random_pair import drafter_config_dict
 __all__ = ["SHAPES", "build_shaped_pair", "random_prompts"]
 
 SHAPES = {
-    "8b": dict(hidden=4096, inter=12288, layers=36, heads=32, kv=8, head_dim=128, vocab=151936, draft_layers=5,
-               block=16),
+    "8b": dict(
+        hidden=4096, inter=12288, layers=36, heads=32, kv=8, head_dim=128, vocab=151936, draft_layers=5, block=16
+    ),
     "tiny": dict(hidden=64, inter=128, layers=4, heads=4, kv=2, head_dim=16, vocab=512, draft_layers=1, block=8),
 }
 
@@ -35,16 +36,33 @@ def build_shaped_pair(shape: str | dict, dtype: torch.dtype, device: str, root: 
 
     s = SHAPES[shape] if isinstance(shape, str) else shape
     root = Path(root)
-    cfg = Qwen3Config(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["inter"],
-                      num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-                      num_key_value_heads=s["kv"], head_dim=s["head_dim"], max_position_embeddings=40960,
-                      rope_theta=1e6, tie_word_embeddings=False)
+    cfg = Qwen3Config(
+        vocab_size=s["vocab"],
+        hidden_size=s["hidden"],
+        intermediate_size=s["inter"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["kv"],
+        head_dim=s["head_dim"],
+        max_position_embeddings=40960,
+        rope_theta=1e6,
+        tie_word_embeddings=False,
+    )
     cfg.save_pretrained(root / "target")
     ids = default_target_layer_ids(s["layers"], s["draft_layers"])
-    raw = drafter_config_dict(vocab_size=s["vocab"], hidden_size=s["hidden"], num_heads=s["heads"],
-                              head_dim=s["head_dim"], num_layers=s["draft_layers"], num_target_layers=s["layers"],
-                              target_layer_ids=ids, mask_token_id=s["vocab"] - 2, intermediate_size=s["inter"],
-                              block_size=s["block"], max_position_embeddings=40960)
+    raw = drafter_config_dict(
+        vocab_size=s["vocab"],
+        hidden_size=s["hidden"],
+        num_heads=s["heads"],
+        head_dim=s["head_dim"],
+        num_layers=s["draft_layers"],
+        num_target_layers=s["layers"],
+        target_layer_ids=ids,
+        mask_token_id=s["vocab"] - 2,
+        intermediate_size=s["inter"],
+        block_size=s["block"],
+        max_position_embeddings=40960,
+    )
     raw["num_key_value_heads"] = s["kv"]
     (root / "drafter").mkdir(parents=True, exist_ok=True)
     (root / "drafter" / "config.json").write_text(json.dumps(raw))

@@ -7,7 +7,8 @@ The throughput gate must call every one of them a regression and the unchanged e
   verify costs that fraction of its own time more. The verify forward (eager, or a graph replay on
   the fast path) is timed (CUDA events read after one synchronize; ``perf_counter`` elsewhere), then
   the host busy-waits ``fraction x`` that time while the device has nothing queued, so the extra
-  cost lands on the critical path and is proportional to the real verify time on any hardware. Plain decoding and the prefill are left
+  cost lands on the critical path and is proportional to the real verify time on any hardware. Plain decoding and
+  the prefill are left
   alone: a target forward slower everywhere would slow plain decoding as much and leave the
   speedup unchanged, which no relative gate can see (or should).
 * :class:`SlowBuild` (``build_extra_s``, default 0.002): every DDTree build costs 2 ms more (the
@@ -114,8 +115,7 @@ class SlowBuild(ReferenceEngine):
 PERFORMANCE_MUTANTS = {"slow-verify-5": SlowVerify, "slow-verify-10": SlowVerify10, "slow-build-2ms": SlowBuild}
 
 
-def share_loaded(source: ReferenceEngine, cls: type[ReferenceEngine] = ReferenceEngine,
-                 **options) -> ReferenceEngine:
+def share_loaded(source: ReferenceEngine, cls: type[ReferenceEngine] = ReferenceEngine, **options) -> ReferenceEngine:
     """A ``cls`` engine on ``source``'s directories that reuses every pair ``source`` has loaded so far
     (weights and feature hooks included); it loads nothing itself for those configurations."""
     engine = cls(source.model_dir, source.drafter_dir, **options)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Generator
 
 import torch
+
 from ddtree_conformance.adapters.interface import Request, RequestResult, RoundTrace, RunConfig, Timings, VerifiedTree
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.spec import SamplingParams, build_chain, choose_token, emit_tokens
@@ -87,8 +88,7 @@ class SteppedEngine(ReferenceEngine):
         logits, features = pair.forward(verify.input_ids, verify.position_ids, cache, verify.attention_mask)
         return verify, logits, features
 
-    def walk(self, tree: DraftTree, logits: torch.Tensor, params: SamplingParams, generator,
-             draft: dict) -> WalkResult:
+    def walk(self, tree: DraftTree, logits: torch.Tensor, params: SamplingParams, generator, draft: dict) -> WalkResult:
         return self.walk_step(tree, logits, params, generator)
 
     # -- the loop -------------------------------------------------------------------------------
@@ -101,7 +101,7 @@ class SteppedEngine(ReferenceEngine):
         chunk = self.prefill_chunk or len(ids)
         features, logits = [], None
         for begin in range(0, len(ids), chunk):
-            part = torch.tensor(ids[begin:begin + chunk], dtype=torch.long, device=pair.device)
+            part = torch.tensor(ids[begin : begin + chunk], dtype=torch.long, device=pair.device)
             positions = torch.arange(begin, begin + part.shape[0], device=pair.device)
             logits, feats = pair.forward(part, positions, cache)
             features.append(feats)
@@ -145,15 +145,22 @@ class SteppedEngine(ReferenceEngine):
             output += emitted
             shown = walk
             if self.report_emitted and len(emitted) < len(new_tokens):  # the round as far as the output shows it
-                shown = WalkResult(walk.accepted[:len(emitted) - 1], emitted[-1], walk.target_tokens)
+                shown = WalkResult(walk.accepted[: len(emitted) - 1], emitted[-1], walk.target_tokens)
             lengths.append(len(shown.accepted) + 1)
             trees.append(self._verified_tree(tree, verify, walk, logits, params))
             if traces is not None:
                 traces.append(self._trace(tree, verify, shown, logits, start, root, draft_logits, config))
             start += len(walk.accepted) + 1
             root = walk.bonus
-        return RequestResult(output_ids=output, finish_reason=reason, rounds=len(lengths), acceptance_lengths=lengths,
-                             timings=Timings(), traces=traces, verified_trees=trees)
+        return RequestResult(
+            output_ids=output,
+            finish_reason=reason,
+            rounds=len(lengths),
+            acceptance_lengths=lengths,
+            timings=Timings(),
+            traces=traces,
+            verified_trees=trees,
+        )
 
 
 def run_to_end(steps: Generator) -> RequestResult:
@@ -162,5 +169,3 @@ def run_to_end(steps: Generator) -> RequestResult:
             next(steps)
         except StopIteration as done:
             return done.value
-
-

@@ -41,8 +41,11 @@ class KnowsPublicPrompts(ReferenceEngine):
     name = "adversary-knows-public-prompts"
 
     def capabilities(self):
-        return super().capabilities().model_copy(update={"traces": False, "draft_logits": False,
-                                                         "verified_tree_modes": []})
+        return (
+            super()
+            .capabilities()
+            .model_copy(update={"traces": False, "draft_logits": False, "verified_tree_modes": []})
+        )
 
     def generate_local(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
         results = super().generate_local(requests, config)
@@ -58,8 +61,11 @@ class RepeatedRequestBug(ReferenceEngine):
     name = "adversary-repeated-request-bug"
 
     def capabilities(self):
-        return super().capabilities().model_copy(update={"traces": False, "draft_logits": False,
-                                                         "verified_tree_modes": []})
+        return (
+            super()
+            .capabilities()
+            .model_copy(update={"traces": False, "draft_logits": False, "verified_tree_modes": []})
+        )
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

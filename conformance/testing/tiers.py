@@ -33,8 +33,15 @@ from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.golden_files import load_golden
 from ddtree_conformance.session import SuiteSession, SuiteSettings
 
-__all__ = ["run_checks", "fixture_golden", "TierSummary", "SharedEngines", "tier_engines", "write_summaries",
-           "VLLM_TIER_ENGINE_OPTIONS"]
+__all__ = [
+    "run_checks",
+    "fixture_golden",
+    "TierSummary",
+    "SharedEngines",
+    "tier_engines",
+    "write_summaries",
+    "VLLM_TIER_ENGINE_OPTIONS",
+]
 
 #: The engine options of every vLLM tier session on the fixture pair (tests/test_vllm_tier.py and
 #: tests/test_vllm_plugin_tier.py), so they share one engine process: DDTree budgets up to 128 on
@@ -58,7 +65,7 @@ def fixture_golden(settings: SuiteSettings, max_new_tokens: int):
 
 
 # -- summaries -------------------------------------------------------------------------------------
-_SUMMARIES: list["TierSummary"] = []
+_SUMMARIES: list[TierSummary] = []
 
 
 class TierSummary(dict):
@@ -125,9 +132,15 @@ class SharedEngines:
 
     def factory(self, settings: SuiteSettings) -> Callable[[str, str | None], Engine]:
         def make(model_dir: str, drafter_dir: str | None) -> Engine:
-            key = (settings.engine, str(model_dir), None if drafter_dir is None else str(drafter_dir),
-                   json.dumps(settings.engine_options, sort_keys=True, default=str), settings.torch_threads,
-                   settings.engine_timeout_s, settings.isolate)
+            key = (
+                settings.engine,
+                str(model_dir),
+                None if drafter_dir is None else str(drafter_dir),
+                json.dumps(settings.engine_options, sort_keys=True, default=str),
+                settings.torch_threads,
+                settings.engine_timeout_s,
+                settings.isolate,
+            )
             if key not in self._engines:
                 self._engines[key] = self._create(settings, str(model_dir), drafter_dir)
             return _Borrowed(self._engines[key])
@@ -138,8 +151,14 @@ class SharedEngines:
     def _create(settings: SuiteSettings, model_dir: str, drafter_dir: str | None) -> Engine:
         drafter = None if drafter_dir is None else str(drafter_dir)
         if settings.isolate:
-            return IsolatedEngine(settings.engine, model_dir, drafter, timeout_s=settings.engine_timeout_s,
-                                  torch_threads=settings.torch_threads, **settings.engine_options)
+            return IsolatedEngine(
+                settings.engine,
+                model_dir,
+                drafter,
+                timeout_s=settings.engine_timeout_s,
+                torch_threads=settings.torch_threads,
+                **settings.engine_options,
+            )
         return create_engine(settings.engine, model_dir, drafter, **settings.engine_options)
 
     def __len__(self) -> int:

@@ -34,8 +34,16 @@ from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.adapters.reference.tensor_parallel import rank
 from ddtree_conformance.spec import compact_dynamic_cache, select_feedback_rows
 
-__all__ = ["ShardedReference", "TpOutputDrift", "TpAcceptanceDrift", "DriverOnlyKvMove", "RankLocalResult",
-           "RankFailsToStart", "RankDiesInRun", "TP_MUTANTS"]
+__all__ = [
+    "ShardedReference",
+    "TpOutputDrift",
+    "TpAcceptanceDrift",
+    "DriverOnlyKvMove",
+    "RankLocalResult",
+    "RankFailsToStart",
+    "RankDiesInRun",
+    "TP_MUTANTS",
+]
 
 
 class ShardedReference(ReferenceEngine):

@@ -26,6 +26,7 @@ import heapq
 import math
 
 import torch
+
 from ddtree_conformance.adapters.reference.dflash import DFlashConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.metrics import mean_tau, per_position_acceptance
@@ -47,8 +48,13 @@ def _tree(tokens, depths, parents, ranks, scores, device) -> DraftTree:
     def column(values, first, dtype):
         return torch.tensor([first, *values], dtype=dtype, device=device)
 
-    return DraftTree(column(tokens, -1, torch.long), column(depths, 0, torch.long), column(parents, -1, torch.long),
-                     column(ranks, -1, torch.long), column(scores, 0.0, torch.float64))
+    return DraftTree(
+        column(tokens, -1, torch.long),
+        column(depths, 0, torch.long),
+        column(parents, -1, torch.long),
+        column(ranks, -1, torch.long),
+        column(scores, 0.0, torch.float64),
+    )
 
 
 def _breadth_first(tree: DraftTree) -> DraftTree:
@@ -57,19 +63,22 @@ def _breadth_first(tree: DraftTree) -> DraftTree:
     position = {0: 0}
     order = [0]
     for level in range(1, max(depths) + 1 if len(depths) > 1 else 1):
-        nodes = sorted((i for i in range(1, len(depths)) if depths[i] == level),
-                       key=lambda i: (position[parents[i]], i))
+        nodes = sorted(
+            (i for i in range(1, len(depths)) if depths[i] == level), key=lambda i: (position[parents[i]], i)
+        )
         for i in nodes:
             position[i] = len(order)
             order.append(i)
     pick = torch.tensor(order, dtype=torch.long, device=tree.tokens.device)
-    new_parents = torch.tensor([-1] + [position[parents[i]] for i in order[1:]], dtype=torch.long,
-                               device=tree.tokens.device)
+    new_parents = torch.tensor(
+        [-1] + [position[parents[i]] for i in order[1:]], dtype=torch.long, device=tree.tokens.device
+    )
     return DraftTree(tree.tokens[pick], tree.depths[pick], new_parents, tree.ranks[pick], tree.scores[pick])
 
 
-def pr_heap_tree(logits: torch.Tensor, budget: int, *, width: int | None = None, bonus: float = 0.0,
-                 margin: float | None = None) -> DraftTree:
+def pr_heap_tree(
+    logits: torch.Tensor, budget: int, *, width: int | None = None, bonus: float = 0.0, margin: float | None = None
+) -> DraftTree:
     """A best-first heap as SGLang PR #29907 builds it above L: ``width`` candidate ranks per depth,
     ``bonus`` added to each child's key, branch candidates below ``best - log B - margin`` skipped
     (the rank-0 chain never)."""
@@ -92,8 +101,9 @@ def pr_heap_tree(logits: torch.Tensor, budget: int, *, width: int | None = None,
         scores.append(score)
         if rank + 1 < k:
             step = lp[depth - 1][rank + 1] - lp[depth - 1][rank]
-            heapq.heappush(heap, (-(key + step), path[:-1] + (rank + 1,), parent, depth, rank + 1, key + step,
-                                  score + step))
+            heapq.heappush(
+                heap, (-(key + step), path[:-1] + (rank + 1,), parent, depth, rank + 1, key + step, score + step)
+            )
         if depth < depth_limit:
             child, child_score = key + lp[depth][0] + bonus, score + lp[depth][0]
             heapq.heappush(heap, (-child, path + (0,), node, depth + 1, 0, child, child_score))
@@ -119,15 +129,16 @@ class _PolicyEngine(ReferenceEngine):
         raise NotImplementedError
 
 
-def _deep_draft_logits(pair, size: int, root: int, start: int, context: torch.Tensor, context_start: int, cache,
-                       block_offset: int = 0) -> torch.Tensor:
+def _deep_draft_logits(
+    pair, size: int, root: int, start: int, context: torch.Tensor, context_start: int, cache, block_offset: int = 0
+) -> torch.Tensor:
     """The drafter's logits for a block of ``size`` tokens (the root and ``size - 1`` mask tokens)."""
     drafter = pair.drafter
     block = torch.full((1, size), drafter.config.mask_token_id, dtype=torch.long, device=pair.device)
     block[0, 0] = root
     embeds = pair.target.get_input_embeddings()(block)
     positions = torch.arange(context_start, start + size, device=pair.device)
-    positions[start - context_start:] += block_offset
+    positions[start - context_start :] += block_offset
     hidden = drafter(embeds, context.unsqueeze(0), positions.unsqueeze(0), cache)
     return pair.target.get_output_embeddings()(hidden[0, 1:])
 
@@ -226,8 +237,13 @@ def counters_only(engine_class: type[ReferenceEngine], *, pooled: bool = False) 
         name = f"{engine_class.name}-counters{'-pooled' if pooled else ''}"
 
         def capabilities(self):
-            return super().capabilities().model_copy(update={"traces": False, "per_round_acceptance": False,
-                                                              "draft_logits": False, "traced_modes": None})
+            return (
+                super()
+                .capabilities()
+                .model_copy(
+                    update={"traces": False, "per_round_acceptance": False, "draft_logits": False, "traced_modes": None}
+                )
+            )
 
         def generate(self, requests, config):
             results = super().generate(requests, config.model_copy(update={"trace": False}))
@@ -239,11 +255,19 @@ def counters_only(engine_class: type[ReferenceEngine], *, pooled: bool = False) 
             out = []
             for r, own in zip(results, lengths):
                 mine = lengths if pooled else [own]
-                out.append(r.model_copy(update={
-                    "acceptance_lengths": None, "aggregate_only": True, "traces": None,
-                    "engine_settings": {"draft_depth": horizon},
-                    "rounds": None if pooled else len(own), "mean_acceptance": mean_tau(mine),
-                    "per_position_acceptance": per_position_acceptance(mine, horizon)}))
+                out.append(
+                    r.model_copy(
+                        update={
+                            "acceptance_lengths": None,
+                            "aggregate_only": True,
+                            "traces": None,
+                            "engine_settings": {"draft_depth": horizon},
+                            "rounds": None if pooled else len(own),
+                            "mean_acceptance": mean_tau(mine),
+                            "per_position_acceptance": per_position_acceptance(mine, horizon),
+                        }
+                    )
+                )
             return out
 
     return CountersOnly
@@ -256,8 +280,9 @@ def per_round_only(engine_class: type[ReferenceEngine]) -> type[ReferenceEngine]
         name = f"{engine_class.name}-per-round"
 
         def capabilities(self):
-            return super().capabilities().model_copy(update={"traces": False, "draft_logits": False,
-                                                              "traced_modes": None})
+            return (
+                super().capabilities().model_copy(update={"traces": False, "draft_logits": False, "traced_modes": None})
+            )
 
         def generate(self, requests, config):
             results = super().generate(requests, config.model_copy(update={"trace": False}))

@@ -30,10 +30,7 @@ class FirstRowsKV(DDTreeCPUModelRunner):
         return None
 
 
-PLUGIN_MUTANTS = {
-    "flat-positions": f"{__name__}:FlatPositions",
-    "first-rows-kv": f"{__name__}:FirstRowsKV",
-}
+PLUGIN_MUTANTS = {"flat-positions": f"{__name__}:FlatPositions", "first-rows-kv": f"{__name__}:FirstRowsKV"}
 
 #: The checks each broken build fails (of lossless, acceptance, tree-structure), on its first prompt
 #: already. Wrong KV rows leave every trace well-formed: only outputs and acceptance show them.

@@ -76,7 +76,7 @@ def worker_devices(index: int, devices: list[str], per_worker: int = 1) -> list[
         return []
     slots = max(1, len(devices) // per_worker)
     slot = index % slots
-    return list(devices[slot * per_worker:(slot + 1) * per_worker])
+    return list(devices[slot * per_worker : (slot + 1) * per_worker])
 
 
 def auto_workers(n_devices: int, per_worker: int = 1) -> int:
@@ -269,5 +269,8 @@ def report_worker(config: pytest.Config) -> None:
             names = [torch.cuda.get_device_name(i) for i in range(count)]
     except Exception:
         pass
-    output[WORKEROUTPUT_KEY] = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-                                "device_count": count, "names": names}
+    output[WORKEROUTPUT_KEY] = {
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "device_count": count,
+        "names": names,
+    }

@@ -51,6 +51,8 @@ def unavailable_reason() -> str | None:
     except Exception:  # pragma: no cover
         names = set()
     if ENTRY_POINT not in names:
-        return (f"the entry point {ENTRY_POINT} is not installed (the plugin is opt-in: pip install ./vllm-plugin "
-                "from the suite's repository, distribution ddtree-vllm-plugin)")
+        return (
+            f"the entry point {ENTRY_POINT} is not installed (the plugin is opt-in: pip install ./vllm-plugin "
+            "from the suite's repository, distribution ddtree-vllm-plugin)"
+        )
     return None

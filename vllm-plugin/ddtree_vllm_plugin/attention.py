@@ -70,10 +70,12 @@ class TreeAttentionImpl(CPUAttentionBackendImpl):
         shadow[slots[keep], 0] = key[:n][keep].to(shadow.dtype)
         shadow[slots[keep], 1] = value[:n][keep].to(shadow.dtype)
 
-    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
-                output_block_scale=None):
-        out = super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
-                              output_block_scale)
+    def forward(
+        self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None
+    ):
+        out = super().forward(
+            layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
+        )
         trees = getattr(attn_metadata, "ddtree_batch", None) if attn_metadata is not None else None
         if not trees:
             return out

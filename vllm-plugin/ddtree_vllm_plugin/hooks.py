@@ -22,8 +22,10 @@ def installed() -> bool:
     from vllm.v1.engine.input_processor import InputProcessor
 
     platform_cls = type(current_platform)
-    return bool(getattr(platform_cls.check_and_update_config, _MARK, False)
-                and getattr(InputProcessor._validate_params, _MARK, False))
+    return bool(
+        getattr(platform_cls.check_and_update_config, _MARK, False)
+        and getattr(InputProcessor._validate_params, _MARK, False)
+    )
 
 
 def install() -> None:

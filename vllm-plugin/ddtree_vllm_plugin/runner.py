@@ -74,15 +74,26 @@ class TreeDrafter(DFlashProposer):
     still hold and no second set of buffers is allocated.
     """
 
-    ddtree_runner: "DDTreeCPUModelRunner"
+    ddtree_runner: DDTreeCPUModelRunner
 
     def _sample_draft_tokens(self, hidden_states, sampling_metadata):
         self._ddtree_logits = self.model.compute_logits(hidden_states)
         return self._ddtree_logits.argmax(dim=-1), None
 
-    def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
-                next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
-                mm_embed_inputs=None, num_rejected_tokens_gpu=None, slot_mappings=None):
+    def propose(
+        self,
+        num_speculative_tokens,
+        target_token_ids,
+        target_positions,
+        target_hidden_states,
+        next_token_ids,
+        token_indices_to_sample,
+        common_attn_metadata,
+        sampling_metadata,
+        mm_embed_inputs=None,
+        num_rejected_tokens_gpu=None,
+        slot_mappings=None,
+    ):
         runner = self.ddtree_runner
         feedback = runner.take_feedback(int(target_hidden_states.shape[0]))
         if feedback is not None:
@@ -91,9 +102,19 @@ class TreeDrafter(DFlashProposer):
             target_token_ids = target_token_ids[order]
             target_positions = positions
         horizon = runner.horizon
-        super().propose(horizon, target_token_ids, target_positions, target_hidden_states, next_token_ids,
-                        token_indices_to_sample, common_attn_metadata, sampling_metadata, mm_embed_inputs,
-                        num_rejected_tokens_gpu, slot_mappings)
+        super().propose(
+            horizon,
+            target_token_ids,
+            target_positions,
+            target_hidden_states,
+            next_token_ids,
+            token_indices_to_sample,
+            common_attn_metadata,
+            sampling_metadata,
+            mm_embed_inputs,
+            num_rejected_tokens_gpu,
+            slot_mappings,
+        )
         batch = common_attn_metadata.num_reqs
         logits = self._ddtree_logits.view(batch, horizon, -1)
         width = max(int(num_speculative_tokens), 0)
@@ -104,7 +125,7 @@ class TreeDrafter(DFlashProposer):
             runner.trees[req_id] = tree
             if runner.traces_draft_logits(req_id):
                 runner.draft_logits[req_id] = logits[i].float().clone()
-            nodes = tree.tokens[1: width + 1]
+            nodes = tree.tokens[1 : width + 1]
             out[i, : len(nodes)] = torch.tensor(nodes, dtype=torch.int64)
             runner.drafted[req_id] = len(nodes)
         self.num_speculative_tokens = runner.budget
@@ -114,7 +135,7 @@ class TreeDrafter(DFlashProposer):
 class TreeSampler(torch.nn.Module):
     """Replaces the rejection sampler: walks each request's tree (same call signature)."""
 
-    def __init__(self, runner: "DDTreeCPUModelRunner") -> None:
+    def __init__(self, runner: DDTreeCPUModelRunner) -> None:
         super().__init__()
         self.runner = runner
 
@@ -159,12 +180,15 @@ class DDTreeCPUModelRunner(CPUModelRunner):
                 continue
             impl = module.impl
             if type(impl).__name__ != "CPUAttentionBackendImpl" and not isinstance(impl, TreeAttentionImpl):
-                raise DDTreeConfigError(f"DDTree: target layer {name} uses {type(impl).__name__}; only vLLM's CPU "
-                                        f"attention backend is supported")
+                raise DDTreeConfigError(
+                    f"DDTree: target layer {name} uses {type(impl).__name__}; only vLLM's CPU "
+                    f"attention backend is supported"
+                )
             for feature, present in UNSUPPORTED_LAYER_FEATURES.items():
                 if present(impl):
-                    raise DDTreeConfigError(f"DDTree: target layer {name} uses {feature}, which tree attention "
-                                            f"does not support")
+                    raise DDTreeConfigError(
+                        f"DDTree: target layer {name} uses {feature}, which tree attention does not support"
+                    )
             impl.__class__ = TreeAttentionImpl
             self._target_layers.append(module.layer_name)
         if not self._target_layers:
@@ -227,7 +251,7 @@ class DDTreeCPUModelRunner(CPUModelRunner):
             req_id = self.input_batch.req_ids[i]
             tree = self.trees.get(req_id)
             scheduled = list(scheduler_output.scheduled_spec_decode_tokens.get(req_id, []))
-            if tree is None or tree.tokens[1: n + 1] != scheduled:
+            if tree is None or tree.tokens[1 : n + 1] != scheduled:
                 # vLLM schedules placeholder drafts (zeros) when the drafter was skipped, e.g. near
                 # max_model_len (``GPUModelRunner.sample_tokens``): verify them as a chain.
                 tree = Tree([-1, *scheduled], [-1, *range(n)], list(range(n + 1)))
@@ -237,8 +261,15 @@ class DDTreeCPUModelRunner(CPUModelRunner):
             start = int(self.positions[root_row])
             rows = slice(root_row + 1, root_row + 1 + n)
             self.positions[rows] = torch.tensor(self.node_positions(start, tree, n), dtype=self.positions.dtype)
-            self._batch.append(TreeRows(req_index=i, root_row=root_row, start=start, parents=tree.parents,
-                                        visible=visibility(start, tree.parents)))
+            self._batch.append(
+                TreeRows(
+                    req_index=i,
+                    root_row=root_row,
+                    start=start,
+                    parents=tree.parents,
+                    visible=visibility(start, tree.parents),
+                )
+            )
         return logits_indices, spec_metadata, max_sampled
 
     # -- step 3: the mask ----------------------------------------------------------------------
@@ -261,8 +292,12 @@ class DDTreeCPUModelRunner(CPUModelRunner):
     def _node_sampler(self, i: int, sampling_metadata) -> NodeSampler:
         batch = self.input_batch
         top_k = int(batch.top_k_cpu[i])
-        return NodeSampler(float(batch.temperature_cpu[i]), 0 if top_k >= batch.vocab_size else top_k,
-                           float(batch.top_p_cpu[i]), sampling_metadata.generators.get(i))
+        return NodeSampler(
+            float(batch.temperature_cpu[i]),
+            0 if top_k >= batch.vocab_size else top_k,
+            float(batch.top_p_cpu[i]),
+            sampling_metadata.generators.get(i),
+        )
 
     def walk_trees(self, metadata, logits, sampling_metadata) -> SamplerOutput:
         trees = {t.req_index: t for t in self._batch}
@@ -274,7 +309,7 @@ class DDTreeCPUModelRunner(CPUModelRunner):
         moves: list[tuple[int, list[int], list[int]]] = []
         traces = []
         for i, n in enumerate(metadata.num_draft_tokens):
-            rows = logits[offset: offset + n + 1]
+            rows = logits[offset : offset + n + 1]
             offset += n + 1
             choose = self._node_sampler(i, sampling_metadata)
             seg_start, seg_end = int(query_starts[i]), int(query_starts[i + 1])
@@ -293,7 +328,9 @@ class DDTreeCPUModelRunner(CPUModelRunner):
                 keep = [root_row + a for a in accepted]
                 rest = [r for r in range(root_row + 1, seg_end) if r not in set(keep)]
                 order = list(range(seg_start, root_row + 1)) + keep + rest
-                moves.append((i, [info.start + a for a in accepted], [info.start + 1 + j for j in range(len(accepted))]))
+                moves.append(
+                    (i, [info.start + a for a in accepted], [info.start + 1 + j for j in range(len(accepted))])
+                )
                 # A request prefilled in a step where others verify trees gets placeholder drafts
                 # (-1) from vLLM; that step's root is the prompt's last token: it is the prefill,
                 # whose token is not a round, so it gets no trace line.
@@ -327,8 +364,9 @@ class DDTreeCPUModelRunner(CPUModelRunner):
                 dst_slots = table[dst_seq // block_size].long() * block_size + dst_seq % block_size
                 shadow = layer.impl.shadow(kv_cache)
                 rows = shadow[src_slots].clone()
-                layer.impl.do_kv_cache_update(layer, rows[:, 0].contiguous(), rows[:, 1].contiguous(), kv_cache,
-                                              dst_slots)
+                layer.impl.do_kv_cache_update(
+                    layer, rows[:, 0].contiguous(), rows[:, 1].contiguous(), kv_cache, dst_slots
+                )
 
     # -- step 5: drafter feedback ----------------------------------------------------------------
     def take_feedback(self, rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -358,8 +396,11 @@ class DDTreeCPUModelRunner(CPUModelRunner):
             "bonus": bonus,
             "top2_margins": [float(top2[p, 0] - top2[p, 1]) for p in path],
             "node_target_tokens": rows.argmax(dim=-1).tolist(),
-            "draft_logits": (self.draft_logits[self.input_batch.req_ids[i]]
-                             if self.traces_draft_logits(self.input_batch.req_ids[i]) else None),
+            "draft_logits": (
+                self.draft_logits[self.input_batch.req_ids[i]]
+                if self.traces_draft_logits(self.input_batch.req_ids[i])
+                else None
+            ),
         }
 
     def _write_traces(self, traces: list[dict]) -> None:

@@ -39,7 +39,7 @@ class Tree:
     def size(self) -> int:
         return len(self.tokens) - 1
 
-    def truncated(self, n: int) -> "Tree":
+    def truncated(self, n: int) -> Tree:
         """The first ``n`` nodes (what the scheduler actually scheduled)."""
         if n >= self.size:
             return self
@@ -83,8 +83,17 @@ def best_first_tree(draft_logits: torch.Tensor, budget: int) -> Tree:
         parents.append(parent)
         depths.append(depth)
         if rank + 1 < width:  # next sibling: same parent, next rank
-            heapq.heappush(heap, (-(parent_score + lps[depth - 1][rank + 1]), path[:-1] + (rank + 1,),
-                                  parent, depth, rank + 1, parent_score))
+            heapq.heappush(
+                heap,
+                (
+                    -(parent_score + lps[depth - 1][rank + 1]),
+                    path[:-1] + (rank + 1,),
+                    parent,
+                    depth,
+                    rank + 1,
+                    parent_score,
+                ),
+            )
         if depth < depth_count:  # first child
             heapq.heappush(heap, (neg - lps[depth][0], path + (0,), node, depth + 1, 0, -neg))
     return Tree(tree_tokens, parents, depths)
@@ -147,5 +156,5 @@ def visibility(start: int, parents: list[int]) -> torch.Tensor:
         seen[node, node] = True
     mask = torch.zeros(n, start + 1 + n, dtype=torch.bool)
     mask[:, : start + 1] = True
-    mask[:, start + 1:] = seen[1:, 1:]
+    mask[:, start + 1 :] = seen[1:, 1:]
     return mask
