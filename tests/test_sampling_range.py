@@ -9,6 +9,7 @@ from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.checks.sampling import DRAWN, drawn_settings
 from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.testing.mutants import TopKTopPIgnored
 from ddtree_conformance.testing.range_adversaries import RANGE_ADVERSARIES
 
 
@@ -67,3 +68,16 @@ def test_the_reference_passes_the_drawn_variant_and_the_report_names_the_setting
     assert result.status == "pass", result.message
     assert "settings drawn with run seed 3" in result.message
     assert set(result.details["settings"]) == set(drawn_settings(3, 12))
+
+
+def test_drawn_settings_too_narrow_for_a_chi_square_are_a_support_test_not_a_failure():
+    """Run seed 498 draws 'all three' at T=0.61, top_k=11, top_p=0.48: with 12 requests per stratum the rows
+    are too concentrated for a chi-square (one drawn setting in a few dozen gives such a sample). That is the
+    draw's doing, never the engine's: the correct reference passes on a support test (it failed before:
+    "nothing to test"), and an engine that ignores top-k/top-p still fails there, sampling tokens the
+    settings forbid."""
+    result = _sampling(ReferenceEngine, seed=498, variants=(f"/{DRAWN}",), requests=60)[DRAWN]
+    assert result.status == "pass", result.message
+    assert "a support test only" in result.message
+    broken = _sampling(TopKTopPIgnored, seed=498, variants=(f"/{DRAWN}",), requests=60)[DRAWN]
+    assert broken.status == "fail" and "probability 0" in broken.message, broken.message

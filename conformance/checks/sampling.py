@@ -80,6 +80,9 @@ def _describe(params: SamplingParams) -> str:
     return ",".join(parts)
 
 
+TOO_FEW = "too few transitions for a test"  # every row so concentrated that no chi-square cell pair is left
+
+
 def transition_test(table: torch.Tensor, params: SamplingParams, sequences: list[list[int]]) -> tuple[float, str]:
     """p-value of the transitions in ``sequences`` under ``table`` and ``params``, plus a note."""
     p_value, note, _, _ = chi_square(table, params, sequences)
@@ -128,7 +131,7 @@ def chi_square(table: torch.Tensor, params: SamplingParams, sequences: list[list
             if counts[prev].sum() > 0
         ):
             return 1.0, f"{total} transitions, each to the one token its row allows", total, 0
-        return 1.0, "too few transitions for a test", total, 0
+        return 1.0, TOO_FEW, total, 0
     return float(chi2.sf(statistic, dof)), f"chi2 {statistic:.1f} on {dof} dof", int(counts.sum()), dof
 
 
@@ -176,7 +179,7 @@ def silent_fallback(table: torch.Tensor, params: SamplingParams, sequences: list
         alternatives.append(("temperature and top-k/top-p ignored (sampled at T=1)", SamplingParams(temperature=1.0)))
     for what, alternative in alternatives:
         p_value, note = transition_test(table, alternative, sequences)
-        if p_value >= ALPHA and note != "too few transitions for a test":
+        if p_value >= ALPHA and note != TOO_FEW:
             return f"{what}: the transitions follow that distribution ({note}; p = {p_value:.3g})"
     return None
 
@@ -230,7 +233,12 @@ def check_sampling(session: SuiteSession, mode: str, budget: int | None, variant
             evidence = {"transitions": transitions, "dof": dof, "alpha": alpha}
         tokens = sum(len(o.output_ids) for o in results[part])
         where = "" if variant != DRAWN else f"{label} ({_describe(params)}): "
-        if tokens == 0 or note == "too few transitions for a test":
+        if note == TOO_FEW and tokens and variant == DRAWN:
+            # settings drawn this narrow leave rows too concentrated for a chi-square test: what the sample
+            # still tests is the support (a token the settings forbid failed above, p = 0); never the
+            # engine's fault, so never its failure
+            note = f"{transitions} transitions, each within the support its settings allow (a support test only)"
+        if tokens == 0 or note == TOO_FEW:
             return CheckResult.failed(
                 name,
                 f"{where}{share} sampled requests gave {tokens} tokens: nothing to test "
