@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .adapters.interface import Capabilities
 
-__all__ = ["unsupported"]
+__all__ = ["unsupported", "unsupported_settings"]
 
 
 def unsupported(
@@ -48,3 +48,15 @@ def unsupported(
                 f"{caps.max_budget} (capabilities().max_budget)"
             )
     return None
+
+
+def unsupported_settings(caps: Capabilities, settings, prefix: str = "--") -> str | None:
+    """:func:`unsupported` for a conformance run's settings (modes the engine lacks are skipped, not refused)."""
+    return unsupported(
+        caps,
+        dtype=settings.dtype,
+        device=settings.device,
+        budgets=settings.budgets if "ddtree" in settings.modes else [],
+        tensor_parallel_size=settings.tensor_parallel_size,
+        prefix=prefix,
+    )

@@ -1,8 +1,7 @@
 """A conformance session: the engine under test, the inputs, and the runs checks ask for.
 
-Checks ask the session for runs (``session.run("ddtree", 32, trace=True)``); the session asks the
-engine once per distinct (engine, run, requests) and keeps the validated results. Three parts do
-the work, each readable on its own:
+Checks ask the session for runs (``session.run("ddtree", 32, trace=True)``); the session asks the engine
+once per distinct (engine, run, requests) and keeps the validated results. Three parts do the work:
 
 * :class:`~.inputs.SuiteInputs`: settings, prompts, requests, runs and their configs;
 * :class:`~.engines.EngineLifecycle`: starting the engines (in their own process unless ``isolate``
@@ -31,7 +30,7 @@ from ..settings import SettingsError, SuiteSettings
 from ..token_scoring import rules_for
 from .engines import EngineFactory, EngineLifecycle
 from .inputs import SuiteInputs
-from .mixing import Arrangement, RequestMixer
+from .mixing import Arrangement, RequestMixer, changed_companions
 from .roles import EngineInfo, EngineRole
 from .store import RunStore, StoredRun, StoreKey, UsedRun
 
@@ -176,19 +175,9 @@ class SuiteSession:
         """A companion whose greedy output changed with its company fails the check that saw it (module
         :mod:`.mixing`): it is noted as a used run holding one error result."""
         info = self.engines.info(engine)
-        for (request, first), second in zip(arrangement.companions, again):
-            label = self.labels([request])[0]
-            problem = second.error or (
-                None
-                if second.output_ids == first.output_ids
-                else f"output {_first_difference(first.output_ids, second.output_ids)}"
-            )
-            if problem:
-                message = (
-                    f"{label} of the {run.label} run, asked again in a batch with other checks' requests, "
-                    f"gave another result: {problem} (greedy float32 outputs must not depend on the batch)"
-                )
-                self.store.note_use(info, run, [error_result(message)], [label])
+        labels = self.labels([request for request, _ in arrangement.companions])
+        for label, message in changed_companions(arrangement, again, labels, run.label):
+            self.store.note_use(info, run, [error_result(message)], [label])
 
     def plain(self) -> list[RequestResult]:
         return self.run("plain")
@@ -208,10 +197,3 @@ class SuiteSession:
     def close(self) -> None:
         self.engines.close()
         self._scratch.cleanup()
-
-
-def _first_difference(first: list[int], second: list[int]) -> str:
-    for i, (a, b) in enumerate(zip(first, second)):
-        if a != b:
-            return f"first differs at output position {i}: {a} then {b}"
-    return f"{len(first)} tokens then {len(second)}"

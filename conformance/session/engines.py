@@ -11,16 +11,16 @@ returns passes the integrity rules (:func:`~ddtree_conformance.integrity.validat
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from ..adapters.interface import Capabilities, Engine, EngineDied, EngineUsageError, Request, RequestResult, RunConfig
-from ..adapters.process import IsolatedEngine
 from ..adapters.reference.engine import ReferenceEngine
-from ..adapters.registry import create_engine, resolve_engine
 from ..integrity import PairLimits, error_result, validate_results
 from ..progress import Heartbeat, Printer
 from ..settings import SettingsError, SuiteSettings
-from ..support import unsupported
-from .mixing import Arrangement
+from ..support import unsupported_settings
+from .factory import engine_from_settings
+from .mixing import Arrangement, placed_back
 from .roles import EngineInfo, EngineRole
 
 __all__ = ["EngineFactory", "EngineLifecycle"]
@@ -42,7 +42,7 @@ class EngineLifecycle:
     ) -> None:
         self.settings, self.flag_prefix = settings, flag_prefix
         self.progress, self.heartbeat_s = progress, heartbeat_s
-        self._factory = factory or self._default_factory
+        self._factory = factory or partial(engine_from_settings, settings)
         self._engines: dict[tuple, Engine] = {}
         self._info: dict[int, EngineInfo] = {}  # id(engine) -> info
         self.failure: EngineDied | None = None  # the engine could not start or died: nothing more runs
@@ -51,21 +51,6 @@ class EngineLifecycle:
         self._caps_error: Exception | None = None
         self._support_error: Exception | None = None
         self._support_checked = False
-
-    def _default_factory(self, model_dir: str, drafter_dir: str | None) -> Engine:
-        s = self.settings
-        resolve_engine(s.engine, s.engine_options)  # unknown engine or option: a usage error, nothing started
-        if s.isolate:
-            return IsolatedEngine(
-                s.engine,
-                model_dir,
-                drafter_dir,
-                timeout_s=s.engine_timeout_s,
-                start_timeout_s=s.engine_timeout_s,
-                torch_threads=s.torch_threads,
-                **s.engine_options,
-            )
-        return create_engine(s.engine, model_dir, drafter_dir, **s.engine_options)
 
     def _fail(self, exc: EngineDied) -> EngineDied:
         if self.failure is None:
@@ -82,7 +67,7 @@ class EngineLifecycle:
 
     def engine_for(self, model_dir: str, drafter_dir: str | None) -> Engine:
         """The engine under test on a pair, started on first use."""
-        key = (str(model_dir), None if drafter_dir is None else str(drafter_dir))
+        key = _pair_key(model_dir, drafter_dir)
         if key not in self._engines:
             if self.failure is not None:
                 raise self.dead_again()
@@ -102,7 +87,7 @@ class EngineLifecycle:
 
     def reference_for(self, model_dir: str, drafter_dir: str | None) -> Engine:
         """The in-process reference engine on a pair: the oracle for acceptance comparisons."""
-        key = ("oracle", str(model_dir), None if drafter_dir is None else str(drafter_dir))
+        key = ("oracle", *_pair_key(model_dir, drafter_dir))
         if key not in self._engines:
             engine = ReferenceEngine(*key[1:])
             self._engines[key] = engine
@@ -115,12 +100,7 @@ class EngineLifecycle:
 
     def started(self) -> Engine | None:
         """The engine under test on the settings' pair when it has started, else None (nothing starts)."""
-        return self._engines.get(
-            (
-                str(self.settings.model_dir),
-                None if self.settings.drafter_dir is None else str(self.settings.drafter_dir),
-            )
-        )
+        return self._engines.get(_pair_key(self.settings.model_dir, self.settings.drafter_dir))
 
     def info(self, engine: Engine) -> EngineInfo:
         return self._info.get(id(engine)) or EngineInfo(
@@ -159,15 +139,7 @@ class EngineLifecycle:
         if not self._support_checked:
             try:
                 check_inputs()
-                s = self.settings
-                problem = unsupported(
-                    self.capabilities,
-                    dtype=s.dtype,
-                    device=s.device,
-                    budgets=s.budgets if "ddtree" in s.modes else [],
-                    tensor_parallel_size=s.tensor_parallel_size,
-                    prefix=self.flag_prefix,
-                )
+                problem = unsupported_settings(self.capabilities, self.settings, self.flag_prefix)
                 if problem:
                     raise SettingsError(problem)
             except Exception as exc:
@@ -185,12 +157,9 @@ class EngineLifecycle:
         arrangement: Arrangement | None = None,
         companion_labels: Sequence[str] = (),
     ) -> tuple[list[RequestResult], list[RequestResult]]:
-        """One engine call, validated: ``(results, companion results)``, each in the caller's order.
-
-        With an ``arrangement`` (:mod:`.mixing`) the engine gets ``requests`` and the companions in
-        the arrangement's order; the results are put back before they are validated, so messages name
-        the caller's requests. An exception the engine raises (it keeps running) becomes one error
-        result per request; :class:`EngineDied` stops the session."""
+        """One engine call, validated: ``(results, companion results)``, each in the caller's order (an
+        ``arrangement``'s order is undone before validation: :func:`.mixing.placed_back`). An exception the
+        engine raises becomes one error result per request; :class:`EngineDied` stops the session."""
         if self.failure is not None:
             raise self.dead_again()
         info = self.info(engine)
@@ -207,17 +176,11 @@ class EngineLifecycle:
             errors = [error_result(message) for _ in sent]
             return errors[: len(requests)], errors[len(requests) :]
         caps = engine.capabilities() if info.oracle else self.capabilities
-        if arrangement is None:
-            return validate_results(requests, results, config, info.limits, caps, labels, info.name), []
-        if not isinstance(results, (list, tuple)) or len(results) != len(sent):  # cannot be put back: all fail
-            errors = validate_results(sent, results, config, info.limits, caps, None, info.name)
-            return errors[: len(requests)], errors[len(requests) :]
-        own, others = arrangement.split(results, len(requests))
-        companions = [request for request, _ in arrangement.companions]
-        return (
-            validate_results(requests, own, config, info.limits, caps, labels, info.name),
-            validate_results(companions, others, config, info.limits, caps, companion_labels, info.name),
-        )
+
+        def validate(asked: list[Request], got, names: Sequence[str] | None) -> list[RequestResult]:
+            return validate_results(asked, got, config, info.limits, caps, names, info.name)
+
+        return placed_back(arrangement, requests, results, validate, labels, companion_labels)
 
     def close(self) -> None:
         for engine in self._engines.values():
@@ -226,3 +189,7 @@ class EngineLifecycle:
             except Exception:  # closing must never mask a check's result
                 pass
         self._engines.clear()
+
+
+def _pair_key(model_dir, drafter_dir) -> tuple[str, str | None]:
+    return str(model_dir), None if drafter_dir is None else str(drafter_dir)

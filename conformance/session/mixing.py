@@ -19,12 +19,12 @@ The seed is the run's ``run_seed`` (the report records it), so a run repeats exa
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..adapters.interface import Request, RequestResult
 
-__all__ = ["MAX_COMPANIONS", "Arrangement", "RequestMixer"]
+__all__ = ["MAX_COMPANIONS", "Arrangement", "RequestMixer", "changed_companions", "placed_back"]
 
 MAX_COMPANIONS = 2
 
@@ -61,3 +61,49 @@ class RequestMixer:
         order = list(range(n_own + count))
         self._rng.shuffle(order)
         return Arrangement(companions, order)
+
+
+def placed_back(
+    arrangement: Arrangement | None,
+    requests: list[Request],
+    results,
+    validate: Callable[[list[Request], object, Sequence[str] | None], list[RequestResult]],
+    labels: Sequence[str],
+    companion_labels: Sequence[str],
+) -> tuple[list[RequestResult], list[RequestResult]]:
+    """One call's ``(own, companion)`` results in the caller's order, each list passed through ``validate``
+    (requests, results, labels); results that cannot be put back (not one per request sent) all fail."""
+    if arrangement is None:
+        return validate(requests, results, labels), []
+    sent = arrangement.requests(requests)
+    if not isinstance(results, (list, tuple)) or len(results) != len(sent):  # cannot be put back: all fail
+        errors = validate(sent, results, None)
+        return errors[: len(requests)], errors[len(requests) :]
+    own, others = arrangement.split(results, len(requests))
+    companions = [request for request, _ in arrangement.companions]
+    return validate(requests, own, labels), validate(companions, others, companion_labels)
+
+
+def changed_companions(
+    arrangement: Arrangement, again: Sequence[RequestResult], labels: Sequence[str], run_label: str
+) -> list[tuple[str, str]]:
+    """``(label, message)`` of every companion whose greedy result changed with its company (module doc)."""
+    changed = []
+    for (_, first), second, label in zip(arrangement.companions, again, labels):
+        problem = second.error or (
+            None if second.output_ids == first.output_ids else f"output {_first_difference(first, second)}"
+        )
+        if problem:
+            message = (
+                f"{label} of the {run_label} run, asked again in a batch with other checks' requests, "
+                f"gave another result: {problem} (greedy float32 outputs must not depend on the batch)"
+            )
+            changed.append((label, message))
+    return changed
+
+
+def _first_difference(first: RequestResult, second: RequestResult) -> str:
+    for i, (a, b) in enumerate(zip(first.output_ids, second.output_ids)):
+        if a != b:
+            return f"first differs at output position {i}: {a} then {b}"
+    return f"{len(first.output_ids)} tokens then {len(second.output_ids)}"
