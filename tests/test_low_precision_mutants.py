@@ -104,7 +104,7 @@ def pairs(tmp_path_factory):
         [r.prompt_ids + o.output_ids for r, o in zip(requests, outputs)],
         drafter_dir=str(drafter),
     )
-    common = dict(isolate=False, sampling_requests=120, branch_prompts=2, branch_rounds=2, torch_threads=1)
+    common = dict(isolate=False, sampling_requests=60, branch_prompts=2, branch_rounds=2, torch_threads=1)
     return {
         "random": SuiteSettings(
             model_dir=str(target),

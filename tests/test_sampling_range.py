@@ -24,7 +24,7 @@ def test_drawn_settings_cover_each_stratum_and_follow_the_seed():
     assert drawn_settings(1, 12) != drawn_settings(2, 12)
 
 
-def _sampling(engine_class, seed: int, variants: tuple[str, ...] = ("sampling/",), requests: int = 150):
+def _sampling(engine_class, seed: int, variants: tuple[str, ...] = ("sampling/",), requests: int = 60):
     settings = SuiteSettings(
         modes=["ddtree"],
         budgets=[4],
