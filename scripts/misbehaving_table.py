@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ddtree_conformance.testing.misbehaving import CATALOGUE
+from ddtree_conformance.testing.misbehaving import CATALOGUE, catalogue_check_command
 from ddtree_conformance.testing.random_pair import write_random_pair
 
 PROMPTS = [{"id": "a", "prompt_ids": [1, 2, 3, 4]}, {"id": "b", "prompt_ids": [9, 8, 7, 6, 5, 4, 3]}]
@@ -58,37 +58,10 @@ def main() -> int:
     prompts = root / "p.jsonl"
     prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     report = root / "report.json"
-    base = [
-        "ddtree-conformance",
-        "check",
-        "--model",
-        str(target),
-        "--drafter",
-        str(drafter),
-        "--prompts",
-        str(prompts),
-        "--pair-name",
-        "random",
-        "--golden-dir",
-        str(root / "golden"),
-        "--max-new-tokens",
-        "8",
-        "--modes",
-        "ddtree",
-        "--budgets",
-        "4",
-        "--out",
-        str(report),
-    ]
+    base = catalogue_check_command(target, drafter, prompts, root / "golden", report)
     rows = []
     for name, fault in CATALOGUE.items():
-        command = [*base, "--engine", fault.engine]
-        for family in fault.checks:
-            command += ["--check", family]
-        for key, value in fault.options.items():
-            command += ["-O", f"{key}={value}"]
-        command += [] if fault.isolate else ["--no-isolate"]
-        command += ["--engine-timeout", f"{fault.timeout:g}"] if fault.timeout else []
+        command = [*base, *fault.check_args()]
         rows.append({"fault": name, **run(command, report)})
     usage = {
         "unknown engine": ["--engine", "nosuch", "--check", "lossless"],

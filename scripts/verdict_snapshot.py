@@ -63,7 +63,7 @@ def _in_process(args) -> dict[str, dict]:
 
 
 def _misbehaving() -> dict[str, dict]:
-    from ddtree_conformance.testing.misbehaving import CATALOGUE
+    from ddtree_conformance.testing.misbehaving import CATALOGUE, catalogue_check_command
     from ddtree_conformance.testing.random_pair import write_random_pair
 
     root = Path(tempfile.mkdtemp(prefix="ddtree-snapshot-"))
@@ -71,39 +71,10 @@ def _misbehaving() -> dict[str, dict]:
     prompts = root / "p.jsonl"
     prompts.write_text('{"id": "a", "prompt_ids": [1, 2, 3, 4]}\n{"id": "b", "prompt_ids": [9, 8, 7, 6, 5, 4, 3]}\n')
     report = root / "report.json"
-    base = [
-        "ddtree-conformance",
-        "check",
-        "--model",
-        str(target),
-        "--drafter",
-        str(drafter),
-        "--prompts",
-        str(prompts),
-        "--pair-name",
-        "random",
-        "--golden-dir",
-        str(root / "golden"),
-        "--max-new-tokens",
-        "8",
-        "--modes",
-        "ddtree",
-        "--budgets",
-        "4",
-        "--run-seed",
-        str(RUN_SEED),
-        "--out",
-        str(report),
-    ]
+    base = catalogue_check_command(target, drafter, prompts, root / "golden", report, run_seed=RUN_SEED)
     out = {}
     for name, fault in CATALOGUE.items():
-        command = [*base, "--engine", fault.engine]
-        for family in fault.checks:
-            command += ["--check", family]
-        for key, value in fault.options.items():
-            command += ["-O", f"{key}={value}"]
-        command += [] if fault.isolate else ["--no-isolate"]
-        command += ["--engine-timeout", f"{fault.timeout:g}"] if fault.timeout else []
+        command = [*base, *fault.check_args()]
         done = subprocess.run(command, capture_output=True, text=True)
         row: dict = {"exit": [str(done.returncode), ""]}
         errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]

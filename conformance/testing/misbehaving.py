@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ddtree_conformance.adapters.interface import Capabilities, Engine, Request, RequestResult, RunConfig
 
@@ -334,6 +335,28 @@ class Fault:
     checks: tuple[str, ...] = ("lossless",)
     isolate: bool = False
     timeout: float | None = None
+
+    def check_args(self) -> list[str]:
+        """The ``ddtree-conformance check`` options that show this fault: engine, check families,
+        engine options, isolation and timeout (the model, prompts and output are the caller's)."""
+        args = ["--engine", self.engine]
+        for family in self.checks:
+            args += ["--check", family]
+        for key, value in self.options.items():
+            args += ["-O", f"{key}={value}"]
+        args += [] if self.isolate else ["--no-isolate"]
+        return args + (["--engine-timeout", f"{self.timeout:g}"] if self.timeout else [])
+
+
+def catalogue_check_command(
+    target: Path, drafter: Path, prompts: Path, golden_dir: Path, report: Path, run_seed: int | None = None
+) -> list[str]:
+    """The ``ddtree-conformance check`` command the catalogue's table and the verdict snapshot run each
+    fault with (add :meth:`Fault.check_args`): a tiny pair, 8 new tokens, DDTree at B=4."""
+    command = ["ddtree-conformance", "check", "--model", str(target), "--drafter", str(drafter)]
+    command += ["--prompts", str(prompts), "--pair-name", "random", "--golden-dir", str(golden_dir)]
+    command += ["--max-new-tokens", "8", "--modes", "ddtree", "--budgets", "4", "--out", str(report)]
+    return command + ([] if run_seed is None else ["--run-seed", str(run_seed)])
 
 
 def _spec(cls: type) -> str:
