@@ -52,6 +52,7 @@ import torch
 from .calibration import ALPHA, DRAFTER_TOP, Calibration
 from .metrics import emitted_lengths
 from .spec import build_chain, build_tree, least_budget
+from .spec.freedoms import may_hold
 from .token_scoring import window
 
 __all__ = [
@@ -381,10 +382,6 @@ def _drafter_excuse(
                 f"reference's {tuple(rnd.draft_logits.shape)}",
             )
         distance = _logit_distance(mine, rnd.draft_logits)
-        if distance == 0.0:
-            return DrafterExcuse(
-                "differs", "the engine reports the reference's drafter logits exactly, so they cannot flip the tree"
-            )
         if distance > rules.drafter_tolerance:
             return DrafterExcuse(
                 "differs",
@@ -392,9 +389,17 @@ def _drafter_excuse(
                 f"the same context, more than the tolerance {rules.drafter_tolerance:.3g} (drafter "
                 "positions, feedback rows or RoPE?)",
             )
-        if _holds(_build(mine, mode, budget), path) != engine_holds:
+        if not may_hold(mine, mode, budget, path, engine_holds):
             return DrafterExcuse(
-                "differs", f"the spec tree of the engine's own drafter logits does not match its round (path {path})"
+                "differs",
+                f"no tree the spec allows for the engine's own drafter logits (equal scores broken either way) "
+                f"{side} the path {path}, as the engine's round did",
+            )
+        if distance == 0.0:  # the reference's own logits: only equal log-probs broken the other way differ
+            return DrafterExcuse(
+                "excused",
+                f"the engine's drafter logits equal the reference's, and its tree {side} the path {path} by "
+                "breaking equal scores the other way",
             )
         return DrafterExcuse(
             "excused", f"drafter logits {distance:.2g} apart flip the path {path} (engine's tree {side} it)"

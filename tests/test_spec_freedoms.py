@@ -3,9 +3,11 @@ and nodes the output's or the context's end leaves out; and nothing else."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
-from ddtree_conformance.spec import build_chain, build_tree, tree_problem
+from ddtree_conformance.spec import build_chain, build_tree, may_hold, tree_problem
 from ddtree_conformance.testing.correct_engines import reversed_ties_tree
 from ddtree_conformance.testing.stepped import first_nodes, renumbered, shallower
 
@@ -95,3 +97,106 @@ def test_a_cut_drafter_block_only_near_the_output_end():
     assert _problem(tree, logits, depth_limit=8, room=5) is None
     assert "cut only to the room" in _problem(tree, logits, depth_limit=8, room=9)
     assert "cut only to the room" in _problem(tree, logits, depth_limit=8)
+
+
+def _node_paths(tree) -> list[tuple[int, ...]]:
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    paths = [()]
+    for node in range(1, len(tokens)):
+        paths.append(paths[parents[node]] + (tokens[node],))
+    return paths
+
+
+def _candidate_paths(trees, vocab: int, depth: int) -> set[tuple[int, ...]]:
+    """Every node path of ``trees``, and each extended by one token (held or not)."""
+    nodes = {p for tree in trees for p in _node_paths(tree)}
+    return nodes | {p + (t,) for p in nodes if len(p) < depth for t in range(vocab)}
+
+
+def _reversed_ties_chain(logits: torch.Tensor) -> list[int]:
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    return [int(torch.nonzero(row == row.max()).max()) for row in lp]
+
+
+def test_may_hold_agrees_with_both_tie_breaks_and_nothing_else():
+    """Quantised logits (ties at every depth, as in bf16): every path that the spec tree or the tree with
+    ties broken the other way holds may be held, and every path one of them lacks may be lacked. Continuous
+    logits (no ties): the spec tree is the only tree, so each path may only be what it is there."""
+    for seed in range(12):
+        raw = _logits(seed, depth=4, vocab=10)
+        for logits, tied in ((torch.round(raw), True), (raw, False)):
+            for budget in (4, 9):
+                trees = [build_tree(logits, budget), reversed_ties_tree(logits, budget)]
+                held = [set(_node_paths(t)) for t in trees]
+                for path in _candidate_paths(trees, 10, 4):
+                    for tree_paths in held:
+                        assert may_hold(logits, "ddtree", budget, path, path in tree_paths), (seed, budget, path)
+                    if not tied:
+                        assert not may_hold(logits, "ddtree", budget, path, path not in held[0]), (seed, path)
+            chains = [tuple(build_chain(logits).tokens[1:].tolist()), tuple(_reversed_ties_chain(logits))]
+            for chain in chains:
+                for depth in range(1, 5):
+                    assert may_hold(logits, "dflash", 1, chain[:depth], True)
+            if chains[0] != chains[1]:
+                assert may_hold(logits, "dflash", 1, chains[0], False)
+            elif not tied:
+                assert not may_hold(logits, "dflash", 1, chains[0], False)
+
+
+def _allowed_trees(logits: torch.Tensor, budget: int) -> list[set[tuple[int, ...]]]:
+    """Every tree tree_problem allows (no cut), by brute force over prefixes scoring at least the spec
+    tree's lowest score (only those can be in one)."""
+    lp = torch.log_softmax(logits.float(), dim=-1).double().tolist()
+    edge = min(build_tree(logits, budget).scores[1:].tolist())
+    candidates, frontier = [], [((), 0.0)]
+    while frontier:
+        path, score = frontier.pop()
+        for token in range(logits.shape[1]) if len(path) < logits.shape[0] else []:
+            child = (path + (token,), score + lp[len(path)][token])
+            if child[1] >= edge:
+                candidates.append(child[0])
+                frontier.append(child)
+    trees = []
+    for nodes in itertools.combinations(candidates, budget):
+        chosen = set(nodes)
+        if any(p[:-1] and p[:-1] not in chosen for p in chosen):
+            continue
+        order = sorted(chosen, key=len)
+        index = {p: i + 1 for i, p in enumerate(order)}
+        parents = [-1] + [index.get(p[:-1], 0) for p in order]
+        problem = tree_problem(
+            [9] + [p[-1] for p in order], parents, [0] + [len(p) for p in order], logits, "ddtree", budget
+        )
+        if problem is None:
+            trees.append(chosen | {()})
+    return trees
+
+
+def test_may_hold_equals_a_brute_force_over_every_allowed_tree():
+    """Small quantised pairs (many equal scores): a path may be held (lacked) exactly when some tree the
+    spec allows holds (lacks) it; never more, never less."""
+    compared = 0
+    for seed in range(40):
+        logits = torch.round(torch.randn(3, 4, generator=torch.Generator().manual_seed(seed)) * 2)
+        if seed >= 25:  # a certain token at one depth (log-prob exactly 0): a prefix and its child score alike
+            logits[seed % 3] = torch.tensor([0.0, -200.0, -200.0, -200.0]).roll(seed % 4)
+        for budget in (2, 3, 5):
+            trees = _allowed_trees(logits, budget)
+            assert trees, (seed, budget)
+            paths = {p + (t,) for tree in trees for p in tree if len(p) < 3 for t in range(4)}
+            for path in paths:
+                for holds in (True, False):
+                    truth = any((path in tree) == holds for tree in trees)
+                    assert may_hold(logits, "ddtree", budget, path, holds) == truth, (seed, budget, path, holds)
+                    compared += 1
+        chains = [c for c in itertools.product(range(4), repeat=3) if _chain_allowed(logits, c)]
+        for path in {c[:depth] for depth in range(1, 4) for c in itertools.product(range(4), repeat=3)}:
+            for holds in (True, False):
+                truth = any((c[: len(path)] == path) == holds for c in chains)
+                assert may_hold(logits, "dflash", 1, path, holds) == truth, (seed, "dflash", path, holds)
+                compared += 1
+    assert compared > 1000
+
+
+def _chain_allowed(logits: torch.Tensor, chain: tuple[int, ...]) -> bool:
+    return tree_problem([9, *chain], [-1, 0, 1, 2], [0, 1, 2, 3], logits, "dflash", 1) is None

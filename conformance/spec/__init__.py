@@ -7,7 +7,7 @@ context's end).
 """
 
 from .commit import compact_dynamic_cache, emit_tokens, kept_rows, select_feedback_rows
-from .freedoms import kept_depth, least_budget, tree_problem
+from .freedoms import kept_depth, least_budget, may_hold, tree_problem
 from .tree import DraftTree, build_chain, build_tree, per_depth_topk
 from .verify import VerifyInputs, ancestor_visibility, compile_tree
 from .walk import SamplingParams, WalkResult, choose_token, processed_probs, top2_margin, walk_tree
@@ -26,6 +26,7 @@ __all__ = [
     "emit_tokens",
     "kept_depth",
     "least_budget",
+    "may_hold",
     "kept_rows",
     "per_depth_topk",
     "processed_probs",

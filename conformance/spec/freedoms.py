@@ -15,7 +15,8 @@ freedoms an engine has, as one predicate on a traced round.
   a slot each): the first ``context_room`` nodes of the spec tree in its order (the spec tree of
   that budget), none when no slot is left (a round without a tree).
 
-Anything else is a different tree. This module imports only torch and the spec.
+Anything else is a different tree. :func:`may_hold` asks the same of one path: whether some tree the
+spec allows (ties broken either way) holds it, or lacks it. This module imports only torch and the spec.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 from .tree import build_tree
 
-__all__ = ["kept_depth", "least_budget", "tree_problem"]
+__all__ = ["kept_depth", "least_budget", "may_hold", "tree_problem"]
 
 
 def kept_depth(depth_limit: int, room: int | None) -> int:
@@ -161,3 +162,83 @@ def tree_problem(
             f"{used} nodes {len(needed)}"
         )
     return None
+
+
+def _held_prefix(tree, path: Sequence[int]) -> list[int]:
+    """The nodes of ``tree`` along the longest prefix of ``path`` it holds (root excluded)."""
+    children, node, nodes = tree.children, 0, []
+    for token in path:
+        node = children[node].get(int(token))
+        if node is None:
+            break
+        nodes.append(node)
+    return nodes
+
+
+def _chain_may_hold(log_probs: torch.Tensor, path: Sequence[int], holds: bool) -> bool:
+    best = log_probs.max(dim=-1).values
+    tops = [float(log_probs[d, t]) == float(best[d]) for d, t in enumerate(path)]
+    if holds:  # every drafted token a most probable one of its position
+        return all(tops)
+    # lacks: at some depth the path's token is not the one most probable token (lower, or tied)
+    return any(not top or int((log_probs[d] == best[d]).sum()) > 1 for d, top in enumerate(tops))
+
+
+def _tree_may_hold(draft_logits: torch.Tensor, log_probs: torch.Tensor, budget: int, path, holds: bool) -> bool:
+    spec = build_tree(draft_logits, budget)
+    inside = _held_prefix(spec, path)
+    if (len(inside) == len(path)) == holds:
+        return True  # the spec tree itself
+    tree_scores, parents = spec.scores.tolist(), spec.parents.tolist()
+    if len(tree_scores) == 1:
+        return not holds
+    # The lowest node score: every node of that score may give its place to another prefix of that score,
+    # with its descendants (they score alike: a certain token adds 0); no other node may.
+    edge, lp, tokens = min(tree_scores[1:]), log_probs.tolist(), spec.tokens.tolist()
+    scores, total = [], 0.0
+    for depth, token in enumerate(path):  # float64, in depth order: the builder's sums
+        total += lp[depth][token]
+        scores.append(total)
+    if holds:  # the missing prefixes (each of the edge score) take the places of edge nodes off the path
+        missing = scores[len(inside) :]
+        free = sum(tree_scores[n] == edge for n in range(1, len(tree_scores)) if n not in set(inside))
+        return all(s == edge for s in missing) and len(missing) <= free
+    # lacks, where the spec tree holds the path: its last node and that node's subtree leave, if that many
+    # prefixes of the edge score outside the tree can take their places
+    last = inside[-1]
+    if tree_scores[last] != edge:
+        return False
+    node_paths: list[tuple[int, ...]] = [()]
+    for node in range(1, len(tokens)):
+        node_paths.append(node_paths[parents[node]] + (tokens[node],))
+    gone = {n for n in range(1, len(tokens)) if node_paths[n][: len(path)] == tuple(path)}
+    present = set(node_paths)
+    queue = [(node_paths[n], tree_scores[n]) for n in range(len(tokens)) if n not in gone]
+    found = 0
+    while queue and found < len(gone):
+        prefix, score = queue.pop()
+        if len(prefix) >= log_probs.shape[0]:
+            continue
+        for token in torch.nonzero(log_probs[len(prefix)] + score == edge).flatten().tolist():
+            if prefix + (token,) not in present:
+                present.add(prefix + (token,))
+                queue.append((prefix + (token,), edge))
+                found += 1
+    return found >= len(gone)
+
+
+def may_hold(draft_logits: torch.Tensor, mode: str, budget: int, path: Sequence[int], holds: bool) -> bool:
+    """Whether some tree the spec allows for ``draft_logits`` ``[rows, V]`` (module doc: equal log-probs and
+    equal prefix scores broken either way) holds the token ``path`` from the root (``holds``), or lacks
+    it (``not holds``). A chain holds a path of most probable tokens; a DDTree holds a path whose prefixes
+    all score at least its lowest node's score (those at that score fitting its nodes of that score), and
+    may lack one where a path node at that score can give its place to another prefix of the same score."""
+    path = [int(t) for t in path]
+    if not path:
+        return holds  # the root is always verified
+    if len(path) > draft_logits.shape[0]:
+        return not holds
+    log_probs = torch.log_softmax(draft_logits.float(), dim=-1).double()
+    if mode == "dflash":
+        return _chain_may_hold(log_probs, path, holds)
+    return _tree_may_hold(draft_logits, log_probs, budget, path, holds)
