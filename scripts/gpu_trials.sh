@@ -14,10 +14,11 @@
 #                     repeats, then $TRIALS (default 12) trials per engine (correct, verify +5 %), each a
 #                     sequential bench with at most 60 s -> $WORK/decisive-8b/                  (~4 minutes)
 #   decisive-eager    the same on the eager path (graphs off), for comparison
-#   catalogues        the correct catalogue (conformance/testing/correct_engines.py; every engine must pass)
-#                     in float16, bfloat16 and float32 (CAT_DTYPES), fixture pair, 4 prompts, 24 tokens, B=16,
-#                     one engine per process on the machine's CPU cores (CAT_DEVICE=cuda for the GPU: slow on
-#                     so tiny a pair) -> $WORK/catalogues/correct-DTYPE-SHARD.{json,log}
+#   catalogues        the correct catalogue (conformance/testing/correct_engines.py; every engine must pass) and,
+#                     with CAT_CATALOGUES="correct mutants", the mutants (each must fail), in float16, bfloat16
+#                     and float32 (CAT_DTYPES), fixture pair, 4 prompts, 24 tokens, B=16, one engine per process
+#                     on the machine's CPU cores (CAT_DEVICE=cuda for the GPU: slow on so tiny a pair)
+#                     -> $WORK/catalogues/CATALOGUE-DTYPE-SHARD.{json,log}          (~4 minutes a catalogue)
 #
 #   PACK=1 bash scripts/gpu_trials.sh equality rounds gpu-tests decisive-smoke     # one development call
 #   PACK=1 bash scripts/gpu_trials.sh decisive-8b                                  # one call per new machine
@@ -74,11 +75,12 @@ for job in "$@"; do
     decisive-eager) decisive decisive-eager off "$TRIALS" 60 420 540 ;;
     catalogues)  # one engine per process; on CUDA the tiny pair is launch-bound (~400 s an engine), so CPU by default
       mkdir -p "$WORK/catalogues"; export WORK
-      for dtype in ${CAT_DTYPES:-float16 bfloat16 float32}; do for shard in $(seq 0 15); do echo "$dtype $shard"; done; done |
-        xargs -P "$(nproc)" -n 2 sh -c 'timeout "${CAT_TIMEOUT:-420}" python3 scripts/mutation_table.py --catalogue correct \
-          --device "${CAT_DEVICE:-cpu}" --dtype "$0" --limit 4 --max-new-tokens 24 --budgets 16 --sampling-requests 60 \
-          --threads 1 --shard "$1/16" --json "$WORK/catalogues/correct-$0-$1.json" >"$WORK/catalogues/correct-$0-$1.log" 2>&1'
-      grep -h "^| " "$WORK"/catalogues/*.log ;;
+      for catalogue in ${CAT_CATALOGUES:-correct}; do for dtype in ${CAT_DTYPES:-float16 bfloat16 float32}; do
+        for shard in $(seq 0 16); do echo "$catalogue $dtype $shard"; done; done; done |
+        xargs -P "$(nproc)" -n 3 sh -c 'timeout "${CAT_TIMEOUT:-420}" python3 scripts/mutation_table.py --catalogue "$0" \
+          --device "${CAT_DEVICE:-cpu}" --dtype "$1" --limit 4 --max-new-tokens 24 --budgets 16 --sampling-requests 60 \
+          --threads 1 --shard "$2/17" --json "$WORK/catalogues/$0-$1-$2.json" >"$WORK/catalogues/$0-$1-$2.log" 2>&1'
+      grep -h "^| \|NOT CAUGHT" "$WORK"/catalogues/*.log ;;
     *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, catalogues)" >&2; exit 2 ;;
   esac
   echo "job $job: $((SECONDS - started)) s"
