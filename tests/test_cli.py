@@ -483,7 +483,9 @@ def test_record_refuses_overwrite_then_updates_with_diff(pair, prompts_file, tmp
 
 
 def test_check_runs_the_tp_check_on_cpu_when_asked(tmp_path):
-    """The fixture pair (the random pair's vocabulary does not split): reference TP=2 as gloo ranks."""
+    """The fixture pair (the random pair's vocabulary does not split): reference TP=2 as gloo ranks. The
+    run that passes is the CLI's default path: the engine in its own process, which starts rank 1 itself;
+    the fixture's outputs and per-round acceptance survive the sharding's reduction order exactly."""
     out = tmp_path / "tp.json"
     args = [
         "check",
@@ -504,10 +506,18 @@ def test_check_runs_the_tp_check_on_cpu_when_asked(tmp_path):
     skipped = invoke(*args)
     assert skipped.exit_code == 0, skipped.output
     assert "on CPU it runs when asked: --tensor-parallel-size N" in json.loads(out.read_text())["results"][0]["message"]
-    ran = invoke(*args, "--tensor-parallel-size", "2")
+    isolated = [a for a in args if a != "--no-isolate"]
+    isolated[isolated.index("--modes") + 1] = "dflash,ddtree"
+    isolated[isolated.index("--limit") + 1] = "4"
+    isolated[isolated.index("--max-new-tokens") + 1] = "32"
+    ran = invoke(*isolated, "--tensor-parallel-size", "2", "--held-out-prompts", "0")  # fp32 ties: none here
     assert ran.exit_code == 0, ran.output
-    result = json.loads(out.read_text())["results"][0]
-    assert result["status"] == "pass" and result["message"].startswith("TP=2 (tensor_parallel_size 2 (settings))")
+    results = json.loads(out.read_text())["results"]
+    assert [r["check"] for r in results] == ["tensor-parallel/dflash", "tensor-parallel/ddtree-B16"]
+    for result in results:  # the four prompts of the set
+        assert result["status"] == "pass", result["message"]
+        assert "TP=2 (tensor_parallel_size 2 (settings)): 4 match, 0 near-tie (exact)" in result["message"]
+        assert "per-round acceptance equals TP=1" in result["message"]
     assert_usage_error(invoke(*args, "--tensor-parallel-size", "0"), "--tensor-parallel-size")
     assert_usage_error(
         invoke(*args, "--tensor-parallel-size", "64"),

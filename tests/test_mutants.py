@@ -53,7 +53,7 @@ def settings(random_pair, tmp_path_factory) -> SuiteSettings:
         budgets=[16],
         max_new_tokens=24,
         isolate=False,
-        sampling_requests=120,
+        sampling_requests=60,
         branch_prompts=2,
         branch_rounds=2,
     )

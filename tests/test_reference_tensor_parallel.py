@@ -2,7 +2,9 @@
 
 TP=2 shards the fixture target over two processes with transformers' plan; reduction order
 changes, so these tests also show that the fixture's outputs and per-round acceptance survive it
-exactly in fp32. The mutants break the sharded path only: the TP check must catch them.
+exactly in fp32 (the passing run, in the engine's own process as the CLI runs it, is
+tests/test_cli.py::test_check_runs_the_tp_check_on_cpu_when_asked). The mutants break the sharded path
+only: the TP check must catch them.
 """
 
 from __future__ import annotations
@@ -31,15 +33,6 @@ def _tp_check(engine_class=None, **updates):
         return {c.id: r for c, r in zip(checks, run_plan(session, checks))}
     finally:
         session.close()
-
-
-def test_reference_tp2_equals_tp1_in_its_own_process():
-    """The CLI's path: the engine in an isolated child, which starts rank 1 itself."""
-    results = _tp_check(isolate=True)
-    for result in results.values():
-        assert result.status == "pass", result.message
-        assert "TP=2 (tensor_parallel_size 2 (settings)): 4 match, 0 near-tie (exact)" in result.message
-        assert "per-round acceptance equals TP=1" in result.message
 
 
 def test_driver_only_kv_move_fails_trees_not_chains():
