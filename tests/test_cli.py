@@ -288,19 +288,22 @@ def test_missing_drafter_dir(pair, prompts_file, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "edit, fragments",
+    "edit, fragments, isolated",
     [
-        (lambda c: c.update(vocab_size=50), ["vocab_size 50", "target vocab_size 97"]),
-        (lambda c: c.update(hidden_size=32), ["hidden_size 32", "target hidden_size 64"]),
-        (lambda c: c["dflash_config"].update(target_layer_ids=[99]), ["dflash_config.target_layer_ids", "[99]"]),
+        (lambda c: c.update(vocab_size=50), ["vocab_size 50", "target vocab_size 97"], True),
+        (lambda c: c.update(hidden_size=32), ["hidden_size 32", "target hidden_size 64"], False),
+        (lambda c: c["dflash_config"].update(target_layer_ids=[99]), ["dflash_config.target_layer_ids", "[99]"], False),
         (
             lambda c: c["dflash_config"].update(mask_token_id=10**6),
             ["dflash_config.mask_token_id 1000000", "outside the vocabulary"],
+            False,
         ),
     ],
     ids=["vocab_size", "hidden_size", "target_layer_ids", "mask_token_id"],
 )
-def test_drafter_target_mismatch(pair, prompts_file, tmp_path, edit, fragments):
+def test_drafter_target_mismatch(pair, prompts_file, tmp_path, edit, fragments, isolated):
+    """The same line from an engine in its own process (the default) and in process (the rows where the
+    message, not the process, is the subject: an engine's start costs seconds)."""
     drafter = tmp_path / "drafter"
     shutil.copytree(pair[1], drafter)
     config = json.loads((drafter / "config.json").read_text())
@@ -308,6 +311,7 @@ def test_drafter_target_mismatch(pair, prompts_file, tmp_path, edit, fragments):
     (drafter / "config.json").write_text(json.dumps(config))
     args = base_args(pair, prompts_file, tmp_path / "o.jsonl")
     args[args.index("--drafter") + 1] = drafter
+    args += [] if isolated else ["--no-isolate"]
     assert_engine_error(invoke(*args), "engine 'reference' failed to start", *fragments)
     assert not (tmp_path / "o.jsonl.partial").exists()
 
@@ -337,7 +341,9 @@ def test_engine_not_installed_here_is_an_engine_failure(pair, prompts_file, tmp_
     ],
 )
 def test_bad_options(pair, prompts_file, tmp_path, option, value, fragments):
-    args = base_args(pair, prompts_file, tmp_path / "o.jsonl")
+    # in process: each is refused before generating (--drafter none after capabilities()); the engine's
+    # own process changes nothing here and costs seconds to start
+    args = base_args(pair, prompts_file, tmp_path / "o.jsonl") + ["--no-isolate"]
     if option in args:
         args[args.index(option) + 1] = value
     else:

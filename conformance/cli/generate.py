@@ -13,7 +13,16 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..adapters.interface import Capabilities, Engine, EngineDied, EngineError, Request, RequestResult, RunConfig
+from ..adapters.interface import (
+    Capabilities,
+    Engine,
+    EngineDied,
+    EngineError,
+    EngineUsageError,
+    Request,
+    RequestResult,
+    RunConfig,
+)
 from ..adapters.process import IsolatedEngine
 from ..adapters.registry import create_engine, list_engines, load_engine_class, resolve_engine
 from ..input_validation import pair_limits, validate_prompts
@@ -56,7 +65,12 @@ def open_engine(settings: GenerateSettings) -> Engine:
             torch_threads=settings.torch_threads,
             **settings.engine_options,
         )
-    return create_engine(settings.engine, settings.model_dir, settings.drafter_dir, **settings.engine_options)
+    try:
+        return create_engine(settings.engine, settings.model_dir, settings.drafter_dir, **settings.engine_options)
+    except EngineUsageError:
+        raise
+    except Exception as exc:  # as an isolated engine's start failure reads (and as `check` says it in process)
+        raise EngineDied(f"engine {settings.engine!r} failed to start: {type(exc).__name__}: {exc}") from exc
 
 
 def require_support(engine: Engine, config: RunConfig) -> Capabilities:
