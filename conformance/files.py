@@ -4,8 +4,9 @@
 the target, is flushed to disk (fsync), renamed into place, and the folder is fsynced so the rename
 survives a power cut. The temporary file is removed on any exception. Writers of one path take
 turns: each holds a lock (``filelock``, in a per-user folder under the system's temporary folder,
-named by the path's hash) for its whole write, so concurrent writers never see, let alone delete,
-each other's temporary files. A writer killed outright (``kill -9``) loses its lock with its process
+named by the first byte of the path's hash: 256 lock files at most, however many paths are written;
+two paths that share one only take turns) for its whole write, so concurrent writers never see, let
+alone delete, each other's temporary files. A writer killed outright (``kill -9``) loses its lock with its process
 but cannot clean up, so the next writer, holding the lock, removes the temporary files such a
 writer left (``.<name>.XXXXXXXX.tmp``) and names each one through ``warn``.
 
@@ -64,8 +65,10 @@ def write_lock(path: str | Path, timeout: float = LOCK_TIMEOUT_S) -> FileLock:
     """The lock every writer of ``path`` holds while it writes (module doc)."""
     folder = Path(tempfile.gettempdir()) / f"ddtree-conformance-locks-{os.getuid() if hasattr(os, 'getuid') else 0}"
     folder.mkdir(mode=0o700, exist_ok=True)
-    key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:32]
-    return FileLock(folder / f"{key}.lock", timeout=timeout)
+    # one lock per first byte of the path's hash: the folder stays bounded (a lock file is never removed:
+    # removing one a writer still waits on would let two writers in)
+    key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:2]
+    return FileLock(folder / f"bucket-{key}.lock", timeout=timeout)
 
 
 def atomic_write(path: str | Path, data: str | bytes, *, warn: Callable[[str], None] | None = None) -> Path:

@@ -34,6 +34,19 @@ WRITER = textwrap.dedent("""
 """)
 
 
+def test_lock_files_stay_bounded_however_many_paths_are_written(tmp_path):
+    """One lock file per first byte of the path's hash (before: one per path, never removed; a day of test
+    runs left thousands in the lock folder), and one path always gets the same lock."""
+    from ddtree_conformance.files import atomic_write, write_lock
+
+    locks = {write_lock(tmp_path / f"report-{i}.json").lock_file for i in range(3000)}
+    assert 200 < len(locks) <= 256
+    assert write_lock(tmp_path / "a.json").lock_file == write_lock(tmp_path / "x" / ".." / "a.json").lock_file
+    for i in range(20):  # paths sharing a lock only take turns
+        atomic_write(tmp_path / f"w{i}.json", "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"w{i}.json" for i in range(20))
+
+
 def test_concurrent_writers_never_delete_each_others_temporary_files(tmp_path):
     """Two processes, 40 writes each to one path: every write lands, the file is one whole write, and
     no temporary file is left (before: 40 of 80 writes failed with FileNotFoundError)."""
