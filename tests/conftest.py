@@ -7,13 +7,20 @@
   without changing any result.
 * GPU tier options (``--gpu-engines``, ``--gpu-limit``, ``--gpu-sampling-requests``); the suite's
   own ``--ddtree-*`` options (pair, modes, budgets, GPUs per xdist worker) come from its pytest plugin.
+* bytecode cached once per run (``pytest_configure``, in the controller): where the environment sets
+  ``PYTHONDONTWRITEBYTECODE`` (as CI machines like this project's do), every process the tests start
+  (isolated engines, tensor-parallel ranks, CLI and pytest subprocesses) would compile the suite's
+  modules from source again, seconds of CPU each; Python still reads bytecode it does not write.
 * one hypothesis profile (``ddtree``): no deadline (the first example of a test pays torch's warm-up),
   derandomized so a run is repeatable; ``HYPOTHESIS_PROFILE=dev`` explores with fresh seeds.
 """
 
 from __future__ import annotations
 
+import compileall
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +36,13 @@ settings.register_profile(
     "dev", deadline=None, derandomize=False, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ddtree"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if sys.dont_write_bytecode and not hasattr(config, "workerinput"):  # once, before xdist starts workers
+        root = Path(__file__).resolve().parent.parent
+        for folder in ("conformance", "adapters", "tests"):
+            compileall.compile_dir(root / folder, quiet=2)
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
