@@ -61,20 +61,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from .noise import FP32_DRAFTER_TOLERANCE, NoiseModel, upper_limit
+
 __all__ = [
-    "ALPHA",
     "DEFAULT_BOUND",
     "MAX_BOUND",
     "MAX_DRAFTER_TOLERANCE",
-    "FP32_DRAFTER_TOLERANCE",
-    "FP32_TIE",
-    "DRAFTER_TOP",
     "CalibrationError",
-    "Calibration",
     "manifest_path",
     "load_calibration",
     "calibration_from_manifest",
@@ -82,17 +78,11 @@ __all__ = [
     "shift_thresholds",
 ]
 
-ALPHA = 1e-3
 DEFAULT_BOUND = 0.5  # nats; a published choice (doc §7), used when a pair has no calibration
 MAX_BOUND = 2.0  # nats: a token e^2 (7.4x) less likely than the top-1 is no tie in any dtype
-FP32_DRAFTER_TOLERANCE = 1e-3  # fp32 drafter logits of two correct implementations (measured 7.6e-6 apart)
-# nats: in float32 a token this close to the top-1 is a tie two correct implementations may break either way
-# (a cached tree verify and the scorer's forward parted at a 1e-6 gap on the fixture; logits agree to ~1e-5)
-FP32_TIE = 1e-3
 MAX_DRAFTER_TOLERANCE = 4.0  # logits: beyond this, "within tolerance" would excuse any tree
 DEFAULT_DRAFTER_TOLERANCE = 0.5  # logits, for pairs without calibration
 DEFAULT_DRAFTER_FLIP_RATE = 0.05  # share of rounds, for pairs without calibration
-DRAFTER_TOP = 64
 KEY = "near_tie_calibration"
 
 
@@ -103,64 +93,6 @@ class CalibrationError(ValueError):
 def shift_thresholds() -> list[float]:
     """The fixed log grid (1e-4 .. 3.2 nats, four steps a decade) on which shift tail counts are kept."""
     return [float(f"{1e-4 * 10 ** (i / 4):.4g}") for i in range(0, 19)]
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """The derived values for one dtype (see the module doc)."""
-
-    dtype: str
-    bound: float
-    drafter_tolerance: float
-    positions: int  # calibration positions behind the tail counts (0: uncalibrated)
-    tail: tuple[tuple[float, int], ...]  # (threshold, count of shifts >= threshold), ascending thresholds
-    source: str
-    drafter_flip_rate: float = 0.0  # upper limit of the share of rounds a correct engine's tree flips
-    drafter_flip_measured: float = 0.0  # the measured share itself (no confidence limit, not doubled)
-
-    @property
-    def exact(self) -> bool:
-        return self.dtype == "float32"
-
-    def fp32_tie(self, gap: float) -> bool:
-        """float32 only: a token within :data:`FP32_TIE` of the top-1 (a tie, not a wrong token)."""
-        return self.exact and gap <= FP32_TIE
-
-    def flip_probability(self, gap: float) -> float:
-        """``p_hi(g)``: upper limit of the chance that a correct engine flips a position of fp32 top-2 gap ``g``."""
-        return float(self.flip_probabilities([gap])[0])
-
-    def flip_probabilities(self, gaps):
-        """:meth:`flip_probability` of many gaps at once (numpy array)."""
-        import numpy as np
-
-        gaps = np.asarray(gaps, dtype=float)
-        if self.exact:
-            return np.zeros_like(gaps)
-        if not self.positions:  # uncalibrated: shifts uniform on [0, bound / 2]
-            return np.clip(1.0 - gaps / self.bound, 0.0, 1.0) if self.bound > 0 else np.zeros_like(gaps)
-        # Past the last grid threshold the last count holds (the grid ends above any admissible shift).
-        thresholds = np.array([t for t, _ in self.tail])
-        limits = np.array([1.0] + [_upper_limit(k, self.positions) for _, k in self.tail])
-        index = np.searchsorted(thresholds, gaps / 2, side="right")  # entries with threshold <= g / 2
-        return limits[index]
-
-    def ceiling(self, gaps: list[float]) -> tuple[int, float]:
-        """Most excused positions a correct engine shows over positions with fp32 top-2 ``gaps``,
-        and the expected count ``mu`` behind it."""
-        if self.exact or len(gaps) == 0:
-            return 0, 0.0
-        from scipy.stats import poisson
-
-        mu = float(self.flip_probabilities(gaps).sum())
-        return (int(poisson.ppf(1 - ALPHA, mu)) if mu > 0 else 0), mu
-
-    def describe(self) -> str:
-        if self.exact:
-            return "float32: exact"
-        return (
-            f"{self.dtype} bound {self.bound:.3g} nats, drafter tolerance {self.drafter_tolerance:.3g} ({self.source})"
-        )
 
 
 def manifest_path(model_dir: str | Path) -> Path:
@@ -194,18 +126,18 @@ def _number(value, path: Path, field: str, low: float, high: float) -> float:
     return float(value)
 
 
-def load_calibration(model_dir: str | Path, dtype: str) -> Calibration:
+def load_calibration(model_dir: str | Path, dtype: str) -> NoiseModel:
     """The derived calibration of the pair of ``model_dir`` for ``dtype`` (see the module doc)."""
     path = manifest_path(model_dir)
     return calibration_from_manifest(path, path.read_bytes() if path.is_file() else None, dtype)
 
 
-def calibration_from_manifest(path: Path, raw: bytes | None, dtype: str) -> Calibration:
-    """The calibration for ``dtype`` in the manifest whose bytes ``raw`` were read from ``path``
+def calibration_from_manifest(path: Path, raw: bytes | None, dtype: str) -> NoiseModel:
+    """The noise model for ``dtype`` in the manifest whose bytes ``raw`` were read from ``path``
     (None: there is no manifest); a copy held in memory is parsed the same way as the file."""
     if dtype == "float32":
-        return Calibration("float32", 0.0, FP32_DRAFTER_TOLERANCE, 0, (), "exact", 0.0)
-    default = Calibration(
+        return NoiseModel("float32", 0.0, FP32_DRAFTER_TOLERANCE, 0, (), "exact", 0.0)
+    default = NoiseModel(
         dtype,
         DEFAULT_BOUND,
         DEFAULT_DRAFTER_TOLERANCE,
@@ -214,6 +146,8 @@ def calibration_from_manifest(path: Path, raw: bytes | None, dtype: str) -> Cali
         f"uncalibrated: no {KEY} for {dtype} in {path}; default bound",
         DEFAULT_DRAFTER_FLIP_RATE,
         DEFAULT_DRAFTER_FLIP_RATE / 4,
+        longer_rate=DEFAULT_DRAFTER_FLIP_RATE / 4,
+        shorter_rate=DEFAULT_DRAFTER_FLIP_RATE / 4,
     )
     if raw is None:
         return default
@@ -233,64 +167,123 @@ def calibration_from_manifest(path: Path, raw: bytes | None, dtype: str) -> Cali
     if not entries:
         return default
     _check_weights(manifest, path.parent, path)
-    # Entries without a drafter measurement (older ones) leave the drafter values to those with one.
-    bound, tolerance, worst_rate, chosen, flip_rate, measured_rate = 0.0, None, -1.0, None, None, None
+    derived = _Derived()
     for key, entry in entries.items():
         if not isinstance(entry, dict):
             raise CalibrationError(f"{path}: field {KEY}.measured.{key} must be an object")
-        shift = _number(entry.get("max_shift"), path, f"measured.{key}.max_shift", 0.0, MAX_BOUND / 2)
-        if "drafter_max_shift" in entry:
-            drafter = _number(
-                entry["drafter_max_shift"], path, f"measured.{key}.drafter_max_shift", 0.0, MAX_DRAFTER_TOLERANCE / 2
-            )
-            tolerance = max(tolerance or 0.0, 2 * drafter)
-        positions = int(_number(entry.get("positions"), path, f"measured.{key}.positions", 1, 1e9))
+        device = key.split("@", 1)[-1]
+        derived.add(_Reader(path, f"measured.{key}"), entry, f"reference@{device}")
+        engines = entry.get("engines", {})
+        if not isinstance(engines, dict):
+            raise CalibrationError(f"{path}: field {KEY}.measured.{key}.engines must be an object")
+        for name, measurement in engines.items():
+            if not isinstance(measurement, dict):
+                raise CalibrationError(f"{path}: field {KEY}.measured.{key}.engines.{name} must be an object")
+            derived.add(_Reader(path, f"measured.{key}.engines.{name}"), measurement, f"{name}@{device}")
+    return derived.model(dtype, f"calibrated on {', '.join(sorted(entries))}, {path.parent.name}/MANIFEST.json")
+
+
+@dataclass
+class _Reader:
+    """Range-checked fields of one measurement (an entry, or one engine's part of it)."""
+
+    path: Path
+    where: str
+
+    def number(self, entry: dict, field: str, low: float, high: float) -> float:
+        return _number(entry.get(field), self.path, f"{self.where}.{field}", low, high)
+
+    def tail(self, entry: dict, positions: int) -> list[tuple[float, int]]:
         tail = entry.get("shift_tail", [])
         if not isinstance(tail, list):
             raise CalibrationError(
-                f"{path}: field {KEY}.measured.{key}.shift_tail must be a list of [threshold, count]"
+                f"{self.path}: field {KEY}.{self.where}.shift_tail must be a list of [threshold, count]"
             )
         pairs = []
         for i, item in enumerate(tail):
             if not (isinstance(item, list) and len(item) == 2):
-                raise CalibrationError(f"{path}: field {KEY}.measured.{key}.shift_tail.{i} must be [threshold, count]")
-            pairs.append(
-                (
-                    _number(item[0], path, f"measured.{key}.shift_tail.{i}", 0.0, 100.0),
-                    int(_number(item[1], path, f"measured.{key}.shift_tail.{i}", 0, positions)),
+                raise CalibrationError(
+                    f"{self.path}: field {KEY}.{self.where}.shift_tail.{i} must be [threshold, count]"
                 )
+            where = f"{self.where}.shift_tail.{i}"
+            pairs.append(
+                (_number(item[0], self.path, where, 0.0, 100.0), int(_number(item[1], self.path, where, 0, positions)))
             )
-        bound = max(bound, 2 * shift)
+        return pairs
+
+
+@dataclass
+class _Derived:
+    """The noise model's numbers, each the largest over every engine and device measured (module doc)."""
+
+    bound: float = 0.0
+    tolerance: float | None = None
+    worst_rate: float = -1.0
+    chosen: tuple | None = None
+    flip_rate: float | None = None
+    measured_rate: float | None = None
+    longer: float | None = None
+    shorter: float | None = None
+    gain: float | None = None
+    tie_share: float = 0.5
+    sources: list = field(default_factory=list)
+
+    def add(self, read: _Reader, entry: dict, source: str) -> None:
+        if "max_shift" in entry:
+            self.bound = max(self.bound, 2 * read.number(entry, "max_shift", 0.0, MAX_BOUND / 2))
+            positions = int(read.number(entry, "positions", 1, 1e9))
+            pairs = read.tail(entry, positions)
+            rate = sum(k for _, k in pairs) / positions
+            if pairs and rate > self.worst_rate:  # the noisiest engine's tail covers the others
+                self.worst_rate, self.chosen = rate, (positions, tuple(sorted(pairs)))
+        if "drafter_max_shift" in entry:
+            drafter = read.number(entry, "drafter_max_shift", 0.0, MAX_DRAFTER_TOLERANCE / 2)
+            self.tolerance = max(self.tolerance or 0.0, 2 * drafter)
         if "drafter_rounds" in entry:
-            rounds = int(_number(entry["drafter_rounds"], path, f"measured.{key}.drafter_rounds", 1, 1e9))
-            flips = int(_number(entry.get("drafter_flips"), path, f"measured.{key}.drafter_flips", 0, rounds))
-            flip_rate = max(flip_rate or 0.0, 2 * _upper_limit(flips, rounds))
-            measured_rate = max(measured_rate or 0.0, flips / rounds)
-        rate = sum(k for _, k in pairs) / positions
-        if pairs and rate > worst_rate:  # the noisiest device's tail covers the others
-            worst_rate, chosen = rate, (positions, tuple(sorted(pairs)))
-    positions, tail = chosen or (0, ())  # no tail measured: the uniform model of an uncalibrated pair
-    tolerance = DEFAULT_DRAFTER_TOLERANCE if tolerance is None else tolerance
-    flip_rate = DEFAULT_DRAFTER_FLIP_RATE if flip_rate is None else flip_rate
-    measured_rate = DEFAULT_DRAFTER_FLIP_RATE / 4 if measured_rate is None else measured_rate
-    return Calibration(
-        dtype,
-        round(bound, 6),
-        round(tolerance, 6),
-        positions,
-        tail,
-        f"calibrated on {', '.join(sorted(entries))}, {path.parent.name}/MANIFEST.json",
-        flip_rate,
-        measured_rate,
-    )
+            rounds = int(read.number(entry, "drafter_rounds", 1, 1e9))
+            flips = int(read.number(entry, "drafter_flips", 0, rounds))
+            self.flip_rate = max(self.flip_rate or 0.0, 2 * upper_limit(flips, rounds))
+            self.measured_rate = max(self.measured_rate or 0.0, flips / rounds)
+            if "drafter_longer" in entry:
+                longer = int(read.number(entry, "drafter_longer", 0, flips))
+                shorter = int(read.number(entry, "drafter_shorter", 0, flips - longer))
+                self.longer = max(self.longer or 0.0, upper_limit(longer, rounds))
+                self.shorter = max(self.shorter or 0.0, upper_limit(shorter, rounds))
+            if "round_gain" in entry:
+                gain = read.number(entry, "round_gain", -1e9, 1e9)
+                squares = read.number(entry, "round_gain_squares", 0.0, 1e12)
+                # one-sided upper limit of the mean gain per round (normal, 1 - ALPHA)
+                self.gain = max(self.gain or 0.0, (gain + _Z * math.sqrt(squares)) / rounds)
+            self.sources.append(f"{source} ({rounds} rounds)")
+        if "tie_engine_only" in entry:
+            engine_only = int(read.number(entry, "tie_engine_only", 0, 1e9))
+            reference_only = int(read.number(entry, "tie_reference_only", 0, 1e9))
+            if engine_only + reference_only:
+                self.tie_share = max(self.tie_share, upper_limit(engine_only, engine_only + reference_only))
+
+    def model(self, dtype: str, source: str) -> NoiseModel:
+        positions, tail = self.chosen or (0, ())  # no tail measured: the uniform model of an uncalibrated pair
+        flip_rate = DEFAULT_DRAFTER_FLIP_RATE if self.flip_rate is None else self.flip_rate
+        measured_rate = DEFAULT_DRAFTER_FLIP_RATE / 4 if self.measured_rate is None else self.measured_rate
+        # older entries measured both directions together: each direction gets the measured share of both
+        return NoiseModel(
+            dtype,
+            round(self.bound, 6),
+            round(DEFAULT_DRAFTER_TOLERANCE if self.tolerance is None else self.tolerance, 6),
+            positions,
+            tail,
+            source,
+            flip_rate,
+            measured_rate,
+            longer_rate=measured_rate if self.longer is None else self.longer,
+            shorter_rate=measured_rate if self.shorter is None else self.shorter,
+            gain_per_round=0.0 if self.gain is None else self.gain,
+            tie_share=self.tie_share,
+            calibrated_on=tuple(self.sources),
+        )
 
 
-@lru_cache(maxsize=4096)
-def _upper_limit(count: int, total: int) -> float:
-    """One-sided Clopper-Pearson upper limit (confidence 1 - ALPHA) of ``count / total``."""
-    from scipy.stats import beta
-
-    return 1.0 if count >= total else float(beta.ppf(1 - ALPHA, count + 1, total - count))
+_Z = 3.090232306167813  # the standard normal's 1 - ALPHA quantile
 
 
 def near_tie_bound(model_dir: str | Path, dtype: str) -> float:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .calibration import Calibration
+from .noise import NoiseModel, TokenCall
 from .spec import ancestor_visibility
 from .verified_trees import depths, walk
 
@@ -132,7 +132,7 @@ class NodeFinding:
 class NodeScores:
     """Every scored node of one check and the verdict on them (same rules as token scoring)."""
 
-    rules: Calibration
+    rules: NoiseModel
     nodes: int = 0
     rounds: int = 0
     outputs: int = 0
@@ -150,13 +150,14 @@ class NodeScores:
         self.rounds += 1
         node_depths = None
         for node, (got, best, gap) in enumerate(zip(rnd.node_targets, argmax, gaps)):
-            if got == best or gap == 0.0 or self.rules.fp32_tie(gap):
+            call = TokenCall.MATCH if got == best else self.rules.token(gap)
+            if call in (TokenCall.MATCH, TokenCall.FP32_TIE):
                 continue
             node_depths = node_depths or depths(rnd.parents)
             entry = NodeFinding(
                 label, round_index, node, node_depths[node], rnd.tree_tokens[node], got, best, round(gap, 6)
             )
-            (self.excused if not self.rules.exact and gap <= self.rules.bound else self.outside).append(entry)
+            (self.excused if call is TokenCall.NEAR_TIE else self.outside).append(entry)
 
     def problem(self) -> str | None:
         if self.outside:
@@ -201,7 +202,7 @@ class NodeScores:
         }
 
 
-def score_nodes(scorer, items, rules: Calibration) -> NodeScores:
+def score_nodes(scorer, items, rules: NoiseModel) -> NodeScores:
     """Score every node of ``items`` (``(label, prompt_ids, output_ids, rounds)``) with ``scorer``
     (a :class:`~ddtree_conformance.scorer.TargetScorer` in fp32)."""
     scores = NodeScores(rules)

@@ -24,8 +24,9 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from .calibration import Calibration, CalibrationError, calibration_from_manifest, manifest_path
+from .calibration import CalibrationError, calibration_from_manifest, manifest_path
 from .golden_files import GoldenError, GoldenFile, golden_path, parse_golden
+from .noise import NoiseModel
 from .token_scoring import hold_rules
 
 __all__ = ["HeldFile", "OracleCopy", "hold", "oracle_for", "changed_on_disk"]
@@ -118,7 +119,7 @@ class OracleCopy:
             self._golden[key] = HeldFile.read(f"golden file ({key})", path)
         self._parsed: dict[str, GoldenFile | None] = {}
         self.watched = [WatchedFile.of(p) for p in _model_files(s.model_dir) + _model_files(s.drafter_dir)]
-        self._calibration: Calibration | CalibrationError
+        self._calibration: NoiseModel | CalibrationError
         try:
             self._calibration = calibration_from_manifest(self.manifest.path, self.manifest.data, s.dtype)
         except CalibrationError as exc:
@@ -126,7 +127,7 @@ class OracleCopy:
         hold_rules(str(s.model_dir), s.dtype, self._calibration)  # verdicts that see only settings (rules_for)
 
     @property
-    def calibration(self) -> Calibration:
+    def calibration(self) -> NoiseModel:
         if isinstance(self._calibration, CalibrationError):
             raise self._calibration
         return self._calibration

@@ -14,8 +14,10 @@ shows, at that round, a near-tie that explains the difference:
   ``D``'s membership of the rebuilt spec tree. The excuse is *confirmed* only by the engine's own
   drafter logits for the round (a traced rerun that reproduces the run): non-zero and at most the
   tolerance away from the replay's, with a spec tree that holds ``D`` exactly when the engine's
-  round says so. Without them a round cannot be confirmed: a longer round than the replay's (an
-  inflated length) is never excused, and a shorter one counts against a much smaller cap.
+  round says so. Without them a round cannot be confirmed: it is *unconfirmed*, longer or shorter
+  than the replay's, and each direction counts against its own cap (the noise model's measured
+  rate over correct engines that round differently, :mod:`ddtree_conformance.noise`), and every
+  round's length difference enters the one-sided tau test.
 
 A shorter round whose traced tree holds fewer nodes than the budget, where the spec tree of that
 many nodes accepts exactly the engine's length, is classed a cut round (a scheduler that cuts trees
@@ -32,48 +34,55 @@ output's end the drafter's block may be cut to the room left (the round is then 
 verify only the spec tree of the slots left (``context_limit``); such rounds are listed as
 ``freedom`` rounds, never excused as near ties.
 
-Excused drafter rounds are capped per run: a correct engine flips a round's tree with
-probability at most ``p``, the calibration's measured rate of such rounds (reference in the low
-dtype replayed in fp32; Clopper-Pearson upper limit, doubled for an engine twice as noisy),
-``p = FP32_DRAFTER_FLIP_RATE`` in float32; the cap is the ``1 - ALPHA`` binomial quantile over the
-run's rounds. Unconfirmed (shorter) rounds are capped at the quantile of the measured rate itself
-(:func:`unconfirmed_round_cap`). Excused target rounds are excused positions of token scoring and count against its
-ceiling. Anything else is a failure, named by prompt and round, with both sides shown.
+Confirmed drafter rounds, unconfirmed rounds of each direction and the tau test are the noise
+model's (:class:`~ddtree_conformance.noise.NoiseModel`); excused target rounds are excused positions
+of token scoring and count against its ceiling. Near the output's end an engine may also cap its tree
+at the depth the output can still emit and spend its budget on the nodes it can (``emittable-depth``,
+a freedom). Anything else is a failure, named by prompt and round, with both sides shown.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Literal
 
 import torch
 
-from .calibration import ALPHA, DRAFTER_TOP, Calibration
 from .metrics import emitted_lengths
+from .noise import DRAFTER_TOP, NoiseModel, TokenCall
 from .spec import build_chain, build_tree, least_budget
 from .spec.freedoms import may_hold
 from .token_scoring import window
 
-__all__ = [
-    "FP32_DRAFTER_FLIP_RATE",
-    "RoundVerdict",
-    "ReplayRun",
-    "golden_lengths",
-    "drafter_flips_within",
-    "judge_rounds",
-    "drafter_round_cap",
-    "unconfirmed_round_cap",
-]
+__all__ = ["RoundKind", "RoundVerdict", "ReplayRun", "golden_lengths", "drafter_flips_within", "judge_rounds"]
 
-FP32_DRAFTER_FLIP_RATE = 1e-3  # float32: trees flip only at exact drafter ties (1e-6 apart) across devices
+
+class RoundKind(StrEnum):
+    """How a replayed round that differs from the engine's was judged (module doc)."""
+
+    TARGET_NEAR_TIE = "target-near-tie"  # excused: a low-precision near tie of the target
+    FP32_TIE = "fp32-tie"  # float32: parted at a tie
+    DRAFTER_NEAR_TIE = "drafter-near-tie"  # excused: confirmed by the engine's own drafter logits
+    LONGER_UNCONFIRMED = "longer-unconfirmed"  # longer, a drafter flip could explain it, nothing confirms it
+    SHORTER_UNCONFIRMED = "shorter-unconfirmed"  # shorter, likewise
+    CUT_TREE = "cut-tree"  # shorter on a smaller traced tree that the spec of that size agrees with
+    SHORT_BLOCK = "short-block"  # freedom: the drafter's block cut to the room left
+    EMITTABLE_DEPTH = "emittable-depth"  # freedom: the tree cut to the depth the output can still emit
+    CONTEXT_CUT = "context-cut"  # freedom: the tree cut to the KV slots left
+    DIFFERS = "differs"  # a failure
+
+    @property
+    def freedom(self) -> bool:
+        return self in (RoundKind.SHORT_BLOCK, RoundKind.EMITTABLE_DEPTH, RoundKind.CONTEXT_CUT)
 
 
 @dataclass
 class RoundVerdict:
     prompt: str
     round: int
-    kind: str  # equal | target-near-tie | drafter-near-tie | cut-tree | short-block | context-cut | differs
+    kind: RoundKind
     engine_length: int
     reference_length: int
     engine_tokens: list[int]
@@ -94,19 +103,57 @@ class RoundVerdict:
 
 @dataclass
 class ReplayRun:
-    """Round verdicts of one check's prompts."""
+    """Round verdicts of one check's prompts (every round that differs, with its kind)."""
 
     rounds: int = 0
     engine_lengths: list[list[int]] = field(default_factory=list)
     reference_lengths: list[list[int]] = field(default_factory=list)
-    target: list[RoundVerdict] = field(default_factory=list)
-    drafter: list[RoundVerdict] = field(default_factory=list)  # confirmed by the engine's own drafter logits
-    unconfirmed: list[RoundVerdict] = field(default_factory=list)  # shorter, no drafter logits to confirm it
-    fp32_ties: list[RoundVerdict] = field(default_factory=list)  # float32: parted at a tie (calibration.FP32_TIE)
-    cut: list[RoundVerdict] = field(default_factory=list)  # shorter on a smaller traced tree the spec agrees with
-    freedom: list[RoundVerdict] = field(default_factory=list)  # a cut block or a context cut (module doc): allowed
-    differs: list[RoundVerdict] = field(default_factory=list)
+    verdicts: list[RoundVerdict] = field(default_factory=list)
     by_prompt: dict = field(default_factory=dict)  # prompt -> (engine lengths, replay lengths)
+
+    def of(self, *kinds: RoundKind) -> list[RoundVerdict]:
+        return [v for v in self.verdicts if v.kind in kinds]
+
+    @property
+    def target(self) -> list[RoundVerdict]:
+        return self.of(RoundKind.TARGET_NEAR_TIE)
+
+    @property
+    def drafter(self) -> list[RoundVerdict]:  # confirmed by the engine's own drafter logits
+        return self.of(RoundKind.DRAFTER_NEAR_TIE)
+
+    @property
+    def longer(self) -> list[RoundVerdict]:
+        return self.of(RoundKind.LONGER_UNCONFIRMED)
+
+    @property
+    def shorter(self) -> list[RoundVerdict]:
+        return self.of(RoundKind.SHORTER_UNCONFIRMED)
+
+    @property
+    def unconfirmed(self) -> list[RoundVerdict]:
+        return self.of(RoundKind.LONGER_UNCONFIRMED, RoundKind.SHORTER_UNCONFIRMED)
+
+    @property
+    def fp32_ties(self) -> list[RoundVerdict]:
+        return self.of(RoundKind.FP32_TIE)
+
+    @property
+    def cut(self) -> list[RoundVerdict]:
+        return self.of(RoundKind.CUT_TREE)
+
+    @property
+    def freedom(self) -> list[RoundVerdict]:
+        return [v for v in self.verdicts if v.kind.freedom]
+
+    @property
+    def differs(self) -> list[RoundVerdict]:
+        return self.of(RoundKind.DIFFERS)
+
+    def differences(self) -> list[int]:
+        """Per round, the engine's emitted length minus the replay's (every round, equal ones 0)."""
+        pairs = zip(self.engine_lengths, self.reference_lengths)
+        return [a - b for mine, theirs in pairs for a, b in zip(mine, theirs)]
 
     def lengths_around(self, verdict: RoundVerdict) -> str:
         """Both sides' per-round lengths around ``verdict``'s round."""
@@ -199,12 +246,13 @@ def judge_rounds(
     engine_lengths: Sequence[int],
     output: Sequence[int],
     replayed,
-    rules: Calibration,
+    rules: NoiseModel,
     mode: str,
     budget: int,
     token_gaps: Sequence[float],
     engine_traces=None,
     context_limit: int | None = None,
+    max_new_tokens: int | None = None,
 ) -> None:
     """Classify every replayed round of one prompt into ``run`` (see the module doc).
 
@@ -214,7 +262,8 @@ def judge_rounds(
     that reproduces it (or None); called for a round whose tokens agree but whose length differs
     (the drafter side: the engine's tree and drafter logits decide the excuse), and to draw a failing
     round, never for a target near tie. ``context_limit``: the engine's context window (max_context),
-    for the context-cut freedom; None: no round is judged as cut by the context.
+    for the context-cut freedom; None: no round is judged as cut by the context. ``max_new_tokens``:
+    the request's length limit, for the emittable-depth freedom; None: not judged.
     """
     # tau counts what the output shows: a last round cut by the output's end counts its emitted tokens
     # on both sides, so a length claimed past the end (unobservable) cannot inflate it
@@ -234,7 +283,7 @@ def judge_rounds(
         verdict = RoundVerdict(
             prompt,
             rnd.index,
-            "differs",
+            RoundKind.DIFFERS,
             le,
             rnd.length,
             mine,
@@ -244,9 +293,9 @@ def judge_rounds(
         if rnd.short_block is not None:
             short_length, short_tokens = rnd.short_block
             if mine == short_tokens[: len(mine)] and (le == short_length or (at_end and short_length >= len(mine))):
-                verdict.kind = "short-block"
+                verdict.kind = RoundKind.SHORT_BLOCK
                 verdict.note = "equal to the replay with the drafter's block cut to the room the output had left"
-                run.freedom.append(verdict)
+                run.verdicts.append(verdict)
                 continue
 
         def engine_trace(verdict=verdict, rnd=rnd):
@@ -262,57 +311,59 @@ def judge_rounds(
             position = rnd.offset + j
             gap = token_gaps[position] if position < len(token_gaps) else float("inf")
             node_gap = rnd.path_gaps[j] if j < len(rnd.path_gaps) else float("inf")
-            if rules.fp32_tie(gap) and rules.fp32_tie(node_gap):
-                verdict.kind, verdict.note = (
-                    "fp32-tie",
-                    (
-                        f"fp32 tie at output position {position}: engine token {mine[j]} is {gap:.3g} below the top-1 "
-                        f"{theirs[j]}"
-                    ),
+            call = rules.token(gap, node_gap)
+            if call is TokenCall.FP32_TIE:
+                verdict.kind = RoundKind.FP32_TIE
+                verdict.note = (
+                    f"fp32 tie at output position {position}: engine token {mine[j]} is {gap:.3g} below the top-1 "
+                    f"{theirs[j]}"
                 )
-                run.fp32_ties.append(verdict)
-            elif gap <= rules.bound and node_gap <= rules.bound and not rules.exact:
-                verdict.kind, verdict.note = (
-                    "target-near-tie",
-                    (
-                        f"fp32 target near-tie at output position {position}: engine token {mine[j]} is {gap:.3g} "
-                        f"below the top-1 {theirs[j]}, within the bound {rules.bound:.3g}"
-                    ),
+            elif call is TokenCall.NEAR_TIE:
+                verdict.kind = RoundKind.TARGET_NEAR_TIE
+                verdict.note = (
+                    f"fp32 target near-tie at output position {position}: engine token {mine[j]} is {gap:.3g} "
+                    f"below the top-1 {theirs[j]}, within the bound {rules.bound:.3g}"
                 )
-                run.target.append(verdict)
             else:
                 engine_trace()
                 verdict.note = (
                     f"at output position {position} the engine commits {mine[j]} where the fp32 target "
                     f"chose {theirs[j]} ({gap:.3g} below the top-1, bound {rules.bound:.3g})"
                 )
-                run.differs.append(verdict)
+            run.verdicts.append(verdict)
+            continue
+        cap = _emittable_depth(rnd, mine, le, at_end, mode, budget, max_new_tokens)
+        if cap is not None:
+            verdict.kind = RoundKind.EMITTABLE_DEPTH
+            verdict.note = (
+                f"equal to the spec tree of B={budget} nodes no deeper than {cap}, the depth the output could "
+                f"still emit ({max_new_tokens - rnd.offset} tokens left)"
+            )
+            run.verdicts.append(verdict)
             continue
         fits = context_limit is not None and rnd.start - rnd.offset + 1 + len(output) <= context_limit
         if fits and le < rnd.length and rnd.draft_logits is not None:  # (an engine whose output passes its own
             full = budget if mode == "ddtree" else int(rnd.draft_logits.shape[0])  # limit states no limit)
             least = least_budget(full, context_limit - 2 - rnd.start)
             if least < full and _cut_length(rnd.draft_logits, mode, least, theirs, rnd.length) <= le:
-                verdict.kind = "context-cut"
+                verdict.kind = RoundKind.CONTEXT_CUT
                 verdict.note = (
                     f"root at position {rnd.start} of a {context_limit}-token context: the KV slots left "
                     f"hold {least} nodes"
                 )
-                run.freedom.append(verdict)
+                run.verdicts.append(verdict)
                 continue
         trace = engine_trace()  # the drafter side decides: the engine's own tree and drafter logits
         nodes = len(trace.tree_tokens) - 1 if trace is not None else budget
         if mode == "ddtree" and nodes < budget and le < rnd.length and rnd.draft_logits is not None:
             expected = _cut_length(rnd.draft_logits, mode, nodes, theirs, rnd.length)
             if expected == le:  # the engine verified a smaller tree (cut); at that size the spec agrees
-                verdict.kind, verdict.note = (
-                    "cut-tree",
-                    (
-                        f"the engine's trace holds {nodes} of B={budget} nodes (its scheduler cut the tree); the spec "
-                        f"tree of {nodes} nodes accepts exactly {le}"
-                    ),
+                verdict.kind = RoundKind.CUT_TREE
+                verdict.note = (
+                    f"the engine's trace holds {nodes} of B={budget} nodes (its scheduler cut the tree); the spec "
+                    f"tree of {nodes} nodes accepts exactly {le}"
                 )
-                run.cut.append(verdict)
+                run.verdicts.append(verdict)
                 continue
         engine_logits = None if trace is None else trace.draft_logits
         short = _short_view(rnd, mine, engine_logits)
@@ -321,20 +372,34 @@ def judge_rounds(
                 short, short.tokens[: min(le, short.length)], le > short.length, rules, mode, budget, engine_logits
             )
             if why.kind == "excused":
-                verdict.kind, verdict.note = "drafter-near-tie", why.note + " (a cut block)"
-                run.drafter.append(verdict)
+                verdict.kind, verdict.note = RoundKind.DRAFTER_NEAR_TIE, why.note + " (a cut block)"
+                run.verdicts.append(verdict)
                 continue
         path = theirs[: min(le, rnd.length)]
         why = _drafter_excuse(rnd, path, le > rnd.length, rules, mode, budget, engine_logits)
+        verdict.note = why.note
         if why.kind == "excused":
-            verdict.kind, verdict.note = "drafter-near-tie", why.note
-            run.drafter.append(verdict)
+            verdict.kind = RoundKind.DRAFTER_NEAR_TIE
         elif why.kind == "unconfirmed":
-            verdict.kind, verdict.note = "unconfirmed-drafter-near-tie", why.note
-            run.unconfirmed.append(verdict)
-        else:
-            verdict.note = why.note
-            run.differs.append(verdict)
+            verdict.kind = RoundKind.LONGER_UNCONFIRMED if le > rnd.length else RoundKind.SHORTER_UNCONFIRMED
+        run.verdicts.append(verdict)
+
+
+def _emittable_depth(rnd, mine, le: int, at_end: bool, mode: str, budget: int, max_new_tokens: int | None):
+    """The depth cap, when the engine's round equals the spec tree of ``budget`` nodes no deeper than the
+    output can still emit (``room - 1`` or ``room`` for ``room`` tokens left; a freedom,
+    docs/reference/freedoms.md), else None. The target's choices along the engine's path are its own
+    tokens (token scoring holds them to the fp32 target)."""
+    if mode != "ddtree" or max_new_tokens is None or rnd.draft_logits is None:
+        return None
+    room = max_new_tokens - rnd.offset
+    for cap in (room - 1, room):
+        if not 0 < cap < rnd.draft_logits.shape[0]:
+            continue
+        length = _accepted_length(build_tree(rnd.draft_logits[:cap], budget), mine, len(mine) + 1)
+        if length == le or (at_end and length >= len(mine)):
+            return cap
+    return None
 
 
 def _short_view(rnd, mine: Sequence[int], engine_logits):
@@ -356,12 +421,12 @@ def _short_view(rnd, mine: Sequence[int], engine_logits):
 class DrafterExcuse:
     """What the drafter side says of a round whose tokens agree but whose length differs."""
 
-    kind: Literal["excused", "unconfirmed", "differs"]  # confirmed near-tie | shorter, unconfirmed | a failure
+    kind: Literal["excused", "unconfirmed", "differs"]  # confirmed near-tie | unconfirmed | a failure
     note: str
 
 
 def _drafter_excuse(
-    rnd, path: list[int], engine_holds: bool, rules: Calibration, mode: str, budget: int, engine_logits
+    rnd, path: list[int], engine_holds: bool, rules: NoiseModel, mode: str, budget: int, engine_logits
 ) -> DrafterExcuse:
     side = "held" if engine_holds else "lacked"
     if rnd.draft_logits is None:
@@ -404,33 +469,8 @@ def _drafter_excuse(
         return DrafterExcuse(
             "excused", f"drafter logits {distance:.2g} apart flip the path {path} (engine's tree {side} it)"
         )
-    if engine_holds:  # longer than the fp32 reference, and nothing of the engine's own shows its tree held the path
-        return DrafterExcuse(
-            "differs",
-            f"the engine claims a longer round than the fp32 reference accepts on the "
-            f"same context (its tree held the path {path}) and gives no drafter logits that "
-            "reproduce its tree: an inflated length is never excused",
-        )
     return DrafterExcuse(
         "unconfirmed",
-        f"drafter logits within {rules.drafter_tolerance:.3g} could flip the path "
-        f"{path} out of the tree, but the engine gives no drafter logits to confirm it",
+        f"drafter logits within {rules.drafter_tolerance:.3g} could flip the path {path} "
+        f"{'into' if engine_holds else 'out of'} the tree, but the engine gives no drafter logits to confirm it",
     )
-
-
-def drafter_round_cap(rules: Calibration, rounds: int) -> int:
-    """Most drafter-excused rounds a correct engine shows in ``rounds`` rounds (module doc)."""
-    from scipy.stats import binom
-
-    p = FP32_DRAFTER_FLIP_RATE if rules.exact else min(1.0, rules.drafter_flip_rate)
-    return int(binom.ppf(1 - ALPHA, rounds, p)) if rounds else 0
-
-
-def unconfirmed_round_cap(rules: Calibration, rounds: int) -> int:
-    """Most shorter rounds without the engine's drafter logits to confirm them (module doc): the
-    binomial quantile of the calibration's measured drafter flip share, not doubled and without a
-    confidence limit, so well below :func:`drafter_round_cap`."""
-    from scipy.stats import binom
-
-    p = FP32_DRAFTER_FLIP_RATE if rules.exact else min(1.0, rules.drafter_flip_measured)
-    return int(binom.ppf(1 - ALPHA, rounds, p)) if rounds else 0

@@ -32,7 +32,8 @@ from functools import lru_cache
 
 import torch
 
-from .calibration import ALPHA, FP32_TIE, MAX_BOUND, Calibration, CalibrationError, load_calibration
+from .calibration import MAX_BOUND, CalibrationError, load_calibration
+from .noise import ALPHA, FP32_TIE, NoiseModel, TokenCall
 from .scorer import shared_scorer
 
 __all__ = [
@@ -164,6 +165,7 @@ class TieTest:
     engine_only: int = 0
     reference_only: int = 0
     both: int = 0
+    rules: NoiseModel | None = None  # the share a correct engine may reach (NoiseModel.tie_test); None: 1/2
 
     def add(self, tokens: Sequence[int], fp32: Sequence[int], low: Sequence[int]) -> None:
         for token, best, ref in zip(tokens, fp32, low):
@@ -177,16 +179,15 @@ class TieTest:
 
     @property
     def p_value(self) -> float:
-        from scipy.stats import binomtest
-
-        discordant = self.engine_only + self.reference_only
-        return float(binomtest(self.engine_only, discordant, 0.5, alternative="greater").pvalue) if discordant else 1.0
+        rules = self.rules or NoiseModel("bfloat16", 0.0, 0.0, 0, (), "even odds")
+        return rules.tie_test(self.engine_only, self.reference_only)
 
     def details(self) -> dict:
         return {
             "engine_only": self.engine_only,
             "reference_only": self.reference_only,
             "both": self.both,
+            "allowed_share": None if self.rules is None else self.rules.tie_share,
             "p_value": self.p_value,
         }
 
@@ -206,7 +207,7 @@ class TokenFinding:
 class ScoredRun:
     """Every scored position of one check's outputs, and the verdict on them."""
 
-    rules: Calibration
+    rules: NoiseModel
     outputs: int = 0
     positions: int = 0
     excused: list[TokenFinding] = field(default_factory=list)
@@ -224,16 +225,17 @@ class ScoredRun:
         self.positions += len(output_ids)
         self.top2 += list(scores.top2)
         for i, (token, best, gap) in enumerate(zip(output_ids, scores.argmax, scores.gaps)):
-            if token == best or gap == 0.0:
+            call = TokenCall.MATCH if token == best else self.rules.token(gap)
+            if call is TokenCall.MATCH:
                 continue
-            if self.rules.fp32_tie(gap):
+            if call is TokenCall.FP32_TIE:
                 self.fp32_ties += 1
                 continue
             entry = TokenFinding(label, i, token, best, round(gap, 6))
-            (self.excused if gap <= self.rules.bound else self.outside).append(entry)
+            (self.excused if call is TokenCall.NEAR_TIE else self.outside).append(entry)
             self.detail.setdefault(label, (list(output_ids), list(scores.argmax)))
         if low_fn is not None:
-            self.ties = self.ties or TieTest()
+            self.ties = self.ties or TieTest(rules=self.rules)
             self.ties.add(output_ids, scores.argmax, score_output(low_fn, prompt_ids, output_ids).argmax)
         return scores
 
@@ -316,28 +318,28 @@ class ScoredRun:
         }
 
 
-_HELD: dict[tuple[str, str], Calibration | CalibrationError] = {}
+_HELD: dict[tuple[str, str], NoiseModel | CalibrationError] = {}
 
 
-def hold_rules(model_dir: str, dtype: str, calibration: Calibration | CalibrationError) -> None:
+def hold_rules(model_dir: str, dtype: str, calibration: NoiseModel | CalibrationError) -> None:
     """Make ``calibration`` (derived from a manifest held in memory, :mod:`ddtree_conformance.oracle`)
     the one :func:`rules_for` gives for this pair and dtype from now on (an error: raised instead)."""
     _HELD[(str(model_dir), dtype)] = calibration
 
 
 @lru_cache(maxsize=16)
-def _loaded_calibration(model_dir: str, dtype: str) -> Calibration:
+def _loaded_calibration(model_dir: str, dtype: str) -> NoiseModel:
     return load_calibration(model_dir, dtype)
 
 
-def _calibration(model_dir: str, dtype: str) -> Calibration:
+def _calibration(model_dir: str, dtype: str) -> NoiseModel:
     held = _HELD.get((model_dir, dtype))
     if isinstance(held, CalibrationError):
         raise held
     return held if held is not None else _loaded_calibration(model_dir, dtype)
 
 
-def rules_for(settings) -> Calibration:
+def rules_for(settings) -> NoiseModel:
     """A run's low-precision rules (``settings``: a SuiteSettings): the pair's calibration, or the
     settings' bound (range-checked)."""
     s = settings
@@ -350,7 +352,7 @@ def rules_for(settings) -> Calibration:
     return rules
 
 
-def score_run(session, items, logits_fn=None, rules: Calibration | None = None) -> ScoredRun:
+def score_run(session, items, logits_fn=None, rules: NoiseModel | None = None) -> ScoredRun:
     """Score ``items`` (``(label, prompt_ids, output_ids)``) with the session's fp32 target."""
     s = session.settings
     run = ScoredRun(rules or rules_for(s))

@@ -1,4 +1,4 @@
-"""Calibration (conformance/calibration.py): where values come from, the range checks, and the
+"""NoiseModel (conformance/calibration.py): where values come from, the range checks, and the
 excused-position ceiling's derivation, tested on simulated engines."""
 
 from __future__ import annotations
@@ -8,14 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from ddtree_conformance.calibration import (
-    ALPHA,
-    MAX_BOUND,
-    Calibration,
-    CalibrationError,
-    load_calibration,
-    shift_thresholds,
-)
+from ddtree_conformance.calibration import MAX_BOUND, CalibrationError, load_calibration, shift_thresholds
+from ddtree_conformance.noise import ALPHA, NoiseModel
 from ddtree_conformance.paths import FIXTURE_TARGET
 
 
@@ -109,11 +103,11 @@ def test_the_fixture_manifest_calibrates_bf16_and_fp16():
         assert 0 < rules.bound <= MAX_BOUND and "MANIFEST.json" in rules.source
 
 
-def _rules(shrinks) -> Calibration:
-    """Calibration from signed gap shrinks (module doc, 2)."""
+def _rules(shrinks) -> NoiseModel:
+    """NoiseModel from signed gap shrinks (module doc, 2)."""
     shrinks = np.asarray(shrinks)
     tail = tuple((t, int((shrinks >= t).sum())) for t in shift_thresholds())
-    return Calibration("bfloat16", float(2 * np.abs(shrinks).max()), 0.1, int(shrinks.size), tail, "test", 0.01)
+    return NoiseModel("bfloat16", float(2 * np.abs(shrinks).max()), 0.1, int(shrinks.size), tail, "test", 0.01)
 
 
 def test_flip_probability_falls_with_the_gap():

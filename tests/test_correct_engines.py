@@ -14,8 +14,8 @@ import torch
 
 from ddtree_conformance.adapters.interface import RoundTrace
 from ddtree_conformance.adapters.reference.replay import ReplayRound
-from ddtree_conformance.calibration import Calibration
 from ddtree_conformance.checks import plan, run_plan
+from ddtree_conformance.noise import NoiseModel
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.replay import ReplayRun, judge_rounds
 from ddtree_conformance.session import SuiteSession, SuiteSettings
@@ -116,7 +116,7 @@ def test_correct_engine_passes(engine, dtype):
 
 
 # ------------------------------------------------------------------ the false alarms, pinned
-EXACT = Calibration("float32", 0.0, 1e-3, 0, (), "exact", 0.0)
+EXACT = NoiseModel("float32", 0.0, 1e-3, 0, (), "exact", 0.0)
 
 
 def _round(index, offset, tokens, draft_logits=None, short=None, start=5):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ddtree_conformance.calibration import Calibration, shift_thresholds
+from ddtree_conformance.calibration import shift_thresholds
+from ddtree_conformance.noise import NoiseModel
 from ddtree_conformance.token_scoring import ScoredRun, table_logits, window
 
 # After token t the table prefers t + 1; after 4 the runner-up 7 is 0.05 below 5 (a near-tie);
@@ -20,7 +21,7 @@ FN = table_logits(TABLE, "test")
 
 def _rules(bound=0.2, tail_counts=0):
     tail = tuple((t, tail_counts) for t in shift_thresholds())
-    return Calibration("bfloat16", bound, 0.1, 100000, tail, "test", 0.01)
+    return NoiseModel("bfloat16", bound, 0.1, 100000, tail, "test", 0.01)
 
 
 def test_exact_path_has_nothing_to_excuse():
@@ -56,7 +57,7 @@ def test_too_many_excused_positions_break_the_ceiling():
 
 
 def test_exact_rules_excuse_nothing():
-    run = ScoredRun(Calibration("float32", 0.0, 1e-3, 0, (), "exact", 0.0))
+    run = ScoredRun(NoiseModel("float32", 0.0, 1e-3, 0, (), "exact", 0.0))
     run.add("p", [2], [3, 4, 7], FN)
     assert run.outside and not run.excused
 

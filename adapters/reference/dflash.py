@@ -100,6 +100,10 @@ class DraftCache:
 
 
 class DFlashAttention(nn.Module):
+    # ``attend(q, k, v, attn_mask=, scale=)``: non-causal attention over the block's keys (an engine
+    # computing it another way replaces it; ddtree_conformance.testing.rounding_engines)
+    attend = staticmethod(F.scaled_dot_product_attention)
+
     def __init__(self, config: Qwen3Config) -> None:
         super().__init__()
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -139,9 +143,7 @@ class DFlashAttention(nn.Module):
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attention_mask, is_causal=False, scale=self.head_dim**-0.5
-        )
+        out = self.attend(q, k, v, attn_mask=attention_mask, scale=self.head_dim**-0.5)
         return self.o_proj(out.transpose(1, 2).reshape(block.shape[0], block.shape[1], -1))
 
 

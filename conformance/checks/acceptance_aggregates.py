@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from ddtree_conformance.adapters.interface import RequestResult
 
-from ..calibration import ALPHA
 from ..metrics import mean_tau, paired_band, per_position_acceptance
+from ..noise import ALPHA
 from .result import CheckResult
 
 __all__ = ["MIN_BAND_PROMPTS", "POOLED_POSITION_ABS_TOL", "POOLED_TAU_REL_TOL", "judge_aggregates"]

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..calibration import ALPHA
 from ..metrics import mean_tau, paired_band
+from ..noise import ALPHA
 from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import window

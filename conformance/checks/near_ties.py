@@ -11,7 +11,7 @@ every token must be the fp32 argmax.
 
 from __future__ import annotations
 
-from ..calibration import ALPHA
+from ..noise import ALPHA
 from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import score_run

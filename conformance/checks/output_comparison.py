@@ -7,7 +7,7 @@ records. Each output is scored once per process, however many checks read it.
 
 float32: an output must also equal its expected output (the engine's plain output, the golden
 file's, the same request run alone) token for token, and every token must be the fp32 target's
-argmax on its path (within :data:`~ddtree_conformance.calibration.FP32_NEAR_TIE`, the fp32
+argmax on its path (within :data:`~ddtree_conformance.noise.FP32_TIE`, the fp32
 arithmetic of two correct implementations).
 bfloat16/float16: an output need not equal its expected output, but each token must be within the
 calibrated near-tie bound of the fp32 argmax on the output's own path, and the excused positions

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..calibration import ALPHA
 from ..metrics import mean_tau, paired_band
+from ..noise import ALPHA
 from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import window

@@ -17,6 +17,7 @@ from ddtree_conformance.adapters.interface import RoundTrace
 from ddtree_conformance.spec import tree_problem
 
 from ..node_scoring import rounds_of, score_nodes
+from ..noise import TokenCall
 from ..run import Run
 from ..scorer import shared_scorer
 from ..session import SuiteSession
@@ -371,9 +372,10 @@ def _chain_cross_check(session: SuiteSession, scorer, rules, pairs) -> ChainVerd
                     if chain_token == got:
                         continue
                     gap = float(top[0] - row[got]) if 0 <= got < row.shape[0] else float("inf")
-                    if rules.fp32_tie(gap):
+                    call = rules.token(gap)
+                    if call in (TokenCall.MATCH, TokenCall.FP32_TIE):
                         continue
-                    if not rules.exact and gap <= rules.bound:
+                    if call is TokenCall.NEAR_TIE:
                         excused.append(gap)
                         continue
                     mismatches += 1

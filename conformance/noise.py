@@ -1,0 +1,219 @@
+"""The noise model: what low-precision arithmetic lets a *correct* engine do differently from the fp32
+reference, and nothing more. Every verdict that allows a difference asks this module; nothing else
+holds a tolerance rule.
+
+A correct engine written elsewhere has its own kernels, GEMM shapes, reduction orders and batching.
+In bfloat16 and float16 that moves some near ties of the target and of the drafter to the other side,
+in both directions. The model says, from measurements of the reference *and* of correct engines that
+round differently (:mod:`ddtree_conformance.testing.rounding_engines`), kept with their provenance in
+the pair's manifest (:mod:`ddtree_conformance.calibration` derives the numbers):
+
+* **tokens and tree nodes** (:meth:`NoiseModel.token`): a token that is not the fp32 argmax is a
+  match, an fp32 tie (float32: within :data:`FP32_TIE` nats), a low-precision near tie (within the
+  near-tie bound of the fp32 top-1), or outside: a wrong token. The same call serves output
+  positions, verified tree nodes, the chain cross-check and replayed rounds.
+* **how many near ties** (:meth:`NoiseModel.ceiling`): a correct engine flips a position of fp32
+  top-2 gap ``g`` with probability at most ``p(g)`` (the measured tail of gap shrinks); summed over a
+  run's positions, the Poisson ``1 - ALPHA`` quantile is the most a correct engine reaches.
+* **same-dtype tie test** (:meth:`NoiseModel.tie_test`): among positions where exactly one of the
+  engine and the same-dtype reference leaves the fp32 argmax, the engine's share may not be
+  significantly above the largest share a correct engine shows (``tie_share``, measured: an engine
+  noisier than the reference leaves more often, honestly).
+* **drafter flips** (``drafter_tolerance``): drafter logits within the tolerance of the fp32
+  reference's may put a path in or out of the tree; confirmed rounds (the engine's own logits show
+  it) are capped by :meth:`NoiseModel.confirmed_round_cap`.
+* **unconfirmed rounds, both directions** (:meth:`NoiseModel.unconfirmed_round_cap`): an engine that
+  reports no drafter logits cannot show which of its rounds a drafter flip explains; a round longer
+  than the fp32 replay, and one shorter, each count against the binomial quantile of the largest rate
+  of such rounds any measured correct engine shows (Clopper-Pearson upper limit).
+* **tau** (:meth:`NoiseModel.tau_test`): over all rounds, the engine's emitted length minus the
+  replay's, ``d_i``, may not be significantly above the measured per-round gain of correct engines
+  (self-normalised sum; module doc of docs/reference/low-precision.md).
+
+Float32 is exact: bound 0, ceiling 0, only fp32 ties and exact drafter ties (tolerance
+:data:`FP32_DRAFTER_TOLERANCE`) may part two correct engines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import lru_cache
+
+__all__ = [
+    "ALPHA",
+    "DRAFTER_TOP",
+    "FP32_DRAFTER_FLIP_RATE",
+    "FP32_DRAFTER_TOLERANCE",
+    "FP32_TIE",
+    "NoiseModel",
+    "TauTest",
+    "TokenCall",
+    "upper_limit",
+]
+
+ALPHA = 1e-3  # false-alarm level of every noise-model test
+FP32_DRAFTER_TOLERANCE = 1e-3  # fp32 drafter logits of two correct implementations (measured 7.6e-6 apart)
+# nats: in float32 a token this close to the top-1 is a tie two correct implementations may break either way
+# (a cached tree verify and the scorer's forward parted at a 1e-6 gap on the fixture; logits agree to ~1e-5)
+FP32_TIE = 1e-3
+FP32_DRAFTER_FLIP_RATE = 1e-3  # float32: trees flip only at exact drafter ties (1e-6 apart) across devices
+DRAFTER_TOP = 64  # tokens per depth that can enter a tree, for drafter logit distances
+
+
+class TokenCall(StrEnum):
+    """What the noise model says of a token against the fp32 target."""
+
+    MATCH = "match"  # the fp32 argmax (or an exact tie with it)
+    FP32_TIE = "fp32-tie"  # float32: within FP32_TIE of the top-1
+    NEAR_TIE = "near-tie"  # low precision: within the near-tie bound of the top-1
+    OUTSIDE = "outside"  # a wrong token
+
+
+@dataclass(frozen=True)
+class TauTest:
+    """One-sided test that the engine's per-round acceptance is not above the replay's by more than
+    the noise allows: ``d_i`` = engine length - replay length per round."""
+
+    rounds: int
+    gained: int  # sum of d_i (tokens)
+    allowed_per_round: float  # the measured gain per round of correct engines
+    statistic: float
+    p_value: float
+
+    @property
+    def fails(self) -> bool:
+        return self.p_value < ALPHA
+
+    def describe(self) -> str:
+        return (
+            f"the engine's rounds hold {self.gained:+d} tokens against the fp32 replay over {self.rounds} rounds "
+            f"(allowed {self.allowed_per_round:+.4f} a round; self-normalised sum {self.statistic:.2f}, "
+            f"p <= {self.p_value:.2g})"
+        )
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    """The derived values for one dtype (module doc; :mod:`ddtree_conformance.calibration` builds it)."""
+
+    dtype: str
+    bound: float  # near-tie bound, nats
+    drafter_tolerance: float  # logits
+    positions: int  # calibration positions behind the tail counts (0: uncalibrated)
+    tail: tuple[tuple[float, int], ...]  # (threshold, count of shrinks >= threshold), ascending thresholds
+    source: str
+    drafter_flip_rate: float = 0.0  # upper limit of the share of rounds a correct engine's tree flips (confirmed)
+    drafter_flip_measured: float = 0.0  # the measured share itself
+    longer_rate: float = 0.0  # upper limit: share of rounds longer than the fp32 replay, drafter side only
+    shorter_rate: float = 0.0  # upper limit: share of rounds shorter than the fp32 replay, drafter side only
+    gain_per_round: float = 0.0  # upper limit of a correct engine's mean (engine - replay) length per round
+    tie_share: float = 0.5  # upper limit of a correct engine's engine-only share in the same-dtype tie test
+    calibrated_on: tuple[str, ...] = ()  # provenance: engines and devices measured
+
+    @property
+    def exact(self) -> bool:
+        return self.dtype == "float32"
+
+    # -- tokens and nodes ----------------------------------------------------------------------------
+    def fp32_tie(self, gap: float) -> bool:
+        """float32 only: a token within :data:`FP32_TIE` of the top-1 (a tie, not a wrong token)."""
+        return self.exact and gap <= FP32_TIE
+
+    def token(self, gap: float, *gaps: float) -> TokenCall:
+        """The call on a token ``gap`` nats below the fp32 top-1 (0: the argmax). Further ``gaps`` are
+        the same token's gaps on other fp32 evidence (a replayed tree node): every one must agree."""
+        every = (gap, *gaps)
+        if all(g == 0.0 for g in every):
+            return TokenCall.MATCH
+        if all(self.fp32_tie(g) for g in every):
+            return TokenCall.FP32_TIE
+        if not self.exact and all(g <= self.bound for g in every):
+            return TokenCall.NEAR_TIE
+        return TokenCall.OUTSIDE
+
+    def flip_probability(self, gap: float) -> float:
+        """``p_hi(g)``: upper limit of the chance that a correct engine flips a position of fp32 top-2 gap ``g``."""
+        return float(self.flip_probabilities([gap])[0])
+
+    def flip_probabilities(self, gaps):
+        """:meth:`flip_probability` of many gaps at once (numpy array)."""
+        import numpy as np
+
+        gaps = np.asarray(gaps, dtype=float)
+        if self.exact:
+            return np.zeros_like(gaps)
+        if not self.positions:  # uncalibrated: shifts uniform on [0, bound / 2]
+            return np.clip(1.0 - gaps / self.bound, 0.0, 1.0) if self.bound > 0 else np.zeros_like(gaps)
+        # Past the last grid threshold the last count holds (the grid ends above any admissible shift).
+        thresholds = np.array([t for t, _ in self.tail])
+        limits = np.array([1.0] + [upper_limit(k, self.positions) for _, k in self.tail])
+        index = np.searchsorted(thresholds, gaps / 2, side="right")  # entries with threshold <= g / 2
+        return limits[index]
+
+    def ceiling(self, gaps: Sequence[float]) -> tuple[int, float]:
+        """Most near-tie positions a correct engine shows over positions with fp32 top-2 ``gaps``,
+        and the expected count ``mu`` behind it."""
+        if self.exact or len(gaps) == 0:
+            return 0, 0.0
+        from scipy.stats import poisson
+
+        mu = float(self.flip_probabilities(gaps).sum())
+        return (int(poisson.ppf(1 - ALPHA, mu)) if mu > 0 else 0), mu
+
+    def tie_test(self, engine_only: int, reference_only: int) -> float:
+        """p-value that the engine leaves the fp32 argmax where the same-dtype reference keeps it more
+        often than a correct engine does (exact binomial, one-sided, at ``tie_share``)."""
+        from scipy.stats import binomtest
+
+        discordant = engine_only + reference_only
+        if not discordant:
+            return 1.0
+        share = min(max(self.tie_share, 0.5), 1.0 - 1e-9)
+        return float(binomtest(engine_only, discordant, share, alternative="greater").pvalue)
+
+    # -- rounds --------------------------------------------------------------------------------------
+    def confirmed_round_cap(self, rounds: int) -> int:
+        """Most rounds a correct engine's own drafter logits show flipped in ``rounds`` rounds."""
+        return _quantile(rounds, FP32_DRAFTER_FLIP_RATE if self.exact else self.drafter_flip_rate)
+
+    def unconfirmed_round_cap(self, rounds: int, longer: bool) -> int:
+        """Most rounds longer (``longer``) or shorter than the fp32 replay on the drafter side that a
+        correct engine without drafter logits shows in ``rounds`` rounds."""
+        rate = FP32_DRAFTER_FLIP_RATE if self.exact else (self.longer_rate if longer else self.shorter_rate)
+        return _quantile(rounds, rate)
+
+    def tau_test(self, differences: Sequence[int]) -> TauTest:
+        """One-sided test on ``d_i`` (engine - replay emitted length, every round): is the mean above
+        ``gain_per_round``? The self-normalised sum ``t = sum(x) / sqrt(sum(x^2))`` of ``x_i = d_i -
+        gain`` has ``P(t >= z) <= exp(-z^2 / 2)`` for independent rounds symmetric about the allowed
+        gain (Efron 1969); that bound is the p-value. No distribution of ``d`` is assumed beyond it."""
+        gain = 0.0 if self.exact else max(self.gain_per_round, 0.0)
+        centred = [d - gain for d in differences]
+        total, squares = sum(centred), sum(x * x for x in centred)
+        statistic = total / math.sqrt(squares) if squares > 0 else 0.0
+        p = math.exp(-(statistic**2) / 2) if statistic > 0 else 1.0
+        return TauTest(len(differences), int(sum(differences)), gain, statistic, p)
+
+    def describe(self) -> str:
+        if self.exact:
+            return "float32: exact"
+        return (
+            f"{self.dtype} bound {self.bound:.3g} nats, drafter tolerance {self.drafter_tolerance:.3g} ({self.source})"
+        )
+
+
+def _quantile(rounds: int, rate: float) -> int:
+    from scipy.stats import binom
+
+    return int(binom.ppf(1 - ALPHA, rounds, min(1.0, max(rate, 0.0)))) if rounds else 0
+
+
+@lru_cache(maxsize=4096)
+def upper_limit(count: int, total: int) -> float:
+    """One-sided Clopper-Pearson upper limit (confidence 1 - ALPHA) of ``count / total``."""
+    from scipy.stats import beta
+
+    return 1.0 if count >= total else float(beta.ppf(1 - ALPHA, count + 1, total - count))
