@@ -124,12 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(name, cls, dtype) for name, cls in engines.items() for dtype in args.dtypes]
     failed = 0
     if args.jobs > 1:
-        context = None
-        if args.device.startswith("cuda"):
-            import multiprocessing
+        import multiprocessing
 
-            context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
+        # spawned, not forked: the parent already ran torch (threads, CUDA)
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(_job, args, n, c, d, sequences, requests) for n, c, d in jobs]
             for future in as_completed(futures):
                 try:

@@ -19,6 +19,10 @@
 #                     and float32 (CAT_DTYPES), fixture pair, 4 prompts, 24 tokens, B=16, one engine per process
 #                     on the machine's CPU cores (CAT_DEVICE=cuda for the GPU: slow on so tiny a pair)
 #                     -> $WORK/catalogues/CATALOGUE-DTYPE-SHARD.{json,log}          (~4 minutes a catalogue)
+#   calibrate-cpu     the noise model (conformance/noise.py) on the machine's CPU cores: the reference and every
+#                     correct engine that rounds differently (testing/rounding_engines.py), bf16 and fp16, one
+#                     process per engine and dtype, into a copy of the fixture manifest -> $WORK/manifest-cpu.json
+#   calibrate-cuda    the same on the GPU (every process shares it) -> $WORK/manifest-cuda.json
 #
 #   PACK=1 bash scripts/gpu_trials.sh equality rounds gpu-tests decisive-smoke     # one development call
 #   PACK=1 bash scripts/gpu_trials.sh decisive-8b                                  # one call per new machine
@@ -81,6 +85,14 @@ for job in "$@"; do
           --device "${CAT_DEVICE:-cpu}" --dtype "$1" --limit 4 --max-new-tokens 24 --budgets 16 --sampling-requests 60 \
           --threads 1 --shard "$2/17" --json "$WORK/catalogues/$0-$1-$2.json" >"$WORK/catalogues/$0-$1-$2.log" 2>&1'
       grep -h "^| \|NOT CAUGHT" "$WORK"/catalogues/*.log ;;
+    calibrate-cpu|calibrate-cuda)
+      device=${job#calibrate-}
+      cp golden/fixture/MANIFEST.json "$WORK/manifest-$device.json"
+      timeout "${CAL_TIMEOUT:-540}" python3 scripts/calibrate_near_tie.py --drafter golden/fixture/drafter \
+        --engines "${CAL_ENGINES:-reference,all}" --dtypes ${CAL_DTYPES:-bfloat16 float16} --device "$device" \
+        --jobs "${CAL_JOBS:-16}" --limit "${CAL_LIMIT:-80}" --flip-limit "${CAL_FLIP_LIMIT:-24}" \
+        --budgets "${CAL_BUDGETS:-16,64,256}" --manifest "$WORK/manifest-$device.json" 2>&1 |
+        grep -v "Loading weights\|FutureWarning\|forward_call" || echo "$job: exit $?" ;;
     *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, catalogues)" >&2; exit 2 ;;
   esac
   echo "job $job: $((SECONDS - started)) s"
