@@ -31,14 +31,14 @@ from ddtree_conformance.testing.rounding_engines import ROUNDING_ENGINES
 
 
 def _engines(names: str) -> dict[str, type]:
-    if names == "all":
-        return {cls.__name__: cls for cls in ROUNDING_ENGINES.values()}
     known = {cls.__name__: cls for cls in ROUNDING_ENGINES.values()}
     known.update({label: cls for label, cls in ROUNDING_ENGINES.items()})
     chosen = {}
     for name in (n.strip() for n in names.split(",") if n.strip()):
         if name == "reference":
             chosen["reference"] = None
+        elif name == "all":
+            chosen.update({cls.__name__: cls for cls in ROUNDING_ENGINES.values()})
         elif name in known:
             chosen[known[name].__name__] = known[name]
         else:
