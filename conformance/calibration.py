@@ -258,7 +258,7 @@ class _Derived:
         if "tie_engine_only" in entry:
             engine_only = int(read.number(entry, "tie_engine_only", 0, 1e9))
             reference_only = int(read.number(entry, "tie_reference_only", 0, 1e9))
-            if engine_only + reference_only:
+            if engine_only + reference_only >= TIE_EVIDENCE:  # fewer bound nothing (an upper limit near 1)
                 self.tie_share = max(self.tie_share, upper_limit(engine_only, engine_only + reference_only))
 
     def model(self, dtype: str, source: str) -> NoiseModel:
@@ -284,6 +284,7 @@ class _Derived:
 
 
 _Z = 3.090232306167813  # the standard normal's 1 - ALPHA quantile
+TIE_EVIDENCE = 30  # discordant positions an engine's tie counts need before they widen the tie share
 
 
 def near_tie_bound(model_dir: str | Path, dtype: str) -> float:
