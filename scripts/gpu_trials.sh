@@ -19,6 +19,10 @@
 #                     and float32 (CAT_DTYPES), fixture pair, 4 prompts, 24 tokens, B=16, one engine per process
 #                     on the machine's CPU cores (CAT_DEVICE=cuda for the GPU: slow on so tiny a pair)
 #                     -> $WORK/catalogues/CATALOGUE-DTYPE-SHARD.{json,log}          (~4 minutes a catalogue)
+#   rounding          the correct engines that round differently, traced and as black boxes (ROUND_CATALOGUES),
+#                     in ROUND_DTYPES (bfloat16 float16), ROUND_LIMIT (20) prompts, the checks the noise model
+#                     governs (ROUND_CHECKS), one engine per process on the CPU cores (ROUND_DEVICE=cpu)
+#                     -> $WORK/rounding/CATALOGUE-DTYPE-SHARD.{json,log}; every row must pass
 #   calibrate-cpu     the noise model (conformance/noise.py) on the machine's CPU cores: the reference and every
 #                     correct engine that rounds differently (testing/rounding_engines.py), bf16 and fp16, one
 #                     process per engine and dtype, into a copy of the fixture manifest -> $WORK/manifest-cpu.json
@@ -85,6 +89,16 @@ for job in "$@"; do
           --device "${CAT_DEVICE:-cpu}" --dtype "$1" --limit 4 --max-new-tokens 24 --budgets 16 --sampling-requests 60 \
           --threads 1 --shard "$2/17" --json "$WORK/catalogues/$0-$1-$2.json" >"$WORK/catalogues/$0-$1-$2.log" 2>&1'
       grep -h "^| \|NOT CAUGHT" "$WORK"/catalogues/*.log ;;
+    rounding)
+      mkdir -p "$WORK/rounding"; export WORK
+      for catalogue in ${ROUND_CATALOGUES:-rounding rounding-black-box}; do for dtype in ${ROUND_DTYPES:-bfloat16 float16}; do
+        for shard in $(seq 0 6); do echo "$catalogue $dtype $shard"; done; done; done |
+        xargs -P "$(nproc)" -n 3 sh -c 'timeout "${ROUND_TIMEOUT:-540}" python3 scripts/mutation_table.py --catalogue "$0" \
+          --device "${ROUND_DEVICE:-cpu}" --dtype "$1" --limit "${ROUND_LIMIT:-20}" --max-new-tokens "${ROUND_TOKENS:-64}" \
+          --budgets "${ROUND_BUDGETS:-16,64}" --run-seed "${ROUND_SEED:-1}" --threads 1 --shard "$2/7" \
+          --check ${ROUND_CHECKS:-lossless acceptance long-context near-ties golden tree-structure branch-vs-chain} \
+          --json "$WORK/rounding/$0-$1-$2.json" >"$WORK/rounding/$0-$1-$2.log" 2>&1'
+      grep -h "^| \|NOT CAUGHT" "$WORK"/rounding/*.log ;;
     calibrate-cpu|calibrate-cuda)
       device=${job#calibrate-}
       cp golden/fixture/MANIFEST.json "$WORK/manifest-$device.json"

@@ -2,14 +2,17 @@
 
     python scripts/mutation_table.py [--dtype bfloat16] [--device cuda] [--budgets 16,256] [--limit 8]
                                      [--only NAME ...] [--shard I/N] [--include-correct] [--json F]
-                                     [--catalogue mutants|correct]
+                                     [--catalogue mutants|correct|rounding|rounding-black-box]
+                                     [--check SUBSTRING ...] [--run-seed N]
 
 Defaults: the fixture pair, budgets 16 and 256 (the budget-above-128 mutant needs the large one),
 32 new tokens. Each row: mutant, the checks that failed, the first failure's message. A mutant
 that no check fails is a hole in the suite, and a correct reference that fails is a false alarm;
 the script exits 1 for either. ``--catalogue correct`` runs the correct engines that use the spec's
 freedoms (conformance/testing/correct_engines.py) instead: every one must pass, a failure is a
-false alarm.
+false alarm. ``--catalogue rounding`` runs the correct engines that round differently
+(conformance/testing/rounding_engines.py), ``rounding-black-box`` the same reporting outputs and
+per-round acceptance lengths only: every one must pass in every dtype.
 """
 
 from __future__ import annotations
@@ -26,6 +29,14 @@ from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.session import SuiteSession, SuiteSettings
 from ddtree_conformance.testing.correct_engines import CORRECT_ENGINES
 from ddtree_conformance.testing.mutants import MUTANTS
+from ddtree_conformance.testing.rounding_engines import BLACK_BOXES, ROUNDING_ENGINES
+
+CATALOGUES = {
+    "mutants": MUTANTS,
+    "correct": CORRECT_ENGINES,
+    "rounding": ROUNDING_ENGINES,
+    "rounding-black-box": {f"{label} (black box)": cls for label, cls in BLACK_BOXES.items()},
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,10 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--include-correct", action="store_true", help="also run the correct reference engine")
     parser.add_argument(
         "--catalogue",
-        choices=("mutants", "correct"),
+        choices=tuple(CATALOGUES),
         default="mutants",
-        help="the broken engines (each must fail) or the correct ones that use the spec's freedoms (each must pass)",
+        help="the broken engines (each must fail) or correct ones (freedoms, other rounding; each must pass)",
     )
+    parser.add_argument("--check", nargs="*", default=None, help="keep checks whose id contains one of these")
+    parser.add_argument("--run-seed", type=int, default=None, help="the run seed (held-out prompts, draws)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -68,9 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         dtype=args.dtype,
         device=args.device,
         sampling_requests=args.sampling_requests,
+        **({} if args.run_seed is None else {"run_seed": args.run_seed}),
     )
-    correct = set(CORRECT_ENGINES) if args.catalogue == "correct" else set()
-    engines = dict(CORRECT_ENGINES) if args.catalogue == "correct" else dict(MUTANTS)
+    engines = dict(CATALOGUES[args.catalogue])
+    correct = set() if args.catalogue == "mutants" else set(engines)
     if args.include_correct:
         engines = {"correct reference": ReferenceEngine, **engines}
     if args.only:
@@ -83,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         session = SuiteSession(settings, engine_factory=lambda m, d, cls=cls: cls(m, d))
         try:
-            results = run_plan(session, plan(settings))
+            results = run_plan(session, plan(settings, args.check))
         finally:
             session.close()
         failed = [r for r in results if r.status == "fail"]
@@ -96,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 "failed": [r.check for r in failed],
                 "message": failed[0].message if failed else "",
                 "counts": counts,
+                "run_seed": settings.run_seed,
                 "seconds": round(time.time() - t0, 1),
             }
         )
