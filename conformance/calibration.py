@@ -250,10 +250,10 @@ class _Derived:
                 self.longer = max(self.longer or 0.0, upper_limit(longer, rounds))
                 self.shorter = max(self.shorter or 0.0, upper_limit(shorter, rounds))
             if "round_gain" in entry:
-                gain = read.number(entry, "round_gain", -1e9, 1e9)
-                squares = read.number(entry, "round_gain_squares", 0.0, 1e12)
-                # one-sided upper limit of the mean gain per round (normal, 1 - ALPHA)
-                self.gain = max(self.gain or 0.0, (gain + _Z * math.sqrt(squares)) / rounds)
+                read.number(entry, "round_gain_squares", 0.0, 1e12)  # kept for the record (the spread)
+                gain = read.number(entry, "round_gain", -1e9, 1e9) / rounds
+                # the largest measured mean gain a round: the tau test's own statistic carries the run's noise
+                self.gain = gain if self.gain is None else max(self.gain, gain)
             self.sources.append(f"{source} ({rounds} rounds)")
         if "tie_engine_only" in entry:
             engine_only = int(read.number(entry, "tie_engine_only", 0, 1e9))
@@ -283,7 +283,6 @@ class _Derived:
         )
 
 
-_Z = 3.090232306167813  # the standard normal's 1 - ALPHA quantile
 TIE_EVIDENCE = 30  # discordant positions an engine's tie counts need before they widen the tie share
 
 

@@ -1,0 +1,73 @@
+"""The noise model (conformance/noise.py): token calls, round caps, the tau test, the tie test."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ddtree_conformance.calibration import load_calibration
+from ddtree_conformance.noise import ALPHA, FP32_TIE, NoiseModel, TokenCall
+from ddtree_conformance.paths import FIXTURE_TARGET
+
+BF16 = NoiseModel("bfloat16", 0.3, 0.2, 0, (), "test", 0.05, 0.02, longer_rate=0.02, shorter_rate=0.03)
+EXACT = NoiseModel("float32", 0.0, 1e-3, 0, (), "exact")
+
+
+@pytest.mark.parametrize(
+    ("rules", "gaps", "call"),
+    [
+        (BF16, (0.0,), TokenCall.MATCH),
+        (BF16, (0.1,), TokenCall.NEAR_TIE),
+        (BF16, (0.3,), TokenCall.NEAR_TIE),
+        (BF16, (0.31,), TokenCall.OUTSIDE),
+        (BF16, (0.1, 0.4), TokenCall.OUTSIDE),  # a replayed node: every gap must be within the bound
+        (EXACT, (FP32_TIE / 2,), TokenCall.FP32_TIE),
+        (EXACT, (0.01,), TokenCall.OUTSIDE),
+        (EXACT, (FP32_TIE / 2, 0.01), TokenCall.OUTSIDE),
+    ],
+)
+def test_token_calls(rules, gaps, call):
+    assert rules.token(*gaps) is call
+
+
+def test_round_caps_follow_their_direction_and_grow_with_rounds():
+    assert BF16.unconfirmed_round_cap(1000, longer=True) < BF16.unconfirmed_round_cap(1000, longer=False)
+    assert BF16.unconfirmed_round_cap(100, True) < BF16.unconfirmed_round_cap(1000, True) < 1000 * 0.05
+    assert EXACT.unconfirmed_round_cap(1000, True) <= 5 and EXACT.unconfirmed_round_cap(0, True) == 0
+
+
+def test_tau_test_passes_symmetric_noise_at_its_level():
+    """Rounds whose length differences are symmetric about zero (rare, of any size): the self-normalised
+    sum's p-value bound exp(-t^2/2) keeps false alarms below ALPHA; 2000 runs of 400 rounds give none."""
+    rng = random.Random(7)
+    alarms = 0
+    for _ in range(2000):
+        d = [rng.choice((-1, 1)) * rng.choice((1, 1, 1, 2, 3)) if rng.random() < 0.05 else 0 for _ in range(400)]
+        alarms += BF16.tau_test(d).fails
+    assert alarms == 0
+
+
+def test_tau_test_fails_an_engine_that_claims_more_than_the_noise_gives():
+    natural = [-1] * 12 + [1] * 8 + [0] * 380  # a correct bf16 engine: a few rounds each way, slightly short
+    assert not BF16.tau_test(natural).fails
+    inflated = [1] * 40 + [0] * 360  # 40 of 400 rounds one token longer, none shorter
+    test = BF16.tau_test(inflated)
+    assert test.fails and test.gained == 40 and "+40 tokens" in test.describe()
+    # the allowance is the measured gain of correct engines a round: a model that allows 0.1 a round passes it
+    assert not NoiseModel("bfloat16", 0.3, 0.2, 0, (), "t", gain_per_round=0.1).tau_test(inflated).fails
+
+
+def test_tie_test_allows_the_measured_share_of_a_noisier_correct_engine():
+    even = NoiseModel("bfloat16", 0.3, 0.2, 0, (), "t")
+    noisy = NoiseModel("bfloat16", 0.3, 0.2, 0, (), "t", tie_share=0.88)
+    assert even.tie_test(75, 23) < ALPHA  # split-K partial sums against the bf16 reference (calibration counts)
+    assert noisy.tie_test(75, 23) > ALPHA
+    assert noisy.tie_test(120, 2) < ALPHA  # an engine that leaves the argmax by rule still fails
+
+
+def test_the_fixture_model_names_its_provenance():
+    model = load_calibration(FIXTURE_TARGET, "bfloat16")
+    engines = {source.split("@")[0] for source in model.calibrated_on}
+    assert {"reference", "SplitKReductions", "OnlineSoftmaxAttention"} <= engines
+    assert 0 < model.longer_rate < 0.05 and 0 < model.shorter_rate < 0.05 and model.tie_share > 0.5
