@@ -9,7 +9,9 @@ freedoms an engine has, as one predicate on a traced round.
 * The output's end: a node of depth >= ``room`` (the tokens the output can still take) can never be
   emitted, so it may be left out, down to a root-only round when one token is left. The drafter's
   block may also be cut to ``room`` positions (z-lab's ``dflash_generate``); the tree is then the
-  spec tree of those positions' logits.
+  spec tree of those positions' logits. Or the tree may be capped at the depth the output can still
+  emit (``room - 1``, or ``room``) with its budget spent on the nodes it can emit: the B most probable
+  prefixes no deeper than that (the spec tree of the first positions' logits).
 * The context's end: an engine whose KV cache holds one slot per verified node, flat, may verify
   only as many nodes as fit, ``context_room = max_context - 2 - start`` (the root and the bonus need
   a slot each): the first ``context_room`` nodes of the spec tree in its order (the spec tree of
@@ -133,6 +135,8 @@ def tree_problem(
     spec_scores = spec.scores[1:].tolist()  # non-increasing: pop order
     spec_paths = _paths(spec.tokens.tolist(), spec.parents.tolist(), spec.depths.tolist())[1:]
     scores = [_score(lp, p) for p in nodes]
+    if _emittable_depth_tree(draft_logits, budget, nodes, scores, rows, room):
+        return None
     if keep >= rows and least_budget(budget, context_room) >= budget:  # nothing may be left out
         if sorted(scores, reverse=True) != spec_scores:
             return (
@@ -162,6 +166,21 @@ def tree_problem(
             f"{used} nodes {len(needed)}"
         )
     return None
+
+
+def _emittable_depth_tree(draft_logits, budget: int, nodes, scores, rows: int, room: int | None) -> bool:
+    """Whether the nodes are the ``budget`` most probable prefixes no deeper than the output can still
+    emit (``room - 1``, or ``room`` whose drafts are emitted without the bonus): the budget spent on
+    nodes the output can emit (module doc)."""
+    if room is None or room - 1 >= rows:
+        return False
+    for cap in sorted({max(room - 1, 0), min(room, rows)}):
+        if cap <= 0 or any(len(p) > cap for p in nodes):
+            continue
+        capped = build_tree(draft_logits[:cap], budget).scores[1:].tolist()
+        if sorted(scores, reverse=True) == capped:
+            return True
+    return False
 
 
 def _held_prefix(tree, path: Sequence[int]) -> list[int]:

@@ -73,6 +73,18 @@ class UnemittableNodesDropped(SteppedEngine):
         return shallower(tree, room - 1)
 
 
+class EmittableDepthBudgetSpent(SteppedEngine):
+    """Near the output's end the tree is capped at the depth the output can still emit (``room - 1``) and
+    its budget spent on the nodes it can emit: the B most probable prefixes no deeper than that, built
+    from the drafter's first positions (a DDTree engine that knows its length limit wastes no node)."""
+
+    name = "correct-emittable-depth-budget-spent"
+    report_emitted = True
+
+    def tree_depth(self, room: int, rows: int) -> int:
+        return max(1, min(rows, room - 1))
+
+
 class ContextFullTreeCut(SteppedEngine):
     """Near the context's end the verify batch must fit the KV slots left, counted flat (one slot per
     node): the tree keeps its first ``max_context - 2 - start`` nodes in pop order, none at the very
@@ -392,6 +404,7 @@ CORRECT_ENGINES: dict[str, type] = {
     "room-left block, emitted lengths": RoomLeftBlockEmitted,
     "room-left block, claimed lengths": RoomLeftBlockClaimed,
     "unemittable nodes dropped (root-only last round)": UnemittableNodesDropped,
+    "tree capped at the emittable depth, budget spent there": EmittableDepthBudgetSpent,
     "tree cut to the context's KV slots (rounds without a tree)": ContextFullTreeCut,
     "ties broken the other way": TiesBrokenTheOtherWay,
     "nodes deepest first": NodesDeepestFirst,

@@ -71,6 +71,10 @@ class SteppedEngine(ReferenceEngine):
         """Positions drafted this round; ``room``: tokens the output can still take; ``block`` = L."""
         return block
 
+    def tree_depth(self, room: int, rows: int) -> int:
+        """Depths the tree is built over (default: every drafted position)."""
+        return rows
+
     def build(self, draft_logits: torch.Tensor, config: RunConfig, params: SamplingParams, generator) -> DraftTree:
         return build_chain(draft_logits) if config.mode == "dflash" else self._build(draft_logits, config.budget)
 
@@ -135,7 +139,9 @@ class SteppedEngine(ReferenceEngine):
             rows = self.drafted_rows(room, block)
             draft_logits = pair.draft_logits(root, start, context, context_start, draft_cache, rows=rows)
             draft = {"logits": draft_logits}
-            tree = self.layout(self.cut(self.build(draft_logits, config, params, generator), room, start, config))
+            depth = self.tree_depth(room, int(draft_logits.shape[0]))
+            built = self.build(draft_logits[:depth], config, params, generator)
+            tree = self.layout(self.cut(built, room, start, config))
             verify, logits, features = self.verify(pair, tree, root, start, cache)
             walk = self.walk(tree, logits, params, generator, draft)
             self.compact_step(cache, start, walk.accepted)
