@@ -12,7 +12,8 @@ Round measurements (:func:`measure_rounds`): the engine runs greedily in the low
 each budget and in DFlash; every round is replayed in fp32 on the engine's context. A round whose
 tokens agree with the replay's but whose length differs is a drafter-side flip, *longer* or
 *shorter*; ``round_gain`` and ``round_gain_squares`` are the sum and sum of squares of the per-round
-difference of emitted lengths (engine minus replay) over every round.
+difference of emitted lengths (engine minus replay) over every round, ``drafter_gain`` and
+``drafter_gain_squares`` the same over the rounds whose tokens agree (the tau test's rounds).
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ def measure_rounds(
     """``engine`` run greedily in ``dtype`` (DDTree at each budget, and DFlash), every round replayed in
     fp32 by the reference (module doc): rounds, drafter-side flips by direction, the length gain."""
     replayer = ReferenceEngine(model_dir, drafter_dir)
-    rounds = longer = shorter = gain = squares = 0
+    rounds = longer = shorter = gain = squares = drafter_gain = drafter_squares = 0
     try:
         for mode, budget in [("ddtree", b) for b in budgets] + [("dflash", None)]:
             config = RunConfig(mode=mode, budget=budget or 16, dtype=dtype, device=device)  # (dflash: unused)
@@ -181,7 +182,12 @@ def measure_rounds(
                     rounds += 1
                     gain, squares = gain + (a - b), squares + (a - b) ** 2
                     tokens = output[rnd.offset : rnd.offset + lengths[rnd.index]]
-                    if lengths[rnd.index] != rnd.length and first_token_difference(tokens, rnd.tokens) is None:
+                    agree = first_token_difference(tokens, rnd.tokens) is None
+                    drafter_gain, drafter_squares = (
+                        drafter_gain + agree * (a - b),
+                        drafter_squares + agree * (a - b) ** 2,
+                    )
+                    if lengths[rnd.index] != rnd.length and agree:
                         at_end = rnd.offset + lengths[rnd.index] >= len(output)
                         if at_end and a == b:
                             continue  # past the output's end neither side is observable
@@ -195,6 +201,8 @@ def measure_rounds(
         "drafter_shorter": shorter,
         "round_gain": gain,
         "round_gain_squares": squares,
+        "drafter_gain": drafter_gain,
+        "drafter_gain_squares": drafter_squares,
         "drafter_budgets": list(budgets),
         "round_modes": ["ddtree", "dflash"],
     }

@@ -249,10 +249,12 @@ class _Derived:
                 shorter = int(read.number(entry, "drafter_shorter", 0, flips - longer))
                 self.longer = max(self.longer or 0.0, upper_limit(longer, rounds))
                 self.shorter = max(self.shorter or 0.0, upper_limit(shorter, rounds))
-            if "round_gain" in entry:
-                read.number(entry, "round_gain_squares", 0.0, 1e12)  # kept for the record (the spread)
-                gain = read.number(entry, "round_gain", -1e9, 1e9) / rounds
-                # the largest measured mean gain a round: the tau test's own statistic carries the run's noise
+                # the tau test's allowance: the largest measured mean gain a round over the rounds whose
+                # tokens agree (its own statistic carries the run's noise); older entries: longer - shorter
+                if "drafter_gain" in entry:
+                    gain = read.number(entry, "drafter_gain", -1e9, 1e9) / rounds
+                else:
+                    gain = (longer - shorter) / rounds
                 self.gain = gain if self.gain is None else max(self.gain, gain)
             self.sources.append(f"{source} ({rounds} rounds)")
         if "tie_engine_only" in entry:

@@ -109,6 +109,7 @@ class ReplayRun:
     engine_lengths: list[list[int]] = field(default_factory=list)
     reference_lengths: list[list[int]] = field(default_factory=list)
     verdicts: list[RoundVerdict] = field(default_factory=list)
+    drafter_side: list[int] = field(default_factory=list)  # see differences()
     by_prompt: dict = field(default_factory=dict)  # prompt -> (engine lengths, replay lengths)
 
     def of(self, *kinds: RoundKind) -> list[RoundVerdict]:
@@ -151,9 +152,11 @@ class ReplayRun:
         return self.of(RoundKind.DIFFERS)
 
     def differences(self) -> list[int]:
-        """Per round, the engine's emitted length minus the replay's (every round, equal ones 0)."""
-        pairs = zip(self.engine_lengths, self.reference_lengths)
-        return [a - b for mine, theirs in pairs for a, b in zip(mine, theirs)]
+        """Per round whose tokens agree with the replay's (the drafter side decides its length: equal,
+        drafter near-tie and unconfirmed rounds), the engine's emitted length minus the replay's. Rounds
+        where the target parted (a near tie, counted by token scoring) are left out: their lengths
+        follow another path, and their spread would hide a drafter-side gain."""
+        return list(self.drafter_side)
 
     def lengths_around(self, verdict: RoundVerdict) -> str:
         """Both sides' per-round lengths around ``verdict``'s round."""
@@ -267,8 +270,11 @@ def judge_rounds(
     """
     # tau counts what the output shows: a last round cut by the output's end counts its emitted tokens
     # on both sides, so a length claimed past the end (unobservable) cannot inflate it
-    run.engine_lengths.append(emitted_lengths(engine_lengths, len(output)))
-    run.reference_lengths.append(emitted_lengths([r.length for r in replayed], len(output)))
+    mine_emitted = emitted_lengths(engine_lengths, len(output))
+    theirs_emitted = emitted_lengths([r.length for r in replayed], len(output))
+    run.engine_lengths.append(mine_emitted)
+    run.reference_lengths.append(theirs_emitted)
+    parted = len(run.verdicts)
     run.by_prompt[prompt] = (list(engine_lengths), [r.length for r in replayed])
     for rnd in replayed:
         run.rounds += 1
@@ -383,6 +389,13 @@ def judge_rounds(
         elif why.kind == "unconfirmed":
             verdict.kind = RoundKind.LONGER_UNCONFIRMED if le > rnd.length else RoundKind.SHORTER_UNCONFIRMED
         run.verdicts.append(verdict)
+    target_side = {v.round for v in run.verdicts[parted:] if v.kind in _TARGET_SIDE}
+    for rnd, a, b in zip(replayed, mine_emitted, theirs_emitted):
+        if rnd.index not in target_side:
+            run.drafter_side.append(a - b)
+
+
+_TARGET_SIDE = (RoundKind.TARGET_NEAR_TIE, RoundKind.FP32_TIE, RoundKind.DIFFERS)
 
 
 def _emittable_depth(rnd, mine, le: int, at_end: bool, mode: str, budget: int, max_new_tokens: int | None):

@@ -163,6 +163,7 @@ def judge_prompts(
         judged.top2 += prompt.top2
         if prompt.replayed is None:
             judged.run.rounds += len(prompt.lengths)
+            judged.run.drafter_side += [0] * len(prompt.lengths)
             judged.run.engine_lengths.append(prompt.lengths)
             judged.run.reference_lengths.append(prompt.lengths)
             judged.from_golden += 1
