@@ -184,7 +184,15 @@ Baselines = Annotated[
         "--baselines", help="Baseline file, or folder holding <hardware-class>.json.", show_default="golden/baselines"
     ),
 ]
-Out = Annotated[Optional[Path], typer.Option("--out", "-o", help="Report path (.md and .html beside it).")]
+Out = Annotated[
+    Optional[str],
+    typer.Option(
+        "--out",
+        "-o",
+        help="Report path (.md and .html beside it); an existing folder, or a path ending in '/', "
+        "gets the default file name inside it.",
+    ),
+]  # a str, not a Path: a Path drops the trailing '/' that names a folder still to be made
 
 
 def run_settings(kind: type[SuiteSettings] = SuiteSettings, **values: Any) -> SuiteSettings:
