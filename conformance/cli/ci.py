@@ -315,7 +315,7 @@ def ci(
             "--allow-skip",
             metavar="FAMILY",
             help="A check family or mode that may skip because of the engine "
-            "(repeatable; $DDTREE_ALLOW_SKIP: one per line).",
+            "(repeatable; $DDTREE_ALLOW_SKIP: one per line); one this run does not plan is a note.",
         ),
     ] = None,
     isolate: Annotated[

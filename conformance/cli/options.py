@@ -140,7 +140,8 @@ AllowSkip = Annotated[
         metavar="FAMILY",
         help="A check family (acceptance, tree-structure, ...) or mode (ddtree, dflash) "
         "whose checks may skip because of the engine without making the run "
-        "incomplete (exit 7); repeatable. The report lists what was allowed.",
+        "incomplete (exit 7); repeatable. The report lists what was allowed; a family this run does not "
+        "plan (branch-vs-chain under --modes dflash) gets a note.",
     ),
 ]
 HeldOutPrompts = Annotated[
