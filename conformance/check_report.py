@@ -58,8 +58,11 @@ def finish_check_report(
     engine: dict | None = None,
     elapsed_s: float | None = None,
     engine_failure: tuple[str, str] | None = None,
+    allow_skip_notes: Sequence[str] = (),
 ) -> tuple[dict[str, Any], Coverage, dict]:
-    """The complete check report, its coverage and its verdict. ``engine_failure``: (message, log tail)."""
+    """The complete check report, its coverage and its verdict. ``engine_failure``: (message, log tail);
+    ``allow_skip_notes``: the ``--allow-skip`` names this run does not plan
+    (:func:`~ddtree_conformance.coverage.check_allow_skip`)."""
     results = [e.result for e in entries]
     cover = coverage(entries, allow_skip, flag=f"{flag_prefix}allow-skip")
     found = verdict(results, cover, engine_failure[0] if engine_failure else None)
@@ -70,7 +73,7 @@ def finish_check_report(
             "counts": counts_of(results),
             "results": [r.model_dump() for r in results],
             "runs": runs or [],
-            "coverage": cover.as_dict(),
+            "coverage": {**cover.as_dict(), "allow_skip_notes": list(allow_skip_notes)},
             "verdict": found,
         }
     )

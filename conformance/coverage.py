@@ -8,7 +8,9 @@ A run's verdict (:func:`verdict`) is one of
   prompts for an aggregate band), and the caller did not opt out of that family or mode with
   ``--allow-skip``; exit status 7 in the CLI and the pytest route;
 * ``pass``: everything planned ran and passed, or skipped for a reason that is not the engine's
-  (one device for tensor parallelism, no golden file for a custom prompt set), or was allowed.
+  (no golden file for a custom prompt set, too few sampled transitions for a verdict), or cannot apply
+  on this run (*not applicable*: CUDA graphs on a CPU run, tensor parallelism on one device; counted
+  apart), or was allowed.
 
 :func:`coverage` builds the table the reports show: one row per family with its checks' counts,
 the evidence they judged (requests, prompts, output tokens, speculative rounds, tree nodes, summed
@@ -20,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from .checks import plan
+from .checks import FAMILIES, SPECULATIVE_MODES, plan
 from .checks.result import CheckResult
 from .settings import SettingsError, SuiteSettings
 
@@ -66,16 +68,19 @@ class FamilyRow:
     passed: int = 0
     failed: int = 0
     skipped: int = 0
+    not_applicable: int = 0  # skips that cannot apply on this run's device or settings (never incomplete)
     not_run: int = 0
     evidence: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EVIDENCE_KEYS, 0))
     gaps: list[str] = field(default_factory=list)  # distinct reasons the engine gave no chance to run
-    notes: list[str] = field(default_factory=list)  # distinct other skip reasons (environment, input)
+    notes: list[str] = field(default_factory=list)  # distinct other skip reasons (not applicable, environment, input)
     allowed: bool = False  # the caller opted out of this family's engine gaps
 
     @property
     def status(self) -> str:
-        ran = self.passed + self.failed
-        return "ran" if ran == self.planned else "did not run" if ran == 0 else "partly ran"
+        ran, applicable = self.passed + self.failed, self.planned - self.not_applicable
+        if applicable == 0:
+            return "not applicable"
+        return "ran" if ran == applicable else "did not run" if ran == 0 else "partly ran"
 
 
 @dataclass
@@ -143,6 +148,10 @@ def coverage(entries: Iterable[Entry], allow_skip: Sequence[str] = (), *, flag: 
             row.passed += 1
         elif r.status == "fail":
             row.failed += 1
+        elif not r.applicable:
+            row.not_applicable += 1
+            if r.message not in row.notes:
+                row.notes.append(r.message)
         else:
             row.skipped += 1
             if r.cause == "engine" or r.cause is None:
@@ -159,6 +168,7 @@ def coverage(entries: Iterable[Entry], allow_skip: Sequence[str] = (), *, flag: 
     missing_modes = {}
     gap_checks = {g.check for g in gaps}
     for mode, mode_entries in by_mode.items():
+        mode_entries = [e for e in mode_entries if e.result.applicable]
         if mode_entries and all(e.result.check in gap_checks for e in mode_entries):
             missing_modes[mode] = mode_entries[0].result.message
     return Coverage(list(rows.values()), gaps, allowed, list(allow_skip), missing_modes, flag)
@@ -179,19 +189,43 @@ def verdict(results: Sequence[CheckResult], cover: Coverage, engine_failure: str
         return {"status": "incomplete", "reason": cover.reason()}
     allowed = f"; allowed to skip: {', '.join(cover.allow_skip)}" if cover.allowed else ""
     skipped = sum(r.status == "skip" for r in results)
-    note = f", {skipped} skipped for reasons that are not the engine's" if skipped - len(cover.allowed) > 0 else ""
-    return {"status": "pass", "reason": f"{len(results) - skipped} of {len(results)} checks passed{note}{allowed}"}
+    inapplicable = [r for r in results if r.status == "skip" and not r.applicable]
+    others = skipped - len(inapplicable) - len(cover.allowed)
+    na = ""
+    if inapplicable:
+        families = sorted({r.check.split("/", 1)[0] for r in inapplicable})
+        na = f", {len(inapplicable)} not applicable on this run ({', '.join(families)})"
+    note = f", {others} skipped for reasons that are not the engine's" if others > 0 else ""
+    return {"status": "pass", "reason": f"{len(results) - skipped} of {len(results)} checks passed{na}{note}{allowed}"}
 
 
-def check_allow_skip(settings: SuiteSettings, flag_prefix: str = "--") -> None:
-    """Refuse an ``--allow-skip`` name that is neither a check family of the plan nor a mode."""
-    names = settings.allow_skip or []
-    if not names:
-        return
-    known = {c.family for c in plan(settings.model_copy(update={"checks": None}))} | {"dflash", "ddtree"}
+def check_allow_skip(settings: SuiteSettings, flag_prefix: str = "--") -> list[str]:
+    """Refuse an ``--allow-skip`` name the suite has never heard of (a usage error listing every known
+    name: each check family it can plan, and each mode); return one note per known name that this run
+    does not plan (``branch-vs-chain is not planned for --modes dflash``), so one CI configuration serves
+    every set of modes, dtypes and ``--check`` filters."""
+    names = list(dict.fromkeys(settings.allow_skip or []))
+    known = set(FAMILIES) | set(SPECULATIVE_MODES)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise SettingsError(
             f"{flag_prefix}allow-skip {','.join(unknown)}: not a check family or mode; known: "
             f"{', '.join(sorted(known))}"
         )
+    unfiltered = {c.family for c in plan(settings.model_copy(update={"checks": None}))}
+    planned = {c.family for c in plan(settings, flag_prefix=flag_prefix)}
+    modes = ",".join(settings.modes)
+    notes = []
+    for name in names:
+        if name in SPECULATIVE_MODES:
+            if name not in settings.modes:
+                notes.append(f"{name} is not planned for {flag_prefix}modes {modes}")
+        elif name not in unfiltered:
+            if name == "near-ties":
+                notes.append(f"near-ties is not planned for {flag_prefix}dtype {settings.dtype} (bfloat16, float16)")
+            else:
+                notes.append(f"{name} is not planned for {flag_prefix}modes {modes}")
+        elif name not in planned:
+            kept = ",".join(settings.checks or [])
+            notes.append(f"{name} is not planned: {flag_prefix}check {kept} keeps none of its checks")
+    return notes

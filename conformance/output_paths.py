@@ -2,14 +2,16 @@
 
 :func:`output_path` turns ``--out`` into an absolute path (so an engine that changes the working
 folder, as one run with ``--no-isolate`` may, cannot move it), writes inside ``--out`` when it names
-a folder, and refuses (:class:`OutputPathError`, a usage error) a path one of whose files (a report's
-JSON, Markdown and HTML) would be an input of the run: a golden file (``<golden folder>/<pair>/*.json``), a
+a folder (an existing one, or one still to be made: a path ending in ``/``), and refuses
+(:class:`OutputPathError`, a usage error) a path one of whose files (a report's JSON, Markdown and
+HTML) would be an input of the run: a golden file (``<golden folder>/<pair>/*.json``), a
 file of the model or drafter folder, the prompts file, the pairs file, the calibration manifest
 beside the model, the baselines, or anything in the suite's bundled data.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -72,7 +74,10 @@ def output_path(
         path = Path(default)
     else:
         path = Path(out).expanduser()
-        if path.is_dir():
+        folder = str(out).endswith(("/", os.sep))  # `--out newdir/`: a folder, made when the report is written
+        if folder and path.exists() and not path.is_dir():
+            raise OutputPathError(f"{flag} {out}: {path} is a file, not a folder")
+        if path.is_dir() or folder:
             path = path / Path(default).name
     path = path.absolute()
     for target in [path, *files(path)]:  # the path named, and every file written for it

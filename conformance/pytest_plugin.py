@@ -211,7 +211,7 @@ def pytest_configure(config: pytest.Config) -> None:
         plan(settings, flag_prefix="--ddtree-")  # a filter that keeps nothing is a usage error, never an empty pass
         if unavailable_reason(config) is None:  # bad prompts, ids or lengths: before any engine work
             validate_run_inputs(settings, flag_prefix="--ddtree-")
-        check_allow_skip(settings, "--ddtree-")
+        allow_skip_notes = check_allow_skip(settings, "--ddtree-")  # known but not planned here: a note
     except (SettingsError, PromptError) as exc:
         raise pytest.UsageError(f"ddtree-conformance: {exc}") from None
     out = config.getoption("ddtree_report", None)
@@ -219,7 +219,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not out.is_absolute():
         out = config.invocation_params.dir / out
     if not config.pluginmanager.has_plugin("ddtree-results"):
-        config.pluginmanager.register(Recorder(config, settings, out), "ddtree-results")
+        config.pluginmanager.register(Recorder(config, settings, out, allow_skip_notes), "ddtree-results")
     user_paths = (
         [a for a in config.args if a != str(SUITE)] if config.args_source == pytest.Config.ArgsSource.ARGS else []
     )

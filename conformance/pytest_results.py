@@ -48,8 +48,16 @@ def _first_line(report: pytest.TestReport) -> str:
 class Recorder:
     """Registered by the plugin when ``--ddtree-engine`` is given (module doc)."""
 
-    def __init__(self, config: pytest.Config, settings, out: Path, flag_prefix: str = "--ddtree-") -> None:
+    def __init__(
+        self,
+        config: pytest.Config,
+        settings,
+        out: Path,
+        allow_skip_notes: list[str] | tuple[str, ...] = (),
+        flag_prefix: str = "--ddtree-",
+    ) -> None:
         self.config, self.settings, self.out, self.flag_prefix = config, settings, out, flag_prefix
+        self.allow_skip_notes = list(allow_skip_notes)  # --ddtree-allow-skip names this run does not plan
         self.entries: dict[str, Entry] = {}
         self.session_info: dict[str, Any] = {}
         self.started = time.perf_counter()
@@ -118,6 +126,7 @@ class Recorder:
             runs=self.session_info.get("runs", []),
             engine=self.session_info.get("engine") or {"spec": s.engine, "name": "", "version": ""},
             elapsed_s=time.perf_counter() - self.started,
+            allow_skip_notes=self.allow_skip_notes,
         )
         report["held_out_prompts"] = self.session_info.get("held_out_prompts", [])
         self.written = write_report(report, self.out)
@@ -131,5 +140,7 @@ class Recorder:
         terminalreporter.section("ddtree-conformance")
         code = f" (exit {EXIT_INCOMPLETE})" if status == "INCOMPLETE" else ""
         terminalreporter.line(f"{status}{code}: {self.verdict['reason']}", red=status != "PASS", green=status == "PASS")
+        for note in self.allow_skip_notes:
+            terminalreporter.line(f"note: {self.flag_prefix}allow-skip {note}")
         if self.written:
             terminalreporter.line(f"report {self.written[0]} (+ {self.written[1].name}, {self.written[2].name})")

@@ -275,9 +275,12 @@ def _context_lines(report: dict) -> list[str]:
     counts = report.get("counts")
     if counts:
         not_run = f", {counts['not_run']} not run" if counts.get("not_run") else ""
+        families = (report.get("coverage") or {}).get("families", [])
+        inapplicable = sum(f.get("not_applicable", 0) for f in families)
+        na = f" ({inapplicable} not applicable on this run)" if inapplicable else ""
         lines.append(
             f"checks: {counts.get('pass', 0)} passed, {counts.get('fail', 0)} failed, "
-            f"{counts.get('skip', 0)} skipped{not_run}"
+            f"{counts.get('skip', 0)} skipped{na}{not_run}"
         )
     if s.get("run_seed") is not None and report.get("kind") == "check":
         held = report.get("held_out_prompts")
@@ -303,7 +306,7 @@ def _coverage(report: dict) -> dict | None:
     head = [
         "family",
         "ran",
-        "pass / fail / skip",
+        "pass / fail / skip / n/a",
         "requests",
         "prompts",
         "tokens",
@@ -324,7 +327,7 @@ def _coverage(report: dict) -> dict | None:
             [
                 f["family"],
                 f.get("status", ""),
-                f"{f['passed']} / {f['failed']} / {f['skipped']}",
+                f"{f['passed']} / {f['failed']} / {f['skipped']} / {f.get('not_applicable', 0)}",
                 *(str(ev.get(k, 0)) for k in ("requests", "prompts", "tokens", "rounds", "nodes")),
                 "; ".join(why) or "-",
             ]
@@ -334,6 +337,7 @@ def _coverage(report: dict) -> dict | None:
         notes.append(f"incomplete: {cover['reason']}")
     for gap in cover.get("allowed", [])[:20]:
         notes.append(f"allowed (--allow-skip): {gap['check']}: {gap['reason']}")
+    notes += [f"--allow-skip: {line}" for line in cover.get("allow_skip_notes", [])]
     return {"head": head, "rows": rows, "notes": notes}
 
 
@@ -342,6 +346,8 @@ def _status_of(result: dict) -> tuple[str, str]:
     status = result.get("status", "?")
     if (result.get("details") or {}).get("not_run"):
         return "not run", "skip"
+    if status == "skip" and result.get("cause") == "not-applicable":
+        return "not applicable", "skip"
     if status == "skip" and result.get("cause"):
         return f"skip ({result['cause']})", "skip"
     return status, status

@@ -13,6 +13,7 @@ generation length and tensor-parallel size; explicit options win over the pair's
 from __future__ import annotations
 
 import json
+import math
 import re
 import secrets
 from pathlib import Path
@@ -26,6 +27,7 @@ from .paths import FIXTURE_DRAFTER, FIXTURE_TARGET, RECORDS_DIR
 from .prompts import resolve_prompt_set
 
 __all__ = [
+    "SAMPLING_FULL_AT_PROMPTS",
     "SuiteSettings",
     "GenerateSettings",
     "SettingsError",
@@ -38,6 +40,7 @@ __all__ = [
     "DEFAULT_TORCH_THREADS",
 ]
 
+SAMPLING_FULL_AT_PROMPTS = 20  # the front ends' --limit below this samples that share of sampling_requests
 MAX_BUDGET = 1 << 16  # no engine drafts trees this large; engines refuse above their own max_budget
 DEFAULT_TORCH_THREADS = 1  # when not given: fastest for small models on small CPUs; 0 asks for torch's own
 PAIR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -168,7 +171,12 @@ class SuiteSettings(BaseModel):
     isolate: bool = True
     near_tie_bound: float | None = Field(default=None, description="nats; None: the pair's calibration")
     golden_dir: str = str(RECORDS_DIR)
-    sampling_requests: int = Field(default=200, ge=1, description="seeded requests per sampling variant")
+    sampling_requests: int = Field(
+        default=200,
+        ge=1,
+        description="seeded requests per sampling variant (the front ends scale it down by a --limit under "
+        "SAMPLING_FULL_AT_PROMPTS prompts: build_settings)",
+    )
     branch_rounds: int = Field(default=3, ge=1, description="rounds per prompt checked branch-vs-chain")
     branch_prompts: int = Field(default=4, ge=1)
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs the engine shards the target over")
@@ -384,6 +392,21 @@ def _apply_pair(values: dict[str, Any]) -> str | None:
     return None
 
 
+def _bound_sampling(values: dict[str, Any], *, given: bool) -> None:
+    """``--limit`` bounds every check, the sampling checks included: a limit of N prompts under
+    :data:`SAMPLING_FULL_AT_PROMPTS` samples N / 20 of the requests per variant (the profile's or the
+    default's; at least one). A sampling_requests the caller gave stays as given."""
+    try:
+        limit = int(values["limit"])
+    except (KeyError, TypeError, ValueError):  # not given, or a bad value the settings model names
+        return
+    if given or limit < 1 or limit >= SAMPLING_FULL_AT_PROMPTS:
+        return
+    full = values.get("sampling_requests", SuiteSettings.model_fields["sampling_requests"].default)
+    if isinstance(full, int):
+        values["sampling_requests"] = max(1, math.ceil(full * limit / SAMPLING_FULL_AT_PROMPTS))
+
+
 def build_settings(
     raw: dict[str, Any],
     *,
@@ -409,6 +432,7 @@ def build_settings(
         raise SettingsError(str(exc)) from None
     if unavailable and not allow_unavailable_pair:
         raise SettingsError(unavailable)
+    _bound_sampling(values, given=raw.get("sampling_requests") is not None)
     try:
         return kind(**values), unavailable
     except ValidationError as exc:

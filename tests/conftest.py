@@ -11,6 +11,9 @@
   ``PYTHONDONTWRITEBYTECODE`` (as CI machines like this project's do), every process the tests start
   (isolated engines, tensor-parallel ranks, CLI and pytest subprocesses) would compile the suite's
   modules from source again, seconds of CPU each; Python still reads bytecode it does not write.
+* the user's reports are not the tests' (``_reports_untouched``): a test that writes into the repository's
+  ``reports/`` (or the ``reports/`` of the folder pytest started in) fails, naming the files; tests write
+  their reports under ``tmp_path`` (``--out``, ``--ddtree-report``, ``--reports``).
 * one hypothesis profile (``ddtree``): no deadline (the first example of a test pays torch's warm-up),
   derandomized so a run is repeatable; ``HYPOTHESIS_PROFILE=dev`` explores with fresh seeds.
 """
@@ -65,6 +68,41 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
         default=None,
         help="seeded requests per sampling variant in the GPU tier (default 40)",
     )
+
+
+REPORT_FOLDERS = sorted({Path(__file__).resolve().parent.parent / "reports", Path.cwd().resolve() / "reports"})
+
+
+def _reports_state() -> dict[str, tuple[int, int] | None]:
+    """Every file (size, modification time) and folder (None) under the guarded ``reports/`` folders."""
+    state: dict[str, tuple[int, int] | None] = {}
+    for folder in REPORT_FOLDERS:
+        if not folder.exists():
+            continue
+        state[str(folder)] = None
+        for path in folder.rglob("*"):
+            try:
+                st = path.stat()
+            except OSError:  # removed while we looked
+                continue
+            state[str(path)] = None if path.is_dir() else (st.st_size, st.st_mtime_ns)
+    return state
+
+
+@pytest.fixture(autouse=True)
+def _reports_untouched():
+    """Fail a test that wrote into the user's ``reports/`` (the README's `check` writes its report there;
+    a test that overwrote it turned a 20-minute PASS report into "FAIL: 2 of 2 checks failed")."""
+    before = _reports_state()
+    yield
+    after = _reports_state()
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k, "absent") != after.get(k, "absent"))
+    if changed:
+        pytest.fail(
+            f"this test wrote into the user's reports folder ({', '.join(map(str, REPORT_FOLDERS))}): "
+            f"{', '.join(changed[:10])}; write under tmp_path instead (--out, --ddtree-report, --reports)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)

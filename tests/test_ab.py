@@ -212,10 +212,13 @@ def write_wheel(folder: Path, slowdown: float) -> Path:
 BENCH = ["--limit", "3", "--max-new-tokens", "10", "--budgets", "16", "--modes", "ddtree"]
 
 
-def bench(tmp_path, *args):
+def bench(tmp_path, *args, code: int = 1):
+    """``bench --against``: it exits with its verdict as the gate does (issue 31: it exited 0 on FAIL)."""
     out = tmp_path / "ab.json"
     result = CliRunner().invoke(app, ["bench", *BENCH, *args, "--out", str(out)])
-    assert result.exit_code == 0, (result.output, result.exception)
+    assert result.exit_code == code, (result.output, result.exception)
+    if code == 1:
+        assert "error: A/B FAIL: A/B: candidate slower than the baseline" in result.stderr, result.stderr
     gate = CliRunner().invoke(app, ["gate", str(out)])
     return json.loads(out.read_text()), gate
 
@@ -313,8 +316,9 @@ def test_a_slow_mutant_against_the_reference(random_pair, tmp_path):
             )
         ],
     )
-    assert result.exit_code == 0, (result.output, result.exception)
+    assert result.exit_code in (0, 1, 3), (result.output, result.exception)  # its verdict's, on real timings
     report = json.loads(out.read_text())
+    assert result.exit_code == {"pass": 0, "fail": 1, "inconclusive": 3}[report["verdict"]["status"]]
     (run,) = report["runs"]
     assert len(run["ab"]["samples"]) == 3 and all(x > 0 for x in run["ab"]["samples"])
     assert run["tau"] == run["baseline_tau"]  # the mutant accepts exactly what the reference does

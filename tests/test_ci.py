@@ -268,6 +268,7 @@ def test_a_slower_build_under_ab_fails_the_job(engine_repo, tmp_path, monkeypatc
     summary = (tmp_path / "r" / "summary.md").read_text()
     assert summary.startswith("## DDTree conformance: FAIL")
     assert "conformance | 0 | PASS" in summary  # the slower build is conformant: only the throughput fails it
+    assert "bench | 0 | wrote ab.json" in summary  # bench exits 1 on its FAIL verdict: the gate step judges it
     assert "| gate | 1 | REGRESSION: ddtree-B4 A/B ratio fail: candidate slower than the baseline" in summary
 
 

@@ -10,6 +10,7 @@ does the tensor-parallel skip on one device.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -154,8 +155,8 @@ def test_an_unknown_allow_skip_name_is_a_usage_error(inputs, tmp_path):
 
 
 def test_the_reference_engine_on_the_same_settings_is_complete(inputs, tmp_path):
-    """No false alarm: the correct engine passes; golden (no file for these prompts: input) and
-    tensor-parallel (one device: environment) stay plain skips."""
+    """No false alarm: the correct engine passes; golden (no file for these prompts: input) stays a plain
+    skip and tensor-parallel (one device, no --tensor-parallel-size) is not applicable."""
     result, report = check(
         inputs,
         tmp_path,
@@ -176,7 +177,10 @@ def test_the_reference_engine_on_the_same_settings_is_complete(inputs, tmp_path)
     assert result.exit_code == 0, (result.output, result.exception)
     assert report["verdict"]["status"] == "pass" and report["coverage"]["complete"]
     causes = {r["check"].split("/")[0]: r.get("cause") for r in report["results"] if r["status"] == "skip"}
-    assert causes == {"golden": "input", "tensor-parallel": "environment"}
+    assert causes == {"golden": "input", "tensor-parallel": "not-applicable"}
+    families = {f["family"]: f for f in report["coverage"]["families"]}
+    assert families["tensor-parallel"]["status"] == "not applicable" and families["tensor-parallel"]["not_applicable"]
+    assert "1 not applicable on this run (tensor-parallel)" in report["verdict"]["reason"]
     assert report["engine"] == {
         "spec": "reference",
         "name": "reference",
@@ -229,3 +233,109 @@ def test_the_verdict_ranks_fail_above_incomplete():
     assert verdict([e.result for e in entries], coverage(entries))["status"] == "fail"
     assert verdict([skip, env], coverage([entries[0], entries[2]]))["status"] == "incomplete"
     assert verdict([env], coverage([entries[2]]))["status"] == "pass"
+
+
+# -- issue 31: not applicable is not incomplete; the suite's own advice runs as given ------------------------
+def _stub(device: str, caps, tp: int = 1):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(capabilities=caps, settings=SimpleNamespace(device=device, tensor_parallel_size=tp))
+
+
+def _caps(**update):
+    from ddtree_conformance.adapters.interface import Capabilities
+
+    values = dict(
+        name="e", modes=["plain", "dflash", "ddtree"], dtypes=["float32"], devices=["cpu", "cuda"], sampling=True
+    )
+    return Capabilities(**{**values, "traces": False, "per_round_acceptance": False, **update})
+
+
+def test_cuda_graphs_without_the_capability_is_not_applicable_on_cpu_and_a_gap_on_cuda():
+    """Before: "cuda-graphs did not run on 2 check(s) (engine cannot switch CUDA graphs per run
+    (capabilities().cuda_graphs)); opt out with --allow-skip cuda-graphs": INCOMPLETE on a CPU run."""
+    from ddtree_conformance.checks.cuda_graphs import check_cuda_graphs
+
+    on_cpu = check_cuda_graphs(_stub("cpu", _caps()), "ddtree", 16)
+    assert on_cpu.status == "skip" and on_cpu.cause == "not-applicable" and not on_cpu.applicable
+    assert on_cpu.message.startswith("not applicable: a cpu run has no CUDA graphs")
+    on_cuda = check_cuda_graphs(_stub("cuda", _caps()), "ddtree", 16)
+    assert on_cuda.status == "skip" and on_cuda.cause == "engine"  # the family applies there: the engine's gap
+    no_mode = check_cuda_graphs(_stub("cpu", _caps(modes=["plain"])), "ddtree", 16)
+    assert no_mode.cause == "engine" and "does not offer mode ddtree" in no_mode.message
+
+
+def test_tensor_parallel_on_one_device_is_not_applicable_and_an_engine_that_cannot_shard_is_a_gap(monkeypatch):
+    from ddtree_conformance.checks import tensor_parallel as tp
+
+    one = tp.check_tensor_parallel(_stub("cpu", _caps(max_tensor_parallel=2)), "ddtree", 16)
+    assert one.cause == "not-applicable" and "1 cpu device(s) visible" in one.message
+    assert tp.check_tensor_parallel(_stub("cuda", _caps()), "dflash", None).cause == "not-applicable"
+    monkeypatch.setattr(tp, "visible_devices", lambda device: 2)  # two GPUs: the family applies
+    gap = tp.check_tensor_parallel(_stub("cuda", _caps(max_tensor_parallel=1)), "ddtree", 16)
+    assert gap.cause == "engine" and "max_tensor_parallel=1" in gap.message
+
+
+def test_not_applicable_is_counted_shown_and_never_incomplete():
+    na = CheckResult.not_applicable("cuda-graphs/ddtree-B16", "a cpu run has no CUDA graphs")
+    gap = CheckResult.skipped("cuda-graphs/dflash", "engine does not offer mode dflash")
+    ok = CheckResult.passed("lossless/ddtree-B16")
+    entries = [Entry("cuda-graphs", "ddtree", na), Entry("lossless", "ddtree", ok)]
+    cover = coverage(entries)
+    assert cover.complete and not cover.gaps
+    (row,) = [r for r in cover.rows if r.family == "cuda-graphs"]
+    assert (row.not_applicable, row.skipped, row.status) == (1, 0, "not applicable")
+    found = verdict([na, ok], cover)
+    assert found == {"status": "pass", "reason": "1 of 2 checks passed, 1 not applicable on this run (cuda-graphs)"}
+    # a mode is missing when every check of it that applies is a gap: the not-applicable one does not hide it
+    dflash = [Entry("cuda-graphs", "dflash", na), Entry("lossless", "dflash", gap)]
+    assert coverage(dflash).missing_modes == {"dflash": "engine does not offer mode dflash"}
+
+
+def test_allow_skip_takes_every_family_and_mode_the_suite_can_plan():
+    """Before: `--allow-skip branch-vs-chain` under --modes dflash (and near-ties in float32) was a usage error,
+    exit 2: "not a check family or mode; known: acceptance, busy-batch, ..." without either name."""
+    from ddtree_conformance.checks import FAMILIES, PER_MODE_CHECKS, plan
+    from ddtree_conformance.coverage import check_allow_skip
+    from ddtree_conformance.settings import SettingsError, SuiteSettings
+
+    everything = {c.family for dtype in ("float32", "bfloat16") for c in plan(SuiteSettings(dtype=dtype))}
+    assert everything == set(FAMILIES) and set(PER_MODE_CHECKS) < everything
+    dflash = SuiteSettings(modes=["dflash"], allow_skip=[*FAMILIES, "dflash", "ddtree"], checks=["lossless"])
+    notes = check_allow_skip(dflash)
+    assert "branch-vs-chain is not planned for --modes dflash" in notes
+    assert "near-ties is not planned for --dtype float32 (bfloat16, float16)" in notes
+    assert "ddtree is not planned for --modes dflash" in notes
+    assert "acceptance is not planned: --check lossless keeps none of its checks" in notes
+    assert not any(n.startswith(("lossless ", "dflash ")) for n in notes)
+    with pytest.raises(SettingsError) as refused:
+        check_allow_skip(SuiteSettings(allow_skip=["branch-vs-chian"]), "--ddtree-")
+    message = str(refused.value)
+    assert message.startswith("--ddtree-allow-skip branch-vs-chian: not a check family or mode; known: ")
+    assert all(name in message for name in [*FAMILIES, "dflash", "ddtree"])
+
+
+ADVICE = re.compile(r"opt out with ((?:--(?:ddtree-)?allow-skip \S+ ?)+)")
+
+
+def advice(text: str) -> list[str]:
+    """The incomplete message's advice, as the arguments it names (taken literally)."""
+    found = ADVICE.search(" ".join(text.split()))
+    assert found, text
+    return found.group(1).split()
+
+
+@pytest.mark.parametrize(
+    "engine, args",
+    [
+        ("NoDDTree", ["--limit", "1"]),
+        ("PlainOnly", ["--limit", "1", "--modes", "dflash,ddtree", "--check", "lossless", "--check", "tree"]),
+        ("ChainNoAcceptance", ["--limit", "1", "--check", "acceptance", "--check", "tree", "--check", "branch"]),
+    ],
+)
+def test_the_incomplete_messages_advice_runs_as_given(inputs, tmp_path, engine, args):
+    first, _ = check(inputs, tmp_path, f"{ENGINES}:{engine}", *args)
+    assert first.exit_code == 7, first.output
+    again, report = check(inputs, tmp_path, f"{ENGINES}:{engine}", *args, *advice(first.stderr))
+    assert again.exit_code == 0, (again.output, again.exception)
+    assert report["verdict"]["status"] == "pass" and "allowed to skip" in report["verdict"]["reason"]

@@ -19,6 +19,8 @@ from ddtree_conformance.cli import app
 from ddtree_conformance.testing.misbehaving import CATALOGUE
 from ddtree_conformance.testing.processes import pid_alive
 
+pytest_plugins = ["pytester"]
+
 WRITER = textwrap.dedent("""
     import sys
     from ddtree_conformance.files import atomic_write
@@ -226,6 +228,53 @@ def test_out_naming_a_folder_writes_inside_it(run_dir):
     assert result.exit_code in (0, 1), result.output  # a verdict (its echo outputs fail the fp32 oracle)
     assert (run_dir / "reports-dir" / "check-ddtc_echo_engine_Echo.json").is_file()
     assert not (run_dir / "reports-dir.json").exists()
+
+
+@pytest.mark.parametrize("spelling", ["new-dir/", "a/b/new-dir/"])
+def test_out_naming_a_folder_still_to_be_made_creates_it_and_writes_inside(run_dir, spelling):
+    """Before: ``--out newdir/`` for a folder that did not exist wrote ``newdir.json`` beside it."""
+    result = _echo_check(run_dir, spelling)
+    assert result.exit_code in (0, 1), result.output  # a verdict (its echo outputs fail the fp32 oracle)
+    folder = run_dir / spelling
+    assert (folder / "check-ddtc_echo_engine_Echo.json").is_file()
+    assert (folder / "check-ddtc_echo_engine_Echo.md").is_file()
+    assert not (run_dir / (spelling.rstrip("/") + ".json")).exists()
+    (run_dir / "a-file").write_text("")
+    refused = _echo_check(run_dir, "a-file/")
+    assert refused.exit_code == 2, refused.output
+    assert "--out a-file/: " in refused.stderr and "is a file, not a folder" in refused.stderr
+
+
+def test_generate_out_naming_a_folder_still_to_be_made_writes_inside(run_dir):
+    args = ["generate", "--engine", "ddtc_echo_engine:Echo", "--mode", "plain", "--no-isolate"]
+    args += ["--model", "pair/target", "--drafter", "none", "--prompts", "prompts.jsonl", "--max-new-tokens", "2"]
+    result = CliRunner().invoke(app, [*args, "--out", "gen/"])
+    assert result.exit_code == 0, result.output
+    assert (run_dir / "gen" / "generate-plain.jsonl").is_file()
+
+
+def test_a_test_that_writes_into_the_reports_folder_fails(pytester):
+    """The guard in tests/conftest.py: a test that writes into ``reports/`` (the README's `check` keeps its
+    report there; two pytest-route tests overwrote it, issue 31) fails, naming the file."""
+    from pathlib import Path
+
+    pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
+    pytester.makepyfile(
+        test_writes="""
+        from pathlib import Path
+
+        def test_writes_a_report():
+            Path("reports").mkdir(exist_ok=True)
+            Path("reports/check-reference.json").write_text("{}")
+
+        def test_writes_under_tmp_path(tmp_path):
+            (tmp_path / "reports").mkdir()
+            (tmp_path / "reports" / "check.json").write_text("{}")
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-q")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*this test wrote into the user's reports folder*check-reference.json*"])
 
 
 def test_an_engine_that_changes_the_working_folder_cannot_move_the_report(run_dir):

@@ -254,6 +254,26 @@ PROCESS_FAULTS = {
 }
 
 
+def test_an_engine_module_that_raises_on_import_exits_5_with_a_report(suite, tmp_path, monkeypatch, request):
+    """The docs promise a report whenever the engine cannot start; one whose module raises on import got
+    none (before: exit 5, the line below, and no report file)."""
+    (tmp_path / "ddtc_raises_on_import.py").write_text("raise RuntimeError('missing libcuda.so.1 (simulated)')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    request.addfinalizer(lambda: __import__("sys").modules.pop("ddtc_raises_on_import", None))
+    result, report, lines = check(suite, "ddtc_raises_on_import:Engine", ["lossless", "tree-structure"])
+    assert result.exit_code == 5, result.output
+    why = (
+        "engine 'ddtc_raises_on_import:Engine' is not available here: importing ddtc_raises_on_import failed "
+        "with RuntimeError: missing libcuda.so.1 (simulated)"
+    )
+    assert lines == [f"error: {why} (2 of 2 checks not run)"]
+    assert report is not None and report["verdict"]["status"] == "fail"
+    assert report["verdict"]["reason"] == f"the engine failed: {why}"
+    assert report["engine_failure"]["message"] == why
+    assert {s for s, _ in verdicts(report).values()} == {"not run"}
+    assert all(m == f"not run: the engine could not start: {why}" for _, m in verdicts(report).values())
+
+
 @pytest.mark.parametrize("fault", list(PROCESS_FAULTS))
 def test_engine_that_cannot_start_or_dies_stops_the_run_with_exit_5(suite, fault):
     first, tail_line, statuses = PROCESS_FAULTS[fault]
@@ -412,6 +432,7 @@ def test_pytest_items_after_the_engine_died_fail_fast_with_one_line(suite, tmp_p
             "--ddtree-engine-timeout",
             "10",
             f"--ddtree-golden-dir={tmp_path / 'golden'}",
+            f"--ddtree-report={tmp_path / 'check.json'}",  # never the user's reports/ (issue 31)
         ]
     )
     out, err = capsys.readouterr()
@@ -460,6 +481,7 @@ def test_pytest_refuses_a_budget_above_the_engines_in_every_item(suite, tmp_path
             "--ddtree-check",
             "lossless",
             f"--ddtree-golden-dir={tmp_path / 'golden'}",
+            f"--ddtree-report={tmp_path / 'check.json'}",  # never the user's reports/ (issue 31)
         ]
     )
     out, err = capsys.readouterr()

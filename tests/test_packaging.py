@@ -37,12 +37,15 @@ def load_smoke():
 
 
 def _packages_on_disk() -> set[str]:
+    """Every folder under a mapped source folder: code (with ``__init__.py``) and data alike, since Python
+    imports a data folder as a namespace package and setuptools warns about any it is not told of."""
     found = set()
     for source, target in PYPROJECT["tool"]["setuptools"]["package-dir"].items():
         folder = ROOT / target
-        for init in folder.rglob("__init__.py"):
-            rel = init.parent.relative_to(folder).parts
-            found.add(".".join([source, *rel]))
+        for sub in [folder, *folder.rglob("*")]:
+            if sub.is_dir() and "__pycache__" not in sub.parts and not sub.name.endswith(".egg-info"):
+                rel = sub.relative_to(folder).parts
+                found.add(".".join([source, *rel]))
     return found
 
 
@@ -144,6 +147,39 @@ def wheels(tmp_path_factory):
     tree = _copy_tree(tmp_path_factory.mktemp("tree"))
     out = tmp_path_factory.mktemp("wheels")
     return _wheel(tree, out / "suite"), _wheel(tree / "vllm-plugin", out / "plugin")
+
+
+BUILD_WARNINGS = """
+import sys, warnings
+from setuptools import build_meta
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    build_meta.build_wheel(sys.argv[1])
+for w in caught:
+    print(f"WARNING {w.category.__name__}: {str(w.message).strip().splitlines()[0]}")
+"""
+
+
+def test_the_wheel_builds_without_a_setuptools_warning(tmp_path):
+    """A clean install (issue 31): every data folder is declared, so setuptools builds the wheel without
+    "Package 'ddtree_conformance.templates' is absent from the `packages` configuration" (seven of them,
+    about 150 lines, before). Built from a copy of the tree, so nothing is written into the checkout."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(ROOT / name, tree / name)
+    for folder in ("conformance", "adapters", "golden"):
+        shutil.copytree(
+            ROOT / folder, tree / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+        )
+    proc = subprocess.run(
+        [sys.executable, "-c", BUILD_WARNINGS, str(tmp_path)], cwd=tree, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert list(tmp_path.glob("ddtree_conformance-*.whl")), proc.stdout[-2000:]
+    warned = [line for line in proc.stdout.splitlines() if line.startswith("WARNING ")]
+    assert not warned, "\n".join(warned)
+    assert "is absent from the `packages` configuration" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.slow

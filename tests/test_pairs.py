@@ -280,6 +280,8 @@ def test_engine_suite_on_an_unreachable_hub_pair_is_skipped_with_the_reason(tmp_
         "-q",
         "-rs",
         "--ddtree-no-isolate",
+        "--ddtree-report",
+        str(tmp_path / "check.json"),  # never the user's reports/ (issue 31)
         "-p",
         "no:randomly",
     )

@@ -107,6 +107,7 @@ def test_capabilities_on_cuda(fp32):
     assert "cuda" in caps.devices and "dflash" in caps.modes
     assert caps.max_tensor_parallel == torch.cuda.device_count()
     assert not caps.traces and not caps.per_round_acceptance
+    assert caps.cuda_graphs  # RunConfig.cuda_graphs switches disable_cuda_graph per run
 
 
 def test_plain_runs_every_prompt(fp32, golden):

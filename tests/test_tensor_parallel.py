@@ -78,15 +78,15 @@ def test_tp_acceptance_mutant_fails_on_acceptance_not_outputs(settings):
 def test_unshardable_reference_engine_skips_with_the_reason(settings):
     results = _tp_results(settings, ReferenceEngine)
     for result in results.values():
-        assert result.status == "skip"
+        assert result.status == "skip" and result.cause == "engine"  # TP asked: the engine's gap
         assert result.message.startswith("engine reports max_tensor_parallel=1")
 
 
-def test_one_visible_device_skips(settings):
+def test_one_visible_device_is_not_applicable(settings):
     results = _tp_results(settings, ShardedReference, tensor_parallel_size=1)
     for result in results.values():
-        assert result.status == "skip"
-        assert result.message.startswith("1 cpu device(s) visible; the TP check needs 2 or more")
+        assert result.status == "skip" and result.cause == "not-applicable"  # never incomplete (issue 31)
+        assert result.message.startswith("not applicable: 1 cpu device(s) visible; the TP check needs 2 or more")
 
 
 def test_tp_above_the_engines_maximum_skips(settings):

@@ -192,3 +192,85 @@ def test_lossless_says_whether_plain_and_the_speculative_run_shared_their_settin
     differ = settings_note([result(attention_backend="flashinfer")], [result(attention_backend="triton")], "ddtree-B64")
     assert differ == "; engine settings differ from plain: attention_backend flashinfer (plain) vs triton (ddtree-B64)"
     assert settings_note([result()], [result()], "dflash") == ""
+
+
+# -- CUDA graphs per run (issue 31: the real adapters declare capabilities().cuda_graphs) ----------------------
+def test_vllm_switches_cuda_graphs_per_run_on_cuda_only():
+    cuda = _vllm(cuda=True, enforce_eager=False)
+    for asked, eager in ((True, False), (False, True), (None, False)):  # None: the adapter's enforce_eager
+        kwargs = cuda.llm_kwargs(RunConfig(mode="ddtree", budget=16, device="cuda", cuda_graphs=asked), 16)
+        assert kwargs["enforce_eager"] is eager
+        settings = cuda.engine_settings("ddtree", 16, asked)
+        assert settings["enforce_eager"] is eager and settings["cuda_graphs"] is (not eager)
+    cpu = _vllm()  # vLLM's CPU backend runs eagerly whatever the run asks, and says nothing of graphs
+    assert cpu.llm_kwargs(RunConfig(mode="plain", cuda_graphs=True), 1)["enforce_eager"] is True
+    assert "cuda_graphs" not in cpu.engine_settings("plain", 1, True)
+
+
+def test_sglang_switches_cuda_graphs_per_run():
+    setup = _sglang()  # option cuda_graph: True
+    off = setup.server_args(RunConfig(mode="plain", device="cuda", cuda_graphs=False))
+    assert off["disable_cuda_graph"] is True and setup.engine_settings("plain", False)["cuda_graphs"] is False
+    on = setup.server_args(RunConfig(mode="plain", device="cuda", cuda_graphs=True))
+    assert "disable_cuda_graph" not in on and setup.engine_settings("plain", True)["cuda_graphs"] is True
+    eager = _sglang(cuda_graph=False)  # the option decides where the run does not ask
+    assert eager.server_args(RunConfig(mode="plain", device="cuda"))["disable_cuda_graph"] is True
+    assert "disable_cuda_graph" not in eager.server_args(RunConfig(mode="plain", device="cuda", cuda_graphs=True))
+
+
+def _adapter(monkeypatch, package: str, cls: str, **attributes):
+    """The adapter class imported over a stand-in for its engine package (not installed here), as an
+    instance with the attributes its ``capabilities()`` reads; nothing of the stand-in stays imported."""
+    import importlib
+    import sys
+    import types
+
+    stub = types.ModuleType(package)
+    stub.__version__ = "0.0.test"
+    monkeypatch.setitem(sys.modules, package, stub)
+    name = f"ddtree_conformance.adapters.{package}.engine"
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    module = importlib.import_module(name)
+    monkeypatch.delitem(sys.modules, name)
+    engine = object.__new__(getattr(module, cls))
+    engine.__dict__.update(attributes)
+    return engine
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+def test_the_real_adapters_declare_cuda_graphs(monkeypatch, cuda):
+    """Before: neither declared it, so their `ci` jobs on CUDA would end INCOMPLETE ("engine cannot switch CUDA
+    graphs per run") on the engines this suite exists for. They switch per run where there are graphs."""
+    vllm = _adapter(
+        monkeypatch,
+        "vllm",
+        "VllmEngine",
+        version="0.0.test",
+        scope="batch",
+        drafter_dir=DRAFTER,
+        _dflash_ok=True,
+        ddtree_ok=False,
+        ddtree_why="no DDTree",
+        plugin=False,
+        shared_budget=None,
+        setup=_vllm(ddtree="none", cuda=cuda),
+        cuda=cuda,
+        max_model_len=1024,
+    )
+    assert vllm.capabilities().cuda_graphs is cuda
+    sglang = _adapter(
+        monkeypatch,
+        "sglang",
+        "SglangEngine",
+        version="0.0.test",
+        scope="batch",
+        gpus=2 if cuda else 0,
+        drafter_dir=DRAFTER,
+        _dflash_ok=True,
+        ddtree_ok=False,
+        ddtree_why="no DDTree",
+        setup=_sglang(ddtree_why="no DDTree"),
+        deterministic=False,
+        max_context=1024,
+    )
+    assert sglang.capabilities().cuda_graphs is cuda

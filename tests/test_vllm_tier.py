@@ -142,6 +142,7 @@ def test_capabilities(real):
     assert caps.name == "vllm" and "dflash" in caps.modes and caps.version
     # stock DFlash gives aggregates only; per-round traces exist only for ddtree (through the plugin)
     assert not caps.per_round("dflash") and not caps.traced("dflash")
+    assert caps.cuda_graphs is ("cuda" in caps.devices)  # per run on CUDA; vLLM's CPU backend has no graphs
     SUMMARY["capabilities"] = caps.model_dump()
     SUMMARY["run_seed"] = RUN_SEED
 

@@ -36,7 +36,8 @@ ServerArgs ``random_seed``), ``context_length`` (default: SGLang reads the targe
 ``mem_fraction_static``, ``max_running_requests``, ``attention_backend``, ``deterministic``
 (False; ``enable_deterministic_inference``: SGLang honours ``sampling_seed`` only then,
 ``srt/sampling/sampling_batch_info.py:157-170``), ``cuda_graph`` (True; False sets
-``disable_cuda_graph``), ``log_level`` ("error"), ``acceptance_scope`` ("batch" | "request"),
+``disable_cuda_graph``; a run's ``RunConfig.cuda_graphs``, when set, decides:
+``capabilities().cuda_graphs``), ``log_level`` ("error"), ``acceptance_scope`` ("batch" | "request"),
 ``ddtree_algorithm`` ("DDTREE") and ``ddtree_budget_arg`` ("speculative_ddtree_budget"): the
 algorithm name and ServerArgs budget field of a DDTree-capable SGLang (PR #29907's, or a plugin's).
 """
@@ -237,6 +238,7 @@ class SglangEngine(Engine):
             per_round_acceptance=False,
             max_context=self.max_context,
             max_tensor_parallel=max(1, self.gpus),
+            cuda_graphs=bool(self.gpus),  # RunConfig.cuda_graphs -> disable_cuda_graph per run (ServerSetup.graphs)
             notes=notes,
         )
 
@@ -281,6 +283,7 @@ class SglangEngine(Engine):
             config.dtype,
             config.tensor_parallel_size,
             gpu,
+            self.setup.graphs(config.cuda_graphs),
         )
         if self._engine is not None and self._engine_key == key:
             return self._engine
@@ -396,7 +399,8 @@ class SglangEngine(Engine):
         else:
             extras = self._aggregates([o.get(api.META_INFO) or {} for o in outputs])
         for i, output, extra in zip(runnable, outputs, extras):
-            results[i] = self._result(output, {**extra, "engine_settings": self.setup.engine_settings(config.mode)})
+            settings = self.setup.engine_settings(config.mode, config.cuda_graphs)
+            results[i] = self._result(output, {**extra, "engine_settings": settings})
         return results  # type: ignore[return-value]
 
     def close(self) -> None:

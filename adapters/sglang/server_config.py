@@ -84,7 +84,7 @@ class ServerSetup:
         kwargs.update({k: v for k, v in optional.items() if v is not None})
         if self.deterministic:
             kwargs["enable_deterministic_inference"] = True
-        if not self.cuda_graph:
+        if not self.graphs(config.cuda_graphs):
             kwargs["disable_cuda_graph"] = True
         if config.mode == "plain":
             return kwargs
@@ -119,11 +119,17 @@ class ServerSetup:
                 kwargs["disable_overlap_schedule"] = True  # else create_worker refuses (spec_registry.py:137)
         return kwargs
 
-    def engine_settings(self, mode: str) -> dict:
-        """What each result of a run of ``mode`` reports under ``engine_settings``."""
+    def graphs(self, cuda_graphs: bool | None) -> bool:
+        """Whether a run uses CUDA graphs: ``RunConfig.cuda_graphs`` when the run asks, else the
+        ``cuda_graph`` option."""
+        return self.cuda_graph if cuda_graphs is None else cuda_graphs
+
+    def engine_settings(self, mode: str, cuda_graphs: bool | None = None) -> dict:
+        """What each result of a run of ``mode`` reports under ``engine_settings`` (``cuda_graphs``: the
+        run's ``RunConfig.cuda_graphs``)."""
         settings: dict = {
             "attention_backend": self.attention_backend_for(mode) or "sglang default",
-            "cuda_graphs": self.cuda_graph,
+            "cuda_graphs": self.graphs(cuda_graphs),
         }
         if mode == "ddtree" and self.pr_ddtree:
             settings["overlap_scheduling"] = False  # PR #29907's hook turns it off for DDTREE

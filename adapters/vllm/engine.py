@@ -30,7 +30,8 @@ Options (``--engine-option KEY=VALUE`` or ``SuiteSettings.engine_options``):
 ``max_model_len`` (default: the target's ``max_position_embeddings``, at most 4096),
 ``kv_cache_gib`` (whole GiB, as vLLM reads it: sets ``VLLM_CPU_KVCACHE_SPACE`` when unset; default 1),
 ``in_process`` (True),
-``enforce_eager`` (default True on CPU, vLLM's default elsewhere), ``max_num_seqs``, ``seed`` (0),
+``enforce_eager`` (default True on CPU, vLLM's default elsewhere; on CUDA a run's
+``RunConfig.cuda_graphs``, when set, decides: ``capabilities().cuda_graphs``), ``max_num_seqs``, ``seed`` (0),
 ``live_llms`` (1: how many ``LLM`` s, one per configuration, stay alive at once; the least recently
 used one is shut down to make room; 2 keeps plain and speculative both warm when checks alternate),
 ``acceptance_scope`` ("batch" | "request"), ``ddtree_method`` ("ddtree") and ``ddtree_budget_key``
@@ -178,6 +179,7 @@ class VllmEngine(Engine):
             self.ddtree_method,
             self.ddtree_budget_key,
             None if backend.lower() in ("", "auto") else backend,
+            cuda=self.cuda,
         )
 
     # -- helpers ---------------------------------------------------------------------------
@@ -236,6 +238,7 @@ class VllmEngine(Engine):
             max_context=self.max_model_len - (self.shared_budget + 1 if self.shared_budget else 0),
             max_budget=self._plugin_max_budget(),
             max_tensor_parallel=max(1, opts.cuda_device_count()) if self.cuda else 1,
+            cuda_graphs=self.cuda,  # RunConfig.cuda_graphs -> enforce_eager per run (LlmSetup.eager)
             notes=notes,
         )
 
@@ -289,6 +292,7 @@ class VllmEngine(Engine):
             self._llm_budget(config) if config.mode == "ddtree" else None,
             config.dtype,
             config.tensor_parallel_size,
+            self.setup.eager(config.cuda_graphs),
         )
         if key in self._llms:
             self._llms.move_to_end(key)
@@ -421,7 +425,7 @@ class VllmEngine(Engine):
             outputs, delta = self._run(llm, [requests[i] for i in group], config)
             budget = self._llm_budget(config) if config.mode == "ddtree" else 1
             extra = self._aggregates(delta, self.setup.draft_depth(config.mode, budget)) if spec else {}
-            extra["engine_settings"] = self.setup.engine_settings(config.mode, budget)
+            extra["engine_settings"] = self.setup.engine_settings(config.mode, budget, config.cuda_graphs)
             if spec and self.scope == "batch":
                 extra["rounds"] = None  # batch-pooled aggregates: per-request rounds unknown
             rounds = plugin_traces.read(self._trace_path) if self._plugin_mode(config) else None

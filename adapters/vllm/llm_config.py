@@ -39,6 +39,7 @@ class LlmSetup:
     ddtree_method: str = api.DEFAULT_DDTREE_METHOD
     ddtree_budget_key: str = api.DEFAULT_DDTREE_BUDGET_KEY
     attention_backend: str | None = None  # the user's choice for every mode; None: as each mode needs
+    cuda: bool = False  # a CUDA build: RunConfig.cuda_graphs switches enforce_eager per run (CPU: always eager)
 
     @property
     def horizon(self) -> int | None:
@@ -52,6 +53,13 @@ class LlmSetup:
         if mode == "ddtree" and self.ddtree == "native":
             return api.PR_DDTREE.attention_backend
         return None
+
+    def eager(self, cuda_graphs: bool | None) -> bool:
+        """``enforce_eager`` of a run: on a CUDA build, ``RunConfig.cuda_graphs`` when the run asks (True:
+        vLLM's CUDA graphs, False: eager), else the adapter's option; vLLM's CPU backend has no graphs."""
+        if self.cuda and cuda_graphs is not None:
+            return not cuda_graphs
+        return self.enforce_eager
 
     def draft_depth(self, mode: str, llm_budget: int) -> int | None:
         """Positions past the root the drafter drafts in a run of ``mode`` (the per-depth acceptance the
@@ -84,7 +92,7 @@ class LlmSetup:
             "dtype": config.dtype,
             "seed": self.seed,
             "max_model_len": self.max_model_len,
-            "enforce_eager": self.enforce_eager,
+            "enforce_eager": self.eager(config.cuda_graphs),
             "disable_log_stats": False,
             "generation_config": "vllm",
         }
@@ -102,12 +110,16 @@ class LlmSetup:
             kwargs["tensor_parallel_size"] = config.tensor_parallel_size
         return kwargs
 
-    def engine_settings(self, mode: str, llm_budget: int) -> dict:
-        """What each result of a run reports under ``engine_settings``."""
+    def engine_settings(self, mode: str, llm_budget: int, cuda_graphs: bool | None = None) -> dict:
+        """What each result of a run reports under ``engine_settings`` (``cuda_graphs``: the run's
+        ``RunConfig.cuda_graphs``)."""
+        eager = self.eager(cuda_graphs)
         settings: dict = {
             "attention_backend": self.attention_backend_for(mode) or "vllm default",
-            "enforce_eager": self.enforce_eager,
+            "enforce_eager": eager,
         }
+        if self.cuda:  # what the CUDA-graphs check asks of a graphs-on run: did it run under graphs
+            settings["cuda_graphs"] = not eager
         if mode != "plain":
             settings["draft_depth"] = self.draft_depth(mode, llm_budget)
         return settings

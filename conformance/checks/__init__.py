@@ -34,7 +34,17 @@ from .sampling import DRAWN, VARIANTS, check_sampling
 from .tensor_parallel import check_tensor_parallel
 from .trees import check_branch_vs_chain, check_tree_structure
 
-__all__ = ["CheckResult", "PlannedCheck", "plan", "run_plan", "needs_golden", "PER_MODE_CHECKS", "GOLDEN_FAMILIES"]
+__all__ = [
+    "CheckResult",
+    "PlannedCheck",
+    "plan",
+    "run_plan",
+    "needs_golden",
+    "PER_MODE_CHECKS",
+    "GOLDEN_FAMILIES",
+    "FAMILIES",
+    "SPECULATIVE_MODES",
+]
 
 GOLDEN_FAMILIES = frozenset({"golden", "acceptance"})  # families that read the pair's golden file
 
@@ -52,6 +62,11 @@ PER_MODE_CHECKS: dict[str, Callable[..., CheckResult]] = {
     "tensor-parallel": check_tensor_parallel,
     "cuda-graphs": check_cuda_graphs,
 }
+
+#: every check family :func:`plan` can plan, in some run (``near-ties`` in bfloat16/float16 only,
+#: ``branch-vs-chain`` with mode ddtree only), and the speculative modes a run can ask for
+FAMILIES: tuple[str, ...] = (*PER_MODE_CHECKS, "branch-vs-chain", "near-ties", "sampling")
+SPECULATIVE_MODES: tuple[str, ...] = ("dflash", "ddtree")
 
 
 def _runs(settings: SuiteSettings) -> list[Run]:

@@ -14,10 +14,11 @@ Eager runs cannot see such a bug; this check runs both and compares them:
 * on CUDA, the graphs-on run must report that it ran under CUDA graphs
   (``RequestResult.engine_settings["cuda_graphs"]``): a silent eager fallback compares nothing.
 
-It runs where the engine can switch per run (``capabilities().cuda_graphs``; ``RunConfig.cuda_graphs``)
-and skips, with the reason, elsewhere. On CPU (no graphs) the reference engine's "graphs on" is its
-static-buffer path run eagerly, the very code its graphs replay, so the check runs there too, on the
-first :data:`CPU_PROMPTS` prompts.
+It runs where the engine can switch per run (``capabilities().cuda_graphs``; ``RunConfig.cuda_graphs``).
+On CPU (no graphs) the reference engine's "graphs on" is its static-buffer path run eagerly, the very
+code its graphs replay, so the check runs there too, on the first :data:`CPU_PROMPTS` prompts. An engine
+that cannot switch is an engine gap on a CUDA run (the run is incomplete until ``--allow-skip
+cuda-graphs``), and *not applicable* on a CPU run: there are no CUDA graphs there to switch.
 """
 
 from __future__ import annotations
@@ -42,9 +43,12 @@ def check_cuda_graphs(session: SuiteSession, mode: str, budget: int | None) -> C
     caps = session.capabilities
     if mode not in caps.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
-    if not caps.cuda_graphs:
-        return CheckResult.skipped(name, "engine cannot switch CUDA graphs per run (capabilities().cuda_graphs)")
     cuda = session.settings.device.startswith("cuda")
+    if not caps.cuda_graphs:
+        why = "engine cannot switch CUDA graphs per run (capabilities().cuda_graphs)"
+        if not cuda:
+            return CheckResult.not_applicable(name, f"a {session.settings.device} run has no CUDA graphs ({why})")
+        return CheckResult.skipped(name, why)
     prompts = session.prompts if cuda else session.prompts[:CPU_PROMPTS]
     requests = session.requests()[: len(prompts)]
     run = session.inputs.run(mode, budget)

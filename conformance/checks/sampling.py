@@ -13,6 +13,15 @@ each run draws, from its ``run_seed``, one setting in each stratum of :func:`dra
 requests to the engine in one mixed batch, and tests each stratum on its own share of the requests
 (false-alarm rate ``ALPHA`` split over the strata). The settings drawn are in the message and the
 report, so a failing run repeats with ``--run-seed``.
+
+The evidence a verdict needs: each tested setting's requests (``sampling_requests`` per variant, split
+over the strata of ``drawn``) of ``min(24, max_new_tokens)`` tokens must give at least
+:data:`MIN_TRANSITIONS` transitions forming at least one chi-square cell pair; with 100, the test at
+alpha 1e-3 detects a large effect (Cohen's w 0.5) with 95 % power on one degree of freedom. The
+default run gives 4800 per fixed variant and 960 per stratum. A run bounded below that (``--limit``
+under 20 prompts samples that share of the requests, ``--max-new-tokens`` under 24 shortens them)
+still fails a token the settings forbid and a significant chi-square, but otherwise ends as a skip
+(cause ``input``) saying "insufficient evidence" and the number needed, never as a silent pass.
 """
 
 from __future__ import annotations
@@ -50,7 +59,8 @@ VARIANTS = {
     "T=0.8,top_p=0.7": SamplingParams(temperature=0.8, top_p=0.7),
 }
 DRAWN = "drawn"  # the variant whose settings each run draws (module doc)
-NEW_TOKENS = 24
+NEW_TOKENS = 24  # tokens per sampled request, at most (a run's --max-new-tokens bounds it)
+MIN_TRANSITIONS = 100  # sampled transitions per tested setting that a verdict needs (module doc)
 
 
 def drawn_settings(seed: int, vocab: int) -> dict[str, SamplingParams]:
@@ -184,11 +194,11 @@ def silent_fallback(table: torch.Tensor, params: SamplingParams, sequences: list
     return None
 
 
-def _requests(params: SamplingParams, seeds: range, vocab: int) -> list[Request]:
+def _requests(params: SamplingParams, seeds: range, vocab: int, new_tokens: int = NEW_TOKENS) -> list[Request]:
     return [
         Request(
             prompt_ids=[seed % vocab],
-            max_new_tokens=NEW_TOKENS,
+            max_new_tokens=new_tokens,
             temperature=params.temperature,
             top_k=params.top_k,
             top_p=params.top_p,
@@ -218,13 +228,14 @@ def check_sampling(session: SuiteSession, mode: str, budget: int | None, variant
     else:
         strata, share = {variant: VARIANTS[variant]}, total
     seeds = {label: range(k * share, (k + 1) * share) for k, label in enumerate(strata)}
-    requests = [r for label, params in strata.items() for r in _requests(params, seeds[label], vocab)]
+    new_tokens = min(NEW_TOKENS, session.settings.max_new_tokens)
+    requests = [r for label, params in strata.items() for r in _requests(params, seeds[label], vocab, new_tokens)]
     results = session.run(mode, budget, requests=requests, engine=engine)
     errors = [r.error for r in results if r.error]
     if errors:
         return CheckResult.failed(name, f"engine error: {errors[0].splitlines()[0]}")
     alpha = ALPHA / len(strata)
-    notes, p_values, evidence = [], {}, None
+    notes, p_values, evidence, short = [], {}, None, []
     for k, (label, params) in enumerate(strata.items()):
         part = slice(k * share, (k + 1) * share)
         sequences = [r.prompt_ids + o.output_ids for r, o in zip(requests[part], results[part])]
@@ -233,17 +244,19 @@ def check_sampling(session: SuiteSession, mode: str, budget: int | None, variant
             evidence = {"transitions": transitions, "dof": dof, "alpha": alpha}
         tokens = sum(len(o.output_ids) for o in results[part])
         where = "" if variant != DRAWN else f"{label} ({_describe(params)}): "
-        if note == TOO_FEW and tokens and variant == DRAWN:
-            # settings drawn this narrow leave rows too concentrated for a chi-square test: what the sample
-            # still tests is the support (a token the settings forbid failed above, p = 0); never the
-            # engine's fault, so never its failure
-            note = f"{transitions} transitions, each within the support its settings allow (a support test only)"
-        if tokens == 0 or note == TOO_FEW:
+        if tokens == 0:
             return CheckResult.failed(
                 name,
                 f"{where}{share} sampled requests gave {tokens} tokens: nothing to test "
                 f"against the target distribution",
             )
+        if p_value >= alpha and (note == TOO_FEW or transitions < MIN_TRANSITIONS):
+            # rows too concentrated for a chi-square (settings drawn this narrow), or a run too small for a
+            # verdict: what the sample still tests is the support (a token the settings forbid failed above,
+            # p = 0); never the engine's fault, so never its failure, and never a pass on its own
+            short.append((label, transitions))
+            why = "" if note == TOO_FEW else f" (a verdict needs {MIN_TRANSITIONS})"
+            note = f"{transitions} transitions, each within the support its settings allow (a support test only{why})"
         p_values[label] = p_value
         detail = f"{share} requests, {tokens} tokens; {note}; p = {p_value:.3g}"
         if p_value < alpha:
@@ -258,6 +271,15 @@ def check_sampling(session: SuiteSession, mode: str, budget: int | None, variant
             )
         notes.append(f"{where}{detail}")
     rounds = sum(r.rounds or 0 for r in results)
+    if len(short) == len(strata):  # no setting gave a chi-square verdict: a run too small for one
+        return CheckResult.skipped(
+            name,
+            f"insufficient evidence: {min(n for _, n in short)} sampled transitions per setting "
+            f"({share} requests of {new_tokens} tokens); a sampling verdict needs at least {MIN_TRANSITIONS} "
+            f"per setting and found no fault in the support ({'; '.join(notes)}). Raise --limit (the sampling "
+            f"checks sample in full from 20 prompts) or --max-new-tokens (up to {NEW_TOKENS})",
+            cause="input",
+        )
     if variant != DRAWN:
         [only] = notes
         head = only.split(";", 1)

@@ -11,8 +11,10 @@ run, the check runs the prompt set at ``tensor_parallel_size=1`` and at ``N`` an
 
 N is the settings' ``tensor_parallel_size`` when above 1 (the pair's or ``--tensor-parallel-size``),
 else as many devices as are visible, capped by the engine's ``capabilities().max_tensor_parallel``.
-It skips, with the reason, where the engine does not shard (``max_tensor_parallel`` 1) or fewer
-than two devices are visible.
+With fewer than two devices visible and no TP size asked, it is *not applicable* (nothing to shard
+over on this run, whatever the engine); where two or more are visible but the engine does not shard
+(``max_tensor_parallel`` 1), it skips as the engine's gap (the run is incomplete until ``--allow-skip
+tensor-parallel``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def visible_devices(device: str) -> int:
 def tp_size(session: SuiteSession) -> tuple[int, str]:
     """The TP size to compare with TP=1, and where it came from (or 1 and the reason to skip)."""
     caps, asked = session.capabilities, session.settings.tensor_parallel_size
+    if asked <= 1 and visible_devices(session.settings.device) < 2:
+        return 1, _one_device(session)
     if caps.max_tensor_parallel <= 1:
         return 1, (
             f"engine reports max_tensor_parallel={caps.max_tensor_parallel} here, so there is no TP>1 run to compare"
@@ -55,16 +59,19 @@ def tp_size(session: SuiteSession) -> tuple[int, str]:
             )
         return asked, f"tensor_parallel_size {asked} (settings)"
     devices = visible_devices(session.settings.device)
-    if devices < 2:
-        kind = session.settings.device.split(":", 1)[0]
-        hint = (
-            "on CPU it runs when asked: --tensor-parallel-size N"
-            if kind == "cpu"
-            else "with pytest-xdist, give each worker several GPUs: --gpus-per-worker N"
-        )
-        return 1, f"{devices} {kind} device(s) visible; the TP check needs 2 or more ({hint})"
     n = min(devices, caps.max_tensor_parallel)
     return n, f"{devices} devices visible, engine max_tensor_parallel={caps.max_tensor_parallel}"
+
+
+def _one_device(session: SuiteSession) -> str:
+    devices = visible_devices(session.settings.device)
+    kind = session.settings.device.split(":", 1)[0]
+    hint = (
+        "on CPU it runs when asked: --tensor-parallel-size N"
+        if kind == "cpu"
+        else "with pytest-xdist, give each worker several GPUs: --gpus-per-worker N"
+    )
+    return f"{devices} {kind} device(s) visible; the TP check needs 2 or more ({hint})"
 
 
 def _vocab_size(model_dir) -> int | None:
@@ -105,7 +112,9 @@ def check_tensor_parallel(session: SuiteSession, mode: str, budget: int | None) 
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
     n, why = tp_size(session)
     if n <= 1:
-        return CheckResult.skipped(name, why, cause="environment")
+        if session.settings.tensor_parallel_size <= 1 and visible_devices(session.settings.device) < 2:
+            return CheckResult.not_applicable(name, why)  # nothing to shard over on this run
+        return CheckResult.skipped(name, why)  # devices to shard over, an engine that does not
     one = session.run(mode, budget, tensor_parallel_size=1)
     many = session.run(mode, budget, tensor_parallel_size=n)
     cases = []

@@ -48,7 +48,7 @@ __all__ = [
 EXIT_OK = 0  # everything checked passed
 EXIT_FAILED = 1  # the command ran and something it checked failed (a conformance failure, a regression)
 EXIT_USAGE = 2  # the command could not run as asked: bad option, bad input file, unusable model dir
-EXIT_INCONCLUSIVE = 3  # gate: a speedup interval straddles the band's edge after the time budget
+EXIT_INCONCLUSIVE = 3  # gate, bench --against: a speedup interval straddles the band's edge after the time budget
 EXIT_MISSING_BASELINE = 4  # gate: no baseline (or no measurement) for a run
 EXIT_ENGINE = 5  # the engine under test could not start, hung past --engine-timeout, or died
 EXIT_SETTINGS_CHANGED = 6  # gate: the report's engine settings differ from the baseline's (not compared)
@@ -57,10 +57,11 @@ EXIT_INCOMPLETE = 7  # nothing failed, but a requested mode or check family did 
 EXIT_STATUSES: dict[int, str] = {
     EXIT_OK: "all checks passed",
     EXIT_FAILED: "a check failed (conformance failure, or a result that breaks the integrity rules) or the gate "
-    "found a regression",
+    "(or an A/B bench) found a regression",
     EXIT_USAGE: "usage error: bad option, unknown engine or engine option, a budget above the engine's largest, "
     "bad input file or unusable model dir; nothing was run",
-    EXIT_INCONCLUSIVE: "gate only: inconclusive (the interval still straddles the band when its budget ran out)",
+    EXIT_INCONCLUSIVE: "gate and A/B bench only: inconclusive (the interval still straddles the band when its budget "
+    "ran out)",
     EXIT_MISSING_BASELINE: "gate only: a baseline or a measurement is missing",
     EXIT_ENGINE: "the engine could not start, hung past --engine-timeout, or died (crash, out of memory); the run "
     "stopped there (the report marks the remaining checks not run) and the engine's log tail is printed",
@@ -68,7 +69,8 @@ EXIT_STATUSES: dict[int, str] = {
     "attention backend, ...) differ from the baseline's; nothing was compared",
     EXIT_INCOMPLETE: "incomplete: nothing failed, but a requested mode or check family did not run because of the "
     "engine (mode not offered, no acceptance data, no traces, too few prompts); the report's "
-    "coverage table says which and why; --allow-skip FAMILY opts out",
+    "coverage table says which and why; --allow-skip FAMILY opts out (a family that cannot apply on the "
+    "run's device, such as CUDA graphs on CPU, is not applicable, never incomplete)",
 }
 
 EXIT_HELP = "Exit statuses: " + "; ".join(f"{code} {text}" for code, text in EXIT_STATUSES.items()) + "."

@@ -28,7 +28,7 @@ from ..report import ReportError, load_report, new_report, write_report
 from ..run import Run
 from ..support import unsupported
 from . import options as opt
-from .base import EXIT_FAILED, CliError, command, stderr_console, stdout_console
+from .base import EXIT_FAILED, EXIT_INCONCLUSIVE, CliError, command, stderr_console, stdout_console
 
 __all__ = ["bench", "baseline", "gate"]
 
@@ -174,7 +174,7 @@ def bench(
 
         if baselines is not None:
             raise CliError("--against and --baselines: an A/B run needs no stored baselines; give one of them")
-        bench_against(
+        written = bench_against(
             settings,
             against,
             hw=hw,
@@ -185,6 +185,10 @@ def bench(
             against_engine=against_engine,
             against_options=against_option,
         )
+        found = _load_report_or_fail(written).get("verdict") or {}  # A/B: exit with its verdict, as `gate` does
+        code = {"fail": EXIT_FAILED, "inconclusive": EXIT_INCONCLUSIVE}.get(found.get("status"))
+        if code is not None:
+            raise CliError(f"A/B {found['status'].upper()}: {found.get('reason', '')}", exit_code=code)
         return
     runs = [("dflash", None)] if "dflash" in settings.modes else []
     runs += [("ddtree", b) for b in settings.budgets] if "ddtree" in settings.modes else []

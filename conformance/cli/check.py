@@ -91,7 +91,7 @@ def check(
     )  # absolute, never an input of the run
 
     # imported here: the checks pull torch; --help and bad input are refused without it
-    from ..adapters.interface import EngineDied
+    from ..adapters.interface import EngineDied, EngineError, EngineUsageError
     from ..adapters.registry import resolve_engine
     from ..check_report import engine_identity, entries_of, finish_check_report
     from ..checks import needs_golden, plan, run_plan
@@ -103,54 +103,68 @@ def check(
     from ..report import CHECK_SCHEMA, new_report, runs_from_session, write_partial_report, write_report
     from ..session import SuiteSession
 
-    resolve_engine(settings.engine, settings.engine_options)  # unknown engine or option: exit 2 before any work
+    try:
+        resolve_engine(settings.engine, settings.engine_options)  # unknown engine or option: exit 2 before any work
+    except EngineUsageError:
+        raise
+    except EngineError as exc:  # named right, but its module does not import here: exit 5, with a report
+        import_failure: EngineError | None = exc
+    else:
+        import_failure = None
     checks = plan(settings)
-    check_allow_skip(settings)
+    for note in check_allow_skip(settings):  # a known name this run does not plan: a note, not an error
+        print(f"note: --allow-skip {note}", file=sys.stderr, flush=True)
     if needs_golden(checks):
         load_golden(settings.golden_dir, settings.pair_name, settings.prompt_set, settings.dtype)  # unreadable: exit 2
     partial = new_report(
         "check", settings.model_dump(), opt.hw_class(settings.device, hardware_class), schema=CHECK_SCHEMA
     )
     printer = progress_printer()
-    session = SuiteSession(settings, progress=printer)
     started = time.perf_counter()
-    if printer is not None:
-        printer(f"check: {len(checks)} checks against engine {settings.engine!r}")
-    try:
-        hold_oracle(session)  # golden records, manifest and calibration held before the engine starts
+    if import_failure is not None:
+        results = not_run(checks, f"the engine could not start: {one_line(import_failure)}")
+        failure = EngineDied(one_line(import_failure), str(import_failure).partition("\n")[2])
+        identity = {"spec": settings.engine, "name": "", "version": ""}
+        run_metrics, held_out = [], []
+    else:
+        session = SuiteSession(settings, progress=printer)
+        if printer is not None:
+            printer(f"check: {len(checks)} checks against engine {settings.engine!r}")
         try:
-            session.require_support()
-        except EngineDied as exc:
-            results = not_run(checks, f"the engine could not start: {one_line(exc)}")
-        else:
-            finished: list = []
-
-            def keep(result) -> None:  # the partial report: a run killed at a deadline keeps what finished
-                finished.append(result)
-                write_partial_report(partial, finished, checks, out_path)
-
-            if printer is not None:
-                results = run_plan(session, checks, on_result=lambda r: (keep(r), printer(progress_line(r))))
+            hold_oracle(session)  # golden records, manifest and calibration held before the engine starts
+            try:
+                session.require_support()
+            except EngineDied as exc:
+                results = not_run(checks, f"the engine could not start: {one_line(exc)}")
             else:
-                with Progress(console=stderr_console(), transient=True) as progress:
-                    task = progress.add_task(f"{settings.engine}: {len(checks)} checks", total=len(checks))
-                    results = run_plan(session, checks, on_result=lambda r: (keep(r), progress.advance(task)))
-        failure = session.failure
-        identity = engine_identity(session)
-        try:
-            run_metrics = runs_from_session(session)
-        except Exception:  # a dead engine leaves partial runs: the report keeps the checks' results
-            run_metrics = []
-        held_out = [{"id": p.id, "prompt_ids": p.prompt_ids} for p in session.inputs.drawn_held_out()]
-    finally:
-        session.close()
+                finished: list = []
+
+                def keep(result) -> None:  # the partial report: a run killed at a deadline keeps what finished
+                    finished.append(result)
+                    write_partial_report(partial, finished, checks, out_path)
+
+                if printer is not None:
+                    results = run_plan(session, checks, on_result=lambda r: (keep(r), printer(progress_line(r))))
+                else:
+                    with Progress(console=stderr_console(), transient=True) as progress:
+                        task = progress.add_task(f"{settings.engine}: {len(checks)} checks", total=len(checks))
+                        results = run_plan(session, checks, on_result=lambda r: (keep(r), progress.advance(task)))
+            failure = session.failure
+            identity = engine_identity(session)
+            try:
+                run_metrics = runs_from_session(session)
+            except Exception:  # a dead engine leaves partial runs: the report keeps the checks' results
+                run_metrics = []
+            held_out = [{"id": p.id, "prompt_ids": p.prompt_ids} for p in session.inputs.drawn_held_out()]
+        finally:
+            session.close()
     elapsed = time.perf_counter() - started
     table = Table(title=escape(f"{settings.engine} on {settings.pair_name} ({settings.dtype}, {settings.device})"))
     for column in ("check", "status", "message"):
         table.add_column(column, overflow="fold")
     colours = {"pass": "green", "fail": "red", "skip": "yellow"}
     for r in results:
-        status = "not run" if r.details.get("not_run") else r.status
+        status = "not run" if r.details.get("not_run") else r.status if r.applicable else "n/a"
         table.add_row(escape(r.check), f"[{colours[r.status]}]{status}[/]", escape(r.message))
     console = stdout_console()
     console.print(table)
@@ -162,14 +176,17 @@ def check(
         engine=identity,
         elapsed_s=elapsed,
         engine_failure=None if failure is None else (str(failure), failure.log_tail),
+        allow_skip_notes=check_allow_skip(settings),
     )
     counts = report["counts"]
     report["held_out_prompts"] = held_out
     out_path, md_path, html_path = write_report(report, out_path)
     not_run_note = f", {counts['not_run']} not run" if counts["not_run"] else ""
+    inapplicable = sum(not r.applicable for r in results)
+    na_note = f" ({inapplicable} not applicable on this run)" if inapplicable else ""
     console.print(
         escape(
-            f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped{not_run_note} "
+            f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped{na_note}{not_run_note} "
             f"in {elapsed:.0f} s; report {out_path} (+ {md_path.name}, {html_path.name})"
         ),
         soft_wrap=True,

@@ -299,7 +299,13 @@ def generate(
         ),
     ] = None,
     out: Annotated[
-        Optional[Path], typer.Option("--out", "-o", help="Output JSONL.", show_default="reports/generate-<mode>.jsonl")
+        Optional[str],  # a str: a Path drops the trailing '/' that names a folder still to be made
+        typer.Option(
+            "--out",
+            "-o",
+            help="Output JSONL; an existing folder, or a path ending in '/', gets the default name inside it.",
+            show_default="reports/generate-<mode>.jsonl",
+        ),
     ] = None,
     engine_option: opt.EngineOptions = None,
     engine_timeout: opt.EngineTimeout = None,

@@ -140,7 +140,8 @@ AllowSkip = Annotated[
         metavar="FAMILY",
         help="A check family (acceptance, tree-structure, ...) or mode (ddtree, dflash) "
         "whose checks may skip because of the engine without making the run "
-        "incomplete (exit 7); repeatable. The report lists what was allowed.",
+        "incomplete (exit 7); repeatable. The report lists what was allowed; a family this run does not "
+        "plan (branch-vs-chain under --modes dflash) gets a note.",
     ),
 ]
 HeldOutPrompts = Annotated[
@@ -184,7 +185,15 @@ Baselines = Annotated[
         "--baselines", help="Baseline file, or folder holding <hardware-class>.json.", show_default="golden/baselines"
     ),
 ]
-Out = Annotated[Optional[Path], typer.Option("--out", "-o", help="Report path (.md and .html beside it).")]
+Out = Annotated[
+    Optional[str],
+    typer.Option(
+        "--out",
+        "-o",
+        help="Report path (.md and .html beside it); an existing folder, or a path ending in '/', "
+        "gets the default file name inside it.",
+    ),
+]  # a str, not a Path: a Path drops the trailing '/' that names a folder still to be made
 
 
 def run_settings(kind: type[SuiteSettings] = SuiteSettings, **values: Any) -> SuiteSettings:
