@@ -38,9 +38,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from .adapters.interface import Engine, Request, RunConfig
 from .adapters.registry import available_engines
-from .bench import acceptance_summary
+from .bench import acceptance_summary, machine_part
 from .gate import EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_REGRESSION, GateRow, speedup_interval
-from .paired import Arm, BenchError, Repeat, Stream, measure
+from .machine_state import Sampler, describe
+from .paired import Arm, BenchError, Repeat, Stream, WarmupRule, measure
 from .sequential import METHOD, SPENDING, SequentialPlan, look_alpha, verdict
 
 __all__ = [
@@ -202,9 +203,10 @@ def measure_ab(
     *,
     tolerance: float = 0.05,
     plan: SequentialPlan | None = None,
-    warmup: bool = True,
+    warmup: bool | WarmupRule = True,
     on_step: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.perf_counter,
+    sampler: Sampler | None = None,
 ) -> dict:
     """The ``ab``, ``runs`` and ``verdict`` parts of an A/B report: for each run label in ``configs``, the
     candidate's and the baseline's throughput on the same requests, their ratio and its sequential
@@ -222,7 +224,11 @@ def measure_ab(
         Stream(label, (_arm(CANDIDATE, label), _arm(BASELINE, label)), _throughput_ratio(label), edge)
         for label in configs
     ]
-    measured = measure(arms, requests, streams, plan=plan, warmup=warmup, order=pair_order, on_step=on_step, now=now)
+    device = next(iter(configs.values())).device if configs else "cpu"
+    sampler = sampler if sampler is not None else Sampler(device)
+    measured = measure(
+        arms, requests, streams, plan=plan, warmup=warmup, order=pair_order, on_step=on_step, now=now, sampler=sampler
+    )
     looks_planned = len(plan.looks())
     runs = []
     for label, config in configs.items():
@@ -284,9 +290,12 @@ def measure_ab(
             },
             "repeats": len(measured.history),
             "requests": len(requests),
+            "order": "each run's two arms back to back; which goes first alternates with request and repeat",
+            **machine_part(measured, sampler),
         },
         "runs": runs,
     }
+    part["ab"]["machine_line"] = describe(part["ab"]["machine"])
     part["ab"]["runs"] = [_row(run) for run in runs]
     part["verdict"] = ab_verdict(evaluate(part))
     return part

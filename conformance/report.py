@@ -404,6 +404,9 @@ def _ab(report: dict) -> dict | None:
     notes = [
         f"candidate: {ab.get('candidate', '?')}; baseline: {ab.get('baseline', '?')}",
         f"{ab.get('definition', '')}",
+        f"order: {ab['order']}" if ab.get("order") else "",
+        f"machine: {ab['machine_line']}" if ab.get("machine_line") else "",
+        f"warm-up: {ab['warmup']['reason']}" if (ab.get("warmup") or {}).get("reason") else "",
     ]
     return {"head": head, "rows": rows, "notes": [n for n in notes if n]}
 

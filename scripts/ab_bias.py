@@ -1,0 +1,231 @@
+#!/usr/bin/env python
+"""Is an A/A run unbiased? One build against itself, with the causes of a bias told apart.
+
+An A/B run (``bench --against``) of a build against the same code must measure a ratio of 1. This script
+runs exactly what ``bench --against`` runs (two engines, each in its own process, the bench's paired
+measurement and sequential test) and records every ``generate`` call: its arm, whether it went first or
+second in its pair, the process that ran just before it, and its decode seconds on the engine's clock. It
+then splits the log ratio candidate / baseline into
+
+* the **arm effect** (what the verdict sees: candidate over baseline, order balanced),
+* the **order effect** (the first call of a pair over the second, arm balanced), and
+* the **switch effect** (a call right after the other process over a call right after its own),
+
+so an A/A bias reads as "the installed build is slower" (install kind), "whoever goes first is slower"
+(warm caches, first-arm penalty) or neither. ``--against`` takes what ``bench --against`` takes: an engine
+here (``reference``: the same installed code, so install kind is ruled out) or a folder / wheel /
+requirement installed into an overlay environment (:func:`ddtree_conformance.ab.overlay_environment`).
+``--candidate-from`` installs the candidate the same way, so both arms have the same install kind.
+``--order`` picks the call order: ``pairs`` (the bench's: who goes first alternates per request and
+repeat), ``fixed`` (the candidate always first: shows what an unbalanced order would do), ``random``
+(seeded coin per pair).
+
+    python scripts/ab_bias.py --against reference --repeats 30 --out /tmp/aa/same-install.json
+    python scripts/ab_bias.py --against . --repeats 30 --out /tmp/aa/editable-vs-folder.json
+    python scripts/ab_bias.py --candidate-from . --against . --repeats 30 --out /tmp/aa/folder-vs-folder.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from ddtree_conformance.ab import baseline_for, measure_ab, pair_order
+from ddtree_conformance.adapters.interface import Engine
+from ddtree_conformance.cli import options as opt
+from ddtree_conformance.cli.ab import _baseline_factory
+from ddtree_conformance.run import Run
+from ddtree_conformance.sequential import SequentialPlan
+from ddtree_conformance.session import SuiteSession
+
+
+class Recorded(Engine):
+    """Passes calls through to ``inner`` and logs each one (shared log, so the order is the real one)."""
+
+    def __init__(self, inner: Engine, side: str, log: list) -> None:
+        self.inner, self.side, self.log = inner, side, log
+        self.name = inner.name
+
+    def capabilities(self):
+        return self.inner.capabilities()
+
+    def generate(self, requests, config):
+        started = time.perf_counter()
+        results = self.inner.generate(requests, config)
+        wall = time.perf_counter() - started
+        stages = [r.timings.stages for r in results]
+        seconds = sum(s.get("round_device", s.get("round_wall", 0.0)) for s in stages)
+        self.log.append({"side": self.side, "prompt": requests[0].prompt_ids[:4], "s": seconds, "wall": wall})
+        return results
+
+    def close(self):
+        self.inner.close()
+
+
+def _t_interval(values: list[float]) -> dict:
+    x = np.asarray(values)
+    half = float(stats.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)) if x.size > 1 else float("nan")
+    m = float(x.mean())
+    return {"pct": 100 * (math.exp(m) - 1), "ci_pct": [100 * (math.exp(m - half) - 1), 100 * (math.exp(m + half) - 1)]}
+
+
+def analyse(log: list[dict], prompts: int = 2) -> dict:
+    """Split the per-pair log ratios into arm, order and switch effects (module doc)."""
+    pairs = [
+        (log[k], log[k + 1])
+        for k in range(0, len(log) - 1, 2)
+        if {log[k]["side"], log[k + 1]["side"]} == {"candidate", "baseline"}
+    ]
+    cand_first = [math.log(a["s"] / b["s"]) for a, b in pairs if a["side"] == "candidate"]
+    base_first = [math.log(b["s"] / a["s"]) for a, b in pairs if a["side"] == "baseline"]  # still cand / base
+    arm = cand_first + base_first  # log(candidate / baseline) per pair
+    # order: log(first / second) per pair, whichever arm went first
+    order = [math.log(a["s"] / b["s"]) for a, b in pairs]
+    # switch: a call right after the other process vs right after its own, per arm and per prompt (prompts
+    # differ in length, and which prompt follows a switch is fixed by the order): the pair's index k gives
+    # repeat k // n and request k % n, so the prompt is (request + repeat) % n
+    n = max(1, prompts)
+    after_other: dict[tuple, list[float]] = {}
+    after_own: dict[tuple, list[float]] = {}
+    for j in range(1, len(log)):
+        k = j // 2
+        prompt = (k % n + k // n) % n
+        key = (log[j]["side"], prompt)
+        (after_own if log[j - 1]["side"] == log[j]["side"] else after_other).setdefault(key, []).append(
+            math.log(log[j]["s"])
+        )
+    switch: dict[str, float] = {}
+    for side in ("candidate", "baseline"):
+        diffs = [
+            np.mean(after_other[key]) - np.mean(after_own[key])
+            for key in after_other
+            if key[0] == side and key in after_own
+        ]
+        if diffs:
+            switch[side] = round(100 * (math.exp(float(np.mean(diffs))) - 1), 2)
+    return {
+        "pairs": len(pairs),
+        "candidate_over_baseline": _t_interval(arm),
+        "candidate_over_baseline_when_candidate_first": _t_interval(cand_first) if len(cand_first) > 1 else None,
+        "candidate_over_baseline_when_baseline_first": _t_interval(base_first) if len(base_first) > 1 else None,
+        "first_over_second": _t_interval(order),
+        "after_other_over_after_own_pct": switch,
+    }
+
+
+def _pcts(effect: dict) -> str:
+    return "[" + ", ".join(f"{x:+.2f}" for x in effect["ci_pct"]) + "]"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--against", default="reference", help="the baseline: an engine here, or a folder/wheel to install")
+    p.add_argument("--candidate-from", default=None, help="install the candidate too (same install kind)")
+    p.add_argument("--order", choices=["pairs", "fixed", "random"], default="pairs")
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--limit", type=int, default=2)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--budget", type=int, default=16)
+    p.add_argument("--pair", default=None, help="named pair (default: the fixture)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument(
+        "--start-first",
+        choices=["candidate", "baseline"],
+        default="candidate",
+        help="which engine process starts first",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+
+    settings = opt.run_settings(
+        engine="reference",
+        pair=args.pair,
+        modes="ddtree",
+        budgets=str(args.budget),
+        limit=args.limit,
+        max_new_tokens=args.new_tokens,
+        held_out_prompts=0,
+        torch_threads=args.threads,
+    )
+    log: list[dict] = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ab-bias-") as work:
+        base_build = baseline_for(args.against, settings.engine, Path(work) / "baseline")
+        cand_build = (
+            baseline_for(args.candidate_from, settings.engine, Path(work) / "candidate")
+            if args.candidate_from
+            else baseline_for("reference", settings.engine, Path(work) / "candidate")
+        )
+        setup_s = time.perf_counter() - started
+        sessions = [
+            SuiteSession(settings, engine_factory=_baseline_factory(settings, cand_build)),
+            SuiteSession(settings, engine_factory=_baseline_factory(settings, base_build)),
+        ]
+        try:
+            for k in (0, 1) if args.start_first == "candidate" else (1, 0):
+                sessions[k].engine  # noqa: B018 - starts that engine's process
+            candidate = Recorded(sessions[0].engine, "candidate", log)
+            baseline = Recorded(sessions[1].engine, "baseline", log)
+            configs = {Run("ddtree", args.budget).label: sessions[0].config("ddtree", args.budget)}
+            rng = random.Random(args.seed)
+            orders = {
+                "pairs": pair_order,
+                "fixed": lambda running, r, i: sorted(running, key=lambda n: not n.startswith("candidate")),
+                "random": lambda running, r, i: sorted(
+                    running, key=lambda n: n.startswith("candidate") ^ (rng.random() < 0.5)
+                ),
+            }
+            import ddtree_conformance.ab as ab
+
+            plan = SequentialPlan(min_repeats=args.repeats, max_repeats=args.repeats, time_budget_s=1e6)
+            original = ab.pair_order
+            ab.pair_order = orders[args.order]
+            try:
+                part = measure_ab(
+                    candidate, baseline, sessions[0].requests(), configs, plan=plan, warmup=not args.no_warmup
+                )
+            finally:
+                ab.pair_order = original
+        finally:
+            for s in sessions:
+                s.close()
+    warm = 0 if args.no_warmup else 2 * int(part["ab"]["warmup"].get("rounds", 1))  # warm-up calls come first
+    result = {
+        "argv": sys.argv[1:] if argv is None else argv,
+        "setup_s": setup_s,
+        "elapsed_s": time.perf_counter() - started,
+        "candidate": cand_build.describe(),
+        "baseline": base_build.describe(),
+        "order": args.order,
+        "ab": {k: part["runs"][0]["ab"].get(k) for k in ("estimate", "ci_low", "ci_high", "stop")},
+        "effects": analyse(log[warm:], args.limit),
+        "warmup_calls": log[:warm],
+        "calls": log[warm:],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    e = result["effects"]
+    print(
+        f"{args.against} vs {args.candidate_from or 'editable'} ({args.order}): "
+        f"A/B ratio {result['ab']['estimate']:.4f} "
+        f"[{result['ab']['ci_low']:.4f}, {result['ab']['ci_high']:.4f}]; candidate/baseline per pair "
+        f"{e['candidate_over_baseline']['pct']:+.2f} % {_pcts(e['candidate_over_baseline'])}; "
+        f"first/second {e['first_over_second']['pct']:+.2f} % {_pcts(e['first_over_second'])}; "
+        f"after other/after own {e['after_other_over_after_own_pct']}; pairs {e['pairs']}; {result['elapsed_s']:.0f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
