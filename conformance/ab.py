@@ -51,6 +51,7 @@ __all__ = [
     "baseline_for",
     "overlay_environment",
     "pair_order",
+    "balanced_pair_order",
     "measure_ab",
     "evaluate",
     "ab_verdict",
@@ -182,6 +183,20 @@ def pair_order(running: list[str], r: int, i: int) -> list[str]:
     return [name for name in order if name in running]
 
 
+def balanced_pair_order(running: list[str], r: int, i: int) -> list[str]:
+    """:func:`pair_order` with each run's pair called twice, in both orders (candidate, baseline, baseline,
+    candidate, or the reverse): for an odd number of requests per repeat, where alternating by request
+    cannot balance a repeat, every repeat still has each arm first as often as second, so an order effect
+    (the second call of a pair measured slower than the first) cancels at every look, not only over two
+    repeats."""
+    once = pair_order(running, r, i)
+    out = []
+    for k in range(0, len(once), 2):
+        pair = once[k : k + 2]
+        out += pair + pair[::-1]
+    return out
+
+
 def _throughput_ratio(label: str) -> Callable[[Repeat], float]:
     def sample(repeat: Repeat) -> float:
         a, b = repeat.totals[_arm(CANDIDATE, label)], repeat.totals[_arm(BASELINE, label)]
@@ -226,8 +241,10 @@ def measure_ab(
     ]
     device = next(iter(configs.values())).device if configs else "cpu"
     sampler = sampler if sampler is not None else Sampler(device)
+    # an even number of requests balances each repeat by alternation; an odd one calls each pair both ways
+    order = pair_order if len(requests) % 2 == 0 else balanced_pair_order
     measured = measure(
-        arms, requests, streams, plan=plan, warmup=warmup, order=pair_order, on_step=on_step, now=now, sampler=sampler
+        arms, requests, streams, plan=plan, warmup=warmup, order=order, on_step=on_step, now=now, sampler=sampler
     )
     looks_planned = len(plan.looks())
     runs = []
@@ -290,7 +307,9 @@ def measure_ab(
             },
             "repeats": len(measured.history),
             "requests": len(requests),
-            "order": "each run's two arms back to back; which goes first alternates with request and repeat",
+            "order": "each run's two arms back to back; which goes first alternates with request and repeat"
+            if order is pair_order
+            else "each run's two arms back to back, twice per request in both orders (an odd number of requests)",
             **machine_part(measured, sampler),
         },
         "runs": runs,

@@ -281,11 +281,16 @@ def measure(
         return results, call_timing(results, wall)
 
     rule = WarmupRule() if warmup is True else warmup or None
+    labels = [arm.label for arm in arms]
     warm: dict = {"rounds": 0, "seconds": 0.0, "steady": None, "reason": "no warm-up", "times": [], "states": []}
     if rule is not None:
         began = now()
         while True:
-            row = [call(arm, requests[:1])[1].seconds for arm in arms]
+            # every arm once, in the timed repeats' order for this round (so no arm is always warmed first)
+            done = {
+                label: call(by_label[label], requests[:1])[1].seconds for label in order(labels, len(warm["times"]), 0)
+            }
+            row = [done.get(arm.label, 0.0) for arm in arms]
             warm["times"].append([round(t, 9) for t in row])
             if sampler is not None:
                 warm["states"].append(sampler.sample())
