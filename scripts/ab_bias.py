@@ -137,6 +137,11 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=int, default=16)
     p.add_argument("--pair", default=None, help="named pair (default: the fixture)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="both engines in this process (no engine processes; --against an engine here)",
+    )
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument(
         "--start-first",
@@ -157,6 +162,7 @@ def main(argv=None) -> int:
         max_new_tokens=args.new_tokens,
         held_out_prompts=0,
         torch_threads=args.threads,
+        isolate=False if args.in_process else None,
     )
     log: list[dict] = []
     started = time.perf_counter()
