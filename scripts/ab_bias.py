@@ -137,6 +137,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=int, default=16)
     p.add_argument("--pair", default=None, help="named pair (default: the fixture)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--pin", type=int, default=None, help="pin both engine processes (and their threads) to this core")
     p.add_argument(
         "--in-process",
         action="store_true",
@@ -180,9 +181,16 @@ def main(argv=None) -> int:
         ]
         try:
             for k in (0, 1) if args.start_first == "candidate" else (1, 0):
-                sessions[k].engine  # noqa: B018 - starts that engine's process
+                sessions[k].engine.capabilities()  # starts that engine's process (engines start on first use)
             candidate = Recorded(sessions[0].engine, "candidate", log)
             baseline = Recorded(sessions[1].engine, "baseline", log)
+            if args.pin is not None:
+                import os
+
+                for engine in (candidate.inner, baseline.inner):
+                    pid = getattr(engine, "pid", None)
+                    for tid in os.listdir(f"/proc/{pid}/task") if pid else []:
+                        os.sched_setaffinity(int(tid), {args.pin})
             configs = {Run("ddtree", args.budget).label: sessions[0].config("ddtree", args.budget)}
             rng = random.Random(args.seed)
             orders = {
