@@ -156,7 +156,7 @@ def test_a_ratio_inside_the_noise_is_inconclusive_when_the_budget_runs_out():
         {"ddtree-B16": CONFIGS["ddtree-B16"]},
         tolerance=0.05,
         now=lambda: clock[0],
-        plan=SequentialPlan(max_repeats=6),
+        plan=SequentialPlan(max_repeats=3),  # one look: three requests, each pair called both ways per repeat
     )
     assert part["runs"][0]["ab"]["stop"]["decision"] == "inconclusive"
     assert exit_code(evaluate(part)) == 3 and part["verdict"]["status"] == "inconclusive"
