@@ -177,6 +177,15 @@ class WarmupRule:
     window: int = 2
     tolerance: float = 0.03
 
+    @classmethod
+    def for_device(cls, device: str) -> WarmupRule:
+        """The default rule for a device: on a GPU, up to 8 rounds or 60 s (clocks and temperature settle
+        over seconds); on a CPU, whose first call (allocations, caches) is the warm-up that matters and
+        whose per-call noise rarely lets three rounds agree, 2 or 3 rounds (the last two within 3 %)."""
+        if device.startswith("cpu"):
+            return cls(min_rounds=2, max_rounds=3, max_seconds=30.0, window=1)
+        return cls()
+
     def describe(self) -> str:
         return (
             f"untimed rounds (every configuration once on the first request) until the last {self.window + 1} "
@@ -252,7 +261,8 @@ def measure(
     so two engine builds can be interleaved against each other (an A/B run) as plain is against a
     method here.
 
-    ``warmup``: True is :class:`WarmupRule`'s defaults (warm up until steady), False none, or a rule.
+    ``warmup``: True is :meth:`WarmupRule.for_device` of the first arm's device (warm up until steady),
+    False none, or a rule.
     ``sampler`` (:class:`~ddtree_conformance.machine_state.Sampler`) samples the machine after every
     warm-up round and every repeat, outside the timed calls (``Repeat.state``).
     """
@@ -280,7 +290,8 @@ def measure(
             on_step(arm.label)
         return results, call_timing(results, wall)
 
-    rule = WarmupRule() if warmup is True else warmup or None
+    device = arms[0].config.device if arms else "cpu"
+    rule = WarmupRule.for_device(device) if warmup is True else warmup or None
     labels = [arm.label for arm in arms]
     warm: dict = {"rounds": 0, "seconds": 0.0, "steady": None, "reason": "no warm-up", "times": [], "states": []}
     if rule is not None:

