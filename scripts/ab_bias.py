@@ -122,6 +122,38 @@ def analyse(log: list[dict], prompts: int = 2) -> dict:
     }
 
 
+def pool(paths: list[Path]) -> dict:
+    """Across A/A runs: each run's arm effect (mean log candidate/baseline per pair) with its standard
+    error, the inverse-variance pooled effect, Cochran's Q (are the runs' effects more different than
+    their own noise allows?) and the DerSimonian-Laird between-run sd (the part of a run's A/A offset
+    that its own interval does not cover)."""
+    effects, ses = [], []
+    for path in paths:
+        calls = json.loads(path.read_text())["calls"]
+        logs = [
+            math.log(a["s"] / b["s"]) if a["side"] == "candidate" else math.log(b["s"] / a["s"])
+            for a, b in zip(calls[0::2], calls[1::2])
+            if {a["side"], b["side"]} == {"candidate", "baseline"}
+        ]
+        effects.append(float(np.mean(logs)))
+        ses.append(float(np.std(logs, ddof=1) / math.sqrt(len(logs))))
+    w = 1 / np.square(ses)
+    mean = float(np.sum(w * effects) / np.sum(w))
+    q = float(np.sum(w * np.square(np.asarray(effects) - mean)))
+    k = len(effects)
+    tau2 = max(0.0, (q - (k - 1)) / (np.sum(w) - np.sum(w**2) / np.sum(w))) if k > 1 else 0.0
+    return {
+        "runs": k,
+        "effects_pct": [round(100 * (math.exp(e) - 1), 2) for e in effects],
+        "se_pct": [round(100 * s, 2) for s in ses],
+        "pooled_pct": round(100 * (math.exp(mean) - 1), 2),
+        "pooled_se_pct": round(100 / math.sqrt(float(np.sum(w))), 2),
+        "q": round(q, 2),
+        "q_p": float(stats.chi2.sf(q, k - 1)) if k > 1 else None,
+        "between_run_sd_pct": round(100 * math.sqrt(tau2), 2),
+    }
+
+
 def _pcts(effect: dict) -> str:
     return "[" + ", ".join(f"{x:+.2f}" for x in effect["ci_pct"]) + "]"
 
@@ -136,6 +168,8 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--budget", type=int, default=16)
     p.add_argument("--pair", default=None, help="named pair (default: the fixture)")
+    p.add_argument("--device", default=None, help="cpu (default), cuda, cuda:N")
+    p.add_argument("--dtype", default=None)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--pin", type=int, default=None, help="pin both engine processes (and their threads) to this core")
     p.add_argument(
@@ -151,12 +185,20 @@ def main(argv=None) -> int:
         help="which engine process starts first",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--pool", type=Path, nargs="*", default=None, help="only pool these runs' outputs")
+    p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    if args.pool is not None:
+        print(json.dumps(pool(args.pool)))
+        return 0
+    if args.out is None:
+        p.error("--out is required")
 
     settings = opt.run_settings(
         engine="reference",
         pair=args.pair,
+        device=args.device,
+        dtype=args.dtype,
         modes="ddtree",
         budgets=str(args.budget),
         limit=args.limit,

@@ -20,6 +20,10 @@
 #                     $STRESS (16) busy CPU processes beside every second trial; trials until $TOTAL_BUDGET (420) s.
 #                     Rows accumulate in $STATE (/tmp/trials-29) across calls on one warm machine: call it again to
 #                     spread the trials over 20 minutes or more -> $WORK/trials-29/ (~8 minutes a call)
+#   aa-procs          issue 29: A/A with each build in its own process, as `bench --against` runs it (the trials
+#                     above run both builds in one process): $AA_RUNS (3) runs of 40 repeats, fixture pair, CUDA,
+#                     B=16, then the runs pooled (between-run sd: the per-process offset no run's interval
+#                     covers) -> $WORK/aa-procs/                                     (at most ~9 minutes)
 #   catalogues        the correct catalogue (conformance/testing/correct_engines.py; every engine must pass) and,
 #                     with CAT_CATALOGUES="correct mutants", the mutants (each must fail), in float16, bfloat16
 #                     and float32 (CAT_DTYPES), fixture pair, 4 prompts, 24 tokens, B=16, one engine per process
@@ -82,6 +86,13 @@ for job in "$@"; do
     decisive-8b) decisive decisive-8b on "$TRIALS" "${TRIAL_BUDGET:-60}" "${TOTAL_BUDGET:-420}" \
       "$(( ${TOTAL_BUDGET:-420} + 120 ))" ;;
     decisive-eager) decisive decisive-eager off "$TRIALS" 60 420 540 ;;
+    aa-procs)
+      mkdir -p "$WORK/aa-procs"
+      for k in $(seq 1 "${AA_RUNS:-3}"); do
+        timeout 170 python3 scripts/ab_bias.py --against reference --device cuda --dtype bfloat16 --repeats 40 \
+          --out "$WORK/aa-procs/run-$k.json" 2>&1 | tail -1 || echo "aa-procs run $k: exit $?"
+      done
+      python3 scripts/ab_bias.py --pool "$WORK"/aa-procs/run-*.json | tee "$WORK/aa-procs/pooled.json" ;;
     trials-29)
       timeout "$(( ${TOTAL_BUDGET:-420} + 150 ))" python3 scripts/gate_decisiveness.py --pair 8b --device cuda \
         --dtype bfloat16 --cuda-graphs on --engines correct,verify+5% --gates ab,stored --prompts 1 --prompt-len 128 \
@@ -97,7 +108,7 @@ for job in "$@"; do
           --device "${CAT_DEVICE:-cpu}" --dtype "$1" --limit 4 --max-new-tokens 24 --budgets 16 --sampling-requests 60 \
           --threads 1 --shard "$2/17" --json "$WORK/catalogues/$0-$1-$2.json" >"$WORK/catalogues/$0-$1-$2.log" 2>&1'
       grep -h "^| \|NOT CAUGHT" "$WORK"/catalogues/*.log ;;
-    *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, catalogues)" >&2; exit 2 ;;
+    *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues)" >&2; exit 2 ;;
   esac
   echo "job $job: $((SECONDS - started)) s"
   pack
