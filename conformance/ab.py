@@ -222,10 +222,14 @@ def measure_ab(
     on_step: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.perf_counter,
     sampler: Sampler | None = None,
+    spread: tuple[float, int] | None = None,
 ) -> dict:
     """The ``ab``, ``runs`` and ``verdict`` parts of an A/B report: for each run label in ``configs``, the
     candidate's and the baseline's throughput on the same requests, their ratio and its sequential
-    decision against ``1 - tolerance``."""
+    decision against ``1 - tolerance``. ``spread``: the between-process variance of the log ratio (and its
+    degrees of freedom) that A/A runs on this kind of runner measured (``--ab-spread``,
+    ``scripts/ab_bias.py --pool``): each build runs in its own process, and a process's speed offset is
+    constant within a run, so no run's own interval covers it; the interval includes it."""
     if not 0 <= tolerance < 1:
         raise BenchError(f"tolerance must be in [0, 1), got {tolerance}")
     plan = plan or SequentialPlan()
@@ -236,7 +240,7 @@ def measure_ab(
         for side, engine in ((CANDIDATE, candidate), (BASELINE, baseline))
     ]
     streams = [
-        Stream(label, (_arm(CANDIDATE, label), _arm(BASELINE, label)), _throughput_ratio(label), edge)
+        Stream(label, (_arm(CANDIDATE, label), _arm(BASELINE, label)), _throughput_ratio(label), edge, spread)
         for label in configs
     ]
     device = next(iter(configs.values())).device if configs else "cpu"
@@ -273,7 +277,9 @@ def measure_ab(
             "baseline_tokens_per_s": rates[BASELINE],
             "clock": history[0].totals[_arm(CANDIDATE, label)].clock,
         }
-        interval = speedup_interval(ab)
+        if spread:
+            ab["spread"] = {"log_var": spread[0], "df": spread[1]}
+        interval = speedup_interval(ab, spread)
         if interval is not None:
             ab.update(
                 estimate=round(interval.estimate, 6),
@@ -353,7 +359,11 @@ def evaluate(report: dict) -> list[GateRow]:
             rows.append(GateRow(label, "A/B ratio", "missing", "-", "-", None, "the report has no A/B edge"))
             continue
         band = f">= {edge:.3f} (candidate/baseline throughput)"
-        interval = speedup_interval(ab)
+        given = ab.get("spread") or {}
+        spread = (float(given["log_var"]), int(given["df"])) if given.get("log_var") and given.get("df") else None
+        interval = speedup_interval(ab, spread)
+        if spread:
+            band += f", between-process spread {100 * spread[0] ** 0.5:.1f} % included"
         if interval is None:
             rows.append(
                 GateRow(

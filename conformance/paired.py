@@ -365,8 +365,8 @@ def measure(
                 if stream.spread and _spread_decides_nothing(samples, plan.look_alpha, stream.spread, stream.edge):
                     stop[stream.label] = {
                         "decision": "inconclusive",
-                        "reason": f"the baseline's between-run spread alone keeps the interval across the edge "
-                        f"{stream.edge:.4f} after {n} repeats: more repeats cannot decide it (A/B can)",
+                        "reason": f"the between-run spread alone keeps the interval across the edge "
+                        f"{stream.edge:.4f} after {n} repeats: more repeats cannot decide it",
                         "repeats": n,
                         "elapsed_s": elapsed,
                     }

@@ -236,8 +236,13 @@ def test_bench_against_an_engine_here_and_the_gate_without_baselines(tmp_path, m
         "--against-option",
         "seed=2",
         "--no-isolate",
+        "--ab-spread",
+        "0.01:4",
     )
     assert report["kind"] == "ab" and report["verdict"]["status"] == "fail"
+    assert report["runs"][0]["ab"]["spread"] == {"log_var": pytest.approx(1e-4), "df": 4}
+    bad = CliRunner().invoke(app, ["bench", *BENCH, "--against", "reference", "--ab-spread", "2%", "--no-isolate"])
+    assert bad.exit_code == 2 and "--ab-spread must be SD:DF" in bad.output
     assert report["ab"]["against"] == "ddtc_ab_here:Timed"
     assert gate.exit_code == 1 and "A/B ratio" in gate.output and "gate REGRESSION (exit 1)" in gate.output
     assert (tmp_path / "ab.md").read_text().startswith("## FAIL: A/B: candidate slower than the baseline")

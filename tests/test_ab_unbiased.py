@@ -127,3 +127,32 @@ def test_the_warm_up_follows_the_timed_order_and_is_recorded():
     warm = part["ab"]["warmup"]
     assert warm["rounds"] >= 2 and warm["reason"].startswith(("steady after", "not steady"))
     assert part["ab"]["machine"]["samples"] == part["ab"]["repeats"]
+
+
+def test_a_measured_between_process_spread_widens_the_interval_and_the_gate_recomputes_it():
+    """Each build in its own process carries a speed offset constant within a run (this project's CPU: sd
+    2.35 % over 11 A/A runs): with ``--ab-spread`` the interval includes it, in the bench's stopping and in
+    the gate's recomputation, so one unlucky process (3 % slower) is not failed; without, it is."""
+
+    def run(spread):
+        machine = Machine(drift=0.0, order_penalty=0.0)
+        return measure_ab(
+            Build(machine, "candidate", 0.01 * 1.03, seed=1),
+            Build(machine, "baseline", 0.01, seed=2),
+            requests(2),
+            CONFIGS,
+            tolerance=0.02,
+            plan=PLAN,
+            now=lambda: machine.t,
+            spread=spread,
+        )
+
+    part = run((0.0235**2, 10))
+    ab_part = part["runs"][0]["ab"]
+    assert ab_part["spread"] == {"log_var": pytest.approx(0.0235**2), "df": 10}
+    (row,) = evaluate(part)
+    assert row.status == "inconclusive" and "between-process spread 2.4 % included" in row.band
+    assert "more repeats cannot decide it" in ab_part["stop"]["reason"]
+    forged = dict(part, runs=[dict(part["runs"][0], ab={**ab_part, "spread": {"log_var": 1e-12, "df": 10}})])
+    assert evaluate(forged)[0].measured != row.measured  # the gate recomputes from the report's spread
+    assert exit_code(evaluate(run(None))) == 1  # no spread: the 3 % process offset fails the same build

@@ -75,6 +75,7 @@ def bench_against(
     out: Path | None,
     against_engine: str | None = None,
     against_options: list[str] | None = None,
+    spread: tuple[float, int] | None = None,
 ) -> Path:
     runs = [("dflash", None)] if "dflash" in settings.modes else []
     runs += [("ddtree", b) for b in settings.budgets] if "ddtree" in settings.modes else []
@@ -115,6 +116,7 @@ def bench_against(
                     plan=plan,
                     warmup=warmup,
                     on_step=step,
+                    spread=spread,
                 )
             except BenchError as exc:
                 raise CliError(str(exc), exit_code=EXIT_FAILED) from exc

@@ -106,6 +106,17 @@ def bench(
             "--tolerance", help="A/B: the candidate may be this fraction slower than the baseline (edge 1 - tolerance)."
         ),
     ] = 0.05,
+    ab_spread: Annotated[
+        Optional[str],
+        typer.Option(
+            "--ab-spread",
+            envvar="DDTREE_AB_SPREAD",  # so `ci`, which runs `bench`, takes it from the CI config's environment
+            metavar="SD:DF",
+            help="A/B: the between-process sd of the log throughput ratio that A/A runs on this kind of runner "
+            "measured, with its degrees of freedom (e.g. 0.0235:10; scripts/ab_bias.py --pool): the interval "
+            "includes it. Not given: none.",
+        ),
+    ] = None,
     isolate: opt.Isolate = None,
     out: Annotated[
         Optional[Path],
@@ -177,6 +188,7 @@ def bench(
             out=out,
             against_engine=against_engine,
             against_options=against_option,
+            spread=_ab_spread(ab_spread),
         )
         return
     runs = [("dflash", None)] if "dflash" in settings.modes else []
@@ -276,6 +288,22 @@ def bench(
     for warning in report["bench"]["warnings"]:
         stderr_console().print(escape(f"warning: {warning}"), soft_wrap=True)
     console.print(escape(f"wrote {', '.join(map(str, paths))}"), soft_wrap=True)
+
+
+def _ab_spread(text: str | None) -> tuple[float, int] | None:
+    """``SD:DF`` (``0.0235:10``) as (variance, df); None when not given."""
+    if not text:
+        return None
+    try:
+        sd, df = text.split(":")
+        sd_f, df_i = float(sd), int(df)
+        if not (0 < sd_f < 1 and df_i >= 1):
+            raise ValueError
+    except ValueError:
+        raise CliError(
+            f"--ab-spread must be SD:DF with 0 < SD < 1 and DF >= 1 (e.g. 0.0235:10), got {text!r}"
+        ) from None
+    return sd_f**2, df_i
 
 
 def _fmt(x) -> str:
