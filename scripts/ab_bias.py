@@ -41,11 +41,34 @@ from scipy import stats
 
 from ddtree_conformance.ab import baseline_for, measure_ab, pair_order
 from ddtree_conformance.adapters.interface import Engine
-from ddtree_conformance.cli import options as opt
-from ddtree_conformance.cli.ab import _baseline_factory
+from ddtree_conformance.adapters.process import IsolatedEngine
+from ddtree_conformance.adapters.registry import create_engine
 from ddtree_conformance.run import Run
 from ddtree_conformance.sequential import SequentialPlan
 from ddtree_conformance.session import SuiteSession
+from ddtree_conformance.settings import DEFAULT_TORCH_THREADS, build_settings
+
+
+def factory(settings, build):
+    """What ``bench --against`` starts for a build (``cli/ab.py``), without the CLI's modules (typer, rich:
+    not on every GPU image): an engine process under the build's interpreter, or in this process."""
+
+    def make(model_dir, drafter_dir):
+        if build.installed or settings.isolate:
+            return IsolatedEngine(
+                build.spec,
+                model_dir,
+                drafter_dir,
+                timeout_s=settings.engine_timeout_s,
+                start_timeout_s=settings.engine_timeout_s,
+                torch_threads=settings.torch_threads,
+                python=build.python,
+                sys_path=None if build.sys_path is None else list(build.sys_path),
+                **settings.engine_options,
+            )
+        return create_engine(build.spec, model_dir, drafter_dir, **settings.engine_options)
+
+    return make
 
 
 class Recorded(Engine):
@@ -194,18 +217,20 @@ def main(argv=None) -> int:
     if args.out is None:
         p.error("--out is required")
 
-    settings = opt.run_settings(
-        engine="reference",
-        pair=args.pair,
-        device=args.device,
-        dtype=args.dtype,
-        modes="ddtree",
-        budgets=str(args.budget),
-        limit=args.limit,
-        max_new_tokens=args.new_tokens,
-        held_out_prompts=0,
-        torch_threads=args.threads,
-        isolate=False if args.in_process else None,
+    settings, _ = build_settings(
+        dict(
+            engine="reference",
+            pair=args.pair,
+            device=args.device,
+            dtype=args.dtype,
+            modes="ddtree",
+            budgets=str(args.budget),
+            limit=args.limit,
+            max_new_tokens=args.new_tokens,
+            held_out_prompts=0,
+            torch_threads=args.threads or DEFAULT_TORCH_THREADS,
+            isolate=False if args.in_process else None,
+        )
     )
     log: list[dict] = []
     started = time.perf_counter()
@@ -218,8 +243,8 @@ def main(argv=None) -> int:
         )
         setup_s = time.perf_counter() - started
         sessions = [
-            SuiteSession(settings, engine_factory=_baseline_factory(settings, cand_build)),
-            SuiteSession(settings, engine_factory=_baseline_factory(settings, base_build)),
+            SuiteSession(settings, engine_factory=factory(settings, cand_build)),
+            SuiteSession(settings, engine_factory=factory(settings, base_build)),
         ]
         try:
             for k in (0, 1) if args.start_first == "candidate" else (1, 0):
