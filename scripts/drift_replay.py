@@ -110,11 +110,78 @@ def ab(candidate: str, scale: float, plan: SequentialPlan, tolerance: float) -> 
     return row.status, row.measured
 
 
+def write_seed(path: Path) -> None:
+    """The four machines' recorded baselines as one version-2 baseline file of four runs, keyed as
+    ``scripts/gate_decisiveness.py`` keys its stored baseline (hardware class ``decisiveness``, engine
+    ``reference``, pair ``8b``, DDTree B=32), for ``gpu_trials.sh trials-29``'s ``BASELINES``: a machine's
+    own first-minute run is merged into it, so its stored-gate trials are judged against five runs."""
+    import math
+
+    import numpy as np
+
+    from ddtree_conformance.baselines import (
+        DEFAULT_SPEEDUP_BAND,
+        Band,
+        BaselineEntry,
+        PositionBand,
+        SpeedupBaseline,
+        SpeedupRun,
+        write_baselines,
+    )
+    from ddtree_conformance.sequential import ratio_interval
+    from ddtree_conformance.testing.recorded_timings import SAMPLES
+
+    measured = Path(__file__).resolve().parent / "measurements"
+    runs = []
+    for machine, key in zip("abcd", ("baseline", "baseline-b", "baseline-c", "baseline-d")):
+        meta = json.loads((measured / f"2026-12-01-machine-{machine}/decisive-8b/table.json").read_text())["meta"]
+        iv = ratio_interval(SAMPLES[key], 0.05)
+        runs.append(
+            SpeedupRun(
+                estimate=round(iv.estimate, 6),
+                ci_low=round(iv.low, 6),
+                ci_high=round(iv.high, 6),
+                repeats=len(SAMPLES[key]),
+                log_sd=round(float(np.std(np.log(SAMPLES[key]), ddof=1)), 6),
+                created=f"2026-12-01, machine {machine.upper()} (scripts/measurements/2026-12-01-machine-{machine})",
+                machine={k: meta["machine"].get(k) for k in ("boot_id", "gpu", "gpu_uuid")},
+            )
+        )
+    value = math.exp(sum(math.log(r.estimate) for r in runs) / len(runs))
+    speedup = SpeedupBaseline(
+        value=round(value, 4),
+        band=math.ceil((value * DEFAULT_SPEEDUP_BAND + 1e-4) * 1e4) / 1e4,
+        band_fraction=DEFAULT_SPEEDUP_BAND,
+        runs=runs,
+    )
+    spread = speedup.spread()
+    speedup.spread_log_sd = round(math.sqrt(spread[0] / (1 + 1 / len(runs))), 6)
+    entry = BaselineEntry(
+        hardware_class="decisiveness",
+        engine="reference",
+        pair="8b",
+        mode="ddtree",
+        budget=32,
+        tau=Band(value=1.0, band=0.05),
+        per_position=PositionBand(values=[], band=0.05),
+        speedup=speedup,
+        source={"what": "scripts/drift_replay.py --write-seed: the baselines of issue 22's four H200s"},
+    )
+    from ddtree_conformance.baselines import BaselineFile
+
+    write_baselines(path, BaselineFile(entries=[entry]), update=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--write-seed", type=Path, default=None, help="write the four machines' runs as a baseline file")
     p.add_argument("--tolerance", type=float, default=0.02, help="A/B tolerance (edge 1 - tolerance)")
     args = p.parse_args(argv)
+    if args.write_seed:
+        write_seed(args.write_seed)
+        print(f"wrote {args.write_seed}")
+        return 0
     plan = SequentialPlan(min_repeats=3, max_repeats=60, time_budget_s=1e9)
     one = BaselineFile(entries=baseline_run("baseline", "machine-a"))
     four = merge_entries(None, one.entries)

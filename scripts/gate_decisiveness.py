@@ -371,7 +371,7 @@ def main(argv=None) -> int:
         carried = load_baselines(args.baselines) if args.baselines and args.baselines.exists() else None
         baselines = merge_entries(carried, mine, merge=carried is not None)
         write_baselines(args.out / "baselines.json", baselines, update=True)  # carry it to the next machine
-        entry = baselines.entries[0]
+        entry = baselines.find(HW, "reference", args.pair, "ddtree", args.budget)
         spread = entry.speedup.spread()
         base_state = (entry.speedup.runs[-1].state if entry.speedup.runs else None) or {}
         print(

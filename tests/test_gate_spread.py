@@ -155,3 +155,22 @@ def test_the_baseline_command_records_several_runs_and_merges_more(tmp_path):
     slow = make_report(ratios=tuple(r * 0.94 for r in BASE_RATIOS))
     (row,) = [r for r in evaluate(slow, load_baselines(out / f"{HW}.json"), HW) if r.metric == "speedup"]
     assert row.status == "inconclusive" and "3 baseline runs" in row.message and "bench --against" in row.message
+
+
+def test_the_seed_baseline_of_four_h200s_takes_a_new_machines_run(tmp_path):
+    """gpu_trials.sh trials-29's BASELINES: machines A-D's runs (spread 1.13 %); a trial machine's own run,
+    recorded with engine settings, merges into it (the seed recorded none)."""
+    seed = load_baselines(SCRIPTS / "measurements" / "2026-12-02-issue29" / "seed-baselines.json")
+    (entry,) = seed.entries
+    assert len(entry.speedup.runs) == 4 and entry.speedup.spread_log_sd == pytest.approx(0.0113, abs=1e-4)
+    assert seed.find("decisiveness", "reference", "8b", "ddtree", 32) is entry
+    new = entry.model_copy(
+        update={
+            "settings": {"cuda_graphs": True},
+            "speedup": entry.speedup.model_copy(
+                update={"runs": [entry.speedup.runs[0].model_copy(update={"estimate": 0.58, "created": "machine E"})]}
+            ),
+        }
+    )
+    merged = merge_runs(entry, new)
+    assert len(merged.speedup.runs) == 5 and merged.settings == {"cuda_graphs": True}
