@@ -16,7 +16,8 @@
 #   decisive-eager    the same on the eager path (graphs off), for comparison
 #   trials-29         issue 29: gate trials with the machine's state, 8B-shaped pair, fast path, B=32, band 2 %:
 #                     correct and verify +5 % under A/B (the correct one is the A/A run) and under the stored
-#                     gate (a baseline measured in this machine's first call, merged into $BASELINES when given),
+#                     gate (a baseline measured in this machine's first call, merged into $BASELINES: default
+#                     the four H200 runs of issue 22, scripts/measurements/2026-12-02-issue29/seed-baselines.json),
 #                     $STRESS (16) busy CPU processes beside every second trial; trials until $TOTAL_BUDGET (420) s.
 #                     Rows accumulate in $STATE (/tmp/trials-29) across calls on one warm machine: call it again to
 #                     spread the trials over 20 minutes or more -> $WORK/trials-29/ (~8 minutes a call)
@@ -99,7 +100,8 @@ for job in "$@"; do
         --new-tokens 64 --budget 32 --band 0.02 --baseline-repeats "${BASELINE_REPEATS:-20}" \
         --trial-budget-s "${TRIAL_BUDGET:-60}" --max-repeats 60 --total-budget-s "${TOTAL_BUDGET:-420}" \
         --stress "${STRESS:-16}" --stress-every "${STRESS_EVERY:-2}" --state "${STATE:-/tmp/trials-29}" \
-        ${BASELINES:+--baselines "$BASELINES"} --out "$WORK/trials-29" || echo "trials-29: exit $?" ;;
+        --baselines "${BASELINES:-scripts/measurements/2026-12-02-issue29/seed-baselines.json}" \
+        --out "$WORK/trials-29" || echo "trials-29: exit $?" ;;
     catalogues)  # one engine per process; on CUDA the tiny pair is launch-bound (~400 s an engine), so CPU by default
       mkdir -p "$WORK/catalogues"; export WORK
       for catalogue in ${CAT_CATALOGUES:-correct}; do for dtype in ${CAT_DTYPES:-float16 bfloat16 float32}; do
