@@ -156,6 +156,10 @@ def bench_against(
     console.print(table)
     console.print(escape(f"{report['verdict']['status'].upper()}: {report['verdict']['reason']}"), soft_wrap=True)
     console.print(
+        escape(f"machine: {report['ab']['machine_line']}; warm-up: {report['ab']['warmup'].get('reason')}"),
+        soft_wrap=True,
+    )
+    console.print(
         escape(f"wrote {', '.join(map(str, paths))}; `ddtree-conformance gate {paths[0]}` judges it"), soft_wrap=True
     )
     return paths[0]
