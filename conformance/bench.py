@@ -168,6 +168,7 @@ def run_bench(
     probe_busy: bool | None = None,
     spreads: dict[str, tuple[float, int]] | None = None,
     sampler: Sampler | None = None,
+    one_run: Sequence[str] = (),
 ) -> dict:
     """Measure ``runs`` against plain; returns the ``bench`` and ``runs`` parts of a run report.
 
@@ -179,7 +180,8 @@ def run_bench(
     ``probe_busy`` (default: on CUDA), each run's GPU-busy share from one profiled call after the
     timed repeats. ``spreads`` (label -> between-run variance of the log speedup and its degrees of
     freedom, from a baseline of several runs) widen those runs' sequential intervals
-    (:func:`ddtree_conformance.sequential.combined_interval`). The machine is sampled after every
+    (:func:`ddtree_conformance.sequential.combined_interval`); ``one_run``: labels whose baseline has one
+    run, whose interval below the edge stops inconclusive, as the gate judges it. The machine is sampled after every
     warm-up round and repeat (``sampler``, default a :class:`~ddtree_conformance.machine_state.Sampler` of
     the run's device) into ``bench.machine``; the warm-up's rounds and why it stopped into ``bench.warmup``.
     """
@@ -195,6 +197,7 @@ def run_bench(
             lambda rep, label=label: rep.sample(label)["speedup"],
             edges.get(label),
             (spreads or {}).get(label) if label in edges else None,
+            label not in one_run,
         )
         for label in labels
     ]

@@ -162,6 +162,7 @@ class Stream:
     sample: Callable[[Repeat], float]
     edge: float | None = None
     spread: tuple[float, int] | None = None
+    fails: bool = True  # False: an interval below the edge stops inconclusive (a baseline of one run)
 
 
 @dataclass(frozen=True)
@@ -354,6 +355,11 @@ def measure(
                 if found:
                     where = "at or above" if found == "pass" else "below"
                     spread = " (baseline's between-run spread included)" if stream.spread else ""
+                    if found == "regression" and not stream.fails:
+                        found, spread = (
+                            "inconclusive",
+                            (", but the baseline records one run, so its between-run spread is unknown: not a failure"),
+                        )
                     stop[stream.label] = {
                         "decision": found,
                         "reason": f"interval {where} the edge {stream.edge:.4f} after {n} repeats{spread}",

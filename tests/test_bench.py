@@ -444,7 +444,7 @@ def recorded_args(pair, prompts, out, samples, *extra):
 
 
 @pytest.mark.parametrize(
-    "samples, decision, repeats, code", [("correct", "pass", 5, 0), ("verify+5%", "regression", 8, 3)]
+    "samples, decision, repeats, code", [("correct", "pass", 5, 0), ("verify+5%", "inconclusive", 8, 3)]
 )
 def test_sequential_bench_and_gate_on_samples_recorded_on_an_h200(
     pair, prompts, tmp_path, samples, decision, repeats, code

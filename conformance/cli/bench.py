@@ -194,6 +194,7 @@ def bench(
     runs = [("dflash", None)] if "dflash" in settings.modes else []
     runs += [("ddtree", b) for b in settings.budgets] if "ddtree" in settings.modes else []
     edges, spreads = _edges(baselines, hw, settings, runs) if baselines is not None else (None, None)
+    one_run = [label for label in (edges or {}) if label not in (spreads or {})]
     session = SuiteSession(settings)
     try:
         eng = session.engine
@@ -235,6 +236,7 @@ def bench(
                     repeats=repeats,
                     edges=edges,
                     spreads=spreads,
+                    one_run=one_run,
                     plan=plan,
                     warmup=warmup,
                     on_step=step,
