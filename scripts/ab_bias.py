@@ -44,7 +44,7 @@ from ddtree_conformance.adapters.interface import Engine
 from ddtree_conformance.adapters.process import IsolatedEngine
 from ddtree_conformance.adapters.registry import create_engine
 from ddtree_conformance.run import Run
-from ddtree_conformance.sequential import SequentialPlan
+from ddtree_conformance.sequential import SequentialPlan, combined_interval, verdict
 from ddtree_conformance.session import SuiteSession
 from ddtree_conformance.settings import DEFAULT_TORCH_THREADS, build_settings
 
@@ -150,9 +150,11 @@ def pool(paths: list[Path]) -> dict:
     error, the inverse-variance pooled effect, Cochran's Q (are the runs' effects more different than
     their own noise allows?) and the DerSimonian-Laird between-run sd (the part of a run's A/A offset
     that its own interval does not cover)."""
-    effects, ses = [], []
+    effects, ses, verdicts = [], [], []
     for path in paths:
-        calls = json.loads(path.read_text())["calls"]
+        data = json.loads(path.read_text())
+        calls = data["calls"]
+        verdicts.append(_verdicts(data))
         logs = [
             math.log(a["s"] / b["s"]) if a["side"] == "candidate" else math.log(b["s"] / a["s"])
             for a, b in zip(calls[0::2], calls[1::2])
@@ -174,7 +176,36 @@ def pool(paths: list[Path]) -> dict:
         "q": round(q, 2),
         "q_p": float(stats.chi2.sf(q, k - 1)) if k > 1 else None,
         "between_run_sd_pct": round(100 * math.sqrt(tau2), 2),
+        # how the A/B gate would judge each run at its last look (the bench's 3..60 plan: alpha / 8), per
+        # tolerance, without and with the between-run sd found here as --ab-spread
+        "verdicts_at_last_look": {
+            key: {v: sum(run[key] == v for run in verdicts) for v in ("pass", "fail", "inconclusive")}
+            for key in verdicts[0]
+        },
     }
+
+
+def _verdicts(data: dict, spread_sd: float = 0.019, spread_df: int = 17) -> dict:
+    """This run's per-repeat ratios (its last repeats; each repeat's calls in order) judged at tolerance
+    5 % and 2 %, without and with a between-process spread."""
+    argv = data.get("argv") or []
+    limit = int(argv[argv.index("--limit") + 1]) if "--limit" in argv else 2
+    per_repeat = 2 * (limit if limit % 2 == 0 else 2 * limit)
+    repeats = (data["ab"].get("stop") or {}).get("repeats") or len(data["calls"]) // per_repeat
+    calls = data["calls"][-repeats * per_repeat :]
+    ratios = []
+    for r in range(repeats):
+        chunk = calls[r * per_repeat : (r + 1) * per_repeat]
+        cand = sum(c["s"] for c in chunk if c["side"] == "candidate")
+        base = sum(c["s"] for c in chunk if c["side"] == "baseline")
+        ratios.append(base / cand)  # same tokens on both sides: the decode tokens/s ratio
+    out = {}
+    for tolerance in (0.05, 0.02):
+        for spread in (None, (spread_sd**2, spread_df)):
+            iv = combined_interval(ratios, 0.05 / 8, *(spread or (0.0, 0)))
+            found = {"pass": "pass", "regression": "fail", None: "inconclusive"}[verdict(iv, 1 - tolerance)]
+            out[f"tolerance {tolerance:.0%}" + (f", spread {spread_sd:.1%}" if spread else "")] = found
+    return out
 
 
 def _pcts(effect: dict) -> str:
