@@ -493,3 +493,30 @@ def test_bench_without_a_baseline_runs_fixed_repeats(pair, prompts, tmp_path):
     assert "no baseline file" in result.stderr
     sp = json.loads(out.read_text())["runs"][1]["speedup"]
     assert not sp["sequential"] and sp["stop"]["decision"] == "fixed" and len(sp["samples"]) == 2
+
+
+def test_a_drifted_machine_against_two_recorded_h200_runs_is_not_failed(pair, prompts, tmp_path):
+    """The CLI path CI takes: two H200 baselines (machines A and B) made into one baseline of two runs by
+    `baseline`, then the correct build on a machine whose rounds drifted 8.6 % slower (issue 29): the
+    sequential bench stops at its first look (the spread alone spans the edge) and the gate says
+    inconclusive, naming A/B, where a one-run baseline's gate used to fail it (scripts/drift_replay.py
+    replays all four machines)."""
+    reports = []
+    for samples in ("baseline", "baseline-b"):
+        reports.append(tmp_path / f"{samples}.json")
+        made = CliRunner().invoke(app, recorded_args(pair, prompts, reports[-1], samples, "--repeats", "20"))
+        assert made.exit_code == 0, made.output
+    bl = tmp_path / "bl"
+    made = CliRunner().invoke(app, ["baseline", *map(str, reports), "--baselines", str(bl)])
+    assert made.exit_code == 0 and "2 runs, spread 1.93 %" in made.output, made.output
+    out = tmp_path / "drifted.json"
+    result = CliRunner().invoke(
+        app, recorded_args(pair, prompts, out, "correct", "-O", "round_scale=1.086", "--baselines", bl)
+    )
+    assert result.exit_code == 0, result.output
+    sp = json.loads(out.read_text())["runs"][1]["speedup"]
+    assert sp["stop"]["decision"] == "inconclusive" and sp["stop"]["repeats"] == 3
+    assert "spread alone" in sp["stop"]["reason"] and sp["spread"]["df"] == 1
+    gated = CliRunner().invoke(app, ["gate", str(out), "--baselines", str(bl)])
+    assert gated.exit_code == 3, gated.output
+    assert "bench --against" in " ".join(gated.stdout.split())
