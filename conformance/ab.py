@@ -38,9 +38,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from .adapters.interface import Engine, Request, RunConfig
 from .adapters.registry import available_engines
-from .bench import acceptance_summary
+from .bench import acceptance_summary, machine_part
 from .gate import EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_REGRESSION, GateRow, speedup_interval
-from .paired import Arm, BenchError, Repeat, Stream, measure
+from .machine_state import Sampler, describe
+from .paired import Arm, BenchError, Repeat, Stream, WarmupRule, measure
 from .sequential import METHOD, SPENDING, SequentialPlan, look_alpha, verdict
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "baseline_for",
     "overlay_environment",
     "pair_order",
+    "balanced_pair_order",
     "measure_ab",
     "evaluate",
     "ab_verdict",
@@ -181,6 +183,20 @@ def pair_order(running: list[str], r: int, i: int) -> list[str]:
     return [name for name in order if name in running]
 
 
+def balanced_pair_order(running: list[str], r: int, i: int) -> list[str]:
+    """:func:`pair_order` with each run's pair called twice, in both orders (candidate, baseline, baseline,
+    candidate, or the reverse): for an odd number of requests per repeat, where alternating by request
+    cannot balance a repeat, every repeat still has each arm first as often as second, so an order effect
+    (the second call of a pair measured slower than the first) cancels at every look, not only over two
+    repeats."""
+    once = pair_order(running, r, i)
+    out = []
+    for k in range(0, len(once), 2):
+        pair = once[k : k + 2]
+        out += pair + pair[::-1]
+    return out
+
+
 def _throughput_ratio(label: str) -> Callable[[Repeat], float]:
     def sample(repeat: Repeat) -> float:
         a, b = repeat.totals[_arm(CANDIDATE, label)], repeat.totals[_arm(BASELINE, label)]
@@ -202,13 +218,18 @@ def measure_ab(
     *,
     tolerance: float = 0.05,
     plan: SequentialPlan | None = None,
-    warmup: bool = True,
+    warmup: bool | WarmupRule = True,
     on_step: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.perf_counter,
+    sampler: Sampler | None = None,
+    spread: tuple[float, int] | None = None,
 ) -> dict:
     """The ``ab``, ``runs`` and ``verdict`` parts of an A/B report: for each run label in ``configs``, the
     candidate's and the baseline's throughput on the same requests, their ratio and its sequential
-    decision against ``1 - tolerance``."""
+    decision against ``1 - tolerance``. ``spread``: the between-process variance of the log ratio (and its
+    degrees of freedom) that A/A runs on this kind of runner measured (``--ab-spread``,
+    ``scripts/ab_bias.py --pool``): each build runs in its own process, and a process's speed offset is
+    constant within a run, so no run's own interval covers it; the interval includes it."""
     if not 0 <= tolerance < 1:
         raise BenchError(f"tolerance must be in [0, 1), got {tolerance}")
     plan = plan or SequentialPlan()
@@ -219,10 +240,16 @@ def measure_ab(
         for side, engine in ((CANDIDATE, candidate), (BASELINE, baseline))
     ]
     streams = [
-        Stream(label, (_arm(CANDIDATE, label), _arm(BASELINE, label)), _throughput_ratio(label), edge)
+        Stream(label, (_arm(CANDIDATE, label), _arm(BASELINE, label)), _throughput_ratio(label), edge, spread)
         for label in configs
     ]
-    measured = measure(arms, requests, streams, plan=plan, warmup=warmup, order=pair_order, on_step=on_step, now=now)
+    device = next(iter(configs.values())).device if configs else "cpu"
+    sampler = sampler if sampler is not None else Sampler(device)
+    # an even number of requests balances each repeat by alternation; an odd one calls each pair both ways
+    order = pair_order if len(requests) % 2 == 0 else balanced_pair_order
+    measured = measure(
+        arms, requests, streams, plan=plan, warmup=warmup, order=order, on_step=on_step, now=now, sampler=sampler
+    )
     looks_planned = len(plan.looks())
     runs = []
     for label, config in configs.items():
@@ -250,7 +277,9 @@ def measure_ab(
             "baseline_tokens_per_s": rates[BASELINE],
             "clock": history[0].totals[_arm(CANDIDATE, label)].clock,
         }
-        interval = speedup_interval(ab)
+        if spread:
+            ab["spread"] = {"log_var": spread[0], "df": spread[1]}
+        interval = speedup_interval(ab, spread)
         if interval is not None:
             ab.update(
                 estimate=round(interval.estimate, 6),
@@ -284,9 +313,14 @@ def measure_ab(
             },
             "repeats": len(measured.history),
             "requests": len(requests),
+            "order": "each run's two arms back to back; which goes first alternates with request and repeat"
+            if order is pair_order
+            else "each run's two arms back to back, twice per request in both orders (an odd number of requests)",
+            **machine_part(measured, sampler),
         },
         "runs": runs,
     }
+    part["ab"]["machine_line"] = describe(part["ab"]["machine"])
     part["ab"]["runs"] = [_row(run) for run in runs]
     part["verdict"] = ab_verdict(evaluate(part))
     return part
@@ -325,7 +359,11 @@ def evaluate(report: dict) -> list[GateRow]:
             rows.append(GateRow(label, "A/B ratio", "missing", "-", "-", None, "the report has no A/B edge"))
             continue
         band = f">= {edge:.3f} (candidate/baseline throughput)"
-        interval = speedup_interval(ab)
+        given = ab.get("spread") or {}
+        spread = (float(given["log_var"]), int(given["df"])) if given.get("log_var") and given.get("df") else None
+        interval = speedup_interval(ab, spread)
+        if spread:
+            band += f", between-process spread {100 * spread[0] ** 0.5:.1f} % included"
         if interval is None:
             rows.append(
                 GateRow(

@@ -16,6 +16,14 @@ band (same unit as the value); the lower edge of the acceptable range is ``value
 * ``settings`` (optional): the engine settings that change speed (``bench.engine_settings``): a
   report measured under other settings is not compared with it (the gate refuses).
 
+**Version 2** keeps every bench run a speedup baseline was made from (``speedup.runs``: each run's
+estimate, interval, repeats, per-repeat noise, when, on which machine - host, boot id, GPU - and the
+machine's state: clocks, power, temperature, host load). Several runs, on different machines or days,
+give the baseline's **between-run spread** (``speedup.spread_log_sd``, the standard deviation of the
+runs' log estimates); the value is then the runs' geometric mean, and the gate widens its interval by
+that spread (``docs/reference/bench-and-gates.md``). ``ddtree-conformance baseline --merge`` adds runs
+to an entry. Version 1 files (one run, no spread) are still read, each speedup as one run.
+
 Nothing here is ever judged against a baseline from another hardware class.
 """
 
@@ -42,6 +50,8 @@ __all__ = [
     "BaselineError",
     "BaselineExists",
     "Band",
+    "SpeedupRun",
+    "SpeedupBaseline",
     "CostBaseline",
     "PositionBand",
     "BaselineEntry",
@@ -51,12 +61,14 @@ __all__ = [
     "load_baselines",
     "entries_from_report",
     "merge_entries",
+    "merge_runs",
     "render_baselines",
     "write_baselines",
 ]
 
 SCHEMA = "ddtree-conformance/baselines"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no runs kept (one run each, no spread)
 
 # Default tolerance bands used when a baseline is made from a report.
 DEFAULT_TAU_BAND = 0.05  # relative: a 5 % drop in tau is a regression
@@ -97,6 +109,39 @@ class PositionBand(_Model):
         return [max(0.0, v - self.band) for v in self.values]
 
 
+class SpeedupRun(_Model):
+    """One bench run a speedup baseline was made from."""
+
+    estimate: float = Field(gt=0, description="the run's speedup (geometric mean over its repeats)")
+    ci_low: float | None = None
+    ci_high: float | None = None
+    repeats: int | None = None
+    log_sd: float | None = Field(default=None, description="standard deviation of the log speedup per repeat")
+    created: str | None = Field(default=None, description="when the report was made")
+    machine: dict[str, Any] = Field(default_factory=dict, description="host, boot id, GPU name and UUID")
+    state: dict[str, Any] | None = Field(default=None, description="clocks, power, temperature, host load (summary)")
+
+
+class SpeedupBaseline(Band):
+    """The speedup band, with the runs it was made from and their between-run spread."""
+
+    band_fraction: float | None = Field(default=None, description="the band as a fraction of the value")
+    runs: list[SpeedupRun] = Field(default_factory=list)
+    spread_log_sd: float | None = Field(default=None, description="sd of the runs' log estimates (2+ runs)")
+
+    def spread(self) -> tuple[float, int] | None:
+        """(variance, degrees of freedom) by which a new run's log speedup may differ from the value:
+        ``s^2 (1 + 1/m)`` over the m runs' log estimates (a prediction for one more run, and the value's
+        own uncertainty), ``m - 1`` df; None below two runs (unknown)."""
+        m = len(self.runs)
+        if m < 2:
+            return None
+        logs = [math.log(r.estimate) for r in self.runs]
+        mean = sum(logs) / m
+        var = sum((x - mean) ** 2 for x in logs) / (m - 1)
+        return var * (1 + 1 / m), m - 1
+
+
 class CostBaseline(_Model):
     tau: float | None = Field(default=None, gt=0, description="decode tokens emitted per round (the cost model's tau)")
     step_over_round: float = Field(gt=0, description="plain decode step time / speculative round time")
@@ -113,7 +158,7 @@ class BaselineEntry(_Model):
     budget: int | None = Field(default=None, description="DDTree budget; null for dflash")
     tau: Band
     per_position: PositionBand
-    speedup: Band | None = Field(default=None, description="null when the run measured no throughput")
+    speedup: SpeedupBaseline | None = Field(default=None, description="null when the run measured no throughput")
     cost: CostBaseline | None = Field(default=None, description="the cost model's times; null without them")
     settings: dict[str, bool | int | float | str | None] | None = Field(
         default=None,
@@ -184,10 +229,10 @@ def load_baselines(path: str | Path) -> BaselineFile:
     raw = read_json_object(path, BaselineError, "baseline file")
     if raw.get("schema") != SCHEMA:
         raise BaselineError(f"{path}: field 'schema' is {raw.get('schema')!r}, expected {SCHEMA!r}")
-    if raw.get("schema_version") != SCHEMA_VERSION:
+    if raw.get("schema_version") not in READABLE_VERSIONS:
         raise BaselineError(
             f"{path}: field 'schema_version' is {raw.get('schema_version')!r}; "
-            f"this suite reads version {SCHEMA_VERSION}"
+            f"this suite reads versions {', '.join(map(str, READABLE_VERSIONS))} (and writes {SCHEMA_VERSION})"
         )
     try:
         parsed = BaselineFile.model_validate(raw)
@@ -209,6 +254,7 @@ def _sort_key(entry: BaselineEntry):
 
 def render_baselines(baselines: BaselineFile) -> str:
     data = baselines.model_dump(mode="json", by_alias=True)
+    data["schema_version"] = SCHEMA_VERSION  # a version-1 file read here is written as version 2
     data["entries"] = [e.model_dump(mode="json") for e in sorted(baselines.entries, key=_sort_key)]
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
@@ -253,11 +299,14 @@ def entries_from_report(
                 per_position=PositionBand(values=[_r(v) for v in run.get("per_position", [])], band=position_band),
                 speedup=None
                 if point is None
-                else Band(
+                else SpeedupBaseline(
                     value=_r(point),
                     # never narrower than the baseline run's own CI: a band tighter than the noise
-                    # would make the baseline's own engine fail
+                    # would make the baseline's own engine fail (with one run; runs merged later
+                    # bring the spread instead: merge_runs)
                     band=_up(max(point * speedup_band, point - (low if low is not None else 0.0)) + 1e-4),
+                    band_fraction=speedup_band,
+                    runs=[_run_record(report, speed)],
                 ),
                 settings=report.get("bench", {}).get("engine_settings"),
                 cost=None
@@ -285,11 +334,60 @@ def entries_from_report(
     return entries
 
 
-def merge_entries(existing: BaselineFile | None, new: list[BaselineEntry]) -> BaselineFile:
-    """Replace entries with the same key; keep all others."""
+def _run_record(report: dict, speed: dict) -> SpeedupRun:
+    machine = (report.get("bench") or {}).get("machine") or {}
+    samples = [x for x in speed.get("samples") or [] if isinstance(x, (int, float)) and x > 0]
+    logs = [math.log(x) for x in samples]
+    sd = None
+    if len(logs) > 1:
+        mean = sum(logs) / len(logs)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+    return SpeedupRun(
+        estimate=_r(speed.get("estimate", speed.get("median")), 6),
+        ci_low=None if speed.get("ci_low") is None else _r(speed["ci_low"], 6),
+        ci_high=None if speed.get("ci_high") is None else _r(speed["ci_high"], 6),
+        repeats=len(samples) or None,
+        log_sd=None if sd is None else _r(sd, 6),
+        created=report.get("created"),
+        machine=machine.get("identity") or {},
+        state={k: v for k, v in machine.items() if k not in ("per_repeat", "identity")} or None,
+    )
+
+
+def _legacy_run(entry: BaselineEntry) -> SpeedupRun:
+    """A version-1 entry's speedup as its one run (its value; its report's date)."""
+    return SpeedupRun(estimate=entry.speedup.value, created=entry.source.get("report_created"))
+
+
+def merge_runs(old: BaselineEntry, new: BaselineEntry) -> BaselineEntry:
+    """``old`` with ``new``'s speedup runs added: the value becomes the geometric mean of all runs, the
+    band ``band_fraction`` of it (the spread, not a widened band, now carries the noise), the spread the
+    runs' sd of log estimates; tau, per-position rates, cost and settings are the newer entry's. Runs
+    measured under other engine settings are refused."""
+    if old.settings and new.settings and old.settings != new.settings:
+        raise BaselineError(
+            f"{new.key}: the new run's engine settings {new.settings} differ from the baseline's {old.settings}; "
+            "runs under other settings cannot make one baseline (record it apart, or replace with --update)"
+        )
+    if old.speedup is None or new.speedup is None:
+        return new if new.speedup is not None else old
+    runs = list(old.speedup.runs or [_legacy_run(old)])
+    seen = {(r.created, r.estimate) for r in runs}
+    runs += [r for r in new.speedup.runs if (r.created, r.estimate) not in seen]
+    value = math.exp(sum(math.log(r.estimate) for r in runs) / len(runs))
+    fraction = new.speedup.band_fraction or old.speedup.band_fraction or DEFAULT_SPEEDUP_BAND
+    merged = SpeedupBaseline(value=_r(value), band=_up(value * fraction + 1e-4), band_fraction=fraction, runs=runs)
+    spread = merged.spread()
+    merged.spread_log_sd = None if spread is None else _r(math.sqrt(spread[0] / (1 + 1 / len(runs))), 6)
+    return new.model_copy(update={"speedup": merged})
+
+
+def merge_entries(existing: BaselineFile | None, new: list[BaselineEntry], *, merge: bool = False) -> BaselineFile:
+    """Replace entries with the same key (``merge``: add their runs instead, :func:`merge_runs`); keep all
+    others."""
     keep = {e.key: e for e in (existing.entries if existing else [])}
     for entry in new:
-        keep[entry.key] = entry
+        keep[entry.key] = merge_runs(keep[entry.key], entry) if merge and entry.key in keep else entry
     return BaselineFile(entries=list(keep.values()))
 
 

@@ -40,6 +40,7 @@ import numpy as np
 from ddtree_conformance.adapters.interface import Engine, Request, RequestResult, RunConfig
 
 from . import run as run_identity
+from .machine_state import Sampler, describe, summarise
 from .metrics import acceptance_histogram, emitted_lengths, mean_tau, per_position_acceptance
 from .paired import (
     MIXED,
@@ -49,6 +50,7 @@ from .paired import (
     Measured,
     Repeat,
     Stream,
+    WarmupRule,
     anchored_rotation,
     call_timing,
     measure,
@@ -75,7 +77,9 @@ __all__ = [
     "Measured",
     "Repeat",
     "Stream",
+    "WarmupRule",
     "acceptance_summary",
+    "machine_part",
     "anchored_rotation",
     "busy_shares",
     "call_timing",
@@ -158,10 +162,13 @@ def run_bench(
     repeats: int = 5,
     edges: dict[str, float] | None = None,
     plan: SequentialPlan | None = None,
-    warmup: bool = True,
+    warmup: bool | WarmupRule = True,
     on_step: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.perf_counter,
     probe_busy: bool | None = None,
+    spreads: dict[str, tuple[float, int]] | None = None,
+    sampler: Sampler | None = None,
+    one_run: Sequence[str] = (),
 ) -> dict:
     """Measure ``runs`` against plain; returns the ``bench`` and ``runs`` parts of a run report.
 
@@ -171,7 +178,12 @@ def run_bench(
     one stream per run: its speedup ``tau x step / round`` against plain. The report records the
     engine settings every call ran under (``bench.engine_settings``, ``warnings``) and, with
     ``probe_busy`` (default: on CUDA), each run's GPU-busy share from one profiled call after the
-    timed repeats.
+    timed repeats. ``spreads`` (label -> between-run variance of the log speedup and its degrees of
+    freedom, from a baseline of several runs) widen those runs' sequential intervals
+    (:func:`ddtree_conformance.sequential.combined_interval`); ``one_run``: labels whose baseline has one
+    run, whose interval below the edge stops inconclusive, as the gate judges it. The machine is sampled after every
+    warm-up round and repeat (``sampler``, default a :class:`~ddtree_conformance.machine_state.Sampler` of
+    the run's device) into ``bench.machine``; the warm-up's rounds and why it stopped into ``bench.warmup``.
     """
     plan = plan or SequentialPlan()
     labels = [_label(*run) for run in runs]
@@ -179,14 +191,29 @@ def run_bench(
     arms = [Arm("plain", engine, make_config("plain", None))]
     arms += [Arm(label, engine, make_config(mode, budget)) for label, (mode, budget) in zip(labels, runs)]
     streams = [
-        Stream(label, ("plain", label), lambda rep, label=label: rep.sample(label)["speedup"], edges.get(label))
+        Stream(
+            label,
+            ("plain", label),
+            lambda rep, label=label: rep.sample(label)["speedup"],
+            edges.get(label),
+            (spreads or {}).get(label) if label in edges else None,
+            label not in one_run,
+        )
         for label in labels
     ]
-    measured = measure(arms, requests, streams, repeats=repeats, plan=plan, warmup=warmup, on_step=on_step, now=now)
+    device = arms[0].config.device
+    sampler = sampler if sampler is not None else Sampler(device)
+    measured = measure(
+        arms, requests, streams, repeats=repeats, plan=plan, warmup=warmup, on_step=on_step, now=now, sampler=sampler
+    )
     report = _report(
         measured.history, measured.first, list(zip(labels, runs)), measured.stop, edges, plan, bool(edges), repeats
     )
-    device = arms[0].config.device
+    report["bench"].update(machine_part(measured, sampler))
+    for label in labels:
+        if (spreads or {}).get(label) and label in edges:
+            entry = next(r for r in report["runs"] if r["label"] == label)
+            entry["speedup"]["spread"] = {"log_var": spreads[label][0], "df": spreads[label][1]}
     busy = (
         busy_shares(arms, requests[:1]) if (probe_busy if probe_busy is not None else device.startswith("cuda")) else {}
     )
@@ -225,7 +252,24 @@ def describe_settings(report: dict, settings: dict[str, dict], busy: dict[str, f
     shares = [f"{r['label']} {r['gpu_busy_share']:.0%}" for r in report["runs"] if r["gpu_busy_share"] is not None]
     if shares:
         line += "; GPU busy (one profiled call): " + ", ".join(shares)
+    if bench.get("machine"):
+        line += f"; machine: {describe(bench['machine'])}"
+    if bench.get("warmup", {}).get("reason"):
+        line += f"; warm-up: {bench['warmup']['reason']}"
     bench["timing_basis"] = line + "".join(f"; WARNING: {w}" for w in warnings)
+
+
+def machine_part(measured: Measured, sampler: Sampler | None) -> dict:
+    """``machine`` (the state over the timed repeats: :func:`~ddtree_conformance.machine_state.summarise`,
+    plus each repeat's sample) and ``warmup`` (rounds, seconds, steady, why it stopped) of a report."""
+    states = [h.state for h in measured.history if h.state]
+    machine = summarise(states, sampler) if states else {"gpu": "not sampled", "host": {}, "samples": 0}
+    machine["per_repeat"] = states
+    if sampler is not None:
+        machine["identity"] = sampler.identity
+    warm = {k: v for k, v in measured.warmup.items() if k != "states"}
+    warm["last_state"] = (measured.warmup.get("states") or [None])[-1]
+    return {"machine": machine, "warmup": warm}
 
 
 def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> dict:
@@ -299,7 +343,6 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
         out_runs.append(entry)
     bench = {
         "repeats": len(history),
-        "warmup": "one untimed call per configuration on the first request",
         "interleaving": "per request, plain first or last in alternation, methods rotated per repeat",
         "timing_basis": "+".join(sorted(clocks)),
         "clock": "+".join(sorted(clocks)),

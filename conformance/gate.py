@@ -31,7 +31,18 @@ import math
 from dataclasses import asdict, dataclass
 
 from .baselines import BaselineEntry, BaselineFile
-from .sequential import DEFAULT_ALPHA, Interval, detectable_drop, look_alpha, planned_looks, ratio_interval, verdict
+from .machine_state import describe, drift
+from .sequential import (
+    DEFAULT_ALPHA,
+    Interval,
+    combined_interval,
+    detectable_drop,
+    look_alpha,
+    planned_looks,
+    ratio_interval,
+    repeats_to_decide,
+    verdict,
+)
 
 __all__ = [
     "EXIT_PASS",
@@ -99,12 +110,17 @@ def _positive_samples(values) -> list[float] | None:
     return [float(v) for v in values]
 
 
-def speedup_interval(sp: dict) -> Interval | None:
+def speedup_interval(sp: dict, spread: tuple[float, int] | None = None) -> Interval | None:
     """The speedup interval from the report's per-repeat samples, or None when there are fewer than
-    two usable samples (reports of older suites fall back to their stored interval)."""
+    two usable samples (reports of older suites fall back to their stored interval). ``spread``: the
+    baseline's between-run variance of the log speedup and its df, added to the interval's
+    (:func:`~ddtree_conformance.sequential.combined_interval`)."""
     if "samples" in sp:
         samples = _positive_samples(sp["samples"])
-        return None if samples is None else ratio_interval(samples, _level(sp, len(samples)))
+        if samples is None:
+            return None
+        level = _level(sp, len(samples))
+        return ratio_interval(samples, level) if spread is None else combined_interval(samples, level, *spread)
     point = sp.get("estimate", sp.get("median"))
     if all(isinstance(sp.get(k), (int, float)) for k in ("ci_low", "ci_high")) and isinstance(point, (int, float)):
         return Interval(float(point), float(sp["ci_low"]), float(sp["ci_high"]), float(sp.get("confidence", 0.95)), 0)
@@ -162,7 +178,35 @@ def cost_view(run: dict, base: BaselineEntry, sp: dict) -> tuple[dict, str]:
     return details, "; ".join(parts)
 
 
-def _speedup_row(label: str, run: dict, entry: BaselineEntry) -> GateRow:
+def _machine_note(run_state: dict | None, entry: BaselineEntry) -> tuple[list[str], str]:
+    """What moved between the baseline's machine state (its latest run that recorded one) and the trial's."""
+    runs = entry.speedup.runs if entry.speedup is not None else []
+    base_state = next((r.state for r in reversed(runs) if r.state), None)
+    moved = drift(base_state, run_state)
+    return moved, describe(run_state) if run_state else ""
+
+
+def _undecided_hint(samples, level, edge, spread, runs) -> str:
+    """What would decide an inconclusive speedup row: more repeats (about how many), more baseline runs,
+    or an A/B run."""
+    if samples is None:
+        return "run `bench --baselines` to repeat until the interval decides, or A/B (`bench --against`)"
+    more = repeats_to_decide(samples, level, edge, *(spread or (0.0, 0)))
+    ab = "an A/B run against the baseline build (`bench --against`, interleaved on this runner) decides it"
+    if more is None:
+        why = (
+            f"the baseline's between-run spread ({runs} runs) alone spans the edge, so more repeats cannot decide"
+            if spread
+            else "the estimate sits on the edge"
+        )
+        return f"{why}: {ab}" + ("; more baseline runs (`baseline --merge`) narrow the spread" if spread else "")
+    return f"about {more} repeats (now {len(samples)}: raise --max-repeats/--time-budget) would decide it, or {ab}"
+
+
+def _speedup_row(label: str, run: dict, entry: BaselineEntry, state: dict | None = None) -> GateRow:
+    """The speedup verdict. With a baseline of 2+ runs the interval includes their between-run spread
+    (fail only beyond it); with one run (or a version-1 file) the spread is unknown, so the row can pass
+    (whole interval at or above the band) but never fail: below the band is inconclusive, saying so."""
     base = entry.speedup
     sp = run.get("speedup")
     if base is None:
@@ -172,7 +216,9 @@ def _speedup_row(label: str, run: dict, entry: BaselineEntry) -> GateRow:
         return GateRow(
             label, "speedup", "missing", "-", band, None, "report has no throughput measurement (run `bench`)"
         )
-    interval = speedup_interval(sp)
+    spread = base.spread()
+    runs = max(1, len(base.runs))
+    interval = speedup_interval(sp, spread)
     if interval is None:
         return GateRow(
             label,
@@ -196,15 +242,26 @@ def _speedup_row(label: str, run: dict, entry: BaselineEntry) -> GateRow:
         "confidence": interval.level,
         "n": interval.n,
     }
-    samples = _positive_samples(sp.get("samples"))
-    mde = (
+    details["baseline_runs"] = runs
+    details["spread"] = (
         None
-        if samples is None or base.value <= 0
-        else detectable_drop(samples, _level(sp, len(samples)), base.band / base.value)
+        if spread is None
+        else {"log_var": spread[0], "df": spread[1], "log_sd": math.sqrt(spread[0] / (1 + 1 / runs))}
     )
+    samples = _positive_samples(sp.get("samples"))
+    level = _level(sp, len(samples)) if samples is not None else None
+    mde = None if samples is None or base.value <= 0 else detectable_drop(samples, level, base.band / base.value)
     details["mde"] = mde
     noise = "" if mde is None else f"; MDE {100 * mde:.1f} % below the baseline (this run's noise, 80 % power)"
-    stop = sp.get("stop") or {}
+    moved, shown = _machine_note(state, entry)
+    details["machine_drift"] = moved
+    machine = f"; machine: {shown}" if shown else ""
+    cause = f"; likely cause: the machine changed since the baseline ({'; '.join(moved)})" if moved else ""
+    with_spread = (
+        f", between-run spread {100 * details['spread']['log_sd']:.1f} % over {runs} baseline runs included"
+        if spread
+        else ""
+    )
     measured = f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
     found = verdict(interval, base.lower)
     if found == "pass":
@@ -215,10 +272,10 @@ def _speedup_row(label: str, run: dict, entry: BaselineEntry) -> GateRow:
             measured,
             band,
             interval.low - base.lower,
-            f"whole interval at or above the band ({interval.n} repeats){noise}; {view}",
+            f"whole interval at or above the band ({interval.n} repeats{with_spread}){noise}; {view}{machine}",
             details,
         )
-    if found == "regression":
+    if found == "regression" and spread is not None:
         return GateRow(
             label,
             "speedup",
@@ -226,11 +283,24 @@ def _speedup_row(label: str, run: dict, entry: BaselineEntry) -> GateRow:
             measured,
             band,
             interval.high - base.lower,
-            f"whole interval below the band ({interval.n} repeats){noise}; {view}",
+            f"whole interval below the band ({interval.n} repeats{with_spread}){noise}; {view}{cause}{machine}",
             details,
         )
-    why = stop.get("reason") or "the run stopped"
-    hint = "" if sp.get("sequential") else "; run `bench --baselines` to repeat until the interval decides"
+    if found == "regression":  # one baseline run: how far a run may drift from it is not known
+        why = (
+            f"interval below the band, but the baseline records {runs} run, so its between-run spread (other "
+            "machines, other days) is unknown and a slower machine cannot be told from a slower build: not failed"
+        )
+        hint = (
+            "record the baseline on more machines or days (`baseline --merge`), or an A/B run against the baseline "
+            "build (`bench --against`) decides it"
+        )
+    else:
+        stopped = (sp.get("stop") or {}).get("reason") or "the run stopped"
+        why = f"interval straddles the lower band edge{with_spread}: {stopped}"
+        hint = _undecided_hint(samples, level, base.lower, spread, runs)
+        if not sp.get("sequential"):
+            hint = f"run `bench --baselines` to repeat until the interval decides; {hint}"
     return GateRow(
         label,
         "speedup",
@@ -238,7 +308,7 @@ def _speedup_row(label: str, run: dict, entry: BaselineEntry) -> GateRow:
         measured,
         band,
         interval.low - base.lower,
-        f"interval straddles the lower band edge: {why}{hint}{noise}; {view}",
+        f"{why}; {hint}{noise}; {view}{cause}{machine}",
         details,
     )
 
@@ -358,7 +428,7 @@ def evaluate(report: dict, baselines: BaselineFile | None, hw_class: str) -> lis
                     f"worst depth of {len(floors)}" + (f"; {below} below floor" if below else ""),
                 )
             )
-        rows.append(_speedup_row(label, run, base))
+        rows.append(_speedup_row(label, run, base, (report.get("bench") or {}).get("machine")))
     return rows
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from ddtree_conformance.adapters.interface import Engine, Request, RequestResult, RunConfig
 
-from .sequential import SequentialPlan, ratio_interval, verdict
+from .machine_state import Sampler, steady
+from .sequential import SequentialPlan, combined_interval, verdict
 
 __all__ = [
     "MIXED",
@@ -30,6 +31,7 @@ __all__ = [
     "Measured",
     "Repeat",
     "Stream",
+    "WarmupRule",
     "anchored_rotation",
     "call_timing",
     "measure",
@@ -109,6 +111,7 @@ class Repeat:
     """One repeat's totals per arm label (every request once through every arm that ran)."""
 
     totals: dict[str, CallTiming] = field(default_factory=dict)
+    state: dict = field(default_factory=dict)  # the machine after the repeat (machine_state.Sampler.sample)
 
     def add(self, arm: str, timing: CallTiming) -> None:
         self.totals[arm] = self.totals[arm] + timing if arm in self.totals else timing
@@ -149,12 +152,47 @@ class Stream:
     """A per-repeat sample (a ratio, > 0) computed from the arms it reads: what the interval is over.
 
     ``edge``: the lower edge it is judged against (sequential: repeats stop once the interval clears
-    it); None: measured alongside."""
+    it); None: measured alongside. ``spread``: the between-run variance of the log sample its baseline
+    recorded, with its degrees of freedom (:func:`ddtree_conformance.sequential.combined_interval`): the
+    interval is widened by it, and a stream whose spread alone keeps the interval from ever clearing the
+    edge stops inconclusive at its first look instead of spending the time budget."""
 
     label: str
     arms: tuple[str, ...]
     sample: Callable[[Repeat], float]
     edge: float | None = None
+    spread: tuple[float, int] | None = None
+    fails: bool = True  # False: an interval below the edge stops inconclusive (a baseline of one run)
+
+
+@dataclass(frozen=True)
+class WarmupRule:
+    """Warm up until steady (:func:`ddtree_conformance.machine_state.steady`): untimed rounds, each every
+    arm once on the first request, until the last ``window + 1`` rounds agree within ``tolerance`` per arm
+    (and the GPU's SM clock within 1 % and its temperature within 2 deg C, where sampled), at least
+    ``min_rounds``; stop regardless after ``max_rounds`` rounds or ``max_seconds``."""
+
+    min_rounds: int = 3
+    max_rounds: int = 8
+    max_seconds: float = 60.0
+    window: int = 2
+    tolerance: float = 0.03
+
+    @classmethod
+    def for_device(cls, device: str) -> WarmupRule:
+        """The default rule for a device: on a GPU, up to 8 rounds or 60 s (clocks and temperature settle
+        over seconds); on a CPU, whose first call (allocations, caches) is the warm-up that matters and
+        whose per-call noise rarely lets three rounds agree, 2 or 3 rounds (the last two within 3 %)."""
+        if device.startswith("cpu"):
+            return cls(min_rounds=2, max_rounds=3, max_seconds=30.0, window=1)
+        return cls()
+
+    def describe(self) -> str:
+        return (
+            f"untimed rounds (every configuration once on the first request) until the last {self.window + 1} "
+            f"agree within {self.tolerance:.0%} (and the GPU's SM clock within 1 %, temperature within 2 C, "
+            f"where sampled); {self.min_rounds} to {self.max_rounds} rounds, at most {self.max_seconds:g} s"
+        )
 
 
 @dataclass
@@ -167,6 +205,7 @@ class Measured:
     first: dict[str, list[RequestResult]]
     stop: dict[str, dict]
     settings: dict[str, dict] = field(default_factory=dict)  # per arm: what every call ran under
+    warmup: dict = field(default_factory=dict)  # rounds, seconds, steady, reason, per-round times and states
 
 
 MIXED = "mixed"
@@ -206,10 +245,11 @@ def measure(
     *,
     repeats: int = 5,
     plan: SequentialPlan | None = None,
-    warmup: bool = True,
+    warmup: bool | WarmupRule = True,
     order: Callable[[list[str], int, int], list[str]] = anchored_rotation,
     on_step: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.perf_counter,
+    sampler: Sampler | None = None,
 ) -> Measured:
     """Paired, interleaved repeats of ``arms`` over ``requests``, one request per ``generate`` call.
 
@@ -221,6 +261,11 @@ def measure(
     ``repeats`` fixed repeats. Each arm's first request of a repeat may carry any engine and config,
     so two engine builds can be interleaved against each other (an A/B run) as plain is against a
     method here.
+
+    ``warmup``: True is :meth:`WarmupRule.for_device` of the first arm's device (warm up until steady),
+    False none, or a rule.
+    ``sampler`` (:class:`~ddtree_conformance.machine_state.Sampler`) samples the machine after every
+    warm-up round and every repeat, outside the timed calls (``Repeat.state``).
     """
     if not requests:
         raise BenchError("no requests to measure")
@@ -246,9 +291,32 @@ def measure(
             on_step(arm.label)
         return results, call_timing(results, wall)
 
-    if warmup:
-        for arm in arms:
-            call(arm, requests[:1])
+    device = arms[0].config.device if arms else "cpu"
+    rule = WarmupRule.for_device(device) if warmup is True else warmup or None
+    labels = [arm.label for arm in arms]
+    warm: dict = {"rounds": 0, "seconds": 0.0, "steady": None, "reason": "no warm-up", "times": [], "states": []}
+    if rule is not None:
+        began = now()
+        while True:
+            # every arm once, in the timed repeats' order for this round (so no arm is always warmed first)
+            done = {
+                label: call(by_label[label], requests[:1])[1].seconds for label in order(labels, len(warm["times"]), 0)
+            }
+            row = [done.get(arm.label, 0.0) for arm in arms]
+            warm["times"].append([round(t, 9) for t in row])
+            if sampler is not None:
+                warm["states"].append(sampler.sample())
+            n, spent = len(warm["times"]), now() - began
+            if n >= rule.min_rounds and steady(
+                warm["times"], warm["states"], window=rule.window, tolerance=rule.tolerance
+            ):
+                warm.update(steady=True, reason=f"steady after {n} rounds")
+                break
+            if n >= rule.max_rounds or spent >= rule.max_seconds:
+                cap = f"{rule.max_rounds} rounds" if n >= rule.max_rounds else f"{rule.max_seconds:g} s"
+                warm.update(steady=False, reason=f"not steady after {n} rounds: stopped at the cap ({cap})")
+                break
+        warm.update(rounds=len(warm["times"]), seconds=round(now() - began, 3), rule=rule.describe())
     history: list[Repeat] = []
     first: dict[str, list[RequestResult]] = {arm.label: [] for arm in arms}
     settings: dict[str, dict] = {arm.label: {} for arm in arms}
@@ -269,6 +337,8 @@ def measure(
                 if r == 0:  # repeat 0 runs the requests in prompt order: the acceptance run
                     first[label].append(results[0])
         repeat.check()
+        if sampler is not None:
+            repeat.state = sampler.sample()
         history.append(repeat)
         n = len(history)
         elapsed = now() - started
@@ -279,12 +349,30 @@ def measure(
                 and (plan.is_look(n) or ((elapsed >= plan.time_budget_s or n >= plan.max_repeats) and n >= 2))
             ):
                 samples = [stream.sample(h) for h in history if all(a in h.totals for a in stream.arms)]
-                found = verdict(ratio_interval(samples, plan.look_alpha), stream.edge)
+                extra, extra_df = stream.spread or (0.0, 0)
+                interval = combined_interval(samples, plan.look_alpha, extra, extra_df)
+                found = verdict(interval, stream.edge)
                 if found:
                     where = "at or above" if found == "pass" else "below"
+                    spread = " (baseline's between-run spread included)" if stream.spread else ""
+                    if found == "regression" and not stream.fails:
+                        found, spread = (
+                            "inconclusive",
+                            (", but the baseline records one run, so its between-run spread is unknown: not a failure"),
+                        )
                     stop[stream.label] = {
                         "decision": found,
-                        "reason": f"interval {where} the edge {stream.edge:.4f} after {n} repeats",
+                        "reason": f"interval {where} the edge {stream.edge:.4f} after {n} repeats{spread}",
+                        "repeats": n,
+                        "elapsed_s": elapsed,
+                    }
+                    active.remove(stream)
+                    continue
+                if stream.spread and _spread_decides_nothing(samples, plan.look_alpha, stream.spread, stream.edge):
+                    stop[stream.label] = {
+                        "decision": "inconclusive",
+                        "reason": f"the between-run spread alone keeps the interval across the edge "
+                        f"{stream.edge:.4f} after {n} repeats: more repeats cannot decide it",
                         "repeats": n,
                         "elapsed_s": elapsed,
                     }
@@ -322,4 +410,15 @@ def measure(
                     "elapsed_s": elapsed,
                 }
             active = []
-    return Measured(history, first, stop, settings)
+    warm["states"] = warm["states"][-1:]  # the last is enough for the report; the rule saw them all
+    return Measured(history, first, stop, settings, warm)
+
+
+def _spread_decides_nothing(samples: list[float], alpha_k: float, spread: tuple[float, int], edge: float) -> bool:
+    """Whether the between-run spread alone, with the trial's own noise gone (infinitely many repeats at
+    today's mean), still leaves the edge inside the interval: then no number of repeats decides."""
+    import math
+
+    mean = sum(math.log(x) for x in samples) / len(samples)
+    floor = combined_interval([math.exp(mean)] * 2, alpha_k, spread[0], spread[1])
+    return floor.low < edge <= floor.high

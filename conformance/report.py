@@ -14,8 +14,9 @@ Run-report schema (``schema: ddtree-conformance/run-report``; check reports keep
 -> rounds), ``rounds``, and for bench runs ``tokens``, ``tokens_per_s`` (per repeat), ``cost_model``
 (``tau``, ``step_s``, ``round_s``, ``step_over_round``) and ``speedup`` (``estimate``, ``median``,
 ``ci_low``, ``ci_high``, ``confidence``, ``samples``, ``cv``, ``alpha``, ``sequential``, ``looks``,
-``edge``, ``stop``; see :mod:`ddtree_conformance.bench`);
-bench reports also carry ``bench`` (procedure), check reports ``counts`` and ``results``.
+``edge``, ``stop``, ``spread`` against a baseline of several runs; see :mod:`ddtree_conformance.bench`);
+bench reports also carry ``bench`` (procedure; ``machine``: the machine's state and identity,
+``warmup``: its rounds and why it stopped), check reports ``counts`` and ``results``.
 """
 
 from __future__ import annotations
@@ -410,6 +411,9 @@ def _ab(report: dict) -> dict | None:
     notes = [
         f"candidate: {ab.get('candidate', '?')}; baseline: {ab.get('baseline', '?')}",
         f"{ab.get('definition', '')}",
+        f"order: {ab['order']}" if ab.get("order") else "",
+        f"machine: {ab['machine_line']}" if ab.get("machine_line") else "",
+        f"warm-up: {ab['warmup']['reason']}" if (ab.get("warmup") or {}).get("reason") else "",
     ]
     return {"head": head, "rows": rows, "notes": [n for n in notes if n]}
 

@@ -46,6 +46,8 @@ __all__ = [
     "planned_looks",
     "look_alpha",
     "ratio_interval",
+    "combined_interval",
+    "repeats_to_decide",
     "verdict",
     "cv",
     "detectable_drop",
@@ -146,6 +148,52 @@ def ratio_interval(samples: Sequence[float], alpha_k: float) -> Interval:
     se = float(y.std(ddof=1)) / math.sqrt(y.size)
     half = _t_quantile(float(alpha_k), int(y.size - 1)) * se
     return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), 1 - alpha_k, int(y.size))
+
+
+def combined_interval(samples: Sequence[float], alpha_k: float, extra_var: float = 0.0, extra_df: int = 0) -> Interval:
+    """:func:`ratio_interval` widened by a between-run variance of the mean log sample (``extra_var``,
+    estimated with ``extra_df`` degrees of freedom): the interval of today's mean log sample *minus* a
+    baseline's mean, when the baseline's value moves from run to run (machine, day) by that much.
+
+    Variance ``se^2 + extra_var``; its t quantile at the Welch-Satterthwaite degrees of freedom
+    ``(se^2 + extra_var)^2 / (se^4 / (n - 1) + extra_var^2 / extra_df)``. ``extra_var`` 0: exactly
+    :func:`ratio_interval`."""
+    if not extra_var:
+        return ratio_interval(samples, alpha_k)
+    if extra_var < 0 or extra_df < 1:
+        raise ValueError(f"extra_var must be >= 0 with extra_df >= 1, got {extra_var}, {extra_df}")
+    x = np.asarray(samples, dtype=float)
+    if x.size < 2:
+        raise ValueError(f"an interval needs at least 2 samples, got {x.size}")
+    if not np.all(np.isfinite(x)) or np.any(x <= 0):
+        raise ValueError(f"samples must be finite and > 0, got {x.tolist()}")
+    y = np.log(x)
+    mean = float(y.mean())
+    own = float(y.var(ddof=1)) / y.size
+    total = own + extra_var
+    df = total**2 / (own**2 / (y.size - 1) + extra_var**2 / extra_df)
+    half = float(stats.t.ppf(1 - alpha_k / 2, df=df)) * math.sqrt(total)
+    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), 1 - alpha_k, int(y.size))
+
+
+def repeats_to_decide(
+    samples: Sequence[float], alpha_k: float, edge: float, extra_var: float = 0.0, extra_df: int = 0
+) -> int | None:
+    """About how many repeats, at this run's mean and per-repeat noise, would bring the interval clear of
+    ``edge``; None when no number would (the between-run spread alone spans the edge, or the mean sits on
+    it). A rough guide for the message of an inconclusive verdict, not a promise."""
+    x = np.log(np.asarray(samples, dtype=float))
+    if x.size < 2:
+        return None
+    gap = abs(float(x.mean()) - math.log(edge))
+    sd = float(x.std(ddof=1))
+    for n in (*range(x.size + 1, 200), *range(200, 2001, 50)):
+        own = sd**2 / n
+        total = own + extra_var
+        df = n - 1 if not extra_var else total**2 / (own**2 / (n - 1) + extra_var**2 / max(extra_df, 1))
+        if float(stats.t.ppf(1 - alpha_k / 2, df=df)) * math.sqrt(total) < gap:
+            return n
+    return None
 
 
 def verdict(interval: Interval, edge: float) -> str | None:

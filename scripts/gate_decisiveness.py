@@ -1,68 +1,66 @@
 #!/usr/bin/env python
-"""How decisive is the throughput gate? Repeated gate verdicts on the correct engine and on slow mutants.
+"""How decisive is the throughput gate, and is it ever wrong? Repeated verdicts, one row per trial.
 
-One process, one loaded pair, one reference engine; the mutants of
-``ddtree_conformance.testing.slow_engines`` wrap its loaded models (verify +5 %, verify +10 %, tree
-build +2 ms per round). Steps:
+One process, one loaded pair; the engines share its loaded models (``share_loaded``): the correct engine
+(the reference) and performance mutants of ``ddtree_conformance.testing.slow_engines`` (verify +5 %,
+verify +10 %, tree build +2 ms per round). Two gates (``--gates``):
 
-1. warm-up: one untimed plain and one DDTree call per engine;
-2. baseline: the correct engine's ``bench`` with ``--baseline-repeats`` fixed repeats, turned into
-   a baseline entry exactly as ``ddtree-conformance baseline`` does (band ``--band`` of the speedup,
-   widened to the baseline run's own interval);
-3. trials: round-robin over the engines, each trial a sequential ``bench`` against that baseline
-   (stops when the interval clears the edge, or after ``--trial-budget-s`` / ``--max-repeats``:
-   inconclusive), judged by ``gate``'s own speedup verdict. Expected: pass for the correct engine,
-   regression (fail) for every mutant;
-4. after every trial, ``OUT/trials.jsonl`` gets the trial and ``OUT/table.md`` / ``OUT/table.json``
-   are rewritten, so a run cut short still leaves its table. No new trial starts once
-   ``--total-budget-s`` would be exceeded.
+* ``ab``: the default gate in CI. The trial's engine against the correct engine, interleaved in every
+  repeat (``measure_ab``: each pair back to back, order balanced), judged against ``1 - --band``. The
+  correct engine under A/B is the **A/A** run;
+* ``stored``: a sequential bench against a stored baseline. The baseline is measured once per machine (in
+  its first call, after the warm-up: "minute 1") and kept in ``--state``; with ``--baselines FILE`` (runs of
+  other machines, carried between machines) this machine's run is merged into it, and the trials are judged
+  against all runs so far, their between-run spread included (a baseline of one run never fails).
 
-Table per engine: share of correct verdicts (with its one-sided 95 % Clopper-Pearson lower bound),
-verdict counts, CV of the per-repeat measured ratio (median over trials, and pooled), repeats and
-GPU minutes (wall minutes on a one-GPU machine) per verdict, the pooled effect on the speedup, the
-share of round time the mutant injected, and a resampled estimate of the share of correct verdicts
-(``--simulate`` replays of the whole procedure, baseline included, drawing repeats from this run's
-own samples; labelled as such: it assumes repeats are independent).
+Steps of one call (at most ``--total-budget-s`` of trials, so one device call stays under 10 minutes):
 
-    # one H200, 8B-shaped random-weight pair (bf16) and the bundled fixture pair
-    # (scripts/gpu_trials.sh holds the exact commands with their time limits)
-    python scripts/gate_decisiveness.py --pair 8b --device cuda --dtype bfloat16 --prompts 1 --new-tokens 16 \
-        --trials 8 --total-budget-s 300 --out $OUT/decisive-8b
-    python scripts/gate_decisiveness.py --pair fixture --device cuda --dtype bfloat16 --prompts 2 --new-tokens 32 \
-        --trials 8 --total-budget-s 150 --out $OUT/decisive-fixture
+1. load the pair, warm up until steady (``WarmupRule``: rounds until the last three agree within 3 % and the
+   GPU's SM clock and temperature are steady, at most ``--warmup-s``);
+2. the stored baseline (first call on this machine only): ``--baseline-repeats`` fixed repeats;
+3. trials, round-robin over (engine, gate); with ``--stress N`` a CPU-heavy job (N busy Python processes)
+   runs beside every ``--stress-every``-th trial;
+4. every trial appends one row to ``STATE/trials.jsonl`` (kept across calls on one machine) and to
+   ``OUT/trials.jsonl``: the machine (boot id, host, GPU UUID), wall time and minutes since the machine's
+   first call, the load beside it (stress processes, host CPU busy, load average), engine, gate, verdict,
+   interval, repeats, GPU-seconds, and the machine's state (SM and memory clocks, power, temperature,
+   throttle reasons) during the trial and the baseline's; ``OUT/table.md`` / ``table.json`` summarise every
+   row of the state per (engine, gate) and per machine, rewritten after every trial.
+
+    # one H200 (scripts/gpu_trials.sh trials-29 holds the exact command); repeat the call on the same warm
+    # machine to spread its trials over 20 minutes or more
+    python scripts/gate_decisiveness.py --pair 8b --device cuda --dtype bfloat16 --prompts 1 --new-tokens 64 \\
+        --gates ab,stored --engines correct,verify+5% --stress 16 --total-budget-s 420 --state /tmp/trials \\
+        --out $OUT/trials
     # CPU smoke run (tiny random pair)
     python scripts/gate_decisiveness.py --pair tiny --device cpu --dtype float32 --trials 1 --out /tmp/decisive
+    # one table from the rows of several machines
+    python scripts/gate_decisiveness.py --summarise machine-*/trials.jsonl --out /tmp/all
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
-import math
 import platform
+import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-import torch
 from scipy import stats
 
-from ddtree_conformance.adapters.interface import Request, RunConfig
-from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.baselines import BaselineFile, entries_from_report
-from ddtree_conformance.bench import run_bench
-from ddtree_conformance.gate import evaluate
-from ddtree_conformance.sequential import SequentialPlan, planned_looks
-from ddtree_conformance.testing.slow_engines import SlowBuild, SlowVerify, SlowVerify10, share_loaded
-
-ENGINES = {  # name -> (class, options, expected gate status of the speedup row)
-    "correct": (ReferenceEngine, {}, "pass"),
-    "verify+5%": (SlowVerify, {"verify_slowdown": 0.05}, "fail"),
-    "verify+10%": (SlowVerify10, {"verify_slowdown": 0.10}, "fail"),
-    "build+2ms": (SlowBuild, {"build_extra_s": 0.002}, "fail"),
+ENGINES = {  # name -> (class name in slow_engines or None for the reference, options, expected verdict)
+    "correct": (None, {}, "pass"),
+    "verify+5%": ("SlowVerify", {"verify_slowdown": 0.05}, "fail"),
+    "verify+10%": ("SlowVerify10", {"verify_slowdown": 0.10}, "fail"),
+    "build+2ms": ("SlowBuild", {"build_extra_s": 0.002}, "fail"),
 }
+GATES = ("ab", "stored")
 HW = "decisiveness"
 
 
@@ -71,55 +69,54 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pair", choices=["8b", "fixture", "tiny"], default="8b")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument(
-        "--cuda-graphs",
-        default="on",
-        choices=["on", "off"],
-        help="the reference engine's fast path (CUDA graphs) or its eager path",
-    )
-    p.add_argument("--trials", type=int, default=10, help="trials per engine")
+    p.add_argument("--cuda-graphs", default="on", choices=["on", "off"], help="the reference engine's fast path")
+    p.add_argument("--trials", type=int, default=100, help="rounds of trials (each: every engine under every gate)")
     p.add_argument(
         "--engines",
-        default=",".join(ENGINES),
+        default="correct,verify+5%",
         help="comma-separated subset of " + ", ".join(ENGINES).replace("%", "%%"),
     )
-    p.add_argument("--prompts", type=int, default=2, help="requests per repeat")
+    p.add_argument("--gates", default="ab,stored", help="comma-separated: ab (A/B against the correct engine), stored")
+    p.add_argument("--prompts", type=int, default=1, help="requests per repeat")
     p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens (shaped pairs)")
-    p.add_argument("--new-tokens", type=int, default=16, help="max new tokens per request")
+    p.add_argument("--new-tokens", type=int, default=64, help="max new tokens per request")
     p.add_argument("--budget", type=int, default=32, help="DDTree budget B")
-    p.add_argument("--band", type=float, default=0.02, help="speedup band, fraction of the baseline speedup")
+    p.add_argument("--band", type=float, default=0.02, help="stored: speedup band; A/B: tolerance (edge 1 - band)")
     p.add_argument("--alpha", type=float, default=0.05)
-    p.add_argument("--baseline-repeats", type=int, default=10)
+    p.add_argument("--baseline-repeats", type=int, default=20)
     p.add_argument("--min-repeats", type=int, default=3)
-    p.add_argument("--max-repeats", type=int, default=40)
+    p.add_argument("--max-repeats", type=int, default=60)
     p.add_argument("--growth", type=float, default=1.5, help="planned looks grow by this factor")
     p.add_argument("--trial-budget-s", type=float, default=60.0, help="time budget of one verdict")
-    p.add_argument("--total-budget-s", type=float, default=480.0, help="start no trial after this much wall time")
-    p.add_argument("--simulate", type=int, default=2000, help="resampled replays per engine (0: none)")
-    p.add_argument(
-        "--goal-budget-s",
-        type=float,
-        default=600.0,
-        help="per-verdict budget of the goal (10 GPU-minutes); a second replay uses it",
-    )
+    p.add_argument("--total-budget-s", type=float, default=420.0, help="start no trial after this much wall time")
+    p.add_argument("--warmup-s", type=float, default=60.0, help="warm-up cap (the rule may stop it earlier)")
+    p.add_argument("--stress", type=int, default=0, help="busy Python processes beside the stressed trials (0: none)")
+    p.add_argument("--stress-every", type=int, default=2, help="stress beside every k-th trial (2: half of them)")
+    p.add_argument("--baselines", type=Path, default=None, help="a baseline file of other machines' runs to merge into")
+    p.add_argument("--state", type=Path, default=None, help="kept across calls on one machine (default: --out)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--summarise", type=Path, nargs="*", default=None, help="only summarise these trials.jsonl files")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args(argv)
 
 
 def load_pair(args, scratch: Path):
-    """(base engine with the models loaded, requests, pair description)."""
-    dtype = getattr(torch, args.dtype)
+    """(base engine with the models loaded, prompts, pair description)."""
+    import torch
+
+    from ddtree_conformance.adapters.interface import RunConfig
+    from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+
     if args.pair == "fixture":
         from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
         from ddtree_conformance.prompts import load_prompts
 
         base = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), cuda_graphs=args.cuda_graphs)
-        prompts = [p.prompt_ids for p in load_prompts("fixture")[: args.prompts]]
-        return base, prompts, "fixture (bundled, trained)"
+        return base, [p.prompt_ids for p in load_prompts("fixture")[: args.prompts]], "fixture (bundled, trained)"
     from ddtree_conformance.testing.shaped_pair import SHAPES, build_shaped_pair, random_prompts
 
+    dtype = getattr(torch, args.dtype)
     target_dir, drafter_dir, target, drafter = build_shaped_pair(args.pair, dtype, args.device, scratch)
     base = ReferenceEngine(str(target_dir), str(drafter_dir), cuda_graphs=args.cuda_graphs)
     base.use_models(target, drafter, RunConfig(mode="ddtree", dtype=args.dtype, device=args.device))
@@ -127,268 +124,293 @@ def load_pair(args, scratch: Path):
     return base, prompts, f"{args.pair}-shaped Qwen3, random weights"
 
 
-def machine() -> dict:
-    """What tells one machine from another: host name, boot id, GPU UUID and driver."""
-    out = {"hostname": platform.node()}
-    try:
-        out["boot_id"] = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        out["boot_id"] = None
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        out["gpu"] = props.name
-        out["gpu_uuid"] = str(getattr(props, "uuid", ""))
-        out["driver"] = (
-            getattr(torch.cuda, "driver_version", lambda: None)() if hasattr(torch.cuda, "driver_version") else None
-        )
-    return out
-
-
 def lower_bound(successes: int, trials: int, confidence: float = 0.95) -> float:
     """One-sided Clopper-Pearson lower bound on a success share."""
     return 0.0 if successes == 0 else float(stats.beta.ppf(1 - confidence, successes, trials - successes + 1))
 
 
-def _first_verdicts(logs: np.ndarray, edges: np.ndarray, alpha: float, min_repeats: int, growth: float) -> np.ndarray:
-    """Vectorised sequential verdicts: +1 pass, -1 regression, 0 undecided, per row of ``logs``
-    (log samples in order), looking at the planned looks of a plan whose repeat cap is the row length,
-    each at alpha / K, exactly as the bench does (:mod:`ddtree_conformance.sequential`)."""
-    sims, cap = logs.shape
-    points = np.array(planned_looks(min_repeats, max(cap, min_repeats), growth))
-    points = points[points <= cap]
-    n = np.arange(1, cap + 1)
-    mean = np.cumsum(logs, axis=1) / n
-    var = (np.cumsum(logs**2, axis=1) - n * mean**2) / np.maximum(n - 1, 1)
-    se = np.sqrt(np.maximum(var, 0) / n)
-    q = stats.t.ppf(
-        1 - alpha / len(planned_looks(min_repeats, max(cap, min_repeats), growth)) / 2, df=np.maximum(n - 1, 1)
-    )
-    low, high = np.exp(mean - q * se), np.exp(mean + q * se)
-    decided = np.where(low >= edges[:, None], 1, np.where(high < edges[:, None], -1, 0))
-    at_looks = decided[:, points - 1]
-    first = np.argmax(at_looks != 0, axis=1)
-    return at_looks[np.arange(sims), first]
+def gpu_line(machine: dict | None) -> dict:
+    """The few numbers of a machine summary a trials row keeps."""
+    gpu = (machine or {}).get("gpu")
+    host = (machine or {}).get("host") or {}
+    out = {
+        "cpu_percent": (host.get("cpu_percent") or {}).get("median"),
+        "load1": (host.get("load1") or {}).get("median"),
+    }
+    if isinstance(gpu, dict):
+        for field in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temperature_c"):
+            out[field] = (gpu.get(field) or {}).get("median")
+        out["throttle"] = gpu.get("throttle_reasons")
+    else:
+        out["gpu"] = gpu
+    return out
 
 
-def simulate(
-    pool: list[float], correct_pool: list[float], expected: str, args, repeats_cap: int, rng: np.random.Generator
-) -> float | None:
-    """Share of correct verdicts over replays drawn from this run's own repeats (baseline included)."""
-    if args.simulate <= 0 or len(pool) < 2 or len(correct_pool) < 2:
-        return None
-    base = np.log(rng.choice(correct_pool, (args.simulate, args.baseline_repeats)))
-    mean, se = base.mean(axis=1), base.std(axis=1, ddof=1) / math.sqrt(args.baseline_repeats)
-    estimate = np.exp(mean)
-    low = np.exp(mean - stats.t.ppf(1 - args.alpha / 2, args.baseline_repeats - 1) * se)
-    edges = estimate - np.maximum(estimate * args.band, estimate - low)
-    found = _first_verdicts(
-        np.log(rng.choice(pool, (args.simulate, repeats_cap))), edges, args.alpha, args.min_repeats, args.growth
-    )
-    want = {"pass": 1, "fail": -1}[expected]
-    return float(np.mean(found == want))
+class Stress:
+    """N busy Python processes (each spins one core) while the context is open; ended by their pids."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.procs = n, []
+
+    def __enter__(self):
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
+        time.sleep(0.5 if self.n else 0)  # let them start
+        return self
+
+    def __exit__(self, *exc):
+        for proc in self.procs:
+            proc.kill()
+        for proc in self.procs:
+            proc.wait()
 
 
-def summarise(trials: list[dict], names: list[str], baseline: dict, args, meta: dict, final: bool) -> dict:
-    rng = np.random.default_rng(args.seed)
-    correct_pool = [x for t in trials if t["engine"] == "correct" for x in t["samples"]] or baseline["samples"]
-    rows = []
-    for name in names:
-        mine = [t for t in trials if t["engine"] == name]
-        if not mine:
-            continue
-        expected = ENGINES[name][2]
-        good = sum(t["status"] == expected for t in mine)
-        pool = [x for t in mine for x in t["samples"]]
-        per_repeat_s = sum(t["seconds"] for t in mine) / max(1, sum(t["repeats"] for t in mine))
-        cap = min(args.max_repeats, max(args.min_repeats, int(args.trial_budget_s / per_repeat_s)))
-        goal_cap = min(1000, max(args.min_repeats, int(args.goal_budget_s / per_repeat_s)))
-        pooled = float(np.exp(np.mean(np.log(pool))))
-        cvs = [t["cv"] for t in mine if t["cv"] is not None]
-        rows.append(
-            {
-                "engine": name,
-                "expected": expected,
-                "trials": len(mine),
-                "correct": good,
-                "share_correct": good / len(mine),
-                "share_correct_lower95": lower_bound(good, len(mine)),
-                "counts": {s: sum(t["status"] == s for t in mine) for s in ("pass", "fail", "inconclusive")},
-                "cv_median": float(np.median(cvs)) if cvs else None,
-                "cv_max": float(np.max(cvs)) if cvs else None,
-                "mde_median": float(np.median([t["mde"] for t in mine if t.get("mde") is not None]))
-                if any(t.get("mde") is not None for t in mine)
-                else None,
-                "cv_pooled": float(np.std(np.log(pool), ddof=1)) if len(pool) > 1 else None,
-                "repeats_mean": float(np.mean([t["repeats"] for t in mine])),
-                "repeats_max": max(t["repeats"] for t in mine),
-                "gpu_min_mean": float(np.mean([t["seconds"] for t in mine])) / 60,
-                "gpu_min_max": max(t["seconds"] for t in mine) / 60,
-                "speedup_pooled": pooled,
-                "effect_vs_baseline": pooled / baseline["value"] - 1,
-                "injected_share_of_round": float(np.mean([t["injected_share"] for t in mine])),
-                "simulated_share_correct": simulate(pool, correct_pool, expected, args, cap, rng) if final else None,
-                "simulated_repeat_cap": cap,
-                "simulated_share_correct_goal": simulate(pool, correct_pool, expected, args, goal_cap, rng)
-                if final
-                else None,
-                "simulated_goal_repeat_cap": goal_cap,
-            }
-        )
-    return {"meta": meta, "baseline": baseline, "rows": rows}
+def summarise(rows: list[dict]) -> dict:
+    """Per (engine, gate), and per (machine, engine, gate): counts, the share of right verdicts with its 95 %
+    lower bound, repeats and GPU-seconds per verdict, minutes spanned, the stressed trials' verdicts."""
+
+    def block(mine: list[dict]) -> dict:
+        expected = mine[0]["expected"]
+        good = sum(r["verdict"] == expected for r in mine)
+        counts = {v: sum(r["verdict"] == v for r in mine) for v in ("pass", "fail", "inconclusive")}
+        stressed = [r for r in mine if r["stress"]]
+        return {
+            "expected": expected,
+            "trials": len(mine),
+            "counts": counts,
+            "right": good,
+            "right_lower95": lower_bound(good, len(mine)),
+            "wrong": sum(r["verdict"] not in (expected, "inconclusive") for r in mine),
+            "stressed": len(stressed),
+            "stressed_counts": {v: sum(r["verdict"] == v for r in stressed) for v in ("pass", "fail", "inconclusive")},
+            "repeats_median": float(np.median([r["repeats"] for r in mine])),
+            "gpu_s_mean": float(np.mean([r["gpu_s"] for r in mine])),
+            "gpu_s_max": float(max(r["gpu_s"] for r in mine)),
+            "minutes": [round(min(r["minute"] for r in mine), 1), round(max(r["minute"] for r in mine), 1)],
+            "machines": len({r["machine"]["boot_id"] for r in mine}),
+        }
+
+    by_engine, by_machine = defaultdict(list), defaultdict(list)
+    for r in rows:
+        by_engine[(r["engine"], r["gate"])].append(r)
+        by_machine[(r["machine"]["boot_id"], r["engine"], r["gate"])].append(r)
+    return {
+        "engines": [{"engine": e, "gate": g, **block(m)} for (e, g), m in sorted(by_engine.items())],
+        "machines": [{"boot_id": b, "engine": e, "gate": g, **block(m)} for (b, e, g), m in sorted(by_machine.items())],
+    }
 
 
-def write_table(summary: dict, out: Path) -> None:
-    (out / "table.json").write_text(json.dumps(summary, indent=1) + "\n")
-    m, b = summary["meta"], summary["baseline"]
-    lines = [
-        f"### Gate decisiveness: {m['pair']} ({m['dtype']}, {m['device_name']}), B={m['budget']}",
-        "",
-        f"- {m['prompts']} prompts x {m['new_tokens']} new tokens per repeat; band {m['band']:.1%}; alpha "
-        f"{m['alpha']}; planned looks from {m['min_repeats']} repeats (growth {m.get('growth', 1.5)}), each "
-        f"at alpha/K; per-verdict budget {m['trial_budget_s']:g} s / "
-        f"{m['max_repeats']} repeats",
-        f"- baseline: speedup {b['value']:.4f}, edge {b['edge']:.4f} (band {b['band']:.4f}), "
-        f"{b['repeats']} repeats, CV {b['cv']:.4f}, clock {b['clock']}; step {b['step_ms']:.2f} ms, "
-        f"round {b['round_ms']:.2f} ms, tau {b['tau']:.3f}",
-        f"- setup {m['setup_s']:.0f} s, warm-up {m['warmup_s']:.0f} s, baseline {m['baseline_s']:.0f} s; "
-        f"elapsed {m['elapsed_s']:.0f} s; torch {m['torch']}",
-        f"- machine: {m.get('machine')}; engine settings: {m.get('engine_settings')}",
-        "",
-        "| engine | expected | trials | correct | share correct (95% lower) | pass/fail/inconcl. | CV speedup "
-        "(median / max trial; pooled) | MDE (median) | repeats/verdict (mean, max) | GPU-min/verdict (mean, max) "
-        "| effect on speedup | injected share of round | simulated share correct (this budget / goal budget) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in summary["rows"]:
-        c = r["counts"]
-        sim = (
-            "-"
-            if r["simulated_share_correct"] is None
-            else (
-                f"{r['simulated_share_correct']:.3f} ({r['simulated_repeat_cap']} rep.) / "
-                f"{r['simulated_share_correct_goal']:.3f} ({r['simulated_goal_repeat_cap']} rep.)"
-            )
-        )
-        lines.append(
-            f"| {r['engine']} | {r['expected']} | {r['trials']} | {r['correct']} | {r['share_correct']:.2f} "
-            f"({r['share_correct_lower95']:.2f}) | {c['pass']}/{c['fail']}/{c['inconclusive']} | "
-            f"{_pct(r['cv_median'])} / {_pct(r.get('cv_max'))}; {_pct(r['cv_pooled'])} | {_pct(r.get('mde_median'))} | "
-            f"{r['repeats_mean']:.1f}, {r['repeats_max']} | "
-            f"{r['gpu_min_mean']:.3f}, {r['gpu_min_max']:.3f} | {100 * r['effect_vs_baseline']:+.2f} % | "
-            f"{100 * r['injected_share_of_round']:.2f} % | {sim} |"
-        )
+def write_table(rows: list[dict], out: Path, meta: dict | None = None) -> None:
+    summary = summarise(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.json").write_text(json.dumps({"meta": meta, **summary}, indent=1) + "\n")
+    lines = []
+    if meta:
+        lines += [
+            f"### Gate trials: {meta.get('pair')} ({meta.get('dtype')}, {meta.get('device_name')}), "
+            f"B={meta.get('budget')}",
+            "",
+        ]
+        lines += [
+            f"- {k}: {v}" for k, v in meta.items() if k in ("band", "alpha", "baseline", "warmup", "machine", "argv")
+        ]
+        lines.append("")
+
+    def table(title: str, blocks: list[dict], first: str | None) -> None:
+        lines.extend([f"**{title}**", ""])
+        head = ([first] if first else []) + [
+            "engine",
+            "gate",
+            "expected",
+            "trials",
+            "pass / fail / inconcl.",
+            "wrong",
+            "right (95 % lower)",
+            "stressed: p/f/i",
+            "repeats (median)",
+            "GPU-s per verdict (mean, max)",
+            "minutes spanned",
+            "machines",
+        ]
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        for b in blocks:
+            c, s = b["counts"], b["stressed_counts"]
+            cells = ([b[first][:8]] if first else []) + [
+                b["engine"] if b["gate"] == "stored" or b["engine"] != "correct" else "correct (A/A)",
+                b["gate"],
+                b["expected"],
+                str(b["trials"]),
+                f"{c['pass']} / {c['fail']} / {c['inconclusive']}",
+                str(b["wrong"]),
+                f"{b['right']} ({b['right_lower95']:.2f})",
+                f"{s['pass']}/{s['fail']}/{s['inconclusive']} of {b['stressed']}",
+                f"{b['repeats_median']:g}",
+                f"{b['gpu_s_mean']:.1f}, {b['gpu_s_max']:.1f}",
+                f"{b['minutes'][0]:g}-{b['minutes'][1]:g}",
+                str(b["machines"]),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+
+    table("Per engine and gate (all machines)", summary["engines"], None)
+    table("Per machine (boot id)", summary["machines"], "boot_id")
     lines += [
+        "**Trials**",
         "",
-        "GPU-min/verdict: wall minutes of the sequential bench of one verdict (the GPU is held "
-        "throughout). Simulated: replays of baseline + sequential verdict drawing repeats from this "
-        "run's samples (independence assumed), capped at the repeats the per-verdict budget allows, "
-        f"then at those {m.get('goal_budget_s', 600):g} s (the goal's budget) allow.",
+        "| boot id | UTC | minute | stress | host CPU % | engine | gate | verdict | interval | repeats | GPU-s "
+        "| SM MHz | mem MHz | W | C | throttle |",
+        "|" + "---|" * 16,
     ]
+    for r in rows:
+        g = r["state"]
+        lines.append(
+            f"| {(r['machine'].get('boot_id') or '-')[:8]} | {r['utc'][11:19]} | {r['minute']:.1f} | {r['stress']} | "
+            f"{_num(g.get('cpu_percent'))} | "
+            f"{r['label']} | {r['gate']} | {r['verdict']} | {r['interval']} | {r['repeats']} | {r['gpu_s']:.1f} | "
+            f"{_num(g.get('sm_clock_mhz'))} | {_num(g.get('mem_clock_mhz'))} | {_num(g.get('power_w'))} | "
+            f"{_num(g.get('temperature_c'))} | {','.join(g.get('throttle') or []) or g.get('gpu', '-')} |"
+        )
     (out / "table.md").write_text("\n".join(lines) + "\n")
 
 
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.2f} %"
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.0f}"
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.summarise is not None:
+        rows = [json.loads(line) for path in args.summarise for line in path.read_text().splitlines() if line.strip()]
+        write_table(rows, args.out)
+        print((args.out / "table.md").read_text(), flush=True)
+        return 0
+    import torch
+
+    from ddtree_conformance.ab import evaluate as ab_evaluate
+    from ddtree_conformance.ab import measure_ab
+    from ddtree_conformance.adapters.interface import Request, RunConfig
+    from ddtree_conformance.baselines import (
+        BaselineFile,
+        entries_from_report,
+        load_baselines,
+        merge_entries,
+        write_baselines,
+    )
+    from ddtree_conformance.bench import WarmupRule, run_bench
+    from ddtree_conformance.gate import evaluate
+    from ddtree_conformance.machine_state import Sampler, describe
+    from ddtree_conformance.paired import Arm, measure
+    from ddtree_conformance.sequential import SequentialPlan
+    from ddtree_conformance.testing import slow_engines
+
     started = time.perf_counter()
     names = [n.strip() for n in args.engines.split(",") if n.strip()]
-    unknown = [n for n in names if n not in ENGINES]
-    if unknown:
-        print(f"error: unknown engines {unknown}; known: {list(ENGINES)}", file=sys.stderr)
+    gates = [g.strip() for g in args.gates.split(",") if g.strip()]
+    if set(names) - set(ENGINES) or set(gates) - set(GATES):
+        print(f"error: engines {names} / gates {gates}: known {list(ENGINES)} / {list(GATES)}", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    args.out.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="decisive-"))
-    base, prompts, pair_text = load_pair(args, scratch)
+    state_dir = args.state or args.out
+    for folder in (args.out, state_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+    base, prompts, pair_text = load_pair(args, Path(tempfile.mkdtemp(prefix="decisive-")))
     requests = [Request(prompt_ids=p, max_new_tokens=args.new_tokens) for p in prompts]
-    label = f"ddtree-B{args.budget}"
-    runs = [("ddtree", args.budget)]
+    label, runs = f"ddtree-B{args.budget}", [("ddtree", args.budget)]
 
     def config(mode, budget):
         return RunConfig(mode=mode, budget=budget or 1, dtype=args.dtype, device=args.device)
 
-    base.generate(requests[:1], config("plain", None))  # loads the fixture pair; models exist before sharing
-    engines = {
-        n: base if n == "correct" else share_loaded(base, ENGINES[n][0], cuda_graphs=args.cuda_graphs, **ENGINES[n][1])
-        for n in names
-    }
+    base.generate(requests[:1], config("plain", None))  # loads the pair; models exist before sharing
+    engines = {}
+    for n in names:
+        cls, options, _ = ENGINES[n]
+        engines[n] = (
+            base
+            if cls is None
+            else slow_engines.share_loaded(base, getattr(slow_engines, cls), cuda_graphs=args.cuda_graphs, **options)
+        )
+    correct = engines.get("correct") or base
+    twin = slow_engines.share_loaded(base, type(base), cuda_graphs=args.cuda_graphs)  # the A/A candidate
+    sampler = Sampler(args.device)
     setup_s = time.perf_counter() - started
+
+    # 1. warm-up until steady: every engine's plain and DDTree calls, as one measurement's arms
     t0 = time.perf_counter()
-    for engine in {id(e): e for e in engines.values()}.values():
-        engine.generate(requests[:1], config("plain", None))
-        engine.generate(requests[:1], config("ddtree", args.budget))
+    arms = [
+        Arm(f"{n}|{m}", e, config(m, args.budget))
+        for n, e in {**engines, "twin": twin}.items()
+        for m in ("plain", "ddtree")
+    ]
+    rule = WarmupRule(max_seconds=args.warmup_s, max_rounds=12)
+    warm = _warm_up(arms, requests, rule, sampler, measure)
     warmup_s = time.perf_counter() - t0
+    print(f"warm-up: {warm['reason']} ({warmup_s:.0f} s)", flush=True)
 
-    def settings() -> dict:
-        return {
-            "engine": "reference",
-            "pair_name": args.pair,
-            "dtype": args.dtype,
-            "device": args.device,
-            "prompt_set": "decisiveness",
-            "limit": args.prompts,
-            "max_new_tokens": args.new_tokens,
-        }
-
-    t0 = time.perf_counter()
-    measured = run_bench(
-        engines.get("correct", base), requests, config, runs, repeats=args.baseline_repeats, warmup=False
-    )
-    baseline_s = time.perf_counter() - t0
-    report = {"settings": settings(), "hardware_class": HW, **measured}
-    entry = entries_from_report(report, hw_class=HW, speedup_band=args.band)[0]
-    baselines = BaselineFile(entries=[entry])
-    run = measured["runs"][1]
-    baseline = {
-        "value": entry.speedup.value,
-        "band": entry.speedup.band,
-        "edge": entry.speedup.lower,
-        "repeats": measured["bench"]["repeats"],
-        "cv": run["speedup"]["cv"],
-        "clock": measured["bench"]["clock"],
-        "samples": run["speedup"]["samples"],
-        "tau": run["cost_model"]["tau"],
-        "step_ms": run["cost_model"]["step_s"] * 1e3,
-        "round_ms": run["cost_model"]["round_s"] * 1e3,
-    }
-    (args.out / "baseline.json").write_text(
-        json.dumps({"entry": entry.model_dump(mode="json"), **baseline}, indent=1) + "\n"
-    )
-    print(
-        f"baseline: speedup {baseline['value']:.4f} edge {baseline['edge']:.4f} CV {baseline['cv']} "
-        f"({baseline_s:.1f} s); step {baseline['step_ms']:.2f} ms round {baseline['round_ms']:.2f} ms",
-        flush=True,
-    )
-    settings_seen = base.generate(requests[:1], config("ddtree", args.budget))[0].engine_settings
+    # 2. the stored baseline: once per machine (the first call), kept in the state folder
+    settings = {"engine": "reference", "pair_name": args.pair, "dtype": args.dtype, "device": args.device}
+    own = state_dir / "baseline-run.json"
+    baseline_s = 0.0
+    if "stored" in gates:
+        if own.exists():
+            mine = list(load_baselines(own).entries)
+        else:
+            t0 = time.perf_counter()
+            measured = run_bench(
+                correct, requests, config, runs, repeats=args.baseline_repeats, warmup=False, sampler=sampler
+            )
+            baseline_s = time.perf_counter() - t0
+            report = {
+                "settings": settings,
+                "hardware_class": HW,
+                "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                **measured,
+            }
+            mine = entries_from_report(report, hw_class=HW, speedup_band=args.band)
+            write_baselines(own, BaselineFile(entries=mine))
+        carried = load_baselines(args.baselines) if args.baselines and args.baselines.exists() else None
+        baselines = merge_entries(carried, mine, merge=carried is not None)
+        write_baselines(args.out / "baselines.json", baselines, update=True)  # carry it to the next machine
+        entry = baselines.find(HW, "reference", args.pair, "ddtree", args.budget)
+        spread = entry.speedup.spread()
+        base_state = (entry.speedup.runs[-1].state if entry.speedup.runs else None) or {}
+        print(
+            f"stored baseline: {entry.speedup.value:.4f}, edge {entry.speedup.lower:.4f}, "
+            f"{len(entry.speedup.runs)} runs, "
+            f"spread {entry.speedup.spread_log_sd}; machine then: {describe(base_state)}",
+            flush=True,
+        )
     meta = {
         "pair": pair_text,
         "dtype": args.dtype,
-        "device": args.device,
-        "machine": machine(),
-        "engine_settings": settings_seen,
         "device_name": torch.cuda.get_device_name(0)
         if args.device.startswith("cuda")
         else platform.processor() or platform.machine(),
         "budget": args.budget,
-        "prompts": len(requests),
-        "new_tokens": args.new_tokens,
         "band": args.band,
         "alpha": args.alpha,
-        "min_repeats": args.min_repeats,
-        "max_repeats": args.max_repeats,
-        "growth": args.growth,
-        "trial_budget_s": args.trial_budget_s,
-        "goal_budget_s": args.goal_budget_s,
-        "setup_s": setup_s,
-        "warmup_s": warmup_s,
-        "baseline_s": baseline_s,
-        "torch": torch.__version__,
+        "machine": sampler.identity,
+        "warmup": warm["reason"],
+        "baseline": None
+        if "stored" not in gates
+        else {
+            "value": entry.speedup.value,
+            "edge": entry.speedup.lower,
+            "runs": len(entry.speedup.runs),
+            "spread_log_sd": entry.speedup.spread_log_sd,
+        },
         "argv": sys.argv[1:] if argv is None else argv,
+        "setup_s": round(setup_s, 1),
+        "warmup_s": round(warmup_s, 1),
+        "baseline_s": round(baseline_s, 1),
+        "torch": torch.__version__,
     }
+    first_call = state_dir / "first-call.json"
+    if not first_call.exists():
+        first_call.write_text(json.dumps({"utc": dt.datetime.now(dt.UTC).isoformat(), "epoch": time.time()}) + "\n")
+    epoch0 = json.loads(first_call.read_text())["epoch"]
+
+    # 3. trials
     plan = SequentialPlan(
         alpha=args.alpha,
         min_repeats=args.min_repeats,
@@ -396,70 +418,107 @@ def main(argv=None) -> int:
         time_budget_s=args.trial_budget_s,
         growth=args.growth,
     )
-    trials: list[dict] = []
-    log = (args.out / "trials.jsonl").open("a")
-    longest = 0.0
+    rows = (
+        [json.loads(line) for line in (state_dir / "trials.jsonl").read_text().splitlines()]
+        if (state_dir / "trials.jsonl").exists()
+        else []
+    )
+    longest, count = 0.0, len(rows)
+    pairs = [(n, g) for g in gates for n in names]
     for t in range(args.trials):
-        order = names[t % len(names) :] + names[: t % len(names)]
-        for name in order:
+        done = False
+        for name, gate in pairs[t % len(pairs) :] + pairs[: t % len(pairs)]:
             elapsed = time.perf_counter() - started
             if elapsed + max(longest, 1.0) > args.total_budget_s:
                 print(f"total budget {args.total_budget_s:g} s: no more trials (elapsed {elapsed:.0f} s)", flush=True)
+                done = True
                 break
+            stressed = bool(args.stress) and count % max(1, args.stress_every) == args.stress_every - 1
             engine = engines[name]
-            injected = getattr(engine, "injected_s", 0.0)
             t0 = time.perf_counter()
-            result = run_bench(
-                engine, requests, config, runs, edges={label: entry.speedup.lower}, plan=plan, warmup=False
-            )
+            with Stress(args.stress if stressed else 0):
+                if gate == "ab":
+                    candidate = twin if name == "correct" else engine
+                    part = measure_ab(
+                        candidate,
+                        correct,
+                        requests,
+                        {label: config("ddtree", args.budget)},
+                        tolerance=args.band,
+                        plan=plan,
+                        warmup=False,
+                        sampler=sampler,
+                    )
+                    (row,) = ab_evaluate(part)
+                    machine, repeats = part["ab"]["machine"], len(part["runs"][0]["ab"]["samples"])
+                else:
+                    result = run_bench(
+                        engine,
+                        requests,
+                        config,
+                        runs,
+                        edges={label: entry.speedup.lower},
+                        spreads={label: spread} if spread else None,
+                        plan=plan,
+                        warmup=False,
+                        sampler=sampler,
+                        probe_busy=False,
+                    )
+                    row = next(
+                        r
+                        for r in evaluate({"settings": settings, "hardware_class": HW, **result}, baselines, HW)
+                        if r.metric == "speedup"
+                    )
+                    machine, repeats = result["bench"]["machine"], result["runs"][1]["speedup"]["stop"]["repeats"]
             seconds = time.perf_counter() - t0
             longest = max(longest, seconds)
-            trial_report = {"settings": settings(), "hardware_class": HW, **result}
-            row = next(r for r in evaluate(trial_report, baselines, HW) if r.metric == "speedup")
-            sp, cm = result["runs"][1]["speedup"], result["runs"][1]["cost_model"]
-            n = sp["stop"]["repeats"]
-            # T=0: every repeat makes the rounds of the first one
-            round_total = cm["round_s"] * n * result["runs"][1]["rounds"] or float("nan")
             trial = {
+                "machine": sampler.identity,
+                "utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "minute": round((time.time() - epoch0) / 60, 2),
+                "stress": args.stress if stressed else 0,
                 "engine": name,
-                "trial": t,
-                "status": row.status,
+                "gate": gate,
+                "label": "A/A" if (gate == "ab" and name == "correct") else name,
                 "expected": ENGINES[name][2],
-                "repeats": n,
-                "seconds": seconds,
-                "estimate": sp["estimate"],
-                "ci": [sp["ci_low"], sp["ci_high"]],
-                "cv": sp["cv"],
-                "samples": sp["samples"],
-                "ratio_samples": cm["step_over_round"]["samples"],
-                "step_ms": cm["step_s"] * 1e3,
-                "round_ms": cm["round_s"] * 1e3,
-                "injected_share": (getattr(engine, "injected_s", 0.0) - injected) / round_total
-                if math.isfinite(round_total)
-                else 0.0,
-                "stop": sp["stop"]["reason"],
+                "verdict": row.status,
+                "interval": row.measured,
+                "edge": row.band,
+                "repeats": repeats,
+                "gpu_s": round(seconds, 2),
+                "state": gpu_line(machine),
+                "baseline_state": None if gate == "ab" else gpu_line(base_state),
                 "message": row.message,
-                "mde": (row.details or {}).get("mde"),
-                "resolution": sp.get("resolution"),
             }
-            trials.append(trial)
-            log.write(json.dumps(trial) + "\n")
-            log.flush()
+            rows.append(trial)
+            count += 1
+            for folder in {state_dir, args.out}:
+                with (folder / "trials.jsonl").open("a") as fh:
+                    fh.write(json.dumps(trial) + "\n")
             print(
-                f"trial {t} {name:10} {row.status:12} {sp['estimate']:.4f} [{sp['ci_low']:.4f}, {sp['ci_high']:.4f}] "
-                f"n={n} {seconds:.1f}s cv={sp['cv']} mde={trial['mde']}",
+                f"trial {count} {trial['label']:10} {gate:6} {row.status:12} {row.measured} n={repeats} {seconds:.1f}s "
+                f"stress={trial['stress']} {describe(machine)}",
                 flush=True,
             )
-            meta["elapsed_s"] = time.perf_counter() - started
-            write_table(summarise(trials, names, baseline, args, meta, final=False), args.out)
-        else:
-            continue
-        break
-    log.close()
-    meta["elapsed_s"] = time.perf_counter() - started
-    write_table(summarise(trials, names, baseline, args, meta, final=True), args.out)
+            meta["elapsed_s"] = round(time.perf_counter() - started, 1)
+            write_table(rows, args.out, meta)
+        if done:
+            break
+    write_table(rows, args.out, meta)
     print((args.out / "table.md").read_text(), flush=True)
     return 0
+
+
+def _warm_up(arms, requests, rule, sampler, measure) -> dict:
+    """The warm-up rule over every engine's plain and DDTree calls: ``measure`` with no stream warms up and
+    stops (one repeat, no samples kept)."""
+    from ddtree_conformance.paired import Stream
+
+    stream = Stream("warm", (arms[0].label,), lambda rep: 1.0)
+    measured = measure(
+        arms, requests[:1], [stream], repeats=2, warmup=rule, sampler=sampler, order=lambda running, r, i: running
+    )
+    return measured.warmup
 
 
 if __name__ == "__main__":

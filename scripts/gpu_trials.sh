@@ -14,6 +14,17 @@
 #                     repeats, then $TRIALS (default 12) trials per engine (correct, verify +5 %), each a
 #                     sequential bench with at most 60 s -> $WORK/decisive-8b/                  (~4 minutes)
 #   decisive-eager    the same on the eager path (graphs off), for comparison
+#   trials-29         issue 29: gate trials with the machine's state, 8B-shaped pair, fast path, B=32, band 2 %:
+#                     correct and verify +5 % under A/B (the correct one is the A/A run) and under the stored
+#                     gate (a baseline measured in this machine's first call, merged into $BASELINES: default
+#                     the four H200 runs of issue 22, scripts/measurements/2026-12-02-issue29/seed-baselines.json),
+#                     $STRESS (16) busy CPU processes beside every second trial; trials until $TOTAL_BUDGET (420) s.
+#                     Rows accumulate in $STATE (/tmp/trials-29) across calls on one warm machine: call it again to
+#                     spread the trials over 20 minutes or more -> $WORK/trials-29/ (~8 minutes a call)
+#   aa-procs          issue 29: A/A with each build in its own process, as `bench --against` runs it (the trials
+#                     above run both builds in one process): $AA_RUNS (3) runs of 40 repeats, fixture pair, CUDA,
+#                     B=16, then the runs pooled (between-run sd: the per-process offset no run's interval
+#                     covers) -> $WORK/aa-procs/                                     (at most ~9 minutes)
 #   catalogues        the correct catalogue (conformance/testing/correct_engines.py; every engine must pass) and,
 #                     with CAT_CATALOGUES="correct mutants", the mutants (each must fail), in float16, bfloat16
 #                     and float32 (CAT_DTYPES), fixture pair, 4 prompts, 24 tokens, B=16, one engine per process
@@ -30,6 +41,7 @@
 #
 #   PACK=1 bash scripts/gpu_trials.sh equality rounds gpu-tests decisive-smoke     # one development call
 #   PACK=1 bash scripts/gpu_trials.sh decisive-8b                                  # one call per new machine
+#   PACK=1 bash scripts/gpu_trials.sh trials-29                                    # repeat on one warm machine
 #
 # The package runs from the source tree through a symlink shim (nothing is installed). pydantic is not
 # in the H200 image: put its wheels in .whl/ (pydantic, pydantic-core, annotated-types, typing-inspection,
@@ -51,6 +63,8 @@ export PYTHONPATH="$shim:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=
 python3 -c "import ddtree_conformance.bench, torch, transformers; print('torch', torch.__version__, 'transformers',
 transformers.__version__, torch.cuda.get_device_name(0))" || exit 1
 nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv || true
+python3 -c "from ddtree_conformance.machine_state import Sampler; s = Sampler('cuda'); print('machine state via', s.via,
+s.identity, s.sample())" || true
 pack() { if [ "${PACK:-0}" = 1 ]; then tar czf "$OUT/runs.tgz" -C "$WORK" . ; fi; }
 decisive() {  # name, cuda-graphs, trials, trial budget, total budget, timeout
   timeout "$6" python3 scripts/gate_decisiveness.py --pair 8b --device cuda --dtype bfloat16 --cuda-graphs "$2" \
@@ -81,6 +95,21 @@ for job in "$@"; do
     decisive-8b) decisive decisive-8b on "$TRIALS" "${TRIAL_BUDGET:-60}" "${TOTAL_BUDGET:-420}" \
       "$(( ${TOTAL_BUDGET:-420} + 120 ))" ;;
     decisive-eager) decisive decisive-eager off "$TRIALS" 60 420 540 ;;
+    aa-procs)
+      mkdir -p "$WORK/aa-procs"
+      for k in $(seq 1 "${AA_RUNS:-3}"); do
+        timeout 170 python3 scripts/ab_bias.py --against reference --device cuda --dtype bfloat16 --repeats 40 \
+          --out "$WORK/aa-procs/run-$k.json" 2>&1 | tail -1 || echo "aa-procs run $k: exit $?"
+      done
+      python3 scripts/ab_bias.py --pool "$WORK"/aa-procs/run-*.json | tee "$WORK/aa-procs/pooled.json" ;;
+    trials-29)
+      timeout "$(( ${TOTAL_BUDGET:-420} + 150 ))" python3 scripts/gate_decisiveness.py --pair 8b --device cuda \
+        --dtype bfloat16 --cuda-graphs on --engines correct,verify+5% --gates ab,stored --prompts 1 --prompt-len 128 \
+        --new-tokens 64 --budget 32 --band 0.02 --baseline-repeats "${BASELINE_REPEATS:-20}" \
+        --trial-budget-s "${TRIAL_BUDGET:-60}" --max-repeats 60 --total-budget-s "${TOTAL_BUDGET:-420}" \
+        --stress "${STRESS:-16}" --stress-every "${STRESS_EVERY:-2}" --state "${STATE:-/tmp/trials-29}" \
+        --baselines "${BASELINES:-scripts/measurements/2026-12-02-issue29/seed-baselines.json}" \
+        --out "$WORK/trials-29" || echo "trials-29: exit $?" ;;
     catalogues)  # one engine per process; on CUDA the tiny pair is launch-bound (~400 s an engine), so CPU by default
       mkdir -p "$WORK/catalogues"; export WORK
       for catalogue in ${CAT_CATALOGUES:-correct}; do for dtype in ${CAT_DTYPES:-float16 bfloat16 float32}; do
@@ -107,7 +136,7 @@ for job in "$@"; do
         --jobs "${CAL_JOBS:-16}" --limit "${CAL_LIMIT:-80}" --flip-limit "${CAL_FLIP_LIMIT:-24}" \
         --budgets "${CAL_BUDGETS:-16,64,256}" --manifest "$WORK/manifest-$device.json" 2>&1 |
         grep -v "Loading weights\|FutureWarning\|forward_call" || echo "$job: exit $?" ;;
-    *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, catalogues)" >&2; exit 2 ;;
+    *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
   esac
   echo "job $job: $((SECONDS - started)) s"
   pack

@@ -156,7 +156,7 @@ def test_a_ratio_inside_the_noise_is_inconclusive_when_the_budget_runs_out():
         {"ddtree-B16": CONFIGS["ddtree-B16"]},
         tolerance=0.05,
         now=lambda: clock[0],
-        plan=SequentialPlan(max_repeats=6),
+        plan=SequentialPlan(max_repeats=3),  # one look: three requests, each pair called both ways per repeat
     )
     assert part["runs"][0]["ab"]["stop"]["decision"] == "inconclusive"
     assert exit_code(evaluate(part)) == 3 and part["verdict"]["status"] == "inconclusive"
@@ -239,8 +239,13 @@ def test_bench_against_an_engine_here_and_the_gate_without_baselines(tmp_path, m
         "--against-option",
         "seed=2",
         "--no-isolate",
+        "--ab-spread",
+        "0.01:4",
     )
     assert report["kind"] == "ab" and report["verdict"]["status"] == "fail"
+    assert report["runs"][0]["ab"]["spread"] == {"log_var": pytest.approx(1e-4), "df": 4}
+    bad = CliRunner().invoke(app, ["bench", *BENCH, "--against", "reference", "--ab-spread", "2%", "--no-isolate"])
+    assert bad.exit_code == 2 and "--ab-spread must be SD:DF" in bad.output
     assert report["ab"]["against"] == "ddtc_ab_here:Timed"
     assert gate.exit_code == 1 and "A/B ratio" in gate.output and "gate REGRESSION (exit 1)" in gate.output
     assert (tmp_path / "ab.md").read_text().startswith("## FAIL: A/B: candidate slower than the baseline")

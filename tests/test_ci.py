@@ -235,13 +235,18 @@ def test_an_engine_without_ddtree_is_incomplete_as_buildkite_runs_it(engine_repo
 
 def test_a_slower_build_under_ab_fails_the_job(engine_repo, tmp_path, monkeypatch):
     """In this process (CliRunner), from the engine repository: candidate ci_engines:Clocked against the
-    baseline ci_engines:Fast, whose injected decode clock runs at a quarter of the candidate's."""
+    baseline ci_engines:Fast, whose injected decode clock runs at a quarter of the candidate's. Stored
+    baselines exist for the hardware class too: a baseline build given, A/B is the gate."""
+    from ddtree_conformance.baselines import BaselineFile, write_baselines
     from ddtree_conformance.cli import app
 
     repo, small = engine_repo
     for key, value in small.items():
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(repo)
+    write_baselines(tmp_path / "stored" / "test-ab-hw.json", BaselineFile())
+    monkeypatch.setenv("DDTREE_BASELINES", str(tmp_path / "stored"))
+    monkeypatch.setenv("DDTREE_HARDWARE_CLASS", "test-ab-hw")
     result = CliRunner().invoke(
         app,
         [
@@ -270,6 +275,8 @@ def test_a_slower_build_under_ab_fails_the_job(engine_repo, tmp_path, monkeypatc
     assert "conformance | 0 | PASS" in summary  # the slower build is conformant: only the throughput fails it
     assert "bench | 0 | wrote ab.json" in summary  # bench exits 1 on its FAIL verdict: the gate step judges it
     assert "| gate | 1 | REGRESSION: ddtree-B4 A/B ratio fail: candidate slower than the baseline" in summary
+    assert "A/B against ci_engines:Fast (interleaved on this runner): wrote ab.json" in summary
+    assert (tmp_path / "r" / "ab.json").is_file() and not (tmp_path / "r" / "bench.json").exists()
 
 
 def test_ci_refuses_bad_options(tmp_path):

@@ -101,6 +101,23 @@ def stored(tmp_path):
     return path
 
 
+@pytest.fixture
+def spread_stored(tmp_path):
+    """Baselines of four runs (speedups 2.0 x 1.003, 0.997, 1.0015, 1: between-run spread 0.26 %), so the
+    gate may fail a speedup beyond that spread; the value 2.0, band 2 % (edge 1.96)."""
+    path = tmp_path / "spread" / f"{HW}.json"
+    reports = []
+    for k, scale in enumerate((1.003, 0.997, 1.0015, 1.0)):  # the last run gives the cost
+        report = make_report(ratios=tuple(r * scale for r in BASE_RATIOS))
+        report["created"] = f"2026-01-0{k + 1}T00:00:00+00:00"
+        reports.append(entries_from_report(report))
+    merged = merge_entries(None, reports[0])
+    for more in reports[1:]:
+        merged = merge_entries(merged, more, merge=True)
+    write_baselines(path, merged)
+    return path
+
+
 def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
@@ -161,15 +178,19 @@ def test_speedup_interval_straddling_the_edge_is_inconclusive(stored, tmp_path):
     assert "INCONCLUSIVE" in result.output
 
 
-def test_speedup_interval_entirely_below_fails(stored):
-    rows = evaluate(make_report(ratios=(0.45, 0.4525, 0.4475, 0.45, 0.455)), load_baselines(stored), HW)
+def test_speedup_interval_entirely_below_fails(spread_stored, stored):
+    rows = evaluate(make_report(ratios=(0.45, 0.4525, 0.4475, 0.45, 0.455)), load_baselines(spread_stored), HW)
     assert statuses(rows, "speedup") == ["fail"]
+    # one baseline run: its between-run spread is unknown, so below the band is not a failure
+    row = speedup_row(evaluate(make_report(ratios=(0.45, 0.4525, 0.4475, 0.45, 0.455)), load_baselines(stored), HW))
+    assert row.status == "inconclusive"
+    assert "records 1 run" in row.message and "baseline --merge" in row.message and "bench --against" in row.message
 
 
-def test_the_interval_comes_from_the_samples_not_the_report(stored):
+def test_the_interval_comes_from_the_samples_not_the_report(spread_stored, stored):
     """A report whose stored interval claims a pass while its samples say regression fails."""
     report = make_report(ratios=(0.45, 0.4525, 0.4475, 0.45, 0.455), stored_ci=(1.99, 2.05))
-    assert statuses(evaluate(report, load_baselines(stored), HW), "speedup") == ["fail"]
+    assert statuses(evaluate(report, load_baselines(spread_stored), HW), "speedup") == ["fail"]
     single = make_report(ratios=(0.5,))
     assert statuses(evaluate(single, load_baselines(stored), HW), "speedup") == ["inconclusive"]
 
@@ -195,8 +216,8 @@ def test_a_sequential_run_pays_for_its_looks(stored):
     assert statuses(evaluate(make_report(ratios=ratios, sequential=True), base, HW), "speedup") == ["inconclusive"]
 
 
-def test_cost_model_view_separates_accepting_less_from_costing_more(stored):
-    base = load_baselines(stored)
+def test_cost_model_view_separates_accepting_less_from_costing_more(spread_stored):
+    base = load_baselines(spread_stored)
     less = speedup_row(evaluate(make_report(tau=3.7), base, HW))  # same cost, tau -7.5 %
     assert less.status == "fail" and less.details["accepts_less"] and not less.details["costs_more"]
     assert "accepts less: tau 3.700 vs 4.000" in less.message and "costs the same" in less.message

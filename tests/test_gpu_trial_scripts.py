@@ -21,48 +21,47 @@ def script(name: str):
 
 @pytest.mark.slow
 def test_gate_decisiveness_writes_its_table(tmp_path):
+    """Both gates, A/A included, a stress job beside every second trial; a second call on the same state adds
+    its rows to the first's (trials spread over calls on one machine), and --summarise reads them back."""
     main = script("gate_decisiveness.py")
-    out = tmp_path / "decisive"
-    assert (
-        main(
-            [
-                "--pair",
-                "tiny",
-                "--device",
-                "cpu",
-                "--dtype",
-                "float32",
-                "--trials",
-                "1",
-                "--engines",
-                "correct,build+2ms",
-                "--prompts",
-                "1",
-                "--prompt-len",
-                "8",
-                "--new-tokens",
-                "6",
-                "--budget",
-                "4",
-                "--baseline-repeats",
-                "3",
-                "--max-repeats",
-                "4",
-                "--simulate",
-                "50",
-                "--threads",
-                "1",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
-    table = json.loads((out / "table.json").read_text())
-    assert [r["engine"] for r in table["rows"]] == ["correct", "build+2ms"]
-    assert all(r["trials"] == 1 and r["simulated_share_correct"] is not None for r in table["rows"])
-    assert len((out / "trials.jsonl").read_text().splitlines()) == 2
-    assert "| build+2ms | fail | 1 |" in (out / "table.md").read_text()
+    out, state = tmp_path / "decisive", tmp_path / "state"
+    args = [
+        "--pair",
+        "tiny",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--trials",
+        "1",
+        "--engines",
+        "correct,build+2ms",
+    ]
+    args += ["--prompts", "1", "--prompt-len", "8", "--new-tokens", "6", "--budget", "4", "--baseline-repeats", "3"]
+    args += ["--max-repeats", "4", "--threads", "1", "--stress", "1", "--warmup-s", "5", "--state", str(state)]
+    assert main([*args, "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert sorted((r["label"], r["gate"]) for r in rows) == [
+        ("A/A", "ab"),
+        ("build+2ms", "ab"),
+        ("build+2ms", "stored"),
+        ("correct", "stored"),
+    ]
+    assert [r["stress"] for r in rows] == [0, 1, 0, 1]
+    assert all(r["machine"]["boot_id"] and r["repeats"] >= 2 and r["gpu_s"] > 0 for r in rows)
+    assert all(r["state"]["gpu"] == "not sampled: device cpu has no GPU" for r in rows)
+    assert json.loads((out / "baselines.json").read_text())["entries"][0]["speedup"]["runs"][0]["estimate"] > 0
+    assert main([*args, "--out", str(tmp_path / "second")]) == 0  # the same machine, a later call
+    assert len((state / "trials.jsonl").read_text().splitlines()) == 8
+    table = json.loads((tmp_path / "second" / "table.json").read_text())
+    assert {(b["engine"], b["gate"], b["trials"]) for b in table["engines"]} == {
+        ("correct", "ab", 2),
+        ("correct", "stored", 2),
+        ("build+2ms", "ab", 2),
+        ("build+2ms", "stored", 2),
+    }
+    assert main(["--summarise", str(state / "trials.jsonl"), "--out", str(tmp_path / "all")]) == 0
+    assert "| correct (A/A) | ab | pass | 2 |" in (tmp_path / "all" / "table.md").read_text()
 
 
 @pytest.mark.slow

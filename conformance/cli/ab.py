@@ -75,6 +75,7 @@ def bench_against(
     out: Path | None,
     against_engine: str | None = None,
     against_options: list[str] | None = None,
+    spread: tuple[float, int] | None = None,
 ) -> Path:
     runs = [("dflash", None)] if "dflash" in settings.modes else []
     runs += [("ddtree", b) for b in settings.budgets] if "ddtree" in settings.modes else []
@@ -115,6 +116,7 @@ def bench_against(
                     plan=plan,
                     warmup=warmup,
                     on_step=step,
+                    spread=spread,
                 )
             except BenchError as exc:
                 raise CliError(str(exc), exit_code=EXIT_FAILED) from exc
@@ -153,6 +155,10 @@ def bench_against(
     console = stdout_console()
     console.print(table)
     console.print(escape(f"{report['verdict']['status'].upper()}: {report['verdict']['reason']}"), soft_wrap=True)
+    console.print(
+        escape(f"machine: {report['ab']['machine_line']}; warm-up: {report['ab']['warmup'].get('reason')}"),
+        soft_wrap=True,
+    )
     console.print(
         escape(f"wrote {', '.join(map(str, paths))}; `ddtree-conformance gate {paths[0]}` judges it"), soft_wrap=True
     )

@@ -1,8 +1,9 @@
-"""``bench`` (throughput), ``baseline`` (store a report's numbers) and ``gate`` (compare with them)."""
+"""``bench``: throughput against plain decoding, or A/B against another build (:mod:`.ab`).
+
+``baseline`` and ``gate`` are in :mod:`.gates`."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,26 +12,18 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..baselines import (
-    BaselineError,
-    BaselineExists,
-    baseline_path,
-    entries_from_report,
-    load_baselines,
-    merge_entries,
-    write_baselines,
-)
+from ..baselines import BaselineError, baseline_path, load_baselines
 from ..input_validation import validate_run_inputs
 from ..output_paths import output_path
 from ..paths import REPORTS_DIR
 from ..progress import progress_printer
-from ..report import ReportError, load_report, new_report, write_report
+from ..report import new_report, write_report
 from ..run import Run
 from ..support import unsupported
 from . import options as opt
 from .base import EXIT_FAILED, EXIT_INCONCLUSIVE, CliError, command, stderr_console, stdout_console
 
-__all__ = ["bench", "baseline", "gate"]
+__all__ = ["bench"]
 
 
 GateAgainst = Annotated[
@@ -113,6 +106,17 @@ def bench(
             "--tolerance", help="A/B: the candidate may be this fraction slower than the baseline (edge 1 - tolerance)."
         ),
     ] = 0.05,
+    ab_spread: Annotated[
+        Optional[str],
+        typer.Option(
+            "--ab-spread",
+            envvar="DDTREE_AB_SPREAD",  # so `ci`, which runs `bench`, takes it from the CI config's environment
+            metavar="SD:DF",
+            help="A/B: the between-process sd of the log throughput ratio that A/A runs on this kind of runner "
+            "measured, with its degrees of freedom (e.g. 0.0235:10; scripts/ab_bias.py --pool): the interval "
+            "includes it. Not given: none.",
+        ),
+    ] = None,
     isolate: opt.Isolate = None,
     out: Annotated[
         Optional[Path],
@@ -184,6 +188,7 @@ def bench(
             out=out,
             against_engine=against_engine,
             against_options=against_option,
+            spread=_ab_spread(ab_spread),
         )
         found = _load_report_or_fail(written).get("verdict") or {}  # A/B: exit with its verdict, as `gate` does
         code = {"fail": EXIT_FAILED, "inconclusive": EXIT_INCONCLUSIVE}.get(found.get("status"))
@@ -192,7 +197,8 @@ def bench(
         return
     runs = [("dflash", None)] if "dflash" in settings.modes else []
     runs += [("ddtree", b) for b in settings.budgets] if "ddtree" in settings.modes else []
-    edges = _edges(baselines, hw, settings, runs) if baselines is not None else None
+    edges, spreads = _edges(baselines, hw, settings, runs) if baselines is not None else (None, None)
+    one_run = [label for label in (edges or {}) if label not in (spreads or {})]
     session = SuiteSession(settings)
     try:
         eng = session.engine
@@ -233,6 +239,8 @@ def bench(
                     runs,
                     repeats=repeats,
                     edges=edges,
+                    spreads=spreads,
+                    one_run=one_run,
                     plan=plan,
                     warmup=warmup,
                     on_step=step,
@@ -276,6 +284,10 @@ def bench(
     console.print(table)
     shown = ", ".join(f"{k}={v}" for k, v in sorted(report["bench"]["engine_settings"].items()))
     console.print(escape(f"engine settings: {shown or 'none reported'}"), soft_wrap=True)
+    from ..machine_state import describe
+
+    console.print(escape(f"machine: {describe(report['bench'].get('machine'))}"), soft_wrap=True)
+    console.print(escape(f"warm-up: {report['bench']['warmup'].get('reason')}"), soft_wrap=True)
     busy = [f"{r['label']} {r['gpu_busy_share']:.0%}" for r in report["runs"] if r.get("gpu_busy_share") is not None]
     if busy:
         console.print(escape("GPU busy share (one profiled call each): " + ", ".join(busy)), soft_wrap=True)
@@ -284,14 +296,31 @@ def bench(
     console.print(escape(f"wrote {', '.join(map(str, paths))}"), soft_wrap=True)
 
 
+def _ab_spread(text: str | None) -> tuple[float, int] | None:
+    """``SD:DF`` (``0.0235:10``) as (variance, df); None when not given."""
+    if not text:
+        return None
+    try:
+        sd, df = text.split(":")
+        sd_f, df_i = float(sd), int(df)
+        if not (0 < sd_f < 1 and df_i >= 1):
+            raise ValueError
+    except ValueError:
+        raise CliError(
+            f"--ab-spread must be SD:DF with 0 < SD < 1 and DF >= 1 (e.g. 0.0235:10), got {text!r}"
+        ) from None
+    return sd_f**2, df_i
+
+
 def _fmt(x) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def _edges(baselines: Path, hw: str, settings, runs) -> dict[str, float]:
-    """Lower speedup edges per run label from the baselines of this hardware class. Runs without a
-    speedup baseline are measured alongside, with no edge; with none at all the bench runs its fixed
-    --repeats (the gate then reports the baseline as missing). An unreadable file is an error."""
+def _edges(baselines: Path, hw: str, settings, runs) -> tuple[dict[str, float], dict[str, tuple[float, int]]]:
+    """Lower speedup edges per run label from the baselines of this hardware class, and the between-run
+    spread of those of 2+ runs. Runs without a speedup baseline are measured alongside, with no edge; with
+    none at all the bench runs its fixed --repeats (the gate then reports the baseline as missing). An
+    unreadable file is an error."""
     path = baseline_path(baselines, hw)
     labels = ", ".join(Run(m, b).label for m, b in runs)
     if not path.exists():
@@ -299,16 +328,18 @@ def _edges(baselines: Path, hw: str, settings, runs) -> dict[str, float]:
             escape(f"note: no baseline file {path} for hardware class {hw}: --repeats fixed repeats, not sequential"),
             soft_wrap=True,
         )
-        return {}
+        return {}, {}
     try:
         loaded = load_baselines(path)
     except BaselineError as exc:
         raise CliError(str(exc)) from None
-    edges = {}
+    edges, spreads = {}, {}
     for mode, budget in runs:
         entry = loaded.find(hw, settings.engine, settings.pair_name, mode, budget)
         if entry is not None and entry.speedup is not None:
             edges[Run(mode, budget).label] = entry.speedup.lower
+            if entry.speedup.spread() is not None:
+                spreads[Run(mode, budget).label] = entry.speedup.spread()
     if not edges:
         stderr_console().print(
             escape(
@@ -317,150 +348,4 @@ def _edges(baselines: Path, hw: str, settings, runs) -> dict[str, float]:
             ),
             soft_wrap=True,
         )
-    return edges
-
-
-def _load_report_or_fail(path: Path) -> dict:
-    try:
-        return load_report(path)
-    except ReportError as exc:
-        raise CliError(str(exc)) from None
-
-
-@command()
-def baseline(
-    report: Annotated[Path, typer.Argument(help="Run report JSON (from `bench`).")],
-    baselines: opt.Baselines = None,
-    hardware_class: opt.HardwareClass = None,
-    update: Annotated[bool, typer.Option("--update", help="Replace existing entries; prints the diff.")] = False,
-    tau_band: Annotated[float, typer.Option("--tau-band", help="Tau band, as a fraction of tau.")] = 0.05,
-    position_band: Annotated[float, typer.Option("--position-band", help="Per-position band, absolute.")] = 0.05,
-    speedup_band: Annotated[
-        float,
-        typer.Option(
-            "--speedup-band", help="Speedup band, fraction of speedup (widened to the report's own interval)."
-        ),
-    ] = 0.02,
-) -> None:
-    """Write baselines (tau, per-position floors, speedup, with bands) from a run report."""
-    for value, option in (
-        (tau_band, "--tau-band"),
-        (position_band, "--position-band"),
-        (speedup_band, "--speedup-band"),
-    ):
-        if not 0 <= value < 1:
-            raise CliError(f"{option} must be in [0, 1), got {value}")
-    data = _load_report_or_fail(report)
-    if data.get("kind") == "ab":
-        raise CliError(f"{report} is an A/B report: it compares two builds on one runner and makes no baselines")
-    hw = hardware_class or data["hardware_class"]
-    entries = entries_from_report(
-        data, hw_class=hw, tau_band=tau_band, position_band=position_band, speedup_band=speedup_band
-    )
-    if not entries:
-        raise CliError(f"{report} holds no speculative runs to make baselines from")
-    path = baseline_path(baselines, hw)
-    console = stdout_console()
-    try:
-        existing = load_baselines(path) if path.exists() else None
-        written, diff = write_baselines(path, merge_entries(existing, entries), update=update)
-    except BaselineExists as exc:
-        for line in exc.diff:
-            console.print(escape(line), soft_wrap=True, highlight=False)
-        raise CliError(str(exc)) from None
-    except BaselineError as exc:
-        raise CliError(str(exc)) from None
-    for line in diff:
-        console.print(escape(line), soft_wrap=True, highlight=False)
-    if any(e.speedup is None for e in entries):
-        console.print("note: the report has no throughput; speedup baselines left empty (run `bench`)")
-    console.print(
-        escape(f"no changes to {written}" if not diff else f"wrote {len(entries)} entries to {written}"), soft_wrap=True
-    )
-
-
-@command()
-def gate(
-    report: Annotated[Path, typer.Argument(help="Run report JSON (from `bench`).")],
-    baselines: opt.Baselines = None,
-    hardware_class: opt.HardwareClass = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the verdicts as JSON.")] = None,
-) -> None:
-    """Compare a run report with stored baselines.
-
-    Exit codes: 0 all pass; 1 regression (any fail); 3 inconclusive (a speedup CI straddles the
-    band's lower edge, no fail); 4 missing baseline or measurement (no fail or inconclusive);
-    6 refused: the report's engine settings (CUDA graphs, attention backend, ...) differ from the
-    baseline's (wins over every other status); 2 unusable input.
-    """
-    from .. import ab  # imported here: ab and gate pull scipy
-    from ..gate import evaluate, exit_code
-
-    data = _load_report_or_fail(report)
-    hw = hardware_class or data["hardware_class"]
-    path = baseline_path(baselines, hw)
-    stored = data.get("kind") != "ab"  # an A/B report carries its own edge and needs no stored baselines
-    if stored:
-        loaded = None
-        if path.exists():
-            try:
-                loaded = load_baselines(path)
-            except BaselineError as exc:
-                raise CliError(str(exc)) from None
-        rows = evaluate(data, loaded, hw)
-    else:
-        rows = ab.evaluate(data)
-        path = Path(f"A/B baseline {data.get('ab', {}).get('against', '?')}")
-    s = data.get("settings", {})
-    table = Table(title=escape(f"gate: {s.get('engine')} on {s.get('pair_name')} ({hw}) vs {path}"))
-    for column, justify in (
-        ("run", "left"),
-        ("metric", "left"),
-        ("status", "left"),
-        ("measured", "right"),
-        ("band", "right"),
-        ("margin", "right"),
-        ("note", "left"),
-    ):
-        table.add_column(column, justify=justify, overflow="fold")
-    colours = {"pass": "green", "fail": "red", "inconclusive": "yellow", "missing": "magenta", "refused": "red"}
-    for r in rows:
-        table.add_row(
-            escape(r.run),
-            r.metric,
-            f"[{colours[r.status]}]{r.status}[/]",
-            escape(r.measured),
-            escape(r.band),
-            "-" if r.margin is None else f"{r.margin:+.3f}",
-            escape(r.message),
-        )
-    console = stdout_console()
-    console.print(table)
-    code = exit_code(rows) if stored else ab.exit_code(rows)
-    counts = {k: sum(r.status == k for r in rows) for k in colours}
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(
-            json.dumps(
-                {
-                    "schema": "ddtree-conformance/gate",
-                    "schema_version": 1,
-                    "report": str(report),
-                    "baselines": str(path),
-                    "hardware_class": hw,
-                    "exit_code": code,
-                    "counts": counts,
-                    "rows": [r.as_dict() for r in rows],
-                },
-                indent=1,
-            )
-            + "\n"
-        )
-    summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-    verdict = {0: "PASS", 1: "REGRESSION", 3: "INCONCLUSIVE", 4: "MISSING BASELINE", 6: "REFUSED: SETTINGS CHANGED"}[
-        code
-    ]
-    console.print(escape(f"gate {verdict} (exit {code}): {summary}"), soft_wrap=True)
-    if stored and not path.exists():
-        console.print(escape(f"no baseline file {path}: every run is 'missing'"), soft_wrap=True)
-    raise typer.Exit(code)
+    return edges, spreads

@@ -230,7 +230,11 @@ def throughput(
         judged.skipped, judged.summary = True, "not run: no bench report"
         return [bench, judged]
     bench.files += [out, out.with_suffix(".md"), out.with_suffix(".html")]
-    bench.summary = f"wrote {out.name}"
+    bench.summary = (
+        f"A/B against {against} (interleaved on this runner): wrote {out.name}"
+        if against is not None
+        else f"against the stored baselines of {hw}: wrote {out.name}"
+    )
     gate_out = reports / "gate.json"
     _suite(judged, "gate", str(out), *gate_extra, "--hardware-class", hw, "--out", str(gate_out))
     result = read_json(gate_out) or {}

@@ -11,7 +11,10 @@ a repeat holds. Times are microseconds, always inside the wall clock of the call
 :data:`SAMPLES` were recorded by ``scripts/gate_decisiveness.py`` on a newly started H200
 (scripts/measurements/2026-12-01-machine-a/decisive-8b: 8B-shaped pair, bf16, B=32, fast path): the
 correct engine's 20-repeat baseline, a trial of the correct engine (pass after 5 repeats) and one
-of the verify +5 % mutant (regression after 8).
+of the verify +5 % mutant (regression after 8); and the 20-repeat baselines of machines B, C and D
+(``baseline-b`` .. ``baseline-d``), so a baseline of four runs on four machines has its real spread.
+``-O round_scale=1.05`` makes every speculative round 5 % longer: a machine that drifted (issue 29: trials
++3.3 % to +8.6 % round time after a baseline taken in the first minute).
 """
 
 from __future__ import annotations
@@ -47,6 +50,73 @@ SAMPLES = {
     ],
     "correct": [0.60113, 0.59656, 0.59207, 0.58947, 0.59324],
     "verify+5%": [0.56472, 0.56579, 0.57267, 0.56573, 0.57386, 0.57134, 0.56511, 0.56627],
+    # the 20-repeat baselines of the three other newly started H200s (machines B, C, D, same settings)
+    "baseline-b": [
+        0.589293,
+        0.609586,
+        0.607159,
+        0.597423,
+        0.599573,
+        0.604634,
+        0.613108,
+        0.608456,
+        0.612415,
+        0.612037,
+        0.606036,
+        0.60936,
+        0.614673,
+        0.604205,
+        0.59822,
+        0.609469,
+        0.613945,
+        0.611381,
+        0.598675,
+        0.607489,
+    ],
+    "baseline-c": [
+        0.59382,
+        0.597326,
+        0.595014,
+        0.598739,
+        0.597488,
+        0.597688,
+        0.596763,
+        0.597828,
+        0.596192,
+        0.597462,
+        0.597127,
+        0.596628,
+        0.590143,
+        0.591959,
+        0.59386,
+        0.594673,
+        0.596768,
+        0.596006,
+        0.597358,
+        0.596248,
+    ],
+    "baseline-d": [
+        0.599406,
+        0.605297,
+        0.609119,
+        0.602237,
+        0.600523,
+        0.600337,
+        0.605153,
+        0.596584,
+        0.591008,
+        0.593897,
+        0.589785,
+        0.593569,
+        0.579888,
+        0.57707,
+        0.581014,
+        0.587022,
+        0.600156,
+        0.607319,
+        0.608216,
+        0.607243,
+    ],
 }
 
 
@@ -54,7 +124,7 @@ class RecordedTimings(Engine):
     """Replays :data:`SAMPLES` ``[samples]`` as device-clock timings (module doc)."""
 
     name = "recorded-timings"
-    OPTIONS = ("samples",)
+    OPTIONS = ("samples", "round_scale")
 
     def __init__(self, model_dir: str, drafter_dir: str | None = None, **options) -> None:
         super().__init__(model_dir, drafter_dir, **options)
@@ -62,6 +132,10 @@ class RecordedTimings(Engine):
         if chosen not in SAMPLES:
             raise EngineError(f"{self.name}: samples must be one of {', '.join(SAMPLES)}, got {chosen!r}")
         self.samples = SAMPLES[chosen]
+        # every speculative round this much longer (a machine drifted since the samples were recorded)
+        self.round_scale = float(options.get("round_scale", 1.0))
+        if not 0.1 <= self.round_scale <= 10:
+            raise EngineError(f"{self.name}: round_scale must be in [0.1, 10], got {self.round_scale}")
         self.calls: dict[tuple[int, ...], int] = {}  # speculative calls so far, per prompt
 
     def capabilities(self) -> Capabilities:
@@ -83,7 +157,7 @@ class RecordedTimings(Engine):
                 seconds = STEP_S * decode
             else:
                 k = self.calls.get(tuple(request.prompt_ids), 0)
-                seconds = STEP_S / self.samples[k % len(self.samples)] * decode
+                seconds = STEP_S / self.samples[k % len(self.samples)] * decode * self.round_scale
                 self.calls[tuple(request.prompt_ids)] = k + 1
             out.append(
                 RequestResult(

@@ -1,0 +1,343 @@
+#!/usr/bin/env python
+"""Is an A/A run unbiased? One build against itself, with the causes of a bias told apart.
+
+An A/B run (``bench --against``) of a build against the same code must measure a ratio of 1. This script
+runs exactly what ``bench --against`` runs (two engines, each in its own process, the bench's paired
+measurement and sequential test) and records every ``generate`` call: its arm, whether it went first or
+second in its pair, the process that ran just before it, and its decode seconds on the engine's clock. It
+then splits the log ratio candidate / baseline into
+
+* the **arm effect** (what the verdict sees: candidate over baseline, order balanced),
+* the **order effect** (the first call of a pair over the second, arm balanced), and
+* the **switch effect** (a call right after the other process over a call right after its own),
+
+so an A/A bias reads as "the installed build is slower" (install kind), "whoever goes first is slower"
+(warm caches, first-arm penalty) or neither. ``--against`` takes what ``bench --against`` takes: an engine
+here (``reference``: the same installed code, so install kind is ruled out) or a folder / wheel /
+requirement installed into an overlay environment (:func:`ddtree_conformance.ab.overlay_environment`).
+``--candidate-from`` installs the candidate the same way, so both arms have the same install kind.
+``--order`` picks the call order: ``pairs`` (the bench's: who goes first alternates per request and
+repeat), ``fixed`` (the candidate always first: shows what an unbalanced order would do), ``random``
+(seeded coin per pair).
+
+    python scripts/ab_bias.py --against reference --repeats 30 --out /tmp/aa/same-install.json
+    python scripts/ab_bias.py --against . --repeats 30 --out /tmp/aa/editable-vs-folder.json
+    python scripts/ab_bias.py --candidate-from . --against . --repeats 30 --out /tmp/aa/folder-vs-folder.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from ddtree_conformance.ab import baseline_for, measure_ab, pair_order
+from ddtree_conformance.adapters.interface import Engine
+from ddtree_conformance.adapters.process import IsolatedEngine
+from ddtree_conformance.adapters.registry import create_engine
+from ddtree_conformance.run import Run
+from ddtree_conformance.sequential import SequentialPlan, combined_interval, verdict
+from ddtree_conformance.session import SuiteSession
+from ddtree_conformance.settings import DEFAULT_TORCH_THREADS, build_settings
+
+
+def factory(settings, build):
+    """What ``bench --against`` starts for a build (``cli/ab.py``), without the CLI's modules (typer, rich:
+    not on every GPU image): an engine process under the build's interpreter, or in this process."""
+
+    def make(model_dir, drafter_dir):
+        if build.installed or settings.isolate:
+            return IsolatedEngine(
+                build.spec,
+                model_dir,
+                drafter_dir,
+                timeout_s=settings.engine_timeout_s,
+                start_timeout_s=settings.engine_timeout_s,
+                torch_threads=settings.torch_threads,
+                python=build.python,
+                sys_path=None if build.sys_path is None else list(build.sys_path),
+                **settings.engine_options,
+            )
+        return create_engine(build.spec, model_dir, drafter_dir, **settings.engine_options)
+
+    return make
+
+
+class Recorded(Engine):
+    """Passes calls through to ``inner`` and logs each one (shared log, so the order is the real one)."""
+
+    def __init__(self, inner: Engine, side: str, log: list) -> None:
+        self.inner, self.side, self.log = inner, side, log
+        self.name = inner.name
+
+    def capabilities(self):
+        return self.inner.capabilities()
+
+    def generate(self, requests, config):
+        started = time.perf_counter()
+        results = self.inner.generate(requests, config)
+        wall = time.perf_counter() - started
+        stages = [r.timings.stages for r in results]
+        seconds = sum(s.get("round_device", s.get("round_wall", 0.0)) for s in stages)
+        self.log.append({"side": self.side, "prompt": requests[0].prompt_ids[:4], "s": seconds, "wall": wall})
+        return results
+
+    def close(self):
+        self.inner.close()
+
+
+def _t_interval(values: list[float]) -> dict:
+    x = np.asarray(values)
+    half = float(stats.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)) if x.size > 1 else float("nan")
+    m = float(x.mean())
+    return {"pct": 100 * (math.exp(m) - 1), "ci_pct": [100 * (math.exp(m - half) - 1), 100 * (math.exp(m + half) - 1)]}
+
+
+def analyse(log: list[dict], prompts: int = 2) -> dict:
+    """Split the per-pair log ratios into arm, order and switch effects (module doc)."""
+    pairs = [
+        (log[k], log[k + 1])
+        for k in range(0, len(log) - 1, 2)
+        if {log[k]["side"], log[k + 1]["side"]} == {"candidate", "baseline"}
+    ]
+    cand_first = [math.log(a["s"] / b["s"]) for a, b in pairs if a["side"] == "candidate"]
+    base_first = [math.log(b["s"] / a["s"]) for a, b in pairs if a["side"] == "baseline"]  # still cand / base
+    arm = cand_first + base_first  # log(candidate / baseline) per pair
+    # order: log(first / second) per pair, whichever arm went first
+    order = [math.log(a["s"] / b["s"]) for a, b in pairs]
+    # switch: a call right after the other process vs right after its own, per arm and per prompt (prompts
+    # differ in length, and which prompt follows a switch is fixed by the order): the pair's index k gives
+    # repeat k // n and request k % n, so the prompt is (request + repeat) % n
+    n = max(1, prompts)
+    after_other: dict[tuple, list[float]] = {}
+    after_own: dict[tuple, list[float]] = {}
+    for j in range(1, len(log)):
+        k = j // 2
+        prompt = (k % n + k // n) % n
+        key = (log[j]["side"], prompt)
+        (after_own if log[j - 1]["side"] == log[j]["side"] else after_other).setdefault(key, []).append(
+            math.log(log[j]["s"])
+        )
+    switch: dict[str, float] = {}
+    for side in ("candidate", "baseline"):
+        diffs = [
+            np.mean(after_other[key]) - np.mean(after_own[key])
+            for key in after_other
+            if key[0] == side and key in after_own
+        ]
+        if diffs:
+            switch[side] = round(100 * (math.exp(float(np.mean(diffs))) - 1), 2)
+    return {
+        "pairs": len(pairs),
+        "candidate_over_baseline": _t_interval(arm),
+        "candidate_over_baseline_when_candidate_first": _t_interval(cand_first) if len(cand_first) > 1 else None,
+        "candidate_over_baseline_when_baseline_first": _t_interval(base_first) if len(base_first) > 1 else None,
+        "first_over_second": _t_interval(order),
+        "after_other_over_after_own_pct": switch,
+    }
+
+
+def pool(paths: list[Path]) -> dict:
+    """Across A/A runs: each run's arm effect (mean log candidate/baseline per pair) with its standard
+    error, the inverse-variance pooled effect, Cochran's Q (are the runs' effects more different than
+    their own noise allows?) and the DerSimonian-Laird between-run sd (the part of a run's A/A offset
+    that its own interval does not cover)."""
+    effects, ses, verdicts = [], [], []
+    for path in paths:
+        data = json.loads(path.read_text())
+        calls = data["calls"]
+        verdicts.append(_verdicts(data))
+        logs = [
+            math.log(a["s"] / b["s"]) if a["side"] == "candidate" else math.log(b["s"] / a["s"])
+            for a, b in zip(calls[0::2], calls[1::2])
+            if {a["side"], b["side"]} == {"candidate", "baseline"}
+        ]
+        effects.append(float(np.mean(logs)))
+        ses.append(float(np.std(logs, ddof=1) / math.sqrt(len(logs))))
+    w = 1 / np.square(ses)
+    mean = float(np.sum(w * effects) / np.sum(w))
+    q = float(np.sum(w * np.square(np.asarray(effects) - mean)))
+    k = len(effects)
+    tau2 = max(0.0, (q - (k - 1)) / (np.sum(w) - np.sum(w**2) / np.sum(w))) if k > 1 else 0.0
+    return {
+        "runs": k,
+        "effects_pct": [round(100 * (math.exp(e) - 1), 2) for e in effects],
+        "se_pct": [round(100 * s, 2) for s in ses],
+        "pooled_pct": round(100 * (math.exp(mean) - 1), 2),
+        "pooled_se_pct": round(100 / math.sqrt(float(np.sum(w))), 2),
+        "q": round(q, 2),
+        "q_p": float(stats.chi2.sf(q, k - 1)) if k > 1 else None,
+        "between_run_sd_pct": round(100 * math.sqrt(tau2), 2),
+        # how the A/B gate would judge each run at its last look (the bench's 3..60 plan: alpha / 8), per
+        # tolerance, without and with the between-run sd found here as --ab-spread
+        "verdicts_at_last_look": {
+            key: {v: sum(run[key] == v for run in verdicts) for v in ("pass", "fail", "inconclusive")}
+            for key in verdicts[0]
+        },
+    }
+
+
+def _verdicts(data: dict, spread_sd: float = 0.019, spread_df: int = 17) -> dict:
+    """This run's per-repeat ratios (its last repeats; each repeat's calls in order) judged at tolerance
+    5 % and 2 %, without and with a between-process spread."""
+    argv = data.get("argv") or []
+    limit = int(argv[argv.index("--limit") + 1]) if "--limit" in argv else 2
+    per_repeat = 2 * (limit if limit % 2 == 0 else 2 * limit)
+    repeats = (data["ab"].get("stop") or {}).get("repeats") or len(data["calls"]) // per_repeat
+    calls = data["calls"][-repeats * per_repeat :]
+    ratios = []
+    for r in range(repeats):
+        chunk = calls[r * per_repeat : (r + 1) * per_repeat]
+        cand = sum(c["s"] for c in chunk if c["side"] == "candidate")
+        base = sum(c["s"] for c in chunk if c["side"] == "baseline")
+        ratios.append(base / cand)  # same tokens on both sides: the decode tokens/s ratio
+    out = {}
+    for tolerance in (0.05, 0.02):
+        for spread in (None, (spread_sd**2, spread_df)):
+            iv = combined_interval(ratios, 0.05 / 8, *(spread or (0.0, 0)))
+            found = {"pass": "pass", "regression": "fail", None: "inconclusive"}[verdict(iv, 1 - tolerance)]
+            out[f"tolerance {tolerance:.0%}" + (f", spread {spread_sd:.1%}" if spread else "")] = found
+    return out
+
+
+def _pcts(effect: dict) -> str:
+    return "[" + ", ".join(f"{x:+.2f}" for x in effect["ci_pct"]) + "]"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--against", default="reference", help="the baseline: an engine here, or a folder/wheel to install")
+    p.add_argument("--candidate-from", default=None, help="install the candidate too (same install kind)")
+    p.add_argument("--order", choices=["pairs", "fixed", "random"], default="pairs")
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--limit", type=int, default=2)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--budget", type=int, default=16)
+    p.add_argument("--pair", default=None, help="named pair (default: the fixture)")
+    p.add_argument("--device", default=None, help="cpu (default), cuda, cuda:N")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--pin", type=int, default=None, help="pin both engine processes (and their threads) to this core")
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="both engines in this process (no engine processes; --against an engine here)",
+    )
+    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument(
+        "--start-first",
+        choices=["candidate", "baseline"],
+        default="candidate",
+        help="which engine process starts first",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pool", type=Path, nargs="*", default=None, help="only pool these runs' outputs")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    if args.pool is not None:
+        print(json.dumps(pool(args.pool)))
+        return 0
+    if args.out is None:
+        p.error("--out is required")
+
+    settings, _ = build_settings(
+        dict(
+            engine="reference",
+            pair=args.pair,
+            device=args.device,
+            dtype=args.dtype,
+            modes="ddtree",
+            budgets=str(args.budget),
+            limit=args.limit,
+            max_new_tokens=args.new_tokens,
+            held_out_prompts=0,
+            torch_threads=args.threads or DEFAULT_TORCH_THREADS,
+            isolate=False if args.in_process else None,
+        )
+    )
+    log: list[dict] = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ab-bias-") as work:
+        base_build = baseline_for(args.against, settings.engine, Path(work) / "baseline")
+        cand_build = (
+            baseline_for(args.candidate_from, settings.engine, Path(work) / "candidate")
+            if args.candidate_from
+            else baseline_for("reference", settings.engine, Path(work) / "candidate")
+        )
+        setup_s = time.perf_counter() - started
+        sessions = [
+            SuiteSession(settings, engine_factory=factory(settings, cand_build)),
+            SuiteSession(settings, engine_factory=factory(settings, base_build)),
+        ]
+        try:
+            for k in (0, 1) if args.start_first == "candidate" else (1, 0):
+                sessions[k].engine.capabilities()  # starts that engine's process (engines start on first use)
+            candidate = Recorded(sessions[0].engine, "candidate", log)
+            baseline = Recorded(sessions[1].engine, "baseline", log)
+            if args.pin is not None:
+                import os
+
+                for engine in (candidate.inner, baseline.inner):
+                    pid = getattr(engine, "pid", None)
+                    for tid in os.listdir(f"/proc/{pid}/task") if pid else []:
+                        os.sched_setaffinity(int(tid), {args.pin})
+            configs = {Run("ddtree", args.budget).label: sessions[0].config("ddtree", args.budget)}
+            rng = random.Random(args.seed)
+            orders = {
+                "pairs": pair_order,
+                "fixed": lambda running, r, i: sorted(running, key=lambda n: not n.startswith("candidate")),
+                "random": lambda running, r, i: sorted(
+                    running, key=lambda n: n.startswith("candidate") ^ (rng.random() < 0.5)
+                ),
+            }
+            import ddtree_conformance.ab as ab
+
+            plan = SequentialPlan(min_repeats=args.repeats, max_repeats=args.repeats, time_budget_s=1e6)
+            original = ab.pair_order
+            ab.pair_order = orders[args.order]
+            try:
+                part = measure_ab(
+                    candidate, baseline, sessions[0].requests(), configs, plan=plan, warmup=not args.no_warmup
+                )
+            finally:
+                ab.pair_order = original
+        finally:
+            for s in sessions:
+                s.close()
+    warm = 0 if args.no_warmup else 2 * int(part["ab"]["warmup"].get("rounds", 1))  # warm-up calls come first
+    result = {
+        "argv": sys.argv[1:] if argv is None else argv,
+        "setup_s": setup_s,
+        "elapsed_s": time.perf_counter() - started,
+        "candidate": cand_build.describe(),
+        "baseline": base_build.describe(),
+        "order": args.order,
+        "ab": {k: part["runs"][0]["ab"].get(k) for k in ("estimate", "ci_low", "ci_high", "stop")},
+        "effects": analyse(log[warm:], args.limit),
+        "warmup_calls": log[:warm],
+        "calls": log[warm:],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    e = result["effects"]
+    print(
+        f"{args.against} vs {args.candidate_from or 'editable'} ({args.order}): "
+        f"A/B ratio {result['ab']['estimate']:.4f} "
+        f"[{result['ab']['ci_low']:.4f}, {result['ab']['ci_high']:.4f}]; candidate/baseline per pair "
+        f"{e['candidate_over_baseline']['pct']:+.2f} % {_pcts(e['candidate_over_baseline'])}; "
+        f"first/second {e['first_over_second']['pct']:+.2f} % {_pcts(e['first_over_second'])}; "
+        f"after other/after own {e['after_other_over_after_own_pct']}; pairs {e['pairs']}; {result['elapsed_s']:.0f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
