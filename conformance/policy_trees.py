@@ -22,6 +22,8 @@ from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.adapters.reference.replay import replay_result
 from ddtree_conformance.spec import DraftTree, build_chain, per_depth_topk
 
+from .noise import NoiseModel
+
 __all__ = [
     "KNOWN_POLICIES",
     "KNOWN_POLICY_KINDS",
@@ -43,6 +45,7 @@ __all__ = [
 
 POOLED_TAU_REL_TOL = 0.02  # aggregate engines: pooled tau within 2 % of a policy's (the acceptance check's rule)
 MATCHING_PROMPTS = 0.9  # per-round engines: this share of prompts with lengths equal to a policy's
+NAMING_ALPHA = 0.01  # a diagnosis of a failing verdict, not a verdict: the sign test's level for naming a policy
 BELOW_CHAIN = 0.05  # an engine this far below the chain policy's tau matches no known policy
 BONUS_GRID = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 MARGIN_GRID = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
@@ -414,18 +417,25 @@ def match_on_rounds(
     config: RunConfig,
     block: int,
     names: Sequence[str] | None = None,
+    rules: NoiseModel | None = None,
 ) -> PolicyMatch:
     """Per-round engines, without running the target once per policy: every round of the engine's
     greedy results is replayed once with the reference on the engine's own context
     (:func:`~ddtree_conformance.adapters.reference.replay.replay_result`), and each known policy's
     tree, built from that round's drafter logits, is walked along the output that follows (the
     target's greedy choices): a policy matches when its acceptance equals the engine's in at least
-    :data:`MATCHING_PROMPTS` of the rounds the output shows whole."""
+    :data:`MATCHING_PROMPTS` of the rounds the output shows whole, *and the evidence prefers it to the
+    spec*: more rounds differ from the spec's tree than the noise model (``rules``; default float32)
+    lets a correct engine show (its longer and shorter round caps together), and among the rounds
+    exactly one of the two explains, the policy's share is significantly above one half (exact sign
+    test, :data:`NAMING_ALPHA`). A correct engine whose rounds part from the spec's by noise is never
+    given a policy's name."""
     horizon, budget = block - 1, config.budget
     names = list(names or distinct_policies(budget, horizon))
     equal = dict.fromkeys(names, 0)
     lengths_under: dict[str, list[int]] = {n: [] for n in names}
-    rounds = 0
+    only = {n: [0, 0] for n in names}  # rounds this policy explains and the spec does not, and the reverse
+    rounds = spec_equal_rounds = 0
     for request, result in zip(requests, results):
         output, lengths = list(result.output_ids), list(result.acceptance_lengths or [])
         replayed = replay_result(
@@ -436,16 +446,52 @@ def match_on_rounds(
                 break  # the output's end hides how far this round could have gone
             rounds += 1
             following = output[rnd.offset : rnd.offset + horizon]
+            spec_equal = _walk_length(build_policy_tree(rnd.draft_logits, budget), following) == lengths[rnd.index]
+            spec_equal_rounds += spec_equal
             for name in names:
                 tree = build_policy_tree(rnd.draft_logits, budget, **KNOWN_POLICIES[name](budget, horizon))
-                children, node, k = tree.children, 0, 0
-                while k < len(following) and following[k] in children[node]:
-                    node, k = children[node][following[k]], k + 1
-                lengths_under[name].append(k + 1)
-                equal[name] += k + 1 == lengths[rnd.index]
+                length = _walk_length(tree, following)
+                lengths_under[name].append(length)
+                equal[name] += length == lengths[rnd.index]
+                only[name][0] += length == lengths[rnd.index] and not spec_equal
+                only[name][1] += spec_equal and length != lengths[rnd.index]
     match = PolicyMatch(taus={n: (sum(v) / len(v) if v else 0.0) for n, v in lengths_under.items()})
-    best = max(equal.values(), default=0)
+    preferred = {n: _prefers(*only[n]) for n in names}
+    rules = rules or NoiseModel("float32", 0.0, 0.0, 0, (), "exact")
+    allowed = rules.unconfirmed_round_cap(rounds, True) + rules.unconfirmed_round_cap(rounds, False)
+    spec_misses = rounds - spec_equal_rounds
+    noise = spec_misses <= allowed  # the spec with the noise model explains the engine: no policy named
+    candidates = [] if noise else [n for n in names if preferred[n] < NAMING_ALPHA]
+    best = max((equal[n] for n in candidates), default=0)
     if rounds and best >= MATCHING_PROMPTS * rounds:
-        match.matches = [n for n in names if equal[n] == best]
-    match.how = f"per-round acceptance equal in {best}/{rounds} rounds replayed on the engine's contexts"
+        match.matches = [n for n in candidates if equal[n] == best]
+    top = max(names, key=lambda n: equal[n], default=None)
+    shown = best if match.matches or top is None else equal[top]
+    match.how = f"per-round acceptance equal in {shown}/{rounds} rounds replayed on the engine's contexts"
+    if top is not None:
+        policy_only, spec_only = only[top]
+        match.how += (
+            f"; {top} explains {policy_only} rounds the spec does not and the spec {spec_only} it does not "
+            f"(sign test p = {preferred[top]:.2g}, a policy is named below {NAMING_ALPHA:g}); the spec's tree "
+            f"misses {spec_misses} rounds, the noise model allows {allowed}"
+        )
     return match
+
+
+def _walk_length(tree, following: Sequence[int]) -> int:
+    """The acceptance length of a greedy walk along ``following`` (the target's choices) on ``tree``."""
+    children, node, k = tree.children, 0, 0
+    while k < len(following) and following[k] in children[node]:
+        node, k = children[node][following[k]], k + 1
+    return k + 1
+
+
+def _prefers(policy_only: int, spec_only: int) -> float:
+    """One-sided sign test that a policy explains more rounds than the spec: among the rounds exactly one
+    of them explains, the policy's share above one half (exact binomial). The spec's own rounds that
+    differ from the engine's are the noise model's; a policy is named only when it explains
+    significantly more of them than the spec does."""
+    from scipy.stats import binomtest
+
+    discordant = policy_only + spec_only
+    return float(binomtest(policy_only, discordant, 0.5, alternative="greater").pvalue) if discordant else 1.0

@@ -25,6 +25,7 @@ from ..acceptance_policy import acceptance_depth_findings, diagnose_acceptance
 from ..policy_trees import PolicyReference, match_on_rounds, replay_known_policies
 from ..run import Run
 from ..session import SuiteSession
+from ..token_scoring import rules_for
 from ..tree_policy import block_size, diagnose_traces, policy_table, round_views
 from .acceptance_aggregates import judge_aggregates
 from .acceptance_golden import golden_results
@@ -153,7 +154,8 @@ def _policy_matcher(session: SuiteSession, budget: int, results: list[RequestRes
     def match():
         if all(r.acceptance_lengths is not None for r in results):
             reference = session.reference_for(s.model_dir, s.drafter_dir)
-            return match_on_rounds(reference, requests[:count], results[:count], config, block)
+            rules = rules_for(session.settings)
+            return match_on_rounds(reference, requests[:count], results[:count], config, block, rules=rules)
         engine = PolicyReference(str(s.model_dir), str(s.drafter_dir))
         try:
             return replay_known_policies(engine, requests[:count], config, results[:count], block)
