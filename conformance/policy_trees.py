@@ -456,26 +456,36 @@ def match_on_rounds(
                 only[name][0] += length == lengths[rnd.index] and not spec_equal
                 only[name][1] += spec_equal and length != lengths[rnd.index]
     match = PolicyMatch(taus={n: (sum(v) / len(v) if v else 0.0) for n, v in lengths_under.items()})
+    match.matches, match.how = named_on_rounds(equal, only, rounds, spec_equal_rounds, rules)
+    return match
+
+
+def named_on_rounds(
+    equal: dict[str, int], only: dict[str, list[int]], rounds: int, spec_equal: int, rules: NoiseModel | None
+) -> tuple[list[str], str]:
+    """The policies a per-round engine's rounds name (:func:`match_on_rounds`' rule) and why: ``equal``
+    per policy the rounds it explains, ``only`` per policy the rounds it explains and the spec does not
+    and the reverse, ``spec_equal`` the rounds the spec explains, of ``rounds``."""
+    names = list(equal)
     preferred = {n: _prefers(*only[n]) for n in names}
     rules = rules or NoiseModel("float32", 0.0, 0.0, 0, (), "exact")
     allowed = rules.unconfirmed_round_cap(rounds, True) + rules.unconfirmed_round_cap(rounds, False)
-    spec_misses = rounds - spec_equal_rounds
+    spec_misses = rounds - spec_equal
     noise = spec_misses <= allowed  # the spec with the noise model explains the engine: no policy named
     candidates = [] if noise else [n for n in names if preferred[n] < NAMING_ALPHA]
     best = max((equal[n] for n in candidates), default=0)
-    if rounds and best >= MATCHING_PROMPTS * rounds:
-        match.matches = [n for n in candidates if equal[n] == best]
+    matches = [n for n in candidates if equal[n] == best] if rounds and best >= MATCHING_PROMPTS * rounds else []
     top = max(names, key=lambda n: equal[n], default=None)
-    shown = best if match.matches or top is None else equal[top]
-    match.how = f"per-round acceptance equal in {shown}/{rounds} rounds replayed on the engine's contexts"
+    shown = best if matches or top is None else equal[top]
+    how = f"per-round acceptance equal in {shown}/{rounds} rounds replayed on the engine's contexts"
     if top is not None:
         policy_only, spec_only = only[top]
-        match.how += (
+        how += (
             f"; {top} explains {policy_only} rounds the spec does not and the spec {spec_only} it does not "
             f"(sign test p = {preferred[top]:.2g}, a policy is named below {NAMING_ALPHA:g}); the spec's tree "
             f"misses {spec_misses} rounds, the noise model allows {allowed}"
         )
-    return match
+    return matches, how
 
 
 def _walk_length(tree, following: Sequence[int]) -> int:
