@@ -226,6 +226,8 @@ class _Derived:
     shorter: float | None = None
     gain: float | None = None
     tie_share: float = 0.5
+    pooled_longer: int = 0
+    pooled_flips: int = 0
     sources: list = field(default_factory=list)
 
     def add(self, read: _Reader, entry: dict, source: str) -> None:
@@ -248,6 +250,10 @@ class _Derived:
                 longer = int(read.number(entry, "drafter_longer", 0, flips))
                 shorter = int(read.number(entry, "drafter_shorter", 0, flips - longer))
                 self.longer = max(self.longer or 0.0, upper_limit(longer, rounds))
+                self.pooled_longer, self.pooled_flips = (
+                    self.pooled_longer + longer,
+                    self.pooled_flips + longer + shorter,
+                )
                 self.shorter = max(self.shorter or 0.0, upper_limit(shorter, rounds))
                 # the tau test's allowance: the largest measured mean gain a round over the rounds whose
                 # tokens agree (its own statistic carries the run's noise); older entries: longer - shorter
@@ -281,6 +287,8 @@ class _Derived:
             shorter_rate=measured_rate if self.shorter is None else self.shorter,
             gain_per_round=0.0 if self.gain is None else self.gain,
             tie_share=self.tie_share,
+            # the longer share of every engine's flips together (each engine's alone is a few dozen rounds)
+            longer_share=max(0.5, upper_limit(self.pooled_longer, self.pooled_flips)) if self.pooled_flips else 0.5,
             calibrated_on=tuple(self.sources),
         )
 

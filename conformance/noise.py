@@ -75,13 +75,16 @@ class TokenCall(StrEnum):
 @dataclass(frozen=True)
 class TauTest:
     """One-sided test that the engine's per-round acceptance is not above the replay's by more than
-    the noise allows: ``d_i`` = engine length - replay length per round."""
+    the noise allows: ``d_i`` = engine length - replay length per round (:meth:`NoiseModel.tau_test`)."""
 
     rounds: int
     gained: int  # sum of d_i (tokens)
     allowed_per_round: float  # the measured gain per round of correct engines
-    statistic: float
-    p_value: float
+    statistic: float  # the self-normalised sum
+    longer: int  # rounds with d_i > 0
+    shorter: int  # rounds with d_i < 0
+    allowed_share: float  # the largest share of longer among differing rounds a correct engine shows
+    p_value: float  # the smaller of the two tests' p-values, doubled (Bonferroni)
 
     @property
     def fails(self) -> bool:
@@ -90,8 +93,9 @@ class TauTest:
     def describe(self) -> str:
         return (
             f"the engine's rounds hold {self.gained:+d} tokens against the fp32 replay over {self.rounds} rounds "
-            f"(allowed {self.allowed_per_round:+.4f} a round; self-normalised sum {self.statistic:.2f}, "
-            f"p <= {self.p_value:.2g})"
+            f"(allowed {self.allowed_per_round:+.4f} a round; self-normalised sum {self.statistic:.2f}); "
+            f"{self.longer} longer and {self.shorter} shorter (a correct engine's longer share is at most "
+            f"{self.allowed_share:.2f}); p = {self.p_value:.2g}"
         )
 
 
@@ -111,6 +115,7 @@ class NoiseModel:
     shorter_rate: float = 0.0  # upper limit: share of rounds shorter than the fp32 replay, drafter side only
     gain_per_round: float = 0.0  # upper limit of a correct engine's mean (engine - replay) length per round
     tie_share: float = 0.5  # upper limit of a correct engine's engine-only share in the same-dtype tie test
+    longer_share: float = 0.5  # upper limit of the share of longer rounds among a correct engine's flips
     calibrated_on: tuple[str, ...] = ()  # provenance: engines and devices measured
 
     @property
@@ -186,16 +191,29 @@ class NoiseModel:
         return _quantile(rounds, rate)
 
     def tau_test(self, differences: Sequence[int]) -> TauTest:
-        """One-sided test on ``d_i`` (engine - replay emitted length, every round): is the mean above
-        ``gain_per_round``? The self-normalised sum ``t = sum(x) / sqrt(sum(x^2))`` of ``x_i = d_i -
-        gain`` has ``P(t >= z) <= exp(-z^2 / 2)`` for independent rounds symmetric about the allowed
-        gain (Efron 1969); that bound is the p-value. No distribution of ``d`` is assumed beyond it."""
+        """One-sided test on ``d_i`` (engine - replay emitted length, every round whose tokens agree):
+        does the engine accept more than the replay beyond the noise? Two tests, each one-sided, the
+        smaller p-value doubled:
+
+        * magnitude: the self-normalised sum ``t = sum(x) / sqrt(sum(x^2))`` of ``x_i = d_i - gain``
+          (``gain``: the largest measured mean gain a round of a correct engine); for independent rounds
+          symmetric about the allowed gain ``P(t >= z) <= exp(-z^2 / 2)`` (Efron 1969), whatever the
+          distribution of ``d``;
+        * direction: among the rounds that differ, the share of longer ones above ``longer_share``
+          (exact binomial), the largest share correct engines show. It keeps its power where a few long
+          shorter rounds would drown a run of one-token gains in the sum."""
+        from scipy.stats import binomtest
+
         gain = 0.0 if self.exact else max(self.gain_per_round, 0.0)
         centred = [d - gain for d in differences]
         total, squares = sum(centred), sum(x * x for x in centred)
         statistic = total / math.sqrt(squares) if squares > 0 else 0.0
-        p = math.exp(-(statistic**2) / 2) if statistic > 0 else 1.0
-        return TauTest(len(differences), int(sum(differences)), gain, statistic, p)
+        p_sum = math.exp(-(statistic**2) / 2) if statistic > 0 else 1.0
+        longer, shorter = sum(d > 0 for d in differences), sum(d < 0 for d in differences)
+        share = min(max(self.longer_share, 0.5), 1.0 - 1e-9)
+        p_sign = binomtest(longer, longer + shorter, share, alternative="greater").pvalue if longer else 1.0
+        p = min(1.0, 2 * min(p_sum, float(p_sign)))
+        return TauTest(len(differences), int(sum(differences)), gain, statistic, longer, shorter, share, p)
 
     def describe(self) -> str:
         if self.exact:

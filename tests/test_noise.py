@@ -45,7 +45,7 @@ def test_tau_test_passes_symmetric_noise_at_its_level():
     for _ in range(2000):
         d = [rng.choice((-1, 1)) * rng.choice((1, 1, 1, 2, 3)) if rng.random() < 0.05 else 0 for _ in range(400)]
         alarms += BF16.tau_test(d).fails
-    assert alarms == 0
+    assert alarms <= 5  # the level is 1e-3 (Bonferroni over two tests): about 2 of 2000 runs may alarm
 
 
 def test_tau_test_fails_an_engine_that_claims_more_than_the_noise_gives():
@@ -54,8 +54,15 @@ def test_tau_test_fails_an_engine_that_claims_more_than_the_noise_gives():
     inflated = [1] * 40 + [0] * 360  # 40 of 400 rounds one token longer, none shorter
     test = BF16.tau_test(inflated)
     assert test.fails and test.gained == 40 and "+40 tokens" in test.describe()
-    # the allowance is the measured gain of correct engines a round: a model that allows 0.1 a round passes it
-    assert not NoiseModel("bfloat16", 0.3, 0.2, 0, (), "t", gain_per_round=0.1).tau_test(inflated).fails
+    # a model that allows a gain of 0.1 a round lets the sum pass, but 40 longer rounds and no shorter one
+    # are still far above the share of longer rounds a correct engine shows
+    loose = NoiseModel("bfloat16", 0.3, 0.2, 0, (), "t", gain_per_round=0.1).tau_test(inflated)
+    assert loose.statistic < 0 and loose.fails
+    # one-token gains in many rounds, hidden in the sum by a few long shorter rounds (an engine whose drafter
+    # peeks at the target's continuation, in DFlash: 19 longer, 5 shorter at -3 and -4 on 6 prompts)
+    hidden = [1] * 30 + [-4] * 6 + [0] * 300
+    test = BF16.tau_test(hidden)
+    assert test.statistic < 1 and test.fails and (test.longer, test.shorter) == (30, 6)
 
 
 def test_tie_test_allows_the_measured_share_of_a_noisier_correct_engine():

@@ -320,6 +320,9 @@ def _excused_within_caps(name: str, judged: JudgedRounds, rules: NoiseModel, det
         "gained": tau_test.gained,
         "allowed_per_round": tau_test.allowed_per_round,
         "statistic": round(tau_test.statistic, 4),
+        "longer": tau_test.longer,
+        "shorter": tau_test.shorter,
+        "allowed_share": round(tau_test.allowed_share, 4),
         "p_value": tau_test.p_value,
     }
     if tau_test.fails:

@@ -22,6 +22,7 @@ from ..run import Run
 from ..support import unsupported
 from . import options as opt
 from .base import EXIT_FAILED, EXIT_INCONCLUSIVE, CliError, command, stderr_console, stdout_console
+from .gates import _load_report_or_fail
 
 __all__ = ["bench"]
 
