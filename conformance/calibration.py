@@ -1,9 +1,9 @@
-"""Calibration of low-precision verdicts: the near-tie bound, the excused-position ceiling and the
-drafter tolerance; where the values come from and how each is derived.
+"""Calibration of the noise model (:class:`~ddtree_conformance.noise.NoiseModel`): where its values
+come from and how each is derived.
 
 Source. Calibration values come only from the pair's own manifest, ``<pair dir>/MANIFEST.json``
 (the pair dir is the target dir's parent), key ``near_tie_calibration``; nothing else beside the
-model is read. :func:`ddtree_conformance.calibrate.calibrate` (``scripts/calibrate_near_tie.py``) writes the raw
+model is read. :mod:`ddtree_conformance.calibrate` (``scripts/calibrate_near_tie.py``) writes the raw
 measurements
 there, one entry per ``<dtype>@<device kind>``; every number used is derived from them here, at
 load, and range-checked: a derived bound above :data:`MAX_BOUND` (or a drafter tolerance above
@@ -43,14 +43,24 @@ uniform noise model below, and says so in every verdict.
    ``tolerance = 2 * max |logit_low - logit_fp32|``. A tree difference is a drafter near-tie only
    when logits within this tolerance explain it (:mod:`ddtree_conformance.replay`).
 
-4. Drafter round cap. The reference engine runs greedily in the low dtype over the calibration
-   prompts at budgets 16, 64 and 256, and every round is replayed in fp32
-   (:mod:`ddtree_conformance.replay`); ``k`` of ``R`` rounds differ on the drafter side only (same
-   tokens, different length). A correct engine flips a round's tree with probability at most
-   ``p = 2 * upper(k, R)`` (Clopper-Pearson, doubled like the bound), and the cap on a run of ``n``
-   rounds is ``binom.ppf(1 - ALPHA, n, p)``. That cap holds rounds the engine's own drafter logits
-   confirm; rounds it cannot confirm (no drafter logits) count against the much smaller cap of the
-   measured share itself, ``binom.ppf(1 - ALPHA, n, k / R)``.
+4. Round caps and the tau test. Every engine measured (the reference, and each correct engine
+   that rounds differently, ``engines.<name>`` of an entry: :mod:`ddtree_conformance.testing.rounding_engines`)
+   runs greedily in the low dtype over the calibration prompts (DDTree at budgets 16, 64 and 256, and
+   DFlash), and every round is replayed in fp32 (:mod:`ddtree_conformance.replay`); of ``R`` rounds,
+   ``L`` are longer and ``S`` shorter than the replay with the same tokens (a drafter-side flip).
+   Confirmed rounds (the engine's own drafter logits show the flip) are capped at the binomial
+   ``1 - ALPHA`` quantile of ``p = 2 * upper(L + S, R)``; unconfirmed longer and shorter rounds each at
+   that of ``upper(L, R)`` and ``upper(S, R)``; the tau test allows a mean gain of ``drafter_gain /
+   R`` a round (older entries: ``(L - S) / R``) and a share of longer rounds among the flips of
+   ``max(1/2, upper(sum L, sum L + S))``, pooled over every engine. Each value is the largest over the
+   engines and devices measured; the sources are kept in ``NoiseModel.calibrated_on``.
+
+5. Tie share. Each engine's target is teacher-forced in the low dtype beside the reference's; among
+   the positions where exactly one leaves the fp32 argmax, the engine's share (its upper limit, for
+   engines with at least :data:`TIE_EVIDENCE` such positions) bounds the tie test's share.
+
+Items 1-3 take every engine's measurements too (a noisier engine widens the bound, the ceiling's
+tail and the tolerance).
 
 In float32 everything is exact: bound 0, ceiling 0, drafter tolerance :data:`FP32_DRAFTER_TOLERANCE`
 (two correct fp32 implementations, measured 7.6e-6 apart).
