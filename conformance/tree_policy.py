@@ -139,6 +139,9 @@ class _Round:
     spec_widths: list[int] | None = None
     kind: str = "untested"  # spec | renumbered | tie | cut | subset | differs | untested
     numbering: str = ""
+    # a "subset" round that is the first n nodes of the spec tree in pop order: the early-stop margins
+    # m that keep exactly those (score >= lp_1 - log B - m), as [low, high); None: not such a prefix
+    stop_margins: tuple[float, float] | None = None
 
 
 def _score_paths(logits: torch.Tensor, paths: Sequence[tuple[int, ...]]) -> list[float]:
@@ -180,6 +183,12 @@ def _compare(rnd: _Round, mode: str, budget: int, horizon: int) -> DraftTree | N
     if set(mine) < set(spec_paths):  # a prefix-closed part of the spec's tree: cut by room, or stopped early
         exempt = view.last or (view.room is not None and view.room < budget)
         rnd.kind = "cut" if exempt else "subset"
+        kept = len(mine) - 1
+        if set(mine[1:]) == set(spec_paths[1 : kept + 1]):  # the spec's first nodes in pop order
+            scores = spec.scores[1:].tolist()
+            best = float(torch.log_softmax(logits[0].float(), dim=-1).max()) - math.log(max(budget, 1))
+            low = best - scores[kept - 1] if kept else -math.inf
+            rnd.stop_margins = (low, best - scores[kept] if kept < len(scores) else math.inf)
         return spec
     rnd.kind = "differs"
     return spec
@@ -257,6 +266,14 @@ def _policy_findings(
         )
         return
     short = [r for r in free if r.nodes < min(budget, r.spec_nodes or budget)]
+    cut = _cut_not_stopped(short)
+    if cut:  # first nodes of the spec tree, but no one score threshold keeps them: cut, not stopped early
+        diag.notes.append(
+            f"{len(short)}/{len(free)} rounds with room for B = {budget} verified the spec tree's first nodes "
+            f"({_range([r.nodes for r in short])}), at cut points no single early-stop margin explains: a cut "
+            "tree (a token budget shared by the batch?), not a policy; the acceptance check names such rounds"
+        )
+        short = []
     cap = max(r.max_children for r in rounds)
     wider = [r for r in rounds if (r.spec_max_children or 0) > cap]
     fit = PolicyFit()
@@ -304,6 +321,17 @@ def _policy_findings(
                 f"reproduced; first: {differing[0].view.label})",
             )
         )
+
+
+def _cut_not_stopped(short: list[_Round]) -> bool:
+    """Whether the short rounds are cut trees rather than an early stop: every one is the spec tree's
+    first nodes in pop order, and no margin ``m >= 0`` lies in every round's interval (an early stop
+    keeps the nodes scoring at least ``lp_1 - log B - m``, one ``m`` for every round)."""
+    if not short or any(r.stop_margins is None for r in short):
+        return False
+    low = max(max(r.stop_margins[0] for r in short), 0.0)
+    high = min(r.stop_margins[1] for r in short)
+    return low >= high
 
 
 def diagnose_traces(

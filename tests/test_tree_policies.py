@@ -10,6 +10,8 @@ naming the policy; the spec's tree numbered breadth-first passes with a note.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -293,3 +295,32 @@ def test_counters_of_a_correct_engine_pass_saying_how_deep_it_drafts(fixture_set
     (result,) = _run(settings, tp.counters_only(ReferenceEngine), ["acceptance/ddtree"]).values()
     assert result.status == "pass", result.message
     assert result.message.endswith("the engine drafts 15 positions past the root (L = 15)"), result.message
+
+
+def test_trees_cut_at_points_no_early_stop_margin_explains_are_not_named_a_policy():
+    """vLLM's scheduler verifies the first nodes of a tree that fit its token budget (the plugin tier's
+    B = 128 rounds): a prefix of the spec tree in pop order, cut wherever the batch ran out. An early
+    stop cuts at one score threshold for every round. Two rounds of the same drafter logits cut after 3
+    and after 6 nodes fit no single margin: a cut, named by the acceptance check, not "stops early"
+    (which the diagnosis said before, turning the plugin tier's cut-tree verdict into a policy's)."""
+    from ddtree_conformance.spec import build_tree
+    from ddtree_conformance.tree_policy import RoundView, diagnose_traces
+
+    logits = torch.randn(15, 64, generator=torch.Generator().manual_seed(3)) * 3
+
+    def view(label, nodes, logits=logits):
+        tree = build_tree(logits, nodes)
+        tokens = [0] + tree.tokens.tolist()[1:]
+        return RoundView(label, 10, tokens, tree.parents.tolist(), tree.depths.tolist(), logits)
+
+    views = [view("p round 0", 8), view("p round 1", 3), view("p round 2", 6), view("p round 3", 8)]
+    diagnosis = diagnose_traces("ddtree-B8", views, "ddtree", 8, 16)
+    assert "early-stop" not in diagnosis.kinds, diagnosis.message()
+    assert any("at cut points no single early-stop margin explains" in n for n in diagnosis.notes), diagnosis.notes
+    # an early stop at margin 1 (SGLang PR #29907's) keeps the nodes scoring at least lp_1 - log B - 1: still named
+    shallow = logits[:2]  # two drafted positions: a B = 64 tree must take unlikely tokens
+    best = float(torch.log_softmax(shallow[0], dim=-1).max()) - math.log(64) - 1.0
+    kept = sum(score >= best for score in build_tree(shallow, 64).scores[1:].tolist())
+    assert 0 < kept < 64
+    stopped = [view(f"p round {r}", kept, shallow) for r in range(3)]
+    assert "early-stop" in diagnose_traces("ddtree-B64", stopped, "ddtree", 64, 3).kinds
