@@ -4,7 +4,9 @@ The engine runs a synthetic bigram target (:mod:`ddtree_conformance.synthetic`) 
 random drafter, many seeded requests per variant. Every transition ``prev -> next`` in the
 outputs must follow the request's processed target distribution (temperature, top-k, top-p
 applied to the table row of ``prev``), which is known exactly. Test: Pearson chi-square over all
-rows (cells with expected count < 5 pooled per row), false-alarm rate ``ALPHA`` per variant; a
+rows (cells with expected count < 5 pooled per row; a pooled cell still expecting fewer than 5 merged
+into the row's smallest cell, and those thin tails tested together over every row by an exact Poisson
+test, the two p-values Bonferroni-combined), false-alarm rate ``ALPHA`` per variant; a
 token with zero probability under top-k/top-p fails at once.
 
 Three variants are fixed points (:data:`VARIANTS`). The fourth, ``drawn``, covers the legal range:
@@ -107,6 +109,7 @@ def chi_square(table: torch.Tensor, params: SamplingParams, sequences: list[list
         for a, b in itertools.pairwise(seq):
             counts[a, b] += 1
     statistic, dof = 0.0, 0
+    rare_seen, rare_expected = 0.0, 0.0  # tokens too unlikely for a cell of their own, over every row
     for prev in range(vocab):
         n = float(counts[prev].sum())
         if n == 0:
@@ -126,13 +129,28 @@ def chi_square(table: torch.Tensor, params: SamplingParams, sequences: list[list
             )
         expected = probs * n
         keep = expected >= 5
-        obs = list(counts[prev][keep].tolist()) + [float(counts[prev][~keep].sum())]
-        exp = list(expected[keep].tolist()) + [float(expected[~keep].sum())]
+        obs = list(counts[prev][keep].tolist())
+        exp = list(expected[keep].tolist())
+        rest_seen, rest_expected = float(counts[prev][~keep].sum()), float(expected[~keep].sum())
+        if rest_expected >= 5:
+            obs, exp = obs + [rest_seen], exp + [rest_expected]
+        elif exp:  # too thin for a cell of its own (one draw in a cell expecting 0.01 adds 98 to chi2)
+            smallest = exp.index(min(exp))
+            obs[smallest], exp[smallest] = obs[smallest] + rest_seen, exp[smallest] + rest_expected
+            rare_seen, rare_expected = rare_seen + rest_seen, rare_expected + rest_expected
         cells = [(o, e) for o, e in zip(obs, exp) if e > 0]
         if len(cells) < 2:
             continue
         statistic += sum((o - e) ** 2 / e for o, e in cells)
         dof += len(cells) - 1
+    if rare_seen > 0:  # the thin tails, every row together: an exact Poisson test (one-sided, too many)
+        from scipy.stats import poisson
+
+        p_rare = float(poisson.sf(rare_seen - 1, rare_expected))
+        if dof == 0 or p_rare < float(chi2.sf(statistic, dof)):
+            note = f"{int(rare_seen)} draws of tokens the rows expect {rare_expected:.2f} times (Poisson)"
+            p_chi = float(chi2.sf(statistic, dof)) if dof else 1.0
+            return min(1.0, 2 * min(p_rare, p_chi)), note, int(counts.sum()), dof
     if dof == 0:
         total = int(counts.sum())
         if total and all(
@@ -142,7 +160,12 @@ def chi_square(table: torch.Tensor, params: SamplingParams, sequences: list[list
         ):
             return 1.0, f"{total} transitions, each to the one token its row allows", total, 0
         return 1.0, TOO_FEW, total, 0
-    return float(chi2.sf(statistic, dof)), f"chi2 {statistic:.1f} on {dof} dof", int(counts.sum()), dof
+    p_chi = float(chi2.sf(statistic, dof))
+    if rare_seen > 0:  # two tests: Bonferroni
+        from scipy.stats import poisson
+
+        p_chi = min(1.0, 2 * min(p_chi, float(poisson.sf(rare_seen - 1, rare_expected))))
+    return p_chi, f"chi2 {statistic:.1f} on {dof} dof", int(counts.sum()), dof
 
 
 GREEDY_SHARE = 0.95  # "verified greedily": at least this share of the transitions after the first are the argmax
