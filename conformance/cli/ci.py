@@ -12,7 +12,10 @@ pipeline.yml``) both call it; neither keeps logic of its own. The steps:
 4. bench: A/B against ``--against`` when given (no stored baselines), else sequential against the
    stored baselines of this hardware class; ``--gate auto`` skips the throughput gate, saying so, when
    neither exists here, ``--gate required`` fails the job then (exit 4), ``--gate off`` never runs it;
-5. gate: ``ddtree-conformance gate`` on the bench's report;
+5. gate: ``ddtree-conformance gate`` on the bench's report; under ``--gate auto`` it gates exactly the
+   runs and metrics that have a stored baseline (hardware class, engine, pair, mode, budget) and the
+   summary names the rest, "not gated", with the reason (``gate --only-baselined``); under ``--gate
+   required`` a missing baseline fails the job (exit 4);
 6. summary: ``summary.md`` in the reports folder, appended to ``$GITHUB_STEP_SUMMARY`` on GitHub and
    sent to ``buildkite-agent annotate`` on Buildkite; one ``::error::`` line per failed step on GitHub.
 
@@ -221,6 +224,7 @@ def throughput(
         out = reports / "bench.json"
         extra = ["--baselines", str(baselines or stored.parent)] if stored.exists() else []
         gate_extra = ["--baselines", str(baselines)] if baselines is not None else []
+        gate_extra += ["--only-baselined"] if gate == "auto" else []  # the rest: "not gated", said in the summary
     _suite(bench, "bench", *bench_args, *extra, "--out", str(out))
     if bench.code in (EXIT_FAILED, EXIT_INCONCLUSIVE) and against is not None and out.is_file():
         bench.code = EXIT_OK  # `bench --against` exits with its A/B verdict; the gate step judges (and says) it
@@ -239,11 +243,32 @@ def throughput(
     _suite(judged, "gate", str(out), *gate_extra, "--hardware-class", hw, "--out", str(gate_out))
     result = read_json(gate_out) or {}
     judged.files.append(gate_out)
-    words = {0: "PASS", 1: "REGRESSION", 3: "INCONCLUSIVE", 4: "MISSING BASELINE"}
-    rows = [r for r in result.get("rows", []) if r.get("status") != "pass"]
-    first = f": {rows[0]['run']} {rows[0]['metric']} {rows[0]['status']}: {rows[0]['message']}" if rows else ""
-    judged.summary = f"{words.get(judged.code, f'exit {judged.code}')}{first}"
+    judged.summary = _gate_summary(judged.code, result.get("rows", []), out)
     return [bench, judged]
+
+
+def _gate_summary(code: int, rows: list[dict], bench_report: Path) -> str:
+    """The gate step's line: its verdict and first row that did not pass; then what was not gated and why
+    (``--gate auto``), and how to record the baselines that would gate it."""
+    from ..gate import NOT_GATED  # here: gate pulls scipy; `ci --help` stays fast
+
+    words = {0: "PASS", 1: "REGRESSION", 3: "INCONCLUSIVE", 4: "MISSING BASELINE", 6: "REFUSED: SETTINGS CHANGED"}
+    ungated = [r for r in rows if r.get("status") == NOT_GATED]
+    gated = [r for r in rows if r.get("status") != NOT_GATED]
+    bad = [r for r in gated if r.get("status") != "pass"]
+    first = f": {bad[0]['run']} {bad[0]['metric']} {bad[0]['status']}: {bad[0]['message']}" if bad else ""
+    word = words.get(code, f"exit {code}")
+    if ungated and not gated:
+        word = "NOTHING GATED (no stored baseline for any run of this engine here; --gate auto)"
+    elif ungated:
+        word += f" ({len(gated)} row{'' if len(gated) == 1 else 's'} gated)"
+    if not ungated:
+        return f"{word}{first}"
+    runs = "; ".join(f"{r['run']}{'' if r['metric'] == 'all' else ' ' + r['metric']} ({r['message']})" for r in ungated)
+    return (
+        f"{word}{first}; not gated: {runs}; `ddtree-conformance baseline {bench_report}` records baselines "
+        "from this bench (or give --against for A/B; --gate required fails on a missing baseline)"
+    )
 
 
 # ------------------------------------------------------------------------------------------ the command
@@ -364,9 +389,9 @@ def ci(
         str,
         _env(
             "--gate",
-            "auto: gate throughput when --against or stored baselines exist, else "
-            "say it did not; required: a missing baseline fails (exit 4); off: no "
-            "bench.",
+            "auto: gate throughput against --against (A/B), else every run and metric that has a stored "
+            "baseline, and say in the summary what was not gated and why; required: a missing baseline fails "
+            "(exit 4); off: no bench.",
         ),
     ] = "auto",
     time_budget: Annotated[
