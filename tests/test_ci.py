@@ -315,8 +315,8 @@ def test_gate_auto_gates_exactly_what_has_a_baseline(engine_repo, tmp_path, monk
     assert (
         "| gate | 0 | NOTHING GATED (no stored baseline for any run of this engine here; --gate auto); not gated: "
         f"ddtree-B4 (no baseline for ({hw}, {engine}, {pair}, ddtree, 4)); ddtree-B8 (no baseline for ({hw}, "
-        f"{engine}, {pair}, ddtree, 8)); `ddtree-conformance baseline {tmp_path / 'r1' / 'bench.json'}` records "
-        "baselines from this bench" in summary
+        f"{engine}, {pair}, ddtree, 8)); `ddtree-conformance baseline {tmp_path / 'r1' / 'bench.json'} --baselines "
+        "DIR` records them from this bench for `ci --baselines DIR`" in summary
     )
 
     # 2. it holds ddtree-B4's tau (no speedup), recorded from that bench: that is gated

@@ -266,8 +266,9 @@ def _gate_summary(code: int, rows: list[dict], bench_report: Path) -> str:
         return f"{word}{first}"
     runs = "; ".join(f"{r['run']}{'' if r['metric'] == 'all' else ' ' + r['metric']} ({r['message']})" for r in ungated)
     return (
-        f"{word}{first}; not gated: {runs}; `ddtree-conformance baseline {bench_report}` records baselines "
-        "from this bench (or give --against for A/B; --gate required fails on a missing baseline)"
+        f"{word}{first}; not gated: {runs}; `ddtree-conformance baseline {bench_report} --baselines DIR` records "
+        "them from this bench for `ci --baselines DIR` (or give --against for A/B; --gate required fails on a "
+        "missing baseline)"
     )
 
 
