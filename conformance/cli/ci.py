@@ -58,7 +58,17 @@ from .base import (
     app,
     command,
 )
-from .ci_output import Step, combine, junit_from_report, outputs, publish, read_json, slug, summary_markdown
+from .ci_output import (
+    Step,
+    combine,
+    gate_summary,
+    junit_from_report,
+    outputs,
+    publish,
+    read_json,
+    slug,
+    summary_markdown,
+)
 
 __all__ = ["ci", "install", "install_check", "conformance", "throughput", "PINNED_ENGINES"]
 
@@ -243,33 +253,8 @@ def throughput(
     _suite(judged, "gate", str(out), *gate_extra, "--hardware-class", hw, "--out", str(gate_out))
     result = read_json(gate_out) or {}
     judged.files.append(gate_out)
-    judged.summary = _gate_summary(judged.code, result.get("rows", []), out)
+    judged.summary = gate_summary(judged.code, result.get("rows", []), out)
     return [bench, judged]
-
-
-def _gate_summary(code: int, rows: list[dict], bench_report: Path) -> str:
-    """The gate step's line: its verdict and first row that did not pass; then what was not gated and why
-    (``--gate auto``), and how to record the baselines that would gate it."""
-    from ..gate import NOT_GATED  # here: gate pulls scipy; `ci --help` stays fast
-
-    words = {0: "PASS", 1: "REGRESSION", 3: "INCONCLUSIVE", 4: "MISSING BASELINE", 6: "REFUSED: SETTINGS CHANGED"}
-    ungated = [r for r in rows if r.get("status") == NOT_GATED]
-    gated = [r for r in rows if r.get("status") != NOT_GATED]
-    bad = [r for r in gated if r.get("status") != "pass"]
-    first = f": {bad[0]['run']} {bad[0]['metric']} {bad[0]['status']}: {bad[0]['message']}" if bad else ""
-    word = words.get(code, f"exit {code}")
-    if ungated and not gated:
-        word = "NOTHING GATED (no stored baseline for any run of this engine here; --gate auto)"
-    elif ungated:
-        word += f" ({len(gated)} row{'' if len(gated) == 1 else 's'} gated)"
-    if not ungated:
-        return f"{word}{first}"
-    runs = "; ".join(f"{r['run']}{'' if r['metric'] == 'all' else ' ' + r['metric']} ({r['message']})" for r in ungated)
-    return (
-        f"{word}{first}; not gated: {runs}; `ddtree-conformance baseline {bench_report} --baselines DIR` records "
-        "them from this bench for `ci --baselines DIR` (or give --against for A/B; --gate required fails on a "
-        "missing baseline)"
-    )
 
 
 # ------------------------------------------------------------------------------------------ the command
