@@ -9,6 +9,9 @@ One row per (run, metric). Verdicts:
   budget or repeat cap ran out first, or it ran a fixed number of repeats); neither pass nor fail;
 * ``missing``: no baseline for this (hardware class, engine, pair, mode, budget), or the report
   lacks the measurement. Never a silent pass;
+* ``not gated``: with ``only_baselined`` (``gate --only-baselined``, which ``ci --gate auto`` passes),
+  a run or metric that has no stored baseline: shown with the reason, and no part of the exit status.
+  A report that lacks a measurement stays ``missing``;
 * ``refused``: the run's engine settings that change speed (CUDA graphs, attention backend, overlap
   scheduling, dtype, ...; ``bench.engine_settings``) differ from the ones the baseline recorded, or
   changed within the run. Nothing else is judged for that run: a faster or slower number measured
@@ -21,8 +24,8 @@ never taken on trust from the report. Every speedup row also carries the cost-mo
 so a shortfall reads as "accepts less" (tau), "costs more" (round time in plain steps), or both.
 
 Exit codes (:func:`exit_code`): 6 any refused (settings changed); else 1 any fail; 3 any inconclusive
-(and no fail); 4 any missing (and no fail or inconclusive); 0 all pass; 2 is the CLI's usage error
-(unreadable files).
+(and no fail); 4 any missing (and no fail or inconclusive); 0 all pass (rows not gated aside); 2 is the
+CLI's usage error (unreadable files).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ __all__ = [
     "EXIT_MISSING",
     "EXIT_SETTINGS_CHANGED",
     "GateRow",
+    "NOT_GATED",
     "evaluate",
     "exit_code",
     "settings_conflict",
@@ -65,13 +69,14 @@ EXIT_SETTINGS_CHANGED = 6
 
 # reasons, not settings: never compared
 NOT_COMPARED = frozenset({"cuda_graphs_failure"})
+NOT_GATED = "not gated"  # the status of a row without a baseline under ``only_baselined``
 
 
 @dataclass
 class GateRow:
     run: str
     metric: str
-    status: str  # pass | fail | inconclusive | missing | refused
+    status: str  # pass | fail | inconclusive | missing | refused | not gated
     measured: str
     band: str
     margin: float | None  # measured (or CI low for speedup) minus the lower band edge
@@ -203,14 +208,16 @@ def _undecided_hint(samples, level, edge, spread, runs) -> str:
     return f"about {more} repeats (now {len(samples)}: raise --max-repeats/--time-budget) would decide it, or {ab}"
 
 
-def _speedup_row(label: str, run: dict, entry: BaselineEntry, state: dict | None = None) -> GateRow:
+def _speedup_row(
+    label: str, run: dict, entry: BaselineEntry, state: dict | None = None, no_baseline: str = "missing"
+) -> GateRow:
     """The speedup verdict. With a baseline of 2+ runs the interval includes their between-run spread
     (fail only beyond it); with one run (or a version-1 file) the spread is unknown, so the row can pass
     (whole interval at or above the band) but never fail: below the band is inconclusive, saying so."""
     base = entry.speedup
     sp = run.get("speedup")
     if base is None:
-        return GateRow(label, "speedup", "missing", "-", "-", None, "baseline has no speedup for this run")
+        return GateRow(label, "speedup", no_baseline, "-", "-", None, "baseline has no speedup for this run")
     band = f">= {base.lower:.3f} ({base.value:.3f} - {base.band:.3f})"
     if not sp:
         return GateRow(
@@ -338,8 +345,12 @@ def settings_conflict(recorded: dict | None, measured: dict | None) -> str | Non
     )
 
 
-def evaluate(report: dict, baselines: BaselineFile | None, hw_class: str) -> list[GateRow]:
-    """Gate rows for every speculative run in ``report``."""
+def evaluate(
+    report: dict, baselines: BaselineFile | None, hw_class: str, *, only_baselined: bool = False
+) -> list[GateRow]:
+    """Gate rows for every speculative run in ``report``. ``only_baselined``: a run or metric with no
+    stored baseline is ``not gated`` (said, never part of the exit status) rather than ``missing``."""
+    no_baseline = NOT_GATED if only_baselined else "missing"
     measured_settings = (report.get("bench") or {}).get("engine_settings")
     settings = report.get("settings", {})
     engine, pair = settings.get("engine", "?"), settings.get("pair_name", "?")
@@ -355,7 +366,7 @@ def evaluate(report: dict, baselines: BaselineFile | None, hw_class: str) -> lis
                 GateRow(
                     label,
                     "all",
-                    "missing",
+                    no_baseline,
                     "-",
                     "-",
                     None,
@@ -428,12 +439,12 @@ def evaluate(report: dict, baselines: BaselineFile | None, hw_class: str) -> lis
                     f"worst depth of {len(floors)}" + (f"; {below} below floor" if below else ""),
                 )
             )
-        rows.append(_speedup_row(label, run, base, (report.get("bench") or {}).get("machine")))
+        rows.append(_speedup_row(label, run, base, (report.get("bench") or {}).get("machine"), no_baseline))
     return rows
 
 
 def exit_code(rows: list[GateRow]) -> int:
-    statuses = {r.status for r in rows}
+    statuses = {r.status for r in rows} - {NOT_GATED}
     if "refused" in statuses:
         return EXIT_SETTINGS_CHANGED
     if "fail" in statuses:

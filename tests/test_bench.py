@@ -520,3 +520,25 @@ def test_a_drifted_machine_against_two_recorded_h200_runs_is_not_failed(pair, pr
     gated = CliRunner().invoke(app, ["gate", str(out), "--baselines", str(bl)])
     assert gated.exit_code == 3, gated.output
     assert "bench --against" in " ".join(gated.stdout.split())
+
+
+def test_bench_out_naming_a_folder_still_to_be_made_creates_it_and_writes_inside(pair, prompts, tmp_path):
+    """`--out DIR/` (trailing slash, no such folder) as `check` takes it: the folder is made and the report
+    written inside under its default name, for the bench and for an A/B bench alike. Before: the A/B report
+    went to `DIR.json` beside the folder (cli/ab.py took the raw path)."""
+    folder = f"{tmp_path / 'a' / 'new-dir'}/"
+    result = CliRunner().invoke(app, bench_args(pair, prompts, folder, "--modes", "ddtree", "--repeats", "2"))
+    assert result.exit_code == 0, result.output
+    assert {p.name for p in (tmp_path / "a" / "new-dir").iterdir()} == {
+        f"bench-reference.{ext}" for ext in ("json", "md", "html")
+    }
+    ab_folder = f"{tmp_path / 'ab-dir'}/"
+    ab = CliRunner().invoke(
+        app, bench_args(pair, prompts, ab_folder, "--modes", "ddtree", "--against", "reference", "--max-repeats", "3")
+    )
+    assert ab.exit_code in (0, 1, 3), (ab.output, ab.exception)  # its A/B verdict; the timing is this machine's
+    assert {p.name for p in (tmp_path / "ab-dir").iterdir()} == {
+        f"ab-reference.{ext}" for ext in ("json", "md", "html")
+    }
+    assert json.loads((tmp_path / "ab-dir" / "ab-reference.json").read_text())["kind"] == "ab"
+    assert not (tmp_path / "ab-dir.json").exists() and not (tmp_path / "a" / "new-dir.json").exists()

@@ -273,10 +273,85 @@ def test_a_slower_build_under_ab_fails_the_job(engine_repo, tmp_path, monkeypatc
     summary = (tmp_path / "r" / "summary.md").read_text()
     assert summary.startswith("## DDTree conformance: FAIL")
     assert "conformance | 0 | PASS" in summary  # the slower build is conformant: only the throughput fails it
-    assert "bench | 0 | wrote ab.json" in summary  # bench exits 1 on its FAIL verdict: the gate step judges it
+    # bench exits 1 on its FAIL verdict alone; in ci the bench step stays 0 and the gate step judges it
+    assert "| bench | 0 | A/B against ci_engines:Fast (interleaved on this runner): wrote ab.json |" in summary
     assert "| gate | 1 | REGRESSION: ddtree-B4 A/B ratio fail: candidate slower than the baseline" in summary
     assert "A/B against ci_engines:Fast (interleaved on this runner): wrote ab.json" in summary
     assert (tmp_path / "r" / "ab.json").is_file() and not (tmp_path / "r" / "bench.json").exists()
+
+
+def test_gate_auto_gates_exactly_what_has_a_baseline(engine_repo, tmp_path, monkeypatch):
+    """Issue 31: the hardware class has a stored baselines file, but it holds nothing for this engine, then
+    only some of its runs and metrics. `--gate auto` gates the rows that have a baseline and names the rest,
+    "not gated", with the reason, exit 0; a regression in a gated row still fails; `--gate required` fails
+    on the missing baseline (exit 4). Before: exit 4 ("MISSING BASELINE: ddtree-B4 all missing: no baseline
+    for (...)") under auto too. Tau only: the speedup rows here have no baseline, so no timing of this
+    machine decides anything."""
+    from ddtree_conformance.baselines import BaselineFile, entries_from_report, load_baselines, write_baselines
+    from ddtree_conformance.cli import app
+
+    repo, small = engine_repo
+    for key, value in small.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(repo)
+    hw, engine = "test-auto-hw", "ci_engines:Clocked"
+    stored = tmp_path / "stored" / f"{hw}.json"
+    monkeypatch.setenv("DDTREE_BASELINES", str(stored.parent))
+    monkeypatch.setenv("DDTREE_HARDWARE_CLASS", hw)
+
+    def ci(reports: str, *extra: str):
+        args = ["ci", "--engine", engine, "--device", "cpu", "--modes", "ddtree", "--budgets", "4,8", "--limit", "1"]
+        result = CliRunner().invoke(app, [*args, "--check", "lossless", "--reports", str(tmp_path / reports), *extra])
+        summary = (tmp_path / reports / "summary.md").read_text()
+        gate = json.loads((tmp_path / reports / "gate.json").read_text())
+        return result, " ".join(summary.split()), {(r["run"], r["metric"]): r["status"] for r in gate["rows"]}
+
+    # 1. the file holds another engine's baselines only
+    other = json.loads((ROOT / "golden" / "baselines" / "cpu-x86_64-2c.json").read_text())["entries"][0]
+    write_baselines(stored, BaselineFile(entries=[{**other, "hardware_class": hw}]))
+    result, summary, rows = ci("r1")
+    assert result.exit_code == 0, result.output
+    pair = json.loads((tmp_path / "r1" / "bench.json").read_text())["settings"]["pair_name"]
+    assert rows == {("ddtree-B4", "all"): "not gated", ("ddtree-B8", "all"): "not gated"}
+    assert (
+        "| gate | 0 | NOTHING GATED (no stored baseline for any run of this engine here; --gate auto); not gated: "
+        f"ddtree-B4 (no baseline for ({hw}, {engine}, {pair}, ddtree, 4)); ddtree-B8 (no baseline for ({hw}, "
+        f"{engine}, {pair}, ddtree, 8)); `ddtree-conformance baseline {tmp_path / 'r1' / 'bench.json'} --baselines "
+        "DIR` records them from this bench for `ci --baselines DIR`" in summary
+    )
+
+    # 2. it holds ddtree-B4's tau (no speedup), recorded from that bench: that is gated
+    report = json.loads((tmp_path / "r1" / "bench.json").read_text())
+    (b4,) = [e for e in entries_from_report(report, hw_class=hw) if e.budget == 4]
+    kept = load_baselines(stored).entries + [b4.model_copy(update={"speedup": None})]
+    write_baselines(stored, BaselineFile(entries=kept), update=True)
+    result, summary, rows = ci("r2")
+    assert result.exit_code == 0, result.output
+    assert rows == {
+        ("ddtree-B4", "tau"): "pass",  # the random pair accepts no drafts: no per-position floors to gate
+        ("ddtree-B4", "speedup"): "not gated",
+        ("ddtree-B8", "all"): "not gated",
+    }
+    assert (
+        "| gate | 0 | PASS (1 row gated); not gated: ddtree-B4 speedup (baseline has no speedup for this run); "
+        f"ddtree-B8 (no baseline for ({hw}, {engine}, {pair}, ddtree, 8))" in summary
+    )
+    assert "ci: passed" in result.stdout
+
+    # 3. a gated row that regresses still fails under auto (the gate, as ci runs it, on that bench report)
+    raised = b4.model_copy(update={"speedup": None, "tau": b4.tau.model_copy(update={"value": b4.tau.value + 1})})
+    write_baselines(stored, BaselineFile(entries=[raised]), update=True)
+    gated = CliRunner().invoke(
+        app, ["gate", str(tmp_path / "r2" / "bench.json"), "--baselines", str(stored), "--only-baselined"]
+    )
+    assert gated.exit_code == 1 and "gate REGRESSION (exit 1): 1 fail, 2 not gated" in gated.stdout
+
+    # 4. --gate required: the same file fails the job on what has no baseline
+    write_baselines(stored, BaselineFile(entries=kept), update=True)
+    result, summary, rows = ci("r3", "--gate", "required")
+    assert result.exit_code == 4, result.output
+    assert rows[("ddtree-B8", "all")] == rows[("ddtree-B4", "speedup")] == "missing"
+    assert "| gate | 4 | MISSING BASELINE: ddtree-B4 speedup missing: baseline has no speedup for this run" in summary
 
 
 def test_ci_refuses_bad_options(tmp_path):

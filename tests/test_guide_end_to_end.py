@@ -7,7 +7,11 @@ CI guide's `allow-skip` list under `--modes dflash` too (a family it does not pl
 
 Before: the guide's engine ended INCOMPLETE (exit 7) on CPU ("cuda-graphs did not run on 2 check(s) (engine
 cannot switch CUDA graphs per run ...)") in `check` and the pytest route, and `--allow-skip branch-vs-chain`
-(the advice for an engine without traces) was a usage error under `--modes dflash`.
+(the advice for an engine without traces) was a usage error under `--modes dflash`. The guide's `ci` line
+needed `--gate off`: on a 2-core x86_64 machine, whose hardware class has a stored baselines file holding
+only the reference engine, `--gate auto` failed the job with exit 4 ("MISSING BASELINE: ddtree-B16 all
+missing: no baseline for (cpu-x86_64-2c, my_engine:MyEngine, fixture, ddtree, 16)"); now it benches and
+gates nothing, saying so (the test pins that hardware class, so it meets the stored file on any machine).
 
 Each command runs with the smallest plan that still exercises its route: the guide's line, then
 `--limit 1 --max-new-tokens 8 --modes ddtree` (a later value wins). The first `check` runs every family
@@ -99,7 +103,7 @@ def test_the_guide_documents_every_route_and_its_allow_skip_lines():
         compile(block, "guide", "exec")
     assert documented("ddtree-conformance check", "my_engine:MyEngine")
     assert documented("pytest --ddtree-engine", "my_engine:MyEngine")
-    assert documented("ddtree-conformance ci", "my_engine:MyEngine")
+    assert "--gate" not in " ".join(documented("ddtree-conformance ci", "my_engine:MyEngine"))  # auto: the default
     check = documented("ddtree-conformance check", "my_engine_no_traces:MyEngineNoTraces")
     under_pytest = documented("pytest --ddtree-engine", "my_engine_no_traces:MyEngineNoTraces")
     assert (
@@ -161,10 +165,15 @@ def test_the_guides_engine_passes_check_pytest_and_ci_on_cpu(folder):
             "--reports",
             str(folder / "ci"),
         ],
+        env={"DDTREE_HARDWARE_CLASS": "cpu-x86_64-2c"},  # the class whose stored file holds the reference engine only
     )
     assert ci.returncode == 0, ci.stdout[-3000:] + ci.stderr[-3000:]
-    summary = (folder / "ci" / "summary.md").read_text()
+    summary = " ".join((folder / "ci" / "summary.md").read_text().split())
     assert "conformance | 0 | PASS" in summary and "not applicable on this run" in summary
+    assert (
+        "| gate | 0 | NOTHING GATED (no stored baseline for any run of this engine here; --gate auto); not gated: "
+        "ddtree-B16 (no baseline for (cpu-x86_64-2c, my_engine:MyEngine, fixture, ddtree, 16))" in summary
+    )
 
 
 @pytest.mark.slow

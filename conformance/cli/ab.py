@@ -3,6 +3,8 @@
 The measurement and the verdict are :mod:`ddtree_conformance.ab`'s; this module starts the two
 engines (each in a :class:`~ddtree_conformance.session.SuiteSession`, the baseline in its own
 environment when ``--against`` names a build to install), writes the report and prints its table.
+The report's path is ``bench``'s (:func:`~ddtree_conformance.output_paths.output_path`, as ``check``
+fixes it: absolute, never an input of the run, inside an ``--out`` folder as ``ab-<engine>.json``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from ..adapters.process import IsolatedEngine
 from ..adapters.registry import create_engine, resolve_engine
 from ..bench import BenchError
 from ..check_report import engine_identity
-from ..paths import REPORTS_DIR
 from ..progress import progress_printer
 from ..report import new_report, write_report
 from ..run import Run
@@ -72,7 +73,7 @@ def bench_against(
     plan: SequentialPlan,
     warmup: bool,
     tolerance: float,
-    out: Path | None,
+    out: Path,
     against_engine: str | None = None,
     against_options: list[str] | None = None,
     spread: tuple[float, int] | None = None,
@@ -132,8 +133,7 @@ def bench_against(
         baseline_engine=identity["baseline"],
         against=against,
     )
-    out_path = out if out is not None else REPORTS_DIR / f"ab-{settings.engine.replace(':', '_')}.json"
-    paths = write_report(report, out_path)
+    paths = write_report(report, out)
     table = Table(
         title=escape(
             f"A/B: {report['ab']['candidate']} against {report['ab']['baseline']} "

@@ -120,12 +120,13 @@ def bench(
     ] = None,
     isolate: opt.Isolate = None,
     out: Annotated[
-        Optional[Path],
+        Optional[str],  # a str, as check's --out: a Path drops the trailing '/' that names a folder still to be made
         typer.Option(
             "--out",
             "-o",
-            help="JSON report path (.md and .html beside it).",
-            show_default="reports/bench-<engine>.json",
+            help="JSON report path (.md and .html beside it); an existing folder, or a path ending in '/', gets "
+            "the default file name inside it.",
+            show_default="reports/bench-<engine>.json (A/B: ab-<engine>.json)",
         ),
     ] = None,
     engine_option: opt.EngineOptions = None,
@@ -166,13 +167,14 @@ def bench(
         held_out_prompts=0,
     )  # a bench times the bundled prompts only: every run and its baseline time the same set
     validate_run_inputs(settings)
+    kind = "bench" if against is None else "ab"  # an A/B report is named so, in reports/ or an --out folder
     out_path = output_path(
         out,
-        REPORTS_DIR / f"bench-{settings.engine.replace(':', '_')}.json",
+        REPORTS_DIR / f"{kind}-{settings.engine.replace(':', '_')}.json",
         settings,
         pairs_file=pairs_file,
         extra=[baselines],
-    )  # absolute, never an input of the run
+    )  # absolute, never an input of the run; `--out DIR/` makes the folder and writes inside
     hw = opt.hw_class(settings.device, hardware_class)
     if against is not None:  # A/B: conformance/cli/ab.py
         from .ab import bench_against
@@ -186,7 +188,7 @@ def bench(
             plan=plan,
             warmup=warmup,
             tolerance=tolerance,
-            out=out,
+            out=out_path,
             against_engine=against_engine,
             against_options=against_option,
             spread=_ab_spread(ab_spread),

@@ -12,7 +12,10 @@ pipeline.yml``) both call it; neither keeps logic of its own. The steps:
 4. bench: A/B against ``--against`` when given (no stored baselines), else sequential against the
    stored baselines of this hardware class; ``--gate auto`` skips the throughput gate, saying so, when
    neither exists here, ``--gate required`` fails the job then (exit 4), ``--gate off`` never runs it;
-5. gate: ``ddtree-conformance gate`` on the bench's report;
+5. gate: ``ddtree-conformance gate`` on the bench's report; under ``--gate auto`` it gates exactly the
+   runs and metrics that have a stored baseline (hardware class, engine, pair, mode, budget) and the
+   summary names the rest, "not gated", with the reason (``gate --only-baselined``); under ``--gate
+   required`` a missing baseline fails the job (exit 4);
 6. summary: ``summary.md`` in the reports folder, appended to ``$GITHUB_STEP_SUMMARY`` on GitHub and
    sent to ``buildkite-agent annotate`` on Buildkite; one ``::error::`` line per failed step on GitHub.
 
@@ -55,7 +58,17 @@ from .base import (
     app,
     command,
 )
-from .ci_output import Step, combine, junit_from_report, outputs, publish, read_json, slug, summary_markdown
+from .ci_output import (
+    Step,
+    combine,
+    gate_summary,
+    junit_from_report,
+    outputs,
+    publish,
+    read_json,
+    slug,
+    summary_markdown,
+)
 
 __all__ = ["ci", "install", "install_check", "conformance", "throughput", "PINNED_ENGINES"]
 
@@ -221,6 +234,7 @@ def throughput(
         out = reports / "bench.json"
         extra = ["--baselines", str(baselines or stored.parent)] if stored.exists() else []
         gate_extra = ["--baselines", str(baselines)] if baselines is not None else []
+        gate_extra += ["--only-baselined"] if gate == "auto" else []  # the rest: "not gated", said in the summary
     _suite(bench, "bench", *bench_args, *extra, "--out", str(out))
     if bench.code in (EXIT_FAILED, EXIT_INCONCLUSIVE) and against is not None and out.is_file():
         bench.code = EXIT_OK  # `bench --against` exits with its A/B verdict; the gate step judges (and says) it
@@ -239,10 +253,7 @@ def throughput(
     _suite(judged, "gate", str(out), *gate_extra, "--hardware-class", hw, "--out", str(gate_out))
     result = read_json(gate_out) or {}
     judged.files.append(gate_out)
-    words = {0: "PASS", 1: "REGRESSION", 3: "INCONCLUSIVE", 4: "MISSING BASELINE"}
-    rows = [r for r in result.get("rows", []) if r.get("status") != "pass"]
-    first = f": {rows[0]['run']} {rows[0]['metric']} {rows[0]['status']}: {rows[0]['message']}" if rows else ""
-    judged.summary = f"{words.get(judged.code, f'exit {judged.code}')}{first}"
+    judged.summary = gate_summary(judged.code, result.get("rows", []), out)
     return [bench, judged]
 
 
@@ -364,9 +375,9 @@ def ci(
         str,
         _env(
             "--gate",
-            "auto: gate throughput when --against or stored baselines exist, else "
-            "say it did not; required: a missing baseline fails (exit 4); off: no "
-            "bench.",
+            "auto: gate throughput against --against (A/B), else every run and metric that has a stored "
+            "baseline, and say in the summary what was not gated and why; required: a missing baseline fails "
+            "(exit 4); off: no bench.",
         ),
     ] = "auto",
     time_budget: Annotated[

@@ -1,6 +1,6 @@
-"""What ``ddtree-conformance ci`` leaves behind: the JUnit file of a check report, the job summary, and
-where each CI system shows it (GitHub's step summary, ``::error::`` lines and step outputs; Buildkite's
-annotation)."""
+"""What ``ddtree-conformance ci`` leaves behind: the JUnit file of a check report, the gate step's line, the job
+summary, and where each CI system shows it (GitHub's step summary, ``::error::`` lines and step outputs;
+Buildkite's annotation)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,17 @@ from .base import (
     EXIT_USAGE,
 )
 
-__all__ = ["Step", "combine", "junit_from_report", "summary_markdown", "publish", "outputs", "slug", "read_json"]
+__all__ = [
+    "Step",
+    "combine",
+    "gate_summary",
+    "junit_from_report",
+    "summary_markdown",
+    "publish",
+    "outputs",
+    "slug",
+    "read_json",
+]
 
 # most severe first; a status not named here (a gate refusal of a later suite) ranks right after EXIT_FAILED
 SEVERITY = [EXIT_USAGE, EXIT_ENGINE, EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INCONCLUSIVE, EXIT_MISSING_BASELINE]
@@ -124,6 +134,31 @@ def summary_markdown(title: str, steps: list[Step], job: Step, reports: Path) ->
             lines.append(f"| {r['run']} | {r['metric']} | {r['status']} | {r['measured']} | {r['band']} | {note} |")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def gate_summary(code: int, rows: list[dict], bench_report: Path) -> str:
+    """The gate step's line: its verdict and first row that did not pass; then what was not gated and why
+    (``--gate auto``), and how to record the baselines that would gate it."""
+    from ..gate import NOT_GATED  # here: gate pulls scipy; `ci --help` stays fast
+
+    words = {0: "PASS", 1: "REGRESSION", 3: "INCONCLUSIVE", 4: "MISSING BASELINE", 6: "REFUSED: SETTINGS CHANGED"}
+    ungated = [r for r in rows if r.get("status") == NOT_GATED]
+    gated = [r for r in rows if r.get("status") != NOT_GATED]
+    bad = [r for r in gated if r.get("status") != "pass"]
+    first = f": {bad[0]['run']} {bad[0]['metric']} {bad[0]['status']}: {bad[0]['message']}" if bad else ""
+    word = words.get(code, f"exit {code}")
+    if ungated and not gated:
+        word = "NOTHING GATED (no stored baseline for any run of this engine here; --gate auto)"
+    elif ungated:
+        word += f" ({len(gated)} row{'' if len(gated) == 1 else 's'} gated)"
+    if not ungated:
+        return f"{word}{first}"
+    runs = "; ".join(f"{r['run']}{'' if r['metric'] == 'all' else ' ' + r['metric']} ({r['message']})" for r in ungated)
+    return (
+        f"{word}{first}; not gated: {runs}; `ddtree-conformance baseline {bench_report} --baselines DIR` records "
+        "them from this bench for `ci --baselines DIR` (or give --against for A/B; --gate required fails on a "
+        "missing baseline)"
+    )
 
 
 def publish(markdown: str, job: Step, steps: list[Step], summary: Optional[Path]) -> None:

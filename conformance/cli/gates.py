@@ -126,16 +126,26 @@ def gate(
     baselines: opt.Baselines = None,
     hardware_class: opt.HardwareClass = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the verdicts as JSON.")] = None,
+    only_baselined: Annotated[
+        bool,
+        typer.Option(
+            "--only-baselined",
+            help="Gate only the runs and metrics that have a stored baseline: the rest are 'not gated' (shown, "
+            "with the reason) instead of 'missing' (exit 4); a report that lacks a measurement is still "
+            "missing. `ci --gate auto` passes it.",
+        ),
+    ] = False,
 ) -> None:
     """Compare a run report with stored baselines.
 
-    Exit codes: 0 all pass; 1 regression (any fail); 3 inconclusive (a speedup CI straddles the
-    band's lower edge, no fail); 4 missing baseline or measurement (no fail or inconclusive);
+    Exit codes: 0 all pass (rows 'not gated' under --only-baselined aside); 1 regression (any fail);
+    3 inconclusive (a speedup CI straddles the band's lower edge, no fail); 4 missing baseline or
+    measurement (no fail or inconclusive);
     6 refused: the report's engine settings (CUDA graphs, attention backend, ...) differ from the
     baseline's (wins over every other status); 2 unusable input.
     """
     from .. import ab  # imported here: ab and gate pull scipy
-    from ..gate import evaluate, exit_code
+    from ..gate import NOT_GATED, evaluate, exit_code
 
     data = _load_report_or_fail(report)
     hw = hardware_class or data["hardware_class"]
@@ -148,7 +158,7 @@ def gate(
                 loaded = load_baselines(path)
             except BaselineError as exc:
                 raise CliError(str(exc)) from None
-        rows = evaluate(data, loaded, hw)
+        rows = evaluate(data, loaded, hw, only_baselined=only_baselined)
     else:
         rows = ab.evaluate(data)
         path = Path(f"A/B baseline {data.get('ab', {}).get('against', '?')}")
@@ -164,7 +174,14 @@ def gate(
         ("note", "left"),
     ):
         table.add_column(column, justify=justify, overflow="fold")
-    colours = {"pass": "green", "fail": "red", "inconclusive": "yellow", "missing": "magenta", "refused": "red"}
+    colours = {
+        "pass": "green",
+        "fail": "red",
+        "inconclusive": "yellow",
+        "missing": "magenta",
+        "refused": "red",
+        NOT_GATED: "cyan",
+    }
     for r in rows:
         table.add_row(
             escape(r.run),
@@ -206,7 +223,10 @@ def gate(
     verdict = {0: "PASS", 1: "REGRESSION", 3: "INCONCLUSIVE", 4: "MISSING BASELINE", 6: "REFUSED: SETTINGS CHANGED"}[
         code
     ]
+    if rows and all(r.status == NOT_GATED for r in rows):
+        verdict = "NOTHING GATED"
     console.print(escape(f"gate {verdict} (exit {code}): {summary}"), soft_wrap=True)
     if stored and not path.exists():
-        console.print(escape(f"no baseline file {path}: every run is 'missing'"), soft_wrap=True)
+        every = NOT_GATED if only_baselined else "missing"
+        console.print(escape(f"no baseline file {path}: every run is '{every}'"), soft_wrap=True)
     raise typer.Exit(code)
