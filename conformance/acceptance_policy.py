@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 
 from ddtree_conformance.adapters.interface import RequestResult
 
-from .policy_trees import KNOWN_POLICY_KINDS, PolicyMatch
+from .policy_matching import PolicyMatch
+from .policy_trees import KNOWN_POLICY_KINDS
 from .tree_policy import PolicyDiagnosis, PolicyFinding
 
 __all__ = ["acceptance_depth_findings", "diagnose_acceptance"]
@@ -65,8 +66,8 @@ def diagnose_acceptance(
 ) -> PolicyDiagnosis:
     """Findings for one untraced run whose acceptance differs from the spec's (module doc).
     ``match_policies()`` compares the run with the reference under the known policies
-    (:func:`~ddtree_conformance.policy_trees.match_on_rounds` or
-    :func:`~ddtree_conformance.policy_trees.replay_known_policies`); it is called only when acceptance
+    (:func:`~ddtree_conformance.policy_matching.match_on_rounds` or
+    :func:`~ddtree_conformance.policy_matching.replay_known_policies`); it is called only when acceptance
     shows no depth finding (None: not at all)."""
     per_round = all(r.acceptance_lengths is not None for r in results)
     diag = PolicyDiagnosis(run, "per-round acceptance lengths" if per_round else "aggregate acceptance")

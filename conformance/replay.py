@@ -46,14 +46,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Literal
 
 import torch
 
+from .drafter_excuse import build_spec_tree, drafter_excuse, drafter_flips_within, holds_path
 from .metrics import emitted_lengths
-from .noise import DRAFTER_TOP, NoiseModel, TokenCall
-from .spec import build_chain, build_tree, least_budget
-from .spec.freedoms import may_hold
+from .noise import NoiseModel, TokenCall
+from .spec import build_tree, least_budget
 from .token_scoring import window
 
 __all__ = ["RoundKind", "RoundVerdict", "ReplayRun", "golden_lengths", "drafter_flips_within", "judge_rounds"]
@@ -176,60 +175,22 @@ def golden_lengths(lengths: Sequence[int], max_new_tokens: int) -> list[int]:
     return kept
 
 
-def _build(draft_logits: torch.Tensor, mode: str, budget: int):
-    return build_chain(draft_logits) if mode == "dflash" else build_tree(draft_logits, budget)
-
-
 def _cut_length(draft_logits: torch.Tensor, mode: str, nodes: int, tokens: Sequence[int], most: int) -> int:
     """The acceptance length of a walk along ``tokens`` on the spec tree of ``nodes`` nodes (the chain's
     first ``nodes`` drafts in dflash mode); a root-only round accepts 1."""
     if nodes <= 0:
         return 1
     if mode == "dflash":
-        return _accepted_length(_build(draft_logits[:nodes], mode, nodes), tokens, most)
-    return _accepted_length(_build(draft_logits, mode, nodes), tokens, most)
+        return _accepted_length(build_spec_tree(draft_logits[:nodes], mode, nodes), tokens, most)
+    return _accepted_length(build_spec_tree(draft_logits, mode, nodes), tokens, most)
 
 
 def _accepted_length(tree, tokens: Sequence[int], most: int) -> int:
     """The acceptance length of a walk along ``tokens`` (the target's choices) on ``tree``, at most ``most``."""
     k = 0
-    while k + 1 < most and _holds(tree, tokens[: k + 1]):
+    while k + 1 < most and holds_path(tree, tokens[: k + 1]):
         k += 1
     return k + 1
-
-
-def _holds(tree, tokens: Sequence[int]) -> bool:
-    children, node = tree.children, 0
-    for token in tokens:
-        node = children[node].get(int(token))
-        if node is None:
-            return False
-    return True
-
-
-def drafter_flips_within(
-    draft_logits: torch.Tensor, mode: str, budget: int, path: Sequence[int], tolerance: float
-) -> bool:
-    """Whether moving every drafter logit by at most ``tolerance`` flips ``path``'s membership of the
-    spec tree (``path``'s tokens up and the rest down at its depths, or the reverse)."""
-    present = _holds(_build(draft_logits, mode, budget), path)
-    depth = len(path)
-    if depth == 0 or depth > draft_logits.shape[0] or tolerance <= 0:
-        return False
-    sign = -1.0 if present else 1.0
-    moved = draft_logits.clone().float()
-    rows = torch.arange(depth)
-    shift = torch.full_like(moved[:depth], -sign * tolerance)
-    shift[rows, torch.tensor([int(t) for t in path])] = sign * tolerance
-    moved[:depth] += shift
-    return _holds(_build(moved, mode, budget), path) != present
-
-
-def _logit_distance(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Largest |a - b| over the tokens that can enter a tree: the top DRAFTER_TOP per depth of either."""
-    k = min(DRAFTER_TOP, a.shape[-1])
-    top = torch.cat([torch.topk(a, k, dim=-1).indices, torch.topk(b, k, dim=-1).indices], dim=-1)
-    return float((a.gather(1, top) - b.gather(1, top)).abs().max())
 
 
 def first_token_difference(engine_tokens: Sequence[int], reference_tokens: Sequence[int]) -> int | None:
@@ -374,7 +335,7 @@ def judge_rounds(
         engine_logits = None if trace is None else trace.draft_logits
         short = _short_view(rnd, mine, engine_logits)
         if short is not None:  # the engine may have drafted a block cut to the room left: judged on that block
-            why = _drafter_excuse(
+            why = drafter_excuse(
                 short, short.tokens[: min(le, short.length)], le > short.length, rules, mode, budget, engine_logits
             )
             if why.kind == "excused":
@@ -382,7 +343,7 @@ def judge_rounds(
                 run.verdicts.append(verdict)
                 continue
         path = theirs[: min(le, rnd.length)]
-        why = _drafter_excuse(rnd, path, le > rnd.length, rules, mode, budget, engine_logits)
+        why = drafter_excuse(rnd, path, le > rnd.length, rules, mode, budget, engine_logits)
         verdict.note = why.note
         if why.kind == "excused":
             verdict.kind = RoundKind.DRAFTER_NEAR_TIE
@@ -427,63 +388,4 @@ def _short_view(rnd, mine: Sequence[int], engine_logits):
         return None
     return replace(
         rnd, length=length, tokens=tokens, draft_logits=rnd.short_logits, short_block=None, short_logits=None
-    )
-
-
-@dataclass(frozen=True)
-class DrafterExcuse:
-    """What the drafter side says of a round whose tokens agree but whose length differs."""
-
-    kind: Literal["excused", "unconfirmed", "differs"]  # confirmed near-tie | unconfirmed | a failure
-    note: str
-
-
-def _drafter_excuse(
-    rnd, path: list[int], engine_holds: bool, rules: NoiseModel, mode: str, budget: int, engine_logits
-) -> DrafterExcuse:
-    side = "held" if engine_holds else "lacked"
-    if rnd.draft_logits is None:
-        return DrafterExcuse("differs", "replay kept no drafter logits for this round")
-    if not drafter_flips_within(rnd.draft_logits, mode, budget, path, rules.drafter_tolerance):
-        return DrafterExcuse(
-            "differs",
-            f"the engine's tree {side} the path {path}, but no drafter logits within the "
-            f"tolerance {rules.drafter_tolerance:.3g} of the reference's flip it (drafter positions, "
-            "feedback rows or RoPE?)",
-        )
-    if engine_logits is not None:
-        mine = torch.as_tensor(engine_logits, dtype=torch.float32)
-        if mine.shape != rnd.draft_logits.shape:
-            return DrafterExcuse(
-                "differs",
-                f"the engine's drafter logits have shape {tuple(mine.shape)}, the "
-                f"reference's {tuple(rnd.draft_logits.shape)}",
-            )
-        distance = _logit_distance(mine, rnd.draft_logits)
-        if distance > rules.drafter_tolerance:
-            return DrafterExcuse(
-                "differs",
-                f"the engine's drafter logits are {distance:.3g} from the reference's on "
-                f"the same context, more than the tolerance {rules.drafter_tolerance:.3g} (drafter "
-                "positions, feedback rows or RoPE?)",
-            )
-        if not may_hold(mine, mode, budget, path, engine_holds):
-            return DrafterExcuse(
-                "differs",
-                f"no tree the spec allows for the engine's own drafter logits (equal scores broken either way) "
-                f"{side} the path {path}, as the engine's round did",
-            )
-        if distance == 0.0:  # the reference's own logits: only equal log-probs broken the other way differ
-            return DrafterExcuse(
-                "excused",
-                f"the engine's drafter logits equal the reference's, and its tree {side} the path {path} by "
-                "breaking equal scores the other way",
-            )
-        return DrafterExcuse(
-            "excused", f"drafter logits {distance:.2g} apart flip the path {path} (engine's tree {side} it)"
-        )
-    return DrafterExcuse(
-        "unconfirmed",
-        f"drafter logits within {rules.drafter_tolerance:.3g} could flip the path {path} "
-        f"{'into' if engine_holds else 'out of'} the tree, but the engine gives no drafter logits to confirm it",
     )

@@ -251,7 +251,7 @@ def test_a_policy_is_named_only_when_the_evidence_prefers_it_to_the_spec():
     B = 8: 13 rounds it explains and the spec does not, none the reverse, 30 rounds) still name it."""
     from ddtree_conformance.calibration import load_calibration
     from ddtree_conformance.noise import NoiseModel
-    from ddtree_conformance.policy_trees import MATCHING_PROMPTS, named_on_rounds
+    from ddtree_conformance.policy_matching import MATCHING_PROMPTS, named_on_rounds
 
     rules = load_calibration(FIXTURE_TARGET, "bfloat16")
     equal = {"chain": 120, "width-cap": 140, "depth-bonus": 140, "early-stop": 151}
@@ -275,7 +275,7 @@ def test_a_correct_engine_that_rounds_differently_is_never_given_a_policy_name()
     from ddtree_conformance.adapters.interface import Request, RunConfig
     from ddtree_conformance.adapters.reference.engine import ReferenceEngine
     from ddtree_conformance.calibration import load_calibration
-    from ddtree_conformance.policy_trees import match_on_rounds
+    from ddtree_conformance.policy_matching import match_on_rounds
     from ddtree_conformance.prompts import load_prompts
     from ddtree_conformance.testing.rounding_engines import SplitKReductionsBlackBox
 

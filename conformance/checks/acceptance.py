@@ -22,7 +22,7 @@ from functools import partial
 from ddtree_conformance.adapters.interface import RequestResult
 
 from ..acceptance_policy import acceptance_depth_findings, diagnose_acceptance
-from ..policy_trees import PolicyReference, match_on_rounds, replay_known_policies
+from ..policy_matching import PolicyReference, match_on_rounds, replay_known_policies
 from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import rules_for

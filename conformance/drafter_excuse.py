@@ -1,0 +1,119 @@
+"""The drafter side's excuse for a replayed round: whether low-precision drafter logits explain a
+round whose tokens agree with the fp32 replay's but whose length differs (module doc of
+:mod:`ddtree_conformance.replay`). The replay's fp32 drafter logits, moved by at most the noise model's
+drafter tolerance, must flip the deciding path into or out of the spec tree; the engine's own drafter
+logits, where it reports them, must lie within the tolerance and build a tree the spec allows that
+holds (or lacks) the path as its round did: then the round is *excused* (confirmed); without them it
+is *unconfirmed*, and counts against the noise model's caps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from .noise import DRAFTER_TOP, NoiseModel
+from .spec import build_chain, build_tree
+from .spec.freedoms import may_hold
+
+__all__ = ["DrafterExcuse", "build_spec_tree", "drafter_excuse", "drafter_flips_within", "holds_path"]
+
+
+def build_spec_tree(draft_logits: torch.Tensor, mode: str, budget: int):
+    return build_chain(draft_logits) if mode == "dflash" else build_tree(draft_logits, budget)
+
+
+def holds_path(tree, tokens: Sequence[int]) -> bool:
+    children, node = tree.children, 0
+    for token in tokens:
+        node = children[node].get(int(token))
+        if node is None:
+            return False
+    return True
+
+
+def drafter_flips_within(
+    draft_logits: torch.Tensor, mode: str, budget: int, path: Sequence[int], tolerance: float
+) -> bool:
+    """Whether moving every drafter logit by at most ``tolerance`` flips ``path``'s membership of the
+    spec tree (``path``'s tokens up and the rest down at its depths, or the reverse)."""
+    present = holds_path(build_spec_tree(draft_logits, mode, budget), path)
+    depth = len(path)
+    if depth == 0 or depth > draft_logits.shape[0] or tolerance <= 0:
+        return False
+    sign = -1.0 if present else 1.0
+    moved = draft_logits.clone().float()
+    rows = torch.arange(depth)
+    shift = torch.full_like(moved[:depth], -sign * tolerance)
+    shift[rows, torch.tensor([int(t) for t in path])] = sign * tolerance
+    moved[:depth] += shift
+    return holds_path(build_spec_tree(moved, mode, budget), path) != present
+
+
+def _logit_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest |a - b| over the tokens that can enter a tree: the top DRAFTER_TOP per depth of either."""
+    k = min(DRAFTER_TOP, a.shape[-1])
+    top = torch.cat([torch.topk(a, k, dim=-1).indices, torch.topk(b, k, dim=-1).indices], dim=-1)
+    return float((a.gather(1, top) - b.gather(1, top)).abs().max())
+
+
+@dataclass(frozen=True)
+class DrafterExcuse:
+    """What the drafter side says of a round whose tokens agree but whose length differs."""
+
+    kind: Literal["excused", "unconfirmed", "differs"]  # confirmed near-tie | unconfirmed | a failure
+    note: str
+
+
+def drafter_excuse(
+    rnd, path: list[int], engine_holds: bool, rules: NoiseModel, mode: str, budget: int, engine_logits
+) -> DrafterExcuse:
+    side = "held" if engine_holds else "lacked"
+    if rnd.draft_logits is None:
+        return DrafterExcuse("differs", "replay kept no drafter logits for this round")
+    if not drafter_flips_within(rnd.draft_logits, mode, budget, path, rules.drafter_tolerance):
+        return DrafterExcuse(
+            "differs",
+            f"the engine's tree {side} the path {path}, but no drafter logits within the "
+            f"tolerance {rules.drafter_tolerance:.3g} of the reference's flip it (drafter positions, "
+            "feedback rows or RoPE?)",
+        )
+    if engine_logits is not None:
+        mine = torch.as_tensor(engine_logits, dtype=torch.float32)
+        if mine.shape != rnd.draft_logits.shape:
+            return DrafterExcuse(
+                "differs",
+                f"the engine's drafter logits have shape {tuple(mine.shape)}, the "
+                f"reference's {tuple(rnd.draft_logits.shape)}",
+            )
+        distance = _logit_distance(mine, rnd.draft_logits)
+        if distance > rules.drafter_tolerance:
+            return DrafterExcuse(
+                "differs",
+                f"the engine's drafter logits are {distance:.3g} from the reference's on "
+                f"the same context, more than the tolerance {rules.drafter_tolerance:.3g} (drafter "
+                "positions, feedback rows or RoPE?)",
+            )
+        if not may_hold(mine, mode, budget, path, engine_holds):
+            return DrafterExcuse(
+                "differs",
+                f"no tree the spec allows for the engine's own drafter logits (equal scores broken either way) "
+                f"{side} the path {path}, as the engine's round did",
+            )
+        if distance == 0.0:  # the reference's own logits: only equal log-probs broken the other way differ
+            return DrafterExcuse(
+                "excused",
+                f"the engine's drafter logits equal the reference's, and its tree {side} the path {path} by "
+                "breaking equal scores the other way",
+            )
+        return DrafterExcuse(
+            "excused", f"drafter logits {distance:.2g} apart flip the path {path} (engine's tree {side} it)"
+        )
+    return DrafterExcuse(
+        "unconfirmed",
+        f"drafter logits within {rules.drafter_tolerance:.3g} could flip the path {path} "
+        f"{'into' if engine_holds else 'out of'} the tree, but the engine gives no drafter logits to confirm it",
+    )
