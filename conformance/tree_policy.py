@@ -55,6 +55,7 @@ __all__ = [
 ]
 
 #: Finding kinds, in the order messages list them.
+STRUCTURE_SHARE = 0.9  # differing rounds whose spec tree is wider than the engine's widest node, to name a width cap
 FINDINGS = ("depth-beyond-block", "chain", "width-cap", "depth-bonus", "early-stop", "unexplained")
 EXPLAINED_SHARE = 0.9  # a fitted policy must reproduce this share of the differing rounds
 
@@ -282,15 +283,21 @@ def _policy_findings(
         fit = fit_policy(rounds_in, budget, cap if wider else None)
     explained = fit.sample and fit.hits >= EXPLAINED_SHARE * fit.sample
     named = fit.hits >= 0.5 * fit.sample if fit.sample else False
-    if fit.cap and named:
-        top = max(r.spec_max_children or 0 for r in rounds)
+    top = max(r.spec_max_children or 0 for r in rounds)
+    # the structure alone: never more than `cap` children where most differing rounds' spec trees need more
+    # (a width cap whose candidates are scored another way than any rebuild here reproduces)
+    narrower = bool(differing) and sum(r in wider for r in differing) >= STRUCTURE_SHARE * len(differing)
+    structural = narrower and not (fit.cap and named and explained)
+    if (fit.cap and named) or structural:
+        how = "; named from the trees' structure, their exact trees not reproduced" if structural else ""
         f.append(
             PolicyFinding(
                 "width-cap",
                 f"caps the children per node at {cap} (the spec's trees have up to {top}; "
-                f"{len(wider)}/{len(rounds)} rounds need more than {cap})",
+                f"{len(wider)}/{len(rounds)} rounds need more than {cap}{how})",
             )
         )
+        explained = explained or structural
     if fit.bonus and named:
         f.append(
             PolicyFinding(

@@ -327,3 +327,25 @@ def test_trees_cut_at_points_no_early_stop_margin_explains_are_not_named_a_polic
     assert 0 < kept < 64
     stopped = [view(f"p round {r}", kept, shallow) for r in range(3)]
     assert "early-stop" in diagnose_traces("ddtree-B64", stopped, "ddtree", 64, 3).kinds
+
+
+def test_a_width_cap_scored_another_way_is_named_from_its_structure():
+    """A lossless engine that keeps at most two children per node but ranks its candidates its own way
+    (shallow first: a depth penalty of 2 a level, which no rebuild of the grid tries) gives trees no
+    rebuild reproduces; no node of its trees has more than 2 children where the spec's trees of the same
+    logits have many more. Before: "no known policy" (unexplained); now a width cap, named from the
+    trees' structure."""
+    from ddtree_conformance.tree_policy import RoundView, diagnose_traces
+
+    views = []
+    for r in range(6):
+        logits = torch.randn(15, 64, generator=torch.Generator().manual_seed(100 + r)) * 2
+        tree = build_policy_tree(logits, 16, max_children=2, depth_bonus=-2.0)
+        views.append(
+            RoundView(
+                f"p round {r}", 10, [0] + tree.tokens.tolist()[1:], tree.parents.tolist(), tree.depths.tolist(), logits
+            )
+        )
+    diagnosis = diagnose_traces("ddtree-B16", views, "ddtree", 16, 16)
+    assert "width-cap" in diagnosis.kinds and "unexplained" not in diagnosis.kinds, diagnosis.message()
+    assert "named from the trees' structure" in diagnosis.message()
