@@ -17,6 +17,8 @@ from ddtree_conformance.adapters.reference.replay import replay_result
 from .noise import NoiseModel
 from .policy_trees import KNOWN_POLICIES, KNOWN_POLICY_TEXT, build_policy_tree, distinct_policies
 
+SPEC = "spec"  # the reference's own tree, compared beside the known policies
+
 __all__ = [
     "MATCHING_PROMPTS",
     "NAMING_ALPHA",
@@ -103,8 +105,8 @@ def replay_known_policies(
     horizon, budget = block - 1, config.budget
     kind, tau, mine = _engine_view(results)
     match, distance, equal = PolicyMatch(), {}, {}
-    for name in names or distinct_policies(budget, horizon):
-        engine.policy = KNOWN_POLICIES[name](budget, horizon)
+    for name in [*(names or distinct_policies(budget, horizon)), SPEC]:
+        engine.policy = {} if name == SPEC else KNOWN_POLICIES[name](budget, horizon)
         try:
             untraced = config.model_copy(update={"trace": False, "trace_draft_logits": False})
             replayed = engine.generate(requests, untraced)
@@ -117,6 +119,12 @@ def replay_known_policies(
         if name == "chain" and tau < (1 - BELOW_CHAIN) * match.taus[name] and not equal[name]:
             match.how = f"pooled tau {tau:.3f} is below the chain's {match.taus[name]:.3f}; the other policies not run"
             return match  # the known policies accept about as much as the chain or more: none matches this
+    spec_tau, spec_equal = match.taus.pop(SPEC), equal.pop(SPEC)
+    spec_distance = distance.pop(SPEC, float("inf"))
+    # a policy is named only where it explains the engine better than the spec tree does
+    equal = {n: e for n, e in equal.items() if e > spec_equal}
+    distance = {n: d for n, d in distance.items() if d < spec_distance}
+    match.how = f"the spec tree's tau {spec_tau:.3f}"
     best = max(equal.values(), default=0)
     if mine and best >= MATCHING_PROMPTS * len(results):
         match.matches = [n for n, e in equal.items() if e == best]
@@ -129,7 +137,7 @@ def replay_known_policies(
     if close:
         best = min(close.values())
         match.matches = [n for n, d in close.items() if d == best]
-        match.how = f"pooled tau {tau:.3f}, within {POOLED_TAU_REL_TOL:.0%} (the closest)"
+        match.how = f"pooled tau {tau:.3f}, within {POOLED_TAU_REL_TOL:.0%} (the closest, closer than the spec's)"
     return match
 
 
