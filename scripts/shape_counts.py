@@ -19,6 +19,8 @@ clone of an older commit, for the "before"). The counts:
 * ``run-helper copies``: functions in ``tests/`` and ``scripts/`` that build a ``SuiteSession`` and call
   ``run_plan`` themselves (helpers and tests alike), where the shared helper
   (:mod:`ddtree_conformance.testing.runs`) would do.
+* ``long message literals asserted``: ``assert`` statements in ``tests/`` that hold a string literal of
+  60 characters or more (implicit concatenations joined; f-strings counted by their literal parts).
 * ``production imports of test doubles``: imports of ``ddtree_conformance.testing`` (relative ones
   resolved, function-local ones included) in modules of ``conformance/`` and ``adapters/`` outside
   ``conformance/testing/``.
@@ -37,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "ddtree_conformance"
 SOURCES = {"conformance": PACKAGE, "adapters": f"{PACKAGE}.adapters"}
 LONG = 80
+LONG_LITERAL = 60
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 MESSAGEY = {"message", "error", "problem", "check_message", "msg", "text", "line", "stderr"}
 SHARED_RUN_HELPER = "conformance/testing/runs.py"
@@ -176,6 +179,25 @@ def run_helper_copies(root: Path) -> list[str]:
     return found
 
 
+def _literal_length(node: ast.AST) -> int:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return len(node.value)
+    if isinstance(node, ast.JoinedStr):
+        return sum(len(v.value) for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
+    return 0
+
+
+def long_literal_asserts(root: Path) -> list[str]:
+    found = []
+    for path in _files(root, "tests"):
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.Assert):
+                longest = max((_literal_length(n) for n in ast.walk(node.test)), default=0)
+                if longest >= LONG_LITERAL:
+                    found.append(f"{_rel(path, root)}:{node.lineno} {longest} characters")
+    return found
+
+
 def _module(path: Path, root: Path) -> tuple[str, bool]:
     rel = path.relative_to(root).with_suffix("")
     parts = [SOURCES[rel.parts[0]], *rel.parts[1:]]
@@ -221,6 +243,7 @@ COUNTS = {
     "modules spelling flags (outside cli/, pytest_plugin.py, testing/)": flag_modules,
     "message-text tests (conformance/ adapters/, outside testing/)": message_tests,
     "run-helper copies (tests/ scripts/: SuiteSession + run_plan in one function)": run_helper_copies,
+    "long message literals asserted (tests/)": long_literal_asserts,
     "production imports of test doubles": testing_imports,
 }
 
