@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.checks.sampling import MIN_TRANSITIONS, NEW_TOKENS, VARIANTS
 from ddtree_conformance.evidence import chi2_detectable_w
-from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.settings import SAMPLING_FULL_AT_PROMPTS, build_settings
 from ddtree_conformance.testing import mutants
 from ddtree_conformance.testing.mutants import ReferenceEngine
+from ddtree_conformance.testing.runs import plan_and_run
 
 
 def test_limit_scales_the_sampled_requests_and_the_default_run_keeps_its_evidence():
@@ -39,12 +39,7 @@ def _run(engine_class, variant: str, **small):
     settings = SuiteSettings(
         modes=["ddtree"], budgets=[16], limit=1, isolate=False, torch_threads=1, held_out_prompts=0, run_seed=3, **small
     )
-    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
-    try:
-        checks = [c for c in plan(settings, ["sampling/"]) if c.id == f"sampling/ddtree-B16/{variant}"]
-        (result,) = run_plan(session, checks)
-    finally:
-        session.close()
+    (result,) = plan_and_run(settings, engine_class, [f"sampling/ddtree-B16/{variant}"], exact=True)
     return result
 
 

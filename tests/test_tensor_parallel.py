@@ -12,38 +12,27 @@ import pytest
 
 from ddtree_conformance.adapters.interface import EngineError, Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.checks import plan, run_plan
-from ddtree_conformance.session import SuiteSession, SuiteSettings
-from ddtree_conformance.testing.random_pair import write_random_prompts
+from ddtree_conformance.checks import plan
+from ddtree_conformance.session import SuiteSettings
+from ddtree_conformance.testing.runs import by_id, plan_and_run
 from ddtree_conformance.testing.tp_engines import ShardedReference, TpAcceptanceDrift, TpOutputDrift
 
 
 @pytest.fixture(scope="module")
-def settings(random_pair, tmp_path_factory) -> SuiteSettings:
-    target, drafter = random_pair
-    path = tmp_path_factory.mktemp("prompts") / "tp.jsonl"
-    write_random_prompts(path, [4, 11, 19, 27], seed=11, prefix="tp")
-    return SuiteSettings(
-        model_dir=str(target),
-        drafter_dir=str(drafter),
-        pair_name="random",
-        prompt_set=str(path),
+def settings(random_pair_settings) -> SuiteSettings:
+    return random_pair_settings(
+        [4, 11, 19, 27],
+        seed=11,
+        prefix="tp",
         budgets=[16],
         max_new_tokens=24,
-        isolate=False,
         tensor_parallel_size=2,
         held_out_prompts=0,
     )  # the counts below are of these four prompts
 
 
 def _tp_results(settings: SuiteSettings, engine_class, **updates):
-    settings = settings.model_copy(update=updates)
-    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
-    try:
-        checks = plan(settings, ["tensor-parallel"])
-        return {c.id: r for c, r in zip(checks, run_plan(session, checks))}
-    finally:
-        session.close()
+    return by_id(plan_and_run(settings.model_copy(update=updates), engine_class, ["tensor-parallel"]))
 
 
 def test_plan_registers_one_tp_check_per_speculative_run(settings):
