@@ -4,8 +4,9 @@ An :class:`OddEngine` answers each request from the reference engine's result, r
 :class:`Oddity`: outputs of one repeated token, token 0 or the mask id, a stop token first, a
 divergence at one position, random tokens; acceptance lengths absent, all 1, all at the block size
 (the last round cut), or a random partition; rounds, mean acceptance and per-position rates absent or
-at their limits; some requests failed by the engine itself; CUDA graphs reported off; results that
-change between runs of another configuration (graphs on and off, TP 1 and N), or not. Every result
+at their limits; rounds whose trees are chains of the committed tokens; some requests failed by the
+engine itself; CUDA graphs reported off; results that change between runs of another configuration
+(graphs on and off, TP 1 and N), or not. Every result
 passes the integrity rules (:mod:`ddtree_conformance.integrity`), and the capabilities promise only
 what the results hold, so each check sees data it must judge, not reject: it may pass or fail, but it
 must never crash, and a failure must say what failed (``tests/test_no_check_crashes.py``).
@@ -28,7 +29,15 @@ from pathlib import Path
 from typing import Literal
 from unittest import mock
 
-from ddtree_conformance.adapters.interface import Capabilities, Engine, Request, RequestResult, RunConfig
+from ddtree_conformance.adapters.interface import (
+    Capabilities,
+    Engine,
+    Request,
+    RequestResult,
+    RoundTrace,
+    RunConfig,
+    VerifiedTree,
+)
 from ddtree_conformance.adapters.reference import engine as reference_engine
 from ddtree_conformance.session import engines as session_engines
 
@@ -42,6 +51,7 @@ __all__ = [
     "LENGTHS",
     "PER_POSITION",
     "MEANS",
+    "TREES",
 ]
 
 _REFERENCE = reference_engine.ReferenceEngine  # the real one, whatever memoised_references() puts in its place
@@ -49,6 +59,7 @@ OUTPUTS = ("reference", "constant", "token 0", "mask id", "first stop", "shifted
 LENGTHS = ("reference", "none", "ones", "block", "random")
 MEANS = ("none", "lengths", "one", "block")
 PER_POSITION = ("none", "empty", "zeros", "ones", "random")
+TREES = ("reference", "chain", "none")
 
 
 @dataclass(frozen=True)
@@ -66,7 +77,9 @@ class Oddity:
     errors: Literal["none", "first", "all"] = "none"  # requests of a batch the engine fails itself
     plain_too: bool = False  # reshape plain results too (else plain stays the reference's)
     varies_with_run: bool = False  # random choices also depend on the run (mode, budget, graphs, TP, traces)
-    traces: bool = True  # keep the reference's traces and verified trees where the results are unchanged
+    # the rounds' trees: "reference" keeps the reference's traces and verified trees where the results are
+    # unchanged (none elsewhere); "chain" gives every round a chain tree of its own output tokens; "none"
+    trees: Literal[TREES] = "reference"
     cuda_graphs: bool = True  # capabilities().cuda_graphs
     eager_under_graphs: bool = False  # report engine_settings["cuda_graphs"] False when asked for graphs
     sampling: bool = True
@@ -77,6 +90,11 @@ class Oddity:
     def unchanged(self) -> bool:
         """Whether speculative results keep the reference's tokens and rounds (so traces stay true)."""
         return self.outputs == "reference" and self.lengths == "reference" and self.errors == "none"
+
+    @property
+    def traced(self) -> bool:
+        """Whether results carry traces and verified trees (capabilities promise them)."""
+        return self.trees == "chain" or (self.trees == "reference" and self.unchanged)
 
 
 class MemoisedReference(Engine):
@@ -156,15 +174,15 @@ class OddEngine(Engine):
         self.block = _block_size(drafter_dir) or 1
         self.name = f"odd-{self.oddity.outputs}-{self.oddity.lengths}"
         odd = self.oddity
-        kept = odd.unchanged and odd.traces
+        kept = odd.trees == "reference" and odd.unchanged
         self._caps = caps.model_copy(
             update={
                 "name": self.name,
                 "modes": [m for m in caps.modes if m in odd.modes],
                 "sampling": odd.sampling,
-                "traces": kept,
+                "traces": odd.traced,
                 "draft_logits": kept,
-                "verified_tree_modes": caps.verified_tree_modes if kept else [],
+                "verified_tree_modes": caps.verified_tree_modes if odd.traced else [],
                 "per_round_acceptance": odd.lengths != "none",
                 "cuda_graphs": odd.cuda_graphs,
                 "max_context": odd.max_context or caps.max_context,
@@ -201,7 +219,12 @@ class OddEngine(Engine):
         top = 1 if config.mode == "plain" else self.block
         same = tokens == ref.output_ids
         lengths = self._lengths(len(tokens), top, ref if same else None, rng)
-        kept = same and lengths == ref.acceptance_lengths and odd.traces and odd.unchanged
+        traces, trees = None, None
+        if odd.trees == "chain" and config.mode != "plain":
+            traces, trees = _chains(request, tokens, lengths or self._lengths(len(tokens), top, None, rng, "random"))
+            traces = traces if config.trace else None
+        elif odd.trees == "reference" and odd.unchanged and same and lengths == ref.acceptance_lengths:
+            traces, trees = ref.traces, ref.verified_trees
         settings = dict(ref.engine_settings)
         if config.cuda_graphs is not None:
             settings["cuda_graphs"] = False if odd.eager_under_graphs else config.cuda_graphs
@@ -212,8 +235,8 @@ class OddEngine(Engine):
             rounds=len(lengths) if lengths is not None and odd.rounds else None,
             mean_acceptance=self._mean(lengths, top),
             per_position_acceptance=self._per_position(top, rng),
-            traces=ref.traces if kept else None,
-            verified_trees=ref.verified_trees if kept else None,
+            traces=traces,
+            verified_trees=trees,
             engine_settings=settings,
         )
 
@@ -240,9 +263,11 @@ class OddEngine(Engine):
             tokens = [rng.randrange(vocab) for _ in range(n)]
         return _finished(tokens, n, stops, vocab, rng)
 
-    def _lengths(self, produced: int, top: int, ref: RequestResult | None, rng: random.Random) -> list[int] | None:
+    def _lengths(
+        self, produced: int, top: int, ref: RequestResult | None, rng: random.Random, kind: str | None = None
+    ) -> list[int] | None:
         """Acceptance lengths that add up to ``produced`` tokens (the prefill's one comes without a round)."""
-        kind = self.oddity.lengths
+        kind = kind or self.oddity.lengths
         if kind == "none":
             return None
         if kind == "reference" and ref is not None and ref.acceptance_lengths is not None:
@@ -278,6 +303,34 @@ class OddEngine(Engine):
             return [float(kind == "ones")] * depth
         rates = sorted((rng.random() for _ in range(depth)), reverse=True)
         return [round(r, 3) for r in rates]
+
+
+def _chains(request: Request, output: list[int], lengths: list[int]) -> tuple[list[RoundTrace], list[VerifiedTree]]:
+    """Each round's tree as a chain of the tokens it committed: the root, its accepted tokens, then the
+    bonus (the target's choice after the last accepted one; token 0 past the output's end)."""
+    traces, trees, committed, start = [], [], 0, len(request.prompt_ids)
+    for length in lengths:
+        path = [output[i] if i < len(output) else 0 for i in range(committed, committed + length + 1)]
+        nodes, targets, n = path[:length], path[1:], length  # root + accepted; the target's token at each
+        parents = [-1, *range(n - 1)]
+        traces.append(
+            RoundTrace(
+                start=start + committed,
+                root_token=nodes[0],
+                tree_tokens=nodes,
+                parents=parents,
+                depths=list(range(n)),
+                positions=[start + committed + d for d in range(n)],
+                accepted=list(range(1, n)),
+                target_tokens=targets,
+                bonus=targets[-1],
+                top2_margins=[1.0] * n,
+                node_target_tokens=targets,
+            )
+        )
+        trees.append(VerifiedTree(tree_tokens=nodes, parents=parents, node_target_tokens=targets))
+        committed += length
+    return traces, trees
 
 
 def _finished(tokens: list[int], n: int, stops: set[int], vocab: int, rng: random.Random) -> tuple[list[int], str]:
