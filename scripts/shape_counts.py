@@ -9,13 +9,14 @@ clone of an older commit, for the "before"). The counts:
 * ``long functions``: functions (and methods) in ``conformance/`` and ``adapters/`` over 80 lines,
   from ``def`` to their last line (decorators not counted).
 * ``modules spelling flags``: modules of ``conformance/`` and ``adapters/`` outside the front ends
-  (``cli/``, ``pytest_plugin.py``) and outside the test doubles (``conformance/testing/``) that hold
+  (``cli/``, ``pytest_plugin.py`` and the xdist hooks it registers, ``xdist_gpus.py``, which moved out of
+  ``testing/`` in this step) and outside the test doubles (``conformance/testing/``) that hold
   a string spelling a CLI flag (``--name``, docstrings not counted) or the name ``flag_prefix``.
 * ``message-text tests``: places in the same modules that read a failure's kind from message text:
   ``.startswith``/``.endswith`` on a message-like value (a name or attribute called ``message``,
-  ``error``, ``problem``, ``check_message``, ``msg``, ``text``, ``line``, ``stderr``) or with the
-  integrity prefix (``PREFIX``, ``"integrity: "``) or an ``"engine...`` literal; and ``"literal" in X``
-  where X is message-like.
+  ``error``, ``problem``, ``check_message``, ``msg``, ``stderr``, or ending in ``_message``/``_error``) or
+  with the integrity prefix (``PREFIX``, ``"integrity: "``) or an ``"engine...``/``"error...`` literal; and
+  ``"literal" in X`` where X is message-like.
 * ``run-helper copies``: functions in ``tests/`` and ``scripts/`` that build a ``SuiteSession`` and call
   ``run_plan`` themselves (helpers and tests alike), where the shared helper
   (:mod:`ddtree_conformance.testing.runs`) would do.
@@ -41,7 +42,9 @@ SOURCES = {"conformance": PACKAGE, "adapters": f"{PACKAGE}.adapters"}
 LONG = 80
 LONG_LITERAL = 60
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
-MESSAGEY = {"message", "error", "problem", "check_message", "msg", "text", "line", "stderr"}
+MESSAGEY = {"message", "error", "problem", "check_message", "msg", "stderr"}
+# the front ends: the CLI, the pytest plugin and the xdist hooks it registers (they read pytest's options)
+FRONT_ENDS = ("conformance/cli/", "conformance/pytest_plugin.py", "conformance/xdist_gpus.py")
 SHARED_RUN_HELPER = "conformance/testing/runs.py"
 
 
@@ -62,7 +65,7 @@ def _production(rel: str) -> bool:
 
 
 def _front_end(rel: str) -> bool:
-    return rel.startswith("conformance/cli/") or rel == "conformance/pytest_plugin.py"
+    return rel.startswith(FRONT_ENDS)
 
 
 def long_functions(root: Path) -> list[str]:
@@ -131,7 +134,7 @@ def _messagey(node: ast.AST) -> bool:
 
 def _prefix_arg(node: ast.AST) -> bool:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value.startswith(("engine", "integrity"))
+        return node.value.startswith(("engine", "integrity", "error"))
     if isinstance(node, ast.Tuple):
         return any(_prefix_arg(e) for e in node.elts)
     return _tail(node) == "PREFIX"
@@ -240,7 +243,7 @@ def testing_imports(root: Path) -> list[str]:
 
 COUNTS = {
     "long functions (> 80 lines, conformance/ adapters/)": long_functions,
-    "modules spelling flags (outside cli/, pytest_plugin.py, testing/)": flag_modules,
+    "modules spelling flags (outside cli/, pytest_plugin.py, xdist_gpus.py, testing/)": flag_modules,
     "message-text tests (conformance/ adapters/, outside testing/)": message_tests,
     "run-helper copies (tests/ scripts/: SuiteSession + run_plan in one function)": run_helper_copies,
     "long message literals asserted (tests/)": long_literal_asserts,
