@@ -18,7 +18,7 @@ explicit options override the pair's values. A pair whose models are not on this
 suite with one reason; an unknown pair or a bad option stops the run with one error naming it.
 
 With pytest-xdist, ``-n auto`` in a GPU run (``-m gpu``) starts one worker per visible GPU and pins
-each worker's ``CUDA_VISIBLE_DEVICES`` (:mod:`ddtree_conformance.testing.xdist_gpus`;
+each worker's ``CUDA_VISIBLE_DEVICES`` (:mod:`ddtree_conformance.xdist_gpus`;
 ``--ddtree-gpus-per-worker N`` for tensor-parallel workers).
 """
 
@@ -37,7 +37,7 @@ from .input_validation import validate_run_inputs
 from .prompts import PromptError
 from .settings import OPTION_FLAGS, SettingsError, build_settings, shown_default
 from .settings import pytest_flag as ddtree_flag
-from .testing.xdist_gpus import XdistGpuPlugin
+from .xdist_gpus import XdistGpuPlugin
 
 SUITE = Path(__file__).parent / "suite" / "test_conformance.py"
 

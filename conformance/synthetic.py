@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from .drafter_config import drafter_config_dict
+
 __all__ = ["sampling_table", "edge_table", "write_bigram_pair"]
 
 
@@ -48,7 +50,6 @@ def write_bigram_pair(
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from ddtree_conformance.adapters.reference.dflash import DFlashConfig, DFlashDrafter, save_drafter
-    from ddtree_conformance.testing.random_pair import drafter_config_dict
 
     root = Path(root)
     vocab = table.shape[0]

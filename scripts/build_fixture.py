@@ -493,7 +493,7 @@ def make_target(sizes: Sizes, vocab: int, eos_id: int):
 
 
 def make_drafter(sizes: Sizes, vocab: int, mask_id: int) -> DFlashDrafter:
-    from ddtree_conformance.testing.random_pair import drafter_config_dict
+    from ddtree_conformance.drafter_config import drafter_config_dict
 
     raw = drafter_config_dict(
         vocab_size=vocab,

@@ -18,20 +18,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.files import atomic_write
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
-from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing import pitfalls, tree_policies
-from ddtree_conformance.testing.random_pair import write_random_pair, write_random_prompts
-
-
-def _run(settings: SuiteSettings, engine_class, names: list[str]) -> dict:
-    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
-    try:
-        return {r.check.split("/")[0]: r for r in run_plan(session, plan(settings, names))}
-    finally:
-        session.close()
+from ddtree_conformance.testing.random_pair import write_random_pair
+from ddtree_conformance.testing.runs import by_family, plan_and_run, random_pair_settings
 
 
 def _cell(text: str, width: int = 400) -> str:
@@ -49,8 +41,8 @@ def policy_rows(fixture: SuiteSettings) -> tuple[list[dict], list[str]]:
             else 16
         )
         settings = fixture.model_copy(update={"budgets": [budget]})
-        traced = _run(settings, engine, ["lossless/ddtree", "tree-structure/ddtree"])
-        counters = _run(settings, tree_policies.counters_only(engine), ["acceptance/ddtree"])["acceptance"]
+        traced = by_family(plan_and_run(settings, engine, ["lossless/ddtree", "tree-structure/ddtree"]))
+        (counters,) = plan_and_run(settings, tree_policies.counters_only(engine), ["acceptance/ddtree"])
         row = {
             "engine": label,
             "budget": budget,
@@ -77,7 +69,7 @@ def pitfall_rows(fixture: SuiteSettings, random: SuiteSettings) -> tuple[list[di
     pairs = {"fixture": fixture, "random": random, "random-tp2": random.model_copy(update={"tensor_parallel_size": 2})}
     rows, bad = [], []
     for label, (engine, check, pair) in pitfalls.PITFALLS.items():
-        (result,) = _run(pairs[pair], engine, [check]).values()
+        (result,) = plan_and_run(pairs[pair], engine, [check])
         rows.append(
             {
                 "pitfall": label,
@@ -123,15 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         target, drafter = write_random_pair(Path(tmp))
         prompts = Path(tmp) / "prompts.jsonl"
-        write_random_prompts(prompts, [3, 9, 17, 30], seed=5, prefix="m")
-        random = SuiteSettings(
-            model_dir=str(target),
-            drafter_dir=str(drafter),
-            pair_name="random",
-            prompt_set=str(prompts),
+        random = random_pair_settings(
+            (target, drafter),
+            prompts,
+            [3, 9, 17, 30],
+            seed=5,
+            prefix="m",
             budgets=[16],
             max_new_tokens=24,
-            isolate=False,
             held_out_prompts=0,
             run_seed=1,
         )

@@ -23,10 +23,10 @@ import time
 import torch
 
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
-from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing import adversaries as adv
+from ddtree_conformance.testing.runs import plan_and_run
 
 ENGINES = {
     "reference": ReferenceEngine,
@@ -78,16 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         torch_threads=args.threads,
         run_seed=args.run_seed,
     )
-    checks = plan(settings, args.checks.split(","))
+    names = args.checks.split(",")
     rows = []
     for name in args.engines.split(","):
         cls = engine_class(name)
-        session = SuiteSession(settings, engine_factory=lambda m, d, cls=cls: cls(m, d))
         started = time.perf_counter()
-        try:
-            results = run_plan(session, checks)
-        finally:
-            session.close()
+        results = plan_and_run(settings, cls, names)
         elapsed = time.perf_counter() - started
         for r in results:
             rows.append(

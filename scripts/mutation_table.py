@@ -23,13 +23,13 @@ import sys
 import time
 
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.files import atomic_write
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
-from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing.correct_engines import CORRECT_ENGINES
 from ddtree_conformance.testing.mutants import MUTANTS
 from ddtree_conformance.testing.rounding_engines import BLACK_BOXES, ROUNDING_ENGINES
+from ddtree_conformance.testing.runs import plan_and_run
 
 CATALOGUES = {
     "mutants": MUTANTS,
@@ -95,11 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, holes = [], []
     for label, cls in engines.items():
         t0 = time.time()
-        session = SuiteSession(settings, engine_factory=lambda m, d, cls=cls: cls(m, d))
-        try:
-            results = run_plan(session, plan(settings, args.check))
-        finally:
-            session.close()
+        results = plan_and_run(settings, cls, args.check)
         failed = [r for r in results if r.status == "fail"]
         counts = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
         rows.append(

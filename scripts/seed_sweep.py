@@ -17,10 +17,10 @@ import sys
 import torch
 
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.checks import plan, run_plan
-from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing.correct_engines import CORRECT_ENGINES
 from ddtree_conformance.testing.mutants import MUTANTS
+from ddtree_conformance.testing.runs import plan_and_run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,11 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             sampling_requests=60,
             run_seed=seed,
         )
-        session = SuiteSession(settings, engine_factory=lambda m, d: cls(m, d))
-        try:
-            results = run_plan(session, plan(settings, args.checks))
-        finally:
-            session.close()
+        results = plan_and_run(settings, cls, args.checks)
         failed = [r for r in results if r.status not in ("pass", "skip")]
         bad += bool(failed)
         for r in failed:

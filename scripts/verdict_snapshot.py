@@ -37,9 +37,9 @@ def _in_process(args) -> dict[str, dict]:
     import torch
 
     from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-    from ddtree_conformance.checks import plan, run_plan
-    from ddtree_conformance.session import SuiteSession, SuiteSettings
+    from ddtree_conformance.session import SuiteSettings
     from ddtree_conformance.testing.mutants import MUTANTS
+    from ddtree_conformance.testing.runs import plan_and_run
 
     torch.set_num_threads(1)
     settings = SuiteSettings(
@@ -52,11 +52,7 @@ def _in_process(args) -> dict[str, dict]:
     )
     out = {}
     for label, cls in {"correct reference": ReferenceEngine, **MUTANTS}.items():
-        session = SuiteSession(settings, engine_factory=lambda m, d, cls=cls: cls(m, d))
-        try:
-            results = run_plan(session, plan(settings))
-        finally:
-            session.close()
+        results = plan_and_run(settings, cls)
         out[label] = {r.check: [r.status, _clean(r.message)] for r in results}
         print(f"{label}: {sum(r.status == 'fail' for r in results)} fail", flush=True)
     return out

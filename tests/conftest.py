@@ -1,6 +1,8 @@
 """Shared fixtures for the project's own tests.
 
 * ``random_pair``: a tiny random-weight Qwen3 target + DFlash drafter written once per session.
+* ``random_pair_settings``: settings for that pair on a fresh random prompt set
+  (:func:`ddtree_conformance.testing.runs.random_pair_settings`; run a plan with ``runs.plan_and_run``).
 * ``reference_engine``: the reference engine on that pair (CPU, loaded lazily per dtype/device).
 * torch runs single-threaded for the session: the models here are tiny, and intra-op threading
   on small CPU boxes made the engine tests an order of magnitude slower (OpenMP spin/contention)
@@ -30,6 +32,8 @@ import torch
 from hypothesis import HealthCheck, settings
 
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.session import SuiteSettings
+from ddtree_conformance.testing import runs
 from ddtree_conformance.testing.random_pair import write_random_pair
 
 settings.register_profile(
@@ -118,6 +122,18 @@ def random_pair(tmp_path_factory):
     """``(target_dir, drafter_dir)`` of the random test pair (vocab 97, block size 8)."""
     target, drafter = write_random_pair(tmp_path_factory.mktemp("random_pair"))
     return target, drafter
+
+
+@pytest.fixture(scope="session")
+def random_pair_settings(random_pair, tmp_path_factory):
+    """``make(lengths, seed=, prefix=, **fields) -> SuiteSettings``: the random pair on random prompts of
+    ``lengths`` tokens (ids ``<prefix>0``, ...), run in-process; ``fields`` set any other setting."""
+
+    def make(lengths: list[int], *, seed: int, prefix: str, **fields) -> SuiteSettings:
+        path = tmp_path_factory.mktemp(f"prompts-{prefix}") / f"{prefix}.jsonl"
+        return runs.random_pair_settings(random_pair, path, lengths, seed=seed, prefix=prefix, **fields)
+
+    return make
 
 
 @pytest.fixture(scope="session")

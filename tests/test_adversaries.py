@@ -16,13 +16,14 @@ import pytest
 from ddtree_conformance.adapters.interface import Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.calibrate import calibrate
-from ddtree_conformance.checks import plan, run_plan
+from ddtree_conformance.checks import plan
 from ddtree_conformance.golden_files import record_golden, write_golden
 from ddtree_conformance.model_limits import UNTESTED_KEY
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.session import SuiteSession, SuiteSettings
 from ddtree_conformance.testing import adversaries as adv
 from ddtree_conformance.testing.random_pair import write_random_pair, write_random_prompts
+from ddtree_conformance.testing.runs import plan_and_run as _run
 
 pytestmark = pytest.mark.slow
 
@@ -107,14 +108,6 @@ def pairs(tmp_path_factory):
             **common,
         ),
     }
-
-
-def _run(settings: SuiteSettings, factory, names: list[str]):
-    session = SuiteSession(settings, engine_factory=factory)
-    try:
-        return run_plan(session, plan(settings, names))
-    finally:
-        session.close()
 
 
 CASES = [(a, dtype) for a, row in FAILS.items() for dtype in row[2]]

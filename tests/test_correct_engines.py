@@ -14,12 +14,12 @@ import torch
 
 from ddtree_conformance.adapters.interface import RoundTrace
 from ddtree_conformance.adapters.reference.replay import ReplayRound
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.noise import NoiseModel
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.replay import ReplayRun, judge_rounds
-from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing import correct_engines as ce
+from ddtree_conformance.testing.runs import plan_and_run
 
 # engine -> (check-id substrings, dtypes): the checks its freedom could trip
 ROWS = {
@@ -70,14 +70,6 @@ def _settings(dtype: str, **overrides) -> SuiteSettings:
     return SuiteSettings(**{**values, **overrides})
 
 
-def _run(settings: SuiteSettings, engine_class, names: list[str]):
-    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
-    try:
-        return run_plan(session, plan(settings, names))
-    finally:
-        session.close()
-
-
 @pytest.mark.parametrize("seed, check", [(6, "acceptance/dflash"), (55, "acceptance/ddtree")])
 def test_ties_broken_the_other_way_pass_acceptance_in_bfloat16_on_the_seeds_that_failed(seed, check):
     """Run seeds whose held-out prompts hold a round where equal bf16 drafter scores decide the length
@@ -94,7 +86,7 @@ def test_ties_broken_the_other_way_pass_acceptance_in_bfloat16_on_the_seeds_that
         run_seed=seed,
         torch_threads=1,
     )
-    (result,) = _run(settings, ce.TiesBrokenTheOtherWay, [check])
+    (result,) = plan_and_run(settings, ce.TiesBrokenTheOtherWay, [check])
     assert result.status == "pass", result.message
     assert "drafter near-tie" in result.message, result.message  # the round is there, excused
 
@@ -110,7 +102,7 @@ def test_every_correct_engine_has_a_row():
 )
 def test_correct_engine_passes(engine, dtype):
     names, _ = ROWS[engine]
-    results = _run(_settings(dtype, **OVERRIDES.get(engine, {})), engine, names)
+    results = plan_and_run(_settings(dtype, **OVERRIDES.get(engine, {})), engine, names)
     assert results
     bad = [(r.check, r.message) for r in results if r.status == "fail"]
     assert not bad, bad
@@ -242,5 +234,5 @@ def test_a_cut_drafter_block_in_bfloat16_is_judged_on_that_block(tmp_path):
     path = tmp_path / "chat-05.jsonl"
     path.write_text(f'{{"id": "chat-05", "prompt_ids": {prompt.prompt_ids}}}\n')
     settings = _settings("bfloat16", prompt_set=str(path), limit=None, max_new_tokens=32)
-    (result,) = _run(settings, ce.RoomLeftBlockEmitted, ["acceptance/dflash"])
+    (result,) = plan_and_run(settings, ce.RoomLeftBlockEmitted, ["acceptance/dflash"])
     assert result.status == "pass" and "1 drafter near-tie" in result.message, result.message

@@ -38,17 +38,13 @@ def test_each_family_reads_its_own_evidence():
 
 
 def test_a_check_run_carries_its_detectable_effect(tmp_path):
-    from ddtree_conformance.checks import plan, run_plan
-    from ddtree_conformance.session import SuiteSession, SuiteSettings
+    from ddtree_conformance.session import SuiteSettings
+    from ddtree_conformance.testing.runs import plan_and_run
 
     settings = SuiteSettings(
         limit=2, max_new_tokens=8, modes=["ddtree"], budgets=[16], isolate=False, torch_threads=1, sampling_requests=40
     )
-    session = SuiteSession(settings)
-    try:
-        results = run_plan(session, plan(settings, ["lossless", "acceptance", "sampling/ddtree-B16/T=1"]))
-    finally:
-        session.close()
+    results = plan_and_run(settings, None, ["lossless", "acceptance", "sampling/ddtree-B16/T=1"])
     lines = {r.check: r.details.get("detectable") for r in results}
     assert any(unit in lines["lossless/ddtree-B16"] for unit in ("output positions", "compared outputs"))
     assert "replayed rounds" in lines["acceptance/ddtree-B16"]

@@ -87,6 +87,7 @@ def test_golden_check_catches_changed_output(random_pair, tmp_path):
     from ddtree_conformance.golden_files import record_golden
     from ddtree_conformance.session import SuiteSession, SuiteSettings
     from ddtree_conformance.testing.mutants import FirstRowsCompaction
+    from ddtree_conformance.testing.runs import plan_and_run
 
     target, drafter = random_pair
     prompts = tmp_path / "set.jsonl"
@@ -107,9 +108,7 @@ def test_golden_check_catches_changed_output(random_pair, tmp_path):
     session.close()
     assert [r.status for r in good] == ["pass"] * 4, [(r.check, r.message) for r in good]
 
-    broken = SuiteSession(settings, engine_factory=lambda m, d: FirstRowsCompaction(m, d))
-    results = run_plan(broken, plan(settings, ["golden/ddtree"]))
-    broken.close()
+    results = plan_and_run(settings, FirstRowsCompaction, ["golden/ddtree"])
     assert results[0].status == "fail" and "diverges at output token" in results[0].message
 
 
@@ -198,8 +197,8 @@ def test_names_cannot_leave_the_golden_folder(tmp_path, pair, dtype):
 
 
 def test_golden_check_on_a_corrupt_file_fails_naming_it_not_as_a_crash(random_pair, tmp_path):
-    from ddtree_conformance.checks import plan, run_plan
-    from ddtree_conformance.session import SuiteSession, SuiteSettings
+    from ddtree_conformance.session import SuiteSettings
+    from ddtree_conformance.testing.runs import plan_and_run
 
     target, drafter = random_pair
     settings = SuiteSettings(
@@ -216,11 +215,7 @@ def test_golden_check_on_a_corrupt_file_fails_naming_it_not_as_a_crash(random_pa
     path = golden_path(tmp_path, "random", "fixture", "float32")
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
-    session = SuiteSession(settings)
-    try:
-        [result] = run_plan(session, plan(settings, ["golden/"]))
-    finally:
-        session.close()
+    [result] = plan_and_run(settings, None, ["golden/"])
     assert (result.status, result.message) == (
         "fail",
         f"{path}: not valid JSON (line 1: Expecting property name enclosed in double quotes)",

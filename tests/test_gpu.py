@@ -36,7 +36,7 @@ from ddtree_conformance.pairs import DEFAULT_PAIR, PairUnavailable, get_pair, re
 from ddtree_conformance.pytest_plugin import raw_options
 from ddtree_conformance.session import SuiteSession
 from ddtree_conformance.settings import SettingsError, SuiteSettings, build_settings
-from ddtree_conformance.testing.xdist_gpus import parse_visible_devices
+from ddtree_conformance.xdist_gpus import parse_visible_devices
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")]
 

@@ -7,8 +7,9 @@ and the layers are checked:
     spec  <-  adapters.interface  <-  adapters.*  <-  the rest of ddtree_conformance
 
 A module may import its own layer and the layers below it, never one above. Also: no module in those
-folders is over ``MAX_LINES`` lines, and no file of the project points into ``../shared`` (the project stands
-alone).
+folders is over ``MAX_LINES`` lines, no file of the project points into ``../shared`` (the project stands
+alone), and production code imports no test double: only ``conformance/testing/`` itself (and the tests and
+scripts, which are not parsed here) may import ``ddtree_conformance.testing``.
 """
 
 from __future__ import annotations
@@ -150,6 +151,51 @@ def test_the_layer_check_can_fail(tmp_path):
     ]
     assert "imports ddtree_conformance.settings (suite)" in problems[-1]
     assert "imports bare 'adapters.interface'" in problems[2]
+
+
+TESTING = f"{PACKAGE}.testing"
+
+
+def imports_of_test_doubles(root: Path = ROOT) -> list[str]:
+    """Imports of the test doubles (``ddtree_conformance.testing``, function-local ones included) by a
+    module outside ``conformance/testing/``."""
+    problems = []
+    for path in source_files(root):
+        module, _ = module_name(path, root)
+        if module == TESTING or module.startswith(TESTING + "."):
+            continue
+        for line, target in project_imports(path, root):
+            if target == TESTING or target.startswith(TESTING + "."):
+                problems.append(f"{_label(path, root)}:{line} ({module}) imports the test double {target}")
+    return problems
+
+
+def test_production_code_imports_no_test_doubles():
+    """The suite a user installs runs without its test doubles: what production needs of them lives in a
+    production module (``xdist_gpus``, ``drafter_config``)."""
+    problems = imports_of_test_doubles()
+    assert not problems, "move what production needs out of conformance/testing/:\n" + "\n".join(problems)
+
+
+def test_the_test_double_check_can_fail(tmp_path):
+    files = {
+        "conformance/pytest_plugin.py": "from .testing.xdist_gpus import XdistGpuPlugin\n",
+        "conformance/synthetic.py": "def f():\n    from ddtree_conformance.testing.random_pair import x\n",
+        "conformance/checks/lossless.py": "from ..testing import mutants\n",
+        "adapters/engine.py": "import ddtree_conformance.testing\n",
+        "conformance/testing/mutants.py": "from .random_pair import write_random_pair\n",  # fine: a double
+        "conformance/testing/tiers.py": "from ddtree_conformance.testing.mutants import MUTANTS\n",  # fine
+        "conformance/report.py": "from .testing_notes import x\n",  # fine: another module
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert [p.split(" ", 1)[0] for p in imports_of_test_doubles(tmp_path)] == [
+        "adapters/engine.py:1",
+        "conformance/checks/lossless.py:1",
+        "conformance/pytest_plugin.py:1",
+        "conformance/synthetic.py:2",
+    ]
 
 
 def import_cycles(root: Path = ROOT) -> list[list[str]]:

@@ -14,11 +14,11 @@ import pytest
 from ddtree_conformance.adapters.interface import Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.calibrate import calibrate
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
-from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing import mutants
 from ddtree_conformance.testing.random_pair import write_random_pair, write_random_prompts
+from ddtree_conformance.testing.runs import plan_and_run
 
 pytestmark = pytest.mark.slow
 
@@ -121,14 +121,6 @@ def pairs(tmp_path_factory):
     }
 
 
-def _run(settings: SuiteSettings, engine_class, names: list[str]):
-    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
-    try:
-        return run_plan(session, plan(settings, names))
-    finally:
-        session.close()
-
-
 CASES = [(m, dtype) for m, row in ROWS.items() for dtype in row[3]]
 
 
@@ -136,7 +128,7 @@ CASES = [(m, dtype) for m, row in ROWS.items() for dtype in row[3]]
 def test_mutant_fails_naming_the_symptom(pairs, mutant, dtype):
     pair, budgets, names, symptoms = ROWS[mutant]
     settings = pairs[pair].model_copy(update={"dtype": dtype, "budgets": budgets})
-    results = _run(settings, mutant, names)
+    results = plan_and_run(settings, mutant, names)
     failed = [r for r in results if r.status == "fail"]
     assert failed, f"{mutant.__name__} passed in {dtype}: {[(r.check, r.status, r.message) for r in results]}"
     phrases = symptoms[dtype] if isinstance(symptoms[dtype], tuple) else (symptoms[dtype],)
@@ -154,6 +146,6 @@ def test_reference_passes_every_check_that_catches_a_mutant(pairs, pair, budgets
         {n for row in ROWS.values() if (row[0], tuple(row[1])) == (pair, budgets) and dtype in row[3] for n in row[2]}
     )
     settings = pairs[pair].model_copy(update={"dtype": dtype, "budgets": list(budgets)})
-    results = _run(settings, ReferenceEngine, names)
+    results = plan_and_run(settings, ReferenceEngine, names)
     bad = [(r.check, r.status, r.message) for r in results if r.status != "pass"]
     assert not bad, bad

@@ -14,10 +14,9 @@ import json
 import pytest
 
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.checks import plan, run_plan
-from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing import mutants
-from ddtree_conformance.testing.random_pair import write_random_prompts
+from ddtree_conformance.testing.runs import plan_and_run
 
 # mutant -> (check-id substrings to run, substring of the first failing message)
 CAUGHT_BY = {
@@ -41,38 +40,23 @@ CAUGHT_BY = {
 
 
 @pytest.fixture(scope="module")
-def settings(random_pair, tmp_path_factory) -> SuiteSettings:
-    target, drafter = random_pair
-    path = tmp_path_factory.mktemp("prompts") / "mutants.jsonl"
-    write_random_prompts(path, [3, 9, 17, 30], seed=5, prefix="m")
-    return SuiteSettings(
-        model_dir=str(target),
-        drafter_dir=str(drafter),
-        pair_name="random",
-        prompt_set=str(path),
+def settings(random_pair_settings) -> SuiteSettings:
+    return random_pair_settings(
+        [3, 9, 17, 30],
+        seed=5,
+        prefix="m",
         budgets=[16],
         max_new_tokens=24,
-        isolate=False,
         sampling_requests=60,
         branch_prompts=2,
         branch_rounds=2,
     )
 
 
-def _run(settings: SuiteSettings, engine_class, names: list[str]):
-    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
-    try:
-        checks = plan(settings, names)
-        assert checks, f"no checks match {names}"
-        return run_plan(session, checks)
-    finally:
-        session.close()
-
-
 @pytest.mark.parametrize("mutant", list(CAUGHT_BY), ids=lambda c: c.__name__)
 def test_mutant_fails_with_named_symptom(settings, mutant):
     names, symptom = CAUGHT_BY[mutant]
-    results = _run(settings, mutant, names)
+    results = plan_and_run(settings, mutant, names)
     failed = [r for r in results if r.status == "fail"]
     assert failed, f"{mutant.__name__} passed {[r.check for r in results]}"
     phrases = symptom if isinstance(symptom, tuple) else (symptom,)
@@ -81,7 +65,7 @@ def test_mutant_fails_with_named_symptom(settings, mutant):
 
 def test_correct_engine_passes_every_mutant_check(settings):
     names = sorted({n for checks, _ in CAUGHT_BY.values() for n in checks})
-    results = _run(settings, ReferenceEngine, names)
+    results = plan_and_run(settings, ReferenceEngine, names)
     assert len(results) >= len(names)
     bad = [(r.check, r.message) for r in results if r.status != "pass"]
     assert not bad, bad
@@ -133,12 +117,12 @@ def test_aggregate_only_engine_compared_on_tau_and_skips_trace_checks(settings):
         }
     )
     names = ["acceptance/ddtree", "tree-structure/ddtree", "branch-vs-chain"]
-    good = {r.check: r for r in _run(settings, _aggregate_only(ReferenceEngine), names)}
+    good = {r.check: r for r in plan_and_run(settings, _aggregate_only(ReferenceEngine), names)}
     assert good["acceptance/ddtree-B16"].status == "pass", good["acceptance/ddtree-B16"].message
     assert "aggregate tau" in good["acceptance/ddtree-B16"].message
     assert good["tree-structure/ddtree-B16"].status == "skip"
     assert "no per-round traces" in good["tree-structure/ddtree-B16"].message
-    bad = _run(settings, _aggregate_only(mutants.FirstRowsFeedback), ["acceptance/ddtree"])
+    bad = plan_and_run(settings, _aggregate_only(mutants.FirstRowsFeedback), ["acceptance/ddtree"])
     assert bad[0].status == "fail" and "mean tau" in bad[0].message, bad[0].message
 
 
@@ -190,9 +174,9 @@ def test_batch_pooled_aggregates_compared_pooled(settings):
             "max_new_tokens": 32,
         }
     )
-    (good,) = _run(settings, _batch_pooled(ReferenceEngine), ["acceptance/ddtree"])
+    (good,) = plan_and_run(settings, _batch_pooled(ReferenceEngine), ["acceptance/ddtree"])
     assert good.status == "pass" and "batch-pooled tau" in good.message, good.message
-    (bad,) = _run(settings, _batch_pooled(mutants.FirstRowsFeedback), ["acceptance/ddtree"])
+    (bad,) = plan_and_run(settings, _batch_pooled(mutants.FirstRowsFeedback), ["acceptance/ddtree"])
     assert bad.status == "fail" and "batch-pooled tau" in bad.message, bad.message
 
 
@@ -220,5 +204,5 @@ def test_aggregate_only_engine_with_a_drafter_that_is_not_the_pairs_fails_agains
             "golden_dir": str(RECORDS_DIR),
         }
     )
-    (result,) = _run(settings, _batch_pooled(ReferenceEngine), ["acceptance/dflash"])
+    (result,) = plan_and_run(settings, _batch_pooled(ReferenceEngine), ["acceptance/dflash"])
     assert result.status == "fail" and "golden" in result.message, result.message

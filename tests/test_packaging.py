@@ -221,9 +221,8 @@ def test_the_inspection_catches_a_broken_wheel(wheels, tmp_path):
 
 @pytest.mark.slow
 def test_prompt_shapes_runs_with_two_prompts():  # `check --limit 2` crashed it once (IndexError); the smoke runs it
-    from ddtree_conformance.checks import plan, run_plan
-    from ddtree_conformance.session import SuiteSession
     from ddtree_conformance.settings import build_settings
+    from ddtree_conformance.testing.runs import plan_and_run
 
     settings, _ = build_settings(
         {
@@ -235,11 +234,7 @@ def test_prompt_shapes_runs_with_two_prompts():  # `check --limit 2` crashed it 
             "checks": ["prompt-shapes"],
         }
     )
-    session = SuiteSession(settings)
-    try:
-        (result,) = run_plan(session, plan(settings))
-    finally:
-        session.close()
+    (result,) = plan_and_run(settings)
     assert result.status == "pass", result.message
 
 

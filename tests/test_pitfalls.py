@@ -12,11 +12,10 @@ from __future__ import annotations
 import pytest
 
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
-from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing import pitfalls as pf
-from ddtree_conformance.testing.random_pair import write_random_prompts
+from ddtree_conformance.testing.runs import plan_and_run
 from ddtree_conformance.testing.tp_engines import ShardedReference
 
 # pitfall -> phrase of the failing message (engine, check and pair: pitfalls.PITFALLS)
@@ -34,18 +33,13 @@ PHRASES = {
 
 
 @pytest.fixture(scope="module")
-def pairs(random_pair, tmp_path_factory) -> dict[str, SuiteSettings]:
-    target, drafter = random_pair
-    path = tmp_path_factory.mktemp("prompts") / "pitfalls.jsonl"
-    write_random_prompts(path, [3, 9, 17, 30], seed=5, prefix="m")
-    random = SuiteSettings(
-        model_dir=str(target),
-        drafter_dir=str(drafter),
-        pair_name="random",
-        prompt_set=str(path),
+def pairs(random_pair_settings) -> dict[str, SuiteSettings]:
+    random = random_pair_settings(
+        [3, 9, 17, 30],
+        seed=5,
+        prefix="m",
         budgets=[16],
         max_new_tokens=24,
-        isolate=False,
         held_out_prompts=0,
         run_seed=1,
         branch_prompts=2,
@@ -70,14 +64,6 @@ def pairs(random_pair, tmp_path_factory) -> dict[str, SuiteSettings]:
     }
 
 
-def _run(settings: SuiteSettings, engine_class, names: list[str]):
-    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
-    try:
-        return run_plan(session, plan(settings, names))
-    finally:
-        session.close()
-
-
 def test_every_pitfall_has_a_phrase():
     assert set(PHRASES) == set(pf.PITFALLS)
 
@@ -85,7 +71,7 @@ def test_every_pitfall_has_a_phrase():
 @pytest.mark.parametrize("pitfall", list(pf.PITFALLS))
 def test_pitfall_is_caught_naming_the_symptom(pairs, pitfall):
     engine, check, pair = pf.PITFALLS[pitfall]
-    (result,) = _run(pairs[pair], engine, [check])
+    (result,) = plan_and_run(pairs[pair], engine, [check])
     assert result.status == "fail" and PHRASES[pitfall] in result.message, result.message
 
 
@@ -97,7 +83,7 @@ ALREADY_JUDGED = {("random", "lossless/ddtree"), ("random", "tree-structure/ddtr
 def test_correct_engine_passes_the_same_checks(pairs, pair):
     names = sorted({check for _, check, p in pf.PITFALLS.values() if p == pair and (p, check) not in ALREADY_JUDGED})
     engine = ShardedReference if pair == "random-tp2" else ReferenceEngine
-    results = _run(pairs[pair], engine, names)
+    results = plan_and_run(pairs[pair], engine, names)
     assert len(results) == len(names)
     bad = [(r.check, r.message) for r in results if r.status != "pass"]
     assert not bad, bad

@@ -3,9 +3,9 @@ prompts x tokens; explicit options win over it, and it wins over a named pair's 
 
 from __future__ import annotations
 
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.session import SuiteSession
 from ddtree_conformance.settings import PROFILES, SuiteSettings, build_settings
+from ddtree_conformance.testing.runs import plan_and_run
 
 
 def test_the_thorough_profile_fills_what_was_not_given_and_explicit_options_win():
@@ -41,10 +41,6 @@ def test_golden_compares_the_prefix_the_file_holds_when_the_run_is_longer():
     settings = SuiteSettings(
         limit=2, max_new_tokens=80, modes=["ddtree"], budgets=[16], isolate=False, torch_threads=1, held_out_prompts=0
     )  # the fixture's golden file holds 64 tokens
-    session = SuiteSession(settings)
-    try:
-        [result] = run_plan(session, plan(settings, ["golden/"]))
-    finally:
-        session.close()
+    [result] = plan_and_run(settings, None, ["golden/"])
     assert result.status == "pass", result.message
     assert "first 64 of 80 tokens: the file holds 64" in result.message

@@ -14,9 +14,9 @@ import pytest
 from ddtree_conformance.adapters.interface import EngineError, Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.adapters.reference.tensor_parallel import shardable_sizes
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
-from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import SuiteSettings
+from ddtree_conformance.testing.runs import by_id, plan_and_run
 from ddtree_conformance.testing.tp_engines import DriverOnlyKvMove, RankDiesInRun, RankFailsToStart, RankLocalResult
 
 SETTINGS = SuiteSettings(
@@ -25,14 +25,7 @@ SETTINGS = SuiteSettings(
 
 
 def _tp_check(engine_class=None, **updates):
-    settings = SETTINGS.model_copy(update=updates)
-    factory = None if engine_class is None else (lambda m, d: engine_class(m, d))
-    session = SuiteSession(settings, engine_factory=factory)
-    try:
-        checks = plan(settings, ["tensor-parallel"])
-        return {c.id: r for c, r in zip(checks, run_plan(session, checks))}
-    finally:
-        session.close()
+    return by_id(plan_and_run(SETTINGS.model_copy(update=updates), engine_class, ["tensor-parallel"]))
 
 
 def test_driver_only_kv_move_fails_trees_not_chains():

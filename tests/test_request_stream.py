@@ -7,43 +7,33 @@ import pytest
 
 from ddtree_conformance.adapters.interface import Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.held_out import HELD_OUT_CATEGORY, held_out_prompts
 from ddtree_conformance.prompts import load_prompts
 from ddtree_conformance.session import SuiteSession, SuiteSettings, mixing
-from ddtree_conformance.testing.random_pair import write_random_prompts
+from ddtree_conformance.session.inputs import SuiteInputs
+from ddtree_conformance.testing.runs import by_id, plan_and_run
 from ddtree_conformance.testing.stream_adversaries import KnowsPublicPrompts, RepeatedRequestBug, public_prompts
 from ddtree_conformance.token_scoring import target_logits
 
 
 @pytest.fixture(scope="module")
-def settings(random_pair, tmp_path_factory) -> SuiteSettings:
-    target, drafter = random_pair
-    path = tmp_path_factory.mktemp("stream") / "p.jsonl"
-    write_random_prompts(path, [5, 9, 14], seed=3, prefix="s")
-    return SuiteSettings(
-        model_dir=str(target),
-        drafter_dir=str(drafter),
-        pair_name="random",
-        prompt_set=str(path),
-        golden_dir=str(path.parent / "golden"),
+def settings(random_pair_settings, tmp_path_factory) -> SuiteSettings:
+    golden = tmp_path_factory.mktemp("golden")
+    return random_pair_settings(
+        [5, 9, 14],
+        seed=3,
+        prefix="s",
+        golden_dir=str(golden),
         modes=["ddtree"],
         budgets=[4],
         max_new_tokens=12,
-        isolate=False,
         torch_threads=1,
         run_seed=5,
     )
 
 
-def _run(settings: SuiteSettings, engine_class, families: list[str], **updates):
-    settings = settings.model_copy(update=updates)
-    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
-    try:
-        checks = plan(settings, families)
-        return session, {c.id: r for c, r in zip(checks, run_plan(session, checks))}
-    finally:
-        session.close()
+def _verdicts(settings: SuiteSettings, engine_class, families: list[str], **updates) -> dict:
+    return by_id(plan_and_run(settings.model_copy(update=updates), engine_class, families))
 
 
 def test_held_out_prompts_follow_the_seed_and_the_sets_shape(settings):
@@ -72,9 +62,9 @@ def test_a_run_adds_held_out_prompts_after_the_set(settings):
 def test_an_engine_that_knows_the_public_prompts_fails_on_a_held_out_one(settings):
     public_prompts(p.prompt_ids for p in load_prompts(settings.prompt_set))
     families = ["lossless", "acceptance"]
-    _, before = _run(settings, KnowsPublicPrompts, families, held_out_prompts=0)
+    before = _verdicts(settings, KnowsPublicPrompts, families, held_out_prompts=0)
     assert [r.status for r in before.values()] == ["pass", "pass"], before  # the hole: the public set alone
-    _, after = _run(settings, KnowsPublicPrompts, families)
+    after = _verdicts(settings, KnowsPublicPrompts, families)
     result = after["acceptance/ddtree-B4"]
     assert result.status == "fail", result.message
     assert "held-out-5-0 round" in result.message and "per-round acceptance differs" in result.message
@@ -92,9 +82,9 @@ class Spy(ReferenceEngine):
 
 def test_requests_reach_the_engine_shuffled_and_mixed_but_batch_checks_get_their_batch(settings):
     Spy.batches = []
-    session, results = _run(settings, Spy, ["lossless", "stop-token", "busy-batch"])
+    results = _verdicts(settings, Spy, ["lossless", "stop-token", "busy-batch"])
     assert all(r.status == "pass" for r in results.values()), results
-    default = [tuple(r.prompt_ids) for r in session.requests()]
+    default = [tuple(r.prompt_ids) for r in SuiteInputs(settings).requests()]
     ddtree = [batch for mode, batch in Spy.batches if mode == "ddtree"]
     assert sorted(ddtree[0]) == sorted(default) and ddtree[0] != default  # the seed-5 run shuffles the first call
     stop_call = ddtree[1]  # stop-token's call: its requests and other checks' answered ones beside them
@@ -116,10 +106,10 @@ def test_requests_reach_the_engine_shuffled_and_mixed_but_batch_checks_get_their
 def test_a_response_cache_bug_fails_once_requests_are_asked_again(settings, monkeypatch):
     families = ["lossless", "stop-token", "max-new-tokens"]
     monkeypatch.setattr(mixing, "MAX_COMPANIONS", 0)
-    _, before = _run(settings, RepeatedRequestBug, families)
+    before = _verdicts(settings, RepeatedRequestBug, families)
     assert [r.status for r in before.values()] == ["pass"] * 3, before  # each request asked once: never a hit
     monkeypatch.undo()
-    _, after = _run(settings, RepeatedRequestBug, families)
+    after = _verdicts(settings, RepeatedRequestBug, families)
     failed = [r for r in after.values() if r.status == "fail"]
     assert failed, after
     assert "asked again in a batch with other checks' requests, gave another result" in failed[0].message

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.checks.sampling import MIN_TRANSITIONS, NEW_TOKENS, VARIANTS
 from ddtree_conformance.evidence import chi2_detectable_w
-from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.settings import SAMPLING_FULL_AT_PROMPTS, build_settings
 from ddtree_conformance.testing import mutants
 from ddtree_conformance.testing.mutants import ReferenceEngine
+from ddtree_conformance.testing.runs import plan_and_run
 
 
 def test_limit_scales_the_sampled_requests_and_the_default_run_keeps_its_evidence():
@@ -35,36 +35,31 @@ def test_the_evidence_a_verdict_needs_is_a_large_effect_at_95_percent_power():
     assert chi2_detectable_w(MIN_TRANSITIONS, 1, 1e-3) <= 0.5 < chi2_detectable_w(MIN_TRANSITIONS - 10, 1, 1e-3)
 
 
-def _run(engine_class, variant: str, **small):
+def _one_variant(engine_class, variant: str, **small):
     settings = SuiteSettings(
         modes=["ddtree"], budgets=[16], limit=1, isolate=False, torch_threads=1, held_out_prompts=0, run_seed=3, **small
     )
-    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
-    try:
-        checks = [c for c in plan(settings, ["sampling/"]) if c.id == f"sampling/ddtree-B16/{variant}"]
-        (result,) = run_plan(session, checks)
-    finally:
-        session.close()
+    (result,) = plan_and_run(settings, engine_class, [f"sampling/ddtree-B16/{variant}"], exact=True)
     return result
 
 
 def test_a_run_too_small_for_a_verdict_says_so_and_names_the_number_needed():
-    result = _run(ReferenceEngine, "T=1", sampling_requests=10, max_new_tokens=8)
+    result = _one_variant(ReferenceEngine, "T=1", sampling_requests=10, max_new_tokens=8)
     assert result.status == "skip" and result.cause == "input", result.message
     assert result.message.startswith("insufficient evidence: 80 sampled transitions per setting (10 requests of 8")
     assert f"needs at least {MIN_TRANSITIONS} per setting" in result.message and "--limit" in result.message
-    drawn = _run(ReferenceEngine, "drawn", sampling_requests=10, max_new_tokens=8)
+    drawn = _one_variant(ReferenceEngine, "drawn", sampling_requests=10, max_new_tokens=8)
     assert drawn.status == "skip" and drawn.cause == "input" and "insufficient evidence" in drawn.message
 
 
 def test_a_broken_sampler_still_fails_a_run_too_small_for_a_verdict():
     """The support test needs no size: a token the request's top-k forbids fails at once."""
-    result = _run(mutants.TopKTopPIgnored, "T=1,top_k=3", sampling_requests=10, max_new_tokens=8)
+    result = _one_variant(mutants.TopKTopPIgnored, "T=1,top_k=3", sampling_requests=10, max_new_tokens=8)
     assert result.status == "fail" and "probability 0" in result.message, result.message
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_enough_evidence_is_a_verdict(variant):
-    result = _run(ReferenceEngine, variant, sampling_requests=12, max_new_tokens=10)  # 120 transitions
+    result = _one_variant(ReferenceEngine, variant, sampling_requests=12, max_new_tokens=10)  # 120 transitions
     assert result.status == "pass", result.message
     assert "12 requests, 120 tokens" in result.message

@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.checks.sampling import VARIANTS, silent_fallback, transition_test
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
-from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.spec import SamplingParams, choose_token
 from ddtree_conformance.synthetic import sampling_table
 from ddtree_conformance.testing import mutants
+from ddtree_conformance.testing.runs import plan_and_run
 
 
 def _sequences(params: SamplingParams, first: SamplingParams | None = None, n: int = 60, length: int = 24):
@@ -76,15 +76,7 @@ def settings() -> SuiteSettings:
     )
 
 
-def _run(settings: SuiteSettings, engine_class, check: str):
-    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
-    try:
-        return run_plan(session, plan(settings, [check]))
-    finally:
-        session.close()
-
-
 @pytest.mark.parametrize(("mutant", "check", "phrase"), ENGINE_CASES, ids=lambda v: getattr(v, "__name__", None))
 def test_mutant_fails_naming_its_fallback(settings, mutant, check, phrase):
-    (result,) = _run(settings, mutant, check)
+    (result,) = plan_and_run(settings, mutant, [check])
     assert result.status == "fail" and phrase in result.message, result.message

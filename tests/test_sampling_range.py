@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.checks.sampling import DRAWN, drawn_settings
-from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing.mutants import TopKTopPIgnored
 from ddtree_conformance.testing.range_adversaries import RANGE_ADVERSARIES
+from ddtree_conformance.testing.runs import plan_and_run
 
 
 def test_drawn_settings_cover_each_stratum_and_follow_the_seed():
@@ -36,12 +36,7 @@ def _sampling(engine_class, seed: int, variants: tuple[str, ...] = ("sampling/",
         sampling_requests=requests,
         held_out_prompts=0,
     )
-    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
-    try:
-        checks = plan(settings, list(variants))
-        return {c.id.rsplit("/", 1)[-1]: r for c, r in zip(checks, run_plan(session, checks))}
-    finally:
-        session.close()
+    return {r.check.rsplit("/", 1)[-1]: r for r in plan_and_run(settings, engine_class, variants)}
 
 
 def test_the_fixed_variants_never_reach_the_range():

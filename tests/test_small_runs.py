@@ -6,39 +6,23 @@ from __future__ import annotations
 import pytest
 
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.checks import PER_MODE_CHECKS, plan, run_plan
-from ddtree_conformance.session import SuiteSession, SuiteSettings
-from ddtree_conformance.testing.random_pair import write_random_prompts
+from ddtree_conformance.checks import PER_MODE_CHECKS
+from ddtree_conformance.session import SuiteSettings
+from ddtree_conformance.testing.runs import plan_and_run
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def settings(random_pair, tmp_path_factory) -> SuiteSettings:
-    target, drafter = random_pair
-    path = tmp_path_factory.mktemp("small") / "small.jsonl"
-    write_random_prompts(path, [6, 13, 20], seed=21, prefix="s")
-    return SuiteSettings(
-        model_dir=str(target),
-        drafter_dir=str(drafter),
-        pair_name="random",
-        prompt_set=str(path),
-        budgets=[16],
-        isolate=False,
-        branch_prompts=1,
-        branch_rounds=1,
-    )
+def settings(random_pair_settings) -> SuiteSettings:
+    return random_pair_settings([6, 13, 20], seed=21, prefix="s", budgets=[16], branch_prompts=1, branch_rounds=1)
 
 
 @pytest.mark.parametrize("limit, new_tokens", [(1, 1), (2, 8), (1, 3)])
 def test_small_runs_never_fail_the_reference(settings, limit, new_tokens):
     settings = settings.model_copy(update={"limit": limit, "max_new_tokens": new_tokens})
     names = [*PER_MODE_CHECKS, "branch-vs-chain"]
-    session = SuiteSession(settings, engine_factory=lambda m, d: ReferenceEngine(m, d))
-    try:
-        results = run_plan(session, plan(settings, names))
-    finally:
-        session.close()
+    results = plan_and_run(settings, ReferenceEngine, names)
     failed = [(r.check, r.message) for r in results if r.status == "fail"]
     assert not failed, failed
     skipped = {r.check: r.message for r in results if r.status == "skip"}

@@ -17,13 +17,13 @@ import torch
 
 from ddtree_conformance.acceptance_policy import acceptance_depth_findings
 from ddtree_conformance.adapters.interface import RequestResult
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.policy_trees import build_policy_tree, node_paths, renumber_breadth_first
 from ddtree_conformance.report import render_html
-from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.spec import build_tree
 from ddtree_conformance.testing import tree_policies as tp
+from ddtree_conformance.testing.runs import by_family, plan_and_run
 from ddtree_conformance.tree_policy import RoundView, diagnose_traces
 
 HORIZON, VOCAB = 7, 40
@@ -183,20 +183,12 @@ def fixture_settings() -> SuiteSettings:
     )
 
 
-def _run(settings: SuiteSettings, engine_class, names: list[str]) -> dict:
-    session = SuiteSession(settings, engine_factory=lambda m, d: engine_class(m, d))
-    try:
-        return {r.check.split("/")[0]: r for r in run_plan(session, plan(settings, names))}
-    finally:
-        session.close()
-
-
 @pytest.mark.parametrize("label", list(tp.TREE_POLICY_ENGINES))
 def test_policy_engine_is_lossless_but_fails_ddtree_naming_its_policy(fixture_settings, label):
     engine, kinds = tp.TREE_POLICY_ENGINES[label]
     budget = 8 if engine in (tp.ChainAtOrBelowBlock,) else 64 if engine is tp.SglangPr29907Trees else 16
     settings = fixture_settings.model_copy(update={"budgets": [budget]})
-    results = _run(settings, engine, ["lossless/ddtree", "tree-structure/ddtree"])
+    results = by_family(plan_and_run(settings, engine, ["lossless/ddtree", "tree-structure/ddtree"]))
     assert results["lossless"].status == "pass", results["lossless"].message
     tree = results["tree-structure"]
     assert tree.status == "fail" and tree.details["tree_policy"] == list(kinds), tree.message
@@ -205,8 +197,12 @@ def test_policy_engine_is_lossless_but_fails_ddtree_naming_its_policy(fixture_se
 
 
 def test_spec_tree_numbered_breadth_first_passes_with_a_note(fixture_settings):
-    results = _run(
-        fixture_settings, tp.BreadthFirstNumbering, ["lossless/ddtree", "tree-structure/ddtree", "acceptance/ddtree"]
+    results = by_family(
+        plan_and_run(
+            fixture_settings,
+            tp.BreadthFirstNumbering,
+            ["lossless/ddtree", "tree-structure/ddtree", "acceptance/ddtree"],
+        )
     )
     assert all(r.status == "pass" for r in results.values()), {k: r.message for k, r in results.items()}
     assert "numbered breadth-first (a freedom" in results["tree-structure"].message
@@ -215,7 +211,7 @@ def test_spec_tree_numbered_breadth_first_passes_with_a_note(fixture_settings):
 def test_counters_only_engines_are_named_from_acceptance(fixture_settings):
     # aggregates need power: the per-prompt band over 5 prompts of 32 tokens (24 tokens hold 0 here)
     settings = fixture_settings.model_copy(update={"budgets": [32], "limit": 5, "max_new_tokens": 32})
-    (result,) = _run(settings, tp.counters_only(tp.SglangPr29907Trees), ["acceptance/ddtree"]).values()
+    (result,) = plan_and_run(settings, tp.counters_only(tp.SglangPr29907Trees), ["acceptance/ddtree"])
     assert result.status == "fail", result.message
     assert result.message.startswith(
         "the engine's trees are not the spec's (aggregate acceptance): acceptance "
@@ -228,7 +224,7 @@ def test_counters_only_engines_are_named_from_acceptance(fixture_settings):
 def test_depth_tied_to_the_budget_is_named_from_counters_whatever_the_tau(fixture_settings, pooled):
     # per request on 2 prompts the tau band cannot be judged (a skip before the depth was looked at)
     settings = fixture_settings.model_copy(update={"budgets": [64]})
-    (result,) = _run(settings, tp.counters_only(tp.DepthTiedToBudget, pooled=pooled), ["acceptance/ddtree"]).values()
+    (result,) = plan_and_run(settings, tp.counters_only(tp.DepthTiedToBudget, pooled=pooled), ["acceptance/ddtree"])
     assert result.status == "fail" and "per-depth acceptance is reported at 64 depths" in result.message, result.message
 
 
@@ -236,7 +232,7 @@ def test_per_round_engine_is_matched_on_its_own_rounds(fixture_settings):
     """Named only with evidence: three prompts of 40 tokens give 30 whole rounds, 13 of which the chain
     explains and the spec does not (at two prompts of 24 tokens, six whole rounds name nothing)."""
     settings = fixture_settings.model_copy(update={"budgets": [8], "limit": 3, "max_new_tokens": 40})
-    (result,) = _run(settings, tp.per_round_only(tp.SglangPr29907Trees), ["acceptance/ddtree"]).values()
+    (result,) = plan_and_run(settings, tp.per_round_only(tp.SglangPr29907Trees), ["acceptance/ddtree"])
     assert result.status == "fail" and "a chain of the first min(B, L) argmax tokens" in result.message, result.message
     assert "rounds replayed on the engine's contexts" in result.message
     assert "chain explains 13 rounds the spec does not and the spec 0 it does not" in result.message
@@ -295,7 +291,7 @@ def test_counters_of_a_correct_engine_pass_saying_how_deep_it_drafts(fixture_set
     from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 
     settings = fixture_settings.model_copy(update={"limit": 5})
-    (result,) = _run(settings, tp.counters_only(ReferenceEngine), ["acceptance/ddtree"]).values()
+    (result,) = plan_and_run(settings, tp.counters_only(ReferenceEngine), ["acceptance/ddtree"])
     assert result.status == "pass", result.message
     assert result.message.endswith("the engine drafts 15 positions past the root (L = 15)"), result.message
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddtree_conformance.testing.xdist_gpus import (
+from ddtree_conformance.xdist_gpus import (
     WORKERINPUT_KEY,
     auto_workers,
     parse_visible_devices,

@@ -12,47 +12,9 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["drafter_config_dict", "write_random_pair", "write_random_prompts"]
+from ddtree_conformance.drafter_config import drafter_config_dict
 
-
-def drafter_config_dict(
-    *,
-    vocab_size: int,
-    hidden_size: int,
-    num_heads: int,
-    head_dim: int,
-    num_layers: int,
-    num_target_layers: int,
-    target_layer_ids: list[int],
-    mask_token_id: int,
-    block_size: int = 16,
-    intermediate_size: int | None = None,
-    rope_theta: float = 10000.0,
-    max_position_embeddings: int = 2048,
-) -> dict:
-    """A z-lab-style drafter config.json as a dict."""
-    return {
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "vocab_size": vocab_size,
-        "hidden_size": hidden_size,
-        "intermediate_size": intermediate_size or 3 * hidden_size,
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": num_heads,
-        "head_dim": head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-6,
-        "rope_theta": rope_theta,
-        "attention_bias": False,
-        "max_position_embeddings": max_position_embeddings,
-        "tie_word_embeddings": False,
-        "layer_types": ["full_attention"] * num_layers,
-        "block_size": block_size,
-        "num_target_layers": num_target_layers,
-        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": target_layer_ids},
-        "torch_dtype": "float32",
-    }
+__all__ = ["write_random_pair", "write_random_prompts"]
 
 
 def write_random_pair(

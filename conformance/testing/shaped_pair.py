@@ -17,8 +17,7 @@ from pathlib import Path
 import torch
 
 from ddtree_conformance.adapters.reference.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids
-
-from .random_pair import drafter_config_dict
+from ddtree_conformance.drafter_config import drafter_config_dict
 
 __all__ = ["SHAPES", "build_shaped_pair", "random_prompts"]
 

@@ -1,0 +1,68 @@
+"""Running a plan in tests and scripts: the one helper they share instead of copies.
+
+* :func:`plan_and_run`: plan checks for settings and run them on an engine (an engine class, or any
+  ``(model_dir, drafter_dir) -> Engine`` factory; None: the settings' engine), in a session closed after;
+* :func:`by_family`, :func:`by_id`: its results keyed by check family or check id;
+* :func:`random_pair_settings`: settings for the tiny random pair
+  (:mod:`ddtree_conformance.testing.random_pair`) on a fresh random prompt set, run in-process
+  (``tests/conftest.py`` wraps it as the ``random_pair_settings`` fixture).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from ddtree_conformance.checks import CheckResult, plan, run_plan
+from ddtree_conformance.session import EngineFactory, SuiteSession, SuiteSettings
+
+from .random_pair import write_random_prompts
+
+__all__ = ["plan_and_run", "by_family", "by_id", "random_pair_settings"]
+
+
+def plan_and_run(
+    settings: SuiteSettings,
+    engine: EngineFactory | None = None,
+    names: Sequence[str] | None = None,
+    *,
+    exact: bool = False,
+) -> list[CheckResult]:
+    """The results of ``plan(settings, names)`` run on ``engine`` (an engine class is a factory: it is
+    called with the pair's model and drafter directories); None runs the settings' engine. ``exact``:
+    ``names`` are whole check ids (``sampling/ddtree-B16/T=1`` without ``.../T=1,top_k=3``)."""
+    checks = plan(settings, None if names is None else list(names))
+    if exact:
+        checks = [c for c in checks if c.id in names]
+    session = SuiteSession(settings, engine_factory=engine)
+    try:
+        return run_plan(session, checks)
+    finally:
+        session.close()
+
+
+def by_family(results: Iterable[CheckResult]) -> dict[str, CheckResult]:
+    """``{"lossless": result, ...}``: the family is a check id's first part (one run per family)."""
+    return {r.check.split("/")[0]: r for r in results}
+
+
+def by_id(results: Iterable[CheckResult]) -> dict[str, CheckResult]:
+    return {r.check: r for r in results}
+
+
+def random_pair_settings(
+    pair: tuple[str | Path, str | Path],
+    prompts: str | Path,
+    lengths: Sequence[int],
+    *,
+    seed: int,
+    prefix: str,
+    **fields,
+) -> SuiteSettings:
+    """Settings for the random pair ``(target, drafter)`` on random prompts of ``lengths`` tokens, written
+    to ``prompts`` (ids ``<prefix>0``, ``<prefix>1``, ...; seeded), pair name "random", run in-process;
+    ``fields`` set or override any other setting."""
+    write_random_prompts(prompts, list(lengths), seed=seed, prefix=prefix)
+    target, drafter = pair
+    base = {"model_dir": str(target), "drafter_dir": str(drafter), "pair_name": "random", "isolate": False}
+    return SuiteSettings(**{**base, "prompt_set": str(prompts), **fields})
