@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
-from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing.excuse_adversaries import PeekingDrafter
+from ddtree_conformance.testing.runs import plan_and_run
 
 
 def _acceptance(dtype: str, limit: int):
@@ -21,11 +21,7 @@ def _acceptance(dtype: str, limit: int):
         torch_threads=1,
         run_seed=1,
     )
-    session = SuiteSession(settings, engine_factory=lambda m, d: PeekingDrafter(m, d))
-    try:
-        return run_plan(session, plan(settings, ["acceptance/ddtree", "lossless/ddtree"]))
-    finally:
-        session.close()
+    return plan_and_run(settings, PeekingDrafter, ["acceptance/ddtree", "lossless/ddtree"])
 
 
 def test_drafter_logits_moved_toward_the_targets_continuation_fail_in_bfloat16():

@@ -47,11 +47,7 @@ PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink]  # explaini
 
 # Crashes the property test found whose fix lies in a module this step does not own: (check id start,
 # crash message start). Each has a strict xfail regression test below; fixed, it passes, and the entry goes.
-KNOWN_CRASHES = {
-    # checks/acceptance.py _policy_matcher replays the tree policies with the engine's run config, TP
-    # included: PolicyReference then refuses (or shards) a TP size the engine under test ran at
-    ("acceptance/ddtree", f"{CRASHED}: EngineError: reference engine: tensor_parallel_size=")
-}
+KNOWN_CRASHES: set[tuple[str, str]] = set()  # (check id prefix, message prefix) of crashes not yet fixed
 
 ODDITIES = st.builds(
     Oddity,
@@ -229,11 +225,6 @@ def test_cuda_graphs_names_the_tokens_of_an_engine_wrong_in_both(odd_settings, a
     assert "outputs equal graphs off, but " in result.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found here, fixed in the lead's checks/acceptance.py: _policy_matcher should replay the tree "
-    "policies on one rank (config tensor_parallel_size 1): the reference's replays are the oracle's",
-)
 def test_acceptance_names_a_policy_at_tensor_parallel_2(odd_settings):
     """An engine reporting aggregates only (no per-round lengths), at TP 2, whose acceptance fails: naming
     its tree policy replays the policies with the run's TP size. Shrunk: ``Oddity(lengths="none",

@@ -14,11 +14,11 @@ import torch
 
 from ddtree_conformance.adapters.interface import Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.prompts import load_prompts
-from ddtree_conformance.session import SuiteSession, SuiteSettings
+from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing import rounding_engines as rounding
+from ddtree_conformance.testing.runs import plan_and_run
 
 ENGINES = list(rounding.ROUNDING_ENGINES.values())
 
@@ -97,11 +97,7 @@ def test_longer_rounds_of_a_black_box_that_rounds_differently_pass_in_bfloat16()
         held_out_prompts=0,
         torch_threads=1,
     )
-    session = SuiteSession(settings, engine_factory=lambda m, d: rounding.SplitKReductionsBlackBox(m, d))
-    try:
-        results = run_plan(session, plan(settings, ["acceptance"]))
-    finally:
-        session.close()
+    results = plan_and_run(settings, rounding.SplitKReductionsBlackBox, ["acceptance"])
     assert [r.status for r in results] == ["pass", "pass"], [r.message for r in results]
     longer = [v for r in results for v in r.details["longer_unconfirmed_rounds"]]
     assert any("chat-03 round 4: engine length 7" in v for v in longer), longer

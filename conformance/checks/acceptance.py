@@ -72,7 +72,7 @@ def _judge(
     if golden is not None:
         return judge_aggregates(name, results, *golden)
     reference = session.reference_for(session.settings.model_dir, session.settings.drafter_dir)
-    expected = session.run(mode, budget, engine=reference)
+    expected = session.run(mode, budget, engine=reference, tensor_parallel_size=1)  # the oracle: one rank
     s = session.settings
     return judge_aggregates(name, results, expected, f"reference ({s.dtype}, {s.device})")
 
@@ -147,7 +147,9 @@ def _policy_matcher(session: SuiteSession, budget: int, results: list[RequestRes
     running the reference under each policy (per-request aggregates on :data:`POLICY_PROMPTS` prompts;
     batch-pooled ones need the whole batch)."""
     s = session.settings
-    requests, config = session.requests(), session.config("ddtree", budget)
+    requests = session.requests()
+    # the oracle's replays run on one rank, whatever TP size the engine under test ran at
+    config = session.config("ddtree", budget).model_copy(update={"tensor_parallel_size": 1})
     per_request = all(r.rounds is not None for r in results)
     count = min(len(requests), POLICY_PROMPTS) if per_request else len(requests)
 

@@ -269,11 +269,17 @@ def summarise_rounds(
 
 
 def _rounds_failed(name: str, run: ReplayRun, verdicts: list, details: dict, what: str, why: str) -> CheckResult:
-    """``what`` in N/M rounds, the first named with both sides' lengths around it, then ``why``."""
+    """``what`` in N/M rounds (and the token after the prefill of K prompts, which no round verifies), the
+    first named with both sides' lengths around it, then ``why``."""
     first = verdicts[0]
+    rounds = sum(v.round >= 0 for v in verdicts)
+    prefill = len(verdicts) - rounds
+    where = f"{rounds}/{run.rounds} rounds" + (
+        f" and the token after the prefill of {prefill} prompts" if prefill else ""
+    )
     return CheckResult.failed(
         name,
-        f"{what} in {len(verdicts)}/{run.rounds} rounds; first: {first.describe()}; {run.lengths_around(first)}; "
+        f"{what} in {where}; first: {first.describe()}; {run.lengths_around(first)}; "
         f"tau {details['tau']:.3f} vs replay {details['reference_tau']:.3f} ({why})",
         first_round=first.__dict__,
         **details,
