@@ -26,7 +26,7 @@ ROWS = {
     ce.RoomLeftBlockEmitted: (["acceptance/dflash", "acceptance/ddtree", "tree-structure/dflash"], ["float32"]),
     ce.RoomLeftBlockClaimed: (["acceptance/dflash", "tree-structure/ddtree"], ["float32"]),
     ce.UnemittableNodesDropped: (["acceptance/ddtree", "tree-structure/ddtree"], ["float32"]),
-    ce.ContextFullTreeCut: (["long-context/ddtree"], ["float32"]),
+    ce.ContextFullTreeCut: (["context-range/ddtree"], ["float32"]),
     ce.TiesBrokenTheOtherWay: (["tree-structure/dflash", "tree-structure/ddtree"], ["bfloat16"]),
     ce.NodesDeepestFirst: (["tree-structure/ddtree", "branch-vs-chain", "acceptance/ddtree"], ["float32"]),
     ce.NodesBreadthFirst: (["tree-structure/ddtree"], ["float32"]),

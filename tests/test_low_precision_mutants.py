@@ -73,7 +73,7 @@ ROWS = {
     mutants.CompactionPast512: (
         "fixture",
         [16],
-        ["long-context/ddtree"],
+        ["context-range/ddtree"],
         {"bfloat16": "not lossless at", "float32": "not lossless at"},
     ),
     mutants.BatchSettingsMixedUp: (
