@@ -37,14 +37,7 @@ from . import fixture_text
 from .paths import FIXTURE_TARGET, PROMPTS_DIR
 from .prompts import Prompt, PromptError, format_prompts, resolve_prompt_set
 
-__all__ = [
-    "HELD_OUT_CATEGORY",
-    "PromptSource",
-    "TemplateSource",
-    "TargetSource",
-    "prompt_source",
-    "held_out_prompts",
-]
+__all__ = ["HELD_OUT_CATEGORY", "PromptSource", "TemplateSource", "TargetSource", "prompt_source", "held_out_prompts"]
 
 HELD_OUT_CATEGORY = "held-out"
 LENGTH_FACTOR = (0.75, 1.25)  # a target-sampled prompt's length: a set length times a factor in this range
