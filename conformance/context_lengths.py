@@ -15,8 +15,9 @@ at the context lengths ``prompt_length .. prompt_length + new_tokens - 1``.
   budget): segments of drawn lengths tile ``1 .. window - 1``, every context length decoded once, and
   no segment ends at ``s - 1`` or ``s`` of a switching point ``s``, so each one is crossed inside one
   decode (the request decodes at ``s - 1``, ``s`` and ``s + 1``);
-* a larger window: segments straddling the switching points, powers of two first, then page
-  multiples and drawn lengths in drawn order, until the budget is spent.
+* a larger window: a segment ending at the window's end (the longest contexts), then segments
+  straddling the switching points, powers of two first, then multiples of larger pages before smaller
+  ones, each group in drawn order, until the budget is spent.
 
 :func:`coverage` says what a run decoded (from its outputs): the lengths as ranges, a histogram,
 the switching points crossed and missed. Nothing here runs a model.
@@ -42,7 +43,7 @@ __all__ = [
 ]
 
 PAGE_SIZES = (16, 32, 64, 128, 256)  # paged-KV block sizes engines use; their multiples are switching points
-DECODE_BUDGET = 1024  # output tokens per mode a plan may spend (the fixture pair's window, tiled once)
+DECODE_BUDGET = 1024  # output tokens per mode a plan spends by default (the fixture pair's window, tiled once)
 SEGMENT_TOKENS = (24, 96)  # a segment's output tokens are drawn in this range
 HISTOGRAM_BINS = 8
 
@@ -123,23 +124,18 @@ def context_plan(
             segments.append(Segment(start, end - start + 1))
             start = end + 1
         return ContextPlan(window, seed, tuple(segments), tuple(points), True)
-    segments, spent, covered = [], 0, set()
+    n = min(rng.randint(lo, hi), budget, window - 1)  # the window's end first: the longest contexts
+    segments, covered = [Segment(window - n, n)], set()
+    spent = n
     order = _priority(points, rng)
     while spent < budget:
-        open_points = [s for s in order if s not in covered]
-        if open_points:
-            s = open_points[0]
-        else:
-            s = rng.randint(2, window - 2)
-        n = min(rng.randint(lo, hi), budget - spent, window - 1)
-        n = max(n, 3)
-        first = max(1, min(s - rng.randint(1, n - 2), window - n))
-        segment = Segment(first, n)
+        open_points = [s for s in order if s not in covered and not any(g.first < s < g.last for g in segments)]
+        s = open_points[0] if open_points else rng.randint(2, window - 2)
+        n = max(3, min(rng.randint(lo, hi), budget - spent, window - 1))
+        segment = Segment(max(1, min(s - rng.randint(1, n - 2), window - n)), n)
         segments.append(segment)
         covered.update(p for p in points if segment.first < p < segment.last)
         spent += n
-        if not open_points and spent >= budget:
-            break
     segments.sort(key=lambda g: g.first)
     return ContextPlan(window, seed, tuple(segments), tuple(points), False)
 

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .adapters.interface import DType, Mode
+from .context_lengths import DECODE_BUDGET
 from .pairs import PairSpecError, PairUnavailable, get_pair, resolve_pair
 from .paths import FIXTURE_DRAFTER, FIXTURE_TARGET, RECORDS_DIR
 from .prompts import resolve_prompt_set
@@ -183,6 +184,14 @@ class SuiteSettings(BaseModel):
         description="how much evidence a run gathers; thorough (nightly): longer outputs, "
         "two held-out prompts per prompt of the set, more sampled requests and branch "
         "rounds, over ten times the default's prompts x tokens (PROFILES)",
+    )
+    context_tokens: int = Field(
+        default=DECODE_BUDGET,
+        ge=1,
+        le=1_000_000,
+        description="output tokens per mode the context-range check spends: a window up to this long is "
+        "decoded at every context length, a longer one at its switching points "
+        "(ddtree_conformance.context_lengths)",
     )
     held_out_prompts: int | None = Field(
         default=None,

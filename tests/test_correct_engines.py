@@ -44,7 +44,7 @@ ROWS = {
 
 # the default tier's settings are cheap (two prompts, 20 tokens, B=16); rows that need more or less:
 OVERRIDES = {
-    ce.ContextFullTreeCut: {"budgets": [64], "max_new_tokens": 10},  # every long-context round has < 64 KV slots
+    ce.ContextFullTreeCut: {"budgets": [64], "max_new_tokens": 10},  # context-range ends at the window: < 64 KV slots
     ce.RejectionSampledChain: {"sampling_requests": 24},
     ce.OtherRandomStream: {"sampling_requests": 24},
     ce.ContinuousBatching: {"max_new_tokens": 12},
@@ -65,6 +65,7 @@ def _settings(dtype: str, **overrides) -> SuiteSettings:
         branch_rounds=2,
         torch_threads=1,
         held_out_prompts=0,
+        context_tokens=96,  # context-range: the window's end only (tests/test_input_adversaries.py: every length)
     )  # the freedoms, not fresh prompts, are tested here
     return SuiteSettings(**{**values, **overrides})
 

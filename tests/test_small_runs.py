@@ -27,6 +27,7 @@ def settings(random_pair, tmp_path_factory) -> SuiteSettings:
         isolate=False,
         branch_prompts=1,
         branch_rounds=1,
+        context_tokens=96,  # context-range: the window's end only (tests/test_input_adversaries.py: every length)
     )
 
 

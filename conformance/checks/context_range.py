@@ -49,7 +49,7 @@ def context_requests(session: SuiteSession, limit: int) -> tuple[ContextPlan, li
     """The plan for a window of ``limit`` tokens drawn from the run seed, its requests (fresh prompts of
     the plan's lengths) and the labels naming them; the same for every mode of a session, so plain
     decoding runs them once."""
-    plan = context_plan(limit, session.settings.run_seed or 0)
+    plan = context_plan(limit, session.settings.run_seed or 0, budget=session.settings.context_tokens)
     prompts = session.inputs.fresh_ids(tuple(g.prompt_length for g in plan.segments))
     requests = [Request(prompt_ids=ids, max_new_tokens=g.new_tokens) for ids, g in zip(prompts, plan.segments)]
     labels = [f"contexts {g.first}..{g.last} (prompt of {g.prompt_length} tokens)" for g in plan.segments]
