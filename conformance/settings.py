@@ -198,7 +198,7 @@ class SuiteSettings(BaseModel):
         ge=0,
         le=100_000,
         description="prompts drawn at run time "
-        "from the target, added to the prompt set (ddtree_conformance.held_out); "
+        "as the set's users write them, added to the prompt set (ddtree_conformance.held_out); "
         "None: one per 20 prompts of the set, at least one",
     )
     run_seed: int | None = Field(
@@ -304,9 +304,10 @@ class SuiteSettings(BaseModel):
     @model_validator(mode="after")
     def _draw_run_seed(self) -> SuiteSettings:
         """A run without ``run_seed`` draws one now: every run sees other held-out prompts and another
-        request order, and its settings (the report) record the seed that repeats it."""
+        request order, and its settings (the report) record the seed that repeats it. 63 bits: an engine
+        that sees a held-out prompt cannot search the seeds for the rest of the run."""
         if self.run_seed is None:
-            self.run_seed = secrets.randbits(32)
+            self.run_seed = secrets.randbits(63)
         return self
 
 

@@ -8,8 +8,8 @@
   would build from this repository (``conformance/testing/prompt_detectors.py``) do no better than
   chance at telling them from prompts a user writes (``scripts/build_fixture.py``'s recipe with another
   seed): Mann-Whitney U, two-sided, alpha 0.01 over the seven detectors (Bonferroni: 0.01 / 7 each).
-  With 200 prompts a side the test rejects an AUC of 0.65 with power above 0.95; the same detectors
-  recognise every prompt of the old recipe.
+  With 200 prompts a side the test rejects an AUC of 0.65 with power 0.984 (simulated); the adversary's
+  detector recognises every prompt of the old recipe.
 * :class:`RecognisesSuitePrompts`, correct only on what its detector recognises, fails both plans.
 """
 

@@ -5,7 +5,7 @@ page multiples, cache blocks, RoPE), so a fault can show in one band of lengths 
 decodes across the whole window (``capabilities().max_context``, held to the target's
 ``max_position_embeddings``) in every run: :func:`ddtree_conformance.context_lengths.context_plan`
 draws, from the run seed, requests whose prompt and output lengths tile every context length from 1
-to the window's last (on the fixture pair's 1024-token window: 1023 lengths, about 17 requests), each
+to the window's last (on the fixture pair's 1024-token window: 1023 lengths in 13-23 requests), each
 kernel-switching point crossed inside one request. The prompts are fresh text of the prompt set's
 kind (:meth:`ddtree_conformance.held_out.PromptSource.long_ids`), never the bundled prompts.
 

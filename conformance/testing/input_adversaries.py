@@ -6,7 +6,8 @@ the prompts it uses.
   passed every check of the default plan while the runs decoded only the bundled prompts' short
   contexts and contexts near the window's end; the context-range check decodes every length.
 * :class:`RecognisesSuitePrompts`: correct on every prompt its detector calls the suite's, broken on
-  every other, in every mode alike. Its detector is what an engine team can build from this
+  every other (the runner-up at every position), in every mode alike, reporting everything the
+  reference does. Its detector is what an engine team can build from this
   repository: the bundled prompt set (the prompts, their prefixes and anything that starts with one)
   and the recipe held-out prompts used to follow (1-8 opening tokens of a bundled prompt, a bundled
   prompt's length). It passed every check while held-out prompts followed that recipe; drawn as the
@@ -25,10 +26,8 @@ from pathlib import Path
 
 import torch
 
-from ddtree_conformance.adapters.interface import Capabilities, EngineError, Request, RequestResult, RunConfig
+from ddtree_conformance.adapters.interface import EngineError, Request, RequestResult, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-
-from .stream_adversaries import _nudged
 
 __all__ = ["ContextBandFault", "RecognisesSuitePrompts", "SuiteDetector", "INPUT_ADVERSARIES"]
 
@@ -107,20 +106,14 @@ class SuiteDetector:
 
 
 class RecognisesSuitePrompts(ReferenceEngine):
-    """Correct on prompts :class:`SuiteDetector` recognises, every output token after the first moved to
-    the next id on every other prompt of the fixture pair (its target dir holds the bundled set's
-    tokenizer), in every mode alike, with the reference's acceptance lengths and no traces: only a
-    prompt it cannot recognise, judged against the fp32 target, gives it away. On any other pair (the
-    synthetic ones of the sampling and edge checks) it is the reference."""
+    """Correct on prompts :class:`SuiteDetector` recognises; on every other prompt of the fixture pair
+    (its target is the bundled fixture's) its target logits rows give the runner-up instead of the top-1
+    at every position, in every mode alike, with traces and acceptance that agree with its own outputs:
+    only a prompt it cannot recognise, judged against the fp32 target, gives it away. On any other pair
+    (the synthetic ones of the sampling and edge checks) it is the reference. Eager path only."""
 
     name = "adversary-recognises-suite-prompts"
-
-    def capabilities(self) -> Capabilities:
-        return (
-            super()
-            .capabilities()
-            .model_copy(update={"traces": False, "draft_logits": False, "verified_tree_modes": []})
-        )
+    _broken = False
 
     @cached_property
     def detector(self) -> SuiteDetector | None:
@@ -131,12 +124,41 @@ class RecognisesSuitePrompts(ReferenceEngine):
             return None
         return SuiteDetector(p.prompt_ids for p in load_prompts("fixture"))
 
+    def fast_path_on(self, config: RunConfig) -> bool:
+        return False
+
+    def _pair(self, config):
+        pair = super()._pair(config)
+        if not getattr(pair, "_recogniser_wrapped", False):
+            forward = pair.forward
+
+            def maybe_broken(ids, positions, cache, mask=None):
+                logits, features = forward(ids, positions, cache, mask)
+                if self._broken:
+                    logits = _runner_up_rows(logits, torch.ones(len(logits), dtype=torch.bool, device=logits.device))
+                return logits, features
+
+            pair.forward = maybe_broken
+            pair._recogniser_wrapped = True
+        return pair
+
     def generate_local(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
-        results = super().generate_local(requests, config.model_copy(update={"trace": False}))
-        detector, vocab = self.detector, self.info.vocab_size
+        detector = self.detector
         if detector is None:
-            return results
-        return [r if detector(q.prompt_ids) else _nudged(r, vocab, 1) for q, r in zip(requests, results)]
+            return super().generate_local(requests, config)
+        known = [detector(r.prompt_ids) for r in requests]
+        results: list[RequestResult | None] = [None] * len(requests)
+        for broken in (False, True):
+            picked = [i for i, k in enumerate(known) if k != broken]
+            if not picked:
+                continue
+            self._broken = broken
+            try:
+                for i, result in zip(picked, super().generate_local([requests[i] for i in picked], config)):
+                    results[i] = result
+            finally:
+                self._broken = False
+        return [r for r in results if r is not None]
 
 
 INPUT_ADVERSARIES = {
