@@ -86,8 +86,8 @@ def pairs(tmp_path_factory):
         torch_threads=1,
         budgets=[16],
         held_out_prompts=0,
-        context_tokens=192,  # context-range: a few segments, the window's end first (test_input_adversaries: all)
-        run_seed=1,  # its drawn context lengths and prompts: ShiftedPast512BlackBox moves no argmax in some draws
+        context_tokens=96,  # context-range: the window's end only (tests/test_input_adversaries.py: every length)
+        run_seed=1,  # its drawn lengths and prompts: ShiftedPast512BlackBox moved no argmax at 1 of run seeds 1-6
     )
     return {
         "random": SuiteSettings(

@@ -188,6 +188,9 @@ def test_an_engine_right_only_on_prompts_it_recognises_fails_the_default_and_the
     results = _run(default, factory, ["lossless/dflash"])
     lossless = results["lossless/dflash"]
     assert lossless.status == "fail" and unrecognised[0] in lossless.message, lossless.message
-    quick = _run(QUICK, factory, ["lossless/dflash", "context-range/dflash"])  # context-range: as the default's
-    assert quick["context-range/dflash"].status == "fail", quick["context-range/dflash"].message
-    assert "not the fp32 target's argmax" in quick["context-range/dflash"].message
+    # the quick plan's one held-out prompt is the default plan's first; with run seed 1 the detector does not
+    # recognise it (a run misses the engine here with probability r, r = 0.57 its share of users' prompts:
+    # docs/reference/run-inputs.md); its context-range check fails in every run (`check` runs in the notes)
+    assert unrecognised[0] == f"held-out-{RUN_SEED}-0"
+    quick = _run(QUICK, factory, ["lossless/dflash"])["lossless/dflash"]
+    assert quick.status == "fail" and unrecognised[0] in quick.message, quick.message
