@@ -192,5 +192,9 @@ def test_an_engine_right_only_on_prompts_it_recognises_fails_the_default_and_the
     # recognise it (a run misses the engine here with probability r, r = 0.57 its share of users' prompts:
     # docs/reference/run-inputs.md); its context-range check fails in every run (`check` runs in the notes)
     assert unrecognised[0] == f"held-out-{RUN_SEED}-0"
-    quick = _run(QUICK, factory, ["lossless/dflash"])["lossless/dflash"]
-    assert quick.status == "fail" and unrecognised[0] in quick.message, quick.message
+    quick = _run(QUICK, factory, ["lossless/dflash", "cuda-graphs/dflash"])
+    assert quick["lossless/dflash"].status == "fail", quick["lossless/dflash"].message
+    assert unrecognised[0] in quick["lossless/dflash"].message
+    # graphs on and off alike wrong: the fp32 target fails it (this crashed with StopIteration before)
+    graphs = quick["cuda-graphs/dflash"]
+    assert graphs.status == "fail" and "not the fp32 target's argmax" in graphs.message, graphs.message
