@@ -45,11 +45,12 @@ def _runner_up_rows(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 
 class ContextBandFault(ReferenceEngine):
-    """Wrong only where the context length is in ``[lo, hi)`` (engine option ``band=LO:HI``): a target
-    logits row that produces a token attending to that many tokens (position + 1) gives the runner-up
-    instead of the top-1, as a decode-attention kernel of that KV-length band would. In every mode
-    (plain included: it equals its own plain run), with the reference's traces and acceptance, on the
-    eager path only (its CUDA-graph path would be right, and no engine is right on one path only)."""
+    """Wrong only where the context length is in ``[lo, hi)`` (engine option ``band=LO:HI``, or several:
+    ``LO:HI,LO:HI``): a target logits row that produces a token attending to that many tokens (position
+    + 1) gives the runner-up instead of the top-1, as a decode-attention kernel of that KV-length band
+    would. In every mode (plain included: it equals its own plain run), with the reference's traces and
+    acceptance, on the eager path only (its CUDA-graph path would be right, and no engine is right on
+    one path only)."""
 
     name = "adversary-context-band-fault"
     OPTIONS = (*ReferenceEngine.OPTIONS, "band")
@@ -57,14 +58,16 @@ class ContextBandFault(ReferenceEngine):
 
     def __init__(self, model_dir, drafter_dir=None, **options) -> None:
         super().__init__(model_dir, drafter_dir, **options)
-        band = str(options.get("band", self.DEFAULT_BAND))
-        try:
-            lo, hi = (int(x) for x in band.split(":"))
-        except ValueError:
-            raise EngineError(f"{self.name}: band must be LO:HI (context lengths), got {band!r}") from None
-        if not 0 < lo < hi:
-            raise EngineError(f"{self.name}: band {band!r} must have 0 < LO < HI")
-        self.band = (lo, hi)
+        spec = str(options.get("band", self.DEFAULT_BAND))
+        self.bands: list[tuple[int, int]] = []
+        for band in spec.split(","):
+            try:
+                lo, hi = (int(x) for x in band.split(":"))
+            except ValueError:
+                raise EngineError(f"{self.name}: band must be LO:HI (context lengths), got {band!r}") from None
+            if not 0 < lo < hi:
+                raise EngineError(f"{self.name}: band {band!r} must have 0 < LO < HI")
+            self.bands.append((lo, hi))
 
     def fast_path_on(self, config: RunConfig) -> bool:
         return False
@@ -72,12 +75,15 @@ class ContextBandFault(ReferenceEngine):
     def _pair(self, config):
         pair = super()._pair(config)
         if not getattr(pair, "_band_wrapped", False):
-            forward, (lo, hi) = pair.forward, self.band
+            forward, bands = pair.forward, self.bands
 
             def faulty(ids, positions, cache, mask=None):
                 logits, features = forward(ids, positions, cache, mask)
                 context = positions.to(logits.device) + 1  # the row's token attends to this many tokens
-                return _runner_up_rows(logits, (context >= lo) & (context < hi)), features
+                hit = torch.zeros_like(context, dtype=torch.bool)
+                for lo, hi in bands:
+                    hit |= (context >= lo) & (context < hi)
+                return _runner_up_rows(logits, hit), features
 
             pair.forward = faulty
             pair._band_wrapped = True
