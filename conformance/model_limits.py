@@ -1,6 +1,6 @@
 """Capabilities checked against the model: the context limit an engine claims.
 
-``capabilities().max_context`` decides how long the long-context and prompt-shapes checks make their
+``capabilities().max_context`` decides how long the context-range and prompt-shapes checks make their
 prompts, so a claim is held to the target's own config (``max_position_embeddings``):
 
 * larger than the target's window: an error naming the engine and the config field; the checks that

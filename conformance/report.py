@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .context_lengths import report_line
 from .files import atomic_write, read_json_object
 from .rendering import Markup, render_html_template, render_markdown_template
 from .report_plots import plots
@@ -289,6 +290,9 @@ def _context_lines(report: dict) -> list[str]:
             f"run seed {s['run_seed']}"
             + (f"; {len(held)} held-out prompts drawn at run time" if held is not None else "")
         )
+    context = report_line(report.get("results") or []) if report.get("kind") == "check" else None
+    if context:
+        lines.append(context)
     allowed = (report.get("coverage") or {}).get("allow_skip")
     if allowed:
         lines.append(f"allowed to skip (--allow-skip): {', '.join(allowed)}")

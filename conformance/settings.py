@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .adapters.interface import DType, Mode
+from .context_lengths import DECODE_BUDGET
 from .pairs import PairSpecError, PairUnavailable, get_pair, resolve_pair
 from .paths import FIXTURE_DRAFTER, FIXTURE_TARGET, RECORDS_DIR
 from .prompts import resolve_prompt_set
@@ -192,12 +193,20 @@ class SuiteSettings(BaseModel):
         "two held-out prompts per prompt of the set, more sampled requests and branch "
         "rounds, over ten times the default's prompts x tokens (PROFILES)",
     )
+    context_tokens: int = Field(
+        default=DECODE_BUDGET,
+        ge=1,
+        le=1_000_000,
+        description="output tokens per mode the context-range check spends: a window up to this long is "
+        "decoded at every context length, a longer one at its switching points "
+        "(ddtree_conformance.context_lengths)",
+    )
     held_out_prompts: int | None = Field(
         default=None,
         ge=0,
         le=100_000,
         description="prompts drawn at run time "
-        "from the target, added to the prompt set (ddtree_conformance.held_out); "
+        "as the set's users write them, added to the prompt set (ddtree_conformance.held_out); "
         "None: one per 20 prompts of the set, at least one",
     )
     run_seed: int | None = Field(
@@ -303,9 +312,10 @@ class SuiteSettings(BaseModel):
     @model_validator(mode="after")
     def _draw_run_seed(self) -> SuiteSettings:
         """A run without ``run_seed`` draws one now: every run sees other held-out prompts and another
-        request order, and its settings (the report) record the seed that repeats it."""
+        request order, and its settings (the report) record the seed that repeats it. 63 bits: an engine
+        that sees a held-out prompt cannot search the seeds for the rest of the run."""
         if self.run_seed is None:
-            self.run_seed = secrets.randbits(32)
+            self.run_seed = secrets.randbits(63)
         return self
 
 

@@ -125,7 +125,7 @@ for job in "$@"; do
         xargs -P "$(nproc)" -n 3 sh -c 'timeout "${ROUND_TIMEOUT:-540}" python3 scripts/mutation_table.py --catalogue "$0" \
           --device "${ROUND_DEVICE:-cpu}" --dtype "$1" --limit "${ROUND_LIMIT:-20}" --max-new-tokens "${ROUND_TOKENS:-64}" \
           --budgets "${ROUND_BUDGETS:-16,64}" --run-seed "${ROUND_SEED:-1}" --threads 1 --shard "$2/7" \
-          --check ${ROUND_CHECKS:-lossless acceptance long-context near-ties golden tree-structure branch-vs-chain} \
+          --check ${ROUND_CHECKS:-lossless acceptance context-range near-ties golden tree-structure branch-vs-chain} \
           --json "$WORK/rounding/$0-$1-$2.json" >"$WORK/rounding/$0-$1-$2.log" 2>&1'
       grep -h "^| \|NOT CAUGHT" "$WORK"/rounding/*.log ;;
     calibrate-cpu|calibrate-cuda)

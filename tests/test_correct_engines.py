@@ -27,7 +27,7 @@ ROWS = {
     ce.RoomLeftBlockClaimed: (["acceptance/dflash", "tree-structure/ddtree"], ["float32"]),
     ce.UnemittableNodesDropped: (["acceptance/ddtree", "tree-structure/ddtree"], ["float32"]),
     ce.EmittableDepthBudgetSpent: (["acceptance/ddtree", "tree-structure/ddtree"], ["float32"]),
-    ce.ContextFullTreeCut: (["long-context/ddtree"], ["float32"]),
+    ce.ContextFullTreeCut: (["context-range/ddtree"], ["float32"]),
     ce.TiesBrokenTheOtherWay: (["tree-structure/dflash", "tree-structure/ddtree"], ["bfloat16"]),
     ce.NodesDeepestFirst: (["tree-structure/ddtree", "branch-vs-chain", "acceptance/ddtree"], ["float32"]),
     ce.NodesBreadthFirst: (["tree-structure/ddtree"], ["float32"]),
@@ -45,7 +45,7 @@ ROWS = {
 
 # the default tier's settings are cheap (two prompts, 20 tokens, B=16); rows that need more or less:
 OVERRIDES = {
-    ce.ContextFullTreeCut: {"budgets": [64], "max_new_tokens": 10},  # every long-context round has < 64 KV slots
+    ce.ContextFullTreeCut: {"budgets": [64], "max_new_tokens": 10},  # context-range ends at the window: < 64 KV slots
     ce.RejectionSampledChain: {"sampling_requests": 24},
     ce.OtherRandomStream: {"sampling_requests": 24},
     ce.ContinuousBatching: {"max_new_tokens": 12},
@@ -66,6 +66,7 @@ def _settings(dtype: str, **overrides) -> SuiteSettings:
         branch_rounds=2,
         torch_threads=1,
         held_out_prompts=0,
+        context_tokens=96,  # context-range: the window's end only (tests/test_input_adversaries.py: every length)
     )  # the freedoms, not fresh prompts, are tested here
     return SuiteSettings(**{**values, **overrides})
 

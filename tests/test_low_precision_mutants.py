@@ -73,8 +73,8 @@ ROWS = {
     mutants.CompactionPast512: (
         "fixture",
         [16],
-        ["long-context/ddtree"],
-        {"bfloat16": "not lossless at", "float32": "not lossless at"},
+        ["context-range/ddtree"],
+        {"bfloat16": "not lossless across", "float32": "not lossless across"},
     ),
     mutants.BatchSettingsMixedUp: (
         "random",
@@ -104,7 +104,14 @@ def pairs(tmp_path_factory):
         [r.prompt_ids + o.output_ids for r, o in zip(requests, outputs)],
         drafter_dir=str(drafter),
     )
-    common = dict(isolate=False, sampling_requests=60, branch_prompts=2, branch_rounds=2, torch_threads=1)
+    common = dict(
+        isolate=False,
+        sampling_requests=60,
+        branch_prompts=2,
+        branch_rounds=2,
+        torch_threads=1,
+        context_tokens=96,  # context-range: the window's end only (tests/test_input_adversaries.py: every length)
+    )
     return {
         "random": SuiteSettings(
             model_dir=str(target),

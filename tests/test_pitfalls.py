@@ -44,6 +44,7 @@ def pairs(random_pair_settings) -> dict[str, SuiteSettings]:
         run_seed=1,
         branch_prompts=2,
         branch_rounds=2,
+        context_tokens=96,  # context-range: the window's end only (tests/test_input_adversaries.py: every length)
     )
     return {
         "random": random,
@@ -60,6 +61,7 @@ def pairs(random_pair_settings) -> dict[str, SuiteSettings]:
             held_out_prompts=0,
             run_seed=1,
             golden_dir="/nonexistent",
+            context_tokens=96,  # the window's end: a cut tree whose second child is accepted (run seed 1)
         ),
     }
 

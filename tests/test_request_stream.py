@@ -7,13 +7,12 @@ import pytest
 
 from ddtree_conformance.adapters.interface import Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.held_out import HELD_OUT_CATEGORY, held_out_prompts
+from ddtree_conformance.held_out import HELD_OUT_CATEGORY, TargetSource, held_out_prompts, prompt_source
 from ddtree_conformance.prompts import load_prompts
 from ddtree_conformance.session import SuiteSession, SuiteSettings, mixing
 from ddtree_conformance.session.inputs import SuiteInputs
 from ddtree_conformance.testing.runs import by_id, plan_and_run
 from ddtree_conformance.testing.stream_adversaries import KnowsPublicPrompts, RepeatedRequestBug, public_prompts
-from ddtree_conformance.token_scoring import target_logits
 
 
 @pytest.fixture(scope="module")
@@ -36,17 +35,22 @@ def _verdicts(settings: SuiteSettings, engine_class, families: list[str], **upda
     return by_id(plan_and_run(settings.model_copy(update=updates), engine_class, families))
 
 
-def test_held_out_prompts_follow_the_seed_and_the_sets_shape(settings):
+def test_held_out_prompts_follow_the_seed_and_share_nothing_with_the_set(settings):
+    """A user's own set (target samples): drawn per seed, lengths near the set's but not taken from it,
+    no bundled opening (the old recipe's tell: 1-8 opening tokens of a bundled prompt, a bundled length)."""
     bundled = load_prompts(settings.prompt_set)
-    fn = target_logits(settings.model_dir, "cpu").fn
-    first, again, other = (held_out_prompts(fn, bundled, 3, seed) for seed in (5, 5, 6))
+    source = prompt_source(settings, bundled)
+    assert isinstance(source, TargetSource)
+    first, again, other = (held_out_prompts(source, 12, seed) for seed in (5, 5, 6))
     assert [p.prompt_ids for p in first] == [p.prompt_ids for p in again]
     assert [p.prompt_ids for p in first] != [p.prompt_ids for p in other]
-    lengths = {len(p.prompt_ids) for p in bundled}
+    lengths = sorted(len(p.prompt_ids) for p in bundled)
     for prompt in first:
-        assert prompt.category == HELD_OUT_CATEGORY and len(prompt.prompt_ids) in lengths
-        opening = prompt.meta["opening"]
-        assert any(p.prompt_ids[:opening] == prompt.prompt_ids[:opening] for p in bundled)
+        assert prompt.category == HELD_OUT_CATEGORY and prompt.meta == {"seed": 5, "source": "target samples"}
+        assert 0.75 * lengths[0] - 1 <= len(prompt.prompt_ids) <= 1.25 * lengths[-1] + 1
+    assert {len(p.prompt_ids) for p in first} - set(lengths), "lengths only from the set's"
+    openings = {tuple(p.prompt_ids[:k]) for p in bundled for k in (4, 8)}
+    assert not any(tuple(p.prompt_ids[:k]) in openings for p in first for k in (4, 8))
 
 
 def test_a_run_adds_held_out_prompts_after_the_set(settings):

@@ -15,7 +15,15 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def settings(random_pair_settings) -> SuiteSettings:
-    return random_pair_settings([6, 13, 20], seed=21, prefix="s", budgets=[16], branch_prompts=1, branch_rounds=1)
+    return random_pair_settings(
+        [6, 13, 20],
+        seed=21,
+        prefix="s",
+        budgets=[16],
+        branch_prompts=1,
+        branch_rounds=1,
+        context_tokens=96,  # context-range: the window's end only (tests/test_input_adversaries.py: every length)
+    )
 
 
 @pytest.mark.parametrize("limit, new_tokens", [(1, 1), (2, 8), (1, 3)])

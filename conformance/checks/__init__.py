@@ -10,7 +10,7 @@ Every check runs in every dtype: float32 verdicts are exact; bfloat16/float16 ve
 output token against the fp32 target (:mod:`ddtree_conformance.token_scoring`) and replay each
 round with the fp32 reference (:mod:`ddtree_conformance.replay`), within the pair's calibration
 (:mod:`ddtree_conformance.calibration`). Per (mode, budget): lossless, golden, acceptance,
-tree-structure, stop-token, max-new-tokens, prompt-shapes, token-0-and-mask-id, long-context,
+tree-structure, stop-token, max-new-tokens, prompt-shapes, token-0-and-mask-id, context-range,
 busy-batch, tensor-parallel, cuda-graphs; per budget: branch-vs-chain; in bfloat16/float16 the near-tie
 check pooled over every greedy run; at the first budget and for dflash: sampling.
 """
@@ -22,9 +22,10 @@ from collections.abc import Callable
 from ..run import Run
 from ..settings import SettingsError, SuiteSettings
 from .acceptance import check_acceptance
+from .context_range import check_context_range
 from .cuda_graphs import check_cuda_graphs
 from .edges import check_lengths, check_prompt_shapes, check_special_tokens, check_stops
-from .envelope import check_busy_batch, check_long_context
+from .envelope import check_busy_batch
 from .golden_outputs import check_golden
 from .lossless import check_lossless
 from .near_ties import NEAR_TIES_ID, check_near_ties
@@ -57,7 +58,7 @@ PER_MODE_CHECKS: dict[str, Callable[..., CheckResult]] = {
     "max-new-tokens": check_lengths,
     "prompt-shapes": check_prompt_shapes,
     "token-0-and-mask-id": check_special_tokens,
-    "long-context": check_long_context,
+    "context-range": check_context_range,
     "busy-batch": check_busy_batch,
     "tensor-parallel": check_tensor_parallel,
     "cuda-graphs": check_cuda_graphs,

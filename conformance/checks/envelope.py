@@ -1,10 +1,5 @@
-"""Checks of the operating envelope: long contexts and busy batches.
+"""Check of the operating envelope: busy batches (context lengths are :mod:`.context_range`'s).
 
-* long-context: prompts that fill most of the pair's context window (built by joining the prompt
-  set's prompts), run plain and speculative: outputs judged like the lossless check's, and for
-  engines with per-round acceptance every round replayed with the fp32 reference like the
-  acceptance check's. Bugs that show only at large positions (a cache block boundary, RoPE
-  scaling) live here.
 * busy-batch: one generate call mixing greedy and sampled requests with different lengths, stop
   tokens and limits, each compared with the same request run alone: greedy requests like the
   lossless check's (equal in float32, scored in bfloat16/float16), sampled requests equal when the
@@ -21,110 +16,18 @@ from __future__ import annotations
 from ddtree_conformance.adapters.interface import Request
 from ddtree_conformance.spec import SamplingParams, processed_probs
 
-from ..model_limits import context_claim
 from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import rules_for, target_logits
-from ..tree_policy import block_size
-from .acceptance_rounds import ReplayAgainst, RoundsUnderTest, judge_per_round
 from .edges import stop_rule_problem
 from .output_comparison import GreedyCase, judge_greedy
 from .result import CheckResult
 
-__all__ = [
-    "LONG_PROMPTS",
-    "LONG_NEW_TOKENS",
-    "long_prompts",
-    "check_long_context",
-    "busy_batch_requests",
-    "outside_support",
-    "check_busy_batch",
-]
-
-LONG_PROMPTS = 3
-LONG_NEW_TOKENS = 32
+__all__ = ["busy_batch_requests", "outside_support", "check_busy_batch"]
 
 
 def _label(kind: str, mode: str, budget: int | None) -> str:
     return Run(mode, budget).check_id(kind)
-
-
-def long_prompts(session: SuiteSession, limit: int, new_tokens: int) -> list[list[int]]:
-    """Up to :data:`LONG_PROMPTS` prompts of ``limit - new_tokens - block size`` tokens, each the
-    prompt set's prompts joined, starting at a different one (the set's own prompts only: the same
-    long contexts every run, so a bug that shows at some of them shows in every run)."""
-    base = [p.prompt_ids for p in session.inputs.bundled]
-    length = limit - new_tokens - (block_size(session.settings.drafter_dir) or 16)
-    out = []
-    for k in range(min(LONG_PROMPTS, len(base))):
-        ids, i = [], k
-        while len(ids) < length:
-            ids += base[i % len(base)]
-            i += 1
-        out.append(ids[:length])
-    return out
-
-
-def check_long_context(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
-    name = _label("long-context", mode, budget)
-    caps = session.capabilities
-    if mode not in caps.modes:
-        return CheckResult.skipped(name, f"engine does not offer mode {mode}")
-    claim = context_claim(session)
-    if claim.problem:
-        return CheckResult.failed(name, claim.problem, **claim.details())
-    limit = claim.limit
-    new_tokens = min(LONG_NEW_TOKENS, session.settings.max_new_tokens)
-    if not limit:
-        return CheckResult(
-            check=name,
-            status="skip",
-            details=claim.details(),
-            message="engine states no context limit (capabilities().max_context)"
-            + (f"; {claim.note()}" if claim.untested else ""),
-        )
-    prompts = long_prompts(session, limit, new_tokens)
-    if not prompts or len(prompts[0]) < limit // 2:
-        return CheckResult(
-            check=name,
-            status="skip",
-            details=claim.details(),
-            message=f"context limit {limit} leaves no room for a long prompt"
-            + (f"; {claim.note()}" if claim.untested else ""),
-        )
-    requests = [Request(prompt_ids=ids, max_new_tokens=new_tokens) for ids in prompts]
-    labels = [f"long prompt {k} ({len(ids)} tokens)" for k, ids in enumerate(prompts)]
-    plain = session.run("plain", requests=requests)
-    spec = session.run(mode, budget, requests=requests)
-    cases = [
-        GreedyCase(label, r.prompt_ids, s.output_ids, p.output_ids, error=s.error or p.error)
-        for label, r, p, s in zip(labels, requests, plain, spec)
-    ]
-    cases += [
-        GreedyCase(f"{label} (plain)", r.prompt_ids, p.output_ids)
-        for label, r, p in zip(labels, requests, plain)
-        if not p.error
-    ]
-    verdict = judge_greedy(session, cases, what="plain")
-    details = {**verdict.details, **claim.details()}
-    if verdict.problem:
-        return CheckResult.failed(
-            name, f"not lossless at {len(prompts[0])}-token contexts: {verdict.problem}", **details
-        )
-    summary = f"{len(prompts)} prompts of {len(prompts[0])} tokens (context limit {limit}): {verdict.summary}"
-    untested = f"; {claim.note()}" if claim.untested else ""
-    if not caps.per_round(mode):
-        return CheckResult.passed(name, summary + f"; engine reports no per-round acceptance{untested}", **details)
-    if any(r.acceptance_lengths is None for r in spec):
-        return CheckResult.failed(name, f"engine promises per-round acceptance in mode {mode} but returned none")
-    replay = judge_per_round(
-        session, name, Run(mode, budget), RoundsUnderTest(labels, requests, spec), ReplayAgainst(use_golden=False)
-    )
-    if replay.status == "fail":
-        return CheckResult.failed(
-            name, f"at {len(prompts[0])}-token contexts: {replay.message}", **{**replay.details, **claim.details()}
-        )
-    return CheckResult.passed(name, f"{summary}; {replay.message}{untested}", **details)
 
 
 def busy_batch_requests(session: SuiteSession) -> tuple[list[Request], list[str]]:

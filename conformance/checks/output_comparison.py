@@ -1,4 +1,4 @@
-"""Judging greedy outputs (lossless, golden, edges, long context, busy batch, tensor parallel).
+"""Judging greedy outputs (lossless, golden, edges, context range, busy batch, tensor parallel).
 
 Every output is scored, in every dtype, position by position against the fp32 target teacher-forced
 on the output's own path (:mod:`ddtree_conformance.token_scoring`): the independent oracle, so an

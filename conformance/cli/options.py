@@ -148,8 +148,8 @@ HeldOutPrompts = Annotated[
     Optional[int],
     typer.Option(
         "--held-out-prompts",
-        help="Prompts drawn at run time from the target and added to the prompt set (an engine "
-        "cannot know them); 0: none.",
+        help="Prompts drawn at run time as the prompt set's users write them and added to the prompt set "
+        "(an engine cannot know them); 0: none.",
         show_default="one per 20 prompts, at least 1",
     ),
 ]

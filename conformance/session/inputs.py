@@ -1,6 +1,7 @@
 """What a session runs on: its settings, the prompt set, the requests built from it, and runs.
 
-:class:`SuiteInputs` reads the prompt set once (formatted for the pair, cut to ``limit``), builds
+:class:`SuiteInputs` reads the prompt set once (formatted for the pair, cut to ``limit``), draws the
+run's held-out prompts from the set's source (:mod:`ddtree_conformance.held_out`), builds
 the default requests, turns a mode and budget into a :class:`~ddtree_conformance.run.Run` with the
 session's tensor-parallel size, and a run into the engine's ``RunConfig`` at the session's dtype
 and device. :meth:`SuiteInputs.labels` names requests in messages.
@@ -12,12 +13,11 @@ import math
 from functools import cached_property
 
 from ..adapters.interface import Mode, Request, RunConfig
-from ..held_out import held_out_prompts
+from ..held_out import PromptSource, held_out_prompts, prompt_source
 from ..prompts import Prompt, format_prompts, load_prompts
 from ..run import Run
 from ..scorer import TargetScorer
 from ..settings import SuiteSettings
-from ..token_scoring import target_logits
 
 __all__ = ["SuiteInputs"]
 
@@ -37,13 +37,27 @@ class SuiteInputs:
         return prompts[: s.limit] if s.limit else prompts
 
     @cached_property
+    def source(self) -> PromptSource:
+        """Where this run's fresh prompts come from: the set's templates, or the target's own samples."""
+        return prompt_source(self.settings, self.bundled)
+
+    @cached_property
     def held_out(self) -> list[Prompt]:
-        """Prompts drawn for this run from the fp32 target (:mod:`ddtree_conformance.held_out`)."""
+        """Prompts drawn for this run (:mod:`ddtree_conformance.held_out`): ``held_out_prompts`` of them,
+        else the share ``held_out_per_prompt`` of the set, at least one."""
         s = self.settings
         count = s.held_out_prompts
         if count is None:
             count = max(1, math.ceil(round(len(self.bundled) * s.held_out_per_prompt, 6)))
-        return held_out_prompts(target_logits(s.model_dir, s.device).fn, self.bundled, count, s.run_seed)
+        return held_out_prompts(self.source, count, s.run_seed or 0)
+
+    def fresh_ids(self, lengths: tuple[int, ...]) -> list[list[int]]:
+        """One fresh prompt of exactly each of ``lengths`` tokens from the run's source, drawn from the run
+        seed (the context-range check's prompts), the same each time it is asked for in a session."""
+        memo = self.__dict__.setdefault("_fresh_ids", {})
+        if lengths not in memo:
+            memo[lengths] = self.source.long_ids(lengths, self.settings.run_seed or 0)
+        return memo[lengths]
 
     def drawn_held_out(self) -> list[Prompt]:
         """The held-out prompts when the run has drawn them (for the report), else []: nothing is drawn."""

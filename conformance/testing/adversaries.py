@@ -92,7 +92,8 @@ class WrongPositionsBlackBox(_TargetPositions, _BlackBox):
 
 class ShiftedPast512BlackBox(_TargetPositions, _BlackBox):
     """Target positions past 511 shifted by 32 (a cache block boundary fault) in every mode, outputs
-    only: long-context and prompt-shapes compared it with its own plain run, which shares the fault."""
+    only: the long-context check (now context-range) and prompt-shapes compared it with its own plain
+    run, which shares the fault."""
 
     name = "adversary-shifted-past-512-black-box"
     threshold, shift = 512, 32
@@ -123,7 +124,7 @@ class PrefillRunnerUp(ReferenceEngine):
 # ----------------------------------------------------------- item 5: capabilities against the model
 class ContextUnderstated(_TargetPositions):
     """Claims max_context 300 while its target allows more, and shifts target positions past 399
-    in every mode: long-context runs below the fault. No verdict can fail an engine for a limit it
+    in every mode: context-range runs below the fault. No verdict can fail an engine for a limit it
     states; the report names the context range left untested."""
 
     name = "adversary-context-understated"
@@ -345,7 +346,7 @@ class SiblingPeekBlackBox(_BlackBox):
 # hole of issue 20 -> the engine built for it
 ADVERSARIES = {
     "wrong in plain and ddtree alike, custom prompts": WrongPositionsBlackBox,
-    "wrong past 512 in every mode (long-context, prompt-shapes)": ShiftedPast512BlackBox,
+    "wrong past 512 in every mode (context-range, prompt-shapes)": ShiftedPast512BlackBox,
     "wrong token after the prefill, every mode": PrefillRunnerUp,
     "max_context understated below a bug at 400": ContextUnderstated,
     "max_context overstated": ContextOverstated,

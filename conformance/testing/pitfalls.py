@@ -347,7 +347,7 @@ PITFALLS = {
     "per-request masks mapped wrong when tree sizes differ": (MasksMixedAcrossRequests, "busy-batch/ddtree", "fixture"),
     "state committed for num_accepted - 1": (StateAtFlatIndex, "lossless/ddtree", "random"),
     "token 0 as padding in short trees": (TokenZeroPadding, "tree-structure/ddtree", "random"),
-    "dropped trees walked as chains": (DroppedTreeWalkedAsChain, "long-context/ddtree", "random"),
+    "dropped trees walked as chains": (DroppedTreeWalkedAsChain, "context-range/ddtree", "fixture"),
     "finishing inside an accepted path": (EmitsPastStop, "stop-token/ddtree", "fixture"),
     "max_new_tokens landing mid-path": (IgnoresRoomMidRound, "max-new-tokens/ddtree", "random"),
     "TP shard-local indices as token ids": (ShardLocalTokenIds, "tensor-parallel/ddtree", "random-tp2"),

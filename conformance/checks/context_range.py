@@ -1,0 +1,161 @@
+"""Check: context-range, every context length of the target's window decoded, plain and speculative.
+
+Kernels switch code paths with the context length (split-KV and paged attention at powers of two and
+page multiples, cache blocks, RoPE), so a fault can show in one band of lengths only. This check
+decodes across the whole window (``capabilities().max_context``, held to the target's
+``max_position_embeddings``) in every run: :func:`ddtree_conformance.context_lengths.context_plan`
+draws, from the run seed, requests whose prompt and output lengths tile every context length from 1
+to the window's last (on the fixture pair's 1024-token window: 1023 lengths in 13-23 requests), each
+kernel-switching point crossed inside one request. The prompts are fresh text of the prompt set's
+kind (:meth:`ddtree_conformance.held_out.PromptSource.long_ids`), never the bundled prompts.
+
+Plain decoding and DFlash decode every request. The DDTree budgets of the plan share them
+(:func:`share`): request ``k`` goes to budget ``(k + r) mod n`` of the plan's ``n`` budgets, ``r``
+drawn from the run seed, so together they decode every length, each a third of them in the default
+plan's three budgets, interleaved across the window (a verify kernel at large budgets is the dearest
+decoding on CPU; a band wider than ``n`` requests reaches every budget).
+
+Each request runs plain and in the check's mode. Outputs are judged like the lossless check's
+(equal to plain in float32, every token scored against the fp32 target on its own path in every
+dtype, so a fault shared by plain and speculative decoding fails too), and for engines with per-round
+acceptance every round is replayed with the fp32 reference like the acceptance check's. The result
+says which context lengths were decoded (``details["context_lengths"]``: ranges, histogram, switching
+points crossed; the report shows them), and a failure names the request's context range.
+
+A ``max_context`` above the target's window fails; one below it runs at the claim and names the
+untested positions (:mod:`ddtree_conformance.model_limits`).
+"""
+
+from __future__ import annotations
+
+import random
+
+from ddtree_conformance.adapters.interface import Request
+
+from ..context_lengths import ContextPlan, context_plan, coverage, describe
+from ..model_limits import context_claim
+from ..run import Run
+from ..session import SuiteSession
+from .acceptance_rounds import ReplayAgainst, RoundsUnderTest, judge_per_round
+from .output_comparison import GreedyCase, judge_greedy
+from .result import CheckResult
+
+__all__ = ["CONTEXT_KEY", "context_requests", "share", "coverage_table", "check_context_range"]
+
+CONTEXT_KEY = "context_lengths"  # check details: what the run decoded (context_lengths.coverage)
+
+
+def context_requests(session: SuiteSession, limit: int) -> tuple[ContextPlan, list[Request], list[str]]:
+    """The plan for a window of ``limit`` tokens drawn from the run seed, its requests (fresh prompts of
+    the plan's lengths) and the labels naming them; the same for every mode of a session, so plain
+    decoding runs them once."""
+    plan = context_plan(limit, session.settings.run_seed or 0, budget=session.settings.context_tokens)
+    prompts = session.inputs.fresh_ids(tuple(g.prompt_length for g in plan.segments))
+    requests = [Request(prompt_ids=ids, max_new_tokens=g.new_tokens) for ids, g in zip(prompts, plan.segments)]
+    labels = [f"contexts {g.first}..{g.last} (prompt of {g.prompt_length} tokens)" for g in plan.segments]
+    return plan, requests, labels
+
+
+def share(session: SuiteSession, mode: str, budget: int | None, count: int) -> list[int]:
+    """Which of the ``count`` requests the run of ``mode`` at ``budget`` decodes (module doc)."""
+    budgets = sorted(set(session.settings.budgets)) if mode == "ddtree" else []
+    if budget not in budgets or len(budgets) == 1:
+        return list(range(count))
+    n = len(budgets)
+    rotation = random.Random(f"context-share:{session.settings.run_seed or 0}").randrange(n)
+    mine = budgets.index(budget)
+    return [k for k in range(count) if (k + rotation) % n == mine]
+
+
+def coverage_table(cover: dict, mode: str) -> dict:
+    """The report's table (a ``details["tables"]`` entry): context lengths decoded per histogram bin,
+    and the switching points crossed there."""
+    rows = []
+    for lo, hi, count in cover["histogram"]:
+        crossed = [s for s in cover["crossed"] if lo <= s < hi]
+        missed = [s for s in cover["missed"] if lo <= s < hi]
+        shown = ", ".join(map(str, crossed[:10])) + (", ..." if len(crossed) > 10 else "")
+        rows.append(
+            [
+                f"{max(lo, 1)}..{hi - 1}",
+                f"{count} of {hi - max(lo, 1)}",
+                f"{len(crossed)} ({shown})" if crossed else "0",
+                ", ".join(map(str, missed[:10])) or "-",
+            ]
+        )
+    return {
+        "title": f"Context lengths decoded ({mode})",
+        "columns": ["context lengths", "decoded", "switching points crossed", "missed"],
+        "rows": rows,
+        "notes": [
+            f"prompt lengths: {', '.join(map(str, cover['prompt_lengths']))}",
+            "a switching point s (a power of two or a multiple of 16, 32, 64, 128 or 256 tokens) is crossed "
+            "when one request decodes at s - 1, s and s + 1",
+        ],
+    }
+
+
+def check_context_range(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
+    name = Run(mode, budget).check_id("context-range")
+    caps = session.capabilities
+    if mode not in caps.modes:
+        return CheckResult.skipped(name, f"engine does not offer mode {mode}")
+    claim = context_claim(session)
+    if claim.problem:
+        return CheckResult.failed(name, claim.problem, **claim.details())
+    limit = claim.limit
+    untested = f"; {claim.note()}" if claim.untested else ""
+    if not limit:
+        return CheckResult(
+            check=name,
+            status="skip",
+            details=claim.details(),
+            message="engine states no context limit (capabilities().max_context)" + untested,
+        )
+    plan, every, every_label = context_requests(session, limit)
+    if not every:
+        return CheckResult(
+            check=name,
+            status="skip",
+            details=claim.details(),
+            message=f"context limit {limit} leaves no room to decode" + untested,
+        )
+    mine = share(session, mode, budget, len(every))
+    plain_all = session.run("plain", requests=every)  # every request, once per session
+    requests, labels = [every[k] for k in mine], [every_label[k] for k in mine]
+    plain = [plain_all[k] for k in mine]
+    spec = session.run(mode, budget, requests=requests)
+    cases = [
+        GreedyCase(label, r.prompt_ids, s.output_ids, p.output_ids, error=s.error or p.error)
+        for label, r, p, s in zip(labels, requests, plain, spec)
+    ]
+    cases += [
+        GreedyCase(f"{label} (plain)", r.prompt_ids, p.output_ids)
+        for label, r, p in zip(labels, requests, plain)
+        if not p.error
+    ]
+    decoded = [(len(r.prompt_ids), len(s.output_ids)) for r, s in zip(requests, spec) if not s.error]
+    cover = coverage(limit, decoded, plan.points)
+    seen = describe(cover)
+    details = {CONTEXT_KEY: cover, "tables": [coverage_table(cover, Run(mode, budget).label)], **claim.details()}
+    verdict = judge_greedy(session, cases, what="plain")
+    if verdict.problem:
+        return CheckResult.failed(
+            name, f"not lossless across the context window: {verdict.problem}", **verdict.details, **details
+        )
+    shared = "" if len(mine) == len(every) else f" (this budget's share of {len(every)})"
+    summary = f"{len(requests)} requests{shared}, window {limit}: {seen}: {verdict.summary}"
+    if not caps.per_round(mode):
+        return CheckResult.passed(
+            name, summary + f"; engine reports no per-round acceptance{untested}", **verdict.details, **details
+        )
+    if any(r.acceptance_lengths is None for r in spec):
+        return CheckResult.failed(
+            name, f"engine promises per-round acceptance in mode {mode} but returned none", **details
+        )
+    replay = judge_per_round(
+        session, name, Run(mode, budget), RoundsUnderTest(labels, requests, spec), ReplayAgainst(use_golden=False)
+    )
+    if replay.status == "fail":
+        return CheckResult.failed(name, f"across the context window: {replay.message}", **replay.details, **details)
+    return CheckResult.passed(name, f"{summary}; {replay.message}{untested}", **verdict.details, **details)
