@@ -34,7 +34,6 @@ from .files import atomic_write, read_json_object
 from .rendering import Markup, render_html_template, render_markdown_template
 from .report_plots import plots
 from .report_trees import trees_html
-from .run import Run
 
 __all__ = [
     "RUN_SCHEMA",
@@ -452,32 +451,3 @@ def render_html(report: dict) -> str:
         plots=[{"title": t, "caption": c, "data": d} for t, c, d in plots(plotted)],
         first_round=Markup(trees_html(report.get("results") or [])),
     )
-
-
-def runs_from_session(session) -> list[dict[str, Any]]:
-    """Acceptance metrics of the speculative runs a ``check`` session already made on its default
-    prompt set (no new engine work); one entry per (mode, budget), no throughput."""
-    from .bench import acceptance_summary  # it pulls numpy and scipy: kept out of the CLI's --help path
-
-    engine = session.engines.started()
-    if engine is None:
-        return []
-    default = tuple(r.model_dump_json() for r in session.requests())
-    tp = session.settings.tensor_parallel_size
-    found: dict[tuple, list] = {}
-    for stored in session.runs():
-        run = stored.run
-        if (
-            stored.engine_id == id(engine)
-            and run.speculative
-            and stored.requests == default
-            and run.tensor_parallel_size == tp
-            and (run.mode, run.budget) not in found
-        ):
-            found[(run.mode, run.budget)] = stored.results
-    runs = []
-    for (mode, budget), results in sorted(found.items(), key=lambda kv: (kv[0][0] != "dflash", kv[0][1] or 0)):
-        if any(r.finish_reason == "error" for r in results):
-            continue
-        runs.append({"mode": mode, "budget": budget, "label": Run(mode, budget).label, **acceptance_summary(results)})
-    return runs

@@ -100,8 +100,9 @@ def check(
     from ..golden_files import load_golden
     from ..oracle import hold as hold_oracle
     from ..progress import progress_printer
-    from ..report import CHECK_SCHEMA, new_report, runs_from_session, write_partial_report, write_report
+    from ..report import CHECK_SCHEMA, new_report, write_partial_report, write_report
     from ..session import SuiteSession
+    from ..session.run_metrics import runs_from_session
 
     try:
         resolve_engine(settings.engine, settings.engine_options)  # unknown engine or option: exit 2 before any work

@@ -17,8 +17,8 @@ from ddtree_conformance.checks import plan
 from ddtree_conformance.oracle import hold as hold_oracle
 from ddtree_conformance.pytest_plugin import item_group, settings_from_options
 from ddtree_conformance.pytest_results import RESULT_KEY, SESSION_KEY
-from ddtree_conformance.report import runs_from_session
 from ddtree_conformance.session import SuiteSession
+from ddtree_conformance.session.run_metrics import runs_from_session
 from ddtree_conformance.settings import SettingsError
 
 
