@@ -2,7 +2,7 @@
 
     python scripts/mutation_table.py [--dtype bfloat16] [--device cuda] [--budgets 16,256] [--limit 8]
                                      [--only NAME ...] [--shard I/N] [--include-correct] [--json F]
-                                     [--catalogue mutants|correct|rounding|rounding-black-box]
+                                     [--catalogue mutants|adversaries|correct|rounding|rounding-black-box]
                                      [--check SUBSTRING ...] [--run-seed N]
 
 Defaults: the fixture pair, budgets 16 and 256 (the budget-above-128 mutant needs the large one),
@@ -12,7 +12,9 @@ the script exits 1 for either. ``--catalogue correct`` runs the correct engines 
 freedoms (conformance/testing/correct_engines.py) instead: every one must pass, a failure is a
 false alarm. ``--catalogue rounding`` runs the correct engines that round differently
 (conformance/testing/rounding_engines.py), ``rounding-black-box`` the same reporting outputs and
-per-round acceptance lengths only: every one must pass in every dtype.
+per-round acceptance lengths only: every one must pass in every dtype. ``--catalogue adversaries``
+runs the engines built to slip past the suite (conformance/testing/adversaries.py, input_adversaries.py,
+excuse_adversaries.py): like the mutants, every one must fail.
 """
 
 from __future__ import annotations
@@ -26,13 +28,17 @@ from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.files import atomic_write
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.session import SuiteSettings
+from ddtree_conformance.testing.adversaries import ADVERSARIES
 from ddtree_conformance.testing.correct_engines import CORRECT_ENGINES
+from ddtree_conformance.testing.excuse_adversaries import EXCUSE_ADVERSARIES
+from ddtree_conformance.testing.input_adversaries import INPUT_ADVERSARIES
 from ddtree_conformance.testing.mutants import MUTANTS
 from ddtree_conformance.testing.rounding_engines import BLACK_BOXES, ROUNDING_ENGINES
 from ddtree_conformance.testing.runs import plan_and_run
 
 CATALOGUES = {
     "mutants": MUTANTS,
+    "adversaries": {**ADVERSARIES, **INPUT_ADVERSARIES, **EXCUSE_ADVERSARIES},
     "correct": CORRECT_ENGINES,
     "rounding": ROUNDING_ENGINES,
     "rounding-black-box": {f"{label} (black box)": cls for label, cls in BLACK_BOXES.items()},
@@ -84,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         **({} if args.run_seed is None else {"run_seed": args.run_seed}),
     )
     engines = dict(CATALOGUES[args.catalogue])
-    correct = set() if args.catalogue == "mutants" else set(engines)
+    correct = set() if args.catalogue in ("mutants", "adversaries") else set(engines)
     if args.include_correct:
         engines = {"correct reference": ReferenceEngine, **engines}
     if args.only:

@@ -216,7 +216,9 @@ class VllmEngine(Engine):
                     if self.shared_budget is not None:
                         notes.append(
                             f"ddtree budgets up to {self.shared_budget} share one LLM "
-                            f"(num_speculative_tokens={self.shared_budget}, budget per request)"
+                            f"(num_speculative_tokens={self.shared_budget}, budget per request); max_context "
+                            f"{self._max_context()}: past it the shared LLM's {self.shared_budget + 1}-position "
+                            "drafter block reaches max_model_len, where vLLM clamps positions"
                         )
             else:
                 notes.append(f"no ddtree in this vLLM: {self.ddtree_why}")
@@ -234,13 +236,26 @@ class VllmEngine(Engine):
             per_round_acceptance=self.plugin,
             draft_logits=self.plugin,
             traced_modes=["ddtree"] if self.plugin else None,
-            # one LLM shared by budgets up to M: full trees only below max_model_len - M - 1 (M + 1 slots a step)
-            max_context=self.max_model_len - (self.shared_budget + 1 if self.shared_budget else 0),
+            max_context=self._max_context(),
             max_budget=self._plugin_max_budget(),
             max_tensor_parallel=max(1, opts.cuda_device_count()) if self.cuda else 1,
             cuda_graphs=self.cuda,  # RunConfig.cuda_graphs -> enforce_eager per run (LlmSetup.eager)
             notes=notes,
         )
+
+    def _max_context(self) -> int:
+        """The context the engine decodes as an LLM started with each budget does. vLLM's DFlash drafter
+        queries ``num_speculative_tokens + 1`` positions after a context that still holds the last
+        step's ``b`` draft slots; a query position at or past ``max_model_len`` is clamped to 0 with a
+        padding slot (``vllm/v1/spec_decode/utils.py``), and the drafter's block, which attends within
+        itself, then drafts other tokens (measured: from root position 880 at b=16 and 832 at b=64 with
+        ``num_speculative_tokens=128``, ``max_model_len=1024``). One LLM shared by budgets up to M drafts
+        M + 1 positions for every budget, so its trees equal a B-started LLM's only while
+        ``start + 2M + 1 <= max_model_len``; an LLM per budget claims the whole window (its own last
+        ``2B + 1`` positions are the engine's to answer for)."""
+        if self.shared_budget:
+            return self.max_model_len - 2 * self.shared_budget - 1
+        return self.max_model_len
 
     def _plugin_max_budget(self) -> int | None:
         """The largest budget the DDTree plugin verifies (it refuses larger ones at start-up)."""

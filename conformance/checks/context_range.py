@@ -15,7 +15,13 @@ drawn from the run seed, so together they decode every length, each a third of t
 plan's three budgets, interleaved across the window (a verify kernel at large budgets is the dearest
 decoding on CPU; a band wider than ``n`` requests reaches every budget).
 
-Each request runs plain and in the check's mode. Outputs are judged like the lossless check's
+Each request runs plain and in the check's mode, alone: one request per engine call, no other
+check's requests beside it. The check is about context lengths; what company does is the busy-batch
+check's and the mixing's (:mod:`ddtree_conformance.session.mixing`). Alone, a round's tree is the
+engine's whole tree: beside other requests' long prefills a scheduler may drop a request's drafts
+when its token budget runs out (vLLM does: the step verifies the root alone, a round of length 1),
+which says nothing about the context length, and the traced rerun that explains a differing round
+runs the request alone too, so it reproduces the round it explains. Outputs are judged like the lossless check's
 (equal to plain in float32, every token scored against the fp32 target on its own path in every
 dtype, so a fault shared by plain and speculative decoding fails too), and for engines with per-round
 acceptance every round is replayed with the fp32 reference like the acceptance check's. The result
@@ -65,6 +71,11 @@ def share(session: SuiteSession, mode: str, budget: int | None, count: int) -> l
     rotation = random.Random(f"context-share:{session.settings.run_seed or 0}").randrange(n)
     mine = budgets.index(budget)
     return [k for k in range(count) if (k + rotation) % n == mine]
+
+
+def _alone(session: SuiteSession, mode: str, budget: int | None, request: Request):
+    """``request``'s result in ``mode`` at ``budget``, from an engine call holding it alone (module doc)."""
+    return session.run(mode, budget, requests=[request], together=True)[0]
 
 
 def coverage_table(cover: dict, mode: str) -> dict:
@@ -121,10 +132,9 @@ def check_context_range(session: SuiteSession, mode: str, budget: int | None) ->
             message=f"context limit {limit} leaves no room to decode" + untested,
         )
     mine = share(session, mode, budget, len(every))
-    plain_all = session.run("plain", requests=every)  # every request, once per session
     requests, labels = [every[k] for k in mine], [every_label[k] for k in mine]
-    plain = [plain_all[k] for k in mine]
-    spec = session.run(mode, budget, requests=requests)
+    plain = [_alone(session, "plain", None, r) for r in requests]  # memoised: once per session and request
+    spec = [_alone(session, mode, budget, r) for r in requests]
     cases = [
         GreedyCase(label, r.prompt_ids, s.output_ids, p.output_ids, error=s.error or p.error)
         for label, r, p, s in zip(labels, requests, plain, spec)
