@@ -27,7 +27,7 @@ from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import rules_for
 from ..tree_policy import block_size, diagnose_traces, policy_table, round_views
-from .acceptance_aggregates import judge_aggregates
+from .acceptance_aggregates import NO_ACCEPTANCE, judge_aggregates, reports_aggregates
 from .acceptance_golden import golden_results
 from .acceptance_rounds import RoundsUnderTest, judge_per_round
 from .result import CheckResult
@@ -44,10 +44,29 @@ def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> Ch
     if mode not in caps.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
     results = session.run(mode, budget)
-    for prompt, result in zip(session.prompts, results):
-        if result.error:
-            return CheckResult.failed(name, f"engine error on {prompt.id}: {result.error.splitlines()[0]}")
+    unusable = _unusable(session, mode, results)
+    if unusable:  # nothing to diagnose a tree policy from
+        return CheckResult.failed(name, unusable)
+    if not caps.per_round(mode) and not reports_aggregates(results):
+        return CheckResult.skipped(name, NO_ACCEPTANCE)
     return _named_policy(session, mode, budget, results, _judge(session, name, mode, budget, results))
+
+
+def _unusable(session: SuiteSession, mode: str, results: list[RequestResult]) -> str | None:
+    """Why the engine's results cannot be judged at all: an error, or per-round acceptance promised
+    and missing; None when they can."""
+    labels = [p.id for p in session.prompts]
+    for label, result in zip(labels, results):
+        if result.error:
+            return f"engine error on {label}: {result.error.splitlines()[0]}"
+    if session.capabilities.per_round(mode):
+        missing = [label for label, r in zip(labels, results) if r.acceptance_lengths is None]
+        if missing:
+            return (
+                f"engine promises per-round acceptance in mode {mode} but returned none "
+                f"for {missing[0]} ({len(missing)}/{len(labels)} prompts)"
+            )
+    return None
 
 
 def _judge(
@@ -56,14 +75,7 @@ def _judge(
     """Round by round where the engine reports per-round lengths, else on its aggregates."""
     caps, run = session.capabilities, Run(mode, budget)
     labels = [p.id for p in session.prompts]
-    if caps.per_round(mode):
-        missing = [label for label, r in zip(labels, results) if r.acceptance_lengths is None]
-        if missing:
-            return CheckResult.failed(
-                name,
-                f"engine promises per-round acceptance in mode {mode} but returned none "
-                f"for {missing[0]} ({len(missing)}/{len(labels)} prompts)",
-            )
+    if caps.per_round(mode):  # every result holds its lengths (_unusable)
         traced_run = partial(_traced_prompt, session, run) if caps.traced(mode) else None
         return judge_per_round(
             session, name, run, RoundsUnderTest(labels, session.requests(), results), traced_run=traced_run
@@ -101,7 +113,7 @@ def _named_policy(
     s, caps = session.settings, session.capabilities
     block = block_size(s.drafter_dir)
     deeper = [] if caps.traced(mode) else acceptance_depth_findings(results, block, budget)
-    if verdict.message.startswith("engine ") or not (deeper or (verdict.status == "fail" and mode == "ddtree")):
+    if not (deeper or (verdict.status == "fail" and mode == "ddtree")):
         stated = {r.engine_settings.get("draft_depth") for r in results} - {None}
         if verdict.status == "pass" and len(stated) == 1:  # the depth the engine says it drafts, within the block
             return verdict.model_copy(

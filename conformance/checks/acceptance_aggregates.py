@@ -21,12 +21,20 @@ POOLED_TAU_REL_TOL = 0.02  # batch-pooled aggregates: tau within 2 % of the refe
 POOLED_POSITION_ABS_TOL = 0.02  # ... and acceptance at depths 1-4 within 2 points
 
 
+NO_ACCEPTANCE = "engine reports neither per-round nor aggregate acceptance"
+
+
+def reports_aggregates(results: list[RequestResult]) -> bool:
+    """Whether any result carries an aggregate acceptance (its mean acceptance or tau)."""
+    return any(r.mean_acceptance is not None or r.tau is not None for r in results)
+
+
 def judge_aggregates(name: str, results: list[RequestResult], reference: list[RequestResult], what: str) -> CheckResult:
     """Per-prompt mean tau (and acceptance at depths 1-4) within a paired bootstrap band of ``reference``."""
     pairs = [(r.mean_acceptance if r.mean_acceptance is not None else r.tau, ref) for r, ref in zip(results, reference)]
     pairs = [(a, ref) for a, ref in pairs if a is not None]
     if not pairs:
-        return CheckResult.skipped(name, "engine reports neither per-round nor aggregate acceptance")
+        return CheckResult.skipped(name, NO_ACCEPTANCE)
     mine = [a for a, _ in pairs]
     if len(pairs) > 1 and len(set(mine)) == 1 and all(r.rounds is None for r in results):
         return _judge_pooled(name, results, [ref for _, ref in pairs], mine[0], what)

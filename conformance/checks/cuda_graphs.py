@@ -71,7 +71,7 @@ def check_cuda_graphs(session: SuiteSession, mode: str, budget: int | None) -> C
         if session.settings.dtype != "float32":
             cases.append(GreedyCase(f"{prompt.id} (graphs off)", prompt.prompt_ids, a.output_ids))
     verdict = judge_greedy(session, cases, what="graphs off")
-    if verdict.problem and verdict.problem.startswith("engine error"):
+    if verdict.engine_error:
         return CheckResult.failed(name, verdict.problem)
     if verdict.problem:
         # fp32: name the first output that differs; outputs equal on and off but wrong on both (the

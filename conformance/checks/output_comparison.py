@@ -41,6 +41,7 @@ class GreedyVerdict:
     summary: str
     details: dict
     differing: list[str]
+    engine_error: bool = False  # the problem is a case's engine error, not its outputs
 
 
 def first_divergence(expected: Sequence[int], got: Sequence[int]) -> int | None:
@@ -74,7 +75,8 @@ def judge_greedy(
     rules = rules or rules_for(session.settings)
     for case in cases:
         if case.error:
-            return GreedyVerdict(f"engine error on {case.label}: {case.error.splitlines()[0][:300]}", "", {}, [])
+            message = f"engine error on {case.label}: {case.error.splitlines()[0][:300]}"
+            return GreedyVerdict(message, "", {}, [], engine_error=True)
         if not case.got:  # max_new_tokens >= 1, and the prefill token comes before any stop
             return GreedyVerdict(f"{case.label}: empty output without an error", "", {}, [case.label])
     if not cases:

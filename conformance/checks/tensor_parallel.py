@@ -124,7 +124,7 @@ def check_tensor_parallel(session: SuiteSession, mode: str, budget: int | None) 
         if not a.error:
             cases.append(GreedyCase(f"{prompt.id} (TP=1)", prompt.prompt_ids, a.output_ids))
     verdict = judge_greedy(session, cases, what="TP=1")
-    if verdict.problem and verdict.problem.startswith("engine error"):
+    if verdict.engine_error:
         return CheckResult.failed(name, verdict.problem, tp=n)
     if verdict.problem:
         first = next((c for c in cases if c.expected is not None and list(c.got) != list(c.expected)), None)
