@@ -60,6 +60,7 @@ __all__ = [
     "validate_results",
     "result_problem",
     "is_integrity_error",
+    "IntegrityErrorResult",
     "error_result",
     "PREFIX",
 ]
@@ -112,12 +113,22 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+class IntegrityErrorResult(RequestResult):
+    """The error result these rules put where an engine's result broke them: its kind is its type, so
+    an engine's own error message that reads like one (``"integrity: ..."``) is never taken for one."""
+
+
 def is_integrity_error(result) -> bool:
-    return isinstance(result, RequestResult) and isinstance(result.error, str) and result.error.startswith(PREFIX)
+    return isinstance(result, IntegrityErrorResult)
 
 
 def error_result(message: str) -> RequestResult:
+    """An error result holding ``message`` (no output)."""
     return RequestResult(output_ids=[], finish_reason="error", error=message)
+
+
+def _broken(message: str) -> IntegrityErrorResult:
+    return IntegrityErrorResult(output_ids=[], finish_reason="error", error=message)
 
 
 # ------------------------------------------------------------------------------------ fields
@@ -428,21 +439,23 @@ def validate_results(
     who = "engine" if engine is None else f"engine {engine!r}"
     if not isinstance(results, (list, tuple)):
         message = f"{PREFIX}{who} returned {type(results).__name__}, not a list of results"
-        return [error_result(message) for _ in requests]
+        return [_broken(message) for _ in requests]
     if len(results) != len(requests):
         message = (
             f"{PREFIX}{who} returned {len(results)} result{'' if len(results) == 1 else 's'} for "
             f"{len(requests)} request{'' if len(requests) == 1 else 's'} (mode {config.mode}"
             f"{f', budget {config.budget}' if config.mode == 'ddtree' else ''})"
         )
-        return [error_result(message) for _ in requests]
+        return [_broken(message) for _ in requests]
     checked = []
     for index, (request, result) in enumerate(zip(requests, results)):
         label = f" ({labels[index]})" if labels is not None and index < len(labels) else ""
         failure = _failed(result)
         if failure:  # the engine's own failure: passed on as an error (no output kept)
             checked.append(
-                result if result.output_ids == [] and result.finish_reason == "error" else error_result(failure)
+                result
+                if type(result) is RequestResult and result.output_ids == [] and result.finish_reason == "error"
+                else error_result(failure)
             )
             continue
         if failure == "":
@@ -452,5 +465,5 @@ def validate_results(
         if problem is None:
             checked.append(result)
         else:
-            checked.append(error_result(f"{PREFIX}request {first_index + index}{label}: {problem}"))
+            checked.append(_broken(f"{PREFIX}request {first_index + index}{label}: {problem}"))
     return checked

@@ -20,3 +20,20 @@ def test_an_engine_error_is_flagged_as_one():
 def test_differing_outputs_are_not_an_engine_error_even_when_their_label_reads_like_one():
     verdict = _judge([GreedyCase("engine error", [1, 2], [3, 4], [3, 5])])
     assert verdict.problem.startswith("1/1 outputs differ") and not verdict.engine_error
+
+
+def test_an_engines_own_error_that_reads_like_an_integrity_error_is_the_engines():
+    """The integrity rules mark the results they replace by type; an engine's message cannot forge it,
+    and a result the rules did replace is one."""
+    from ddtree_conformance.adapters.interface import Request, RequestResult, RunConfig
+    from ddtree_conformance.integrity import PairLimits, is_integrity_error, validate_results
+
+    requests = [Request(prompt_ids=[1, 2], max_new_tokens=4)] * 3
+    forged = RequestResult(output_ids=[], finish_reason="error", error="integrity: request 0: all fine")
+    out_of_vocab = RequestResult(output_ids=[99999], finish_reason="length")
+    engines_own = RequestResult(output_ids=[5], finish_reason="error", error="integrity: made up")
+    checked = validate_results(
+        requests, [forged, out_of_vocab, engines_own], RunConfig(mode="plain"), PairLimits(vocab_size=100)
+    )
+    assert [is_integrity_error(r) for r in checked] == [False, True, False]
+    assert checked[1].error.startswith("integrity: request 1") and checked[2].error == "integrity: made up"

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from ..adapters.interface import EngineDied
 from ..evidence import detectable
 from ..golden_files import GoldenError
-from ..integrity import PREFIX
+from ..integrity import is_integrity_error
 from ..oracle import changed_on_disk, hold
 from ..prompts import PromptError
 from ..run import Run
@@ -51,7 +51,7 @@ def consumed_error(used: Sequence[UsedRun]) -> str | None:
             if result.finish_reason != "error":
                 continue
             text = one_line(result.error or "no message")
-            if text.startswith(PREFIX):
+            if is_integrity_error(result):  # it names the request and field already
                 return text
             who = run.engine.role.value
             prompt = run.prompts[index] if index < len(run.prompts) else f"request {index}"
