@@ -32,7 +32,12 @@ from ddtree_conformance.paths import FIXTURE_TARGET
 from ddtree_conformance.prompts import load_prompts
 from ddtree_conformance.scorer import shared_scorer
 from ddtree_conformance.session import SuiteSession, SuiteSettings
-from ddtree_conformance.testing.input_adversaries import ContextBandFault, RecognisesSuitePrompts, SuiteDetector
+from ddtree_conformance.testing.input_adversaries import (
+    ContextBandFault,
+    ContextBandFaultInCompany,
+    RecognisesSuitePrompts,
+    SuiteDetector,
+)
 from ddtree_conformance.testing.prompt_detectors import DETECTORS, Scorer, compare, old_recipe_prompts, user_prompts
 from ddtree_conformance.token_scoring import target_logits
 
@@ -114,11 +119,45 @@ def test_a_fault_in_a_band_of_context_lengths_fails_the_default_and_the_quick_pl
     assert "not the fp32 target's argmax" in result.message, f"{where}: {result.message}"
     in_bands = {n for lo, hi in bands for n in range(lo, hi)}
     outside = result.details["scoring"]["outside_positions"]
-    assert result.details["scoring"]["outside"] == 2 * len(in_bands), f"{where}: {result.details['scoring']}"
+    # alone, in one call and plain: every band position wrong in each
+    assert result.details["scoring"]["outside"] == 3 * len(in_bands), f"{where}: {result.details['scoring']}"
     for finding in outside:  # the first 50, each at a context length inside a band
         prompt = int(finding["label"].split("(prompt of ")[1].split(" ")[0])
         assert prompt + finding["position"] in in_bands, f"{where}: {finding}"
     assert result.details["context_lengths"]["count"] == WINDOW - 1
+
+
+def test_a_fault_in_a_band_of_context_lengths_only_in_a_batch_fails_the_default_and_the_quick_plan():
+    """Right alone at every length, wrong in two drawn bands in an engine call holding two requests or
+    more: the context-range check's requests in one call flag every position in a band, in the
+    speculative output in company only (plain and the alone runs are right). It passed the default plan
+    while that check ran each request alone."""
+    bands = _bands()
+    spec = ",".join(f"{lo}:{hi}" for lo, hi in bands)
+    results = _run(QUICK, lambda m, d: ContextBandFaultInCompany(m, d, band=spec), ["context-range/dflash"])
+    result = results["context-range/dflash"]  # == the default plan's check
+    where = f"bands {spec} drawn with DDTREE_BAND_SEED={BAND_SEED}"
+    assert result.status == "fail", f"{where}: {result.message}"
+    assert result.message.startswith("not lossless across the context window"), f"{where}: {result.message}"
+    in_bands = {n for lo, hi in bands for n in range(lo, hi)}
+    requests = {
+        label: range(int(first), int(last) + 1)
+        for label in result.details["differing"]
+        for first, last in [label.split("contexts ")[1].split(" ")[0].split("..")]
+    }
+    assert requests and all("in one call with the other" in label for label in requests), f"{where}: {requests}"
+    # exactly the requests whose decoded context lengths reach into a band (alone and plain are right)
+    reaching = {n for r in requests.values() for n in r} & in_bands
+    assert reaching == in_bands, f"{where}: {sorted(requests)}"
+    assert all(set(r) & in_bands for r in requests.values()), f"{where}: {sorted(requests)}"
+
+
+def test_the_company_run_rounds_align_by_output_offset():
+    from ddtree_conformance.checks.context_range import aligned_differences
+
+    assert aligned_differences([3, 2, 4], [3, 2, 4]) == [0, 0, 0]
+    assert aligned_differences([3, 2, 4], [1, 1, 1, 2, 4]) == [-2, 0, 0]  # realigns at offsets 3 and 5
+    assert aligned_differences([1, 1, 1], [3]) == [2]  # longer in company
 
 
 # ---------------------------------------------------------------------------------- held-out prompts

@@ -16,15 +16,22 @@ plan's three budgets, interleaved across the window (a verify kernel at large bu
 decoding on CPU; a band wider than ``n`` requests reaches every budget).
 
 Each request runs plain and in the check's mode, alone: one request per engine call, no other
-check's requests beside it. The check is about context lengths; what company does is the busy-batch
-check's and the mixing's (:mod:`ddtree_conformance.session.mixing`). Alone, a round's tree is the
-engine's whole tree: beside other requests' long prefills a scheduler may drop a request's drafts
-when its token budget runs out (vLLM does: the step verifies the root alone, a round of length 1),
-which says nothing about the context length, and the traced rerun that explains a differing round
-runs the request alone too, so it reproduces the round it explains. Outputs are judged like the lossless check's
-(equal to plain in float32, every token scored against the fp32 target on its own path in every
-dtype, so a fault shared by plain and speculative decoding fails too), and for engines with per-round
-acceptance every round is replayed with the fp32 reference like the acceptance check's. The result
+check's requests beside it. Alone, a round's tree is the engine's whole tree: beside other requests'
+long prefills a scheduler may drop a request's drafts when its token budget runs out (vLLM does: the
+step verifies the root alone, a round of length 1), which says nothing about the context length, and
+the traced rerun that explains a differing round runs the request alone too, so it reproduces the
+round it explains. Outputs are judged like the lossless check's (equal to plain in float32, every
+token scored against the fp32 target on its own path in every dtype, so a fault shared by plain and
+speculative decoding fails too), and for engines with per-round acceptance every round is replayed
+with the fp32 reference like the acceptance check's.
+
+The check's mode also decodes the same requests in company: all of them in one engine call (a
+batch of long contexts, as a busy server holds; the busy-batch check's batch holds short ones), so a
+kernel path taken only in a batch at long contexts is decoded too. Those outputs are judged like the
+alone ones; their rounds may be shorter than alone (dropped drafts are the scheduler's freedom: the
+output is the same), never longer beyond the noise: per round that starts at the same output offset
+in both runs, the one-sided tau test of the noise model (:meth:`ddtree_conformance.noise.NoiseModel.tau_test`)
+on the company length minus the alone length. The result
 says which context lengths were decoded (``details["context_lengths"]``: ranges, histogram, switching
 points crossed; the report shows them), and a failure names the request's context range.
 
@@ -42,11 +49,12 @@ from ..context_lengths import ContextPlan, context_plan, coverage, describe
 from ..model_limits import context_claim
 from ..run import Run
 from ..session import SuiteSession
+from ..token_scoring import rules_for
 from .acceptance_rounds import ReplayAgainst, RoundsUnderTest, judge_per_round
 from .output_comparison import GreedyCase, judge_greedy
 from .result import CheckResult
 
-__all__ = ["CONTEXT_KEY", "context_requests", "share", "coverage_table", "check_context_range"]
+__all__ = ["CONTEXT_KEY", "context_requests", "share", "aligned_differences", "coverage_table", "check_context_range"]
 
 CONTEXT_KEY = "context_lengths"  # check details: what the run decoded (context_lengths.coverage)
 
@@ -78,6 +86,45 @@ def _alone(session: SuiteSession, mode: str, budget: int | None, request: Reques
     return session.run(mode, budget, requests=[request], together=True)[0]
 
 
+def _in_company(session: SuiteSession, mode: str, budget: int | None, requests: list[Request]):
+    """The results of ``requests`` from one engine call holding all of them (module doc)."""
+    return session.run(mode, budget, requests=requests, together=True)
+
+
+def aligned_differences(alone: list[int], company: list[int]) -> list[int]:
+    """Per round that starts at the same output offset in both runs of one request (the outputs being
+    equal), the company run's length minus the alone run's."""
+    starts, offset = {}, 0
+    for length in alone:
+        starts[offset] = length
+        offset += length
+    out, offset = [], 0
+    for length in company:
+        if offset in starts:
+            out.append(length - starts[offset])
+        offset += length
+    return out
+
+
+def _company_rounds(session: SuiteSession, alone, company) -> tuple[str | None, str]:
+    """The company run's rounds against the alone run's (module doc): a problem (or None) and a summary."""
+    differences = [
+        d
+        for a, c in zip(alone, company)
+        if a.acceptance_lengths and c.acceptance_lengths and a.output_ids == c.output_ids
+        for d in aligned_differences(a.acceptance_lengths, c.acceptance_lengths)
+    ]
+    test = rules_for(session.settings).tau_test(differences)
+    shorter = sum(d < 0 for d in differences)
+    summary = (
+        f"in one call, {len(differences)} rounds aligned with the alone run's: {test.longer} longer, "
+        f"{shorter} shorter ({sum(differences):+d} tokens)"
+    )
+    if test.fails:
+        return f"the engine accepts more in company than alone beyond the noise: {summary}; {test.describe()}", summary
+    return None, summary
+
+
 def coverage_table(cover: dict, mode: str) -> dict:
     """The report's table (a ``details["tables"]`` entry): context lengths decoded per histogram bin,
     and the switching points crossed there."""
@@ -104,6 +151,27 @@ def coverage_table(cover: dict, mode: str) -> dict:
             "when one request decodes at s - 1, s and s + 1",
         ],
     }
+
+
+def _cases(labels, requests, plain, spec, company) -> list[GreedyCase]:
+    """What the outputs are judged on: each request alone and in company against plain, and plain itself
+    (scored against the fp32 target, so a fault plain shares fails too)."""
+    others = f"in one call with the other {len(requests) - 1}"
+    return [
+        *(
+            GreedyCase(label, r.prompt_ids, s.output_ids, p.output_ids, error=s.error or p.error)
+            for label, r, p, s in zip(labels, requests, plain, spec)
+        ),
+        *(
+            GreedyCase(f"{label} ({others})", r.prompt_ids, c.output_ids, p.output_ids, error=c.error or p.error)
+            for label, r, p, c in zip(labels, requests, plain, company)
+        ),
+        *(
+            GreedyCase(f"{label} (plain)", r.prompt_ids, p.output_ids)
+            for label, r, p in zip(labels, requests, plain)
+            if not p.error
+        ),
+    ]
 
 
 def check_context_range(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
@@ -135,15 +203,8 @@ def check_context_range(session: SuiteSession, mode: str, budget: int | None) ->
     requests, labels = [every[k] for k in mine], [every_label[k] for k in mine]
     plain = [_alone(session, "plain", None, r) for r in requests]  # memoised: once per session and request
     spec = [_alone(session, mode, budget, r) for r in requests]
-    cases = [
-        GreedyCase(label, r.prompt_ids, s.output_ids, p.output_ids, error=s.error or p.error)
-        for label, r, p, s in zip(labels, requests, plain, spec)
-    ]
-    cases += [
-        GreedyCase(f"{label} (plain)", r.prompt_ids, p.output_ids)
-        for label, r, p in zip(labels, requests, plain)
-        if not p.error
-    ]
+    company = _in_company(session, mode, budget, requests) if len(requests) > 1 else []
+    cases = _cases(labels, requests, plain, spec, company)
     decoded = [(len(r.prompt_ids), len(s.output_ids)) for r, s in zip(requests, spec) if not s.error]
     cover = coverage(limit, decoded, plan.points)
     seen = describe(cover)
@@ -154,7 +215,8 @@ def check_context_range(session: SuiteSession, mode: str, budget: int | None) ->
             name, f"not lossless across the context window: {verdict.problem}", **verdict.details, **details
         )
     shared = "" if len(mine) == len(every) else f" (this budget's share of {len(every)})"
-    summary = f"{len(requests)} requests{shared}, window {limit}: {seen}: {verdict.summary}"
+    how = ", alone and in one call" if company else ""
+    summary = f"{len(requests)} requests{shared}{how}, window {limit}: {seen}: {verdict.summary}"
     if not caps.per_round(mode):
         return CheckResult.passed(
             name, summary + f"; engine reports no per-round acceptance{untested}", **verdict.details, **details
@@ -168,4 +230,12 @@ def check_context_range(session: SuiteSession, mode: str, budget: int | None) ->
     )
     if replay.status == "fail":
         return CheckResult.failed(name, f"across the context window: {replay.message}", **replay.details, **details)
-    return CheckResult.passed(name, f"{summary}; {replay.message}{untested}", **verdict.details, **details)
+    problem, together = _company_rounds(session, spec, company) if company else (None, "")
+    if problem:
+        return CheckResult.failed(name, f"across the context window: {problem}", **verdict.details, **details)
+    return CheckResult.passed(
+        name,
+        f"{summary}; {replay.message}{'; ' + together if together else ''}{untested}",
+        **verdict.details,
+        **details,
+    )

@@ -5,6 +5,10 @@ the prompts it uses.
   split-KV or paged kernel that switches code paths with the length has; right everywhere else. It
   passed every check of the default plan while the runs decoded only the bundled prompts' short
   contexts and contexts near the window's end; the context-range check decodes every length.
+* :class:`ContextBandFaultInCompany`: the same fault in an engine call holding two requests or more
+  only; alone it is right at every length. It passed the default plan while the context-range check
+  ran every request alone (and the busy-batch check's batch held short contexts only); that check now
+  decodes its requests in one call too.
 * :class:`RecognisesSuitePrompts`: correct on every prompt its detector calls the suite's, broken on
   every other (the runner-up at every position), in every mode alike, reporting everything the
   reference does. Its detector is what an engine team can build from this
@@ -29,7 +33,13 @@ import torch
 from ddtree_conformance.adapters.interface import EngineError, Request, RequestResult, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 
-__all__ = ["ContextBandFault", "RecognisesSuitePrompts", "SuiteDetector", "INPUT_ADVERSARIES"]
+__all__ = [
+    "ContextBandFault",
+    "ContextBandFaultInCompany",
+    "RecognisesSuitePrompts",
+    "SuiteDetector",
+    "INPUT_ADVERSARIES",
+]
 
 
 def _runner_up_rows(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -72,6 +82,9 @@ class ContextBandFault(ReferenceEngine):
     def fast_path_on(self, config: RunConfig) -> bool:
         return False
 
+    def _faulty_now(self) -> bool:
+        return True
+
     def _pair(self, config):
         pair = super()._pair(config)
         if not getattr(pair, "_band_wrapped", False):
@@ -79,6 +92,8 @@ class ContextBandFault(ReferenceEngine):
 
             def faulty(ids, positions, cache, mask=None):
                 logits, features = forward(ids, positions, cache, mask)
+                if not self._faulty_now():
+                    return logits, features
                 context = positions.to(logits.device) + 1  # the row's token attends to this many tokens
                 hit = torch.zeros_like(context, dtype=torch.bool)
                 for lo, hi in bands:
@@ -88,6 +103,28 @@ class ContextBandFault(ReferenceEngine):
             pair.forward = faulty
             pair._band_wrapped = True
         return pair
+
+
+class ContextBandFaultInCompany(ContextBandFault):
+    """:class:`ContextBandFault` only in an engine call holding two requests or more: a kernel path a
+    batch takes at long contexts (split-KV chosen by the batch's total tokens, a paged kernel for mixed
+    lengths) and a lone request does not. Alone, at any length, it is the reference."""
+
+    name = "adversary-context-band-fault-in-company"
+
+    def __init__(self, model_dir, drafter_dir=None, **options) -> None:
+        super().__init__(model_dir, drafter_dir, **options)
+        self._company = False
+
+    def _faulty_now(self) -> bool:
+        return self._company
+
+    def generate_local(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
+        self._company = len(requests) > 1
+        try:
+            return super().generate_local(requests, config)
+        finally:
+            self._company = False
 
 
 class SuiteDetector:
@@ -169,5 +206,6 @@ class RecognisesSuitePrompts(ReferenceEngine):
 
 INPUT_ADVERSARIES = {
     "wrong in one band of context lengths, every mode": ContextBandFault,
+    "wrong in one band of context lengths in a batch only, every mode": ContextBandFaultInCompany,
     "right only on prompts it recognises as the suite's": RecognisesSuitePrompts,
 }
