@@ -83,7 +83,6 @@ def test_bad_golden_file_is_one_clear_error(tmp_path, content, message):
 
 def test_golden_check_catches_changed_output(random_pair, tmp_path):
     """Record with the reference, then a mutant whose output differs fails the golden check."""
-    from ddtree_conformance.checks import plan, run_plan
     from ddtree_conformance.golden_files import record_golden
     from ddtree_conformance.session import SuiteSession, SuiteSettings
     from ddtree_conformance.testing.mutants import FirstRowsCompaction
@@ -103,9 +102,11 @@ def test_golden_check_catches_changed_output(random_pair, tmp_path):
         golden_dir=str(tmp_path / "golden"),
     )
     session = SuiteSession(settings)
-    write_golden(settings.golden_dir, record_golden(session, [16]))
-    good = run_plan(session, plan(settings, ["golden/", "acceptance/"]))
-    session.close()
+    try:
+        write_golden(settings.golden_dir, record_golden(session, [16]))
+    finally:
+        session.close()
+    good = plan_and_run(settings, None, ["golden/", "acceptance/"])
     assert [r.status for r in good] == ["pass"] * 4, [(r.check, r.message) for r in good]
 
     results = plan_and_run(settings, FirstRowsCompaction, ["golden/ddtree"])
