@@ -23,7 +23,7 @@ from ddtree_conformance.report import render_html
 from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.spec import build_tree
 from ddtree_conformance.testing import tree_policies as tp
-from ddtree_conformance.testing.runs import by_family, plan_and_run
+from ddtree_conformance.testing.runs import by_family, fixture_pair_settings, plan_and_run
 from ddtree_conformance.tree_policy import RoundView, diagnose_traces
 
 HORIZON, VOCAB = 7, 40
@@ -168,18 +168,8 @@ def test_depth_from_acceptance_alone():
 
 @pytest.fixture(scope="module")
 def fixture_settings() -> SuiteSettings:
-    return SuiteSettings(
-        model_dir=str(FIXTURE_TARGET),
-        drafter_dir=str(FIXTURE_DRAFTER),
-        pair_name="fixture",
-        prompt_set="fixture",
-        limit=2,
-        max_new_tokens=24,
-        budgets=[16],
-        isolate=False,
-        held_out_prompts=0,
-        run_seed=1,
-        golden_dir="/nonexistent",
+    return fixture_pair_settings(
+        limit=2, max_new_tokens=24, budgets=[16], held_out_prompts=0, run_seed=1, golden_dir="/nonexistent"
     )
 
 
