@@ -46,7 +46,8 @@ def _one_variant(engine_class, variant: str, **small):
 def test_a_run_too_small_for_a_verdict_says_so_and_names_the_number_needed():
     result = _one_variant(ReferenceEngine, "T=1", sampling_requests=10, max_new_tokens=8)
     assert result.status == "skip" and result.cause == "input", result.message
-    assert result.message.startswith("insufficient evidence: 80 sampled transitions per setting (10 requests of 8")
+    assert result.message.startswith("insufficient evidence: 80 sampled transitions"), result.message
+    assert " per setting (10 requests of 8 tokens)" in result.message, result.message
     assert f"needs at least {MIN_TRANSITIONS} per setting" in result.message and "--limit" in result.message
     drawn = _one_variant(ReferenceEngine, "drawn", sampling_requests=10, max_new_tokens=8)
     assert drawn.status == "skip" and drawn.cause == "input" and "insufficient evidence" in drawn.message
