@@ -24,7 +24,8 @@ clone of an older commit, for the "before"). The counts:
   60 characters or more (implicit concatenations joined; f-strings counted by their literal parts).
 * ``production imports of test doubles``: imports of ``ddtree_conformance.testing`` (relative ones
   resolved, function-local ones included) in modules of ``conformance/`` and ``adapters/`` outside
-  ``conformance/testing/``.
+  ``conformance/testing/``; resolved by :mod:`ddtree_conformance.testing.imports`, as the layering tests
+  resolve them (``tests/test_import_graph.py``).
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ import re
 import sys
 from pathlib import Path
 
+from ddtree_conformance.testing.imports import PACKAGE, SOURCES, project_imports
+
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = "ddtree_conformance"
-SOURCES = {"conformance": PACKAGE, "adapters": f"{PACKAGE}.adapters"}
 LONG = 80
 LONG_LITERAL = 60
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
@@ -201,33 +202,6 @@ def long_literal_asserts(root: Path) -> list[str]:
     return found
 
 
-def _module(path: Path, root: Path) -> tuple[str, bool]:
-    rel = path.relative_to(root).with_suffix("")
-    parts = [SOURCES[rel.parts[0]], *rel.parts[1:]]
-    if parts[-1] == "__init__":
-        return ".".join(parts[:-1]), True
-    return ".".join(parts), False
-
-
-def _imports(path: Path, root: Path) -> list[tuple[int, str]]:
-    module, is_package = _module(path, root)
-    package = (module if is_package else module.rpartition(".")[0]).split(".")
-    found = []
-    for node in ast.walk(_tree(path)):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level == 0:
-                found.append((node.lineno, node.module or ""))
-                continue
-            base = package[: len(package) - (node.level - 1)]
-            if node.module:
-                found.append((node.lineno, ".".join([*base, node.module])))
-            else:
-                found += [(node.lineno, ".".join([*base, a.name])) for a in node.names]
-    return found
-
-
 def testing_imports(root: Path) -> list[str]:
     testing = f"{PACKAGE}.testing"
     found = []
@@ -235,7 +209,7 @@ def testing_imports(root: Path) -> list[str]:
         rel = _rel(path, root)
         if not _production(rel):
             continue
-        for line, target in _imports(path, root):
+        for line, target in project_imports(path, root):
             if target == testing or target.startswith(testing + "."):
                 found.append(f"{rel}:{line} {target}")
     return found

@@ -5,15 +5,16 @@
 
 Run in the vLLM tier's venv (``.ci/vllm-tier`` builds ``.venv-vllm``), with the tier's engine options
 (one ``LLM`` shared by budgets up to 128, :data:`~ddtree_conformance.testing.tiers.VLLM_TIER_ENGINE_OPTIONS`)
-and run seed 1234. ``check`` runs the context-range check alone and prints its verdict and the first
-differing rounds. ``drafter`` decodes the last ``K`` requests of the context plan (the window's end)
-alone with traces and drafter logits, replays each round with the fp32 reference, and prints per round
-the root position and the largest difference between the engine's drafter logits and the
-reference's: a fault of the drafter at some context length shows as the row where that difference
-leaves float rounding (``1e-5``). ``drafter --max-context N`` plans the window
-as N tokens instead of the adapter's claim (``capabilities().max_context``, which the check always
-uses); the claim is what this script found (``adapters/vllm/engine.py::_max_context``): with
-``--max-context 895`` (the claim before) the rows part from root 880 at B=16.
+and the plugin tier's run seed 1234 (:func:`~ddtree_conformance.testing.tiers.vllm_tier_settings`).
+``check`` runs the context-range check alone and prints its verdict and the first differing rounds.
+``drafter`` decodes the last ``K`` requests of the context plan (the window's end) alone with traces
+and drafter logits, replays each round with the fp32 reference, and prints per round the root position
+and the largest difference between the engine's drafter logits and the reference's: a fault of the
+drafter at some context length shows as the row where that difference leaves float rounding (``1e-5``).
+``drafter --max-context N`` plans the window as N tokens instead of the adapter's claim
+(``capabilities().max_context``, which the check always uses); the claim is what this script found
+(``adapters/vllm/engine.py::_max_context``): with ``--max-context 895`` (the claim before) the rows
+part from root 880 at B=16.
 """
 
 from __future__ import annotations
@@ -21,27 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from ddtree_conformance.session import SuiteSession, SuiteSettings
-from ddtree_conformance.testing.tiers import VLLM_TIER_ENGINE_OPTIONS, run_checks
-
-RUN_SEED = 1234
+from ddtree_conformance.session import SuiteSession
+from ddtree_conformance.testing.tiers import VLLM_PLUGIN_TIER_RUN_SEED, run_checks, vllm_tier_settings
 
 
 def _session(budget: int) -> SuiteSession:
-    settings = SuiteSettings(
-        engine="vllm",
-        modes=["ddtree"],
-        budgets=[budget],
-        dtype="float32",
-        max_new_tokens=64,
-        isolate=True,
-        engine_timeout_s=900.0,
-        pair_name="fixture",
-        prompt_set="fixture",
-        torch_threads=1,
-        engine_options=dict(VLLM_TIER_ENGINE_OPTIONS),
-        run_seed=RUN_SEED,
-    )
+    settings = vllm_tier_settings(modes=["ddtree"], budgets=[budget], run_seed=VLLM_PLUGIN_TIER_RUN_SEED)
     return SuiteSession(settings)
 
 

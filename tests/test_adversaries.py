@@ -19,10 +19,10 @@ from ddtree_conformance.calibrate import calibrate
 from ddtree_conformance.checks import plan
 from ddtree_conformance.golden_files import record_golden, write_golden
 from ddtree_conformance.model_limits import UNTESTED_KEY
-from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.session import SuiteSession, SuiteSettings
 from ddtree_conformance.testing import adversaries as adv
 from ddtree_conformance.testing.random_pair import write_random_pair, write_random_prompts
+from ddtree_conformance.testing.runs import fixture_pair_settings
 from ddtree_conformance.testing.runs import plan_and_run as _run
 
 pytestmark = pytest.mark.slow
@@ -101,14 +101,7 @@ def pairs(tmp_path_factory):
             golden_dir=str(root / "golden"),
             **common,
         ),
-        "fixture": SuiteSettings(
-            model_dir=str(FIXTURE_TARGET),
-            drafter_dir=str(FIXTURE_DRAFTER),
-            limit=3,
-            max_new_tokens=40,
-            golden_dir=str(root / "no-golden"),
-            **common,
-        ),
+        "fixture": fixture_pair_settings(limit=3, max_new_tokens=40, golden_dir=str(root / "no-golden"), **common),
     }
 
 

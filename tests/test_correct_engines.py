@@ -15,11 +15,10 @@ import torch
 from ddtree_conformance.adapters.interface import RoundTrace
 from ddtree_conformance.adapters.reference.replay import ReplayRound
 from ddtree_conformance.noise import NoiseModel
-from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.replay import ReplayRun, judge_rounds
 from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing import correct_engines as ce
-from ddtree_conformance.testing.runs import plan_and_run
+from ddtree_conformance.testing.runs import fixture_pair_settings, plan_and_run
 
 # engine -> (check-id substrings, dtypes): the checks its freedom could trip
 ROWS = {
@@ -54,13 +53,10 @@ OVERRIDES = {
 
 def _settings(dtype: str, **overrides) -> SuiteSettings:
     values = dict(
-        model_dir=str(FIXTURE_TARGET),
-        drafter_dir=str(FIXTURE_DRAFTER),
         limit=2,
         max_new_tokens=20,
         budgets=[16],
         dtype=dtype,
-        isolate=False,
         sampling_requests=40,
         branch_prompts=1,
         branch_rounds=2,
@@ -68,7 +64,7 @@ def _settings(dtype: str, **overrides) -> SuiteSettings:
         held_out_prompts=0,
         context_tokens=96,  # context-range: the window's end only (tests/test_input_adversaries.py: every length)
     )  # the freedoms, not fresh prompts, are tested here
-    return SuiteSettings(**{**values, **overrides})
+    return fixture_pair_settings(**{**values, **overrides})
 
 
 @pytest.mark.parametrize("seed, check", [(6, "acceptance/dflash"), (55, "acceptance/ddtree")])
@@ -77,15 +73,8 @@ def test_ties_broken_the_other_way_pass_acceptance_in_bfloat16_on_the_seeds_that
     (the engine's tree holds, or lacks, what the spec's smaller-id tie-break does not): they failed
     before the tie rule (`scripts/seed_sweep.py`; 5 of seeds 1-79). The rule is replay._drafter_excuse's
     spec.freedoms.may_hold; the catalogue table's settings, the seed's held-out prompt included."""
-    settings = SuiteSettings(
-        budgets=[16],
-        limit=4,
-        max_new_tokens=24,
-        isolate=False,
-        dtype="bfloat16",
-        sampling_requests=60,
-        run_seed=seed,
-        torch_threads=1,
+    settings = fixture_pair_settings(
+        budgets=[16], limit=4, max_new_tokens=24, dtype="bfloat16", sampling_requests=60, run_seed=seed, torch_threads=1
     )
     (result,) = plan_and_run(settings, ce.TiesBrokenTheOtherWay, [check])
     assert result.status == "pass", result.message

@@ -38,11 +38,10 @@ def test_each_family_reads_its_own_evidence():
 
 
 def test_a_check_run_carries_its_detectable_effect(tmp_path):
-    from ddtree_conformance.session import SuiteSettings
-    from ddtree_conformance.testing.runs import plan_and_run
+    from ddtree_conformance.testing.runs import fixture_pair_settings, plan_and_run
 
-    settings = SuiteSettings(
-        limit=2, max_new_tokens=8, modes=["ddtree"], budgets=[16], isolate=False, torch_threads=1, sampling_requests=40
+    settings = fixture_pair_settings(
+        limit=2, max_new_tokens=8, modes=["ddtree"], budgets=[16], torch_threads=1, sampling_requests=40
     )
     results = plan_and_run(settings, None, ["lossless", "acceptance", "sampling/ddtree-B16/T=1"])
     lines = {r.check: r.details.get("detectable") for r in results}

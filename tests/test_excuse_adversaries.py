@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
-from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing.excuse_adversaries import PeekingDrafter
-from ddtree_conformance.testing.runs import plan_and_run
+from ddtree_conformance.testing.runs import fixture_pair_settings, plan_and_run
 
 
 def _acceptance(dtype: str, limit: int):
-    settings = SuiteSettings(
-        model_dir=str(FIXTURE_TARGET),
-        drafter_dir=str(FIXTURE_DRAFTER),
-        limit=limit,
-        max_new_tokens=64,
-        budgets=[16],
-        dtype=dtype,
-        isolate=False,
-        held_out_prompts=0,
-        torch_threads=1,
-        run_seed=1,
+    settings = fixture_pair_settings(
+        limit=limit, max_new_tokens=64, budgets=[16], dtype=dtype, held_out_prompts=0, torch_threads=1, run_seed=1
     )
     return plan_and_run(settings, PeekingDrafter, ["acceptance/ddtree", "lossless/ddtree"])
 

@@ -83,7 +83,6 @@ def test_bad_golden_file_is_one_clear_error(tmp_path, content, message):
 
 def test_golden_check_catches_changed_output(random_pair, tmp_path):
     """Record with the reference, then a mutant whose output differs fails the golden check."""
-    from ddtree_conformance.checks import plan, run_plan
     from ddtree_conformance.golden_files import record_golden
     from ddtree_conformance.session import SuiteSession, SuiteSettings
     from ddtree_conformance.testing.mutants import FirstRowsCompaction
@@ -103,9 +102,11 @@ def test_golden_check_catches_changed_output(random_pair, tmp_path):
         golden_dir=str(tmp_path / "golden"),
     )
     session = SuiteSession(settings)
-    write_golden(settings.golden_dir, record_golden(session, [16]))
-    good = run_plan(session, plan(settings, ["golden/", "acceptance/"]))
-    session.close()
+    try:
+        write_golden(settings.golden_dir, record_golden(session, [16]))
+    finally:
+        session.close()
+    good = plan_and_run(settings, None, ["golden/", "acceptance/"])
     assert [r.status for r in good] == ["pass"] * 4, [(r.check, r.message) for r in good]
 
     results = plan_and_run(settings, FirstRowsCompaction, ["golden/ddtree"])
@@ -163,9 +164,9 @@ def test_update_replaces_a_corrupt_golden_file_with_a_warning_naming_it(tmp_path
         write_golden(tmp_path, _golden())
     warned: list[str] = []
     _, diff = write_golden(tmp_path, _golden(), update=True, warn=warned.append)
-    assert warned == [
-        f"replacing an unreadable golden file: {path}: not UTF-8 text (byte 0xff at offset 0); is it a golden file?"
-    ]
+    (warning,) = warned  # it names the file and carries the load error (its wording: the test below)
+    assert warning.startswith(f"replacing an unreadable golden file: {path}: not UTF-8 text"), warning
+    assert "(byte 0xff at offset 0)" in warning, warning
     assert diff == ["new golden file: 1 prompts"]
     assert load_golden(tmp_path, "p", "s", "float32").records["a"].output_ids == [1, 2, 3]
 
@@ -216,7 +217,5 @@ def test_golden_check_on_a_corrupt_file_fails_naming_it_not_as_a_crash(random_pa
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     [result] = plan_and_run(settings, None, ["golden/"])
-    assert (result.status, result.message) == (
-        "fail",
-        f"{path}: not valid JSON (line 1: Expecting property name enclosed in double quotes)",
-    )
+    assert result.status == "fail", result.message  # the load error's wording: test_bad_golden_file_is_one_clear_error
+    assert result.message.startswith(f"{path}: not valid JSON (line 1: "), result.message

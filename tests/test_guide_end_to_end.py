@@ -170,10 +170,12 @@ def test_the_guides_engine_passes_check_pytest_and_ci_on_cpu(folder):
     assert ci.returncode == 0, ci.stdout[-3000:] + ci.stderr[-3000:]
     summary = " ".join((folder / "ci" / "summary.md").read_text().split())
     assert "conformance | 0 | PASS" in summary and "not applicable on this run" in summary
-    assert (
-        "| gate | 0 | NOTHING GATED (no stored baseline for any run of this engine here; --gate auto); not gated: "
-        "ddtree-B16 (no baseline for (cpu-x86_64-2c, my_engine:MyEngine, fixture, ddtree, 16))" in summary
-    )
+    assert "| gate | 0 | NOTHING GATED " in summary  # the summary's wording: tests/test_ci.py
+    gate = json.loads((folder / "ci" / "gate.json").read_text())
+    hw, engine = "cpu-x86_64-2c", "my_engine:MyEngine"
+    assert [(r["run"], r["metric"], r["status"], r["message"]) for r in gate["rows"]] == [
+        ("ddtree-B16", "all", "not gated", f"no baseline for ({hw}, {engine}, fixture, ddtree, 16)")
+    ]
 
 
 @pytest.mark.slow
@@ -223,4 +225,4 @@ def test_without_traces_the_documented_allow_skip_lines_pass(folder):
         env={"DDTREE_ALLOW_SKIP": "\n".join(ci_allow_skip_list())},
     )
     assert ci.returncode == 0, ci.stdout[-3000:] + ci.stderr[-3000:]
-    assert "note: --allow-skip branch-vs-chain is not planned for --modes dflash" in ci.stderr
+    assert "note: --allow-skip branch-vs-chain is not planned" in ci.stderr  # the note's wording: test_coverage

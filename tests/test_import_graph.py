@@ -14,51 +14,16 @@ scripts, which are not parsed here) may import ``ddtree_conformance.testing``.
 
 from __future__ import annotations
 
-import ast
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from ddtree_conformance.testing.imports import BARE, PACKAGE, SOURCES, module_name, project_imports
+
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = "ddtree_conformance"
-SOURCES = {"conformance": PACKAGE, "adapters": f"{PACKAGE}.adapters"}
-BARE = ("conformance", "adapters")  # installed names would collide with other distributions
 MAX_LINES = 480  # ruff-formatted lines (the compact hand style held its modules under 400)
 LAYERS = ["spec", "adapters.interface", "adapters", "suite"]  # bottom to top
-
-
-def module_name(path: Path, root: Path = ROOT) -> tuple[str, bool]:
-    """(dotted module name, is a package's ``__init__``) of a source file."""
-    rel = path.relative_to(root).with_suffix("")
-    parts = [SOURCES[rel.parts[0]], *rel.parts[1:]]
-    if parts[-1] == "__init__":
-        return ".".join(parts[:-1]), True
-    return ".".join(parts), False
-
-
-def project_imports(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
-    """``(line, module)`` for every import of this project (and of the bare names) in ``path``."""
-    module, is_package = module_name(path, root)
-    package = module if is_package else module.rpartition(".")[0]
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level == 0:
-                found.append((node.lineno, node.module or ""))
-                continue
-            base = package.split(".")
-            if node.level - 1 >= len(base):
-                found.append((node.lineno, "." * node.level + (node.module or "")))  # leaves the package
-                continue
-            base = base[: len(base) - (node.level - 1)]
-            if node.module:
-                found.append((node.lineno, ".".join([*base, node.module])))
-            else:  # from . import a, b: each name may be a module
-                found += [(node.lineno, ".".join([*base, a.name])) for a in node.names]
-    return [(line, name) for line, name in found if name.split(".")[0] in (PACKAGE, *BARE) or name.startswith(".")]
 
 
 def layer(module: str) -> str:
@@ -99,7 +64,7 @@ def layering_violations(root: Path = ROOT) -> list[str]:
 
 def test_the_sources_are_found():
     assert len(source_files()) > 50
-    assert {module_name(p)[0] for p in source_files()} >= {
+    assert {module_name(p, ROOT)[0] for p in source_files()} >= {
         f"{PACKAGE}.spec.tree",
         f"{PACKAGE}.adapters.interface",
         f"{PACKAGE}.checks",
@@ -108,12 +73,12 @@ def test_the_sources_are_found():
 
 
 def test_the_spec_imports_nothing_of_the_project():
-    spec_files = [p for p in source_files() if layer(module_name(p)[0]) == "spec"]
+    spec_files = [p for p in source_files() if layer(module_name(p, ROOT)[0]) == "spec"]
     assert len(spec_files) >= 5
     outside = [
         f"{_label(p)}:{line} imports {target}"
         for p in spec_files
-        for line, target in project_imports(p)
+        for line, target in project_imports(p, ROOT)
         if layer(target) != "spec" or target.startswith(".")
     ]
     assert not outside, "the spec must stand on the ground floor:\n" + "\n".join(outside)
@@ -126,7 +91,7 @@ def test_layers_only_import_downwards():
 
 def test_adapters_interface_imports_only_the_spec():
     interface = ROOT / "adapters" / "interface.py"
-    assert all(layer(t) == "spec" for _, t in project_imports(interface)), project_imports(interface)
+    assert all(layer(t) == "spec" for _, t in project_imports(interface, ROOT)), project_imports(interface, ROOT)
 
 
 def test_the_layer_check_can_fail(tmp_path):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_conformance.checks import plan, run_plan
+from ddtree_conformance.checks import plan
 from ddtree_conformance.checks.context_range import context_requests
 from ddtree_conformance.context_lengths import context_plan
 from ddtree_conformance.held_out import TemplateSource, prompt_source
@@ -39,6 +39,7 @@ from ddtree_conformance.testing.input_adversaries import (
     SuiteDetector,
 )
 from ddtree_conformance.testing.prompt_detectors import DETECTORS, Scorer, compare, old_recipe_prompts, user_prompts
+from ddtree_conformance.testing.runs import by_id, plan_and_run
 from ddtree_conformance.token_scoring import target_logits
 
 pytestmark = pytest.mark.slow
@@ -58,14 +59,6 @@ def _encode():
 
     tokenizer = Tokenizer.from_file(str(FIXTURE_TARGET / "tokenizer.json"))
     return lambda text: list(tokenizer.encode(text).ids)
-
-
-def _run(settings: SuiteSettings, factory, names: list[str]):
-    session = SuiteSession(settings, engine_factory=factory)
-    try:
-        return {r.check: r for r in run_plan(session, plan(settings, names))}
-    finally:
-        session.close()
 
 
 # ------------------------------------------------------------------------------ context lengths
@@ -112,7 +105,7 @@ def test_a_fault_in_a_band_of_context_lengths_fails_the_default_and_the_quick_pl
     in the plain one, so each band alone fails the check."""
     bands = _bands()
     spec = ",".join(f"{lo}:{hi}" for lo, hi in bands)
-    results = _run(QUICK, lambda m, d: ContextBandFault(m, d, band=spec), ["context-range/dflash"])
+    results = by_id(plan_and_run(QUICK, lambda m, d: ContextBandFault(m, d, band=spec), ["context-range/dflash"]))
     result = results["context-range/dflash"]  # == the default plan's check (test above)
     where = f"bands {spec} drawn with DDTREE_BAND_SEED={BAND_SEED}"
     assert result.status == "fail", f"{where}: {result.message}"
@@ -230,14 +223,14 @@ def test_an_engine_right_only_on_prompts_it_recognises_fails_the_default_and_the
         full.close()
         cut.close()
     assert unrecognised, f"run seed {RUN_SEED}: the detector recognised every held-out prompt"
-    results = _run(default, factory, ["lossless/dflash"])
+    results = by_id(plan_and_run(default, factory, ["lossless/dflash"]))
     lossless = results["lossless/dflash"]
     assert lossless.status == "fail" and unrecognised[0] in lossless.message, lossless.message
     # the quick plan's one held-out prompt is the default plan's first; with run seed 1 the detector does not
     # recognise it (a run misses the engine here with probability r, r = 0.57 its share of users' prompts:
     # docs/reference/run-inputs.md); its context-range check fails in every run (`check` runs in the notes)
     assert unrecognised[0] == f"held-out-{RUN_SEED}-0"
-    quick = _run(QUICK, factory, ["lossless/dflash", "cuda-graphs/dflash"])
+    quick = by_id(plan_and_run(QUICK, factory, ["lossless/dflash", "cuda-graphs/dflash"]))
     assert quick["lossless/dflash"].status == "fail", quick["lossless/dflash"].message
     assert unrecognised[0] in quick["lossless/dflash"].message
     # graphs on and off alike wrong: the fp32 target fails it (this crashed with StopIteration before)

@@ -182,14 +182,14 @@ def test_engine_without_acceptance_data_is_incomplete_and_its_report_renders(sui
     result, report, _ = check(suite, entry.engine, list(entry.checks), "--no-isolate")
     assert result.exit_code == 7, result.output
     assert "error: run incomplete: acceptance did not run on 1 check(s)" in result.stderr
-    assert verdicts(report) == {
-        "lossless/ddtree-B4": (
-            "pass",
-            "2 match, 0 near-tie (exact); 32 positions equal the fp32 target's argmax; "
-            "plain and ddtree-B4 both ran with attention backend sdpa",
-        ),
-        "acceptance/ddtree-B4": ("skip", "engine reports neither per-round nor aggregate acceptance"),
-    }
+    results = {r["check"]: r for r in report["results"]}
+    assert sorted(results) == ["acceptance/ddtree-B4", "lossless/ddtree-B4"]
+    lossless, acceptance = results["lossless/ddtree-B4"], results["acceptance/ddtree-B4"]
+    assert lossless["status"] == "pass", lossless["message"]
+    assert (lossless["details"]["compared"], lossless["details"]["differing"]) == (2, [])
+    assert (lossless["details"]["scoring"]["positions"], lossless["details"]["scoring"]["outside"]) == (32, 0)
+    assert (acceptance["status"], acceptance["cause"]) == ("skip", "engine"), acceptance["message"]
+    assert acceptance["message"] == "engine reports neither per-round nor aggregate acceptance"
     assert report["runs"][0]["tau"] is None
     html = Path(suite["root"] / "NoAcceptanceData-lossless-acceptance.html").read_text()
     assert "<tr><td>ddtree-B4</td><td>-</td>" in html  # no tau: a dash, not a crash
@@ -303,7 +303,9 @@ def test_unknown_option_is_refused_before_anything_starts(suite):
     options = [a for k, v in fault.options.items() for a in ("-O", f"{k}={v}")]
     result, report, lines = check(suite, fault.engine, ["lossless"], *options)
     assert result.exit_code == 2 and report is None
-    assert lines == ["error: engine 'reference': unknown option(s) bulider; known: cuda_graphs, fused_layers"]
+    (line,) = lines  # one error, naming the engine, the option and the ones it knows
+    assert line.startswith("error: engine 'reference': unknown option(s) bulider;"), line
+    assert line.endswith("; known: cuda_graphs, fused_layers"), line
 
 
 @pytest.mark.parametrize(
@@ -364,10 +366,9 @@ def test_generate_never_writes_an_invalid_result(suite, tmp_path):
     assert result.exit_code == 1, result.output
     partial = out.with_name("g.jsonl.partial")
     lines = [line for line in result.stderr.splitlines() if not line.startswith("[ddtree] ")]
-    assert lines == [
-        f"error: integrity: request 1 (prompt b): field output_ids: token 5000 at index 7 is outside the "
-        f"vocabulary (size 97); 1 valid results kept in {partial}"
-    ]
+    (line,) = lines  # the integrity error (its wording: FAULTS above), then what was kept
+    assert line.startswith("error: integrity: request 1 (prompt b): ") and "token 5000 at index 7" in line, line
+    assert line.endswith(f"; 1 valid results kept in {partial}"), line
     assert not out.exists()
     assert [json.loads(line)["id"] for line in partial.read_text().splitlines()] == ["a"]
 
@@ -398,7 +399,8 @@ def test_generate_with_a_crashing_engine_exits_5_with_its_log_tail(suite, tmp_pa
     )
     assert result.exit_code == 5, result.output
     lines = [line for line in result.stderr.splitlines() if not line.startswith("[ddtree] ")]
-    assert lines[0] == f"error: engine '{M}CrashInGenerate' crashed during generate: exit code 139"
+    assert lines[0].startswith(f"error: engine '{M}CrashInGenerate' "), lines  # wording: tests/test_isolation.py
+    assert lines[0].endswith(" during generate: exit code 139"), lines
     assert lines[1:] == ["--- engine log tail ---", "about to crash: simulated segfault in the engine's kernel"]
 
 
@@ -445,7 +447,8 @@ def test_pytest_items_after_the_engine_died_fail_fast_with_one_line(suite, tmp_p
         "--- engine log tail ---",
         "about to crash: simulated segfault in the engine's kernel",
     ]
-    assert f"not run: engine '{M}CrashInGenerate' failed earlier and is not restarted: {died}" in lines[first + 3 :]
+    later = [line for line in lines[first + 3 :] if line.startswith(f"not run: engine '{M}CrashInGenerate' ")]
+    assert later and all(line.endswith(f" is not restarted: {died}") for line in later), lines[first:]
     assert "Traceback" not in out and "During handling" not in out
 
 
@@ -497,7 +500,9 @@ def test_pytest_with_an_unknown_engine_stops_with_one_error(tmp_path, capsys):
     code = pytest.main(["-p", "no:cacheprovider", "--co", "-q", str(tmp_path), "--ddtree-engine", "nosuch"])
     out, err = capsys.readouterr()
     assert code == pytest.ExitCode.USAGE_ERROR, out + err
-    assert "ERROR: ddtree-conformance: --ddtree-engine: unknown engine 'nosuch'; known engines: " in err
+    (line,) = [line for line in err.splitlines() if line.startswith("ERROR: ")]
+    assert line.startswith("ERROR: ddtree-conformance: --ddtree-engine: unknown engine"), line
+    assert "'nosuch'; known engines: " in line, line
     assert "Traceback" not in out + err
 
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 import pytest
 
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing import pitfalls as pf
-from ddtree_conformance.testing.runs import plan_and_run
+from ddtree_conformance.testing.runs import fixture_pair_settings, plan_and_run
 from ddtree_conformance.testing.tp_engines import ShardedReference
 
 # pitfall -> phrase of the failing message (engine, check and pair: pitfalls.PITFALLS)
@@ -49,15 +48,10 @@ def pairs(random_pair_settings) -> dict[str, SuiteSettings]:
     return {
         "random": random,
         "random-tp2": random.model_copy(update={"tensor_parallel_size": 2}),
-        "fixture": SuiteSettings(
-            model_dir=str(FIXTURE_TARGET),
-            drafter_dir=str(FIXTURE_DRAFTER),
-            pair_name="fixture",
-            prompt_set="fixture",
+        "fixture": fixture_pair_settings(
             limit=3,
             budgets=[16],
             max_new_tokens=24,
-            isolate=False,
             held_out_prompts=0,
             run_seed=1,
             golden_dir="/nonexistent",

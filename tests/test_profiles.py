@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ddtree_conformance.session import SuiteSession
 from ddtree_conformance.settings import PROFILES, SuiteSettings, build_settings
-from ddtree_conformance.testing.runs import plan_and_run
+from ddtree_conformance.testing.runs import fixture_pair_settings, plan_and_run
 
 
 def test_the_thorough_profile_fills_what_was_not_given_and_explicit_options_win():
@@ -38,8 +38,8 @@ def test_a_thorough_session_draws_two_held_out_prompts_per_prompt():
 
 
 def test_golden_compares_the_prefix_the_file_holds_when_the_run_is_longer():
-    settings = SuiteSettings(
-        limit=2, max_new_tokens=80, modes=["ddtree"], budgets=[16], isolate=False, torch_threads=1, held_out_prompts=0
+    settings = fixture_pair_settings(
+        limit=2, max_new_tokens=80, modes=["ddtree"], budgets=[16], torch_threads=1, held_out_prompts=0
     )  # the fixture's golden file holds 64 tokens
     [result] = plan_and_run(settings, None, ["golden/"])
     assert result.status == "pass", result.message

@@ -16,9 +16,8 @@ from ddtree_conformance.adapters.interface import Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.prompts import load_prompts
-from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing import rounding_engines as rounding
-from ddtree_conformance.testing.runs import plan_and_run
+from ddtree_conformance.testing.runs import fixture_pair_settings, plan_and_run
 
 ENGINES = list(rounding.ROUNDING_ENGINES.values())
 
@@ -86,16 +85,8 @@ def test_longer_rounds_of_a_black_box_that_rounds_differently_pass_in_bfloat16()
     drafter left out). Before the noise model judged both directions, every such round failed as "an
     inflated length is never excused" (a --limit 20 run: 6 of 8 acceptance and long-context checks
     failed); now each direction counts against its measured cap and the tau test."""
-    settings = SuiteSettings(
-        model_dir=str(FIXTURE_TARGET),
-        drafter_dir=str(FIXTURE_DRAFTER),
-        limit=4,
-        max_new_tokens=64,
-        budgets=[16],
-        dtype="bfloat16",
-        isolate=False,
-        held_out_prompts=0,
-        torch_threads=1,
+    settings = fixture_pair_settings(
+        limit=4, max_new_tokens=64, budgets=[16], dtype="bfloat16", held_out_prompts=0, torch_threads=1
     )
     results = plan_and_run(settings, rounding.SplitKReductionsBlackBox, ["acceptance"])
     assert [r.status for r in results] == ["pass", "pass"], [r.message for r in results]

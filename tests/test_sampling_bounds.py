@@ -16,7 +16,7 @@ from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.settings import SAMPLING_FULL_AT_PROMPTS, build_settings
 from ddtree_conformance.testing import mutants
 from ddtree_conformance.testing.mutants import ReferenceEngine
-from ddtree_conformance.testing.runs import plan_and_run
+from ddtree_conformance.testing.runs import fixture_pair_settings, plan_and_run
 
 
 def test_limit_scales_the_sampled_requests_and_the_default_run_keeps_its_evidence():
@@ -36,8 +36,8 @@ def test_the_evidence_a_verdict_needs_is_a_large_effect_at_95_percent_power():
 
 
 def _one_variant(engine_class, variant: str, **small):
-    settings = SuiteSettings(
-        modes=["ddtree"], budgets=[16], limit=1, isolate=False, torch_threads=1, held_out_prompts=0, run_seed=3, **small
+    settings = fixture_pair_settings(
+        modes=["ddtree"], budgets=[16], limit=1, torch_threads=1, held_out_prompts=0, run_seed=3, **small
     )
     (result,) = plan_and_run(settings, engine_class, [f"sampling/ddtree-B16/{variant}"], exact=True)
     return result
@@ -46,7 +46,8 @@ def _one_variant(engine_class, variant: str, **small):
 def test_a_run_too_small_for_a_verdict_says_so_and_names_the_number_needed():
     result = _one_variant(ReferenceEngine, "T=1", sampling_requests=10, max_new_tokens=8)
     assert result.status == "skip" and result.cause == "input", result.message
-    assert result.message.startswith("insufficient evidence: 80 sampled transitions per setting (10 requests of 8")
+    assert result.message.startswith("insufficient evidence: 80 sampled transitions"), result.message
+    assert " per setting (10 requests of 8 tokens)" in result.message, result.message
     assert f"needs at least {MIN_TRANSITIONS} per setting" in result.message and "--limit" in result.message
     drawn = _one_variant(ReferenceEngine, "drawn", sampling_requests=10, max_new_tokens=8)
     assert drawn.status == "skip" and drawn.cause == "input" and "insufficient evidence" in drawn.message

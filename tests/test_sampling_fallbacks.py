@@ -11,12 +11,11 @@ import pytest
 import torch
 
 from ddtree_conformance.checks.sampling import VARIANTS, silent_fallback, transition_test
-from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.spec import SamplingParams, choose_token
 from ddtree_conformance.synthetic import sampling_table
 from ddtree_conformance.testing import mutants
-from ddtree_conformance.testing.runs import plan_and_run
+from ddtree_conformance.testing.runs import fixture_pair_settings, plan_and_run
 
 
 def _sequences(params: SamplingParams, first: SamplingParams | None = None, n: int = 60, length: int = 24):
@@ -62,18 +61,7 @@ ENGINE_CASES = [
 
 @pytest.fixture(scope="module")
 def settings() -> SuiteSettings:
-    return SuiteSettings(
-        model_dir=str(FIXTURE_TARGET),
-        drafter_dir=str(FIXTURE_DRAFTER),
-        pair_name="fixture",
-        prompt_set="fixture",
-        limit=1,
-        budgets=[16],
-        isolate=False,
-        held_out_prompts=0,
-        run_seed=1,
-        sampling_requests=40,
-    )
+    return fixture_pair_settings(limit=1, budgets=[16], held_out_prompts=0, run_seed=1, sampling_requests=40)
 
 
 @pytest.mark.parametrize(("mutant", "check", "phrase"), ENGINE_CASES, ids=lambda v: getattr(v, "__name__", None))

@@ -8,10 +8,9 @@ import torch
 
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.checks.sampling import DRAWN, drawn_settings
-from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing.mutants import TopKTopPIgnored
 from ddtree_conformance.testing.range_adversaries import RANGE_ADVERSARIES
-from ddtree_conformance.testing.runs import plan_and_run
+from ddtree_conformance.testing.runs import fixture_pair_settings, plan_and_run
 
 
 def test_drawn_settings_cover_each_stratum_and_follow_the_seed():
@@ -26,11 +25,10 @@ def test_drawn_settings_cover_each_stratum_and_follow_the_seed():
 
 
 def _sampling(engine_class, seed: int, variants: tuple[str, ...] = ("sampling/",), requests: int = 60):
-    settings = SuiteSettings(
+    settings = fixture_pair_settings(
         modes=["ddtree"],
         budgets=[4],
         limit=1,
-        isolate=False,
         torch_threads=1,
         run_seed=seed,
         sampling_requests=requests,

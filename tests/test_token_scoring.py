@@ -41,10 +41,12 @@ def test_near_tie_is_excused_and_scoring_follows_the_engine_path():
 def test_a_token_outside_the_bound_fails_with_both_sides_shown():
     run = ScoredRun(_rules())
     run.add("p", [5], [6, 7, 0, 1, 2], FN)  # 0 after 7 is 3.0 below the top-1 8
-    problem = run.problem()
-    assert problem.startswith("1/5 output positions outside the near-tie bound 0.2; first: p output position 2")
-    assert "engine token 0 is 3 below the fp32 top-1 8" in problem
-    assert "engine 6 7 [0] 1 2 | fp32 argmax on the engine's path 6 7 [8] 1 2" in problem
+    (first,) = run.outside
+    assert (run.positions, first.label, first.position, first.got, first.argmax, first.gap) == (5, "p", 2, 0, 8, 3.0)
+    problem = run.problem()  # the one test of its wording
+    assert problem.startswith("1/5 output positions outside the near-tie bound 0.2; "), problem
+    assert "first: p output position 2: engine token 0 " in problem and " is 3 below the fp32 top-1 8 " in problem
+    assert "(engine 6 7 [0] 1 2 | fp32 argmax" in problem and "the engine's path 6 7 [8] 1 2)" in problem
 
 
 def test_too_many_excused_positions_break_the_ceiling():

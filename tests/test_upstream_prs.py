@@ -99,7 +99,7 @@ def test_vllm_contract_fails_on_a_wrong_depth_or_an_overridden_backend():
     assert "reports a draft depth of 15" in vl_contract.check_ddtree_pr_config(kwargs, 64, 15)[0]
     kwargs, depth = _vllm_run(_vllm(attention_backend="FLASH_ATTN"), "ddtree", 64)
     (problem,) = vl_contract.check_ddtree_pr_config(kwargs, 64, depth)
-    assert "attention_backend is 'FLASH_ATTN'; the PR asserts the TREE_ATTN backend" in problem
+    assert "attention_backend is 'FLASH_ATTN'" in problem and "asserts the TREE_ATTN backend" in problem, problem
     assert _vllm_run(_vllm(attention_backend="FLASH_ATTN"), "plain")[0]["attention_backend"] == "FLASH_ATTN"
 
 
@@ -111,7 +111,8 @@ def test_vllm_results_report_backend_and_depth():
         "draft_depth": 64,
     }
     assert setup.engine_settings("plain", 1)["attention_backend"] == "vllm default"
-    assert any("drafts B positions past the root where its block gives L = 15" in n for n in setup.notes())
+    (depth_note,) = [n for n in setup.notes() if "drafts B positions past the root" in n]
+    assert "its block gives L = 15" in depth_note, depth_note
 
 
 # -- SGLang PR #29907 -----------------------------------------------------------------------------
@@ -185,12 +186,15 @@ def test_lossless_says_whether_plain_and_the_speculative_run_shared_their_settin
         return RequestResult(output_ids=[1], finish_reason="length", engine_settings=settings)
 
     setup = _sglang()
-    same = settings_note(
-        [result(**setup.engine_settings("plain"))], [result(**setup.engine_settings("ddtree"))], "ddtree-B64"
+    label = "ddtree-B64"
+    same = settings_note([result(**setup.engine_settings("plain"))], [result(**setup.engine_settings("ddtree"))], label)
+    assert same == f"; plain and {label} both ran with attention backend triton"
+    differ = settings_note([result(attention_backend="flashinfer")], [result(attention_backend="triton")], label)
+    head, _, rest = differ.partition(": ")  # the one setting that differs, each side's value
+    assert (head, rest) == (
+        "; engine settings differ from plain",
+        f"attention_backend flashinfer (plain) vs triton ({label})",
     )
-    assert same == "; plain and ddtree-B64 both ran with attention backend triton"
-    differ = settings_note([result(attention_backend="flashinfer")], [result(attention_backend="triton")], "ddtree-B64")
-    assert differ == "; engine settings differ from plain: attention_backend flashinfer (plain) vs triton (ddtree-B64)"
     assert settings_note([result()], [result()], "dflash") == ""
 
 

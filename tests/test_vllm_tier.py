@@ -40,7 +40,13 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (pip install vllm
 from ddtree_conformance.metrics import mean_tau, per_position_acceptance  # noqa: E402
 from ddtree_conformance.paths import FIXTURE_DRAFTER  # noqa: E402
 from ddtree_conformance.session import SuiteSession, SuiteSettings  # noqa: E402
-from ddtree_conformance.testing.tiers import VLLM_TIER_ENGINE_OPTIONS, TierSummary, fixture_golden, run_checks  # noqa: E402
+from ddtree_conformance.testing.tiers import (  # noqa: E402
+    VLLM_TIER_ENGINE_OPTIONS,
+    TierSummary,
+    fixture_golden,
+    run_checks,
+    vllm_tier_settings,
+)
 
 MAX_NEW_TOKENS = 64
 CHECKS = ["lossless", "golden", "acceptance"]
@@ -51,23 +57,15 @@ RUN_SEED = secrets.randbits(32)  # one per module: every session here draws the 
 
 def _settings(**overrides) -> SuiteSettings:
     base = dict(
-        engine="vllm",
         modes=["dflash"],
-        dtype="float32",
         max_new_tokens=MAX_NEW_TOKENS,
-        isolate=True,
-        engine_timeout_s=900.0,
-        pair_name="fixture",
-        prompt_set="fixture",
-        torch_threads=1,
         engine_options=ENGINE_OPTIONS,
         run_seed=RUN_SEED,
         # the numbers here are compared with the golden file's 80 prompts, and stock DFlash pools its
         # acceptance counters over the batch: no held-out prompts in it (the plugin tier has them)
         held_out_prompts=0,
     )
-    base.update(overrides)
-    return SuiteSettings(**base)
+    return vllm_tier_settings(**{**base, **overrides})
 
 
 def _run(session: SuiteSession) -> dict:

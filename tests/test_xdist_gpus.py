@@ -80,16 +80,11 @@ def test_selects_gpu_tier(expr, expected):
 
 
 def test_scope_of_groups_by_the_id_prefix():
-    assert (
-        scope_of("tests/test_gpu.py::test_c[reference-float32|lossless/dflash]")
-        == "tests/test_gpu.py::reference-float32"
-    )
-    assert (
-        scope_of("tests/test_gpu.py::test_c[reference-float32|sampling/dflash/T=1]")
-        == "tests/test_gpu.py::reference-float32"
-    )
-    assert scope_of("tests/test_gpu.py::test_b[16]") == "tests/test_gpu.py::test_b[16]"  # no group: itself
-    assert scope_of("tests/test_gpu.py::test_w") == "tests/test_gpu.py::test_w"
+    gpu = "tests/test_gpu.py::"  # the module; a group is "<engine>-<dtype>" before the "|" of the id
+    assert scope_of(f"{gpu}test_c[reference-float32|lossless/dflash]") == f"{gpu}reference-float32"
+    assert scope_of(f"{gpu}test_c[reference-float32|sampling/dflash/T=1]") == f"{gpu}reference-float32"
+    assert scope_of(f"{gpu}test_b[16]") == f"{gpu}test_b[16]"  # no group: itself
+    assert scope_of(f"{gpu}test_w") == f"{gpu}test_w"
 
 
 def test_visible_gpus_prefers_cuda_visible_devices():

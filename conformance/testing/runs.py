@@ -3,6 +3,8 @@
 * :func:`plan_and_run`: plan checks for settings and run them on an engine (an engine class, or any
   ``(model_dir, drafter_dir) -> Engine`` factory; None: the settings' engine), in a session closed after;
 * :func:`by_family`, :func:`by_id`: its results keyed by check family or check id;
+* :func:`fixture_pair_settings`: settings for the fixture pair (the bundled target, drafter and prompt set),
+  run in-process;
 * :func:`random_pair_settings`: settings for the tiny random pair
   (:mod:`ddtree_conformance.testing.random_pair`) on a fresh random prompt set, run in-process
   (``tests/conftest.py`` wraps it as the ``random_pair_settings`` fixture).
@@ -14,11 +16,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ddtree_conformance.checks import CheckResult, plan, run_plan
+from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.session import EngineFactory, SuiteSession, SuiteSettings
 
 from .random_pair import write_random_prompts
 
-__all__ = ["plan_and_run", "by_family", "by_id", "random_pair_settings"]
+__all__ = ["plan_and_run", "by_family", "by_id", "fixture_pair_settings", "random_pair_settings"]
 
 
 def plan_and_run(
@@ -50,6 +53,19 @@ def by_id(results: Iterable[CheckResult]) -> dict[str, CheckResult]:
     return {r.check: r for r in results}
 
 
+def _in_process(
+    target: str | Path, drafter: str | Path, pair_name: str, prompt_set: str | Path, fields
+) -> SuiteSettings:
+    base = {"model_dir": str(target), "drafter_dir": str(drafter), "pair_name": pair_name, "isolate": False}
+    return SuiteSettings(**{**base, "prompt_set": str(prompt_set), **fields})
+
+
+def fixture_pair_settings(**fields) -> SuiteSettings:
+    """Settings for the fixture pair (target, drafter, pair name "fixture" and its bundled prompt set: the
+    settings' defaults, spelled out), run in-process; ``fields`` set or override any other setting."""
+    return _in_process(FIXTURE_TARGET, FIXTURE_DRAFTER, "fixture", "fixture", fields)
+
+
 def random_pair_settings(
     pair: tuple[str | Path, str | Path],
     prompts: str | Path,
@@ -64,5 +80,4 @@ def random_pair_settings(
     ``fields`` set or override any other setting."""
     write_random_prompts(prompts, list(lengths), seed=seed, prefix=prefix)
     target, drafter = pair
-    base = {"model_dir": str(target), "drafter_dir": str(drafter), "pair_name": "random", "isolate": False}
-    return SuiteSettings(**{**base, "prompt_set": str(prompts), **fields})
+    return _in_process(target, drafter, "random", prompts, fields)
