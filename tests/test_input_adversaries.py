@@ -127,7 +127,9 @@ def test_a_fault_in_a_band_of_context_lengths_only_in_a_batch_fails_the_default_
     while that check ran each request alone."""
     bands = _bands()
     spec = ",".join(f"{lo}:{hi}" for lo, hi in bands)
-    results = _run(QUICK, lambda m, d: ContextBandFaultInCompany(m, d, band=spec), ["context-range/dflash"])
+    results = by_id(
+        plan_and_run(QUICK, lambda m, d: ContextBandFaultInCompany(m, d, band=spec), ["context-range/dflash"])
+    )
     result = results["context-range/dflash"]  # == the default plan's check
     where = f"bands {spec} drawn with DDTREE_BAND_SEED={BAND_SEED}"
     assert result.status == "fail", f"{where}: {result.message}"
