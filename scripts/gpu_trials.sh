@@ -121,10 +121,10 @@ for job in "$@"; do
     rounding)
       mkdir -p "$WORK/rounding"; export WORK
       for catalogue in ${ROUND_CATALOGUES:-rounding rounding-black-box}; do for dtype in ${ROUND_DTYPES:-bfloat16 float16}; do
-        for shard in $(seq 0 6); do echo "$catalogue $dtype $shard"; done; done; done |
+        for shard in $(seq 0 7); do echo "$catalogue $dtype $shard"; done; done; done |
         xargs -P "$(nproc)" -n 3 sh -c 'timeout "${ROUND_TIMEOUT:-540}" python3 scripts/mutation_table.py --catalogue "$0" \
           --device "${ROUND_DEVICE:-cpu}" --dtype "$1" --limit "${ROUND_LIMIT:-20}" --max-new-tokens "${ROUND_TOKENS:-64}" \
-          --budgets "${ROUND_BUDGETS:-16,64}" --run-seed "${ROUND_SEED:-1}" --threads 1 --shard "$2/7" \
+          --budgets "${ROUND_BUDGETS:-16,64}" --run-seed "${ROUND_SEED:-1}" --threads 1 --shard "$2/8" \
           --check ${ROUND_CHECKS:-lossless acceptance context-range near-ties golden tree-structure branch-vs-chain} \
           --json "$WORK/rounding/$0-$1-$2.json" >"$WORK/rounding/$0-$1-$2.log" 2>&1'
       grep -h "^| \|NOT CAUGHT" "$WORK"/rounding/*.log ;;

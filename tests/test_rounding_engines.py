@@ -46,7 +46,7 @@ def test_each_equals_the_reference_in_float32(engine_class, requests, reference_
 
 def test_they_round_differently_in_bfloat16(requests):
     """The target's bf16 logits of each engine against the reference's on one sequence: on this CPU five
-    of the seven differ (fused projections and padded GEMM rows give the same bits on CPU, where GEMMs do
+    of the first seven differ (fused projections and padded GEMM rows give the same bits on CPU, where GEMMs do
     not change their reduction order with the shape)."""
     config = RunConfig(mode="ddtree", budget=16, dtype="bfloat16")
     ids = torch.tensor(requests[0].prompt_ids)
@@ -94,3 +94,17 @@ def test_longer_rounds_of_a_black_box_that_rounds_differently_pass_in_bfloat16()
     assert any("chat-03 round 4: engine length 7" in v for v in longer), longer
     for r in results:
         assert r.details["tau_test"]["p_value"] > 1e-3 and "unconfirmed rounds" in r.message
+
+
+def test_an_engine_that_rounds_another_way_in_a_batch_passes_context_range_in_bfloat16():
+    """SDPA alone, FlashAttention's order in company, reporting outputs and lengths only: the
+    context-range check's company run rounds otherwise than its alone runs (rounds of other lengths,
+    in both directions), and the check passes: company outputs within the noise, company rounds never
+    longer than alone beyond it. Its fp32 run equals the reference (the parametrised test above)."""
+    settings = fixture_pair_settings(
+        limit=3, max_new_tokens=16, budgets=[16], dtype="bfloat16", run_seed=1, torch_threads=1
+    )
+    (result,) = plan_and_run(settings, rounding.BatchVariantAttentionBlackBox, ["context-range/ddtree"])
+    assert result.status == "pass", result.message
+    company = result.details["company_rounds"]
+    assert company["aligned"] > 300 and company["longer"] + company["shorter"] > 0, company

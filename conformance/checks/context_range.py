@@ -42,6 +42,7 @@ untested positions (:mod:`ddtree_conformance.model_limits`).
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 from ddtree_conformance.adapters.interface import Request
 
@@ -54,9 +55,19 @@ from .acceptance_rounds import ReplayAgainst, RoundsUnderTest, judge_per_round
 from .output_comparison import GreedyCase, judge_greedy
 from .result import CheckResult
 
-__all__ = ["CONTEXT_KEY", "context_requests", "share", "aligned_differences", "coverage_table", "check_context_range"]
+__all__ = [
+    "CONTEXT_KEY",
+    "COMPANY_KEY",
+    "CompanyRounds",
+    "context_requests",
+    "share",
+    "aligned_differences",
+    "coverage_table",
+    "check_context_range",
+]
 
 CONTEXT_KEY = "context_lengths"  # check details: what the run decoded (context_lengths.coverage)
+COMPANY_KEY = "company_rounds"  # check details: CompanyRounds.details() (engines with per-round acceptance)
 
 
 def context_requests(session: SuiteSession, limit: int) -> tuple[ContextPlan, list[Request], list[str]]:
@@ -106,8 +117,29 @@ def aligned_differences(alone: list[int], company: list[int]) -> list[int]:
     return out
 
 
-def _company_rounds(session: SuiteSession, alone, company) -> tuple[str | None, str]:
-    """The company run's rounds against the alone run's (module doc): a problem (or None) and a summary."""
+@dataclass(frozen=True)
+class CompanyRounds:
+    """The company run's rounds against the alone run's (module doc): rounds aligned by output offset,
+    how many were longer and shorter in company, their net tokens, and the tau test's verdict."""
+
+    aligned: int
+    longer: int
+    shorter: int
+    tokens: int
+    problem: str | None
+
+    def summary(self) -> str:
+        return (
+            f"in one call, {self.aligned} rounds aligned with the alone run's: {self.longer} longer, "
+            f"{self.shorter} shorter ({self.tokens:+d} tokens)"
+        )
+
+    def details(self) -> dict:
+        return {"aligned": self.aligned, "longer": self.longer, "shorter": self.shorter, "tokens": self.tokens}
+
+
+def _company_rounds(session: SuiteSession, alone, company) -> CompanyRounds:
+    """Judge the company run's rounds against the alone run's (module doc)."""
     differences = [
         d
         for a, c in zip(alone, company)
@@ -116,13 +148,11 @@ def _company_rounds(session: SuiteSession, alone, company) -> tuple[str | None, 
     ]
     test = rules_for(session.settings).tau_test(differences)
     shorter = sum(d < 0 for d in differences)
-    summary = (
-        f"in one call, {len(differences)} rounds aligned with the alone run's: {test.longer} longer, "
-        f"{shorter} shorter ({sum(differences):+d} tokens)"
-    )
-    if test.fails:
-        return f"the engine accepts more in company than alone beyond the noise: {summary}; {test.describe()}", summary
-    return None, summary
+    rounds = CompanyRounds(len(differences), test.longer, shorter, sum(differences), None)
+    if not test.fails:
+        return rounds
+    problem = f"the engine accepts more in company than alone beyond the noise: {rounds.summary()}; {test.describe()}"
+    return CompanyRounds(rounds.aligned, rounds.longer, rounds.shorter, rounds.tokens, problem)
 
 
 def coverage_table(cover: dict, mode: str) -> dict:
@@ -230,12 +260,12 @@ def check_context_range(session: SuiteSession, mode: str, budget: int | None) ->
     )
     if replay.status == "fail":
         return CheckResult.failed(name, f"across the context window: {replay.message}", **replay.details, **details)
-    problem, together = _company_rounds(session, spec, company) if company else (None, "")
-    if problem:
-        return CheckResult.failed(name, f"across the context window: {problem}", **verdict.details, **details)
+    if not company:
+        return CheckResult.passed(name, f"{summary}; {replay.message}{untested}", **verdict.details, **details)
+    rounds = _company_rounds(session, spec, company)
+    details = {**details, COMPANY_KEY: rounds.details()}
+    if rounds.problem:
+        return CheckResult.failed(name, f"across the context window: {rounds.problem}", **verdict.details, **details)
     return CheckResult.passed(
-        name,
-        f"{summary}; {replay.message}{'; ' + together if together else ''}{untested}",
-        **verdict.details,
-        **details,
+        name, f"{summary}; {replay.message}; {rounds.summary()}{untested}", **verdict.details, **details
     )

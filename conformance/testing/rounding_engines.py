@@ -28,7 +28,9 @@ The numerics, one per engine:
 * :class:`FusedRmsNorm`: RMSNorm with the weight applied in float32 and one rounding at the end (a
   fused kernel) where transformers rounds before the weight;
 * :class:`PaddedGemmRows`: every linear layer's rows padded to a multiple of 64, as when a request's
-  tokens share a GEMM with other requests' (other shapes, other kernel choices).
+  tokens share a GEMM with other requests' (other shapes, other kernel choices);
+* :class:`BatchVariantAttention`: SDPA alone, FlashAttention's order in an engine call holding two
+  requests or more (batch-variant kernels: a request rounds one way alone, another in company).
 """
 
 from __future__ import annotations
@@ -295,6 +297,33 @@ class PaddedGemmRows(RoundsDifferently):
             _rebind(module, padded)
 
 
+class BatchVariantAttention(RoundsDifferently):
+    """A lone request's attention as SDPA with an explicit mask; in an engine call holding two requests
+    or more, FlashAttention's order (:func:`online_softmax`), as a server picks another attention kernel
+    for a batch: the same request rounds one way alone and another in company."""
+
+    name = "rounding-batch-variant-attention"
+
+    def __init__(self, model_dir, drafter_dir=None, **options) -> None:
+        super().__init__(model_dir, drafter_dir, **options)
+        self._company = False
+
+    def numerics(self, target, drafter):
+        def batch_variant(q, k, v, mask, scale):
+            if self._company:
+                return online_softmax(q, k, v, mask, scale)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+        _set_attention(target, drafter, batch_variant)
+
+    def generate_local(self, requests, config):
+        self._company = len(requests) > 1
+        try:
+            return super().generate_local(requests, config)
+        finally:
+            self._company = False
+
+
 # ------------------------------------------------------------------------------------------ black box
 def black_box(engine_class: type[ReferenceEngine]) -> type[ReferenceEngine]:
     """``engine_class`` as vLLM and SGLang report: outputs, finish reasons and per-round acceptance
@@ -342,6 +371,7 @@ ROUNDING_ENGINES: dict[str, type[RoundsDifferently]] = {
     "split-K reductions in the run's dtype": SplitKReductions,
     "fused RMSNorm (one rounding)": FusedRmsNorm,
     "GEMM rows padded as in a shared batch": PaddedGemmRows,
+    "another attention kernel in a batch than alone": BatchVariantAttention,
 }
 
 # each engine as a black box, under a module-level name (``--engine module:Class`` finds it)
