@@ -41,7 +41,7 @@ from .adapters.registry import available_engines
 from .bench import acceptance_summary, machine_part
 from .gate import EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_REGRESSION, GateRow, speedup_interval
 from .machine_state import Sampler, describe
-from .paired import Arm, BenchError, Repeat, Stream, WarmupRule, measure
+from .paired import Arm, BenchError, Measured, Repeat, Stream, WarmupRule, measure
 from .sequential import METHOD, SPENDING, SequentialPlan, look_alpha, verdict
 
 __all__ = [
@@ -250,80 +250,97 @@ def measure_ab(
     measured = measure(
         arms, requests, streams, plan=plan, warmup=warmup, order=order, on_step=on_step, now=now, sampler=sampler
     )
-    looks_planned = len(plan.looks())
-    runs = []
-    for label, config in configs.items():
-        stop = measured.stop[label]
-        history = measured.history[: stop["repeats"]]
-        samples = [_throughput_ratio(label)(h) for h in history]
-        rates = {
-            side: [round(h.totals[_arm(side, label)].tokens / h.totals[_arm(side, label)].seconds, 3) for h in history]
-            for side in (CANDIDATE, BASELINE)
-        }
-        cand = acceptance_summary(measured.first[_arm(CANDIDATE, label)])
-        base = acceptance_summary(measured.first[_arm(BASELINE, label)])
-        ab = {
-            "samples": [round(x, 6) for x in samples],
-            "edge": edge,
-            "alpha": plan.alpha,
-            "sequential": True,
-            "min_repeats": plan.min_repeats,
-            "max_repeats": plan.max_repeats,
-            "growth": plan.growth,
-            "looks_planned": looks_planned,
-            "look_alpha": look_alpha(plan.alpha, looks_planned, True),
-            "stop": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in stop.items()},
-            "candidate_tokens_per_s": rates[CANDIDATE],
-            "baseline_tokens_per_s": rates[BASELINE],
-            "clock": history[0].totals[_arm(CANDIDATE, label)].clock,
-        }
-        if spread:
-            ab["spread"] = {"log_var": spread[0], "df": spread[1]}
-        interval = speedup_interval(ab, spread)
-        if interval is not None:
-            ab.update(
-                estimate=round(interval.estimate, 6),
-                ci_low=round(interval.low, 6),
-                ci_high=round(interval.high, 6),
-                confidence=interval.level,
-            )
-        runs.append(
-            {
-                "mode": config.mode,
-                "budget": config.budget if config.mode == "ddtree" else None,
-                "label": label,
-                **cand,
-                "baseline_tau": base.get("tau"),
-                "ab": ab,
-            }
-        )
-    part = {
-        "ab": {
-            "tolerance": tolerance,
-            "edge": edge,
-            "definition": DEFINITION,
-            "ci": f"{METHOD}; {SPENDING}",
-            "plan": {
-                "alpha": plan.alpha,
-                "min_repeats": plan.min_repeats,
-                "max_repeats": plan.max_repeats,
-                "time_budget_s": plan.time_budget_s,
-                "growth": plan.growth,
-                "looks": list(plan.looks()),
-            },
-            "repeats": len(measured.history),
-            "requests": len(requests),
-            "order": "each run's two arms back to back; which goes first alternates with request and repeat"
-            if order is pair_order
-            else "each run's two arms back to back, twice per request in both orders (an odd number of requests)",
-            **machine_part(measured, sampler),
-        },
-        "runs": runs,
+    runs = [_ab_run(label, config, measured, plan, edge, spread) for label, config in configs.items()]
+    ab = {
+        "tolerance": tolerance,
+        "edge": edge,
+        "definition": DEFINITION,
+        "ci": f"{METHOD}; {SPENDING}",
+        "plan": _plan_part(plan),
+        "repeats": len(measured.history),
+        "requests": len(requests),
+        "order": "each run's two arms back to back; which goes first alternates with request and repeat"
+        if order is pair_order
+        else "each run's two arms back to back, twice per request in both orders (an odd number of requests)",
+        **machine_part(measured, sampler),
     }
-    part["ab"]["machine_line"] = describe(part["ab"]["machine"])
-    part["ab"]["runs"] = [_row(run) for run in runs]
-    part["verdict"] = ab_verdict(evaluate(part))
-    return part
+    ab = {**ab, "machine_line": describe(ab["machine"]), "runs": [_row(run) for run in runs]}
+    part = {"ab": ab, "runs": runs}
+    return {**part, "verdict": ab_verdict(evaluate(part))}
+
+
+def _plan_part(plan: SequentialPlan) -> dict:
+    """The report's ``ab.plan``: the sequential plan the runs stopped under."""
+    return {
+        "alpha": plan.alpha,
+        "min_repeats": plan.min_repeats,
+        "max_repeats": plan.max_repeats,
+        "time_budget_s": plan.time_budget_s,
+        "growth": plan.growth,
+        "looks": list(plan.looks()),
+    }
+
+
+def _ab_run(
+    label: str,
+    config: RunConfig,
+    measured: Measured,
+    plan: SequentialPlan,
+    edge: float,
+    spread: tuple[float, int] | None,
+) -> dict:
+    """One entry of the report's ``runs``: the run's acceptance and its ``ab`` part (samples, rates, stop)."""
+    cand = acceptance_summary(measured.first[_arm(CANDIDATE, label)])
+    base = acceptance_summary(measured.first[_arm(BASELINE, label)])
+    return {
+        "mode": config.mode,
+        "budget": config.budget if config.mode == "ddtree" else None,
+        "label": label,
+        **cand,
+        "baseline_tau": base.get("tau"),
+        "ab": _ab_part(label, measured, plan, edge, spread),
+    }
+
+
+def _ab_part(
+    label: str, measured: Measured, plan: SequentialPlan, edge: float, spread: tuple[float, int] | None
+) -> dict:
+    """A run's ``ab`` part: its per-repeat ratios and rates up to its stop, the plan, and its interval."""
+    stop = measured.stop[label]
+    history = measured.history[: stop["repeats"]]
+    samples = [_throughput_ratio(label)(h) for h in history]
+    rates = {
+        side: [round(h.totals[_arm(side, label)].tokens / h.totals[_arm(side, label)].seconds, 3) for h in history]
+        for side in (CANDIDATE, BASELINE)
+    }
+    looks_planned = len(plan.looks())
+    ab = {
+        "samples": [round(x, 6) for x in samples],
+        "edge": edge,
+        "alpha": plan.alpha,
+        "sequential": True,
+        "min_repeats": plan.min_repeats,
+        "max_repeats": plan.max_repeats,
+        "growth": plan.growth,
+        "looks_planned": looks_planned,
+        "look_alpha": look_alpha(plan.alpha, looks_planned, True),
+        "stop": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in stop.items()},
+        "candidate_tokens_per_s": rates[CANDIDATE],
+        "baseline_tokens_per_s": rates[BASELINE],
+        "clock": history[0].totals[_arm(CANDIDATE, label)].clock,
+    }
+    if spread:
+        ab["spread"] = {"log_var": spread[0], "df": spread[1]}
+    interval = speedup_interval(ab, spread)
+    if interval is None:
+        return ab
+    return {
+        **ab,
+        "estimate": round(interval.estimate, 6),
+        "ci_low": round(interval.low, 6),
+        "ci_high": round(interval.high, 6),
+        "confidence": interval.level,
+    }
 
 
 def _row(run: dict) -> dict:

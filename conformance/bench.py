@@ -273,75 +273,99 @@ def machine_part(measured: Measured, sampler: Sampler | None) -> dict:
 
 
 def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> dict:
-    clocks = {t.clock for h in history for t in h.totals.values()}
-    plain_runs = [h.totals["plain"] for h in history]
-    out_runs = [
-        {
-            "mode": "plain",
-            "budget": None,
-            "label": "plain",
-            "tau": 1.0,
-            "tau_per_response_mean": 1.0,
-            "per_position": [],
-            "histogram": {},
-            "rounds": sum(r.rounds or 0 for r in first["plain"]),
-            "aggregate_only": False,
-            "tokens": plain_runs[0].tokens,
-            "tokens_per_s": [round(t.tokens / t.seconds, 3) for t in plain_runs],
-            "step_s": [t.seconds / t.tokens for t in plain_runs],
-            "cost_model": {"step_s": float(np.exp(np.mean(np.log([t.seconds / t.tokens for t in plain_runs]))))},
-        }
-    ]
+    out_runs = [_plain_run(history, first)]
     for label, (mode, budget) in methods:
-        rows = [h.sample(label) for h in history[: stop[label]["repeats"]]]
-        speedups = [row["speedup"] for row in rows]
         banded = sequential and label in edges
-        looks_planned = len(plan.looks()) if banded else 1
-        looks_taken = sum(1 for point in plan.looks() if point <= len(rows)) if banded else 1
-        if banded and not plan.is_look(len(rows)):
-            looks_taken += 1  # the final look when the budget ran out between planned looks
-        alpha_k = look_alpha(plan.alpha, looks_planned, banded)
-        interval = _interval(speedups, alpha_k)
-        ratio_iv = _interval([row["ratio"] for row in rows], alpha_k)
-        taus = [row["tau"] for row in rows]
-        totals = [h.totals[label] for h in history[: len(rows)]]
-        entry = {
-            "mode": mode,
-            "budget": budget,
-            "label": label,
-            **acceptance_summary(first[label]),
-            "tokens": totals[0].tokens,
-            "tokens_per_s": [round(t.tokens / t.seconds, 3) for t in totals],
-            "cost_model": {
-                "definition": "speedup = tau x step / round; tau = decode tokens / rounds, step = plain decode s "
-                "/ plain decode tokens, round = decode s / rounds",
-                "tau": float(np.mean(taus)) if all(row["rounds_reported"] for row in rows) else None,
-                "tau_constant": max(taus) - min(taus) <= 1e-9 * max(taus),
-                "step_s": float(np.exp(np.mean(np.log([row["step_s"] for row in rows])))),
-                "round_s": float(np.exp(np.mean(np.log([row["round_s"] for row in rows])))),
-                "step_over_round": {**ratio_iv, "samples": [round(row["ratio"], 6) for row in rows]},
-            },
-            "speedup": {
-                **interval,
-                "median": round(float(np.median(speedups)), 4),
-                "samples": [round(float(x), 6) for x in speedups],
-                "wall_ratio_samples": [round(float(row["wall_ratio"]), 6) for row in rows],
-                "cv": None if cv(speedups) is None else round(cv(speedups), 5),
-                # the smallest change of the speedup this run's own noise and repeats resolve (80 % power)
-                "resolution": _round(detectable_drop(speedups, alpha_k, 0.0, DEFAULT_POWER)),
-                "alpha": plan.alpha,
-                "sequential": banded,
-                "min_repeats": plan.min_repeats,
-                "max_repeats": plan.max_repeats,
-                "growth": plan.growth,
-                "looks": looks_taken,
-                "looks_planned": looks_planned,
-                "edge": edges.get(label),
-                "stop": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in stop[label].items()},
-            },
-        }
-        out_runs.append(entry)
-    bench = {
+        out_runs.append(_method_run(label, mode, budget, history, first, stop[label], edges, plan, banded))
+    return {"bench": _bench_part(history, first, plan, sequential, repeats), "runs": out_runs}
+
+
+def _plain_run(history, first) -> dict:
+    """The report's run of plain decoding: its throughput per repeat and its step time."""
+    plain_runs = [h.totals["plain"] for h in history]
+    return {
+        "mode": "plain",
+        "budget": None,
+        "label": "plain",
+        "tau": 1.0,
+        "tau_per_response_mean": 1.0,
+        "per_position": [],
+        "histogram": {},
+        "rounds": sum(r.rounds or 0 for r in first["plain"]),
+        "aggregate_only": False,
+        "tokens": plain_runs[0].tokens,
+        "tokens_per_s": [round(t.tokens / t.seconds, 3) for t in plain_runs],
+        "step_s": [t.seconds / t.tokens for t in plain_runs],
+        "cost_model": {"step_s": float(np.exp(np.mean(np.log([t.seconds / t.tokens for t in plain_runs]))))},
+    }
+
+
+def _looks(plan, banded: bool, repeats: int) -> tuple[int, int]:
+    """(looks planned, looks taken) of a run that stopped after ``repeats``: one of each unless banded."""
+    if not banded:
+        return 1, 1
+    taken = sum(1 for point in plan.looks() if point <= repeats)
+    if not plan.is_look(repeats):
+        taken += 1  # the final look when the budget ran out between planned looks
+    return len(plan.looks()), taken
+
+
+def _method_run(label, mode, budget, history, first, stop: dict, edges, plan, banded: bool) -> dict:
+    """The report's run of one method: acceptance, throughput, cost model and speedup interval."""
+    rows = [h.sample(label) for h in history[: stop["repeats"]]]
+    speedups = [row["speedup"] for row in rows]
+    looks_planned, looks_taken = _looks(plan, banded, len(rows))
+    alpha_k = look_alpha(plan.alpha, looks_planned, banded)
+    interval = _interval(speedups, alpha_k)
+    totals = [h.totals[label] for h in history[: len(rows)]]
+    return {
+        "mode": mode,
+        "budget": budget,
+        "label": label,
+        **acceptance_summary(first[label]),
+        "tokens": totals[0].tokens,
+        "tokens_per_s": [round(t.tokens / t.seconds, 3) for t in totals],
+        "cost_model": _cost_model(rows, alpha_k),
+        "speedup": {
+            **interval,
+            "median": round(float(np.median(speedups)), 4),
+            "samples": [round(float(x), 6) for x in speedups],
+            "wall_ratio_samples": [round(float(row["wall_ratio"]), 6) for row in rows],
+            "cv": None if cv(speedups) is None else round(cv(speedups), 5),
+            # the smallest change of the speedup this run's own noise and repeats resolve (80 % power)
+            "resolution": _round(detectable_drop(speedups, alpha_k, 0.0, DEFAULT_POWER)),
+            "alpha": plan.alpha,
+            "sequential": banded,
+            "min_repeats": plan.min_repeats,
+            "max_repeats": plan.max_repeats,
+            "growth": plan.growth,
+            "looks": looks_taken,
+            "looks_planned": looks_planned,
+            "edge": edges.get(label),
+            "stop": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in stop.items()},
+        },
+    }
+
+
+def _cost_model(rows: list[dict], alpha_k: float) -> dict:
+    """A method run's cost model from its per-repeat samples: tau, step and round times, step/round."""
+    taus = [row["tau"] for row in rows]
+    ratio_iv = _interval([row["ratio"] for row in rows], alpha_k)
+    return {
+        "definition": "speedup = tau x step / round; tau = decode tokens / rounds, step = plain decode s "
+        "/ plain decode tokens, round = decode s / rounds",
+        "tau": float(np.mean(taus)) if all(row["rounds_reported"] for row in rows) else None,
+        "tau_constant": max(taus) - min(taus) <= 1e-9 * max(taus),
+        "step_s": float(np.exp(np.mean(np.log([row["step_s"] for row in rows])))),
+        "round_s": float(np.exp(np.mean(np.log([row["round_s"] for row in rows])))),
+        "step_over_round": {**ratio_iv, "samples": [round(row["ratio"], 6) for row in rows]},
+    }
+
+
+def _bench_part(history, first, plan, sequential, repeats) -> dict:
+    """The report's ``bench`` part: repeats, clocks, definitions and the plan."""
+    clocks = {t.clock for h in history for t in h.totals.values()}
+    return {
         "repeats": len(history),
         "interleaving": "per request, plain first or last in alternation, methods rotated per repeat",
         "timing_basis": "+".join(sorted(clocks)),
@@ -362,7 +386,6 @@ def _report(history, first, methods, stop, edges, plan, sequential, repeats) -> 
         "tau_definition": "pooled: generated tokens / verification rounds over all prompts, bonus included",
         "requests": len(first["plain"]),
     }
-    return {"bench": bench, "runs": out_runs}
 
 
 def _round(x: float | None, digits: int = 6) -> float | None:

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
-from .baselines import BaselineEntry, BaselineFile
+from .baselines import BaselineEntry, BaselineFile, SpeedupBaseline
 from .machine_state import describe, drift
 from .sequential import (
     DEFAULT_ALPHA,
@@ -224,7 +225,6 @@ def _speedup_row(
             label, "speedup", "missing", "-", band, None, "report has no throughput measurement (run `bench`)"
         )
     spread = base.spread()
-    runs = max(1, len(base.runs))
     interval = speedup_interval(sp, spread)
     if interval is None:
         return GateRow(
@@ -236,78 +236,17 @@ def _speedup_row(
             None,
             "fewer than two usable per-repeat samples: no interval (run `bench` with more repeats)",
         )
-    details, view = cost_view(run, entry, sp)
-    if entry.settings is None:
-        view += (
-            "; the baseline records no engine settings (an older suite): re-record it so that a settings change "
-            "is refused"
-        )
-    details["interval"] = {
-        "estimate": interval.estimate,
-        "low": interval.low,
-        "high": interval.high,
-        "confidence": interval.level,
-        "n": interval.n,
-    }
-    details["baseline_runs"] = runs
-    details["spread"] = (
-        None
-        if spread is None
-        else {"log_var": spread[0], "df": spread[1], "log_sd": math.sqrt(spread[0] / (1 + 1 / runs))}
-    )
-    samples = _positive_samples(sp.get("samples"))
-    level = _level(sp, len(samples)) if samples is not None else None
-    mde = None if samples is None or base.value <= 0 else detectable_drop(samples, level, base.band / base.value)
-    details["mde"] = mde
-    noise = "" if mde is None else f"; MDE {100 * mde:.1f} % below the baseline (this run's noise, 80 % power)"
-    moved, shown = _machine_note(state, entry)
-    details["machine_drift"] = moved
-    machine = f"; machine: {shown}" if shown else ""
-    cause = f"; likely cause: the machine changed since the baseline ({'; '.join(moved)})" if moved else ""
-    with_spread = (
-        f", between-run spread {100 * details['spread']['log_sd']:.1f} % over {runs} baseline runs included"
-        if spread
-        else ""
-    )
+    notes = _speedup_notes(run, entry, sp, interval, state)
     measured = f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
     found = verdict(interval, base.lower)
+    repeats = f"({interval.n} repeats{notes.with_spread}){notes.noise}"
     if found == "pass":
-        return GateRow(
-            label,
-            "speedup",
-            "pass",
-            measured,
-            band,
-            interval.low - base.lower,
-            f"whole interval at or above the band ({interval.n} repeats{with_spread}){noise}; {view}{machine}",
-            details,
-        )
+        message = f"whole interval at or above the band {repeats}; {notes.view}{notes.machine}"
+        return GateRow(label, "speedup", "pass", measured, band, interval.low - base.lower, message, notes.details)
     if found == "regression" and spread is not None:
-        return GateRow(
-            label,
-            "speedup",
-            "fail",
-            measured,
-            band,
-            interval.high - base.lower,
-            f"whole interval below the band ({interval.n} repeats{with_spread}){noise}; {view}{cause}{machine}",
-            details,
-        )
-    if found == "regression":  # one baseline run: how far a run may drift from it is not known
-        why = (
-            f"interval below the band, but the baseline records {runs} run, so its between-run spread (other "
-            "machines, other days) is unknown and a slower machine cannot be told from a slower build: not failed"
-        )
-        hint = (
-            "record the baseline on more machines or days (`baseline --merge`), or an A/B run against the baseline "
-            "build (`bench --against`) decides it"
-        )
-    else:
-        stopped = (sp.get("stop") or {}).get("reason") or "the run stopped"
-        why = f"interval straddles the lower band edge{with_spread}: {stopped}"
-        hint = _undecided_hint(samples, level, base.lower, spread, runs)
-        if not sp.get("sequential"):
-            hint = f"run `bench --baselines` to repeat until the interval decides; {hint}"
+        message = f"whole interval below the band {repeats}; {notes.view}{notes.cause}{notes.machine}"
+        return GateRow(label, "speedup", "fail", measured, band, interval.high - base.lower, message, notes.details)
+    why, hint = _undecided_why(found, sp, base, notes)
     return GateRow(
         label,
         "speedup",
@@ -315,9 +254,83 @@ def _speedup_row(
         measured,
         band,
         interval.low - base.lower,
-        f"{why}; {hint}{noise}; {view}{cause}{machine}",
-        details,
+        f"{why}; {hint}{notes.noise}; {notes.view}{notes.cause}{notes.machine}",
+        notes.details,
     )
+
+
+class _SpeedupNotes(NamedTuple):
+    """What a speedup row says besides its verdict: its ``details`` and the message's parts."""
+
+    details: dict
+    view: str  # the cost-model view (accepts less / costs more)
+    noise: str  # the minimum detectable drop, or ""
+    machine: str  # the trial's machine state, or ""
+    cause: str  # the machine drift since the baseline, or ""
+    with_spread: str  # the baseline's between-run spread included, or ""
+    samples: list[float] | None
+    level: float | None
+    runs: int  # the baseline's runs (at least 1)
+
+
+def _speedup_notes(run: dict, entry: BaselineEntry, sp: dict, interval: Interval, state: dict | None) -> _SpeedupNotes:
+    """The cost-model view, the interval, the baseline's spread, the MDE and the machine's drift."""
+    base = entry.speedup
+    spread = base.spread()
+    runs = max(1, len(base.runs))
+    details, view = cost_view(run, entry, sp)
+    if entry.settings is None:
+        view += (
+            "; the baseline records no engine settings (an older suite): re-record it so that a settings change "
+            "is refused"
+        )
+    samples = _positive_samples(sp.get("samples"))
+    level = _level(sp, len(samples)) if samples is not None else None
+    mde = None if samples is None or base.value <= 0 else detectable_drop(samples, level, base.band / base.value)
+    moved, shown = _machine_note(state, entry)
+    log_sd = None if spread is None else math.sqrt(spread[0] / (1 + 1 / runs))
+    details = {
+        **details,
+        "interval": {
+            "estimate": interval.estimate,
+            "low": interval.low,
+            "high": interval.high,
+            "confidence": interval.level,
+            "n": interval.n,
+        },
+        "baseline_runs": runs,
+        "spread": None if spread is None else {"log_var": spread[0], "df": spread[1], "log_sd": log_sd},
+        "mde": mde,
+        "machine_drift": moved,
+    }
+    return _SpeedupNotes(
+        details,
+        view,
+        "" if mde is None else f"; MDE {100 * mde:.1f} % below the baseline (this run's noise, 80 % power)",
+        f"; machine: {shown}" if shown else "",
+        f"; likely cause: the machine changed since the baseline ({'; '.join(moved)})" if moved else "",
+        f", between-run spread {100 * log_sd:.1f} % over {runs} baseline runs included" if spread else "",
+        samples,
+        level,
+        runs,
+    )
+
+
+def _undecided_why(found: str | None, sp: dict, base: SpeedupBaseline, notes: _SpeedupNotes) -> tuple[str, str]:
+    """Why a speedup row is inconclusive, and what would decide it."""
+    if found == "regression":  # one baseline run: how far a run may drift from it is not known
+        return (
+            f"interval below the band, but the baseline records {notes.runs} run, so its between-run spread (other "
+            "machines, other days) is unknown and a slower machine cannot be told from a slower build: not failed",
+            "record the baseline on more machines or days (`baseline --merge`), or an A/B run against the baseline "
+            "build (`bench --against`) decides it",
+        )
+    stopped = (sp.get("stop") or {}).get("reason") or "the run stopped"
+    why = f"interval straddles the lower band edge{notes.with_spread}: {stopped}"
+    hint = _undecided_hint(notes.samples, notes.level, base.lower, base.spread(), notes.runs)
+    if not sp.get("sequential"):
+        hint = f"run `bench --baselines` to repeat until the interval decides; {hint}"
+    return why, hint
 
 
 def settings_conflict(recorded: dict | None, measured: dict | None) -> str | None:
@@ -376,71 +389,80 @@ def evaluate(
             continue
         conflict = settings_conflict(base.settings, measured_settings)
         if conflict:
-            shown = ", ".join(f"{k}={v}" for k, v in sorted((measured_settings or {}).items()))
-            rows.append(
-                GateRow(
-                    label,
-                    "settings",
-                    "refused",
-                    shown or "-",
-                    ", ".join(f"{k}={v}" for k, v in sorted(base.settings.items())),
-                    None,
-                    conflict,
-                )
-            )
+            rows.append(_refused_row(label, base, measured_settings, conflict))
             continue
-        tau = run.get("tau")
-        band = f">= {base.tau.lower:.3f} ({base.tau.value:.3f} - {base.tau.band:.3f})"
-        if tau is None:
-            rows.append(GateRow(label, "tau", "missing", "-", band, None, "report has no tau"))
-        else:
-            margin = tau - base.tau.lower
-            rows.append(
-                GateRow(
-                    label,
-                    "tau",
-                    "pass" if margin >= 0 else "fail",
-                    f"{tau:.3f}",
-                    band,
-                    margin,
-                    f"{100 * (tau / base.tau.value - 1):+.1f} % vs baseline",
-                )
-            )
-        floors = base.per_position.floors
-        pos = run.get("per_position") or []
-        if floors and not pos:
-            rows.append(
-                GateRow(
-                    label,
-                    "per-position",
-                    "missing",
-                    "-",
-                    f"floors d=1..{len(floors)}",
-                    None,
-                    "report has no per-position acceptance",
-                )
-            )
-        elif floors:
-            margins = [(pos[d] if d < len(pos) else 0.0) - f for d, f in enumerate(floors)]
-            # judge the worst depth among those with a non-zero floor (deep depths floor at 0)
-            candidates = [d for d, f in enumerate(floors) if f > 0] or list(range(len(floors)))
-            worst = min(candidates, key=margins.__getitem__)
-            got = pos[worst] if worst < len(pos) else 0.0
-            status = "pass" if margins[worst] >= 0 else "fail"
-            below = sum(m < 0 for m in margins)
-            rows.append(
-                GateRow(
-                    label,
-                    "per-position",
-                    status,
-                    f"d={worst + 1}: {got:.3f}",
-                    f"d={worst + 1}: >= {floors[worst]:.3f} (band {base.per_position.band:.3f})",
-                    margins[worst],
-                    f"worst depth of {len(floors)}" + (f"; {below} below floor" if below else ""),
-                )
-            )
+        rows.append(_tau_row(label, run, base))
+        per_position = _per_position_row(label, run, base)
+        if per_position is not None:
+            rows.append(per_position)
         rows.append(_speedup_row(label, run, base, (report.get("bench") or {}).get("machine"), no_baseline))
     return rows
+
+
+def _refused_row(label: str, base: BaselineEntry, measured_settings: dict | None, conflict: str) -> GateRow:
+    """The one row of a run whose engine settings differ from the baseline's."""
+    shown = ", ".join(f"{k}={v}" for k, v in sorted((measured_settings or {}).items()))
+    return GateRow(
+        label,
+        "settings",
+        "refused",
+        shown or "-",
+        ", ".join(f"{k}={v}" for k, v in sorted(base.settings.items())),
+        None,
+        conflict,
+    )
+
+
+def _tau_row(label: str, run: dict, base: BaselineEntry) -> GateRow:
+    """The tau verdict: pass at or above the band's lower edge."""
+    tau = run.get("tau")
+    band = f">= {base.tau.lower:.3f} ({base.tau.value:.3f} - {base.tau.band:.3f})"
+    if tau is None:
+        return GateRow(label, "tau", "missing", "-", band, None, "report has no tau")
+    margin = tau - base.tau.lower
+    return GateRow(
+        label,
+        "tau",
+        "pass" if margin >= 0 else "fail",
+        f"{tau:.3f}",
+        band,
+        margin,
+        f"{100 * (tau / base.tau.value - 1):+.1f} % vs baseline",
+    )
+
+
+def _per_position_row(label: str, run: dict, base: BaselineEntry) -> GateRow | None:
+    """The per-position verdict at the worst depth (None: the baseline has no floors)."""
+    floors = base.per_position.floors
+    pos = run.get("per_position") or []
+    if not floors:
+        return None
+    if not pos:
+        return GateRow(
+            label,
+            "per-position",
+            "missing",
+            "-",
+            f"floors d=1..{len(floors)}",
+            None,
+            "report has no per-position acceptance",
+        )
+    margins = [(pos[d] if d < len(pos) else 0.0) - f for d, f in enumerate(floors)]
+    # judge the worst depth among those with a non-zero floor (deep depths floor at 0)
+    candidates = [d for d, f in enumerate(floors) if f > 0] or list(range(len(floors)))
+    worst = min(candidates, key=margins.__getitem__)
+    got = pos[worst] if worst < len(pos) else 0.0
+    status = "pass" if margins[worst] >= 0 else "fail"
+    below = sum(m < 0 for m in margins)
+    return GateRow(
+        label,
+        "per-position",
+        status,
+        f"d={worst + 1}: {got:.3f}",
+        f"d={worst + 1}: >= {floors[worst]:.3f} (band {base.per_position.band:.3f})",
+        margins[worst],
+        f"worst depth of {len(floors)}" + (f"; {below} below floor" if below else ""),
+    )
 
 
 def exit_code(rows: list[GateRow]) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ddtree_conformance.adapters.interface import Engine, Request, RequestResult, RunConfig
 
@@ -276,47 +277,10 @@ def measure(
     sequential = any(s.edge is not None for s in streams)
     if not sequential and repeats < 2:
         raise BenchError(f"repeats must be >= 2 for an interval, got {repeats}")
-
-    def call(arm: Arm, batch: list[Request]) -> tuple[list[RequestResult], CallTiming]:
-        started = now()
-        results = arm.engine.generate(batch, arm.config)
-        wall = now() - started
-        failed = [r for r in results if r.finish_reason == "error"]
-        if failed or len(results) != len(batch):
-            first = (failed[0].error or "").strip().splitlines() if failed else ["wrong number of results"]
-            raise BenchError(
-                f"{arm.label}: {len(failed)} of {len(batch)} requests failed ({first[-1] if first else 'no message'})"
-            )
-        if on_step:
-            on_step(arm.label)
-        return results, call_timing(results, wall)
-
+    call = _Caller(now, on_step)
     device = arms[0].config.device if arms else "cpu"
     rule = WarmupRule.for_device(device) if warmup is True else warmup or None
-    labels = [arm.label for arm in arms]
-    warm: dict = {"rounds": 0, "seconds": 0.0, "steady": None, "reason": "no warm-up", "times": [], "states": []}
-    if rule is not None:
-        began = now()
-        while True:
-            # every arm once, in the timed repeats' order for this round (so no arm is always warmed first)
-            done = {
-                label: call(by_label[label], requests[:1])[1].seconds for label in order(labels, len(warm["times"]), 0)
-            }
-            row = [done.get(arm.label, 0.0) for arm in arms]
-            warm["times"].append([round(t, 9) for t in row])
-            if sampler is not None:
-                warm["states"].append(sampler.sample())
-            n, spent = len(warm["times"]), now() - began
-            if n >= rule.min_rounds and steady(
-                warm["times"], warm["states"], window=rule.window, tolerance=rule.tolerance
-            ):
-                warm.update(steady=True, reason=f"steady after {n} rounds")
-                break
-            if n >= rule.max_rounds or spent >= rule.max_seconds:
-                cap = f"{rule.max_rounds} rounds" if n >= rule.max_rounds else f"{rule.max_seconds:g} s"
-                warm.update(steady=False, reason=f"not steady after {n} rounds: stopped at the cap ({cap})")
-                break
-        warm.update(rounds=len(warm["times"]), seconds=round(now() - began, 3), rule=rule.describe())
+    warm = _warm_up(rule, arms, requests[:1], order, call, now, sampler)
     history: list[Repeat] = []
     first: dict[str, list[RequestResult]] = {arm.label: [] for arm in arms}
     settings: dict[str, dict] = {arm.label: {} for arm in arms}
@@ -324,18 +288,14 @@ def measure(
     stop: dict[str, dict] = {}
     started = now()
     while active:
-        r = len(history)
         needed = {a for s in active for a in s.arms}
-        running = [arm.label for arm in arms if arm.label in needed]
-        repeat = Repeat()
-        for i in range(len(requests)):
-            request = requests[(i + r) % len(requests)]
-            for label in order(running, r, i):
-                results, timing = call(by_label[label], [request])
-                merge_settings(settings[label], run_settings(results, by_label[label].config))
-                repeat.add(label, timing)
-                if r == 0:  # repeat 0 runs the requests in prompt order: the acceptance run
-                    first[label].append(results[0])
+        running = [arm for arm in arms if arm.label in needed]
+        ran = _run_repeat(running, requests, len(history), order, call)
+        for label, merged in ran.settings.items():
+            merge_settings(settings[label], merged)
+        if not history:  # repeat 0 runs the requests in prompt order: the acceptance run
+            first = {**first, **ran.results}
+        repeat = ran.repeat
         repeat.check()
         if sampler is not None:
             repeat.state = sampler.sample()
@@ -343,75 +303,169 @@ def measure(
         n = len(history)
         elapsed = now() - started
         for stream in list(active):
-            if (
-                sequential
-                and stream.edge is not None
-                and (plan.is_look(n) or ((elapsed >= plan.time_budget_s or n >= plan.max_repeats) and n >= 2))
-            ):
-                samples = [stream.sample(h) for h in history if all(a in h.totals for a in stream.arms)]
-                extra, extra_df = stream.spread or (0.0, 0)
-                interval = combined_interval(samples, plan.look_alpha, extra, extra_df)
-                found = verdict(interval, stream.edge)
-                if found:
-                    where = "at or above" if found == "pass" else "below"
-                    spread = " (baseline's between-run spread included)" if stream.spread else ""
-                    if found == "regression" and not stream.fails:
-                        found, spread = (
-                            "inconclusive",
-                            (", but the baseline records one run, so its between-run spread is unknown: not a failure"),
-                        )
-                    stop[stream.label] = {
-                        "decision": found,
-                        "reason": f"interval {where} the edge {stream.edge:.4f} after {n} repeats{spread}",
-                        "repeats": n,
-                        "elapsed_s": elapsed,
-                    }
-                    active.remove(stream)
-                    continue
-                if stream.spread and _spread_decides_nothing(samples, plan.look_alpha, stream.spread, stream.edge):
-                    stop[stream.label] = {
-                        "decision": "inconclusive",
-                        "reason": f"the between-run spread alone keeps the interval across the edge "
-                        f"{stream.edge:.4f} after {n} repeats: more repeats cannot decide it",
-                        "repeats": n,
-                        "elapsed_s": elapsed,
-                    }
-                    active.remove(stream)
-                    continue
-            if not sequential and n >= repeats:
-                stop[stream.label] = {
-                    "decision": "fixed",
-                    "reason": f"{repeats} fixed repeats",
-                    "repeats": n,
-                    "elapsed_s": elapsed,
-                }
-                active.remove(stream)
-            elif sequential and (n >= plan.max_repeats or elapsed >= plan.time_budget_s):
-                why = (
-                    f"time budget {plan.time_budget_s:g} s spent"
-                    if elapsed >= plan.time_budget_s
-                    else f"repeat cap {plan.max_repeats} reached"
-                )
-                banded = stream.edge is not None
-                stop[stream.label] = {
-                    "decision": "inconclusive" if banded else "fixed",
-                    "reason": f"{why} after {n} repeats"
-                    + (": the interval still straddles the edge" if banded else ""),
-                    "repeats": n,
-                    "elapsed_s": elapsed,
-                }
+            entry = _stream_stop(stream, history, elapsed, plan=plan, sequential=sequential, repeats=repeats)
+            if entry is not None:
+                stop[stream.label] = entry
                 active.remove(stream)
         if sequential and active and all(s.edge is None for s in active):
             for stream in active:  # only unbanded streams left: they were measured alongside, stop them too
-                stop[stream.label] = {
-                    "decision": "fixed",
-                    "reason": f"measured alongside the banded runs ({n} repeats)",
-                    "repeats": n,
-                    "elapsed_s": elapsed,
-                }
+                stop[stream.label] = _stop_entry(
+                    "fixed", f"measured alongside the banded runs ({n} repeats)", n, elapsed
+                )
             active = []
-    warm["states"] = warm["states"][-1:]  # the last is enough for the report; the rule saw them all
     return Measured(history, first, stop, settings, warm)
+
+
+@dataclass(frozen=True)
+class _Caller:
+    """One ``generate`` call of an arm, timed on ``now`` and checked: every request must succeed."""
+
+    now: Callable[[], float]
+    on_step: Callable[[str], None] | None
+
+    def __call__(self, arm: Arm, batch: list[Request]) -> tuple[list[RequestResult], CallTiming]:
+        started = self.now()
+        results = arm.engine.generate(batch, arm.config)
+        wall = self.now() - started
+        failed = [r for r in results if r.finish_reason == "error"]
+        if failed or len(results) != len(batch):
+            first = (failed[0].error or "").strip().splitlines() if failed else ["wrong number of results"]
+            raise BenchError(
+                f"{arm.label}: {len(failed)} of {len(batch)} requests failed ({first[-1] if first else 'no message'})"
+            )
+        if self.on_step:
+            self.on_step(arm.label)
+        return results, call_timing(results, wall)
+
+
+def _warm_up(
+    rule: WarmupRule | None,
+    arms: Sequence[Arm],
+    batch: list[Request],
+    order: Callable[[list[str], int, int], list[str]],
+    call: _Caller,
+    now: Callable[[], float],
+    sampler: Sampler | None,
+) -> dict:
+    """The warm-up under ``rule`` (None: none): untimed rounds of every arm on ``batch`` until steady or
+    capped; what :attr:`Measured.warmup` reports (of the machine states only the last)."""
+    warm: dict = {"rounds": 0, "seconds": 0.0, "steady": None, "reason": "no warm-up", "times": [], "states": []}
+    if rule is None:
+        return warm
+    by_label = {arm.label: arm for arm in arms}
+    labels = [arm.label for arm in arms]
+    began = now()
+    while True:
+        # every arm once, in the timed repeats' order for this round (so no arm is always warmed first)
+        done = {label: call(by_label[label], batch)[1].seconds for label in order(labels, len(warm["times"]), 0)}
+        row = [done.get(arm.label, 0.0) for arm in arms]
+        warm["times"].append([round(t, 9) for t in row])
+        if sampler is not None:
+            warm["states"].append(sampler.sample())
+        n, spent = len(warm["times"]), now() - began
+        if n >= rule.min_rounds and steady(warm["times"], warm["states"], window=rule.window, tolerance=rule.tolerance):
+            warm.update(steady=True, reason=f"steady after {n} rounds")
+            break
+        if n >= rule.max_rounds or spent >= rule.max_seconds:
+            cap = f"{rule.max_rounds} rounds" if n >= rule.max_rounds else f"{rule.max_seconds:g} s"
+            warm.update(steady=False, reason=f"not steady after {n} rounds: stopped at the cap ({cap})")
+            break
+    warm.update(rounds=len(warm["times"]), seconds=round(now() - began, 3), rule=rule.describe())
+    warm["states"] = warm["states"][-1:]  # the last is enough for the report; the rule saw them all
+    return warm
+
+
+class _RepeatRun(NamedTuple):
+    """One repeat's calls: the repeat's totals, per arm the settings its calls ran under (merged) and
+    its results in the order the requests ran."""
+
+    repeat: Repeat
+    settings: dict[str, dict]
+    results: dict[str, list[RequestResult]]
+
+
+def _run_repeat(
+    running: Sequence[Arm],
+    requests: list[Request],
+    r: int,
+    order: Callable[[list[str], int, int], list[str]],
+    call: _Caller,
+) -> _RepeatRun:
+    """Repeat ``r``: every request (rotated by ``r``) once through every arm in ``running``, in ``order``."""
+    by_label = {arm.label: arm for arm in running}
+    labels = [arm.label for arm in running]
+    repeat = Repeat()
+    settings: dict[str, dict] = {label: {} for label in labels}
+    results: dict[str, list[RequestResult]] = {label: [] for label in labels}
+    for i in range(len(requests)):
+        request = requests[(i + r) % len(requests)]
+        for label in order(labels, r, i):
+            got, timing = call(by_label[label], [request])
+            merge_settings(settings[label], run_settings(got, by_label[label].config))
+            repeat.add(label, timing)
+            results[label].append(got[0])
+    return _RepeatRun(repeat, settings, results)
+
+
+def _stop_entry(decision: str, reason: str, repeats: int, elapsed: float) -> dict:
+    """Why a stream stopped, as :attr:`Measured.stop` holds it."""
+    return {"decision": decision, "reason": reason, "repeats": repeats, "elapsed_s": elapsed}
+
+
+def _stream_stop(
+    stream: Stream, history: list[Repeat], elapsed: float, *, plan: SequentialPlan, sequential: bool, repeats: int
+) -> dict | None:
+    """Whether ``stream`` stops after the repeats in ``history`` (its :func:`_stop_entry`), or None."""
+    n = len(history)
+    capped = elapsed >= plan.time_budget_s or n >= plan.max_repeats
+    if sequential and stream.edge is not None and (plan.is_look(n) or (capped and n >= 2)):
+        entry = _look(stream, history, elapsed, plan)
+        if entry is not None:
+            return entry
+    if not sequential and n >= repeats:
+        return _stop_entry("fixed", f"{repeats} fixed repeats", n, elapsed)
+    if sequential and capped:
+        why = (
+            f"time budget {plan.time_budget_s:g} s spent"
+            if elapsed >= plan.time_budget_s
+            else f"repeat cap {plan.max_repeats} reached"
+        )
+        banded = stream.edge is not None
+        return _stop_entry(
+            "inconclusive" if banded else "fixed",
+            f"{why} after {n} repeats" + (": the interval still straddles the edge" if banded else ""),
+            n,
+            elapsed,
+        )
+    return None
+
+
+def _look(stream: Stream, history: list[Repeat], elapsed: float, plan: SequentialPlan) -> dict | None:
+    """A sequential look at a banded stream: its stop once the interval clears the edge, or once the
+    baseline's spread alone keeps it from ever clearing; else None."""
+    n = len(history)
+    samples = [stream.sample(h) for h in history if all(a in h.totals for a in stream.arms)]
+    extra, extra_df = stream.spread or (0.0, 0)
+    interval = combined_interval(samples, plan.look_alpha, extra, extra_df)
+    found = verdict(interval, stream.edge)
+    if found:
+        where = "at or above" if found == "pass" else "below"
+        spread = " (baseline's between-run spread included)" if stream.spread else ""
+        if found == "regression" and not stream.fails:
+            found, spread = (
+                "inconclusive",
+                (", but the baseline records one run, so its between-run spread is unknown: not a failure"),
+            )
+        return _stop_entry(found, f"interval {where} the edge {stream.edge:.4f} after {n} repeats{spread}", n, elapsed)
+    if stream.spread and _spread_decides_nothing(samples, plan.look_alpha, stream.spread, stream.edge):
+        return _stop_entry(
+            "inconclusive",
+            f"the between-run spread alone keeps the interval across the edge "
+            f"{stream.edge:.4f} after {n} repeats: more repeats cannot decide it",
+            n,
+            elapsed,
+        )
+    return None
 
 
 def _spread_decides_nothing(samples: list[float], alpha_k: float, spread: tuple[float, int], edge: float) -> bool:

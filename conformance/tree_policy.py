@@ -29,18 +29,15 @@ a tree cut because the context (or, in the last round, the output) has no room f
 
 from __future__ import annotations
 
-import itertools
-import math
+import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-import torch
-
-from ddtree_conformance.adapters.interface import RoundTrace
 from ddtree_conformance.adapters.reference.dflash import DFlashConfig
-from ddtree_conformance.spec import DraftTree, build_chain, build_tree
 
+from .policy_rounds import RoundView, TracedRound, child_counts, compare_round, level_widths, numbering, round_views
 from .policy_trees import PolicyFit, fit_policy, node_paths
 
 __all__ = [
@@ -68,131 +65,6 @@ def block_size(drafter_dir: str | None) -> int | None:
         return DFlashConfig.from_dir(drafter_dir).block_size
     except (OSError, ValueError):
         return None
-
-
-# ---------------------------------------------------------------------------------------------- rounds
-
-
-@dataclass
-class RoundView:
-    """One traced round as the diagnosis reads it."""
-
-    label: str  # "<prompt> round <r>"
-    start: int
-    tokens: list[int]  # node tokens, root first
-    parents: list[int]
-    depths: list[int]
-    logits: torch.Tensor | None  # the engine's drafter logits [rows, V], when traced
-    last: bool = False  # the request's last round (the output's end may have cut its tree)
-    room: int | None = None  # nodes the context has room for in this round (None: no limit known)
-
-
-def round_views(label: str, traces: Sequence[RoundTrace], max_context: int | None) -> list[RoundView]:
-    """:class:`RoundView` of every trace of one request."""
-    views = []
-    for r, t in enumerate(traces):
-        logits = None if t.draft_logits is None else torch.tensor(t.draft_logits, dtype=torch.float32)
-        room = None if not max_context else max(0, max_context - t.start - 1)
-        views.append(
-            RoundView(
-                f"{label} round {r}",
-                t.start,
-                list(t.tree_tokens),
-                list(t.parents),
-                list(t.depths),
-                logits,
-                last=r == len(traces) - 1,
-                room=room,
-            )
-        )
-    return views
-
-
-def _tree_paths(tree: DraftTree) -> list[tuple[int, ...]]:
-    return node_paths(tree.tokens.tolist(), tree.parents.tolist())
-
-
-def _children(parents: Sequence[int]) -> list[int]:
-    counts = [0] * len(parents)
-    for p in parents[1:]:
-        counts[p] += 1
-    return counts
-
-
-def _widths(depths: Sequence[int]) -> list[int]:
-    top = max(depths) if depths else 0
-    return [sum(1 for d in depths if d == level) for level in range(1, top + 1)]
-
-
-def _numbering(depths: Sequence[int]) -> str:
-    return "breadth-first" if all(a <= b for a, b in itertools.pairwise(depths[1:])) else "in another order"
-
-
-@dataclass
-class _Round:
-    view: RoundView
-    nodes: int
-    max_depth: int
-    max_children: int
-    widths: list[int]
-    spec_nodes: int | None = None
-    spec_max_children: int | None = None
-    spec_widths: list[int] | None = None
-    kind: str = "untested"  # spec | renumbered | tie | cut | subset | differs | untested
-    numbering: str = ""
-    # a "subset" round that is the first n nodes of the spec tree in pop order: the early-stop margins
-    # m that keep exactly those (score >= lp_1 - log B - m), as [low, high); None: not such a prefix
-    stop_margins: tuple[float, float] | None = None
-
-
-def _score_paths(logits: torch.Tensor, paths: Sequence[tuple[int, ...]]) -> list[float]:
-    lp = torch.log_softmax(logits.float(), dim=-1).double().tolist()
-    out = []
-    for path in paths:
-        total = 0.0
-        for depth, token in enumerate(path):
-            total += lp[depth][token] if depth < len(lp) and 0 <= token < len(lp[depth]) else -math.inf
-        out.append(total)
-    return out
-
-
-def _compare(rnd: _Round, mode: str, budget: int, horizon: int) -> DraftTree | None:
-    """Classify ``rnd`` against the spec's tree of its own drafter logits (first L rows)."""
-    view = rnd.view
-    if view.logits is None:
-        return None
-    logits = view.logits[:horizon]
-    spec = build_chain(logits) if mode == "dflash" else build_tree(logits, budget)
-    spec_paths = _tree_paths(spec)
-    mine = node_paths(view.tokens, view.parents)
-    rnd.spec_nodes = spec.num_nodes
-    rnd.spec_max_children = max(_children(spec.parents.tolist()))
-    rnd.spec_widths = _widths(spec.depths.tolist())
-    if mine[1:] == spec_paths[1:]:
-        rnd.kind = "spec"
-        return spec
-    if set(mine) == set(spec_paths) and len(mine) == len(spec_paths):
-        rnd.kind, rnd.numbering = "renumbered", _numbering(view.depths)
-        return spec
-    if len(mine) == len(spec_paths):  # the same size, differing only by nodes tied at the boundary
-        only = set(mine) ^ set(spec_paths)
-        scores = _score_paths(logits, sorted(only))
-        boundary = float(spec.scores.min())
-        if all(s == boundary for s in scores):
-            rnd.kind = "tie"
-            return spec
-    if set(mine) < set(spec_paths):  # a prefix-closed part of the spec's tree: cut by room, or stopped early
-        exempt = view.last or (view.room is not None and view.room < budget)
-        rnd.kind = "cut" if exempt else "subset"
-        kept = len(mine) - 1
-        if set(mine[1:]) == set(spec_paths[1 : kept + 1]):  # the spec's first nodes in pop order
-            scores = spec.scores[1:].tolist()
-            best = float(torch.log_softmax(logits[0].float(), dim=-1).max()) - math.log(max(budget, 1))
-            low = best - scores[kept - 1] if kept else -math.inf
-            rnd.stop_margins = (low, best - scores[kept] if kept < len(scores) else math.inf)
-        return spec
-    rnd.kind = "differs"
-    return spec
 
 
 # ---------------------------------------------------------------------------------------------- diagnosis
@@ -239,37 +111,29 @@ def _level_widths(rows: Sequence[Sequence[int]], levels: int = 6) -> str:
     return "/".join(f"{m:g}" for m in med) + more
 
 
+class _PolicyOutcome(NamedTuple):
+    """What :func:`_policy_findings` names: findings, and notes on freedoms and the rebuild."""
+
+    findings: list[PolicyFinding]
+    notes: list[str]
+
+
 def _policy_findings(
-    diag: PolicyDiagnosis,
-    rounds: list[_Round],
-    differing: list[_Round],
-    free: list[_Round],
+    rounds: list[TracedRound],
+    differing: list[TracedRound],
+    free: list[TracedRound],
     budget: int,
     horizon: int,
     has_logits: bool,
-) -> None:
-    """Chain, width cap, depth bonus and early stop (module doc), appended to ``diag``."""
-    f = diag.findings
-    chains = all(r.max_children <= 1 for r in rounds)
-    spec_branches = [r for r in rounds if (r.spec_max_children or 0) > 1]
-    if chains and (spec_branches or (budget > horizon and not has_logits)):
-        shown = (
-            f"in {len(spec_branches)}/{len(rounds)} rounds the spec's tree of the same drafter logits branches"
-            if spec_branches
-            else f"a B = {budget} tree cannot be a chain within L = {horizon}"
-        )
-        f.append(
-            PolicyFinding(
-                "chain",
-                f"verifies a chain where the spec branches ({shown}; a chain of min(B, L) "
-                "nodes is SGLang PR #29907's spine mode)",
-            )
-        )
-        return
+) -> _PolicyOutcome:
+    """Chain, width cap, depth bonus and early stop (module doc)."""
+    chain = _chain_finding(rounds, budget, horizon, has_logits)
+    if chain is not None:
+        return _PolicyOutcome([chain], [])
+    notes: list[str] = []
     short = [r for r in free if r.nodes < min(budget, r.spec_nodes or budget)]
-    cut = _cut_not_stopped(short)
-    if cut:  # first nodes of the spec tree, but no one score threshold keeps them: cut, not stopped early
-        diag.notes.append(
+    if _cut_not_stopped(short):  # first nodes of the spec tree, but no one score threshold keeps them: cut
+        notes.append(
             f"{len(short)}/{len(free)} rounds with room for B = {budget} verified the spec tree's first nodes "
             f"({_range([r.nodes for r in short])}), at cut points no single early-stop margin explains: a cut "
             "tree (a token budget shared by the batch?), not a policy; the acceptance check names such rounds"
@@ -283,44 +147,20 @@ def _policy_findings(
         fit = fit_policy(rounds_in, budget, cap if wider else None)
     explained = fit.sample and fit.hits >= EXPLAINED_SHARE * fit.sample
     named = fit.hits >= 0.5 * fit.sample if fit.sample else False
-    top = max(r.spec_max_children or 0 for r in rounds)
     # the structure alone: never more than `cap` children where most differing rounds' spec trees need more
     # (a width cap whose candidates are scored another way than any rebuild here reproduces)
     narrower = bool(differing) and sum(r in wider for r in differing) >= STRUCTURE_SHARE * len(differing)
     structural = narrower and not (fit.cap and named and explained)
-    if (fit.cap and named) or structural:
-        how = "; named from the trees' structure, their exact trees not reproduced" if structural else ""
-        f.append(
-            PolicyFinding(
-                "width-cap",
-                f"caps the children per node at {cap} (the spec's trees have up to {top}; "
-                f"{len(wider)}/{len(rounds)} rounds need more than {cap}{how})",
-            )
-        )
-        explained = explained or structural
-    if fit.bonus and named:
-        f.append(
-            PolicyFinding(
-                "depth-bonus",
-                f"raises deeper nodes' scores (a depth bonus of about {fit.bonus:g} per level reproduces the trees)",
-            )
-        )
-    if short or (fit.stop is not None and named):
-        shown = []
-        if fit.stop is not None and named:
-            shown.append(
-                f"skips candidates scoring below best - log B - {fit.stop[0]:g}"
-                + (", keeping the rank-0 chain" if fit.stop[1] else "")
-            )
-        shown.append(
-            f"{len(short)}/{len(free)} rounds with room for B = {budget} verified fewer nodes"
-            + (f" ({_range([r.nodes for r in short])})" if short else "")
-        )
-        f.append(PolicyFinding("early-stop", f"stops early: {'; '.join(shown)}"))
+    found = [
+        _width_cap_finding(rounds, wider, cap, fit, named, structural),
+        _depth_bonus_finding(fit, named),
+        _early_stop_finding(short, free, budget, fit, named),
+    ]
+    findings = [finding for finding in found if finding is not None]
     if fit.sample:
-        diag.notes.append(f"rebuilt with {fit.describe()}: {fit.hits}/{fit.sample} differing rounds reproduced")
-    if differing and has_logits and not explained:
-        f.append(
+        notes.append(f"rebuilt with {fit.describe()}: {fit.hits}/{fit.sample} differing rounds reproduced")
+    if differing and has_logits and not (explained or structural):
+        findings.append(
             PolicyFinding(
                 "unexplained",
                 f"trees differ from the spec's in {len(differing)}/{len(rounds)} rounds "
@@ -328,9 +168,73 @@ def _policy_findings(
                 f"reproduced; first: {differing[0].view.label})",
             )
         )
+    return _PolicyOutcome(findings, notes)
 
 
-def _cut_not_stopped(short: list[_Round]) -> bool:
+def _chain_finding(rounds: list[TracedRound], budget: int, horizon: int, has_logits: bool) -> PolicyFinding | None:
+    """A chain verified where the spec's tree branches (SGLang's spine mode), or None."""
+    chains = all(r.max_children <= 1 for r in rounds)
+    spec_branches = [r for r in rounds if (r.spec_max_children or 0) > 1]
+    if not (chains and (spec_branches or (budget > horizon and not has_logits))):
+        return None
+    shown = (
+        f"in {len(spec_branches)}/{len(rounds)} rounds the spec's tree of the same drafter logits branches"
+        if spec_branches
+        else f"a B = {budget} tree cannot be a chain within L = {horizon}"
+    )
+    return PolicyFinding(
+        "chain",
+        f"verifies a chain where the spec branches ({shown}; a chain of min(B, L) "
+        "nodes is SGLang PR #29907's spine mode)",
+    )
+
+
+def _width_cap_finding(
+    rounds: list[TracedRound], wider: list[TracedRound], cap: int, fit: PolicyFit, named: bool, structural: bool
+) -> PolicyFinding | None:
+    """A cap on the children per node, fitted or read from the trees' structure alone, or None."""
+    if not ((fit.cap and named) or structural):
+        return None
+    top = max(r.spec_max_children or 0 for r in rounds)
+    how = "; named from the trees' structure, their exact trees not reproduced" if structural else ""
+    return PolicyFinding(
+        "width-cap",
+        f"caps the children per node at {cap} (the spec's trees have up to {top}; "
+        f"{len(wider)}/{len(rounds)} rounds need more than {cap}{how})",
+    )
+
+
+def _depth_bonus_finding(fit: PolicyFit, named: bool) -> PolicyFinding | None:
+    """A fitted depth bonus, or None."""
+    if not (fit.bonus and named):
+        return None
+    return PolicyFinding(
+        "depth-bonus",
+        f"raises deeper nodes' scores (a depth bonus of about {fit.bonus:g} per level reproduces the trees)",
+    )
+
+
+def _early_stop_finding(
+    short: list[TracedRound], free: list[TracedRound], budget: int, fit: PolicyFit, named: bool
+) -> PolicyFinding | None:
+    """Trees stopped short of the budget with room for it (and a fitted stop margin), or None."""
+    stops = fit.stop is not None and named
+    if not (short or stops):
+        return None
+    shown = []
+    if stops:
+        shown.append(
+            f"skips candidates scoring below best - log B - {fit.stop[0]:g}"
+            + (", keeping the rank-0 chain" if fit.stop[1] else "")
+        )
+    shown.append(
+        f"{len(short)}/{len(free)} rounds with room for B = {budget} verified fewer nodes"
+        + (f" ({_range([r.nodes for r in short])})" if short else "")
+    )
+    return PolicyFinding("early-stop", f"stops early: {'; '.join(shown)}")
+
+
+def _cut_not_stopped(short: list[TracedRound]) -> bool:
     """Whether the short rounds are cut trees rather than an early stop: every one is the spec tree's
     first nodes in pop order, and no margin ``m >= 0`` lies in every round's interval (an early stop
     keeps the nodes scoring at least ``lp_1 - log B - m``, one ``m`` for every round)."""
@@ -347,87 +251,110 @@ def diagnose_traces(
     """Findings for one (mode, budget) run's traced rounds (module doc)."""
     horizon = (block - 1) if block else None
     budget = budget or (horizon or 1)
-    rounds = []
-    for v in views:
-        if len(v.tokens) < 1:
-            continue
-        rounds.append(
-            _Round(v, len(v.tokens) - 1, max(v.depths) if v.depths else 0, max(_children(v.parents)), _widths(v.depths))
+    rounds = [
+        TracedRound(
+            v, len(v.tokens) - 1, max(v.depths) if v.depths else 0, max(child_counts(v.parents)), level_widths(v.depths)
         )
+        for v in views
+        if len(v.tokens) >= 1
+    ]
     has_logits = bool(rounds) and all(r.view.logits is not None for r in rounds)
-    diag = PolicyDiagnosis(run, "traces with drafter logits" if has_logits else "traces (no drafter logits)")
+    source = "traces with drafter logits" if has_logits else "traces (no drafter logits)"
     if not rounds:
-        return diag
+        return PolicyDiagnosis(run, source)
     if horizon is None:
         horizon = max(r.max_depth for r in rounds)
     for r in rounds:
-        _compare(r, mode, budget, horizon)
-    f = diag.findings
-    # 1. depth beyond the drafter's block
-    deepest = max(r.max_depth for r in rounds)
-    rows_drafted = max((r.view.logits.shape[0] for r in rounds if r.view.logits is not None), default=horizon)
-    if deepest > horizon or rows_drafted > horizon:
-        drafted = max(deepest, rows_drafted)
-        f.append(
-            PolicyFinding(
-                "depth-beyond-block",
-                f"drafts to depth {drafted} where the drafter's block "
-                f"({horizon + 1}) gives L = {horizon} (draft depth tied to the "
-                f"budget B = {budget}?)",
-            )
-        )
+        compare_round(r, mode, budget, horizon)
     differing = [r for r in rounds if r.kind == "differs"]
     off_spec = [r for r in rounds if r.kind in ("differs", "subset")]
     free = [r for r in rounds if not r.view.last and (r.view.room is None or r.view.room >= budget)]
-    if f:  # a deeper tree over other logits: its widths say nothing against the spec's; only its size does
+    # 1. depth beyond the drafter's block
+    deep = _depth_finding(rounds, horizon, budget)
+    if deep is not None:  # a deeper tree over other logits: its widths say nothing against the spec's; only its size
         short = [r for r in free if r.nodes < budget]
-        if short:
-            f.append(
-                PolicyFinding(
-                    "early-stop",
-                    f"stops early: {len(short)}/{len(free)} rounds with room for B = "
-                    f"{budget} verified fewer nodes ({_range([r.nodes for r in short])})",
-                )
-            )
+        outcome = _PolicyOutcome([deep, *([_short_finding(short, free, budget)] if short else [])], [])
     elif mode == "ddtree":
-        _policy_findings(diag, rounds, differing, free, budget, horizon, has_logits)
+        outcome = _policy_findings(rounds, differing, free, budget, horizon, has_logits)
     elif off_spec:
-        f.append(
-            PolicyFinding(
-                "unexplained",
-                f"chains differ from the spec's in {len(off_spec)}/{len(rounds)} "
-                f"rounds (first: {off_spec[0].view.label})",
-            )
+        message = (
+            f"chains differ from the spec's in {len(off_spec)}/{len(rounds)} rounds (first: {off_spec[0].view.label})"
         )
+        outcome = _PolicyOutcome([PolicyFinding("unexplained", message)], [])
+    else:
+        outcome = _PolicyOutcome([], [])
+    first = None
     if off_spec:
         r = off_spec[0]
-        diag.first = f"{r.view.label}: {r.nodes} nodes vs spec {r.spec_nodes}; first tokens {r.view.tokens[1:7]}"
-    # notes: freedoms
+        first = f"{r.view.label}: {r.nodes} nodes vs spec {r.spec_nodes}; first tokens {r.view.tokens[1:7]}"
+    diag = PolicyDiagnosis(run, source, outcome.findings, [*outcome.notes, *_freedom_notes(rounds)], first=first)
+    return dataclasses.replace(diag, row=_policy_row(diag, rounds, budget, horizon, has_logits, off_spec))
+
+
+def _depth_finding(rounds: list[TracedRound], horizon: int, budget: int) -> PolicyFinding | None:
+    """Trees (or drafter logits) deeper than the drafter's block gives, or None."""
+    deepest = max(r.max_depth for r in rounds)
+    rows_drafted = max((r.view.logits.shape[0] for r in rounds if r.view.logits is not None), default=horizon)
+    if not (deepest > horizon or rows_drafted > horizon):
+        return None
+    drafted = max(deepest, rows_drafted)
+    return PolicyFinding(
+        "depth-beyond-block",
+        f"drafts to depth {drafted} where the drafter's block "
+        f"({horizon + 1}) gives L = {horizon} (draft depth tied to the "
+        f"budget B = {budget}?)",
+    )
+
+
+def _short_finding(short: list[TracedRound], free: list[TracedRound], budget: int) -> PolicyFinding:
+    """An early stop read from the trees' sizes alone (rounds with room for B verified fewer nodes)."""
+    return PolicyFinding(
+        "early-stop",
+        f"stops early: {len(short)}/{len(free)} rounds with room for B = "
+        f"{budget} verified fewer nodes ({_range([r.nodes for r in short])})",
+    )
+
+
+def _freedom_notes(rounds: list[TracedRound]) -> list[str]:
+    """Notes on the freedoms the rounds took: another node order, ties broken otherwise, trees cut to the room."""
+    notes = []
     renumbered = [r for r in rounds if r.kind == "renumbered"]
     if renumbered:
         kinds = sorted({r.numbering for r in renumbered})
-        diag.notes.append(
+        notes.append(
             f"node order: {len(renumbered)}/{len(rounds)} rounds hold the spec's tree numbered "
             f"{' or '.join(kinds)} (a freedom, not a finding)"
         )
     ties = sum(r.kind == "tie" for r in rounds)
     if ties:
-        diag.notes.append(f"{ties} rounds broke exact score ties otherwise (a freedom)")
+        notes.append(f"{ties} rounds broke exact score ties otherwise (a freedom)")
     cut = [r for r in rounds if r.kind == "cut"]
     if cut:
-        diag.notes.append(f"{len(cut)} rounds cut to the room left (context limit or the output's end; a freedom)")
+        notes.append(f"{len(cut)} rounds cut to the room left (context limit or the output's end; a freedom)")
+    return notes
+
+
+def _policy_row(
+    diag: PolicyDiagnosis,
+    rounds: list[TracedRound],
+    budget: int,
+    horizon: int,
+    has_logits: bool,
+    off_spec: list[TracedRound],
+) -> dict:
+    """The run's row of the tree-policy table (:func:`policy_table`)."""
     order = (
         "the spec's (pop order)"
         if all(r.kind in ("spec", "tie", "cut") for r in rounds if r.kind != "untested") and has_logits
         else _numbering_summary(rounds, has_logits)
     )
     spec_children = [r.spec_max_children for r in rounds if r.spec_max_children is not None]
-    diag.row = {
-        "run": run,
+    return {
+        "run": diag.run,
         "evidence": diag.source,
         "rounds": len(rounds),
         "nodes per round": f"{_range([r.nodes for r in rounds])} of B={budget}",
-        "depth": f"{deepest} (L = {horizon})",
+        "depth": f"{max(r.max_depth for r in rounds)} (L = {horizon})",
         "children per node": f"{max(r.max_children for r in rounds)}"
         + (f" (spec {max(spec_children)})" if spec_children else ""),
         "width per level": _level_widths([r.widths for r in rounds])
@@ -436,11 +363,10 @@ def diagnose_traces(
         "rounds differing": f"{len(off_spec)}/{len(rounds)}" if has_logits else "-",
         "verdict": ", ".join(diag.kinds) or "the spec's trees",
     }
-    return diag
 
 
-def _numbering_summary(rounds: Sequence[_Round], has_logits: bool) -> str:
-    kinds = {r.numbering or _numbering(r.view.depths) for r in rounds if r.kind not in ("spec", "tie")}
+def _numbering_summary(rounds: Sequence[TracedRound], has_logits: bool) -> str:
+    kinds = {r.numbering or numbering(r.view.depths) for r in rounds if r.kind not in ("spec", "tie")}
     if not has_logits:
         return "breadth-first" if kinds == {"breadth-first"} else "not compared (no drafter logits)"
     return " / ".join(sorted(kinds)) if kinds else "the spec's (pop order)"

@@ -24,10 +24,14 @@ Only greedy (temperature 0) results are replayed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from ddtree_conformance.spec import (
+    DraftTree,
+    VerifyInputs,
+    WalkResult,
     build_chain,
     build_tree,
     compact_dynamic_cache,
@@ -136,33 +140,14 @@ def replay_result(
             walk = walk_tree(tree, logits)
             tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
             engine_tokens = output[offset : offset + length]
-            if keep_logits is not None:
-                keep = keep_logits(index, engine_tokens, tokens)
-            else:
-                keep = engine_tokens != tokens[: len(engine_tokens)] or length != len(tokens)
+            differs = engine_tokens != tokens[: len(engine_tokens)] or length != len(tokens)
+            keep = keep_logits(index, engine_tokens, tokens) if keep_logits is not None else differs
             room = request.max_new_tokens - offset
             short = (None, None, None)
-            if room < draft_logits.shape[0] and (
-                engine_tokens != tokens[: len(engine_tokens)] or length != len(tokens)
-            ):
+            if room < draft_logits.shape[0] and differs:
                 short = _short_block_round(pair, root, start, feats, draft_cache, cache, mode, budget, room)
-            rounds.append(
-                ReplayRound(
-                    index=index,
-                    offset=offset,
-                    start=start,
-                    root=root,
-                    length=len(walk.accepted) + 1,
-                    tokens=tokens,
-                    tree_tokens=verify.input_ids.tolist(),
-                    parents=tree.parents.tolist(),
-                    accepted=list(walk.accepted),
-                    path_gaps=top2_margin(logits[[0, *walk.accepted]]).tolist(),
-                    draft_logits=draft_logits.float().cpu() if keep else None,
-                    short_block=None if short[0] is None else short[:2],
-                    short_logits=short[2],
-                )
-            )
+            verified = _Verified(draft_logits, tree, verify, logits, walk, tokens)
+            rounds.append(_replay_round(verified, index, offset, start, root, keep, short))
             if offset + length > len(output) or index == len(lengths) - 1:
                 break  # the last round: nothing to commit
             accepted_tokens = output[offset : offset + length - 1]
@@ -185,3 +170,37 @@ def replay_result(
             offset += length
             root = output[offset - 1]
     return rounds
+
+
+class _Verified(NamedTuple):
+    """One replayed round's drafting and verification: the drafter's logits, the tree built from them, its
+    compiled verify batch, the target's logits over it, the walk and the tokens it commits."""
+
+    draft_logits: torch.Tensor
+    tree: DraftTree
+    verify: VerifyInputs
+    logits: torch.Tensor
+    walk: WalkResult
+    tokens: list[int]
+
+
+def _replay_round(
+    verified: _Verified, index: int, offset: int, start: int, root: int, keep: bool, short: tuple
+) -> ReplayRound:
+    """The record of one replayed round (``short``: :func:`_short_block_round`'s, or three Nones)."""
+    walk = verified.walk
+    return ReplayRound(
+        index=index,
+        offset=offset,
+        start=start,
+        root=root,
+        length=len(walk.accepted) + 1,
+        tokens=verified.tokens,
+        tree_tokens=verified.verify.input_ids.tolist(),
+        parents=verified.tree.parents.tolist(),
+        accepted=list(walk.accepted),
+        path_gaps=top2_margin(verified.logits[[0, *walk.accepted]]).tolist(),
+        draft_logits=verified.draft_logits.float().cpu() if keep else None,
+        short_block=None if short[0] is None else short[:2],
+        short_logits=short[2],
+    )

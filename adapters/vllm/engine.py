@@ -63,7 +63,15 @@ from ..interface import Capabilities, Engine, EngineError, Request, RequestResul
 from . import plugin_traces
 from . import upstream_api as api
 from .llm_config import LlmSetup
-from .probe import method_names, metric_delta, metric_snapshot, probe_method, spec_config_fields, version_tested
+from .probe import (
+    method_names,
+    metric_delta,
+    metric_snapshot,
+    plugin_choice,
+    probe_method,
+    spec_config_fields,
+    version_tested,
+)
 from .upstream_api import TESTED_VERSIONS
 
 __all__ = [
@@ -134,40 +142,32 @@ class VllmEngine(Engine):
         self.ddtree_ok, self.ddtree_why = probe_method(self.ddtree_method, self.ddtree_budget_key)
         plugin = opts.choice(self.name, "ddtree_plugin", options.get("ddtree_plugin", "auto"), ("auto", "on", "off"))
         self.runner_class = options.get("ddtree_runner_class")
-        self.plugin = False
-        if plugin == "on" or (plugin == "auto" and not self.ddtree_ok):
-            try:
-                from ddtree_vllm_plugin import unavailable_reason
-            except ImportError:
-                why = (
-                    "the DDTree plugin for vLLM is not installed; it is opt-in: pip install ./vllm-plugin from "
-                    "the suite's repository (distribution ddtree-vllm-plugin)"
-                )
-            else:
-                why = unavailable_reason()
-            if why is None:
-                self.plugin, self.ddtree_ok, self.ddtree_why = True, True, ""
-            elif plugin == "on":
-                raise EngineError(f"engine 'vllm': ddtree_plugin=on but {why}")
-            else:
-                self.ddtree_why += f"; and {why}"
-        max_budget = options.get("ddtree_max_budget")
-        self.shared_budget = (
-            None
-            if max_budget in (None, "", "none")
-            else opts.number(self.name, "ddtree_max_budget", max_budget, int, 1)
-        )
-        if self.shared_budget is not None and not self.plugin:
-            raise EngineError(
-                f"engine 'vllm': ddtree_max_budget needs the DDTree plugin (per-request budgets); "
-                f"ddtree here: {self.ddtree_why or 'native vLLM DDTree'}"
-            )
+        self.plugin, self.ddtree_ok, self.ddtree_why = plugin_choice(plugin, self.ddtree_ok, self.ddtree_why)
+        self.shared_budget = self._shared_budget(options.get("ddtree_max_budget"))
         self._trace_dir = tempfile.mkdtemp(prefix="ddtree-vllm-traces-") if self.plugin else None
         self._dflash_ok, self._dflash_why = probe_method(api.DFLASH_METHOD)
         self.live_llms = opts.number(self.name, "live_llms", options.get("live_llms", 1), int, 1)
         self._llms: OrderedDict[tuple, object] = OrderedDict()  # key -> vllm.LLM, least recently used first
-        backend = str(options.get("attention_backend", "auto")).strip()
-        self.setup = LlmSetup(
+        self.setup = self._llm_setup(model_dir, drafter_dir, str(options.get("attention_backend", "auto")).strip())
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _shared_budget(self, max_budget) -> int | None:
+        """The ``ddtree_max_budget`` option (None: not set); it needs the plugin's per-request budgets."""
+        shared_budget = (
+            None
+            if max_budget in (None, "", "none")
+            else opts.number(self.name, "ddtree_max_budget", max_budget, int, 1)
+        )
+        if shared_budget is not None and not self.plugin:
+            raise EngineError(
+                f"engine 'vllm': ddtree_max_budget needs the DDTree plugin (per-request budgets); "
+                f"ddtree here: {self.ddtree_why or 'native vLLM DDTree'}"
+            )
+        return shared_budget
+
+    def _llm_setup(self, model_dir: str, drafter_dir: str | None, backend: str) -> LlmSetup:
+        """How every ``vllm.LLM`` of this engine is built, from the options resolved in ``__init__``."""
+        return LlmSetup(
             model_dir,
             drafter_dir,
             self.block_size,
@@ -182,7 +182,6 @@ class VllmEngine(Engine):
             cuda=self.cuda,
         )
 
-    # -- helpers ---------------------------------------------------------------------------
     @staticmethod
     def _has_cuda() -> bool:
         try:

@@ -2,17 +2,27 @@
 
 ``SpeculativeConfig`` forbids unknown methods and keys, so reading its fields and its ``method``
 Literal tells exactly whether this vLLM offers a method (:func:`probe_method`). The metric helpers
-take vLLM's cumulative speculative-decoding counters and their per-run deltas.
+take vLLM's cumulative speculative-decoding counters and their per-run deltas. :func:`plugin_choice`
+says whether the DDTree plugin (``ddtree_vllm_plugin``) serves the ``ddtree`` mode.
 """
 
 from __future__ import annotations
 
 import typing
 
+from ..interface import EngineError
 from . import upstream_api as api
 from .upstream_api import TESTED_VERSIONS
 
-__all__ = ["version_tested", "spec_config_fields", "method_names", "probe_method", "metric_snapshot", "metric_delta"]
+__all__ = [
+    "version_tested",
+    "spec_config_fields",
+    "method_names",
+    "probe_method",
+    "plugin_choice",
+    "metric_snapshot",
+    "metric_delta",
+]
 
 
 def version_tested(version: str) -> bool:
@@ -88,3 +98,24 @@ def metric_delta(before: dict, after: dict) -> dict[str, object]:
         else:
             delta[key] = now - (was or 0)
     return delta
+
+
+def plugin_choice(plugin: str, ddtree_ok: bool, ddtree_why: str) -> tuple[bool, bool, str]:
+    """``(plugin, ddtree_ok, ddtree_why)`` under the ``ddtree_plugin`` option (auto: the plugin where vLLM
+    has no native DDTree); ``ddtree_plugin=on`` without a usable plugin is an error."""
+    if not (plugin == "on" or (plugin == "auto" and not ddtree_ok)):
+        return False, ddtree_ok, ddtree_why
+    try:
+        from ddtree_vllm_plugin import unavailable_reason
+    except ImportError:
+        why = (
+            "the DDTree plugin for vLLM is not installed; it is opt-in: pip install ./vllm-plugin from "
+            "the suite's repository (distribution ddtree-vllm-plugin)"
+        )
+    else:
+        why = unavailable_reason()
+    if why is None:
+        return True, True, ""
+    if plugin == "on":
+        raise EngineError(f"engine 'vllm': ddtree_plugin=on but {why}")
+    return False, ddtree_ok, ddtree_why + f"; and {why}"

@@ -30,7 +30,7 @@ from ..noise import ALPHA
 from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import window
-from .output_comparison import GreedyCase, first_divergence, judge_greedy
+from .output_comparison import GreedyCase, GreedyVerdict, first_divergence, judge_greedy
 from .result import CheckResult
 
 __all__ = ["CPU_PROMPTS", "check_cuda_graphs"]
@@ -64,50 +64,72 @@ def check_cuda_graphs(session: SuiteSession, mode: str, budget: int | None) -> C
                 f"asked for CUDA graphs, the engine reports it ran eagerly on {len(eager)}/"
                 f"{len(prompts)} prompts (first {eager[0]}; {why}): nothing to compare",
             )
-    cases = []
-    for prompt, a, b in zip(prompts, off, on):
-        error = f"graphs off: {a.error}" if a.error else (f"graphs on: {b.error}" if b.error else None)
-        cases.append(GreedyCase(prompt.id, prompt.prompt_ids, b.output_ids, a.output_ids, error=error))
-        if session.settings.dtype != "float32":
-            cases.append(GreedyCase(f"{prompt.id} (graphs off)", prompt.prompt_ids, a.output_ids))
+    cases = _cases(prompts, off, on, session.settings.dtype)
     verdict = judge_greedy(session, cases, what="graphs off")
     if verdict.engine_error:
         return CheckResult.failed(name, verdict.problem)
     if verdict.problem:
-        # fp32: name the first output that differs; outputs equal on and off but wrong on both (the
-        # fp32 target's argmax judged them) fail on the scoring's message below
-        differing = [c for c in cases if c.expected is not None and list(c.got) != list(c.expected)]
-        if session.settings.dtype == "float32" and differing:
-            first = differing[0]
-            pos = first_divergence(first.expected, first.got)
-            return CheckResult.failed(
-                name,
-                f"output with CUDA graphs differs from graphs off on {len(verdict.differing)}/{len(prompts)} "
-                f"prompts{where}; prompt {first.label} diverges at output token {pos} (off "
-                f"{window(list(first.expected), pos)} | on {window(list(first.got), pos)}): an input the "
-                "graph does not read, or a buffer it reads stale?",
-                **verdict.details,
-            )
-        return CheckResult.failed(name, f"output with CUDA graphs: {verdict.problem}", **verdict.details)
+        return _output_failure(name, session.settings.dtype, cases, verdict, len(prompts), where)
     summary = verdict.summary + where
     per_round = caps.per_round(mode) and all(r.acceptance_lengths is not None for r in on + off)
     if session.settings.dtype == "float32" and per_round:
-        for prompt, a, b in zip(prompts, off, on):
-            if a.acceptance_lengths != b.acceptance_lengths:
-                first = first_divergence(a.acceptance_lengths, b.acceptance_lengths)
-                return CheckResult.failed(
-                    name,
-                    f"per-round acceptance with CUDA graphs differs from graphs off on {prompt.id} at round "
-                    f"{first}: off {window(a.acceptance_lengths, first)} | on "
-                    f"{window(b.acceptance_lengths, first)}; tau {mean_tau([r.acceptance_lengths for r in on]):.3f}"
-                    f" vs {mean_tau([r.acceptance_lengths for r in off]):.3f} (outputs equal: the drafter's "
-                    "inputs under graphs?)",
-                )
-        return CheckResult.passed(
+        return _per_round_acceptance(name, prompts, off, on, summary)
+    return _tau_acceptance(name, off, on, summary)
+
+
+def _cases(prompts: list, off: list, on: list, dtype: str) -> list[GreedyCase]:
+    """The outputs to judge: graphs on against graphs off per prompt, and (off fp32) graphs off alone."""
+    cases = []
+    for prompt, a, b in zip(prompts, off, on):
+        error = f"graphs off: {a.error}" if a.error else (f"graphs on: {b.error}" if b.error else None)
+        cases.append(GreedyCase(prompt.id, prompt.prompt_ids, b.output_ids, a.output_ids, error=error))
+        if dtype != "float32":
+            cases.append(GreedyCase(f"{prompt.id} (graphs off)", prompt.prompt_ids, a.output_ids))
+    return cases
+
+
+def _output_failure(
+    name: str, dtype: str, cases: list[GreedyCase], verdict: GreedyVerdict, prompts: int, where: str
+) -> CheckResult:
+    """The failure of outputs that differ with graphs on (or are wrong on both)."""
+    # fp32: name the first output that differs; outputs equal on and off but wrong on both (the
+    # fp32 target's argmax judged them) fail on the scoring's message below
+    differing = [c for c in cases if c.expected is not None and list(c.got) != list(c.expected)]
+    if dtype == "float32" and differing:
+        first = differing[0]
+        pos = first_divergence(first.expected, first.got)
+        return CheckResult.failed(
             name,
-            f"{summary}; per-round acceptance equals graphs off "
-            f"(tau {mean_tau([r.acceptance_lengths for r in off]):.3f})",
+            f"output with CUDA graphs differs from graphs off on {len(verdict.differing)}/{prompts} "
+            f"prompts{where}; prompt {first.label} diverges at output token {pos} (off "
+            f"{window(list(first.expected), pos)} | on {window(list(first.got), pos)}): an input the "
+            "graph does not read, or a buffer it reads stale?",
+            **verdict.details,
         )
+    return CheckResult.failed(name, f"output with CUDA graphs: {verdict.problem}", **verdict.details)
+
+
+def _per_round_acceptance(name: str, prompts: list, off: list, on: list, summary: str) -> CheckResult:
+    """fp32: every prompt's per-round acceptance lengths must be equal on and off."""
+    for prompt, a, b in zip(prompts, off, on):
+        if a.acceptance_lengths != b.acceptance_lengths:
+            first = first_divergence(a.acceptance_lengths, b.acceptance_lengths)
+            return CheckResult.failed(
+                name,
+                f"per-round acceptance with CUDA graphs differs from graphs off on {prompt.id} at round "
+                f"{first}: off {window(a.acceptance_lengths, first)} | on "
+                f"{window(b.acceptance_lengths, first)}; tau {mean_tau([r.acceptance_lengths for r in on]):.3f}"
+                f" vs {mean_tau([r.acceptance_lengths for r in off]):.3f} (outputs equal: the drafter's "
+                "inputs under graphs?)",
+            )
+    return CheckResult.passed(
+        name,
+        f"{summary}; per-round acceptance equals graphs off (tau {mean_tau([r.acceptance_lengths for r in off]):.3f})",
+    )
+
+
+def _tau_acceptance(name: str, off: list, on: list, summary: str) -> CheckResult:
+    """bf16/fp16 (or no per-round acceptance): the per-prompt tau on and off within a paired bootstrap band."""
     taus = [[r.tau for r in rs] for rs in (off, on)]
     if any(t is None for t in taus[0] + taus[1]):
         return CheckResult.passed(name, f"{summary}; engine reports no acceptance to compare")

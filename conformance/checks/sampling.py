@@ -31,11 +31,12 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from typing import NamedTuple
 
 import torch
 from scipy.stats import binomtest, chi2
 
-from ddtree_conformance.adapters.interface import Request
+from ddtree_conformance.adapters.interface import Request, RequestResult
 from ddtree_conformance.spec import SamplingParams, processed_probs
 
 from ..run import Run
@@ -258,41 +259,20 @@ def check_sampling(session: SuiteSession, mode: str, budget: int | None, variant
     if errors:
         return CheckResult.failed(name, f"engine error: {errors[0].splitlines()[0]}")
     alpha = ALPHA / len(strata)
+    settings = {k: _describe(v) for k, v in strata.items()}
     notes, p_values, evidence, short = [], {}, None, []
     for k, (label, params) in enumerate(strata.items()):
         part = slice(k * share, (k + 1) * share)
-        sequences = [r.prompt_ids + o.output_ids for r, o in zip(requests[part], results[part])]
-        p_value, note, transitions, dof = chi_square(table, params, sequences)
-        if dof and (evidence is None or transitions < evidence["transitions"]):  # the weakest stratum's
-            evidence = {"transitions": transitions, "dof": dof, "alpha": alpha}
-        tokens = sum(len(o.output_ids) for o in results[part])
         where = "" if variant != DRAWN else f"{label} ({_describe(params)}): "
-        if tokens == 0:
-            return CheckResult.failed(
-                name,
-                f"{where}{share} sampled requests gave {tokens} tokens: nothing to test "
-                f"against the target distribution",
-            )
-        if p_value >= alpha and (note == TOO_FEW or transitions < MIN_TRANSITIONS):
-            # rows too concentrated for a chi-square (settings drawn this narrow), or a run too small for a
-            # verdict: what the sample still tests is the support (a token the settings forbid failed above,
-            # p = 0); never the engine's fault, so never its failure, and never a pass on its own
-            short.append((label, transitions))
-            why = "" if note == TOO_FEW else f" (a verdict needs {MIN_TRANSITIONS})"
-            note = f"{transitions} transitions, each within the support its settings allow (a support test only{why})"
-        p_values[label] = p_value
-        detail = f"{share} requests, {tokens} tokens; {note}; p = {p_value:.3g}"
-        if p_value < alpha:
-            fallback = silent_fallback(table, params, sequences)
-            named = f"{fallback}; " if fallback else ""
-            return CheckResult.failed(
-                name,
-                f"{where}{named}sampled outputs do not follow the target distribution: {detail} (< alpha {alpha:.3g})",
-                p_value=p_value,
-                fallback=fallback,
-                settings={k: _describe(v) for k, v in strata.items()},
-            )
-        notes.append(f"{where}{detail}")
+        judged = _judge_stratum(name, table, params, requests[part], results[part], alpha, where, settings)
+        if judged.dof and (evidence is None or judged.transitions < evidence["transitions"]):  # the weakest's
+            evidence = {"transitions": judged.transitions, "dof": judged.dof, "alpha": alpha}
+        if judged.failure is not None:
+            return judged.failure
+        if judged.short:
+            short.append((label, judged.transitions))
+        p_values[label] = judged.p_value
+        notes.append(judged.note)
     rounds = sum(r.rounds or 0 for r in results)
     if len(short) == len(strata):  # no setting gave a chi-square verdict: a run too small for one
         return CheckResult.skipped(
@@ -313,6 +293,61 @@ def check_sampling(session: SuiteSession, mode: str, budget: int | None, variant
         name,
         f"settings drawn with run seed {session.settings.run_seed}, {rounds} rounds: " + "; ".join(notes),
         p_values=p_values,
-        settings={k: _describe(v) for k, v in strata.items()},
+        settings=settings,
         **(evidence or {}),
     )
+
+
+class _Stratum(NamedTuple):
+    """One sampling setting's test: its failure (None: none), the note the verdict lists, its p-value, the
+    transitions and degrees of freedom it had, and whether it was too small for a chi-square verdict."""
+
+    failure: CheckResult | None
+    note: str
+    p_value: float
+    transitions: int
+    dof: int
+    short: bool
+
+
+def _judge_stratum(
+    name: str,
+    table: torch.Tensor,
+    params: SamplingParams,
+    requests: list[Request],
+    results: list[RequestResult],
+    alpha: float,
+    where: str,
+    settings: dict[str, str],
+) -> _Stratum:
+    """The chi-square test of one setting's sampled transitions against the target distribution."""
+    sequences = [r.prompt_ids + o.output_ids for r, o in zip(requests, results)]
+    p_value, note, transitions, dof = chi_square(table, params, sequences)
+    tokens = sum(len(o.output_ids) for o in results)
+    if tokens == 0:
+        failure = CheckResult.failed(
+            name,
+            f"{where}{len(requests)} sampled requests gave {tokens} tokens: nothing to test "
+            f"against the target distribution",
+        )
+        return _Stratum(failure, "", p_value, transitions, dof, False)
+    short = p_value >= alpha and (note == TOO_FEW or transitions < MIN_TRANSITIONS)
+    if short:
+        # rows too concentrated for a chi-square (settings drawn this narrow), or a run too small for a
+        # verdict: what the sample still tests is the support (a token the settings forbid failed above,
+        # p = 0); never the engine's fault, so never its failure, and never a pass on its own
+        why = "" if note == TOO_FEW else f" (a verdict needs {MIN_TRANSITIONS})"
+        note = f"{transitions} transitions, each within the support its settings allow (a support test only{why})"
+    detail = f"{len(requests)} requests, {tokens} tokens; {note}; p = {p_value:.3g}"
+    if p_value < alpha:
+        fallback = silent_fallback(table, params, sequences)
+        named = f"{fallback}; " if fallback else ""
+        failure = CheckResult.failed(
+            name,
+            f"{where}{named}sampled outputs do not follow the target distribution: {detail} (< alpha {alpha:.3g})",
+            p_value=p_value,
+            fallback=fallback,
+            settings=settings,
+        )
+        return _Stratum(failure, "", p_value, transitions, dof, short)
+    return _Stratum(None, f"{where}{detail}", p_value, transitions, dof, short)

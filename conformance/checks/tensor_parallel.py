@@ -22,12 +22,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ddtree_conformance.adapters.interface import RequestResult
+
 from ..metrics import mean_tau, paired_band
 from ..noise import ALPHA
 from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import window
-from .output_comparison import GreedyCase, first_divergence, judge_greedy
+from .output_comparison import GreedyCase, GreedyVerdict, first_divergence, judge_greedy
 from .result import CheckResult
 
 __all__ = ["check_tensor_parallel", "tp_size", "visible_devices"]
@@ -117,59 +119,85 @@ def check_tensor_parallel(session: SuiteSession, mode: str, budget: int | None) 
         return CheckResult.skipped(name, why)  # devices to shard over, an engine that does not
     one = session.run(mode, budget, tensor_parallel_size=1)
     many = session.run(mode, budget, tensor_parallel_size=n)
-    cases = []
-    for prompt, a, b in zip(session.prompts, one, many):
-        error = f"TP=1: {a.error}" if a.error else (f"TP={n}: {b.error}" if b.error else None)
-        cases.append(GreedyCase(prompt.id, prompt.prompt_ids, b.output_ids, a.output_ids, error=error))
-        if not a.error:
-            cases.append(GreedyCase(f"{prompt.id} (TP=1)", prompt.prompt_ids, a.output_ids))
+    cases = _cases(session.prompts, one, many, n)
     verdict = judge_greedy(session, cases, what="TP=1")
     if verdict.engine_error:
         return CheckResult.failed(name, verdict.problem, tp=n)
     if verdict.problem:
-        first = next((c for c in cases if c.expected is not None and list(c.got) != list(c.expected)), None)
-        if session.settings.dtype == "float32" and verdict.differing and first is not None:
-            pos = first_divergence(first.expected, first.got)
+        return _output_failure(name, session, cases, verdict, n)
+    per_round = caps.per_round(mode) and all(r.acceptance_lengths is not None for r in one + many)
+    if session.settings.dtype == "float32" and per_round:
+        return _per_round_acceptance(name, session, mode, budget, one, many, n, f"TP={n} ({why}): {verdict.summary}")
+    return _tau_acceptance(name, one, many, n, f"TP={n} ({why}): {verdict.summary}")
+
+
+def _cases(prompts: list, one: list[RequestResult], many: list[RequestResult], n: int) -> list[GreedyCase]:
+    """The outputs to judge: TP=N against TP=1 per prompt, and TP=1 alone where it ran."""
+    cases = []
+    for prompt, a, b in zip(prompts, one, many):
+        error = f"TP=1: {a.error}" if a.error else (f"TP={n}: {b.error}" if b.error else None)
+        cases.append(GreedyCase(prompt.id, prompt.prompt_ids, b.output_ids, a.output_ids, error=error))
+        if not a.error:
+            cases.append(GreedyCase(f"{prompt.id} (TP=1)", prompt.prompt_ids, a.output_ids))
+    return cases
+
+
+def _output_failure(
+    name: str, session: SuiteSession, cases: list[GreedyCase], verdict: GreedyVerdict, n: int
+) -> CheckResult:
+    """The failure of outputs that differ at TP=N (or are wrong on both)."""
+    first = next((c for c in cases if c.expected is not None and list(c.got) != list(c.expected)), None)
+    if session.settings.dtype == "float32" and verdict.differing and first is not None:
+        pos = first_divergence(first.expected, first.got)
+        return CheckResult.failed(
+            name,
+            f"TP={n} output differs from TP=1 on {len(verdict.differing)}/{len(session.prompts)} prompts; "
+            f"prompt {first.label} diverges at output token {pos} (TP=1 {window(list(first.expected), pos)} | "
+            f"TP={n} {window(list(first.got), pos)})",
+            tp=n,
+            **verdict.details,
+        )
+    return CheckResult.failed(name, f"TP={n} output: {verdict.problem}", tp=n, **verdict.details)
+
+
+def _per_round_acceptance(
+    name: str,
+    session: SuiteSession,
+    mode: str,
+    budget: int | None,
+    one: list[RequestResult],
+    many: list[RequestResult],
+    n: int,
+    head: str,
+) -> CheckResult:
+    """fp32: every prompt's per-round acceptance lengths must be equal at TP=1 and TP=N."""
+    tau_one = mean_tau([r.acceptance_lengths for r in one])
+    tau_many = mean_tau([r.acceptance_lengths for r in many])
+    for prompt, a, b in zip(session.prompts, one, many):
+        if a.acceptance_lengths != b.acceptance_lengths:
+            want, have = a.acceptance_lengths, b.acceptance_lengths
+            first = first_divergence(want, have)
+            trees = _tree_difference(session, mode, budget, session.prompts.index(prompt), n)
             return CheckResult.failed(
                 name,
-                f"TP={n} output differs from TP=1 on {len(verdict.differing)}/{len(session.prompts)} prompts; "
-                f"prompt {first.label} diverges at output token {pos} (TP=1 {window(list(first.expected), pos)} | "
-                f"TP={n} {window(list(first.got), pos)})",
+                f"TP={n} per-round acceptance differs from TP=1 on {prompt.id} at round {first}: "
+                f"TP=1 {window(want, first)} | TP={n} {window(have, first)}; tau {tau_many:.3f} vs {tau_one:.3f} "
+                f"(outputs equal: drafter feedback or tree under sharding?){trees}",
                 tp=n,
-                **verdict.details,
+                tau=tau_many,
+                tau_tp1=tau_one,
             )
-        return CheckResult.failed(name, f"TP={n} output: {verdict.problem}", tp=n, **verdict.details)
-    summary = verdict.summary
-    per_round = caps.per_round(mode) and all(r.acceptance_lengths is not None for r in one + many)
-    if per_round:
-        tau_one = mean_tau([r.acceptance_lengths for r in one])
-        tau_many = mean_tau([r.acceptance_lengths for r in many])
-    if session.settings.dtype == "float32" and per_round:
-        for prompt, a, b in zip(session.prompts, one, many):
-            if a.acceptance_lengths != b.acceptance_lengths:
-                want, have = a.acceptance_lengths, b.acceptance_lengths
-                first = first_divergence(want, have)
-                trees = _tree_difference(session, mode, budget, session.prompts.index(prompt), n)
-                return CheckResult.failed(
-                    name,
-                    f"TP={n} per-round acceptance differs from TP=1 on {prompt.id} at round {first}: "
-                    f"TP=1 {window(want, first)} | TP={n} {window(have, first)}; tau {tau_many:.3f} vs {tau_one:.3f} "
-                    f"(outputs equal: drafter feedback or tree under sharding?){trees}",
-                    tp=n,
-                    tau=tau_many,
-                    tau_tp1=tau_one,
-                )
-        return CheckResult.passed(
-            name, f"TP={n} ({why}): {summary}; per-round acceptance equals TP=1 (tau {tau_one:.3f})", tp=n, tau=tau_one
-        )
+    return CheckResult.passed(name, f"{head}; per-round acceptance equals TP=1 (tau {tau_one:.3f})", tp=n, tau=tau_one)
+
+
+def _tau_acceptance(name: str, one: list[RequestResult], many: list[RequestResult], n: int, head: str) -> CheckResult:
+    """bf16/fp16 (or aggregates only): the per-prompt tau at TP=1 and TP=N within a paired bootstrap band."""
     taus = [[r.tau for r in rs] for rs in (one, many)]
     if any(t is None for t in taus[0] + taus[1]):
-        return CheckResult.passed(name, f"TP={n} ({why}): {summary}; engine reports no acceptance to compare", tp=n)
+        return CheckResult.passed(name, f"{head}; engine reports no acceptance to compare", tp=n)
     if len(taus[0]) < 5:
         return CheckResult.passed(
-            name,
-            f"TP={n} ({why}): {summary}; tau not compared on {len(taus[0])} prompts (the bootstrap band needs 5)",
-            tp=n,
+            name, f"{head}; tau not compared on {len(taus[0])} prompts (the bootstrap band needs 5)", tp=n
         )
     low, high = paired_band(taus[1], taus[0], ALPHA)
     tau_one, tau_many = sum(taus[0]) / len(taus[0]), sum(taus[1]) / len(taus[1])
@@ -184,8 +212,7 @@ def check_tensor_parallel(session: SuiteSession, mode: str, budget: int | None) 
         )
     return CheckResult.passed(
         name,
-        f"TP={n} ({why}): {summary}; tau {tau_many:.3f} vs TP=1 {tau_one:.3f} (difference "
-        f"band [{low:.3f}, {high:.3f}])",
+        f"{head}; tau {tau_many:.3f} vs TP=1 {tau_one:.3f} (difference band [{low:.3f}, {high:.3f}])",
         tp=n,
         tau=tau_many,
     )

@@ -9,6 +9,7 @@ skips it, and the message says which bug classes are then out of reach in the ru
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,7 @@ from ..run import Run
 from ..scorer import shared_scorer
 from ..session import SuiteSession
 from ..token_scoring import rules_for
-from ..tree_policy import block_size, diagnose_traces, policy_table, round_views
+from ..tree_policy import PolicyDiagnosis, RoundView, block_size, diagnose_traces, policy_table, round_views
 from .result import CheckResult
 
 __all__ = [
@@ -179,36 +180,13 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
     limit = budget if mode == "ddtree" else None
     indices, results = traced_run(session, mode, budget)
     block = block_size(session.settings.drafter_dir)
-    views, allowed, off_path, rounds, spec_rounds = [], [], 0, 0, 0  # views: rounds the freedoms do not explain
+    found = _SortedRounds()
     for prompt, result in zip([session.prompts[i] for i in indices], results):
-        if result.error:
-            return CheckResult.failed(name, f"engine error on {prompt.id}: {result.error.splitlines()[0]}")
-        traces = result.traces or []
-        for r, trace in enumerate(traces):
-            problems = trace_problems(trace, limit, output_end=r == len(traces) - 1)
-            if problems:
-                return CheckResult.failed(name, f"{prompt.id} round {r}: {problems[0]}", problems=problems)
-        for trace, view in zip(traces, round_views(prompt.id, traces, caps.max_context)):
-            rounds += 1
-            if trace.draft_logits is not None:
-                spec_rounds += 1
-                emitted = trace.start - len(prompt.prompt_ids) + 1  # output tokens before this round
-                if (
-                    _spec_tree_problem(
-                        trace,
-                        mode,
-                        budget,
-                        session.settings.device,
-                        depth_limit=block - 1 if block else None,
-                        room=session.settings.max_new_tokens - emitted,
-                        context_room=_context_room(caps.max_context, prompt, result, trace),
-                    )
-                    is None
-                ):
-                    allowed.append(view)  # the spec's tree, up to its freedoms (spec.freedoms)
-                    continue
-            views.append(view)
-        off_path += _off_path_rounds(traces)
+        failure = _trace_failure(name, prompt, result, limit)
+        if failure is not None:
+            return failure
+        found = found + _sort_rounds(session, mode, budget, block, prompt, result)
+    rounds, spec_rounds = found.rounds, found.spec_rounds
     if not rounds:
         if all(len(r.output_ids) <= 1 for r in results):
             return CheckResult.skipped(
@@ -222,20 +200,11 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
             f"{rounds} carries them: no tree could be compared with the spec's",
             rounds=rounds,
         )
-    label = Run(mode, budget).label
-    # every round, for the table and its notes (node order, ties, cuts); findings only from the rounds the
-    # spec's freedoms do not explain
-    whole = diagnose_traces(label, allowed + views, mode, budget, block)
-    diagnosis = whole if not allowed else diagnose_traces(label, views, mode, budget, block) if views else None
-    if diagnosis is None or not diagnosis.findings:
-        whole.findings, whole.first = [], None
-        if whole.row:
-            whole.row["verdict"] = "the spec's trees (up to its freedoms)"
-        diagnosis = whole
+    whole, diagnosis = _diagnose(Run(mode, budget).label, found, mode, budget, block)
     details = {
         "tables": [policy_table([diagnosis])],
         "tree_policy": diagnosis.kinds,
-        "off_path_rounds": off_path,
+        "off_path_rounds": found.off_path,
         "rounds": rounds,
         "spec_rounds": spec_rounds,
     }
@@ -249,16 +218,90 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
             **details,
         )
     spec = (
-        f"; {len(allowed)}/{spec_rounds} trees are the spec's tree for their drafter logits (up to its freedoms)"
+        f"; {len(found.allowed)}/{spec_rounds} trees are the spec's tree for their drafter logits (up to its freedoms)"
         if spec_rounds
         else "; drafter logits not reported, spec-tree equality not checked"
     )
     return CheckResult.passed(
         name,
-        f"{rounds} rounds well-formed{spec}; {off_path} rounds continued after "
+        f"{rounds} rounds well-formed{spec}; {found.off_path} rounds continued after "
         f"accepting a path off the first rows{notes}",
         **details,
     )
+
+
+@dataclass(frozen=True)
+class _SortedRounds:
+    """Traced rounds sorted by whether the spec's freedoms explain their trees, with the counts."""
+
+    views: tuple[RoundView, ...] = ()  # rounds the freedoms do not explain
+    allowed: tuple[RoundView, ...] = ()  # the spec's tree, up to its freedoms (spec.freedoms)
+    off_path: int = 0
+    rounds: int = 0
+    spec_rounds: int = 0  # rounds that carry drafter logits
+
+    def __add__(self, other: _SortedRounds) -> _SortedRounds:
+        return _SortedRounds(
+            self.views + other.views,
+            self.allowed + other.allowed,
+            self.off_path + other.off_path,
+            self.rounds + other.rounds,
+            self.spec_rounds + other.spec_rounds,
+        )
+
+
+def _trace_failure(name: str, prompt, result, limit: int | None) -> CheckResult | None:
+    """The failure of a prompt whose run errored or one of whose rounds breaks the rules, or None."""
+    if result.error:
+        return CheckResult.failed(name, f"engine error on {prompt.id}: {result.error.splitlines()[0]}")
+    traces = result.traces or []
+    for r, trace in enumerate(traces):
+        problems = trace_problems(trace, limit, output_end=r == len(traces) - 1)
+        if problems:
+            return CheckResult.failed(name, f"{prompt.id} round {r}: {problems[0]}", problems=problems)
+    return None
+
+
+def _sort_rounds(
+    session: SuiteSession, mode: str, budget: int | None, block: int | None, prompt, result
+) -> _SortedRounds:
+    """One prompt's traced rounds, each compared with the spec's tree for its own drafter logits."""
+    caps = session.capabilities
+    traces = result.traces or []
+    views, allowed, spec_rounds = [], [], 0
+    for trace, view in zip(traces, round_views(prompt.id, traces, caps.max_context)):
+        if trace.draft_logits is None:
+            views.append(view)
+            continue
+        spec_rounds += 1
+        emitted = trace.start - len(prompt.prompt_ids) + 1  # output tokens before this round
+        problem = _spec_tree_problem(
+            trace,
+            mode,
+            budget,
+            session.settings.device,
+            depth_limit=block - 1 if block else None,
+            room=session.settings.max_new_tokens - emitted,
+            context_room=_context_room(caps.max_context, prompt, result, trace),
+        )
+        (allowed if problem is None else views).append(view)
+    return _SortedRounds(tuple(views), tuple(allowed), _off_path_rounds(traces), len(views) + len(allowed), spec_rounds)
+
+
+def _diagnose(
+    label: str, found: _SortedRounds, mode: str, budget: int | None, block: int | None
+) -> tuple[PolicyDiagnosis, PolicyDiagnosis]:
+    """``(whole, diagnosis)``: every round's diagnosis, for the table and its notes (node order, ties,
+    cuts), and the findings' diagnosis, only from the rounds the spec's freedoms do not explain (with no
+    findings: the whole, its verdict the spec's trees)."""
+    allowed, views = list(found.allowed), list(found.views)
+    whole = diagnose_traces(label, allowed + views, mode, budget, block)
+    diagnosis = whole if not allowed else diagnose_traces(label, views, mode, budget, block) if views else None
+    if diagnosis is not None and diagnosis.findings:
+        return whole, diagnosis
+    row = {**whole.row, "verdict": "the spec's trees (up to its freedoms)"} if whole.row else whole.row
+    whole = dataclasses.replace(whole, findings=[], first=None, row=row)
+    return whole, whole
 
 
 def node_evidence(session: SuiteSession, budget: int) -> tuple[str, list] | None:
