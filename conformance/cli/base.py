@@ -24,6 +24,7 @@ from ..adapters.interface import EngineDied, EngineError, EngineUsageError
 from ..golden_files import GoldenError
 from ..prompts import PromptError
 from ..settings import SettingsError
+from .options import grouped
 
 __all__ = [
     "app",
@@ -151,13 +152,16 @@ def cli_errors() -> Iterator[None]:
 
 
 def command(*args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register a function as a subcommand of :data:`app`, run inside :func:`cli_errors`."""
+    """Register a function as a subcommand of :data:`app`, run inside :func:`cli_errors`; a parameter
+    typed with an option group takes that group's options (:func:`.options.grouped`)."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(func)
+        spread = grouped(func)
+
+        @functools.wraps(spread)
         def guarded(*a: Any, **k: Any) -> Any:
             with cli_errors():
-                return func(*a, **k)
+                return spread(*a, **k)
 
         app.command(*args, **kwargs)(guarded)
         return func
