@@ -30,6 +30,7 @@ __all__ = [
     "app",
     "command",
     "CliError",
+    "CommandFailed",
     "EngineFailed",
     "cli_errors",
     "fail",
@@ -101,16 +102,27 @@ class EngineFailed(CliError):
         self.log_tail = log_tail
 
 
+class CommandFailed(typer.Exit):
+    """The exit of a command that failed as expected (:func:`fail`): its status, and the one line it
+    printed as ``error: <message>`` (``ci`` makes it its step's summary)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(exit_code)
+        self.message = message
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
 def fail(message: str, exit_code: int = EXIT_USAGE, details: str = "") -> NoReturn:
-    """Print ``error: <message>`` as one line on stderr (then ``details`` verbatim) and exit."""
-    print(f"error: {_one_line(message)}", file=sys.stderr, flush=True)
+    """Print ``error: <message>`` as one line on stderr (then ``details`` verbatim) and exit
+    (:class:`CommandFailed`)."""
+    line = _one_line(message)
+    print(f"error: {line}", file=sys.stderr, flush=True)
     if details.strip():
         print(details.rstrip(), file=sys.stderr, flush=True)
-    raise typer.Exit(exit_code)
+    raise CommandFailed(line, exit_code)
 
 
 def _validation_message(exc: ValidationError) -> str:

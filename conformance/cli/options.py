@@ -286,8 +286,8 @@ def grouped(func: Callable[..., Any]) -> Callable[..., Any]:
         else:
             spread.append(param.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=annotation))
     names = [p.name for p in spread]
-    if len(set(names)) != len(names):
-        raise TypeError(f"{func.__name__}: option groups repeat a name: {names}")
+    if len(set(names)) != len(names) or set(groups) & set(names):
+        raise TypeError(f"{func.__name__}: a name repeats among options and groups: {names}, {list(groups)}")
     own = set(names) - {p.name for group in groups.values() for p in _group_parameters(group)}
 
     @functools.wraps(func)
