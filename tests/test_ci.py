@@ -380,3 +380,15 @@ def test_junit_from_a_check_report_marks_an_incomplete_run():
     assert cases["acceptance/ddtree-B4"].find("skipped").get("message") == "no acceptance data"
     assert cases["coverage"].find("failure").get("message") == "incomplete: acceptance did not run"
     assert {c.get("classname") for c in cases.values()} == {"ddtree.x_Y-float32-fixture"}
+
+
+def test_a_step_that_fails_takes_its_error_as_summary(capsys):
+    """A step's summary is the error its command failed with (a typed exit, CommandFailed), not a line read
+    back from stderr; the line is still printed once."""
+    from ddtree_conformance.cli.base import EXIT_USAGE
+    from ddtree_conformance.cli.ci import _suite
+
+    step = _suite("conformance", "check", "--engine", "no_such_engine_here")
+    assert (step.name, step.code) == ("conformance", EXIT_USAGE)
+    assert "no_such_engine_here" in step.summary and not step.summary.startswith("error:")
+    assert capsys.readouterr().err.count(f"error: {step.summary}\n") == 1

@@ -80,60 +80,93 @@ def bench_against(
 ) -> Path:
     runs = [("dflash", None)] if "dflash" in settings.modes else []
     runs += [("ddtree", b) for b in settings.budgets] if "ddtree" in settings.modes else []
-    printer = progress_printer()
     with tempfile.TemporaryDirectory(prefix="ddtree-ab-") as work:
         try:
             baseline = baseline_for(against, settings.engine, Path(work), against_engine=against_engine)
         except AgainstError as exc:
             raise CliError(str(exc)) from None
-        if against_options is not None:
-            options = parse_engine_options(against_options)
-        else:  # a build of the same engine takes its options; another engine its own defaults
-            options = settings.engine_options if baseline.spec == settings.engine else {}
-        base_settings = settings.model_copy(update={"engine": baseline.spec, "engine_options": options})
-        if not baseline.installed:
-            resolve_engine(baseline.spec, options)  # unknown engine or option: exit 2 before any work
-        candidate = SuiteSession(settings)
-        reference = SuiteSession(base_settings, engine_factory=_baseline_factory(base_settings, baseline))
-        try:
-            _ready(candidate, settings, "candidate")
-            _ready(reference, base_settings, f"baseline {baseline.describe()}")
-            identity = {"candidate": engine_identity(candidate), "baseline": engine_identity(reference)}
-            configs = {Run(mode, budget).label: candidate.config(mode, budget) for mode, budget in runs}
-            steps = [0]
-
-            def step(label: str) -> None:
-                steps[0] += 1
-                if printer is not None:
-                    printer(f"bench A/B: {label} ({steps[0]} runs)")
-
-            try:
-                part = measure_ab(
-                    candidate.engine,
-                    reference.engine,
-                    candidate.requests(),
-                    configs,
-                    tolerance=tolerance,
-                    plan=plan,
-                    warmup=warmup,
-                    on_step=step,
-                    spread=spread,
-                )
-            except BenchError as exc:
-                raise CliError(str(exc), exit_code=EXIT_FAILED) from exc
-        finally:
-            candidate.close()
-            reference.close()
-    report = new_report("ab", settings.model_dump(), hw)
-    report.update(part)
-    report["engine"] = identity["candidate"]
-    report["ab"].update(
-        candidate=_named(identity["candidate"]),
-        baseline=_named(identity["baseline"]) + (f", installed from {baseline.source}" if baseline.installed else ""),
-        baseline_engine=identity["baseline"],
-        against=against,
-    )
+        base_settings = _baseline_settings(settings, baseline, against_options)
+        part, identity = _measure(
+            settings, base_settings, baseline, runs, tolerance=tolerance, plan=plan, warmup=warmup, spread=spread
+        )
+    report = _ab_report(settings, hw, part, identity, baseline, against)
     paths = write_report(report, out)
+    _print_ab(report, settings, hw, paths)
+    return paths[0]
+
+
+def _baseline_settings(settings: SuiteSettings, baseline, against_options: list[str] | None) -> SuiteSettings:
+    """The run settings of the baseline build: its spec, and --against-option's options (else, for a build
+    of the same engine, the candidate's; another engine its own defaults). An unknown one: exit 2."""
+    if against_options is not None:
+        options = parse_engine_options(against_options)
+    else:
+        options = settings.engine_options if baseline.spec == settings.engine else {}
+    if not baseline.installed:
+        resolve_engine(baseline.spec, options)  # unknown engine or option: exit 2 before any work
+    return settings.model_copy(update={"engine": baseline.spec, "engine_options": options})
+
+
+def _measure(
+    settings: SuiteSettings,
+    base_settings: SuiteSettings,
+    baseline,
+    runs: list,
+    *,
+    tolerance: float,
+    plan: SequentialPlan,
+    warmup: bool,
+    spread: tuple[float, int] | None,
+) -> tuple[dict, dict]:
+    """Both engines started and checked, then ``measure_ab``: its report part, and both engines' identities."""
+    printer = progress_printer()
+    candidate = SuiteSession(settings)
+    reference = SuiteSession(base_settings, engine_factory=_baseline_factory(base_settings, baseline))
+    try:
+        _ready(candidate, settings, "candidate")
+        _ready(reference, base_settings, f"baseline {baseline.describe()}")
+        identity = {"candidate": engine_identity(candidate), "baseline": engine_identity(reference)}
+        configs = {Run(mode, budget).label: candidate.config(mode, budget) for mode, budget in runs}
+        steps = [0]
+
+        def step(label: str) -> None:
+            steps[0] += 1
+            if printer is not None:
+                printer(f"bench A/B: {label} ({steps[0]} runs)")
+
+        try:
+            part = measure_ab(
+                candidate.engine,
+                reference.engine,
+                candidate.requests(),
+                configs,
+                tolerance=tolerance,
+                plan=plan,
+                warmup=warmup,
+                on_step=step,
+                spread=spread,
+            )
+        except BenchError as exc:
+            raise CliError(str(exc), exit_code=EXIT_FAILED) from exc
+        return part, identity
+    finally:
+        candidate.close()
+        reference.close()
+
+
+def _ab_report(settings: SuiteSettings, hw: str, part: dict, identity: dict, baseline, against: str) -> dict:
+    installed = f", installed from {baseline.source}" if baseline.installed else ""
+    ab = {
+        **part["ab"],
+        "candidate": _named(identity["candidate"]),
+        "baseline": _named(identity["baseline"]) + installed,
+        "baseline_engine": identity["baseline"],
+        "against": against,
+    }
+    return {**new_report("ab", settings.model_dump(), hw), **part, "engine": identity["candidate"], "ab": ab}
+
+
+def _print_ab(report: dict, settings: SuiteSettings, hw: str, paths: list[Path]) -> None:
     table = Table(
         title=escape(
             f"A/B: {report['ab']['candidate']} against {report['ab']['baseline']} "
@@ -162,7 +195,6 @@ def bench_against(
     console.print(
         escape(f"wrote {', '.join(map(str, paths))}; `ddtree-conformance gate {paths[0]}` judges it"), soft_wrap=True
     )
-    return paths[0]
 
 
 def _named(identity: dict) -> str:

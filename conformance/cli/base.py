@@ -24,11 +24,13 @@ from ..adapters.interface import EngineDied, EngineError, EngineUsageError
 from ..golden_files import GoldenError
 from ..prompts import PromptError
 from ..settings import SettingsError
+from .options import grouped
 
 __all__ = [
     "app",
     "command",
     "CliError",
+    "CommandFailed",
     "EngineFailed",
     "cli_errors",
     "fail",
@@ -100,16 +102,27 @@ class EngineFailed(CliError):
         self.log_tail = log_tail
 
 
+class CommandFailed(typer.Exit):
+    """The exit of a command that failed as expected (:func:`fail`): its status, and the one line it
+    printed as ``error: <message>`` (``ci`` makes it its step's summary)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(exit_code)
+        self.message = message
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
 def fail(message: str, exit_code: int = EXIT_USAGE, details: str = "") -> NoReturn:
-    """Print ``error: <message>`` as one line on stderr (then ``details`` verbatim) and exit."""
-    print(f"error: {_one_line(message)}", file=sys.stderr, flush=True)
+    """Print ``error: <message>`` as one line on stderr (then ``details`` verbatim) and exit
+    (:class:`CommandFailed`)."""
+    line = _one_line(message)
+    print(f"error: {line}", file=sys.stderr, flush=True)
     if details.strip():
         print(details.rstrip(), file=sys.stderr, flush=True)
-    raise typer.Exit(exit_code)
+    raise CommandFailed(line, exit_code)
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -151,13 +164,16 @@ def cli_errors() -> Iterator[None]:
 
 
 def command(*args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register a function as a subcommand of :data:`app`, run inside :func:`cli_errors`."""
+    """Register a function as a subcommand of :data:`app`, run inside :func:`cli_errors`; a parameter
+    typed with an option group takes that group's options (:func:`.options.grouped`)."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(func)
+        spread = grouped(func)
+
+        @functools.wraps(spread)
         def guarded(*a: Any, **k: Any) -> Any:
             with cli_errors():
-                return func(*a, **k)
+                return spread(*a, **k)
 
         app.command(*args, **kwargs)(guarded)
         return func

@@ -38,170 +38,183 @@ GateAgainst = Annotated[
 ]
 
 
+Repeats = Annotated[int, typer.Option("--repeats", "-r", help="Fixed repeats when no --baselines are given.")]
+Alpha = Annotated[
+    float,
+    typer.Option("--alpha", help="Error budget of the interval (each wrong verdict <= alpha/2), spent over the looks."),
+]
+MinRepeats = Annotated[int, typer.Option("--min-repeats", help="Sequential: first look after this many repeats.")]
+MaxRepeats = Annotated[int, typer.Option("--max-repeats", help="Sequential: stop undecided after this many repeats.")]
+TimeBudget = Annotated[
+    float,
+    typer.Option(
+        "--time-budget", help="Sequential: stop undecided once the timed repeats have taken this many seconds."
+    ),
+]
+Warmup = Annotated[bool, typer.Option("--warmup/--no-warmup", help="One untimed call per config first.")]
+Against = Annotated[
+    Optional[str],
+    typer.Option(
+        "--against",
+        metavar="ENGINE",
+        help="A/B: measure the engine against this baseline build, interleaved on the "
+        "same runner, instead of against plain decoding: an engine here (name or "
+        "module:Class), or a build of --engine to install apart (a requirement, a "
+        "wheel or a folder). Sequential on the throughput ratio; `gate` judges "
+        "the report.",
+    ),
+]
+AgainstEngine = Annotated[
+    Optional[str],
+    typer.Option(
+        "--against-engine", help="A/B: the engine spec the installed baseline runs as.", show_default="--engine"
+    ),
+]
+AgainstOption = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--against-option",
+        metavar="KEY=VALUE",
+        help="A/B: the baseline's engine options (repeatable).",
+        show_default="--engine-option's",
+    ),
+]
+Tolerance = Annotated[
+    float,
+    typer.Option(
+        "--tolerance", help="A/B: the candidate may be this fraction slower than the baseline (edge 1 - tolerance)."
+    ),
+]
+AbSpread = Annotated[
+    Optional[str],
+    typer.Option(
+        "--ab-spread",
+        envvar="DDTREE_AB_SPREAD",  # so `ci`, which runs `bench`, takes it from the CI config's environment
+        metavar="SD:DF",
+        help="A/B: the between-process sd of the log throughput ratio that A/A runs on this kind of runner "
+        "measured, with its degrees of freedom (e.g. 0.0235:10; scripts/ab_bias.py --pool): the interval "
+        "includes it. Not given: none.",
+    ),
+]
+BenchOut = Annotated[
+    Optional[str],  # a str, as check's --out: a Path drops the trailing '/' that names a folder still to be made
+    typer.Option(
+        "--out",
+        "-o",
+        help="JSON report path (.md and .html beside it); an existing folder, or a path ending in '/', gets "
+        "the default file name inside it.",
+        show_default="reports/bench-<engine>.json (A/B: ab-<engine>.json)",
+    ),
+]
+
+
+@opt.option_group
+class Timing:
+    """How a bench repeats: fixed --repeats, or sequential against --baselines."""
+
+    repeats: Repeats = 5
+    baselines: GateAgainst = None
+    alpha: Alpha = 0.05
+    min_repeats: MinRepeats = 3
+    max_repeats: MaxRepeats = 60
+    time_budget: TimeBudget = 600.0
+    warmup: Warmup = True
+
+    def plan(self):
+        """The sequential plan (:class:`~ddtree_conformance.sequential.SequentialPlan`); bad values: exit 2."""
+        from ..sequential import SequentialPlan
+
+        if self.repeats < 2:
+            raise CliError(f"--repeats must be >= 2 (an interval needs two repeats), got {self.repeats}")
+        try:
+            return SequentialPlan(
+                alpha=self.alpha,
+                min_repeats=self.min_repeats,
+                max_repeats=self.max_repeats,
+                time_budget_s=self.time_budget,
+            )
+        except ValueError as exc:
+            raise CliError(f"--alpha/--min-repeats/--max-repeats/--time-budget: {exc}") from None
+
+
+@opt.option_group
+class AgainstBuild:
+    """``bench --against``: the A/B run's baseline build and its verdict's edge."""
+
+    against: Against = None
+    against_engine: AgainstEngine = None
+    against_option: AgainstOption = None
+    tolerance: Tolerance = 0.05
+    ab_spread: AbSpread = None
+
+
 @command()
 def bench(
-    engine: opt.Engine = "reference",
-    model: opt.Model = None,
-    drafter: opt.Drafter = None,
-    pair: opt.Pair = None,
-    pairs_file: opt.PairsFile = None,
-    pair_name: opt.PairName = None,
-    modes: opt.Modes = None,
-    budgets: opt.Budgets = None,
-    dtype: opt.DType = None,
-    device: opt.Device = None,
-    prompts: opt.Prompts = None,
-    limit: opt.Limit = None,
-    max_new_tokens: opt.MaxNewTokens = None,
-    repeats: Annotated[int, typer.Option("--repeats", "-r", help="Fixed repeats when no --baselines are given.")] = 5,
-    baselines: GateAgainst = None,
-    alpha: Annotated[
-        float,
-        typer.Option(
-            "--alpha", help="Error budget of the interval (each wrong verdict <= alpha/2), spent over the looks."
-        ),
-    ] = 0.05,
-    min_repeats: Annotated[
-        int, typer.Option("--min-repeats", help="Sequential: first look after this many repeats.")
-    ] = 3,
-    max_repeats: Annotated[
-        int, typer.Option("--max-repeats", help="Sequential: stop undecided after this many repeats.")
-    ] = 60,
-    time_budget: Annotated[
-        float,
-        typer.Option(
-            "--time-budget", help="Sequential: stop undecided once the timed repeats have taken this many seconds."
-        ),
-    ] = 600.0,
-    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="One untimed call per config first.")] = True,
-    against: Annotated[
-        Optional[str],
-        typer.Option(
-            "--against",
-            metavar="ENGINE",
-            help="A/B: measure the engine against this baseline build, interleaved on the "
-            "same runner, instead of against plain decoding: an engine here (name or "
-            "module:Class), or a build of --engine to install apart (a requirement, a "
-            "wheel or a folder). Sequential on the throughput ratio; `gate` judges "
-            "the report.",
-        ),
-    ] = None,
-    against_engine: Annotated[
-        Optional[str],
-        typer.Option(
-            "--against-engine", help="A/B: the engine spec the installed baseline runs as.", show_default="--engine"
-        ),
-    ] = None,
-    against_option: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--against-option",
-            metavar="KEY=VALUE",
-            help="A/B: the baseline's engine options (repeatable).",
-            show_default="--engine-option's",
-        ),
-    ] = None,
-    tolerance: Annotated[
-        float,
-        typer.Option(
-            "--tolerance", help="A/B: the candidate may be this fraction slower than the baseline (edge 1 - tolerance)."
-        ),
-    ] = 0.05,
-    ab_spread: Annotated[
-        Optional[str],
-        typer.Option(
-            "--ab-spread",
-            envvar="DDTREE_AB_SPREAD",  # so `ci`, which runs `bench`, takes it from the CI config's environment
-            metavar="SD:DF",
-            help="A/B: the between-process sd of the log throughput ratio that A/A runs on this kind of runner "
-            "measured, with its degrees of freedom (e.g. 0.0235:10; scripts/ab_bias.py --pool): the interval "
-            "includes it. Not given: none.",
-        ),
-    ] = None,
+    *,
+    target: opt.Target,
+    timing: Timing,
+    ab_build: AgainstBuild,
     isolate: opt.Isolate = None,
-    out: Annotated[
-        Optional[str],  # a str, as check's --out: a Path drops the trailing '/' that names a folder still to be made
-        typer.Option(
-            "--out",
-            "-o",
-            help="JSON report path (.md and .html beside it); an existing folder, or a path ending in '/', gets "
-            "the default file name inside it.",
-            show_default="reports/bench-<engine>.json (A/B: ab-<engine>.json)",
-        ),
-    ] = None,
-    engine_option: opt.EngineOptions = None,
-    engine_timeout: opt.EngineTimeout = None,
+    out: BenchOut = None,
+    control: opt.EngineControl,
     threads: opt.Threads = None,
     hardware_class: opt.HardwareClass = None,
 ) -> None:
     """Measure speedup over plain decoding: paired, interleaved repeats; sequential against --baselines."""
-    # imported here (as in every command): they pull torch, numpy or scipy; --help and bad options stay fast
-    from ..bench import BenchError, run_bench
-    from ..sequential import SequentialPlan
-    from ..session import SuiteSession
-
-    if repeats < 2:
-        raise CliError(f"--repeats must be >= 2 (an interval needs two repeats), got {repeats}")
-    try:
-        plan = SequentialPlan(alpha=alpha, min_repeats=min_repeats, max_repeats=max_repeats, time_budget_s=time_budget)
-    except ValueError as exc:
-        raise CliError(f"--alpha/--min-repeats/--max-repeats/--time-budget: {exc}") from None
+    # imported where used (as in every command): they pull torch, numpy or scipy; --help and bad options stay fast
+    plan = timing.plan()
     settings = opt.run_settings(
-        engine=engine,
-        model_dir=model,
-        drafter_dir=drafter,
-        pair=pair,
-        pairs_file=pairs_file,
-        pair_name=pair_name,
-        modes=modes,
-        budgets=budgets,
-        dtype=dtype,
-        device=device,
-        prompt_set=prompts,
-        limit=limit,
-        max_new_tokens=max_new_tokens,
-        isolate=isolate,
-        engine_options=engine_option,
-        engine_timeout_s=engine_timeout,
-        torch_threads=threads,
-        held_out_prompts=0,
+        **target.values(), isolate=isolate, **control.values(), torch_threads=threads, held_out_prompts=0
     )  # a bench times the bundled prompts only: every run and its baseline time the same set
     validate_run_inputs(settings)
-    kind = "bench" if against is None else "ab"  # an A/B report is named so, in reports/ or an --out folder
+    kind = "bench" if ab_build.against is None else "ab"  # an A/B report is named so, in reports/ or an --out folder
     out_path = output_path(
         out,
         REPORTS_DIR / f"{kind}-{settings.engine.replace(':', '_')}.json",
         settings,
-        pairs_file=pairs_file,
-        extra=[baselines],
+        pairs_file=target.pairs_file,
+        extra=[timing.baselines],
     )  # absolute, never an input of the run; `--out DIR/` makes the folder and writes inside
     hw = opt.hw_class(settings.device, hardware_class)
-    if against is not None:  # A/B: conformance/cli/ab.py
-        from .ab import bench_against
-
-        if baselines is not None:
-            raise CliError("--against and --baselines: an A/B run needs no stored baselines; give one of them")
-        written = bench_against(
-            settings,
-            against,
-            hw=hw,
-            plan=plan,
-            warmup=warmup,
-            tolerance=tolerance,
-            out=out_path,
-            against_engine=against_engine,
-            against_options=against_option,
-            spread=_ab_spread(ab_spread),
-        )
-        found = _load_report_or_fail(written).get("verdict") or {}  # A/B: exit with its verdict, as `gate` does
-        code = {"fail": EXIT_FAILED, "inconclusive": EXIT_INCONCLUSIVE}.get(found.get("status"))
-        if code is not None:
-            raise CliError(f"A/B {found['status'].upper()}: {found.get('reason', '')}", exit_code=code)
+    if ab_build.against is not None:  # A/B: conformance/cli/ab.py
+        _bench_ab(settings, ab_build, timing, plan, hw=hw, out_path=out_path)
         return
+    report = {**new_report("bench", settings.model_dump(), hw), **_measure(settings, timing, plan, hw)}
+    paths = write_report(report, out_path)
+    _print_bench(report, settings, hw, paths)
+
+
+def _bench_ab(settings, ab_build: AgainstBuild, timing: Timing, plan, *, hw: str, out_path: Path) -> None:
+    """The A/B run; exits with its verdict (1 fail, 3 inconclusive), as `gate` does."""
+    from .ab import bench_against
+
+    if timing.baselines is not None:
+        raise CliError("--against and --baselines: an A/B run needs no stored baselines; give one of them")
+    written = bench_against(
+        settings,
+        ab_build.against,
+        hw=hw,
+        plan=plan,
+        warmup=timing.warmup,
+        tolerance=ab_build.tolerance,
+        out=out_path,
+        against_engine=ab_build.against_engine,
+        against_options=ab_build.against_option,
+        spread=_ab_spread(ab_build.ab_spread),
+    )
+    found = _load_report_or_fail(written).get("verdict") or {}
+    code = {"fail": EXIT_FAILED, "inconclusive": EXIT_INCONCLUSIVE}.get(found.get("status"))
+    if code is not None:
+        raise CliError(f"A/B {found['status'].upper()}: {found.get('reason', '')}", exit_code=code)
+
+
+def _measure(settings, timing: Timing, plan, hw: str) -> dict:
+    """The bench's measurement (``run_bench``): the engine started, checked for support and timed."""
+    from ..session import SuiteSession
+
     runs = [("dflash", None)] if "dflash" in settings.modes else []
     runs += [("ddtree", b) for b in settings.budgets] if "ddtree" in settings.modes else []
-    edges, spreads = _edges(baselines, hw, settings, runs) if baselines is not None else (None, None)
-    one_run = [label for label in (edges or {}) if label not in (spreads or {})]
+    edges, spreads = _edges(timing.baselines, hw, settings, runs) if timing.baselines is not None else (None, None)
     session = SuiteSession(settings)
     try:
         eng = session.engine
@@ -215,46 +228,48 @@ def bench(
         )
         if problem:
             raise CliError(problem)
-        requests = session.requests()
-        printer = progress_printer()
-        done = [0]
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=stderr_console(),
-            transient=True,
-        ) as progress:
-            task = progress.add_task(f"bench {settings.engine}", total=None)
-
-            def step(label: str) -> None:
-                progress.update(task, advance=1, description=f"bench {settings.engine}: {label}")
-                done[0] += 1
-                if printer is not None:  # CI logs: one line per timed run
-                    printer(f"bench {settings.engine}: {label} ({done[0]} runs)")
-
-            try:
-                measured = run_bench(
-                    eng,
-                    requests,
-                    lambda m, b: session.config(m, b),
-                    runs,
-                    repeats=repeats,
-                    edges=edges,
-                    spreads=spreads,
-                    one_run=one_run,
-                    plan=plan,
-                    warmup=warmup,
-                    on_step=step,
-                )
-            except BenchError as exc:
-                raise CliError(str(exc), exit_code=EXIT_FAILED) from exc
+        return _timed(session, eng, settings, runs, timing, plan, edges, spreads)
     finally:
         session.close()
-    report = new_report("bench", settings.model_dump(), hw)
-    report.update(measured)
-    paths = write_report(report, out_path)
+
+
+def _timed(session, eng, settings, runs, timing: Timing, plan, edges, spreads) -> dict:
+    """``run_bench`` with a progress bar on stderr (and a line per timed run in CI logs)."""
+    from ..bench import BenchError, run_bench
+
+    one_run = [label for label in (edges or {}) if label not in (spreads or {})]
+    requests = session.requests()
+    printer = progress_printer()
+    done = [0]
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=stderr_console(), transient=True) as progress:
+        task = progress.add_task(f"bench {settings.engine}", total=None)
+
+        def step(label: str) -> None:
+            progress.update(task, advance=1, description=f"bench {settings.engine}: {label}")
+            done[0] += 1
+            if printer is not None:  # CI logs: one line per timed run
+                printer(f"bench {settings.engine}: {label} ({done[0]} runs)")
+
+        try:
+            return run_bench(
+                eng,
+                requests,
+                lambda m, b: session.config(m, b),
+                runs,
+                repeats=timing.repeats,
+                edges=edges,
+                spreads=spreads,
+                one_run=one_run,
+                plan=plan,
+                warmup=timing.warmup,
+                on_step=step,
+            )
+        except BenchError as exc:
+            raise CliError(str(exc), exit_code=EXIT_FAILED) from exc
+
+
+def _bench_table(report: dict, settings, hw: str) -> Table:
     table = Table(
         title=escape(
             f"bench: {settings.engine} on {settings.pair_name} ({settings.dtype}, "
@@ -283,12 +298,16 @@ def bench(
             "-" if not sp or sp["cv"] is None else f"{sp['cv']:.3f}",
             "-" if not sp else escape(f"{sp['stop']['decision']}: {sp['stop']['reason']}"),
         )
-    console = stdout_console()
-    console.print(table)
-    shown = ", ".join(f"{k}={v}" for k, v in sorted(report["bench"]["engine_settings"].items()))
-    console.print(escape(f"engine settings: {shown or 'none reported'}"), soft_wrap=True)
+    return table
+
+
+def _print_bench(report: dict, settings, hw: str, paths) -> None:
     from ..machine_state import describe
 
+    console = stdout_console()
+    console.print(_bench_table(report, settings, hw))
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(report["bench"]["engine_settings"].items()))
+    console.print(escape(f"engine settings: {shown or 'none reported'}"), soft_wrap=True)
     console.print(escape(f"machine: {describe(report['bench'].get('machine'))}"), soft_wrap=True)
     console.print(escape(f"warm-up: {report['bench']['warmup'].get('reason')}"), soft_wrap=True)
     busy = [f"{r['label']} {r['gpu_busy_share']:.0%}" for r in report["runs"] if r.get("gpu_busy_share") is not None]

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Optional
 
 import click
 import typer
@@ -55,9 +55,11 @@ from .base import (
     EXIT_OK,
     EXIT_USAGE,
     CliError,
+    CommandFailed,
     app,
     command,
 )
+from .ci_options import CiEngine, CiRun, CiThroughput, Reports, Summary, given, listed
 from .ci_output import (
     Step,
     combine,
@@ -95,43 +97,51 @@ def _run(step: Step, cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
     return proc
 
 
-class _ErrorLines(io.TextIOBase):
-    """stderr, passed through, remembering the last ``error: ...`` line (a step's reason when it left no report)."""
+class _LogStream(io.TextIOBase):
+    """stderr passed through, as a CI log: never a terminal, so a step prints progress lines, not bars."""
 
     def __init__(self, stream) -> None:
-        self.stream, self.last, self._line = stream, "", ""
+        self.stream = stream
 
     def write(self, text: str) -> int:
         self.stream.write(text)
-        self._line += text
-        *done, self._line = self._line.split("\n")
-        self.last = next((line for line in reversed(done) if line.startswith("error: ")), self.last)
         return len(text)
 
     def flush(self) -> None:
         self.stream.flush()
 
 
-def _suite(step: Step, *args: str) -> int:
-    """``ddtree-conformance ARGS`` in this process; its exit status becomes the step's, and its last
-    ``error:`` line the step's summary until the step says more."""
+def _invoke(args: tuple[str, ...]) -> tuple[int, str]:
+    """``ddtree-conformance ARGS`` run here: its exit status, and the one-line error it failed with ("": none)."""
     # base's app: every command is registered on it once the cli package has loaded (it has: ``ci`` runs)
-    started = time.perf_counter()
-    _say(f"{step.name}: ddtree-conformance {' '.join(args)}")
-    errors = _ErrorLines(sys.stderr)
+    suite = typer.main.get_command(app)
     try:
-        with contextlib.redirect_stderr(errors):
-            code = app(list(args), prog_name="ddtree-conformance", standalone_mode=False)
+        with (
+            contextlib.redirect_stderr(_LogStream(sys.stderr)),
+            suite.make_context("ddtree-conformance", list(args)) as ctx,
+        ):
+            suite.invoke(ctx)
+    except CommandFailed as exc:  # an expected failure, printed as its one `error:` line
+        return exc.exit_code, exc.message
+    except (typer.Exit, click.exceptions.Exit) as exc:
+        return exc.exit_code, ""
+    except KeyboardInterrupt:
+        return 130, ""
     except click.exceptions.ClickException as exc:  # a usage error click found (unknown option)
         exc.show()
-        code = exc.exit_code
-        errors.last = f"error: {exc.format_message()}"
+        return exc.exit_code, exc.format_message()
     except click.exceptions.Abort:
-        code = EXIT_FAILED
-    step.code = code if isinstance(code, int) else EXIT_OK
-    step.summary = errors.last.removeprefix("error: ")
-    step.seconds += time.perf_counter() - started
-    return step.code
+        return EXIT_FAILED, ""
+    return EXIT_OK, ""
+
+
+def _suite(name: str, *args: str) -> Step:
+    """``ddtree-conformance ARGS`` in this process as the step ``name``: its exit status, and the error it
+    failed with as its summary until the step says more."""
+    started = time.perf_counter()
+    _say(f"{name}: ddtree-conformance {' '.join(args)}")
+    code, error = _invoke(args)
+    return Step(name, code=code, summary=error, seconds=time.perf_counter() - started)
 
 
 # ------------------------------------------------------------------------------------------ steps
@@ -184,10 +194,9 @@ def install_check(engine: str, reports: Path) -> Step:
 
 
 def conformance(run_args: list[str], allow_skip: list[str], reports: Path) -> tuple[Step, dict | None]:
-    step = Step("conformance")
     out = reports / "check.json"
     args = [*run_args, *(a for name in allow_skip for a in ("--allow-skip", name)), "--out", str(out)]
-    _suite(step, "check", *args)
+    step = _suite("conformance", "check", *args)
     report = read_json(out)
     if report is None:
         step.summary = f"the check did not run (exit {step.code}): {step.summary or 'see the log'}"
@@ -235,7 +244,7 @@ def throughput(
         extra = ["--baselines", str(baselines or stored.parent)] if stored.exists() else []
         gate_extra = ["--baselines", str(baselines)] if baselines is not None else []
         gate_extra += ["--only-baselined"] if gate == "auto" else []  # the rest: "not gated", said in the summary
-    _suite(bench, "bench", *bench_args, *extra, "--out", str(out))
+    bench = _suite("bench", "bench", *bench_args, *extra, "--out", str(out))
     if bench.code in (EXIT_FAILED, EXIT_INCONCLUSIVE) and against is not None and out.is_file():
         bench.code = EXIT_OK  # `bench --against` exits with its A/B verdict; the gate step judges (and says) it
     if bench.code != 0 or not out.is_file():
@@ -250,7 +259,7 @@ def throughput(
         else f"against the stored baselines of {hw}: wrote {out.name}"
     )
     gate_out = reports / "gate.json"
-    _suite(judged, "gate", str(out), *gate_extra, "--hardware-class", hw, "--out", str(gate_out))
+    judged = _suite("gate", "gate", str(out), *gate_extra, "--hardware-class", hw, "--out", str(gate_out))
     result = read_json(gate_out) or {}
     judged.files.append(gate_out)
     judged.summary = gate_summary(judged.code, result.get("rows", []), out)
@@ -260,19 +269,58 @@ def throughput(
 # ------------------------------------------------------------------------------------------ the command
 
 
-def _env(name: str, text: str, **kwargs) -> typer.models.OptionInfo:
-    """An option that also reads ``$DDTREE_<NAME>`` (what the GitHub workflow and the Buildkite pipeline set)."""
-    return typer.Option(name, envvar="DDTREE_" + name[2:].upper().replace("-", "_"), help=text, **kwargs)
+def _engine_version(engine: CiEngine) -> Optional[str]:
+    """--engine-version, else $DDTREE_ENGINE_VERSION (given but empty: the pinned version)."""
+    return engine.engine_version if engine.engine_version is not None else os.environ.get("DDTREE_ENGINE_VERSION")
 
 
-def _listed(values: list[str] | None, env: str) -> list[str]:
-    """Repeated values, or ``$DDTREE_<ENV>`` one per line: a requirement may hold spaces."""
-    raw = values if values else os.environ.get(env, "").splitlines()
-    return [v.strip() for value in raw for v in value.splitlines() if v.strip()]
+def _hw(run: CiRun) -> str:
+    return opt.hw_class(given(run.device) or "cpu", given(run.hardware_class))
 
 
-def _given(value: str | None) -> str | None:
-    return value if value not in (None, "") else None
+def _limit(text: Optional[str]) -> Optional[str]:
+    """--limit: a positive number or 'all' (None: not given); else exit 2."""
+    limit = given(text)
+    if limit is not None and limit != "all" and not (limit.isdigit() and int(limit) > 0):
+        raise CliError(f"--limit must be a positive number of prompts or 'all', got {limit!r}")
+    return limit
+
+
+def _common_args(engine: CiEngine, run: CiRun) -> list[str]:
+    """The options every step of the suite takes: --engine, the ones given, --hardware-class."""
+    limit = _limit(run.limit)
+    flags = (
+        ("--pair", run.pair),
+        ("--pairs-file", run.pairs_file),
+        ("--model", run.model),
+        ("--drafter", run.drafter),
+        ("--dtype", run.dtype),
+        ("--device", run.device),
+        ("--modes", run.modes),
+        ("--budgets", run.budgets),
+        ("--prompts", run.prompts),
+        ("--max-new-tokens", run.max_new_tokens),
+        ("--threads", run.threads),
+        ("--engine-timeout", run.engine_timeout),
+    )
+    options = listed(engine.engine_option, "DDTREE_ENGINE_OPTIONS")
+    return [
+        *("--engine", engine.engine),
+        *(a for flag, value in flags if given(value) is not None for a in (flag, str(value))),
+        *(("--limit", limit) if limit not in (None, "all") else ()),
+        *(() if run.isolate is None else ("--isolate" if run.isolate else "--no-isolate",)),
+        *(a for option in options for a in ("--engine-option", option)),
+        *("--hardware-class", _hw(run)),
+    ]
+
+
+def _bench_args(bench: CiThroughput) -> list[str]:
+    """What the bench takes beyond the common options."""
+    options = listed(bench.against_option, "DDTREE_AGAINST_OPTIONS")
+    return [
+        *("--time-budget", str(bench.time_budget), "--max-repeats", str(bench.max_repeats)),
+        *(a for option in options for a in ("--against-option", option)),
+    ]
 
 
 @command(
@@ -281,180 +329,65 @@ def _given(value: str | None) -> str | None:
     "line). Exit status: the most severe step's (2, 5, 1, 7, 3, 4), else 0."
 )
 def ci(
-    engine: Annotated[str, _env("--engine", "Engine: built-in name, entry-point name, or module:Class.")] = "reference",
-    engine_option: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--engine-option",
-            "-O",
-            metavar="KEY=VALUE",
-            help="Engine option (repeatable; $DDTREE_ENGINE_OPTIONS: one per line).",
-        ),
-    ] = None,
-    engine_requirement: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--engine-requirement",
-            metavar="REQ",
-            help="pip requirement installing the engine first (repeatable; $DDTREE_ENGINE_REQUIREMENT: one per line).",
-        ),
-    ] = None,
-    engine_version: Annotated[
-        Optional[str],
-        typer.Option(
-            "--engine-version",
-            help="Install this version of an engine the suite pins (vllm, sglang); 'pinned': the "
-            "pinned one. Not given: install nothing. ($DDTREE_ENGINE_VERSION)",
-        ),
-    ] = None,
-    pair: Annotated[
-        Optional[str], _env("--pair", "Named model pair (fixture, qwen3-8b, qwen3-4b, or a pairs file's).")
-    ] = None,
-    pairs_file: Annotated[Optional[str], _env("--pairs-file", "JSON/TOML file of more named pairs.")] = None,
-    model: Annotated[Optional[str], _env("--model", "Target model dir.")] = None,
-    drafter: Annotated[Optional[str], _env("--drafter", "DFlash drafter dir.")] = None,
-    dtype: Annotated[Optional[str], _env("--dtype", "float32 | bfloat16 | float16.")] = None,
-    device: Annotated[Optional[str], _env("--device", "cpu, cuda, cuda:N.")] = None,
-    modes: Annotated[Optional[str], _env("--modes", "Comma-separated speculative modes.")] = None,
-    budgets: Annotated[Optional[str], _env("--budgets", "Comma-separated DDTree budgets.")] = None,
-    prompts: Annotated[Optional[str], _env("--prompts", "Prompts JSONL path or bundled set name.")] = None,
-    limit: Annotated[Optional[str], _env("--limit", "Prompts per run: a number, or 'all'.", show_default="all")] = None,
-    max_new_tokens: Annotated[Optional[int], _env("--max-new-tokens", "Tokens per prompt.")] = None,
-    only: Annotated[
-        Optional[list[str]],
-        typer.Option("--check", help="Keep checks whose id contains this (repeatable; $DDTREE_CHECKS: one per line)."),
-    ] = None,
-    allow_skip: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--allow-skip",
-            metavar="FAMILY",
-            help="A check family or mode that may skip because of the engine "
-            "(repeatable; $DDTREE_ALLOW_SKIP: one per line); one this run does not plan is a note.",
-        ),
-    ] = None,
-    isolate: Annotated[
-        Optional[bool],
-        typer.Option(
-            "--isolate/--no-isolate",
-            envvar="DDTREE_ISOLATE",
-            help="Run the engine in its own process.",
-            show_default="isolate",
-        ),
-    ] = None,
-    threads: Annotated[Optional[int], _env("--threads", "torch CPU threads per process; 0: torch's default.")] = None,
-    engine_timeout: opt.EngineTimeout = None,
-    hardware_class: Annotated[
-        Optional[str],
-        _env("--hardware-class", "Hardware class the reports are filed under (baselines are keyed by it)."),
-    ] = None,
-    against: Annotated[
-        Optional[str],
-        _env(
-            "--against",
-            "A/B baseline build (bench --against): an engine here, a requirement, a wheel or a folder. "
-            "Without it: stored baselines.",
-            metavar="ENGINE",
-        ),
-    ] = None,
-    against_engine: Annotated[
-        Optional[str], _env("--against-engine", "The spec the installed baseline runs as.")
-    ] = None,
-    against_option: Annotated[
-        Optional[list[str]],
-        typer.Option("--against-option", metavar="KEY=VALUE", help="The A/B baseline's engine options (repeatable)."),
-    ] = None,
-    tolerance: Annotated[float, _env("--tolerance", "A/B: allowed slowdown (edge 1 - tolerance).")] = 0.05,
-    baselines: Annotated[
-        Optional[str],
-        _env(
-            "--baselines", "Stored baselines: a file, or a folder of <hardware-class>.json.", show_default="the suite's"
-        ),
-    ] = None,
-    gate: Annotated[
-        str,
-        _env(
-            "--gate",
-            "auto: gate throughput against --against (A/B), else every run and metric that has a stored "
-            "baseline, and say in the summary what was not gated and why; required: a missing baseline fails "
-            "(exit 4); off: no bench.",
-        ),
-    ] = "auto",
-    time_budget: Annotated[
-        float, _env("--time-budget", "Bench: seconds of timed repeats before an undecided interval stops.")
-    ] = 600.0,
-    max_repeats: Annotated[int, _env("--max-repeats", "Bench: repeat cap.")] = 60,
-    reports: Annotated[Path, _env("--reports", "Folder of every report, the JUnit file and the summary.")] = Path(
-        "reports/ci"
-    ),
-    summary: Annotated[
-        Optional[Path],
-        typer.Option("--summary", help="Also append the summary here.", show_default="$GITHUB_STEP_SUMMARY when set"),
-    ] = None,
+    *,
+    under_test: CiEngine,
+    run: CiRun,
+    bench: CiThroughput,
+    reports: Reports = Path("reports/ci"),
+    summary: Summary = None,
 ) -> None:
-    if gate not in GATE_MODES:
-        raise CliError(f"--gate must be one of {', '.join(GATE_MODES)}, got {gate!r}")
-    limit = _given(limit)
-    if limit is not None and limit != "all" and not (limit.isdigit() and int(limit) > 0):
-        raise CliError(f"--limit must be a positive number of prompts or 'all', got {limit!r}")
-    if engine_version is None:
-        engine_version = os.environ.get("DDTREE_ENGINE_VERSION")  # given but empty: the pinned version
-    reports.mkdir(parents=True, exist_ok=True)
-    for stale in OUTPUTS:  # a self-hosted runner keeps its folders: never report an earlier run's files
-        (reports / stale).unlink(missing_ok=True)
-    common: list[str] = ["--engine", engine]
-    for flag, value in (
-        ("--pair", pair),
-        ("--pairs-file", pairs_file),
-        ("--model", model),
-        ("--drafter", drafter),
-        ("--dtype", dtype),
-        ("--device", device),
-        ("--modes", modes),
-        ("--budgets", budgets),
-        ("--prompts", prompts),
-        ("--max-new-tokens", max_new_tokens),
-        ("--threads", threads),
-        ("--engine-timeout", engine_timeout),
-    ):
-        if _given(value) is not None:
-            common += [flag, str(value)]
-    if limit not in (None, "all"):
-        common += ["--limit", limit]
-    if isolate is not None:
-        common.append("--isolate" if isolate else "--no-isolate")
-    for option in _listed(engine_option, "DDTREE_ENGINE_OPTIONS"):
-        common += ["--engine-option", option]
-    hw = opt.hw_class(_given(device) or "cpu", _given(hardware_class))
-    common += ["--hardware-class", hw]
-    check_args = [*common, *(a for name in _listed(only, "DDTREE_CHECKS") for a in ("--check", name))]
-    bench_args = [*common, "--time-budget", str(time_budget), "--max-repeats", str(max_repeats)]
-    bench_args += [
-        a for option in _listed(against_option, "DDTREE_AGAINST_OPTIONS") for a in ("--against-option", option)
-    ]
+    if bench.gate not in GATE_MODES:
+        raise CliError(f"--gate must be one of {', '.join(GATE_MODES)}, got {bench.gate!r}")
+    common = _common_args(under_test, run)  # --limit checked here: exit 2 before any step
+    _clear(reports)
+    hw = _hw(run)
     outputs(
-        artifact=f"ddtree-conformance-{slug(engine)}-{slug(pair or 'fixture')}-{slug(dtype or 'float32')}-{slug(hw)}"
+        artifact=f"ddtree-conformance-{slug(under_test.engine)}-{slug(run.pair or 'fixture')}-"
+        f"{slug(run.dtype or 'float32')}-{slug(hw)}"
     )
+    steps = _steps(under_test, run, bench, common, reports, hw=hw)
+    title = f"{under_test.engine} on {run.pair or 'fixture'} ({run.dtype or 'float32'}, {hw})"
+    _report(title, steps, reports, summary)
 
-    steps = [install(_listed(engine_requirement, "DDTREE_ENGINE_REQUIREMENT"), engine, engine_version)]
+
+def _clear(reports: Path) -> None:
+    """The reports folder made, without an earlier run's files (a self-hosted runner keeps its folders)."""
+    reports.mkdir(parents=True, exist_ok=True)
+    for stale in OUTPUTS:
+        (reports / stale).unlink(missing_ok=True)
+
+
+def _steps(
+    engine: CiEngine, run: CiRun, bench: CiThroughput, common: list[str], reports: Path, *, hw: str
+) -> list[Step]:
+    """Install, install check, conformance, then the bench and the gate unless a step before cannot go on."""
+    steps = [
+        install(listed(engine.engine_requirement, "DDTREE_ENGINE_REQUIREMENT"), engine.engine, _engine_version(engine))
+    ]
     if steps[-1].code == EXIT_OK:
-        steps.append(install_check(engine, reports))
-    if all(s.code == EXIT_OK for s in steps):
-        step, _ = conformance(check_args, _listed(allow_skip, "DDTREE_ALLOW_SKIP"), reports)
-        steps.append(step)
-        if step.code in (EXIT_OK, EXIT_FAILED, EXIT_INCOMPLETE):  # a release needs both verdicts
-            steps += throughput(
-                bench_args,
-                against=_given(against),
-                against_engine=_given(against_engine),
-                tolerance=tolerance,
-                baselines=Path(baselines) if _given(baselines) else None,
-                hw=hw,
-                gate=gate,
-                reports=reports,
-            )
+        steps = [*steps, install_check(engine.engine, reports)]
+    if any(s.code != EXIT_OK for s in steps):
+        return steps
+    check_args = [*common, *(a for name in listed(run.only, "DDTREE_CHECKS") for a in ("--check", name))]
+    step, _ = conformance(check_args, listed(run.allow_skip, "DDTREE_ALLOW_SKIP"), reports)
+    if step.code not in (EXIT_OK, EXIT_FAILED, EXIT_INCOMPLETE):
+        return [*steps, step]
+    judged = throughput(  # a release needs both verdicts
+        [*common, *_bench_args(bench)],
+        against=given(bench.against),
+        against_engine=given(bench.against_engine),
+        tolerance=bench.tolerance,
+        baselines=Path(bench.baselines) if given(bench.baselines) else None,
+        hw=hw,
+        gate=bench.gate,
+        reports=reports,
+    )
+    return [*steps, step, *judged]
+
+
+def _report(title: str, steps: list[Step], reports: Path, summary: Optional[Path]) -> None:
+    """The job's summary written and published, a line per step; exit with the most severe step's status."""
     job = combine(steps)
-    title = f"{engine} on {pair or 'fixture'} ({dtype or 'float32'}, {hw})"
     markdown = summary_markdown(title, steps, job, reports)
     (reports / "summary.md").write_text(markdown)
     publish(markdown, job, steps, summary)

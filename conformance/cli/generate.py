@@ -6,9 +6,8 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Any
 
-import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -31,10 +30,11 @@ from ..output_paths import output_path
 from ..paths import REPORTS_DIR
 from ..progress import Heartbeat, progress_printer
 from ..prompts import Prompt, load_prompts, resolve_prompt_set
-from ..settings import GenerateSettings, shown_default
+from ..settings import GenerateSettings
 from ..support import unsupported
 from . import options as opt
 from .base import EXIT_FAILED, CliError, command, stderr_console, stdout_console
+from .generate_options import BatchSize, Budget, GenerateOut, MaxNewTokens, Mode, Sampling, Trace
 
 __all__ = [
     "generate",
@@ -247,91 +247,32 @@ def summary_table(prompts: Sequence[Prompt], results: Sequence[RequestResult], t
 
 @command()
 def generate(
+    *,
     engine: opt.Engine = "reference",
-    model: opt.Model = None,
-    drafter: opt.Drafter = None,
-    mode: Annotated[
-        Optional[str],
-        typer.Option(
-            "--mode",
-            help="Decoding mode: plain | dflash | ddtree.",
-            show_default=shown_default("mode", GenerateSettings),
-        ),
-    ] = None,
-    budget: Annotated[
-        Optional[int],
-        typer.Option(
-            "--budget",
-            "-B",
-            help="DDTree node budget (non-root nodes).",
-            show_default=shown_default("budget", GenerateSettings),
-        ),
-    ] = None,
-    dtype: opt.DType = None,
-    device: opt.Device = None,
-    prompts: opt.Prompts = None,
-    limit: opt.Limit = None,
-    max_new_tokens: Annotated[
-        Optional[int],
-        typer.Option(
-            "--max-new-tokens",
-            help="Tokens per prompt; overrides the prompt set's own limits. (default: the set's own, else 64)",
-        ),
-    ] = None,
-    temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 = greedy.")] = None,
-    top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].")] = None,
-    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Top-k sampling; 0 disables.")] = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="Per-request sampling seed.")] = None,
-    stop_token: Annotated[
-        Optional[list[int]],
-        typer.Option(
-            "--stop-token",
-            help="Stop token id (repeatable). (default: the eos ids in the target's generation_config.json)",
-        ),
-    ] = None,
-    trace: Annotated[bool, typer.Option("--trace/--no-trace", help="Record per-round traces.")] = False,
-    batch_size: Annotated[
-        Optional[int],
-        typer.Option(
-            "--batch-size",
-            help="Prompts per generate call.",
-            show_default=shown_default("batch_size", GenerateSettings),
-        ),
-    ] = None,
-    out: Annotated[
-        Optional[str],  # a str: a Path drops the trailing '/' that names a folder still to be made
-        typer.Option(
-            "--out",
-            "-o",
-            help="Output JSONL; an existing folder, or a path ending in '/', gets the default name inside it.",
-            show_default="reports/generate-<mode>.jsonl",
-        ),
-    ] = None,
-    engine_option: opt.EngineOptions = None,
-    engine_timeout: opt.EngineTimeout = None,
+    dirs: opt.ModelDirs,
+    mode: Mode = None,
+    budget: Budget = None,
+    inputs: opt.PromptInputs,
+    max_new_tokens: MaxNewTokens = None,
+    sampling: Sampling,
+    trace: Trace = False,
+    batch_size: BatchSize = None,
+    out: GenerateOut = None,
+    control: opt.EngineControl,
     isolate: opt.Isolate = None,
     threads: opt.Threads = None,
 ) -> None:
     """Run a prompt set through an engine (in its own process) and write one JSON line per prompt."""
     settings = opt.generate_settings(
         engine=engine,
-        model_dir=model,
-        drafter_dir=drafter,
+        **dirs.values(),
         mode=mode,
         budget=budget,
-        dtype=dtype,
-        device=device,
-        prompt_set=prompts,
-        limit=limit,
+        **inputs.values(),
         max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        seed=seed,
-        stop_token_ids=stop_token,
+        **sampling.values(),
         batch_size=batch_size,
-        engine_options=engine_option,
-        engine_timeout_s=engine_timeout,
+        **control.values(),
         isolate=isolate,
         torch_threads=threads,
     )
@@ -343,16 +284,7 @@ def generate(
         trace=trace,
         tensor_parallel_size=settings.tensor_parallel_size,
     )
-    prompt_path = resolve_prompt_set(settings.prompt_set)
-    prompt_set = load_prompts(prompt_path, tokenizer_dir=settings.model_dir)
-    prompt_set = prompt_set[: settings.limit] if settings.limit else prompt_set
-    validate_prompts(
-        prompt_set,
-        prompt_path,
-        pair_limits(settings.model_dir),  # exit 2 before any engine work
-        lambda p: settings.max_new_tokens or p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
-        "max_new_tokens",
-    )
+    prompt_set = _prompt_set(settings)
     stops = settings.stop_token_ids if settings.stop_token_ids is not None else default_stop_tokens(settings.model_dir)
     requests = build_requests(prompt_set, settings, stops)
     out_path = output_path(
@@ -361,58 +293,91 @@ def generate(
         settings,
         files=lambda path: [path, path.with_name(path.name + ".partial")],
     )
-
-    labels = [f"prompt {p.id}" for p in prompt_set]
-    limits = PairLimits.read(settings.model_dir, settings.drafter_dir)
-
-    with open_engine(settings) as eng:
-        with Heartbeat(progress_printer(), settings.engine, "start and capabilities()"):
-            caps = require_support(eng, config)
-        with JsonlSink(out_path) as sink:
-
-            def validate(start: int, chunk: list[Request], got: list[RequestResult]) -> list[RequestResult]:
-                return validate_results(
-                    chunk,
-                    got,
-                    config,
-                    limits,
-                    caps,
-                    labels[start : start + len(chunk)],
-                    settings.engine,
-                    first_index=start,
-                )
-
-            def write_chunk(start: int, chunk: list[RequestResult]) -> None:
-                bad = next((i for i, r in enumerate(chunk) if is_integrity_error(r)), None)
-                valid = chunk if bad is None else chunk[:bad]
-                sink.write([result_row(prompt_set[start + i], r) for i, r in enumerate(valid)])
-                if bad is not None:  # never written: the file holds only results that keep the rules
-                    kept = f"; {sink.rows} valid results kept in {sink.partial}" if sink.rows else ""
-                    raise CliError(f"{chunk[bad].error.splitlines()[0]}{kept}", exit_code=EXIT_FAILED)
-
-            try:
-                results = run_prompts(
-                    eng,
-                    requests,
-                    config,
-                    batch_size=settings.batch_size,
-                    on_chunk=write_chunk,
-                    description=f"{settings.engine} {settings.mode}",
-                    validate=validate,
-                )
-            except EngineDied as exc:
-                kept = f" ({sink.rows} results kept in {sink.partial})" if sink.rows else ""
-                raise EngineDied(f"{str(exc).splitlines()[0]}{kept}", exc.log_tail) from exc
-            except EngineError as exc:
-                kept = f" ({sink.rows} results kept in {sink.partial})" if sink.rows else ""
-                raise EngineError(f"{exc}{kept}") from exc
-            written = sink.commit()
-
+    results, written = _generate(settings, config, prompt_set, requests, out_path)
     console = stdout_console()
     console.print(
         summary_table(prompt_set, results, title=escape(f"{settings.engine} {settings.mode} on {settings.prompt_set}"))
     )
     console.print(escape(f"wrote {len(results)} results to {written}"), soft_wrap=True)
+    _fail_on_errors(prompt_set, results, written)
+
+
+def _prompt_set(settings: GenerateSettings) -> list[Prompt]:
+    """The prompts (the first --limit), checked against the pair's limits: exit 2 before any engine work."""
+    prompt_path = resolve_prompt_set(settings.prompt_set)
+    prompt_set = load_prompts(prompt_path, tokenizer_dir=settings.model_dir)
+    prompt_set = prompt_set[: settings.limit] if settings.limit else prompt_set
+    validate_prompts(
+        prompt_set,
+        prompt_path,
+        pair_limits(settings.model_dir),
+        lambda p: settings.max_new_tokens or p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+        "max_new_tokens",
+    )
+    return prompt_set
+
+
+def _generate(
+    settings: GenerateSettings, config: RunConfig, prompt_set: list[Prompt], requests: list[Request], out_path: Path
+) -> tuple[list[RequestResult], Path]:
+    """The engine started, checked for support, and run over the requests into the JSONL file."""
+    limits = PairLimits.read(settings.model_dir, settings.drafter_dir)
+    with open_engine(settings) as eng:
+        with Heartbeat(progress_printer(), settings.engine, "start and capabilities()"):
+            caps = require_support(eng, config)
+        return _generate_into(out_path, eng, settings, config, caps, limits, prompt_set, requests)
+
+
+def _generate_into(
+    out_path: Path,
+    eng: Engine,
+    settings: GenerateSettings,
+    config: RunConfig,
+    caps: Capabilities,
+    limits: PairLimits,
+    prompt_set: list[Prompt],
+    requests: list[Request],
+) -> tuple[list[RequestResult], Path]:
+    """Results written as they come (``.partial`` until the last), each chunk checked against the
+    integrity rules first: the file holds only results that keep them."""
+    labels = [f"prompt {p.id}" for p in prompt_set]
+    with JsonlSink(out_path) as sink:
+
+        def validate(start: int, chunk: list[Request], got: list[RequestResult]) -> list[RequestResult]:
+            return validate_results(
+                chunk, got, config, limits, caps, labels[start : start + len(chunk)], settings.engine, first_index=start
+            )
+
+        def write_chunk(start: int, chunk: list[RequestResult]) -> None:
+            bad = next((i for i, r in enumerate(chunk) if is_integrity_error(r)), None)
+            valid = chunk if bad is None else chunk[:bad]
+            sink.write([result_row(prompt_set[start + i], r) for i, r in enumerate(valid)])
+            if bad is not None:  # never written: the file holds only results that keep the rules
+                kept = f"; {sink.rows} valid results kept in {sink.partial}" if sink.rows else ""
+                raise CliError(f"{chunk[bad].error.splitlines()[0]}{kept}", exit_code=EXIT_FAILED)
+
+        description = f"{settings.engine} {settings.mode}"
+        try:
+            results = run_prompts(
+                eng,
+                requests,
+                config,
+                batch_size=settings.batch_size,
+                on_chunk=write_chunk,
+                description=description,
+                validate=validate,
+            )
+        except EngineDied as exc:
+            kept = f" ({sink.rows} results kept in {sink.partial})" if sink.rows else ""
+            raise EngineDied(f"{str(exc).splitlines()[0]}{kept}", exc.log_tail) from exc
+        except EngineError as exc:
+            kept = f" ({sink.rows} results kept in {sink.partial})" if sink.rows else ""
+            raise EngineError(f"{exc}{kept}") from exc
+        return results, sink.commit()
+
+
+def _fail_on_errors(prompt_set: list[Prompt], results: list[RequestResult], written: Path) -> None:
+    """Exit 1 when a request failed, naming the first."""
     failed = [(p, r) for p, r in zip(prompt_set, results) if r.finish_reason == "error"]
     if failed:
         first_prompt, first = failed[0]

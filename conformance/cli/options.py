@@ -8,15 +8,33 @@ text shows is read from the settings model (:func:`~ddtree_conformance.settings.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 
 from ..baselines import hardware_class
 from ..settings import GenerateSettings, SuiteSettings, build_settings, shown_default
 
-__all__ = ["run_settings", "hw_class"]
+__all__ = [
+    "run_settings",
+    "hw_class",
+    "option_group",
+    "grouped",
+    "ModelDirs",
+    "PromptInputs",
+    "Target",
+    "EngineControl",
+    "BaselineStore",
+]
+
+G = TypeVar("G")
+_GROUP_MARK = "__ddtree_option_group__"
 
 Engine = Annotated[
     str, typer.Option("--engine", "-e", help="Engine: built-in name, entry-point name, or module:Class.")
@@ -209,3 +227,146 @@ def generate_settings(**values: Any) -> GenerateSettings:
 
 def hw_class(device: str, override: Optional[str]) -> str:
     return hardware_class(device, override)
+
+
+# ------------------------------------------------------------------------------------------ option groups
+
+
+def option_group(cls: type[G]) -> type[G]:
+    """A frozen dataclass whose fields are options (``Annotated`` aliases with defaults) or nested groups.
+
+    A command parameter typed with a group (see :func:`grouped`) shows on the command line as the
+    group's options, in field order, where the parameter stands; the command receives one instance."""
+    made = dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+    setattr(made, _GROUP_MARK, True)
+    return made
+
+
+def _is_group(annotation: Any) -> bool:
+    return isinstance(annotation, type) and getattr(annotation, _GROUP_MARK, False)
+
+
+def _group_parameters(group: type) -> list[inspect.Parameter]:
+    hints = typing.get_type_hints(group, include_extras=True)
+    found: list[inspect.Parameter] = []
+    for field in dataclasses.fields(group):
+        if _is_group(hints[field.name]):
+            found += _group_parameters(hints[field.name])
+            continue
+        default = inspect.Parameter.empty if field.default is dataclasses.MISSING else field.default
+        found.append(
+            inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hints[field.name])
+        )
+    return found
+
+
+def _build_group(group: type[G], values: dict[str, Any]) -> G:
+    hints = typing.get_type_hints(group, include_extras=True)
+    return group(
+        **{
+            f.name: _build_group(hints[f.name], values) if _is_group(hints[f.name]) else values[f.name]
+            for f in dataclasses.fields(group)
+        }
+    )
+
+
+def grouped(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` with each parameter typed by an :func:`option_group` spread into that group's options.
+
+    Typer reads the returned function's signature (every option keyword-only, in place); a call
+    gathers each group's options into one instance of it and calls ``func``."""
+    hints = typing.get_type_hints(func, include_extras=True)
+    groups: dict[str, type] = {}
+    spread: list[inspect.Parameter] = []
+    for param in inspect.signature(func).parameters.values():
+        annotation = hints.get(param.name, param.annotation)
+        if _is_group(annotation):
+            groups[param.name] = annotation
+            spread += _group_parameters(annotation)
+        else:
+            spread.append(param.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=annotation))
+    names = [p.name for p in spread]
+    if len(set(names)) != len(names) or set(groups) & set(names):
+        raise TypeError(f"{func.__name__}: a name repeats among options and groups: {names}, {list(groups)}")
+    own = set(names) - {p.name for group in groups.values() for p in _group_parameters(group)}
+
+    @functools.wraps(func)
+    def call(**values: Any) -> Any:
+        built = {name: _build_group(group, values) for name, group in groups.items()}
+        return func(**{k: v for k, v in values.items() if k in own}, **built)
+
+    call.__signature__ = inspect.Signature(spread)  # type: ignore[attr-defined]
+    call.__annotations__ = {p.name: p.annotation for p in spread}
+    return call
+
+
+@option_group
+class ModelDirs:
+    """``--model`` and ``--drafter``."""
+
+    model: Model = None
+    drafter: Drafter = None
+
+    def values(self) -> dict[str, Any]:
+        return {"model_dir": self.model, "drafter_dir": self.drafter}
+
+
+@option_group
+class PromptInputs:
+    """``--dtype``, ``--device``, ``--prompts`` and ``--limit``."""
+
+    dtype: DType = None
+    device: Device = None
+    prompts: Prompts = None
+    limit: Limit = None
+
+    def values(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "device": self.device, "prompt_set": self.prompts, "limit": self.limit}
+
+
+@option_group
+class Target:
+    """What a run runs (``check``, ``bench``): the engine, the model pair, modes, budgets and inputs."""
+
+    engine: Engine = "reference"
+    dirs: ModelDirs
+    pair: Pair = None
+    pairs_file: PairsFile = None
+    pair_name: PairName = None
+    modes: Modes = None
+    budgets: Budgets = None
+    inputs: PromptInputs
+    max_new_tokens: MaxNewTokens = None
+
+    def values(self) -> dict[str, Any]:
+        """The settings' values (:func:`run_settings`), None where not given."""
+        return {
+            "engine": self.engine,
+            **self.dirs.values(),
+            "pair": self.pair,
+            "pairs_file": self.pairs_file,
+            "pair_name": self.pair_name,
+            "modes": self.modes,
+            "budgets": self.budgets,
+            **self.inputs.values(),
+            "max_new_tokens": self.max_new_tokens,
+        }
+
+
+@option_group
+class EngineControl:
+    """``--engine-option`` and ``--engine-timeout``."""
+
+    engine_option: EngineOptions = None
+    engine_timeout: EngineTimeout = None
+
+    def values(self) -> dict[str, Any]:
+        return {"engine_options": self.engine_option, "engine_timeout_s": self.engine_timeout}
+
+
+@option_group
+class BaselineStore:
+    """``--baselines`` and ``--hardware-class`` (``baseline``, ``gate``)."""
+
+    baselines: Baselines = None
+    hardware_class: HardwareClass = None
