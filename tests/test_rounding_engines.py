@@ -14,8 +14,10 @@ import torch
 
 from ddtree_conformance.adapters.interface import Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.checks.context_range import context_requests
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.prompts import load_prompts
+from ddtree_conformance.session import SuiteSession
 from ddtree_conformance.testing import rounding_engines as rounding
 from ddtree_conformance.testing.runs import fixture_pair_settings, plan_and_run
 
@@ -98,13 +100,23 @@ def test_longer_rounds_of_a_black_box_that_rounds_differently_pass_in_bfloat16()
 
 def test_an_engine_that_rounds_another_way_in_a_batch_passes_context_range_in_bfloat16():
     """SDPA alone, FlashAttention's order in company, reporting outputs and lengths only: the
-    context-range check's company run rounds otherwise than its alone runs (rounds of other lengths,
-    in both directions), and the check passes: company outputs within the noise, company rounds never
-    longer than alone beyond it. Its fp32 run equals the reference (the parametrised test above)."""
+    context-range check decodes its requests in one call, where this engine rounds otherwise than
+    alone (rounds of other lengths, here shown on the same requests), and the check passes: outputs
+    within the noise, rounds within it against the fp32 replay. Its fp32 run equals the reference (the
+    parametrised test above)."""
     settings = fixture_pair_settings(
         limit=3, max_new_tokens=16, budgets=[16], dtype="bfloat16", run_seed=1, torch_threads=1
     )
     (result,) = plan_and_run(settings, rounding.BatchVariantAttentionBlackBox, ["context-range/ddtree"])
     assert result.status == "pass", result.message
-    company = result.details["company_rounds"]
-    assert company["aligned"] > 300 and company["longer"] + company["shorter"] > 0, company
+    assert "in one call" in result.message
+    session = SuiteSession(settings)
+    try:
+        _, requests, _ = context_requests(session, 1024)
+    finally:
+        session.close()
+    engine = rounding.BatchVariantAttentionBlackBox(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+    config = RunConfig(mode="ddtree", budget=16, dtype="bfloat16")
+    company = [r.acceptance_lengths for r in engine.generate(requests, config)]
+    alone = [engine.generate([r], config)[0].acceptance_lengths for r in requests]
+    assert company != alone  # it does round otherwise in company

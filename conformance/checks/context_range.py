@@ -15,23 +15,21 @@ drawn from the run seed, so together they decode every length, each a third of t
 plan's three budgets, interleaved across the window (a verify kernel at large budgets is the dearest
 decoding on CPU; a band wider than ``n`` requests reaches every budget).
 
-Each request runs plain and in the check's mode, alone: one request per engine call, no other
-check's requests beside it. Alone, a round's tree is the engine's whole tree: beside other requests'
-long prefills a scheduler may drop a request's drafts when its token budget runs out (vLLM does: the
-step verifies the root alone, a round of length 1), which says nothing about the context length, and
-the traced rerun that explains a differing round runs the request alone too, so it reproduces the
-round it explains. Outputs are judged like the lossless check's (equal to plain in float32, every
-token scored against the fp32 target on its own path in every dtype, so a fault shared by plain and
-speculative decoding fails too), and for engines with per-round acceptance every round is replayed
-with the fp32 reference like the acceptance check's.
-
-The check's mode also decodes the same requests in company: all of them in one engine call (a
-batch of long contexts, as a busy server holds; the busy-batch check's batch holds short ones), so a
-kernel path taken only in a batch at long contexts is decoded too. Those outputs are judged like the
-alone ones; their rounds may be shorter than alone (dropped drafts are the scheduler's freedom: the
-output is the same), never longer beyond the noise: per round that starts at the same output offset
-in both runs, the one-sided tau test of the noise model (:meth:`ddtree_conformance.noise.NoiseModel.tau_test`)
-on the company length minus the alone length. The result
+Plain decoding runs each request alone (one request per engine call, memoised across the session's
+modes). The check's mode decodes this share's requests together in one engine call and nothing else
+(a batch of long contexts, as a busy server holds; the busy-batch check's batch holds short ones), so a
+kernel path a batch takes at long contexts is decoded as well as a lone request's. Its outputs are
+judged like the lossless check's (equal to plain in float32, every token scored against the fp32
+target on its own path in every dtype, so a fault shared by plain and speculative decoding fails too),
+each failure naming the request and its company. For engines with per-round acceptance every round of
+the call is replayed with the fp32 reference like the acceptance check's. Where those rounds part from
+the replay beyond the noise, each request runs again alone and the alone rounds are judged instead: a
+scheduler may drop a request's drafts when its step's token budget runs out beside long prefills (vLLM
+does: the step verifies the root alone, a round of length 1), which says nothing about the context
+length and leaves the output unchanged. The call's rounds may then be shorter than alone, never longer
+beyond the noise: per round that starts at the same output offset in both runs, the one-sided tau
+test of the noise model (:meth:`ddtree_conformance.noise.NoiseModel.tau_test`) on the call's length
+minus the alone length (``details["company_rounds"]``). The result
 says which context lengths were decoded (``details["context_lengths"]``: ranges, histogram, switching
 points crossed; the report shows them), and a failure names the request's context range.
 
@@ -183,18 +181,14 @@ def coverage_table(cover: dict, mode: str) -> dict:
     }
 
 
-def _cases(labels, requests, plain, spec, company) -> list[GreedyCase]:
-    """What the outputs are judged on: each request alone and in company against plain, and plain itself
+def _cases(labels, requests, plain, spec) -> list[GreedyCase]:
+    """What the outputs are judged on: each request of the one call against plain, and plain itself
     (scored against the fp32 target, so a fault plain shares fails too)."""
-    others = f"in one call with the other {len(requests) - 1}"
+    others = f" (in one call with the other {len(requests) - 1})" if len(requests) > 1 else ""
     return [
         *(
-            GreedyCase(label, r.prompt_ids, s.output_ids, p.output_ids, error=s.error or p.error)
+            GreedyCase(label + others, r.prompt_ids, s.output_ids, p.output_ids, error=s.error or p.error)
             for label, r, p, s in zip(labels, requests, plain, spec)
-        ),
-        *(
-            GreedyCase(f"{label} ({others})", r.prompt_ids, c.output_ids, p.output_ids, error=c.error or p.error)
-            for label, r, p, c in zip(labels, requests, plain, company)
         ),
         *(
             GreedyCase(f"{label} (plain)", r.prompt_ids, p.output_ids)
@@ -202,6 +196,23 @@ def _cases(labels, requests, plain, spec, company) -> list[GreedyCase]:
             if not p.error
         ),
     ]
+
+
+def _judge_rounds(session, name, run: Run, labels, requests, spec) -> CheckResult:
+    return judge_per_round(session, name, run, RoundsUnderTest(labels, requests, spec), ReplayAgainst(use_golden=False))
+
+
+def _acceptance(session, name, run: Run, labels, requests, company) -> tuple[CheckResult, CompanyRounds | None]:
+    """Per-round acceptance across the window (module doc): the company run's rounds against the fp32
+    replay; where they part beyond the noise, each request alone, and the company rounds against those."""
+    first = _judge_rounds(session, name, run, labels, requests, company)
+    if first.status != "fail" or len(requests) == 1:
+        return first, None
+    alone = [_alone(session, run.mode, run.budget, r) for r in requests]
+    if any(r.error or r.acceptance_lengths is None for r in alone):
+        return first, None
+    replay = _judge_rounds(session, name, run, labels, requests, alone)
+    return replay, _company_rounds(session, alone, company)
 
 
 def check_context_range(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
@@ -232,21 +243,17 @@ def check_context_range(session: SuiteSession, mode: str, budget: int | None) ->
     mine = share(session, mode, budget, len(every))
     requests, labels = [every[k] for k in mine], [every_label[k] for k in mine]
     plain = [_alone(session, "plain", None, r) for r in requests]  # memoised: once per session and request
-    spec = [_alone(session, mode, budget, r) for r in requests]
-    company = _in_company(session, mode, budget, requests) if len(requests) > 1 else []
-    cases = _cases(labels, requests, plain, spec, company)
+    spec = _in_company(session, mode, budget, requests)
     decoded = [(len(r.prompt_ids), len(s.output_ids)) for r, s in zip(requests, spec) if not s.error]
     cover = coverage(limit, decoded, plan.points)
-    seen = describe(cover)
     details = {CONTEXT_KEY: cover, "tables": [coverage_table(cover, Run(mode, budget).label)], **claim.details()}
-    verdict = judge_greedy(session, cases, what="plain")
+    verdict = judge_greedy(session, _cases(labels, requests, plain, spec), what="plain")
     if verdict.problem:
         return CheckResult.failed(
             name, f"not lossless across the context window: {verdict.problem}", **verdict.details, **details
         )
     shared = "" if len(mine) == len(every) else f" (this budget's share of {len(every)})"
-    how = ", alone and in one call" if company else ""
-    summary = f"{len(requests)} requests{shared}{how}, window {limit}: {seen}: {verdict.summary}"
+    summary = f"{len(requests)} requests{shared} in one call, window {limit}: {describe(cover)}: {verdict.summary}"
     if not caps.per_round(mode):
         return CheckResult.passed(
             name, summary + f"; engine reports no per-round acceptance{untested}", **verdict.details, **details
@@ -255,17 +262,13 @@ def check_context_range(session: SuiteSession, mode: str, budget: int | None) ->
         return CheckResult.failed(
             name, f"engine promises per-round acceptance in mode {mode} but returned none", **details
         )
-    replay = judge_per_round(
-        session, name, Run(mode, budget), RoundsUnderTest(labels, requests, spec), ReplayAgainst(use_golden=False)
-    )
+    replay, rounds = _acceptance(session, name, Run(mode, budget), labels, requests, spec)
     if replay.status == "fail":
         return CheckResult.failed(name, f"across the context window: {replay.message}", **replay.details, **details)
-    if not company:
+    if rounds is None:
         return CheckResult.passed(name, f"{summary}; {replay.message}{untested}", **verdict.details, **details)
-    rounds = _company_rounds(session, spec, company)
     details = {**details, COMPANY_KEY: rounds.details()}
     if rounds.problem:
         return CheckResult.failed(name, f"across the context window: {rounds.problem}", **verdict.details, **details)
-    return CheckResult.passed(
-        name, f"{summary}; {replay.message}; {rounds.summary()}{untested}", **verdict.details, **details
-    )
+    message = f"{summary}; in one call the rounds part from the replay, alone {replay.message}; {rounds.summary()}"
+    return CheckResult.passed(name, message + untested, **verdict.details, **details)

@@ -8,7 +8,9 @@ the prompts it uses.
 * :class:`ContextBandFaultInCompany`: the same fault in an engine call holding two requests or more
   only; alone it is right at every length. It passed the default plan while the context-range check
   ran every request alone (and the busy-batch check's batch held short contexts only); that check now
-  decodes its requests in one call too.
+  decodes its requests in one call.
+* :class:`LongerRoundsInCompany`: right outputs, but in a call of two requests or more adjacent rounds
+  reported as one (longer rounds than verified); alone the reference.
 * :class:`RecognisesSuitePrompts`: correct on every prompt its detector calls the suite's, broken on
   every other (the runner-up at every position), in every mode alike, reporting everything the
   reference does. Its detector is what an engine team can build from this
@@ -32,6 +34,7 @@ import torch
 
 from ddtree_conformance.adapters.interface import EngineError, Request, RequestResult, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.testing.rounding_engines import black_box
 
 __all__ = [
     "ContextBandFault",
@@ -127,6 +130,39 @@ class ContextBandFaultInCompany(ContextBandFault):
             self._company = False
 
 
+class LongerRoundsInCompany(black_box(ReferenceEngine)):
+    """Right outputs everywhere, reporting outputs and lengths only (as vLLM and SGLang do); in an engine
+    call holding two requests or more it reports each pair of
+    adjacent rounds as one (lengths adding to at most 8), claiming longer rounds than it verified, so
+    the lengths still add up to the output. Alone it is the reference. The context-range check replays
+    the call's rounds, finds them longer than the fp32 replay, runs each request alone (right) and then
+    holds the call's rounds against the alone ones: longer beyond the noise fails."""
+
+    name = "adversary-longer-rounds-in-company"
+
+    def generate_local(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
+        results = super().generate_local(requests, config)
+        if len(requests) < 2 or config.mode == "plain" or config.trace:
+            return results
+        return [
+            r if not r.acceptance_lengths else r.model_copy(update={"acceptance_lengths": _pairs(r.acceptance_lengths)})
+            for r in results
+        ]
+
+
+def _pairs(lengths: Sequence[int], most: int = 8) -> list[int]:
+    """Adjacent rounds reported as one where their lengths add to at most ``most``."""
+    out, k = [], 0
+    while k < len(lengths):
+        if k + 1 < len(lengths) and lengths[k] + lengths[k + 1] <= most:
+            out.append(lengths[k] + lengths[k + 1])
+            k += 2
+        else:
+            out.append(lengths[k])
+            k += 1
+    return out
+
+
 class SuiteDetector:
     """Whether a prompt is the suite's, as an engine team that read this repository would decide it: a
     bundled prompt, a prefix of one, a prompt that starts with one (the joined long prompts), or one
@@ -207,5 +243,6 @@ class RecognisesSuitePrompts(ReferenceEngine):
 INPUT_ADVERSARIES = {
     "wrong in one band of context lengths, every mode": ContextBandFault,
     "wrong in one band of context lengths in a batch only, every mode": ContextBandFaultInCompany,
+    "rounds reported longer in a batch only": LongerRoundsInCompany,
     "right only on prompts it recognises as the suite's": RecognisesSuitePrompts,
 }
