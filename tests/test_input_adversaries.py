@@ -165,6 +165,7 @@ def test_the_company_run_rounds_align_by_output_offset():
     assert aligned_differences([3, 2, 4], [3, 2, 4]) == [0, 0, 0]
     assert aligned_differences([3, 2, 4], [1, 1, 1, 2, 4]) == [-2, 0, 0]  # realigns at offsets 3 and 5
     assert aligned_differences([1, 1, 1], [3]) == [2]  # longer in company
+    assert aligned_differences([2, 2, 2], [3, 1, 4], upto=4) == [1]  # outputs part at token 4: rounds before it
 
 
 # ---------------------------------------------------------------------------------- held-out prompts

@@ -29,7 +29,8 @@ does: the step verifies the root alone, a round of length 1), which says nothing
 length and leaves the output unchanged. The call's rounds may then be shorter than alone, never longer
 beyond the noise: per round that starts at the same output offset in both runs, the one-sided tau
 test of the noise model (:meth:`ddtree_conformance.noise.NoiseModel.tau_test`) on the call's length
-minus the alone length (``details["company_rounds"]``). The result
+minus the alone length (``details["company_rounds"]``; where a request's two outputs part at a near
+tie, the rounds starting before that token). The result
 says which context lengths were decoded (``details["context_lengths"]``: ranges, histogram, switching
 points crossed; the report shows them), and a failure names the request's context range.
 
@@ -50,7 +51,7 @@ from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import rules_for
 from .acceptance_rounds import ReplayAgainst, RoundsUnderTest, judge_per_round
-from .output_comparison import GreedyCase, judge_greedy
+from .output_comparison import GreedyCase, first_divergence, judge_greedy
 from .result import CheckResult
 
 __all__ = [
@@ -100,16 +101,17 @@ def _in_company(session: SuiteSession, mode: str, budget: int | None, requests: 
     return session.run(mode, budget, requests=requests, together=True)
 
 
-def aligned_differences(alone: list[int], company: list[int]) -> list[int]:
-    """Per round that starts at the same output offset in both runs of one request (the outputs being
-    equal), the company run's length minus the alone run's."""
+def aligned_differences(alone: list[int], company: list[int], upto: int | None = None) -> list[int]:
+    """Per round that starts at the same output offset in both runs of one request, before output token
+    ``upto`` (where the two outputs part; None: they are equal), the company run's length minus the
+    alone run's."""
     starts, offset = {}, 0
     for length in alone:
         starts[offset] = length
         offset += length
     out, offset = [], 0
     for length in company:
-        if offset in starts:
+        if offset in starts and (upto is None or offset < upto):
             out.append(length - starts[offset])
         offset += length
     return out
@@ -138,11 +140,13 @@ class CompanyRounds:
 
 def _company_rounds(session: SuiteSession, alone, company) -> CompanyRounds:
     """Judge the company run's rounds against the alone run's (module doc)."""
-    differences = [
+    differences = [  # where the outputs part (near ties of a batch's rounding), the rounds before it
         d
         for a, c in zip(alone, company)
-        if a.acceptance_lengths and c.acceptance_lengths and a.output_ids == c.output_ids
-        for d in aligned_differences(a.acceptance_lengths, c.acceptance_lengths)
+        if a.acceptance_lengths and c.acceptance_lengths
+        for d in aligned_differences(
+            a.acceptance_lengths, c.acceptance_lengths, first_divergence(a.output_ids, c.output_ids)
+        )
     ]
     test = rules_for(session.settings).tau_test(differences)
     shorter = sum(d < 0 for d in differences)
