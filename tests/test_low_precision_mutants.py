@@ -122,8 +122,17 @@ def pairs(tmp_path_factory):
             golden_dir=str(root / "golden"),
             **common,
         ),
+        # run seed pinned: with 96 context tokens the plan decodes about 40 tokens past 512, and
+        # CompactionPast512 damages only rounds whose accepted path leaves the first rows, so on a rare
+        # drawn plan its bf16 outputs stayed within the noise (seen once on 2026-12-02; seeds 0-24 all
+        # fail it). The default plan decodes the whole window (tests/test_input_adversaries.py).
         "fixture": SuiteSettings(
-            model_dir=str(FIXTURE_TARGET), drafter_dir=str(FIXTURE_DRAFTER), limit=3, max_new_tokens=32, **common
+            model_dir=str(FIXTURE_TARGET),
+            drafter_dir=str(FIXTURE_DRAFTER),
+            limit=3,
+            max_new_tokens=32,
+            run_seed=1,
+            **common,
         ),
     }
 
