@@ -256,7 +256,7 @@ def measure_ab(
         "edge": edge,
         "definition": DEFINITION,
         "ci": f"{METHOD}; {SPENDING}",
-        "plan": _plan_part(plan),
+        "plan": plan.as_report(),
         "repeats": len(measured.history),
         "requests": len(requests),
         "order": "each run's two arms back to back; which goes first alternates with request and repeat"
@@ -267,18 +267,6 @@ def measure_ab(
     ab = {**ab, "machine_line": describe(ab["machine"]), "runs": [_row(run) for run in runs]}
     part = {"ab": ab, "runs": runs}
     return {**part, "verdict": ab_verdict(evaluate(part))}
-
-
-def _plan_part(plan: SequentialPlan) -> dict:
-    """The report's ``ab.plan``: the sequential plan the runs stopped under."""
-    return {
-        "alpha": plan.alpha,
-        "min_repeats": plan.min_repeats,
-        "max_repeats": plan.max_repeats,
-        "time_budget_s": plan.time_budget_s,
-        "growth": plan.growth,
-        "looks": list(plan.looks()),
-    }
 
 
 def _ab_run(

@@ -373,16 +373,7 @@ def _bench_part(history, first, plan, sequential, repeats) -> dict:
         "speedup_definition": "tau x (plain step time / round time) per repeat; geometric mean over repeats",
         "ci": f"{METHOD}; {SPENDING}" if sequential else f"{METHOD}; one look at alpha {plan.alpha}",
         "sequential": sequential,
-        "plan": {
-            "alpha": plan.alpha,
-            "min_repeats": plan.min_repeats,
-            "max_repeats": plan.max_repeats,
-            "time_budget_s": plan.time_budget_s,
-            "growth": plan.growth,
-            "looks": list(plan.looks()),
-        }
-        if sequential
-        else {"alpha": plan.alpha, "repeats": repeats},
+        "plan": plan.as_report() if sequential else {"alpha": plan.alpha, "repeats": repeats},
         "tau_definition": "pooled: generated tokens / verification rounds over all prompts, bonus included",
         "requests": len(first["plain"]),
     }

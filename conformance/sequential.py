@@ -94,6 +94,17 @@ class SequentialPlan:
         """The two-sided level of every look: ``alpha / K``."""
         return self.alpha / len(self.looks())
 
+    def as_report(self) -> dict:
+        """The report's ``plan``: the sequential plan a run stopped under."""
+        return {
+            "alpha": self.alpha,
+            "min_repeats": self.min_repeats,
+            "max_repeats": self.max_repeats,
+            "time_budget_s": self.time_budget_s,
+            "growth": self.growth,
+            "looks": list(self.looks()),
+        }
+
 
 @lru_cache(maxsize=256)
 def planned_looks(min_repeats: int, max_repeats: int, growth: float) -> tuple[int, ...]:
