@@ -90,6 +90,13 @@ class RoundVerdict:
     reference_tree: dict | None = None  # tokens, parents, accepted: for the report's drawing
     engine_tree: dict | None = None
 
+    @property
+    def shorter(self) -> bool:
+        """The engine accepted fewer tokens than the replay on the tokens both committed (its tokens a
+        prefix of the replay's): what a scheduler that drops drafts or cuts trees does."""
+        agree = self.engine_tokens == self.reference_tokens[: len(self.engine_tokens)]
+        return self.round >= 0 and self.engine_length < self.reference_length and agree
+
     def describe(self) -> str:
         if self.round < 0:
             return f"{self.prompt} prefill token: {self.note}"
@@ -149,6 +156,11 @@ class ReplayRun:
     @property
     def differs(self) -> list[RoundVerdict]:
         return self.of(RoundKind.DIFFERS)
+
+    def longer_side(self) -> ReplayRun:
+        """This run with every :attr:`RoundVerdict.shorter` round set aside: what is left says whether
+        the engine claims more than the replay, or commits other tokens."""
+        return replace(self, verdicts=[v for v in self.verdicts if not v.shorter])
 
     def differences(self) -> list[int]:
         """Per round whose tokens agree with the replay's (the drafter side decides its length: equal,

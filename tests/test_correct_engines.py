@@ -27,6 +27,7 @@ ROWS = {
     ce.UnemittableNodesDropped: (["acceptance/ddtree", "tree-structure/ddtree"], ["float32"]),
     ce.EmittableDepthBudgetSpent: (["acceptance/ddtree", "tree-structure/ddtree"], ["float32"]),
     ce.ContextFullTreeCut: (["context-range/ddtree"], ["float32"]),
+    ce.DraftsDroppedInCompany: (["context-range/ddtree"], ["float32"]),  # as a black box: test_input_adversaries
     ce.TiesBrokenTheOtherWay: (["tree-structure/dflash", "tree-structure/ddtree"], ["bfloat16"]),
     ce.NodesDeepestFirst: (["tree-structure/ddtree", "branch-vs-chain", "acceptance/ddtree"], ["float32"]),
     ce.NodesBreadthFirst: (["tree-structure/ddtree"], ["float32"]),

@@ -25,7 +25,14 @@ from ..token_scoring import PositionScores, rules_for, score_output, target_logi
 from .acceptance_golden import golden_rounds
 from .result import CheckResult
 
-__all__ = ["ReplayAgainst", "RoundsUnderTest", "judge_per_round"]
+__all__ = [
+    "JudgedRounds",
+    "ReplayAgainst",
+    "RoundsUnderTest",
+    "judge_per_round",
+    "replay_per_round",
+    "summarise_rounds",
+]
 
 
 @dataclass(frozen=True)
@@ -94,17 +101,17 @@ class EngineTraces:
         return mine.traces
 
 
-def judge_per_round(
+def replay_per_round(
     session: SuiteSession,
-    name: str,
     run: Run,
     rounds: RoundsUnderTest,
     against: ReplayAgainst = ReplayAgainst(),
     *,
     traced_run=None,
     engine=None,
-) -> CheckResult:
-    """Replay every round of ``rounds`` with the fp32 reference and judge them (module doc).
+) -> JudgedRounds:
+    """Replay every round of ``rounds`` with the fp32 reference and classify them (module doc); the
+    verdict is :func:`summarise_rounds`'s.
 
     A round that differs is explained with the engine's own traces (its tree, its drafter logits)
     from a traced rerun that reproduces the prompt's output and lengths: ``traced_run(index)`` gives
@@ -126,8 +133,22 @@ def judge_per_round(
             )[0]
 
     evidence = gather_rounds(session, run, rounds, against, rules)
-    judged = judge_prompts(evidence, rules, run, EngineTraces(traced_run, rounds.results), caps.max_context)
-    return summarise_rounds(name, run, judged, rules, rounds.results)
+    return judge_prompts(evidence, rules, run, EngineTraces(traced_run, rounds.results), caps.max_context)
+
+
+def judge_per_round(
+    session: SuiteSession,
+    name: str,
+    run: Run,
+    rounds: RoundsUnderTest,
+    against: ReplayAgainst = ReplayAgainst(),
+    *,
+    traced_run=None,
+    engine=None,
+) -> CheckResult:
+    """:func:`replay_per_round`, then the verdict on its rounds (:func:`summarise_rounds`)."""
+    judged = replay_per_round(session, run, rounds, against, traced_run=traced_run, engine=engine)
+    return summarise_rounds(name, run, judged, rules_for(session.settings), rounds.results)
 
 
 def gather_rounds(

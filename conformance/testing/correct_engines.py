@@ -73,6 +73,30 @@ class UnemittableNodesDropped(SteppedEngine):
         return shallower(tree, room - 1)
 
 
+class DraftsDroppedInCompany(SteppedEngine):
+    """In an engine call holding two requests or more, every third round verifies the root alone, its
+    drafts dropped: a scheduler whose step's token budget runs out beside other requests' long prefills
+    schedules the root without its draft tokens (vLLM on CPU does so in the context-range check's call:
+    rounds of length 1, ``scripts/vllm_context_probe.py``). Alone it is the reference. Its outputs are
+    the reference's; in company its rounds are shorter than the fp32 replay's, never longer."""
+
+    name = "correct-drafts-dropped-in-company"
+    every = 3
+
+    def generate_local(self, requests, config):
+        self._in_company, self._rounds = len(requests) > 1, 0
+        try:
+            return super().generate_local(requests, config)
+        finally:
+            self._in_company = False
+
+    def cut(self, tree, room, start, config):
+        if not getattr(self, "_in_company", False):
+            return tree
+        self._rounds += 1
+        return first_nodes(tree, 0) if self._rounds % self.every == 0 else tree
+
+
 class EmittableDepthBudgetSpent(SteppedEngine):
     """Near the output's end the tree is capped at the depth the output can still emit (``room - 1``) and
     its budget spent on the nodes it can emit: the B most probable prefixes no deeper than that, built
@@ -406,6 +430,7 @@ CORRECT_ENGINES: dict[str, type] = {
     "unemittable nodes dropped (root-only last round)": UnemittableNodesDropped,
     "tree capped at the emittable depth, budget spent there": EmittableDepthBudgetSpent,
     "tree cut to the context's KV slots (rounds without a tree)": ContextFullTreeCut,
+    "drafts dropped in a busy call (root-only rounds)": DraftsDroppedInCompany,
     "ties broken the other way": TiesBrokenTheOtherWay,
     "nodes deepest first": NodesDeepestFirst,
     "nodes breadth first": NodesBreadthFirst,

@@ -11,6 +11,8 @@ the prompts it uses.
   decodes its requests in one call.
 * :class:`LongerRoundsInCompany`: right outputs, but in a call of two requests or more adjacent rounds
   reported as one (longer rounds than verified); alone the reference.
+* :class:`LongerRoundsAfterAFlipInCompany`: the same claim, after a near tie flipped in company, so
+  that its outputs alone and in company part before any inflated round.
 * :class:`RecognisesSuitePrompts`: correct on every prompt its detector calls the suite's, broken on
   every other (the runner-up at every position), in every mode alike, reporting everything the
   reference does. Its detector is what an engine team can build from this
@@ -39,6 +41,8 @@ from ddtree_conformance.testing.rounding_engines import black_box
 __all__ = [
     "ContextBandFault",
     "ContextBandFaultInCompany",
+    "LongerRoundsInCompany",
+    "LongerRoundsAfterAFlipInCompany",
     "RecognisesSuitePrompts",
     "SuiteDetector",
     "INPUT_ADVERSARIES",
@@ -150,6 +154,68 @@ class LongerRoundsInCompany(black_box(ReferenceEngine)):
         ]
 
 
+class LongerRoundsAfterAFlipInCompany(black_box(ReferenceEngine)):
+    """Reporting outputs and lengths only; in an engine call holding two requests or more, each request's
+    output takes the runner-up at its closest near tie of the fp32 target (a top-2 gap within half the
+    noise model's bound, as a batch's own rounding may flip one), decodes on from there, and reports
+    every round after the flip paired with the next (:class:`LongerRoundsInCompany`'s claim). Alone it
+    is the reference; a request whose output holds no such near tie is left as the reference decodes it.
+
+    It aims at a fallback that holds the call's rounds only against the alone rerun's: the two outputs
+    part at the flip, and the inflated rounds all come after it. The context-range check judges the
+    call's rounds against the fp32 replay on the call's own tokens, and only shorter rounds there send it
+    to the alone reruns."""
+
+    name = "adversary-longer-rounds-after-a-flip-in-company"
+
+    def generate_local(self, requests: list[Request], config: RunConfig) -> list[RequestResult]:
+        results = super().generate_local(requests, config)
+        if len(requests) < 2 or config.mode == "plain" or config.trace:
+            return results
+        from types import SimpleNamespace
+
+        from ddtree_conformance.token_scoring import rules_for, score_output, target_logits
+
+        bound = rules_for(SimpleNamespace(model_dir=self.model_dir, dtype=config.dtype)).bound
+        scorer = target_logits(self.model_dir, "cpu")
+        return [self._flipped(q, r, config, bound, scorer, score_output) for q, r in zip(requests, results)]
+
+    def _flipped(self, request, result, config, bound, scorer, score_output) -> RequestResult:
+        output, lengths = result.output_ids, result.acceptance_lengths
+        if result.error or not lengths or request.stop_token_ids or len(output) < 4:
+            return result
+        scores = score_output(scorer, request.prompt_ids, output)
+        room = range(1, min(len(output), request.max_new_tokens - 1))
+        p = min(room, key=lambda k: scores.top2[k], default=None)
+        if p is None or not scores.top2[p] < bound / 2:
+            return result
+        logits = scorer.fn(list(request.prompt_ids) + list(output[:p]))[-1].float()
+        runner_up = int(torch.topk(logits, 2).indices[1])
+        head = [*output[:p], runner_up]
+        tail_request = request.model_copy(
+            update={"prompt_ids": [*request.prompt_ids, *head], "max_new_tokens": request.max_new_tokens - len(head)}
+        )
+        tail = super().generate_local([tail_request], config)[0]
+        if tail.error or not tail.acceptance_lengths:
+            return result
+        before, done = [], 0  # the rounds up to the flip, the last one cut to end at it (its bonus token)
+        for length in lengths:
+            if done + length >= p:
+                before.append(p - done)
+                break
+            before.append(length)
+            done += length
+        claimed = [*before, 1, *_pairs(tail.acceptance_lengths)]
+        return result.model_copy(
+            update={
+                "output_ids": head + list(tail.output_ids),
+                "acceptance_lengths": claimed,
+                "rounds": len(claimed),
+                "finish_reason": tail.finish_reason,
+            }
+        )
+
+
 def _pairs(lengths: Sequence[int], most: int = 8) -> list[int]:
     """Adjacent rounds reported as one where their lengths add to at most ``most``."""
     out, k = [], 0
@@ -244,5 +310,6 @@ INPUT_ADVERSARIES = {
     "wrong in one band of context lengths, every mode": ContextBandFault,
     "wrong in one band of context lengths in a batch only, every mode": ContextBandFaultInCompany,
     "rounds reported longer in a batch only": LongerRoundsInCompany,
+    "rounds reported longer in a batch only, after a near-tie flip": LongerRoundsAfterAFlipInCompany,
     "right only on prompts it recognises as the suite's": RecognisesSuitePrompts,
 }
