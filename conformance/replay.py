@@ -216,6 +216,21 @@ def _tree_dict(tokens, parents, accepted) -> dict:
     return {"tokens": list(tokens), "parents": list(parents), "accepted": list(accepted)}
 
 
+@dataclass(frozen=True)
+class _Judging:
+    """What every round of one prompt is judged with (:func:`judge_rounds`' arguments)."""
+
+    prompt: str
+    output: Sequence[int]
+    rules: NoiseModel
+    mode: str
+    budget: int
+    token_gaps: Sequence[float]
+    engine_traces: object
+    context_limit: int | None
+    max_new_tokens: int | None
+
+
 def judge_rounds(
     run: ReplayRun,
     prompt: str,
@@ -249,123 +264,138 @@ def judge_rounds(
     run.reference_lengths.append(theirs_emitted)
     parted = len(run.verdicts)
     run.by_prompt[prompt] = (list(engine_lengths), [r.length for r in replayed])
+    how = _Judging(prompt, output, rules, mode, budget, token_gaps, engine_traces, context_limit, max_new_tokens)
     for rnd in replayed:
         run.rounds += 1
-        le = engine_lengths[rnd.index]
-        mine = list(output[rnd.offset : rnd.offset + le])
-        theirs = rnd.tokens
-        if le == rnd.length and mine == theirs[: len(mine)]:
-            continue
-        at_end = rnd.offset + le >= len(output)  # the output's last round: it shows only what it emitted
-        if at_end and rnd.length >= len(mine) and mine == theirs[: len(mine)]:
-            continue
-        verdict = RoundVerdict(
-            prompt,
-            rnd.index,
-            RoundKind.DIFFERS,
-            le,
-            rnd.length,
-            mine,
-            theirs,
-            reference_tree=_tree_dict(rnd.tree_tokens, rnd.parents, rnd.accepted),
-        )
-        if rnd.short_block is not None:
-            short_length, short_tokens = rnd.short_block
-            if mine == short_tokens[: len(mine)] and (le == short_length or (at_end and short_length >= len(mine))):
-                verdict.kind = RoundKind.SHORT_BLOCK
-                verdict.note = "equal to the replay with the drafter's block cut to the room the output had left"
-                run.verdicts.append(verdict)
-                continue
-
-        def engine_trace(verdict=verdict, rnd=rnd):
-            """The engine's trace of this round (also drawn in the report), when a rerun reproduces it."""
-            traces = engine_traces() if engine_traces is not None else None
-            trace = traces[rnd.index] if traces and rnd.index < len(traces) else None
-            if trace is not None:
-                verdict.engine_tree = _tree_dict(trace.tree_tokens, trace.parents, trace.accepted)
-            return trace
-
-        j = first_token_difference(mine, theirs)
-        if j is not None:  # the target side decides; the engine's trace is only drawn for a failure
-            position = rnd.offset + j
-            gap = token_gaps[position] if position < len(token_gaps) else float("inf")
-            node_gap = rnd.path_gaps[j] if j < len(rnd.path_gaps) else float("inf")
-            call = rules.token(gap, node_gap)
-            if call is TokenCall.FP32_TIE:
-                verdict.kind = RoundKind.FP32_TIE
-                verdict.note = (
-                    f"fp32 tie at output position {position}: engine token {mine[j]} is {gap:.3g} below the top-1 "
-                    f"{theirs[j]}"
-                )
-            elif call is TokenCall.NEAR_TIE:
-                verdict.kind = RoundKind.TARGET_NEAR_TIE
-                verdict.note = (
-                    f"fp32 target near-tie at output position {position}: engine token {mine[j]} is {gap:.3g} "
-                    f"below the top-1 {theirs[j]}, within the bound {rules.bound:.3g}"
-                )
-            else:
-                engine_trace()
-                verdict.note = (
-                    f"at output position {position} the engine commits {mine[j]} where the fp32 target "
-                    f"chose {theirs[j]} ({gap:.3g} below the top-1, bound {rules.bound:.3g})"
-                )
+        verdict = _round_verdict(rnd, engine_lengths[rnd.index], how)
+        if verdict is not None:
             run.verdicts.append(verdict)
-            continue
-        cap = _emittable_depth(rnd, mine, le, at_end, mode, budget, max_new_tokens)
-        if cap is not None:
-            verdict.kind = RoundKind.EMITTABLE_DEPTH
-            verdict.note = (
-                f"equal to the spec tree of B={budget} nodes no deeper than {cap}, the depth the output could "
-                f"still emit ({max_new_tokens - rnd.offset} tokens left)"
-            )
-            run.verdicts.append(verdict)
-            continue
-        fits = context_limit is not None and rnd.start - rnd.offset + 1 + len(output) <= context_limit
-        if fits and le < rnd.length and rnd.draft_logits is not None:  # (an engine whose output passes its own
-            full = budget if mode == "ddtree" else int(rnd.draft_logits.shape[0])  # limit states no limit)
-            least = least_budget(full, context_limit - 2 - rnd.start)
-            if least < full and _cut_length(rnd.draft_logits, mode, least, theirs, rnd.length) <= le:
-                verdict.kind = RoundKind.CONTEXT_CUT
-                verdict.note = (
-                    f"root at position {rnd.start} of a {context_limit}-token context: the KV slots left "
-                    f"hold {least} nodes"
-                )
-                run.verdicts.append(verdict)
-                continue
-        trace = engine_trace()  # the drafter side decides: the engine's own tree and drafter logits
-        nodes = len(trace.tree_tokens) - 1 if trace is not None else budget
-        if mode == "ddtree" and nodes < budget and le < rnd.length and rnd.draft_logits is not None:
-            expected = _cut_length(rnd.draft_logits, mode, nodes, theirs, rnd.length)
-            if expected == le:  # the engine verified a smaller tree (cut); at that size the spec agrees
-                verdict.kind = RoundKind.CUT_TREE
-                verdict.note = (
-                    f"the engine's trace holds {nodes} of B={budget} nodes (its scheduler cut the tree); the spec "
-                    f"tree of {nodes} nodes accepts exactly {le}"
-                )
-                run.verdicts.append(verdict)
-                continue
-        engine_logits = None if trace is None else trace.draft_logits
-        short = _short_view(rnd, mine, engine_logits)
-        if short is not None:  # the engine may have drafted a block cut to the room left: judged on that block
-            why = drafter_excuse(
-                short, short.tokens[: min(le, short.length)], le > short.length, rules, mode, budget, engine_logits
-            )
-            if why.kind == "excused":
-                verdict.kind, verdict.note = RoundKind.DRAFTER_NEAR_TIE, why.note + " (a cut block)"
-                run.verdicts.append(verdict)
-                continue
-        path = theirs[: min(le, rnd.length)]
-        why = drafter_excuse(rnd, path, le > rnd.length, rules, mode, budget, engine_logits)
-        verdict.note = why.note
-        if why.kind == "excused":
-            verdict.kind = RoundKind.DRAFTER_NEAR_TIE
-        elif why.kind == "unconfirmed":
-            verdict.kind = RoundKind.LONGER_UNCONFIRMED if le > rnd.length else RoundKind.SHORTER_UNCONFIRMED
-        run.verdicts.append(verdict)
     target_side = {v.round for v in run.verdicts[parted:] if v.kind in _TARGET_SIDE}
     for rnd, a, b in zip(replayed, mine_emitted, theirs_emitted):
         if rnd.index not in target_side:
             run.drafter_side.append(a - b)
+
+
+def _round_verdict(rnd, le: int, how: _Judging) -> RoundVerdict | None:
+    """One replayed round against the engine's of length ``le``: None where they agree (as far as the
+    output shows), else its verdict."""
+    output = how.output
+    mine = list(output[rnd.offset : rnd.offset + le])
+    theirs = rnd.tokens
+    if le == rnd.length and mine == theirs[: len(mine)]:
+        return None
+    at_end = rnd.offset + le >= len(output)  # the output's last round: it shows only what it emitted
+    if at_end and rnd.length >= len(mine) and mine == theirs[: len(mine)]:
+        return None
+    verdict = RoundVerdict(
+        how.prompt,
+        rnd.index,
+        RoundKind.DIFFERS,
+        le,
+        rnd.length,
+        mine,
+        theirs,
+        reference_tree=_tree_dict(rnd.tree_tokens, rnd.parents, rnd.accepted),
+    )
+    if rnd.short_block is not None:
+        short_length, short_tokens = rnd.short_block
+        if mine == short_tokens[: len(mine)] and (le == short_length or (at_end and short_length >= len(mine))):
+            verdict.kind = RoundKind.SHORT_BLOCK
+            verdict.note = "equal to the replay with the drafter's block cut to the room the output had left"
+            return verdict
+
+    def engine_trace():
+        """The engine's trace of this round (also drawn in the report), when a rerun reproduces it."""
+        traces = how.engine_traces() if how.engine_traces is not None else None
+        trace = traces[rnd.index] if traces and rnd.index < len(traces) else None
+        if trace is not None:
+            verdict.engine_tree = _tree_dict(trace.tree_tokens, trace.parents, trace.accepted)
+        return trace
+
+    j = first_token_difference(mine, theirs)
+    if j is not None:  # the target side decides; the engine's trace is only drawn for a failure
+        return _target_side(verdict, rnd, j, how, engine_trace)
+    return _drafter_side(verdict, rnd, at_end, how, engine_trace)
+
+
+def _target_side(verdict: RoundVerdict, rnd, j: int, how: _Judging, engine_trace) -> RoundVerdict:
+    """A round whose tokens part from the replay's at its ``j``-th: an fp32 tie, a target near tie, or a failure."""
+    mine, theirs, rules = verdict.engine_tokens, verdict.reference_tokens, how.rules
+    position = rnd.offset + j
+    gap = how.token_gaps[position] if position < len(how.token_gaps) else float("inf")
+    node_gap = rnd.path_gaps[j] if j < len(rnd.path_gaps) else float("inf")
+    call = rules.token(gap, node_gap)
+    if call is TokenCall.FP32_TIE:
+        verdict.kind = RoundKind.FP32_TIE
+        verdict.note = (
+            f"fp32 tie at output position {position}: engine token {mine[j]} is {gap:.3g} below the top-1 {theirs[j]}"
+        )
+    elif call is TokenCall.NEAR_TIE:
+        verdict.kind = RoundKind.TARGET_NEAR_TIE
+        verdict.note = (
+            f"fp32 target near-tie at output position {position}: engine token {mine[j]} is {gap:.3g} "
+            f"below the top-1 {theirs[j]}, within the bound {rules.bound:.3g}"
+        )
+    else:
+        engine_trace()
+        verdict.note = (
+            f"at output position {position} the engine commits {mine[j]} where the fp32 target "
+            f"chose {theirs[j]} ({gap:.3g} below the top-1, bound {rules.bound:.3g})"
+        )
+    return verdict
+
+
+def _drafter_side(verdict: RoundVerdict, rnd, at_end: bool, how: _Judging, engine_trace) -> RoundVerdict:
+    """A round whose tokens agree with the replay's and whose length does not: a freedom (emittable depth,
+    context cut), a cut tree, a drafter near tie (confirmed or not), or a failure."""
+    mine, theirs, le = verdict.engine_tokens, verdict.reference_tokens, verdict.engine_length
+    mode, budget, limit = how.mode, how.budget, how.context_limit
+    cap = _emittable_depth(rnd, mine, le, at_end, mode, budget, how.max_new_tokens)
+    if cap is not None:
+        verdict.kind = RoundKind.EMITTABLE_DEPTH
+        verdict.note = (
+            f"equal to the spec tree of B={budget} nodes no deeper than {cap}, the depth the output could "
+            f"still emit ({how.max_new_tokens - rnd.offset} tokens left)"
+        )
+        return verdict
+    fits = limit is not None and rnd.start - rnd.offset + 1 + len(how.output) <= limit
+    if fits and le < rnd.length and rnd.draft_logits is not None:  # (an engine whose output passes its own
+        full = budget if mode == "ddtree" else int(rnd.draft_logits.shape[0])  # limit states no limit)
+        least = least_budget(full, limit - 2 - rnd.start)
+        if least < full and _cut_length(rnd.draft_logits, mode, least, theirs, rnd.length) <= le:
+            verdict.kind = RoundKind.CONTEXT_CUT
+            verdict.note = (
+                f"root at position {rnd.start} of a {limit}-token context: the KV slots left hold {least} nodes"
+            )
+            return verdict
+    trace = engine_trace()  # the drafter side decides: the engine's own tree and drafter logits
+    nodes = len(trace.tree_tokens) - 1 if trace is not None else budget
+    if mode == "ddtree" and nodes < budget and le < rnd.length and rnd.draft_logits is not None:
+        expected = _cut_length(rnd.draft_logits, mode, nodes, theirs, rnd.length)
+        if expected == le:  # the engine verified a smaller tree (cut); at that size the spec agrees
+            verdict.kind = RoundKind.CUT_TREE
+            verdict.note = (
+                f"the engine's trace holds {nodes} of B={budget} nodes (its scheduler cut the tree); the spec "
+                f"tree of {nodes} nodes accepts exactly {le}"
+            )
+            return verdict
+    engine_logits = None if trace is None else trace.draft_logits
+    short = _short_view(rnd, mine, engine_logits)
+    if short is not None:  # the engine may have drafted a block cut to the room left: judged on that block
+        why = drafter_excuse(
+            short, short.tokens[: min(le, short.length)], le > short.length, how.rules, mode, budget, engine_logits
+        )
+        if why.kind == "excused":
+            verdict.kind, verdict.note = RoundKind.DRAFTER_NEAR_TIE, why.note + " (a cut block)"
+            return verdict
+    path = theirs[: min(le, rnd.length)]
+    why = drafter_excuse(rnd, path, le > rnd.length, how.rules, mode, budget, engine_logits)
+    verdict.note = why.note
+    if why.kind == "excused":
+        verdict.kind = RoundKind.DRAFTER_NEAR_TIE
+    elif why.kind == "unconfirmed":
+        verdict.kind = RoundKind.LONGER_UNCONFIRMED if le > rnd.length else RoundKind.SHORTER_UNCONFIRMED
+    return verdict
 
 
 _TARGET_SIDE = (RoundKind.TARGET_NEAR_TIE, RoundKind.FP32_TIE, RoundKind.DIFFERS)
