@@ -56,6 +56,12 @@ class Fast(Clocked):
 '''
 
 
+def ci_job(reports: Path) -> tuple[dict, dict[str, dict]]:
+    """The job ``ci`` wrote (``ci.json``) and its steps by name."""
+    job = json.loads((reports / "ci.json").read_text())
+    return job, {step["name"]: step for step in job["steps"]}
+
+
 @pytest.fixture(scope="module")
 def engine_repo(tmp_path_factory):
     """A git repository of an engine team: its engines module, committed; plus the tiny pair and prompts."""
@@ -178,8 +184,10 @@ def test_the_reference_passes_as_the_github_workflow_runs_it(engine_repo, tmp_pa
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = (tmp_path / "summary.md").read_text()
-    assert summary.startswith("## DDTree conformance: PASS: ci_engines:Clocked on fixture (float32, gpu-h200)")
-    assert "A/B" in summary and "| gate | 0 |" in summary
+    job, steps = ci_job(tmp_path / "ddtree-reports")
+    assert job["code"] == 0 and job["title"] == "ci_engines:Clocked on fixture (float32, gpu-h200)", job
+    assert summary.startswith("## DDTree conformance: PASS: ci_engines:Clocked")
+    assert "A/B" in summary and steps["gate"]["code"] == 0
     outputs = dict(line.split("=", 1) for line in (tmp_path / "output").read_text().splitlines())
     assert outputs["exit-code"] == "0" and outputs["artifact"].startswith("ddtree-conformance-ci_engines_Clocked-")
     reports = tmp_path / "ddtree-reports"
@@ -191,6 +199,7 @@ def test_the_reference_passes_as_the_github_workflow_runs_it(engine_repo, tmp_pa
         "ab.json",
         "gate.json",
         "summary.md",
+        "ci.json",
         "environment.txt",
     }
     cases = list(ET.parse(reports / "junit.xml").getroot().iter("testcase"))
@@ -218,7 +227,10 @@ def test_an_engine_without_ddtree_is_incomplete_as_buildkite_runs_it(engine_repo
         tmp_path,
     )
     assert proc.returncode == 7, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "ci: FAILED: conformance: INCOMPLETE: DDTree not available in this engine" in proc.stdout
+    job, steps = ci_job(tmp_path / "reports")
+    assert job["code"] == 7 and job["decided_by"] == "conformance", job
+    assert steps["conformance"]["summary"].startswith("INCOMPLETE: DDTree not available in this engine"), steps
+    assert f"ci: FAILED: conformance: {steps['conformance']['summary']} (exit 7)" in proc.stdout
     annotation = (tmp_path / "annotation").read_text()
     assert (
         annotation.startswith("## DDTree conformance: INCOMPLETE")
@@ -274,9 +286,12 @@ def test_a_slower_build_under_ab_fails_the_job(engine_repo, tmp_path, monkeypatc
     assert summary.startswith("## DDTree conformance: FAIL")
     assert "conformance | 0 | PASS" in summary  # the slower build is conformant: only the throughput fails it
     # bench exits 1 on its FAIL verdict alone; in ci the bench step stays 0 and the gate step judges it
-    assert "| bench | 0 | A/B against ci_engines:Fast (interleaved on this runner): wrote ab.json |" in summary
-    assert "| gate | 1 | REGRESSION: ddtree-B4 A/B ratio fail: candidate slower than the baseline" in summary
-    assert "A/B against ci_engines:Fast (interleaved on this runner): wrote ab.json" in summary
+    _, steps = ci_job(tmp_path / "r")
+    bench, gate = steps["bench"], steps["gate"]
+    assert bench["code"] == 0 and bench["summary"].startswith("A/B against ci_engines:Fast (interleaved"), bench
+    assert bench["summary"].endswith("wrote ab.json"), bench
+    assert gate["code"] == 1 and gate["summary"].startswith("REGRESSION: ddtree-B4 A/B ratio fail"), gate
+    assert "candidate slower than the baseline" in gate["summary"], gate
     assert (tmp_path / "r" / "ab.json").is_file() and not (tmp_path / "r" / "bench.json").exists()
 
 
@@ -313,12 +328,13 @@ def test_gate_auto_gates_exactly_what_has_a_baseline(engine_repo, tmp_path, monk
     assert result.exit_code == 0, result.output
     pair = json.loads((tmp_path / "r1" / "bench.json").read_text())["settings"]["pair_name"]
     assert rows == {("ddtree-B4", "all"): "not gated", ("ddtree-B8", "all"): "not gated"}
-    assert (
-        "| gate | 0 | NOTHING GATED (no stored baseline for any run of this engine here; --gate auto); not gated: "
-        f"ddtree-B4 (no baseline for ({hw}, {engine}, {pair}, ddtree, 4)); ddtree-B8 (no baseline for ({hw}, "
-        f"{engine}, {pair}, ddtree, 8)); `ddtree-conformance baseline {tmp_path / 'r1' / 'bench.json'} --baselines "
-        "DIR` records them from this bench for `ci --baselines DIR`" in summary
-    )
+    gate = ci_job(tmp_path / "r1")[1]["gate"]
+    nothing, not_gated = gate["summary"].split("; not gated: ")
+    assert gate["code"] == 0 and nothing.startswith("NOTHING GATED (no stored baseline"), gate
+    assert nothing.endswith("--gate auto)"), gate
+    missing = [f"ddtree-B{b} (no baseline for ({hw}, {engine}, {pair}, ddtree, {b}))" for b in (4, 8)]
+    advice = f"`ddtree-conformance baseline {tmp_path / 'r1' / 'bench.json'} --baselines DIR`"
+    assert not_gated.split("; ")[:2] == missing and not_gated.split("; ")[2].startswith(advice), gate
 
     # 2. it holds ddtree-B4's tau (no speedup), recorded from that bench: that is gated
     report = json.loads((tmp_path / "r1" / "bench.json").read_text())
@@ -332,10 +348,13 @@ def test_gate_auto_gates_exactly_what_has_a_baseline(engine_repo, tmp_path, monk
         ("ddtree-B4", "speedup"): "not gated",
         ("ddtree-B8", "all"): "not gated",
     }
-    assert (
-        "| gate | 0 | PASS (1 row gated); not gated: ddtree-B4 speedup (baseline has no speedup for this run); "
-        f"ddtree-B8 (no baseline for ({hw}, {engine}, {pair}, ddtree, 8))" in summary
-    )
+    gate = ci_job(tmp_path / "r2")[1]["gate"]
+    passed, not_gated = gate["summary"].split("; not gated: ")
+    assert gate["code"] == 0 and passed == "PASS (1 row gated)", gate
+    assert not_gated.split("; ")[:2] == [
+        "ddtree-B4 speedup (baseline has no speedup for this run)",
+        f"ddtree-B8 (no baseline for ({hw}, {engine}, {pair}, ddtree, 8))",
+    ], gate
     assert "ci: passed" in result.stdout
 
     # 3. a gated row that regresses still fails under auto (the gate, as ci runs it, on that bench report)
@@ -351,7 +370,8 @@ def test_gate_auto_gates_exactly_what_has_a_baseline(engine_repo, tmp_path, monk
     result, summary, rows = ci("r3", "--gate", "required")
     assert result.exit_code == 4, result.output
     assert rows[("ddtree-B8", "all")] == rows[("ddtree-B4", "speedup")] == "missing"
-    assert "| gate | 4 | MISSING BASELINE: ddtree-B4 speedup missing: baseline has no speedup for this run" in summary
+    gate = ci_job(tmp_path / "r3")[1]["gate"]
+    assert gate["code"] == 4 and gate["summary"].startswith("MISSING BASELINE: ddtree-B4 speedup missing"), gate
 
 
 def test_ci_refuses_bad_options(tmp_path):

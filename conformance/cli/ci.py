@@ -16,8 +16,9 @@ pipeline.yml``) both call it; neither keeps logic of its own. The steps:
    runs and metrics that have a stored baseline (hardware class, engine, pair, mode, budget) and the
    summary names the rest, "not gated", with the reason (``gate --only-baselined``); under ``--gate
    required`` a missing baseline fails the job (exit 4);
-6. summary: ``summary.md`` in the reports folder, appended to ``$GITHUB_STEP_SUMMARY`` on GitHub and
-   sent to ``buildkite-agent annotate`` on Buildkite; one ``::error::`` line per failed step on GitHub.
+6. summary: ``summary.md`` in the reports folder (``ci.json``: the same job as data), appended to
+   ``$GITHUB_STEP_SUMMARY`` on GitHub and sent to ``buildkite-agent annotate`` on Buildkite; one
+   ``::error::`` line per failed step on GitHub.
 
 Each step is the suite's own command (``check``, ``bench``, ``gate``), run in this process (one start
 of torch; engines still run in their own processes) in the working directory, so ``--engine
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -64,6 +66,7 @@ from .ci_output import (
     Step,
     combine,
     gate_summary,
+    job_record,
     junit_from_report,
     outputs,
     publish,
@@ -80,6 +83,7 @@ OUTPUTS = [f"{stem}.{ext}" for stem in ("check", "ab", "bench") for ext in ("jso
     "gate.json",
     "junit.xml",
     "summary.md",
+    "ci.json",
     "environment.txt",
 ]
 
@@ -390,6 +394,7 @@ def _report(title: str, steps: list[Step], reports: Path, summary: Optional[Path
     job = combine(steps)
     markdown = summary_markdown(title, steps, job, reports)
     (reports / "summary.md").write_text(markdown)
+    (reports / "ci.json").write_text(json.dumps(job_record(title, steps, job), indent=1) + "\n")
     publish(markdown, job, steps, summary)
     outputs(**{"exit-code": str(job.code)})
     for step in steps:

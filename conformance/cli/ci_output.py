@@ -102,6 +102,27 @@ def junit_from_report(report: dict) -> str:
     return ET.tostring(root, encoding="unicode") + "\n"
 
 
+def job_record(title: str, steps: list[Step], job: Step) -> dict:
+    """``ci.json``: the job as data (what ``summary.md`` renders): its title, exit status, the step that
+    decided it, and every step's name, exit status (None: skipped), one-line result, seconds and files."""
+    return {
+        "title": title,
+        "code": job.code,
+        "decided_by": job.name if job.code else None,
+        "summary": job.summary,
+        "steps": [
+            {
+                "name": s.name,
+                "code": None if s.skipped else s.code,
+                "summary": " ".join(s.summary.split()),
+                "seconds": round(s.seconds, 3),
+                "files": [str(f) for f in s.files],
+            }
+            for s in steps
+        ],
+    }
+
+
 def summary_markdown(title: str, steps: list[Step], job: Step, reports: Path) -> str:
     word = {
         EXIT_OK: "PASS",
