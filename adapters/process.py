@@ -230,6 +230,7 @@ class IsolatedEngine(Engine):
         timeout_s: float = 900.0,
         start_timeout_s: float | None = None,
         torch_threads: int | None = None,
+        timeout_option: str = "timeout_s",
         python: str | None = None,
         sys_path: list[str] | None = None,
         **options,
@@ -240,6 +241,7 @@ class IsolatedEngine(Engine):
         self.name = spec
         self.timeout_s = timeout_s
         self.start_timeout_s = timeout_s if start_timeout_s is None else start_timeout_s
+        self.timeout_option = timeout_option  # what a hang's message names to raise the timeout
         self.torch_threads = torch_threads  # CPU threads of the child's torch (None: torch's default)
         self._process = None
         self._conn = None
@@ -325,7 +327,7 @@ class IsolatedEngine(Engine):
             ready = True  # the pipe broke: recv below reports how the child ended
         if not ready:
             self._die(
-                f"engine {self.spec!r} hung: no answer to {what} within {timeout:g} s (--engine-timeout); "
+                f"engine {self.spec!r} hung: no answer to {what} within {timeout:g} s ({self.timeout_option}); "
                 "its process group was killed"
             )
         try:

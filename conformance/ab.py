@@ -41,6 +41,7 @@ from .adapters.registry import available_engines
 from .bench import acceptance_summary, machine_part
 from .gate import EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_REGRESSION, GateRow, speedup_interval
 from .machine_state import Sampler, describe
+from .option_names import option
 from .paired import Arm, BenchError, Measured, Repeat, Stream, WarmupRule, measure
 from .sequential import METHOD, SPENDING, SequentialPlan, look_alpha, verdict
 
@@ -94,13 +95,13 @@ def _install_source(against: str) -> str:
     path = Path(against).expanduser()
     if path.exists():
         if path.is_file() and path.suffix != ".whl":
-            raise AgainstError(f"--against {against}: a file must be a wheel (.whl)")
+            raise AgainstError(f"{option('against')} {against}: a file must be a wheel (.whl)")
         return str(path.resolve())
     try:
         Requirement(against)
     except InvalidRequirement as exc:
         raise AgainstError(
-            f"--against {against!r}: not an engine here (a built-in or entry-point name, or "
+            f"{option('against')} {against!r}: not an engine here (a built-in or entry-point name, or "
             f"module:Class), not a wheel or folder, and not a requirement ({exc})"
         ) from None
     return against
@@ -137,7 +138,7 @@ def overlay_environment(folder: Path, source: str, *, runner: Callable = subproc
     log.write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise AgainstError(f"--against {source}: pip could not install it into {env} (log {log}):\n{tail}")
+        raise AgainstError(f"{option('against')} {source}: pip could not install it into {env} (log {log}):\n{tail}")
     path = runner(
         [python, "-c", "import json, sys; print(json.dumps(sys.path))"], check=True, capture_output=True, text=True
     )
@@ -152,7 +153,7 @@ def baseline_for(
     """What ``--against`` names (module doc); an install happens here, into ``work``."""
     against = against.strip()
     if not against:
-        raise AgainstError("--against: name the baseline (an engine, a requirement, a wheel or a folder)")
+        raise AgainstError(f"{option('against')}: name the baseline (an engine, a requirement, a wheel or a folder)")
     if _is_engine_here(against) and not Path(against).exists():
         return Baseline(spec=against_engine or against, source=against)
     source = _install_source(against)

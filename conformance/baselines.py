@@ -41,6 +41,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .files import atomic_write, read_json_object
+from .option_names import option
 from .paths import BASELINES_DIR
 
 __all__ = [
@@ -367,7 +368,7 @@ def merge_runs(old: BaselineEntry, new: BaselineEntry) -> BaselineEntry:
     if old.settings and new.settings and old.settings != new.settings:
         raise BaselineError(
             f"{new.key}: the new run's engine settings {new.settings} differ from the baseline's {old.settings}; "
-            "runs under other settings cannot make one baseline (record it apart, or replace with --update)"
+            f"runs under other settings cannot make one baseline (record it apart, or replace with {option('update')})"
         )
     if old.speedup is None or new.speedup is None:
         return new if new.speedup is not None else old
@@ -412,7 +413,9 @@ def write_baselines(path: str | Path, baselines: BaselineFile, *, update: bool =
         )
     )
     if path.exists() and diff and not update:
-        exc = BaselineExists(f"{path} exists and would change ({len(diff)} diff lines); pass --update to replace it")
+        exc = BaselineExists(
+            f"{path} exists and would change ({len(diff)} diff lines); pass {option('update')} to replace it"
+        )
         exc.diff = diff
         raise exc
     if not diff:

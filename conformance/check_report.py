@@ -53,7 +53,6 @@ def finish_check_report(
     entries: Sequence[Entry],
     *,
     allow_skip: Sequence[str] = (),
-    flag_prefix: str = "--",
     runs: list | None = None,
     engine: dict | None = None,
     elapsed_s: float | None = None,
@@ -64,7 +63,7 @@ def finish_check_report(
     ``allow_skip_notes``: the ``--allow-skip`` names this run does not plan
     (:func:`~ddtree_conformance.coverage.check_allow_skip`)."""
     results = [e.result for e in entries]
-    cover = coverage(entries, allow_skip, flag=f"{flag_prefix}allow-skip")
+    cover = coverage(entries, allow_skip)
     found = verdict(results, cover, engine_failure[0] if engine_failure else None)
     report = dict(partial)
     report.pop("partial", None)

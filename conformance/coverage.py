@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from .checks import FAMILIES, SPECULATIVE_MODES, plan
 from .checks.result import CheckResult
+from .option_names import option
 from .settings import SettingsError, SuiteSettings
 
 __all__ = [
@@ -87,10 +88,9 @@ class FamilyRow:
 class Coverage:
     rows: list[FamilyRow]
     gaps: list[Gap]  # engine gaps the caller did not allow: these make the run incomplete
-    allowed: list[Gap]  # engine gaps the caller allowed (--allow-skip)
+    allowed: list[Gap]  # engine gaps the caller allowed (the allow_skip setting)
     allow_skip: list[str]
     missing_modes: dict[str, str]  # requested modes no check of which ran because of the engine -> reason
-    flag: str = "--allow-skip"
 
     @property
     def complete(self) -> bool:
@@ -110,7 +110,7 @@ class Coverage:
         for family, gaps in families.items():
             parts.append(f"{family} did not run on {len(gaps)} check(s) ({gaps[0].reason})")
         names = list(self.missing_modes) + list(families)
-        opt_out = " ".join(f"{self.flag} {name}" for name in names)
+        opt_out = " ".join(f"{option('allow_skip')} {name}" for name in names)
         return "; ".join(parts) + f"; opt out with {opt_out}"
 
     def as_dict(self) -> dict:
@@ -125,7 +125,7 @@ class Coverage:
         }
 
 
-def coverage(entries: Iterable[Entry], allow_skip: Sequence[str] = (), *, flag: str = "--allow-skip") -> Coverage:
+def coverage(entries: Iterable[Entry], allow_skip: Sequence[str] = ()) -> Coverage:
     """The coverage table of these results; ``allow_skip`` names families or modes whose engine gaps
     the caller accepts."""
     allowed_names = set(allow_skip)
@@ -171,7 +171,7 @@ def coverage(entries: Iterable[Entry], allow_skip: Sequence[str] = (), *, flag: 
         mode_entries = [e for e in mode_entries if e.result.applicable]
         if mode_entries and all(e.result.check in gap_checks for e in mode_entries):
             missing_modes[mode] = mode_entries[0].result.message
-    return Coverage(list(rows.values()), gaps, allowed, list(allow_skip), missing_modes, flag)
+    return Coverage(list(rows.values()), gaps, allowed, list(allow_skip), missing_modes)
 
 
 def verdict(results: Sequence[CheckResult], cover: Coverage, engine_failure: str | None = None) -> dict:
@@ -199,7 +199,7 @@ def verdict(results: Sequence[CheckResult], cover: Coverage, engine_failure: str
     return {"status": "pass", "reason": f"{len(results) - skipped} of {len(results)} checks passed{na}{note}{allowed}"}
 
 
-def check_allow_skip(settings: SuiteSettings, flag_prefix: str = "--") -> list[str]:
+def check_allow_skip(settings: SuiteSettings) -> list[str]:
     """Refuse an ``--allow-skip`` name the suite has never heard of (a usage error listing every known
     name: each check family it can plan, and each mode); return one note per known name that this run
     does not plan (``branch-vs-chain is not planned for --modes dflash``), so one CI configuration serves
@@ -209,23 +209,22 @@ def check_allow_skip(settings: SuiteSettings, flag_prefix: str = "--") -> list[s
     unknown = [n for n in names if n not in known]
     if unknown:
         raise SettingsError(
-            f"{flag_prefix}allow-skip {','.join(unknown)}: not a check family or mode; known: "
-            f"{', '.join(sorted(known))}"
+            f"{option('allow_skip')} {','.join(unknown)}: not a check family or mode; known: {', '.join(sorted(known))}"
         )
     unfiltered = {c.family for c in plan(settings.model_copy(update={"checks": None}))}
-    planned = {c.family for c in plan(settings, flag_prefix=flag_prefix)}
+    planned = {c.family for c in plan(settings)}
     modes = ",".join(settings.modes)
     notes = []
     for name in names:
         if name in SPECULATIVE_MODES:
             if name not in settings.modes:
-                notes.append(f"{name} is not planned for {flag_prefix}modes {modes}")
+                notes.append(f"{name} is not planned for {option('modes')} {modes}")
         elif name not in unfiltered:
             if name == "near-ties":
-                notes.append(f"near-ties is not planned for {flag_prefix}dtype {settings.dtype} (bfloat16, float16)")
+                notes.append(f"near-ties is not planned for {option('dtype')} {settings.dtype} (bfloat16, float16)")
             else:
-                notes.append(f"{name} is not planned for {flag_prefix}modes {modes}")
+                notes.append(f"{name} is not planned for {option('modes')} {modes}")
         elif name not in planned:
             kept = ",".join(settings.checks or [])
-            notes.append(f"{name} is not planned: {flag_prefix}check {kept} keeps none of its checks")
+            notes.append(f"{name} is not planned: {option('checks')} {kept} keeps none of its checks")
     return notes

@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 from .baselines import BaselineEntry, BaselineFile, SpeedupBaseline
 from .machine_state import describe, drift
+from .option_names import command, option
 from .sequential import (
     DEFAULT_ALPHA,
     Interval,
@@ -195,18 +196,18 @@ def _machine_note(run_state: dict | None, entry: BaselineEntry) -> tuple[list[st
 def _undecided_hint(samples, level, edge, spread, runs) -> str:
     """What would decide an inconclusive speedup row: more repeats (about how many), more baseline runs,
     or an A/B run."""
+    against = command("bench", "against")
     if samples is None:
-        return "run `bench --baselines` to repeat until the interval decides, or A/B (`bench --against`)"
+        return f"run {command('bench', 'baselines')} to repeat until the interval decides, or A/B ({against})"
     more = repeats_to_decide(samples, level, edge, *(spread or (0.0, 0)))
-    ab = "an A/B run against the baseline build (`bench --against`, interleaved on this runner) decides it"
+    ab = f"an A/B run against the baseline build ({against}, interleaved on this runner) decides it"
+    if more is None and not spread:
+        return f"the estimate sits on the edge: {ab}"
     if more is None:
-        why = (
-            f"the baseline's between-run spread ({runs} runs) alone spans the edge, so more repeats cannot decide"
-            if spread
-            else "the estimate sits on the edge"
-        )
-        return f"{why}: {ab}" + ("; more baseline runs (`baseline --merge`) narrow the spread" if spread else "")
-    return f"about {more} repeats (now {len(samples)}: raise --max-repeats/--time-budget) would decide it, or {ab}"
+        why = f"the baseline's between-run spread ({runs} runs) alone spans the edge, so more repeats cannot decide"
+        return f"{why}: {ab}; more baseline runs ({command('baseline', 'merge')}) narrow the spread"
+    raise_it = f"raise {option('max_repeats')}/{option('time_budget')}"
+    return f"about {more} repeats (now {len(samples)}: {raise_it}) would decide it, or {ab}"
 
 
 def _speedup_row(
@@ -322,14 +323,14 @@ def _undecided_why(found: str | None, sp: dict, base: SpeedupBaseline, notes: _S
         return (
             f"interval below the band, but the baseline records {notes.runs} run, so its between-run spread (other "
             "machines, other days) is unknown and a slower machine cannot be told from a slower build: not failed",
-            "record the baseline on more machines or days (`baseline --merge`), or an A/B run against the baseline "
-            "build (`bench --against`) decides it",
+            f"record the baseline on more machines or days ({command('baseline', 'merge')}), or an A/B run against "
+            f"the baseline build ({command('bench', 'against')}) decides it",
         )
     stopped = (sp.get("stop") or {}).get("reason") or "the run stopped"
     why = f"interval straddles the lower band edge{notes.with_spread}: {stopped}"
     hint = _undecided_hint(notes.samples, notes.level, base.lower, base.spread(), notes.runs)
     if not sp.get("sequential"):
-        hint = f"run `bench --baselines` to repeat until the interval decides; {hint}"
+        hint = f"run {command('bench', 'baselines')} to repeat until the interval decides; {hint}"
     return why, hint
 
 
@@ -353,8 +354,8 @@ def settings_conflict(recorded: dict | None, measured: dict | None) -> str | Non
     return (
         "engine settings differ from the baseline's: "
         + "; ".join(problems)
-        + ". Not compared: re-run with the baseline's settings, or record a new baseline (`baseline --update`) "
-        "if the change is meant"
+        + ". Not compared: re-run with the baseline's settings, or record a new baseline "
+        f"({command('baseline', 'update')}) if the change is meant"
     )
 
 

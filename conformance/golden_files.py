@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field, ValidationError
 from . import __version__
 from .files import atomic_write, parse_json_object, read_json_object
 from .metrics import mean_tau
+from .option_names import option
 from .run import Run
 
 __all__ = [
@@ -187,7 +188,7 @@ def write_golden(
     With ``update``, an existing file that cannot be read is replaced, with a warning naming it."""
     path = golden_path(golden_dir, golden.pair, golden.prompt_set, golden.dtype)
     if path.exists() and not (update or replace):
-        raise GoldenExists(f"{path} exists; pass --update to replace it (a diff will be shown)")
+        raise GoldenExists(f"{path} exists; pass {option('update')} to replace it (a diff will be shown)")
     old = None
     if path.exists():
         try:
@@ -205,7 +206,7 @@ def write_golden(
 def refusal(path: Path, losses: list[str]) -> str:
     return (
         f"{path}: the update would drop {'; '.join(losses)}; record with the file's prompts, budgets and "
-        f"--max-new-tokens, or pass --replace to drop them"
+        f"{option('max_new_tokens')}, or pass {option('replace')} to drop them"
     )
 
 

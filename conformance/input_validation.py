@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .files import read_json_object
+from .option_names import option
 from .prompts import Prompt, PromptError, format_prompts, load_prompts, resolve_prompt_set
 from .settings import SettingsError, SuiteSettings
 
@@ -67,7 +68,7 @@ def validate_prompts(
     path: Path | None,
     limits: ContextLimits,
     max_new_tokens: int | Callable[[Prompt], int],
-    flag: str = "--max-new-tokens",
+    limit_option: str = "max_new_tokens",
     field: str = "prompt_ids",
 ) -> None:
     """Refuse (:class:`PromptError`, naming the file, line and ``field``) a prompt the target cannot take;
@@ -90,7 +91,7 @@ def validate_prompts(
         context = limits.max_position_embeddings
         if context is not None and len(prompt.prompt_ids) + new_tokens > context:
             raise PromptError(
-                f"prompt {prompt.id!r} of {len(prompt.prompt_ids)} tokens + {flag} {new_tokens} "
+                f"prompt {prompt.id!r} of {len(prompt.prompt_ids)} tokens + {option(limit_option)} {new_tokens} "
                 f"exceeds the target's context of {context} tokens (max_position_embeddings in "
                 f"{limits.source})",
                 path=path,
@@ -99,13 +100,13 @@ def validate_prompts(
             )
 
 
-def validate_run_inputs(settings: SuiteSettings, flag_prefix: str = "--") -> list[Prompt]:
+def validate_run_inputs(settings: SuiteSettings) -> list[Prompt]:
     """The prompts a run will use, after every check of the module doc; raises :class:`SettingsError`
     or :class:`PromptError` (both usage errors) before any engine work."""
     limits = pair_limits(settings.model_dir)
     if settings.drafter_dir is not None:  # readable before an engine parses it
         read_json_object(Path(settings.drafter_dir) / "config.json", SettingsError, "drafter config")
-    flag = f"{flag_prefix}max-new-tokens"
+    flag = option("max_new_tokens")
     context = limits.max_position_embeddings
     if context is not None and settings.max_new_tokens >= context:
         raise SettingsError(
@@ -117,5 +118,5 @@ def validate_run_inputs(settings: SuiteSettings, flag_prefix: str = "--") -> lis
     prompts = format_prompts(prompts, settings.model_dir, settings.prompt_format)
     prompts = prompts[: settings.limit] if settings.limit else prompts
     field = "prompt_ids" if settings.prompt_format == "ids" else "text"
-    validate_prompts(prompts, path, limits, settings.max_new_tokens, flag, field)
+    validate_prompts(prompts, path, limits, settings.max_new_tokens, "max_new_tokens", field)
     return prompts

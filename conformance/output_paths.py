@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .calibration import manifest_path
+from .option_names import option
 from .paths import GOLDEN_DIR
 from .prompts import PromptError, resolve_prompt_set
 from .report import report_paths
@@ -62,7 +63,7 @@ def output_path(
     default: Path,
     settings,
     *,
-    flag: str = "--out",
+    option_name: str = "out",
     files: Callable[[Path], Iterable[Path]] = report_paths,
     pairs_file: str | Path | None = None,
     extra: Iterable[str | Path | None] = (),
@@ -70,6 +71,7 @@ def output_path(
     """The absolute path a command writes to (module doc). ``default``: the path without ``--out`` (its
     name is also the file name inside an ``--out`` folder); ``files``: every file written for a path
     (a report's JSON, Markdown and HTML by default)."""
+    flag = option(option_name)
     if out is None:
         path = Path(default)
     else:

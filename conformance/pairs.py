@@ -59,6 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from ddtree_conformance.adapters.interface import DType
 
+from .option_names import option
 from .paths import DATA_DIR
 
 __all__ = [
@@ -282,7 +283,7 @@ def get_pair(name: str | None = None, pairs_file: str | Path | None = None) -> M
         hint = (
             f" (pairs file: {pairs_file or os.environ.get(PAIRS_FILE_ENV)})"
             if (pairs_file or os.environ.get(PAIRS_FILE_ENV))
-            else f" (add pairs with ${PAIRS_FILE_ENV} or --pairs-file)"
+            else f" (add pairs with ${PAIRS_FILE_ENV} or {option('pairs_file')})"
         )
         raise PairSpecError(f"unknown pair {name!r}; known pairs: {', '.join(sorted(pairs))}{hint}")
     return pairs[name]

@@ -32,11 +32,13 @@ from typing import Any
 
 import pytest
 
+from . import option_names
 from .adapters.registry import available_engines
 from .input_validation import validate_run_inputs
+from .option_names import OPTION_FLAGS
+from .option_names import pytest_flag as ddtree_flag
 from .prompts import PromptError
-from .settings import OPTION_FLAGS, SettingsError, build_settings, shown_default
-from .settings import pytest_flag as ddtree_flag
+from .settings import SettingsError, build_settings, shown_default
 from .xdist_gpus import XdistGpuPlugin
 
 SUITE = Path(__file__).parent / "suite" / "test_conformance.py"
@@ -161,7 +163,7 @@ def settings_from_config(config: pytest.Config, **overrides: Any):
     values = raw_options(config)
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return build_settings(values, flag_prefix="--ddtree-", allow_unavailable_pair=True)
+        return build_settings(values, allow_unavailable_pair=True)
     except SettingsError as exc:
         raise pytest.UsageError(f"ddtree-conformance: {exc}") from None
 
@@ -196,9 +198,29 @@ def _check_engine_name(name: str) -> None:
         )
 
 
+_SPELLING = pytest.StashKey[object]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not active(config):
         return
+    # from here to pytest_unconfigure every message spells options as this plugin does (--ddtree-...)
+    config.stash[_SPELLING] = option_names.enter("pytest")
+    try:
+        _configure(config)
+    except BaseException:
+        pytest_unconfigure(config)
+        raise
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    token = config.stash.get(_SPELLING, None)
+    if token is not None:
+        del config.stash[_SPELLING]
+        option_names.leave(token)
+
+
+def _configure(config: pytest.Config) -> None:
     settings = settings_from_options(config)  # a bad option or an unknown pair stops the run here, as one error
     _check_engine_name(settings.engine)
     # imported here: the plugin loads in every pytest run of a project that installed the suite, and these
@@ -208,10 +230,10 @@ def pytest_configure(config: pytest.Config) -> None:
     from .pytest_results import Recorder
 
     try:
-        plan(settings, flag_prefix="--ddtree-")  # a filter that keeps nothing is a usage error, never an empty pass
+        plan(settings)  # a filter that keeps nothing is a usage error, never an empty pass
         if unavailable_reason(config) is None:  # bad prompts, ids or lengths: before any engine work
-            validate_run_inputs(settings, flag_prefix="--ddtree-")
-        allow_skip_notes = check_allow_skip(settings, "--ddtree-")  # known but not planned here: a note
+            validate_run_inputs(settings)
+        allow_skip_notes = check_allow_skip(settings)  # known but not planned here: a note
     except (SettingsError, PromptError) as exc:
         raise pytest.UsageError(f"ddtree-conformance: {exc}") from None
     out = config.getoption("ddtree_report", None)

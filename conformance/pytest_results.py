@@ -27,6 +27,7 @@ from .baselines import hardware_class
 from .check_report import finish_check_report
 from .checks.result import CheckResult
 from .coverage import Entry
+from .option_names import option
 from .report import CHECK_SCHEMA, new_report, write_report
 
 __all__ = ["Recorder", "RESULT_KEY", "SESSION_KEY", "EXIT_INCOMPLETE"]
@@ -49,14 +50,9 @@ class Recorder:
     """Registered by the plugin when ``--ddtree-engine`` is given (module doc)."""
 
     def __init__(
-        self,
-        config: pytest.Config,
-        settings,
-        out: Path,
-        allow_skip_notes: list[str] | tuple[str, ...] = (),
-        flag_prefix: str = "--ddtree-",
+        self, config: pytest.Config, settings, out: Path, allow_skip_notes: list[str] | tuple[str, ...] = ()
     ) -> None:
-        self.config, self.settings, self.out, self.flag_prefix = config, settings, out, flag_prefix
+        self.config, self.settings, self.out = config, settings, out
         self.allow_skip_notes = list(allow_skip_notes)  # --ddtree-allow-skip names this run does not plan
         self.entries: dict[str, Entry] = {}
         self.session_info: dict[str, Any] = {}
@@ -122,7 +118,6 @@ class Recorder:
             partial,
             list(self.entries.values()),
             allow_skip=s.allow_skip or (),
-            flag_prefix=self.flag_prefix,
             runs=self.session_info.get("runs", []),
             engine=self.session_info.get("engine") or {"spec": s.engine, "name": "", "version": ""},
             elapsed_s=time.perf_counter() - self.started,
@@ -141,6 +136,6 @@ class Recorder:
         code = f" (exit {EXIT_INCOMPLETE})" if status == "INCOMPLETE" else ""
         terminalreporter.line(f"{status}{code}: {self.verdict['reason']}", red=status != "PASS", green=status == "PASS")
         for note in self.allow_skip_notes:
-            terminalreporter.line(f"note: {self.flag_prefix}allow-skip {note}")
+            terminalreporter.line(f"note: {option('allow_skip')} {note}")
         if self.written:
             terminalreporter.line(f"report {self.written[0]} (+ {self.written[1].name}, {self.written[2].name})")

@@ -31,6 +31,7 @@ from typing import Any
 from . import __version__
 from .context_lengths import report_line
 from .files import atomic_write, read_json_object
+from .option_names import option
 from .rendering import Markup, render_html_template, render_markdown_template
 from .report_plots import plots
 from .report_trees import trees_html
@@ -294,7 +295,7 @@ def _context_lines(report: dict) -> list[str]:
         lines.append(context)
     allowed = (report.get("coverage") or {}).get("allow_skip")
     if allowed:
-        lines.append(f"allowed to skip (--allow-skip): {', '.join(allowed)}")
+        lines.append(f"allowed to skip ({option('allow_skip')}): {', '.join(allowed)}")
     env = report.get("environment", {})
     lines.append(
         f"created {report.get('created')}; suite {env.get('ddtree_conformance')}, torch {env.get('torch')}"
@@ -340,8 +341,8 @@ def _coverage(report: dict) -> dict | None:
     if cover.get("reason"):
         notes.append(f"incomplete: {cover['reason']}")
     for gap in cover.get("allowed", [])[:20]:
-        notes.append(f"allowed (--allow-skip): {gap['check']}: {gap['reason']}")
-    notes += [f"--allow-skip: {line}" for line in cover.get("allow_skip_notes", [])]
+        notes.append(f"allowed ({option('allow_skip')}): {gap['check']}: {gap['reason']}")
+    notes += [f"{option('allow_skip')}: {line}" for line in cover.get("allow_skip_notes", [])]
     return {"head": head, "rows": rows, "notes": notes}
 
 

@@ -3,8 +3,8 @@
 The CLI (``ddtree-conformance check --budgets 16,64``) and the pytest plugin
 (``pytest --ddtree-budgets 16,64``) both pass the raw option values to :func:`build_settings`,
 which returns a :class:`SuiteSettings` or raises one :class:`SettingsError` naming the option as
-the caller spells it. :data:`OPTION_FLAGS` maps each field to its CLI flag; the pytest flag is the
-same name with the ``--ddtree-`` prefix (:func:`pytest_flag`), so the two front ends cannot drift.
+the front end running spells it (:mod:`ddtree_conformance.option_names`, where both front ends' flags
+are declared, so they cannot drift).
 
 A named model pair (``pair``, ``pairs_file``) supplies defaults for the model dirs, dtype, prompts,
 generation length and tensor-parallel size; explicit options win over the pair's values.
@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .adapters.interface import DType, Mode
 from .context_lengths import DECODE_BUDGET
+from .option_names import option
 from .pairs import PairSpecError, PairUnavailable, get_pair, resolve_pair
 from .paths import FIXTURE_DRAFTER, FIXTURE_TARGET, RECORDS_DIR
 from .prompts import resolve_prompt_set
@@ -32,9 +33,7 @@ __all__ = [
     "SuiteSettings",
     "GenerateSettings",
     "SettingsError",
-    "OPTION_FLAGS",
     "MAX_BUDGET",
-    "pytest_flag",
     "build_settings",
     "parse_engine_options",
     "shown_default",
@@ -59,48 +58,6 @@ PROFILES: dict[str, dict[str, Any]] = {
         "branch_prompts": 16,
     },
 }
-
-# field -> CLI flag. The pytest flag of a field is pytest_flag(field).
-OPTION_FLAGS: dict[str, str] = {
-    "engine": "--engine",
-    "engine_options": "--engine-option",
-    "engine_timeout_s": "--engine-timeout",
-    "model_dir": "--model",
-    "drafter_dir": "--drafter",
-    "pair": "--pair",
-    "pairs_file": "--pairs-file",
-    "pair_name": "--pair-name",
-    "modes": "--modes",
-    "budgets": "--budgets",
-    "dtype": "--dtype",
-    "device": "--device",
-    "prompt_set": "--prompts",
-    "limit": "--limit",
-    "max_new_tokens": "--max-new-tokens",
-    "checks": "--check",
-    "isolate": "--isolate",
-    "golden_dir": "--golden-dir",
-    "torch_threads": "--threads",
-    "tensor_parallel_size": "--tensor-parallel-size",
-    "held_out_prompts": "--held-out-prompts",
-    "profile": "--profile",
-    "run_seed": "--run-seed",
-    "allow_skip": "--allow-skip",
-    # generate
-    "mode": "--mode",
-    "budget": "--budget",
-    "temperature": "--temperature",
-    "top_p": "--top-p",
-    "top_k": "--top-k",
-    "seed": "--seed",
-    "stop_token_ids": "--stop-token",
-    "batch_size": "--batch-size",
-}
-
-
-def pytest_flag(field: str) -> str:
-    """The pytest option for ``field``: ``--ddtree-`` + the CLI flag's name (``--ddtree-budgets``)."""
-    return "--ddtree-" + OPTION_FLAGS[field][2:]
 
 
 class SettingsError(ValueError):
@@ -175,7 +132,7 @@ class SuiteSettings(BaseModel):
     sampling_requests: int = Field(
         default=200,
         ge=1,
-        description="seeded requests per sampling variant (the front ends scale it down by a --limit under "
+        description="seeded requests per sampling variant (the front ends scale it down by a limit under "
         "SAMPLING_FULL_AT_PROMPTS prompts: build_settings)",
     )
     branch_rounds: int = Field(default=3, ge=1, description="rounds per prompt checked branch-vs-chain")
@@ -370,13 +327,6 @@ def shown_default(field: str, kind: type[SuiteSettings] | None = None) -> str | 
     return _NAMED_DEFAULTS.get(str(value), str(value))
 
 
-def _flag_for(field: str, prefix: str) -> str:
-    flag = OPTION_FLAGS.get(field)
-    if flag is None:
-        return field
-    return flag if prefix == "--" else prefix + flag[2:]
-
-
 def _apply_pair(values: dict[str, Any]) -> str | None:
     """Fill ``values`` from the named pair (explicit values win); returns why the pair is unavailable."""
     name, pairs_file = values.pop("pair", None), values.pop("pairs_file", None)
@@ -418,18 +368,14 @@ def _bound_sampling(values: dict[str, Any], *, given: bool) -> None:
 
 
 def build_settings(
-    raw: dict[str, Any],
-    *,
-    kind: type[SuiteSettings] = SuiteSettings,
-    flag_prefix: str = "--",
-    allow_unavailable_pair: bool = False,
+    raw: dict[str, Any], *, kind: type[SuiteSettings] = SuiteSettings, allow_unavailable_pair: bool = False
 ) -> tuple[SuiteSettings, str | None]:
     """Validate raw option values (field name -> value; None means "not given") into settings.
 
     Returns ``(settings, unavailable)``: ``unavailable`` is the reason a named pair's models are not on
     this machine (then only with ``allow_unavailable_pair``: the settings fall back to the fixture's
-    dirs so a plan can still be listed). Raises :class:`SettingsError` naming the option, spelled with
-    ``flag_prefix`` (``"--"`` for the CLI, ``"--ddtree-"`` for pytest).
+    dirs so a plan can still be listed). Raises :class:`SettingsError` naming the option as the front end
+    running now spells it (:func:`~ddtree_conformance.option_names.option`).
     """
     values = {k: v for k, v in raw.items() if v is not None}
     if values.get("profile") in PROFILES:  # a profile's values win over a pair's, explicit options over both
@@ -452,5 +398,5 @@ def build_settings(
             msg = err["msg"].removeprefix("Value error, ")
             given = values.get(field)
             shown = f" (got {given!r})" if given is not None and not isinstance(given, dict) else ""
-            messages.append(f"{_flag_for(field, flag_prefix)}: {msg}{shown}")
+            messages.append(f"{option(field)}: {msg}{shown}")
         raise SettingsError("; ".join(messages)) from None

@@ -450,7 +450,8 @@ def main(argv=None) -> int:
                         sampler=sampler,
                     )
                     (row,) = ab_evaluate(part)
-                    machine, repeats = part["ab"]["machine"], len(part["runs"][0]["ab"]["samples"])
+                    machine, samples = part["ab"]["machine"], part["runs"][0]["ab"]["samples"]
+                    repeats = len(samples)
                 else:
                     result = run_bench(
                         engine,
@@ -470,6 +471,7 @@ def main(argv=None) -> int:
                         if r.metric == "speedup"
                     )
                     machine, repeats = result["bench"]["machine"], result["runs"][1]["speedup"]["stop"]["repeats"]
+                    samples = result["runs"][1]["speedup"].get("samples")
             seconds = time.perf_counter() - t0
             longest = max(longest, seconds)
             trial = {
@@ -489,6 +491,7 @@ def main(argv=None) -> int:
                 "state": gpu_line(machine),
                 "baseline_state": None if gate == "ab" else gpu_line(base_state),
                 "message": row.message,
+                "samples": samples,  # per-repeat ratios (A/B: candidate / baseline throughput), for other estimators
             }
             rows.append(trial)
             count += 1

@@ -73,9 +73,7 @@ def _plan_settings(config: pytest.Config) -> SuiteSettings:
     budgets 16,64,256,1024); no model is touched at collection."""
     raw = raw_options(config)
     try:
-        settings, _ = build_settings(
-            {"modes": raw["modes"], "budgets": raw["budgets"] or GPU_BUDGETS}, flag_prefix="--ddtree-"
-        )
+        settings, _ = build_settings({"modes": raw["modes"], "budgets": raw["budgets"] or GPU_BUDGETS})
     except SettingsError as exc:
         raise pytest.UsageError(str(exc)) from None
     return settings

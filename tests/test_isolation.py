@@ -118,7 +118,7 @@ def test_hang_times_out_kills_the_group_and_is_not_restarted(random_pair, bad_en
     engine.capabilities()
     child = engine.pid
     started = time.monotonic()
-    with pytest.raises(EngineDied, match=r"hung: no answer to generate within 3 s \(--engine-timeout\)"):
+    with pytest.raises(EngineDied, match=r"hung: no answer to generate within 3 s \(timeout_s\)"):
         engine.generate([Request(prompt_ids=[1], max_new_tokens=4)], RunConfig(mode="plain"))
     assert time.monotonic() - started < 60
     assert not pid_alive(child)

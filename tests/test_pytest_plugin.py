@@ -258,6 +258,9 @@ def test_a_check_filter_that_keeps_nothing_is_a_usage_error_naming_the_option(no
     assert result.ret == pytest.ExitCode.USAGE_ERROR, text(result)
     assert "--ddtree-check nosuch keeps none" in text(result)
     assert "Traceback" not in text(result) and "pytest_generate_tests" not in text(result)
+    from ddtree_conformance.option_names import option
+
+    assert option("checks") == "--check"  # the plugin's spelling ended with its (in-process) run
 
 
 def test_a_check_filter_that_keeps_nothing_fails_the_run(nothing_selected):

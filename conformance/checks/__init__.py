@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..option_names import option
 from ..run import Run
 from ..settings import SettingsError, SuiteSettings
 from .acceptance import check_acceptance
@@ -85,11 +86,10 @@ def needs_golden(checks: list[PlannedCheck]) -> bool:
     return any(c.family in GOLDEN_FAMILIES for c in checks)
 
 
-def plan(settings: SuiteSettings, only: list[str] | None = None, *, flag_prefix: str = "--") -> list[PlannedCheck]:
+def plan(settings: SuiteSettings, only: list[str] | None = None) -> list[PlannedCheck]:
     """The checks for ``settings``; ``only`` (default ``settings.checks``) keeps check ids containing one
     of the given names. A filter that keeps nothing is a :class:`~ddtree_conformance.settings.SettingsError`
-    naming the option as the caller spells it (``flag_prefix``): a run that checks nothing must never
-    look like a pass."""
+    naming the option as the front end spells it: a run that checks nothing must never look like a pass."""
     checks: list[PlannedCheck] = []
     runs = _runs(settings)
     for run in runs:
@@ -121,7 +121,7 @@ def plan(settings: SuiteSettings, only: list[str] | None = None, *, flag_prefix:
         kept = [c for c in checks if any(name in c.id for name in only)]
         if not kept:
             raise SettingsError(
-                f"{flag_prefix}check {','.join(only)} keeps none of the {len(checks)} planned checks "
+                f"{option('checks')} {','.join(only)} keeps none of the {len(checks)} planned checks "
                 f"({', '.join(sorted({c.family for c in checks}))})"
             )
         checks = kept

@@ -12,6 +12,7 @@ from ddtree_conformance.adapters.interface import RequestResult
 
 from ..metrics import mean_tau, paired_band, per_position_acceptance
 from ..noise import ALPHA
+from ..option_names import option
 from .result import CheckResult
 
 __all__ = ["MIN_BAND_PROMPTS", "POOLED_POSITION_ABS_TOL", "POOLED_TAU_REL_TOL", "judge_aggregates"]
@@ -44,7 +45,7 @@ def judge_aggregates(name: str, results: list[RequestResult], reference: list[Re
         return CheckResult.skipped(
             name,
             f"aggregate tau {tau:.3f} vs {what} {ref_tau:.3f} on {len(pairs)} prompts: "
-            f"the bootstrap band needs at least {MIN_BAND_PROMPTS} (raise --limit)",
+            f"the bootstrap band needs at least {MIN_BAND_PROMPTS} (raise {option('limit')})",
         )
     low, high = paired_band(mine, theirs, ALPHA / 5)
     if not low <= 0.0 <= high:

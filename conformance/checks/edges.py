@@ -17,6 +17,7 @@ from __future__ import annotations
 from ddtree_conformance.adapters.interface import Request
 
 from ..model_limits import context_claim
+from ..option_names import option
 from ..run import Run
 from ..session import SuiteSession
 from ..synthetic import edge_table, write_bigram_pair
@@ -139,7 +140,9 @@ def check_lengths(session: SuiteSession, mode: str, budget: int | None) -> Check
     verdict = judge_greedy(session, cases, what="the plain prefix")
     if verdict.problem:
         return CheckResult.failed(name, f"max_new_tokens: {verdict.problem}", **verdict.details)
-    note = f" (limits {left_out} exceed --max-new-tokens {session.settings.max_new_tokens})" if left_out else ""
+    note = (
+        f" (limits {left_out} exceed {option('max_new_tokens')} {session.settings.max_new_tokens})" if left_out else ""
+    )
     return CheckResult.passed(
         name, f"limits {limits} on {len(prompts)} prompts: {verdict.summary}{note}", **verdict.details
     )

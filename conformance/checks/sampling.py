@@ -39,6 +39,7 @@ from scipy.stats import binomtest, chi2
 from ddtree_conformance.adapters.interface import Request, RequestResult
 from ddtree_conformance.spec import SamplingParams, processed_probs
 
+from ..option_names import option
 from ..run import Run
 from ..session import SuiteSession
 from ..synthetic import sampling_table, write_bigram_pair
@@ -279,8 +280,8 @@ def check_sampling(session: SuiteSession, mode: str, budget: int | None, variant
             name,
             f"insufficient evidence: {min(n for _, n in short)} sampled transitions per setting "
             f"({share} requests of {new_tokens} tokens); a sampling verdict needs at least {MIN_TRANSITIONS} "
-            f"per setting and found no fault in the support ({'; '.join(notes)}). Raise --limit (the sampling "
-            f"checks sample in full from 20 prompts) or --max-new-tokens (up to {NEW_TOKENS})",
+            f"per setting and found no fault in the support ({'; '.join(notes)}). Raise {option('limit')} "
+            f"(the sampling checks sample in full from 20 prompts) or {option('max_new_tokens')} (up to {NEW_TOKENS})",
             cause="input",
         )
     if variant != DRAWN:

@@ -26,6 +26,7 @@ from ddtree_conformance.adapters.interface import RequestResult
 
 from ..metrics import mean_tau, paired_band
 from ..noise import ALPHA
+from ..option_names import option
 from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import window
@@ -69,9 +70,9 @@ def _one_device(session: SuiteSession) -> str:
     devices = visible_devices(session.settings.device)
     kind = session.settings.device.split(":", 1)[0]
     hint = (
-        "on CPU it runs when asked: --tensor-parallel-size N"
+        f"on CPU it runs when asked: {option('tensor_parallel_size')} N"
         if kind == "cpu"
-        else "with pytest-xdist, give each worker several GPUs: --gpus-per-worker N"
+        else f"with pytest-xdist, give each worker several GPUs: {option('gpus_per_worker')} N"
     )
     return f"{devices} {kind} device(s) visible; the TP check needs 2 or more ({hint})"
 

@@ -21,6 +21,7 @@ from ..adapters.process import IsolatedEngine
 from ..adapters.registry import create_engine, resolve_engine
 from ..bench import BenchError
 from ..check_report import engine_identity
+from ..option_names import option
 from ..progress import progress_printer
 from ..report import new_report, write_report
 from ..run import Run
@@ -42,6 +43,7 @@ def _baseline_factory(settings: SuiteSettings, baseline) -> Any:
                 drafter_dir,
                 timeout_s=settings.engine_timeout_s,
                 start_timeout_s=settings.engine_timeout_s,
+                timeout_option=option("engine_timeout_s"),
                 torch_threads=settings.torch_threads,
                 python=baseline.python,
                 sys_path=None if baseline.sys_path is None else list(baseline.sys_path),

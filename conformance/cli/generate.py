@@ -26,6 +26,7 @@ from ..adapters.process import IsolatedEngine
 from ..adapters.registry import create_engine, list_engines, load_engine_class, resolve_engine
 from ..input_validation import pair_limits, validate_prompts
 from ..integrity import PairLimits, is_integrity_error, validate_results
+from ..option_names import option
 from ..output_paths import output_path
 from ..paths import REPORTS_DIR
 from ..progress import Heartbeat, progress_printer
@@ -62,6 +63,7 @@ def open_engine(settings: GenerateSettings) -> Engine:
             settings.drafter_dir,
             timeout_s=settings.engine_timeout_s,
             start_timeout_s=settings.engine_timeout_s,
+            timeout_option=option("engine_timeout_s"),
             torch_threads=settings.torch_threads,
             **settings.engine_options,
         )
@@ -83,7 +85,7 @@ def require_support(engine: Engine, config: RunConfig) -> Capabilities:
         device=config.device,
         modes=[config.mode],
         budgets=[config.budget] if config.mode == "ddtree" else [],
-        budget_flag="budget",
+        budget_option="budget",
         tensor_parallel_size=config.tensor_parallel_size,
         no_drafter=engine.drafter_dir is None,
     )

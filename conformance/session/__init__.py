@@ -47,14 +47,10 @@ class SuiteSession:
         *,
         progress: Printer | None = None,
         heartbeat_s: float | None = None,
-        flag_prefix: str = "--",
     ) -> None:
         self.settings = settings
-        self.flag_prefix = flag_prefix  # how messages spell options: "--budgets" (CLI), "--ddtree-budgets" (pytest)
         self.inputs = SuiteInputs(settings)
-        self.engines = EngineLifecycle(
-            settings, engine_factory, progress=progress, heartbeat_s=heartbeat_s, flag_prefix=flag_prefix
-        )
+        self.engines = EngineLifecycle(settings, engine_factory, progress=progress, heartbeat_s=heartbeat_s)
         self.store = RunStore()
         self.mixer = RequestMixer(settings.run_seed or 0)
         self._scratch = tempfile.TemporaryDirectory(prefix="ddtree-suite-")

@@ -38,9 +38,8 @@ class EngineLifecycle:
         *,
         progress: Printer | None = None,
         heartbeat_s: float | None = None,
-        flag_prefix: str = "--",
     ) -> None:
-        self.settings, self.flag_prefix = settings, flag_prefix
+        self.settings = settings
         self.progress, self.heartbeat_s = progress, heartbeat_s
         self._factory = factory or partial(engine_from_settings, settings)
         self._engines: dict[tuple, Engine] = {}
@@ -139,7 +138,7 @@ class EngineLifecycle:
         if not self._support_checked:
             try:
                 check_inputs()
-                problem = unsupported_settings(self.capabilities, self.settings, self.flag_prefix)
+                problem = unsupported_settings(self.capabilities, self.settings)
                 if problem:
                     raise SettingsError(problem)
             except Exception as exc:

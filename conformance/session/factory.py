@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..adapters.interface import Engine
 from ..adapters.process import IsolatedEngine
 from ..adapters.registry import create_engine, resolve_engine
+from ..option_names import option
 from ..settings import SuiteSettings
 
 __all__ = ["engine_from_settings"]
@@ -21,6 +22,7 @@ def engine_from_settings(settings: SuiteSettings, model_dir: str, drafter_dir: s
             drafter_dir,
             timeout_s=s.engine_timeout_s,
             start_timeout_s=s.engine_timeout_s,
+            timeout_option=option("engine_timeout_s"),
             torch_threads=s.torch_threads,
             **s.engine_options,
         )

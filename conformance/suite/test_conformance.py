@@ -32,7 +32,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def conformance_session(request: pytest.FixtureRequest):
-    session = SuiteSession(settings_from_options(request.config), flag_prefix="--ddtree-")
+    session = SuiteSession(settings_from_options(request.config))
     hold_oracle(session)  # golden records, manifest and calibration held before the engine starts
     yield session
     held_out = [{"id": p.id, "prompt_ids": p.prompt_ids} for p in session.inputs.drawn_held_out()]
