@@ -1,0 +1,52 @@
+"""The fast path's tensor-only tree build equals the spec's heap (adapters/reference/device_tree.py):
+every field of every node, on drawn logits with many exact ties (logits from a handful of values, so
+log-probs, prefix scores and float64 sums tie), on CPU here and on CUDA in the GPU tier."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddtree_conformance.adapters.reference.device_tree import build_tree_on_device
+from ddtree_conformance.spec import build_tree
+
+
+def _assert_same(logits: torch.Tensor, budget: int) -> None:
+    want, got = build_tree(logits, budget), build_tree_on_device(logits, budget)
+    for name in ("tokens", "depths", "parents", "ranks", "scores"):
+        a, b = getattr(want, name).cpu(), getattr(got, name).cpu()
+        assert torch.equal(a, b), (
+            f"{name} at B={budget}, logits {logits.tolist()}:\nheap   {a.tolist()}\ndevice {b.tolist()}"
+        )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    depth=st.integers(1, 6),
+    vocab=st.integers(1, 9),
+    budget=st.integers(1, 70),
+    values=st.lists(st.sampled_from([0.0, -1.0, 1.0, 0.5, 2.0, -3.0]), min_size=54, max_size=54),
+)
+def test_equal_to_the_heap_on_tied_logits(depth, vocab, budget, values):
+    logits = torch.tensor(values[: depth * vocab] or [0.0], dtype=torch.float32)
+    if logits.numel() < depth * vocab:
+        logits = logits.repeat(depth * vocab)[: depth * vocab]
+    _assert_same(logits.view(depth, vocab), budget)
+
+
+@pytest.mark.parametrize("budget", [1, 16, 64, 256])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_equal_to_the_heap_on_a_drafters_shape(budget, seed):
+    """A block of 15 positions over a 1000-token vocabulary, logits rounded to bf16 (ties within a depth)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(15, 1000, generator=g) * 3).to(torch.bfloat16).float()
+    _assert_same(logits, budget)
+
+
+def test_refuses_what_the_heap_refuses():
+    with pytest.raises(ValueError, match="budget must be >= 1"):
+        build_tree_on_device(torch.zeros(2, 3), 0)
+    with pytest.raises(ValueError, match="non-empty"):
+        build_tree_on_device(torch.zeros(3), 4)
