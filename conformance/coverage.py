@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from .checks import FAMILIES, SPECULATIVE_MODES, plan
+from .checks.families import Scope
+from .checks.families import family as declared
 from .checks.result import CheckResult
 from .option_names import option
 from .settings import SettingsError, SuiteSettings
@@ -220,8 +222,8 @@ def check_allow_skip(settings: SuiteSettings) -> list[str]:
             if name not in settings.modes:
                 notes.append(f"{name} is not planned for {option('modes')} {modes}")
         elif name not in unfiltered:
-            if name == "near-ties":
-                notes.append(f"near-ties is not planned for {option('dtype')} {settings.dtype} (bfloat16, float16)")
+            if declared(name).scope is Scope.POOLED_LOW_PRECISION:
+                notes.append(f"{name} is not planned for {option('dtype')} {settings.dtype} (bfloat16, float16)")
             else:
                 notes.append(f"{name} is not planned for {option('modes')} {modes}")
         elif name not in planned:

@@ -25,13 +25,24 @@ thorough``) buy.
 from __future__ import annotations
 
 import math
+from enum import StrEnum
 
 from scipy.optimize import brentq
 from scipy.stats import chi2, ncx2
 
-__all__ = ["POWER", "smallest_rate", "chi2_detectable_w", "detectable"]
+__all__ = ["POWER", "Evidence", "smallest_rate", "chi2_detectable_w", "detectable"]
 
 POWER = 0.95
+
+
+class Evidence(StrEnum):
+    """What a check family counts (declared per family: :mod:`ddtree_conformance.checks.families`)."""
+
+    OUTPUTS = "scored output positions or compared outputs"
+    REPLAYED_ROUNDS = "replayed rounds"
+    TRACED_ROUNDS = "traced rounds"
+    NODES = "tree nodes"
+    TRANSITIONS = "sampled transitions"
 
 
 def smallest_rate(count: int, power: float = POWER) -> float:
@@ -53,18 +64,19 @@ def _rate(count: int, unit: str) -> str:
     return f"{count} {unit}: a fault in 1 of {1 / rate:,.0f} {unit} ({rate:.2%}) or more shows with {POWER:.0%}"
 
 
-def detectable(family: str, details: dict) -> str | None:
-    """The line for ``details["detectable"]`` (module doc), or None when the details hold no count."""
+def detectable(evidence: Evidence, details: dict) -> str | None:
+    """The line for ``details["detectable"]`` of a check counting ``evidence`` (module doc), or None when
+    the details hold no count. Scored positions and compared outputs count for every family that has them."""
     scoring = details.get("scoring") or {}
-    if family == "sampling" and details.get("transitions"):
+    if evidence is Evidence.TRANSITIONS and details.get("transitions"):
         w = chi2_detectable_w(details["transitions"], details.get("dof", 0), details.get("alpha", 1e-3))
         return (
             f"{details['transitions']:,} sampled transitions: a transition distribution {w:.3g} (Cohen's w) or "
             f"more from the request's shows with {POWER:.0%}"
         )
-    if family == "acceptance" and details.get("rounds"):
+    if evidence is Evidence.REPLAYED_ROUNDS and details.get("rounds"):
         return _rate(int(details["rounds"]), "replayed rounds") + " (a wrong acceptance length)"
-    if family == "branch-vs-chain" and details.get("nodes"):
+    if evidence is Evidence.NODES and details.get("nodes"):
         return _rate(int(details["nodes"]), "tree nodes") + " (a node the target does not choose on its path)"
     if scoring.get("positions"):
         line = _rate(int(scoring["positions"]), "output positions") + " (a token outside the near-tie bound)"
@@ -77,6 +89,6 @@ def detectable(family: str, details: dict) -> str | None:
         return line
     if details.get("compared"):
         return _rate(int(details["compared"]), "compared outputs") + " (an output that differs)"
-    if family == "tree-structure" and details.get("rounds"):
+    if evidence is Evidence.TRACED_ROUNDS and details.get("rounds"):
         return _rate(int(details["rounds"]), "traced rounds") + " (a malformed round)"
     return None

@@ -7,7 +7,7 @@ import math
 import pytest
 from scipy.stats import chi2, ncx2
 
-from ddtree_conformance.evidence import POWER, chi2_detectable_w, detectable, smallest_rate
+from ddtree_conformance.evidence import POWER, Evidence, chi2_detectable_w, detectable, smallest_rate
 
 
 def test_the_smallest_rate_is_caught_with_the_stated_power():
@@ -27,14 +27,14 @@ def test_the_chi_square_effect_size_has_the_stated_power():
 
 def test_each_family_reads_its_own_evidence():
     scored = {"scoring": {"positions": 5120, "ceiling": 12, "expected_excused": 4.2}, "compared": 80}
-    assert detectable("lossless", scored).startswith("5120 output positions: a fault in 1 of 1,710")
-    assert "adds about 8 excused positions (ceiling 12)" in detectable("lossless", scored)
-    assert detectable("golden", {"compared": 80}).startswith("80 compared outputs")
-    assert detectable("acceptance", {"rounds": 1000}).startswith("1000 replayed rounds")
-    assert "Cohen's w" in detectable("sampling", {"transitions": 4800, "dof": 40, "alpha": 1e-3})
-    assert detectable("branch-vs-chain", {"nodes": 300}).startswith("300 tree nodes")
-    assert detectable("tree-structure", {"rounds": 250}).startswith("250 traced rounds")
-    assert detectable("lossless", {}) is None
+    assert detectable(Evidence.OUTPUTS, scored).startswith("5120 output positions: a fault in 1 of 1,710")
+    assert "adds about 8 excused positions (ceiling 12)" in detectable(Evidence.OUTPUTS, scored)
+    assert detectable(Evidence.OUTPUTS, {"compared": 80}).startswith("80 compared outputs")
+    assert detectable(Evidence.REPLAYED_ROUNDS, {"rounds": 1000}).startswith("1000 replayed rounds")
+    assert "Cohen's w" in detectable(Evidence.TRANSITIONS, {"transitions": 4800, "dof": 40, "alpha": 1e-3})
+    assert detectable(Evidence.NODES, {"nodes": 300}).startswith("300 tree nodes")
+    assert detectable(Evidence.TRACED_ROUNDS, {"rounds": 250}).startswith("250 traced rounds")
+    assert detectable(Evidence.OUTPUTS, {}) is None
 
 
 def test_a_check_run_carries_its_detectable_effect(tmp_path):

@@ -22,19 +22,11 @@ from collections.abc import Callable
 from ..option_names import option
 from ..run import Run
 from ..settings import SettingsError, SuiteSettings
-from .acceptance import check_acceptance
-from .context_range import check_context_range
-from .cuda_graphs import check_cuda_graphs
-from .edges import check_lengths, check_prompt_shapes, check_special_tokens, check_stops
-from .envelope import check_busy_batch
-from .golden_outputs import check_golden
-from .lossless import check_lossless
-from .near_ties import NEAR_TIES_ID, check_near_ties
+from .families import DECLARED, Family, Scope
+from .near_ties import NEAR_TIES_ID
 from .result import CheckResult
 from .runner import PlannedCheck, run_plan
-from .sampling import DRAWN, VARIANTS, check_sampling
-from .tensor_parallel import check_tensor_parallel
-from .trees import check_branch_vs_chain, check_tree_structure
+from .sampling import DRAWN, VARIANTS
 
 __all__ = [
     "CheckResult",
@@ -48,26 +40,13 @@ __all__ = [
     "SPECULATIVE_MODES",
 ]
 
-GOLDEN_FAMILIES = frozenset({"golden", "acceptance"})  # families that read the pair's golden file
+GOLDEN_FAMILIES = frozenset(f.name for f in DECLARED if f.reads_golden)  # families that read the golden file
 
-PER_MODE_CHECKS: dict[str, Callable[..., CheckResult]] = {
-    "lossless": check_lossless,
-    "golden": check_golden,
-    "acceptance": check_acceptance,
-    "tree-structure": check_tree_structure,
-    "stop-token": check_stops,
-    "max-new-tokens": check_lengths,
-    "prompt-shapes": check_prompt_shapes,
-    "token-0-and-mask-id": check_special_tokens,
-    "context-range": check_context_range,
-    "busy-batch": check_busy_batch,
-    "tensor-parallel": check_tensor_parallel,
-    "cuda-graphs": check_cuda_graphs,
-}
+PER_MODE_CHECKS: dict[str, Callable[..., CheckResult]] = {f.name: f.check for f in DECLARED if f.scope is Scope.PER_RUN}
 
 #: every check family :func:`plan` can plan, in some run (``near-ties`` in bfloat16/float16 only,
 #: ``branch-vs-chain`` with mode ddtree only), and the speculative modes a run can ask for
-FAMILIES: tuple[str, ...] = (*PER_MODE_CHECKS, "branch-vs-chain", "near-ties", "sampling")
+FAMILIES: tuple[str, ...] = tuple(f.name for f in DECLARED)
 SPECULATIVE_MODES: tuple[str, ...] = ("dflash", "ddtree")
 
 
@@ -81,6 +60,14 @@ def _runs(settings: SuiteSettings) -> list[Run]:
     return runs
 
 
+def _scoped(scope: Scope) -> list[Family]:
+    return [f for f in DECLARED if f.scope is scope]
+
+
+def _planned(f: Family, check_id: str, run: Run | None, **params) -> PlannedCheck:
+    return PlannedCheck(check_id, f.check, params, f.name, run, f.evidence)
+
+
 def needs_golden(checks: list[PlannedCheck]) -> bool:
     """Whether these checks read the pair's golden file (a run that cannot read it stops before any work)."""
     return any(c.family in GOLDEN_FAMILIES for c in checks)
@@ -90,32 +77,23 @@ def plan(settings: SuiteSettings, only: list[str] | None = None) -> list[Planned
     """The checks for ``settings``; ``only`` (default ``settings.checks``) keeps check ids containing one
     of the given names. A filter that keeps nothing is a :class:`~ddtree_conformance.settings.SettingsError`
     naming the option as the front end spells it: a run that checks nothing must never look like a pass."""
-    checks: list[PlannedCheck] = []
     runs = _runs(settings)
+    checks: list[PlannedCheck] = []
     for run in runs:
-        for name, fn in PER_MODE_CHECKS.items():
-            checks.append(PlannedCheck(run.check_id(name), fn, {"mode": run.mode, "budget": run.budget}, name, run))
+        params = {"mode": run.mode, "budget": run.budget}
+        checks += [_planned(f, run.check_id(f.name), run, **params) for f in _scoped(Scope.PER_RUN)]
     ddtree = [run for run in runs if run.mode == "ddtree"]
-    for run in ddtree:
-        checks.append(
-            PlannedCheck(
-                run.check_id("branch-vs-chain"), check_branch_vs_chain, {"budget": run.budget}, "branch-vs-chain", run
-            )
-        )
+    for f in _scoped(Scope.PER_BUDGET):
+        checks += [_planned(f, run.check_id(f.name), run, budget=run.budget) for run in ddtree]
     if settings.dtype != "float32":  # the tie test pooled over every greedy run (float32: every token is exact)
-        checks.append(PlannedCheck(NEAR_TIES_ID, check_near_ties, {"runs": runs}, "near-ties"))
+        checks += [_planned(f, NEAR_TIES_ID, None, runs=runs) for f in _scoped(Scope.POOLED_LOW_PRECISION)]
     sampled = ddtree[:1] + [run for run in runs if run.mode == "dflash"]
-    for run in sampled:
-        for variant in [*VARIANTS, DRAWN]:
-            checks.append(
-                PlannedCheck(
-                    run.check_id("sampling", variant),
-                    check_sampling,
-                    {"mode": run.mode, "budget": run.budget, "variant": variant},
-                    "sampling",
-                    run,
-                )
-            )
+    for f in _scoped(Scope.SAMPLED):
+        for run in sampled:
+            checks += [
+                _planned(f, run.check_id(f.name, v), run, mode=run.mode, budget=run.budget, variant=v)
+                for v in [*VARIANTS, DRAWN]
+            ]
     only = only if only is not None else settings.checks
     if only:
         kept = [c for c in checks if any(name in c.id for name in only)]

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..adapters.interface import EngineDied
-from ..evidence import detectable
+from ..evidence import Evidence, detectable
 from ..golden_files import GoldenError
 from ..integrity import is_integrity_error
 from ..oracle import changed_on_disk, hold
@@ -90,6 +90,7 @@ class PlannedCheck:
     params: dict = field(default_factory=dict)
     family: str = ""
     judged_run: Run | None = None
+    evidence: Evidence = Evidence.OUTPUTS  # what the family counts (its declaration: .families)
 
     def run(self, session: SuiteSession) -> CheckResult:
         """The check's result (see module doc); raises :class:`EngineDied` when the engine is gone."""
@@ -124,7 +125,7 @@ class PlannedCheck:
                 **{k: v for k, v in result.details.items() if k not in ("check_status", "check_message")},
             )
         details = {**result.details, "elapsed_s": round(time.perf_counter() - started, 2), "evidence": evidence(used)}
-        if result.status != "skip" and (line := detectable(self.family, result.details)):
+        if result.status != "skip" and (line := detectable(self.evidence, result.details)):
             details["detectable"] = line
         return result.model_copy(update={"check": self.id, "details": details})
 
