@@ -250,12 +250,12 @@ def test_every_drafter_near_tie_is_judged_on_the_engines_own_drafter_logits(monk
     and a prompt outside it with a round to explain is rerun alone with traces, so every drafter
     near-tie is excused on the engine's own drafter logits (their distance, and the tree they build),
     never on "some logits within the tolerance would flip it" alone (4 of the 6 rounds were, before)."""
-    from ddtree_conformance.checks import trees
+    from ddtree_conformance.checks import traced_runs
     from ddtree_conformance.checks.acceptance import check_acceptance
     from ddtree_conformance.session import SuiteSession
     from ddtree_conformance.testing.runs import fixture_pair_settings
 
-    monkeypatch.setattr(trees, "TRACED_PROMPTS", 2)
+    monkeypatch.setattr(traced_runs, "TRACED_PROMPTS", 2)
     settings = fixture_pair_settings(
         dtype="bfloat16", limit=24, max_new_tokens=64, torch_threads=1, held_out_prompts=0
     )  # the same 24 prompts every run: the rounds counted below

@@ -276,3 +276,34 @@ def test_no_bare_top_level_package_is_importable_from_elsewhere(name, tmp_path):
     )
     origin = out.stdout.strip()
     assert origin == "None" or not Path(origin).resolve().is_relative_to(ROOT), origin
+
+
+def family_cross_imports(root: Path = ROOT, family_modules: set[str] | None = None) -> list[str]:
+    """Imports of one check family's module by another's: families sit on one floor, and what they share
+    (output comparison, per-round acceptance, the traced run, the stop rules) on a floor below them."""
+    from ddtree_conformance.checks.families import DECLARED
+
+    modules = family_modules if family_modules is not None else {f.check.__module__ for f in DECLARED}
+    problems = []
+    for path in source_files(root):
+        module, _ = module_name(path, root)
+        if module not in modules:
+            continue
+        for line, target in project_imports(path, root):
+            if target in modules and target != module:
+                problems.append(f"{_label(path, root)}:{line} (family) imports {target} (another family)")
+    return problems
+
+
+def test_check_families_import_no_other_family():
+    problems = family_cross_imports()
+    assert not problems, "\n".join(problems)
+
+
+def test_the_family_floor_check_can_fail(tmp_path):
+    (tmp_path / "conformance" / "checks").mkdir(parents=True)
+    (tmp_path / "conformance" / "checks" / "a.py").write_text("from .b import check_b\nfrom .shared import x\n")
+    (tmp_path / "conformance" / "checks" / "b.py").write_text("from .shared import x\n")
+    families = {f"{PACKAGE}.checks.a", f"{PACKAGE}.checks.b"}
+    problems = family_cross_imports(tmp_path, families)
+    assert [p.split(" ", 1)[0] for p in problems] == ["conformance/checks/a.py:1"], problems

@@ -31,7 +31,7 @@ from .acceptance_aggregates import NO_ACCEPTANCE, judge_aggregates, reports_aggr
 from .acceptance_golden import golden_results
 from .acceptance_rounds import RoundsUnderTest, judge_per_round
 from .result import CheckResult
-from .trees import traced_run as shared_traced_run
+from .traced_runs import traced_run as shared_traced_run
 
 __all__ = ["check_acceptance"]
 

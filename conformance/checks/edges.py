@@ -25,8 +25,9 @@ from ..token_scoring import rules_for, table_logits
 from .acceptance_rounds import ReplayAgainst, RoundsUnderTest, judge_per_round
 from .output_comparison import GreedyCase, judge_greedy, mismatch
 from .result import CheckResult
+from .stop_rules import stop_rule_problem
 
-__all__ = ["check_stops", "check_lengths", "check_prompt_shapes", "check_special_tokens", "stop_rule_problem"]
+__all__ = ["check_stops", "check_lengths", "check_prompt_shapes", "check_special_tokens"]
 
 LIMITS = [1, 2, 3, 5, 11]
 STOP_INDEX = 5  # the stop token is the plain output's 6th token, so it lands mid-round
@@ -39,25 +40,6 @@ def _label(kind: str, mode: str, budget: int | None) -> str:
 def _offered(session: SuiteSession, name: str, mode: str) -> CheckResult | None:
     if mode not in session.capabilities.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
-    return None
-
-
-def stop_rule_problem(output: list[int], finish_reason: str, stops: list[int], max_new_tokens: int) -> str | None:
-    """How ``output`` breaks the stop/length rules, or None (exact in every dtype)."""
-    stops_at = [i for i, t in enumerate(output) if t in stops]
-    if stops_at and stops_at[0] != len(output) - 1:
-        return (
-            f"stop token {output[stops_at[0]]} at output position {stops_at[0]}, but {len(output) - 1 - stops_at[0]} "
-            f"tokens follow it"
-        )
-    if len(output) > max_new_tokens:
-        return f"{len(output)} tokens, more than max_new_tokens {max_new_tokens}"
-    if stops_at and finish_reason != "stop":
-        return f"ends with stop token {output[-1]} but finish_reason is {finish_reason!r}"
-    if not stops_at and len(output) < max_new_tokens:
-        return f"{len(output)} tokens, no stop token, fewer than max_new_tokens {max_new_tokens}"
-    if not stops_at and finish_reason != "length":
-        return f"{len(output)} tokens without a stop token but finish_reason is {finish_reason!r}"
     return None
 
 

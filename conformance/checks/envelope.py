@@ -19,9 +19,9 @@ from ddtree_conformance.spec import SamplingParams, processed_probs
 from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import rules_for, target_logits
-from .edges import stop_rule_problem
 from .output_comparison import GreedyCase, judge_greedy
 from .result import CheckResult
+from .stop_rules import stop_rule_problem
 
 __all__ = ["busy_batch_requests", "outside_support", "check_busy_batch"]
 

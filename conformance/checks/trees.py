@@ -25,11 +25,10 @@ from ..session import SuiteSession
 from ..token_scoring import rules_for
 from ..tree_policy import PolicyDiagnosis, RoundView, block_size, diagnose_traces, policy_table, round_views
 from .result import CheckResult
+from .traced_runs import traced_run
 
 __all__ = [
     "CHAIN_LEAVES",
-    "TRACED_PROMPTS",
-    "traced_run",
     "trace_problems",
     "check_tree_structure",
     "node_evidence",
@@ -38,26 +37,11 @@ __all__ = [
 ]
 
 CHAIN_LEAVES = 4  # root-to-leaf paths per round run as chains beside node scoring (an oracle without a tree mask)
+
+
 # Prompts of the traced runs: structural bugs show in every round, so ~20 prompts (some 250 rounds,
 # spread over the prompt set's categories) have the power of 80, at a quarter of the cost of
 # carrying every round's drafter logits back from the engine.
-TRACED_PROMPTS = 20
-
-
-def traced_run(session: SuiteSession, mode: str, budget: int | None):
-    """``(prompt indices, results)`` of the one traced run per (mode, budget) that the tree checks
-    share (and the acceptance check reads to explain a differing round): every k-th prompt."""
-    caps = session.capabilities
-    bundled = len(session.inputs.bundled)
-    step = max(1, bundled // TRACED_PROMPTS)
-    indices = list(range(0, bundled, step))[:TRACED_PROMPTS] + list(range(bundled, len(session.prompts)))
-    requests = session.requests()
-    results = session.run(
-        mode, budget, trace=True, trace_draft_logits=caps.draft_logits, requests=[requests[i] for i in indices]
-    )
-    return indices, results
-
-
 def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True, output_end: bool = False) -> list[str]:
     """Every way one round's trace breaks the DDTree rules (doc §3); empty when it is fine.
 
