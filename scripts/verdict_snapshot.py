@@ -87,7 +87,11 @@ def _misbehaving() -> dict[str, dict]:
 
 
 def snapshot(args) -> int:
-    data = {**_in_process(args), **_misbehaving()}
+    in_process = _in_process(args)
+    partial = Path(args.out + ".partial")  # the slow part kept, should the catalogue's processes fail
+    partial.write_text(json.dumps(in_process, indent=1, sort_keys=True) + "\n")
+    data = {**in_process, **_misbehaving()}
+    partial.unlink()
     Path(args.out).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     print(f"wrote {args.out}: {len(data)} engines, {sum(len(v) for v in data.values())} verdicts")
     return 0

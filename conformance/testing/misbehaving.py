@@ -353,7 +353,8 @@ def catalogue_check_command(
 ) -> list[str]:
     """The ``ddtree-conformance check`` command the catalogue's table and the verdict snapshot run each
     fault with (add :meth:`Fault.check_args`): a tiny pair, 8 new tokens, DDTree at B=4."""
-    command = ["ddtree-conformance", "check", "--model", str(target), "--drafter", str(drafter)]
+    # this interpreter's suite, whether or not its console script is on PATH
+    command = [sys.executable, "-m", "ddtree_conformance", "check", "--model", str(target), "--drafter", str(drafter)]
     command += ["--prompts", str(prompts), "--pair-name", "random", "--golden-dir", str(golden_dir)]
     command += ["--max-new-tokens", "8", "--modes", "ddtree", "--budgets", "4", "--out", str(report)]
     return command + ([] if run_seed is None else ["--run-seed", str(run_seed)])
