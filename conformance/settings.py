@@ -327,11 +327,13 @@ def shown_default(field: str, kind: type[SuiteSettings] | None = None) -> str | 
     return _NAMED_DEFAULTS.get(str(value), str(value))
 
 
-def _apply_pair(values: dict[str, Any]) -> str | None:
-    """Fill ``values`` from the named pair (explicit values win); returns why the pair is unavailable."""
+def _with_pair(values: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """``values`` filled from the named pair (explicit values win), without the pair's own keys; and why
+    the pair is unavailable (None: it is here, or none was named)."""
+    values = dict(values)
     name, pairs_file = values.pop("pair", None), values.pop("pairs_file", None)
     if not name and not pairs_file:
-        return None
+        return values, None
     pair = get_pair(name, pairs_file)
     try:
         resolved = resolve_pair(pair)
@@ -345,26 +347,27 @@ def _apply_pair(values: dict[str, Any]) -> str | None:
         }
         for key, value in declared.items():
             values.setdefault(key, value)
-        return str(exc)
+        return values, str(exc)
     for key, value in resolved.suite_settings().items():
         if values.get(key) is None and value is not None:
             values[key] = value
-    return None
+    return values, None
 
 
-def _bound_sampling(values: dict[str, Any], *, given: bool) -> None:
+def _bound_sampling(values: dict[str, Any], *, given: bool) -> dict[str, Any]:
     """``--limit`` bounds every check, the sampling checks included: a limit of N prompts under
     :data:`SAMPLING_FULL_AT_PROMPTS` samples N / 20 of the requests per variant (the profile's or the
-    default's; at least one). A sampling_requests the caller gave stays as given."""
+    default's; at least one). A sampling_requests the caller gave stays as given. Returns the values."""
     try:
         limit = int(values["limit"])
     except (KeyError, TypeError, ValueError):  # not given, or a bad value the settings model names
-        return
+        return values
     if given or limit < 1 or limit >= SAMPLING_FULL_AT_PROMPTS:
-        return
+        return values
     full = values.get("sampling_requests", SuiteSettings.model_fields["sampling_requests"].default)
-    if isinstance(full, int):
-        values["sampling_requests"] = max(1, math.ceil(full * limit / SAMPLING_FULL_AT_PROMPTS))
+    if not isinstance(full, int):
+        return values
+    return {**values, "sampling_requests": max(1, math.ceil(full * limit / SAMPLING_FULL_AT_PROMPTS))}
 
 
 def build_settings(
@@ -383,12 +386,12 @@ def build_settings(
     if "torch_threads" in raw:  # a front end's option: not given means DEFAULT_TORCH_THREADS
         values.setdefault("torch_threads", DEFAULT_TORCH_THREADS)
     try:
-        unavailable = _apply_pair(values)
+        values, unavailable = _with_pair(values)
     except PairSpecError as exc:
         raise SettingsError(str(exc)) from None
     if unavailable and not allow_unavailable_pair:
         raise SettingsError(unavailable)
-    _bound_sampling(values, given=raw.get("sampling_requests") is not None)
+    values = _bound_sampling(values, given=raw.get("sampling_requests") is not None)
     try:
         return kind(**values), unavailable
     except ValidationError as exc:

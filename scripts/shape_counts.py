@@ -218,6 +218,63 @@ def testing_imports(root: Path) -> list[str]:
     return found
 
 
+MUTATORS = {
+    "append",
+    "extend",
+    "insert",
+    "update",
+    "pop",
+    "popitem",
+    "clear",
+    "remove",
+    "setdefault",
+    "sort",
+    "add",
+    "discard",
+}
+
+
+def argument_mutations(root: Path) -> list[str]:
+    """Functions of ``conformance/`` and ``adapters/`` (test doubles excluded) that change an argument in
+    place: assign to an item or attribute of a parameter, or call a mutating method on it (``append``,
+    ``update``, ``pop``, ...). ``self`` and ``cls`` are not arguments here, nor is a parameter the body
+    binds anew (``lengths = list(lengths)``: a copy)."""
+    found = []
+    for path in _files(root, *SOURCES):
+        rel = _rel(path, root)
+        if not _production(rel):
+            continue
+        for fn in ast.walk(_tree(path)):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            args = fn.args
+            params = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]} - {"self", "cls"}
+            rebound = {  # a parameter bound anew in the body (a copy) is the function's own
+                t.id
+                for node in ast.walk(fn)
+                if isinstance(node, ast.Assign)
+                for t in node.targets
+                if isinstance(t, ast.Name)
+            }
+            params -= rebound
+            hits = set()
+            for node in ast.walk(fn):
+                targets = []
+                if isinstance(node, ast.Assign | ast.AugAssign):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    if isinstance(t, ast.Subscript | ast.Attribute) and isinstance(t.value, ast.Name):
+                        if t.value.id in params:
+                            hits.add(t.value.id)
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    owner = node.func.value
+                    if isinstance(owner, ast.Name) and owner.id in params and node.func.attr in MUTATORS:
+                        hits.add(owner.id)
+            if hits:
+                found.append(f"{rel}:{fn.lineno} {fn.name}({', '.join(sorted(hits))})")
+    return found
+
+
 COUNTS = {
     "long functions (> 80 lines, conformance/ adapters/)": long_functions,
     "modules spelling flags (outside cli/, pytest_plugin.py, xdist_gpus.py, testing/)": flag_modules,
@@ -225,6 +282,7 @@ COUNTS = {
     "run-helper copies (tests/ scripts/: SuiteSession + run_plan in one function)": run_helper_copies,
     "long message literals asserted (tests/)": long_literal_asserts,
     "production imports of test doubles": testing_imports,
+    "functions changing an argument in place (conformance/ adapters/, outside testing/)": argument_mutations,
 }
 
 

@@ -309,6 +309,7 @@ def _rounds_failed(name: str, run: ReplayRun, verdicts: list, details: dict, wha
 
 def _excused_within_caps(name: str, judged: JudgedRounds, rules: NoiseModel, details: dict) -> CheckResult:
     """Target near-tie rounds within the ceiling, drafter ones within the cap, unconfirmed ones within theirs."""
+    details = dict(details)  # the caps and the tau test join the verdict's details, not the caller's dict
     run, tau, ref_tau, source = judged.run, details["tau"], details["reference_tau"], details["source"]
     ceiling, mu = rules.ceiling(judged.top2)
     if len(run.target) > ceiling:
