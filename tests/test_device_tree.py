@@ -50,3 +50,39 @@ def test_refuses_what_the_heap_refuses():
         build_tree_on_device(torch.zeros(2, 3), 0)
     with pytest.raises(ValueError, match="non-empty"):
         build_tree_on_device(torch.zeros(3), 4)
+
+
+# ---------------------------------------------------------------------------- the greedy walk
+from ddtree_conformance.adapters.reference.device_walk import greedy_walk_on_device  # noqa: E402
+from ddtree_conformance.spec import walk_tree  # noqa: E402
+
+
+def _assert_same_walk(tree, target_logits, max_depth=None) -> None:
+    want = walk_tree(tree, target_logits)
+    path, accepted, bonus = greedy_walk_on_device(tree, target_logits, max_depth)
+    got = [int(i) for i in path.tolist()[: int(accepted)]]
+    assert got == want.accepted and int(bonus) == want.bonus, (got, int(bonus), want.accepted, want.bonus)
+    assert all(i == -1 for i in path.tolist()[int(accepted) :])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    depth=st.integers(1, 5),
+    vocab=st.integers(1, 6),
+    budget=st.integers(1, 40),
+    seed=st.integers(0, 10_000),
+    pad=st.integers(0, 3),
+)
+def test_the_walk_equals_the_spec_walk(depth, vocab, budget, seed, pad):
+    """Trees of the spec's builder, target logits from a handful of values (ties: the lowest id wins on
+    both sides), and a max_depth at or above the tree's."""
+    g = torch.Generator().manual_seed(seed)
+    draft = torch.randint(-2, 3, (depth, vocab), generator=g).float()
+    tree = build_tree(draft, budget)
+    target = torch.randint(-1, 2, (tree.num_nodes + 1, vocab), generator=g).float()
+    # make the target follow the tree often: each node's row favours one of its children's tokens
+    for node, parent in enumerate(tree.parents.tolist()):
+        if parent >= 0 and torch.rand((), generator=g) < 0.7:
+            target[parent, int(tree.tokens[node])] = 5.0
+    _assert_same_walk(tree, target)
+    _assert_same_walk(tree, target, max_depth=depth + pad)
