@@ -86,3 +86,29 @@ def test_the_walk_equals_the_spec_walk(depth, vocab, budget, seed, pad):
             target[parent, int(tree.tokens[node])] = 5.0
     _assert_same_walk(tree, target)
     _assert_same_walk(tree, target, max_depth=depth + pad)
+
+
+# ---------------------------------------------------------------------------- the verify inputs
+from ddtree_conformance.adapters.reference.device_verify import verify_inputs_on_device  # noqa: E402
+from ddtree_conformance.spec import compile_tree  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    depth=st.integers(1, 6),
+    vocab=st.integers(1, 7),
+    budget=st.integers(1, 60),
+    seed=st.integers(0, 10_000),
+    start=st.integers(0, 40),
+    extra=st.integers(0, 3),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+)
+def test_the_verify_inputs_equal_the_spec_compile(depth, vocab, budget, seed, start, extra, dtype):
+    g = torch.Generator().manual_seed(seed)
+    tree = build_tree(torch.randint(-2, 3, (depth, vocab), generator=g).float(), budget)
+    root = int(torch.randint(0, vocab, (), generator=g))
+    want = compile_tree(tree, root, start, start + extra, dtype)
+    for given_depth in (None, depth, depth + extra):
+        got = verify_inputs_on_device(tree, torch.tensor(root), start, start + extra, dtype, given_depth)
+        for name in ("input_ids", "position_ids", "visibility", "attention_mask"):
+            assert torch.equal(getattr(want, name), getattr(got, name)), (name, given_depth)

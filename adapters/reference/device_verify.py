@@ -1,0 +1,55 @@
+"""The spec's verify inputs with tensor operations only, for the fast path (issue 29, item 4).
+
+:func:`ddtree_conformance.spec.compile_tree` takes the root token as a Python int and follows parent
+pointers until every row is done, asking the device each level whether one is left: reads that stop a
+GPU round between the tree build and the verify graph. :func:`verify_inputs_on_device` builds the same
+inputs (ids, positions ``start + depth``, the ancestor-or-self visibility and the additive mask) from a
+root token that may live on the device and a fixed number of parent steps (the drafter's block), with no
+value read back. ``tests/test_device_tree.py`` holds them equal to the spec's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ddtree_conformance.spec.tree import DraftTree
+from ddtree_conformance.spec.verify import VerifyInputs
+
+__all__ = ["verify_inputs_on_device"]
+
+
+def verify_inputs_on_device(
+    tree: DraftTree,
+    root_token: torch.Tensor | int,
+    start: int,
+    prefix_len: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    max_depth: int | None = None,
+) -> VerifyInputs:
+    """:func:`~ddtree_conformance.spec.compile_tree`'s inputs (module doc); ``max_depth`` at least the
+    tree's depth (default: the number of nodes, which always is)."""
+    if start < 0:
+        raise ValueError(f"start must be >= 0, got {start}")
+    prefix_len = start if prefix_len is None else prefix_len
+    if prefix_len < 0:
+        raise ValueError(f"prefix_len must be >= 0, got {prefix_len}")
+    device = tree.tokens.device
+    n = tree.tokens.shape[0]
+    root = torch.as_tensor(root_token, dtype=torch.long, device=device).reshape(1)
+    input_ids = torch.cat([root, tree.tokens[1:]])
+    position_ids = start + tree.depths
+    rows = torch.arange(n, device=device)
+    visibility = torch.zeros((n, n), dtype=torch.bool, device=device)
+    current = rows.clone()
+    for _ in range((max_depth if max_depth is not None else n - 1) + 1):  # self, then each ancestor
+        alive = current >= 0
+        visibility[rows, current.clamp(min=0)] |= alive
+        current = torch.where(alive, tree.parents[current.clamp(min=0)], current)
+    allowed = torch.cat([torch.ones((n, prefix_len), dtype=torch.bool, device=device), visibility], dim=1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    return VerifyInputs(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        visibility=visibility,
+        attention_mask=mask.view(1, 1, n, prefix_len + n),
+    )
