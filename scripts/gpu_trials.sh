@@ -34,6 +34,9 @@
 #                     in ROUND_DTYPES (bfloat16 float16), ROUND_LIMIT (20) prompts, the checks the noise model
 #                     governs (ROUND_CHECKS), one engine per process on the CPU cores (ROUND_DEVICE=cpu)
 #                     -> $WORK/rounding/CATALOGUE-DTYPE-SHARD.{json,log}; every row must pass
+#   pieces            issue 29 item 4: the tree build, verify inputs and greedy walk as the fast path runs them
+#                     (host, with reads back) against device_tree/device_verify/device_walk, B = 16..1024, equal
+#                     or not -> $WORK/pieces/table.md                                          (~2 minutes)
 #   calibrate-cpu     the noise model (conformance/noise.py) on the machine's CPU cores: the reference and every
 #                     correct engine that rounds differently (testing/rounding_engines.py), bf16 and fp16, one
 #                     process per engine and dtype, into a copy of the fixture manifest -> $WORK/manifest-cpu.json
@@ -128,6 +131,10 @@ for job in "$@"; do
           --check ${ROUND_CHECKS:-lossless acceptance context-range near-ties golden tree-structure branch-vs-chain} \
           --json "$WORK/rounding/$0-$1-$2.json" >"$WORK/rounding/$0-$1-$2.log" 2>&1'
       grep -h "^| \|NOT CAUGHT" "$WORK"/rounding/*.log ;;
+    pieces)  # issue 29 item 4: the round's host pieces against their tensor-only versions, per budget
+      mkdir -p "$WORK/pieces"
+      timeout "${PIECES_TIMEOUT:-300}" python3 scripts/bench_round_pieces.py --device cuda --repeats "${PIECES_REPEATS:-50}" \
+        | tee "$WORK/pieces/table.md" || echo "pieces: exit $?" ;;
     calibrate-cpu|calibrate-cuda)
       device=${job#calibrate-}
       cp golden/fixture/MANIFEST.json "$WORK/manifest-$device.json"
@@ -136,7 +143,7 @@ for job in "$@"; do
         --jobs "${CAL_JOBS:-16}" --limit "${CAL_LIMIT:-80}" --flip-limit "${CAL_FLIP_LIMIT:-24}" \
         --budgets "${CAL_BUDGETS:-16,64,256}" --manifest "$WORK/manifest-$device.json" 2>&1 |
         grep -v "Loading weights\|FutureWarning\|forward_call" || echo "$job: exit $?" ;;
-    *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
+    *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, pieces, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
   esac
   echo "job $job: $((SECONDS - started)) s"
   pack
