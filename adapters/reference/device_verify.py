@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ddtree_conformance.spec.tree import DraftTree
-from ddtree_conformance.spec.verify import VerifyInputs
+from ddtree_conformance.spec.verify import VerifyInputs, checked_prefix_len
 
 __all__ = ["verify_inputs_on_device"]
 
@@ -28,11 +28,7 @@ def verify_inputs_on_device(
 ) -> VerifyInputs:
     """:func:`~ddtree_conformance.spec.compile_tree`'s inputs (module doc); ``max_depth`` at least the
     tree's depth (default: the number of nodes, which always is)."""
-    if start < 0:
-        raise ValueError(f"start must be >= 0, got {start}")
-    prefix_len = start if prefix_len is None else prefix_len
-    if prefix_len < 0:
-        raise ValueError(f"prefix_len must be >= 0, got {prefix_len}")
+    prefix_len = checked_prefix_len(start, prefix_len)
     device = tree.tokens.device
     n = tree.tokens.shape[0]
     root = torch.as_tensor(root_token, dtype=torch.long, device=device).reshape(1)

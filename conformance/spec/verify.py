@@ -13,7 +13,7 @@ import torch
 
 from .tree import DraftTree
 
-__all__ = ["VerifyInputs", "ancestor_visibility", "compile_tree"]
+__all__ = ["VerifyInputs", "ancestor_visibility", "checked_prefix_len", "compile_tree"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,16 @@ def ancestor_visibility(parents: torch.Tensor) -> torch.Tensor:
     return visibility
 
 
+def checked_prefix_len(start: int, prefix_len: int | None) -> int:
+    """The cached prefix a tree attends to (default ``start``, the root's position), both checked >= 0."""
+    if start < 0:
+        raise ValueError(f"start must be >= 0, got {start}")
+    prefix_len = start if prefix_len is None else prefix_len
+    if prefix_len < 0:
+        raise ValueError(f"prefix_len must be >= 0, got {prefix_len}")
+    return prefix_len
+
+
 def compile_tree(
     tree: DraftTree, root_token: int, start: int, prefix_len: int | None = None, dtype: torch.dtype = torch.float32
 ) -> VerifyInputs:
@@ -55,11 +65,7 @@ def compile_tree(
     all of them are visible to every tree token.
     ``dtype``: dtype of the additive mask (the target's compute dtype).
     """
-    if start < 0:
-        raise ValueError(f"start must be >= 0, got {start}")
-    prefix_len = start if prefix_len is None else prefix_len
-    if prefix_len < 0:
-        raise ValueError(f"prefix_len must be >= 0, got {prefix_len}")
+    prefix_len = checked_prefix_len(start, prefix_len)
     device = tree.tokens.device
     input_ids = tree.tokens.clone()
     input_ids[0] = int(root_token)
