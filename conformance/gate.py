@@ -6,7 +6,10 @@ One row per (run, metric). Verdicts:
 * ``fail``: a regression: tau below ``baseline - band``; any per-position rate below its floor;
   speedup whose *entire* confidence interval lies below ``baseline - band``;
 * ``inconclusive``: the speedup interval still straddles the lower band edge (the bench's time
-  budget or repeat cap ran out first, or it ran a fixed number of repeats); neither pass nor fail;
+  budget or repeat cap ran out first, or it ran a fixed number of repeats); or it lies below the band
+  while the machine was slower than in every baseline run for a cause outside the build (other
+  processes busier, GPU clocks lower, a new throttle reason: :func:`~.machine_state.outside_causes`), which
+  only an A/B run on one machine can tell from a slower build; neither pass nor fail;
 * ``missing``: no baseline for this (hardware class, engine, pair, mode, budget), or the report
   lacks the measurement. Never a silent pass;
 * ``not gated``: with ``only_baselined`` (``gate --only-baselined``, which ``ci --gate auto`` passes),
@@ -35,7 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 from .baselines import BaselineEntry, BaselineFile, SpeedupBaseline
-from .machine_state import describe, drift
+from .machine_state import describe, drift, outside_causes
 from .option_names import command, option
 from .sequential import (
     DEFAULT_ALPHA,
@@ -185,12 +188,15 @@ def cost_view(run: dict, base: BaselineEntry, sp: dict) -> tuple[dict, str]:
     return details, "; ".join(parts)
 
 
-def _machine_note(run_state: dict | None, entry: BaselineEntry) -> tuple[list[str], str]:
-    """What moved between the baseline's machine state (its latest run that recorded one) and the trial's."""
+def _machine_note(run_state: dict | None, entry: BaselineEntry) -> tuple[list[str], str, list[str]]:
+    """What moved between the baseline's machine state (its latest run that recorded one) and the trial's;
+    the trial's state in words; and the slowdown's causes outside the build, when every baseline run that
+    recorded a state shows one (none recorded: none shown, so nothing is excused)."""
     runs = entry.speedup.runs if entry.speedup is not None else []
-    base_state = next((r.state for r in reversed(runs) if r.state), None)
-    moved = drift(base_state, run_state)
-    return moved, describe(run_state) if run_state else ""
+    states = [r.state for r in runs if r.state]
+    moved = drift(states[-1] if states else None, run_state)
+    outside = [outside_causes(s, run_state) for s in states]
+    return moved, describe(run_state) if run_state else "", outside[-1] if outside and all(outside) else []
 
 
 def _undecided_hint(samples, level, edge, spread, runs) -> str:
@@ -244,6 +250,20 @@ def _speedup_row(
     if found == "pass":
         message = f"whole interval at or above the band {repeats}; {notes.view}{notes.machine}"
         return GateRow(label, "speedup", "pass", measured, band, interval.low - base.lower, message, notes.details)
+    if found == "regression" and spread is not None and notes.outside:
+        return GateRow(
+            label,
+            "speedup",
+            "inconclusive",
+            measured,
+            band,
+            interval.high - base.lower,
+            f"whole interval below the band {repeats}, but the machine was slower than in every baseline run, "
+            f"for causes outside the build ({'; '.join(notes.outside)}): a slower machine cannot be told from a "
+            f"slower build, so not failed; rerun on a quiet runner, or an A/B run against the baseline build "
+            f"({command('bench', 'against')}, both builds on the same machine) decides it; {notes.view}{notes.machine}",
+            notes.details,
+        )
     if found == "regression" and spread is not None:
         message = f"whole interval below the band {repeats}; {notes.view}{notes.cause}{notes.machine}"
         return GateRow(label, "speedup", "fail", measured, band, interval.high - base.lower, message, notes.details)
@@ -268,6 +288,7 @@ class _SpeedupNotes(NamedTuple):
     noise: str  # the minimum detectable drop, or ""
     machine: str  # the trial's machine state, or ""
     cause: str  # the machine drift since the baseline, or ""
+    outside: list[str]  # the slowdown's causes outside the build (machine_state.outside_causes), or []
     with_spread: str  # the baseline's between-run spread included, or ""
     samples: list[float] | None
     level: float | None
@@ -288,7 +309,7 @@ def _speedup_notes(run: dict, entry: BaselineEntry, sp: dict, interval: Interval
     samples = _positive_samples(sp.get("samples"))
     level = _level(sp, len(samples)) if samples is not None else None
     mde = None if samples is None or base.value <= 0 else detectable_drop(samples, level, base.band / base.value)
-    moved, shown = _machine_note(state, entry)
+    moved, shown, outside = _machine_note(state, entry)
     log_sd = None if spread is None else math.sqrt(spread[0] / (1 + 1 / runs))
     details = {
         **details,
@@ -303,6 +324,7 @@ def _speedup_notes(run: dict, entry: BaselineEntry, sp: dict, interval: Interval
         "spread": None if spread is None else {"log_var": spread[0], "df": spread[1], "log_sd": log_sd},
         "mde": mde,
         "machine_drift": moved,
+        "outside_causes": outside,
     }
     return _SpeedupNotes(
         details,
@@ -310,6 +332,7 @@ def _speedup_notes(run: dict, entry: BaselineEntry, sp: dict, interval: Interval
         "" if mde is None else f"; MDE {100 * mde:.1f} % below the baseline (this run's noise, 80 % power)",
         f"; machine: {shown}" if shown else "",
         f"; likely cause: the machine changed since the baseline ({'; '.join(moved)})" if moved else "",
+        outside,
         f", between-run spread {100 * log_sd:.1f} % over {runs} baseline runs included" if spread else "",
         samples,
         level,

@@ -8,13 +8,18 @@ call, so sampling costs the timings nothing) with a :class:`Sampler`:
   NVML is reached through ``pynvml`` (the ``nvidia-ml-py`` package, in the ``gpu`` extra) or, where that
   is not installed, through the driver's own ``libnvidia-ml.so.1`` with ctypes. Where neither works the
   report says ``"not sampled: <reason>"``; nothing fails for it;
-* **host**: CPU busy share of the whole machine since the previous sample (``psutil.cpu_percent``) and
-  the 1-minute load average, with the core count.
+* **host**: CPU busy share of the whole machine since the previous sample (``psutil.cpu_percent``), the
+  share of it taken by *other* processes (the whole machine's less this process's own, as a share of all
+  cores: a busy neighbour, never the engine under test when it runs in this process), and the 1-minute
+  load average, with the core count.
 
 :func:`summarise` turns the per-repeat samples into the report's ``machine`` part (medians, ranges, the
 throttle reasons seen); :func:`drift` compares a baseline's summary with a trial's and names what moved
 (an SM clock 5 % lower, 12 deg C hotter, a new throttle reason, a busier host), which the gate gives as
-the likely cause of a slowdown. :func:`steady` is the warm-up rule (``docs/reference/bench-and-gates.md``).
+the likely cause of a slowdown. :func:`outside_causes` keeps only what the build under test cannot
+have moved itself (other processes' CPU, lower GPU clocks, a new throttle reason): with one of those the
+stored-baseline gate does not fail a slower run (a slower machine cannot be told from a slower build).
+:func:`steady` is the warm-up rule (``docs/reference/bench-and-gates.md``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import os
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["Sampler", "THROTTLE_REASONS", "describe", "drift", "identity", "steady", "summarise"]
+__all__ = ["Sampler", "THROTTLE_REASONS", "describe", "drift", "identity", "outside_causes", "steady", "summarise"]
 
 # NVML clock-throttle (clock-event) reason bits, nvml.h
 THROTTLE_REASONS = {
@@ -177,7 +182,9 @@ class Sampler:
             import psutil
 
             self._psutil = psutil
+            self._own = psutil.Process()
             psutil.cpu_percent(None)  # starts the interval the first sample reads
+            self._own.cpu_percent(None)
         except Exception:  # noqa: BLE001
             self._psutil = None
 
@@ -194,7 +201,10 @@ class Sampler:
                 out["gpu"] = f"not sampled: {type(exc).__name__}: {exc}"
         host: dict = {"cores": os.cpu_count()}
         if self._psutil is not None:
-            host["cpu_percent"] = float(self._psutil.cpu_percent(None))
+            busy = float(self._psutil.cpu_percent(None))
+            own = float(self._own.cpu_percent(None)) / (host["cores"] or 1)  # % of one core -> of the machine
+            host["cpu_percent"] = busy
+            host["others_cpu_percent"] = round(max(0.0, busy - own), 1)
         try:
             host["load1"] = os.getloadavg()[0]
         except OSError:
@@ -230,6 +240,7 @@ def summarise(samples: Sequence[dict], sampler: Sampler | None = None) -> dict:
     out["host"] = {
         "cores": next((h.get("cores") for h in hosts if h.get("cores")), os.cpu_count()),
         "cpu_percent": _stats([h.get("cpu_percent") for h in hosts]),
+        "others_cpu_percent": _stats([h.get("others_cpu_percent") for h in hosts]),
         "load1": _stats([h.get("load1") for h in hosts]),
     }
     return out
@@ -266,8 +277,10 @@ def describe(machine: dict | None) -> str:
         parts.append(f"GPU {gpu}" if gpu else "GPU not sampled")
     host = machine.get("host") or {}
     cpu, load = host.get("cpu_percent"), host.get("load1")
+    others = host.get("others_cpu_percent")
     if cpu:
-        parts.append(f"host CPU {cpu['median']:.0f} % busy (max {cpu['max']:.0f} %)")
+        by_others = f", other processes {others['median']:.0f} %" if others else ""
+        parts.append(f"host CPU {cpu['median']:.0f} % busy (max {cpu['max']:.0f} %{by_others})")
     if load:
         parts.append(f"load {load['median']:.2f} on {host.get('cores')} cores")
     return "; ".join(parts)
@@ -303,6 +316,46 @@ def drift(baseline: dict | None, trial: dict | None) -> list[str]:
     cores = h1.get("cores") or h0.get("cores") or 1
     if l0 is not None and l1 is not None and l1 - l0 >= cores / 2:
         out.append(f"host load {l0:.1f} -> {l1:.1f} on {cores} cores")
+    return out
+
+
+def _median(part: dict, field: str) -> float | None:
+    value = (part.get(field) or {}).get("median") if isinstance(part, dict) else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def outside_causes(baseline: dict | None, trial: dict | None) -> list[str]:
+    """What slowed the machine between the baseline's state and the trial's that the build under test
+    cannot have done itself, in words (empty: none seen, or no state on one side):
+
+    * other processes busier by 25 points of the machine's CPU or more (the trial's other-process share;
+      a trial recorded by an older suite gives only the whole machine's, this process included, and says so);
+    * the SM or memory clock 2 % or more *lower*;
+    * a throttle reason (power cap, thermal, hardware slowdown) the baseline did not show.
+
+    A hotter GPU or a different power draw alone is not one: a slower or busier build moves them too."""
+    if not baseline or not trial:
+        return []
+    out = []
+    g0, g1 = baseline.get("gpu"), trial.get("gpu")
+    if isinstance(g0, dict) and isinstance(g1, dict):
+        for field, name in (("sm_clock_mhz", "SM"), ("mem_clock_mhz", "memory")):
+            a, b = _median(g0, field), _median(g1, field)
+            if a and b and b / a - 1 <= -0.02:
+                out.append(f"{name} clock {a:.0f} -> {b:.0f} MHz ({100 * (b / a - 1):+.1f} %)")
+        new = sorted(set(g1.get("throttle_reasons", [])) - set(g0.get("throttle_reasons", [])) - BENIGN_REASONS)
+        if new:
+            out.append(f"throttling the baseline did not show: {', '.join(new)}")
+    h0, h1 = baseline.get("host") or {}, trial.get("host") or {}
+    after = _median(h1, "others_cpu_percent")
+    before = _median(h0, "others_cpu_percent")
+    before = _median(h0, "cpu_percent") if before is None else before
+    if after is not None and before is not None and after - before >= 25:
+        out.append(f"other processes {before:.0f} % -> {after:.0f} % of the host CPU")
+    elif after is None:
+        whole = _median(h1, "cpu_percent")
+        if whole is not None and before is not None and whole - before >= 25:
+            out.append(f"host CPU {before:.0f} % -> {whole:.0f} % busy (this process included: an older record)")
     return out
 
 

@@ -135,6 +135,7 @@ def gpu_line(machine: dict | None) -> dict:
     host = (machine or {}).get("host") or {}
     out = {
         "cpu_percent": (host.get("cpu_percent") or {}).get("median"),
+        "others_cpu_percent": (host.get("others_cpu_percent") or {}).get("median"),
         "load1": (host.get("load1") or {}).get("median"),
     }
     if isinstance(gpu, dict):
