@@ -5,6 +5,12 @@ drafter tolerance, must flip the deciding path into or out of the spec tree; the
 logits, where it reports them, must lie within the tolerance and build a tree the spec allows that
 holds (or lacks) the path as its round did: then the round is *excused* (confirmed); without them it
 is *unconfirmed*, and counts against the noise model's caps.
+
+Reported drafter logits are evidence only while they are blind to the target. :func:`continuation_lean`
+asks whether they lean toward the tokens the target goes on to emit, on the rounds that need no excuse:
+rounding has no way to know which token comes next, so its shifts favour the next token as often as a
+token of about the same logit; logits moved toward the target's continuation to earn excuses favour it
+nearly always (:meth:`~ddtree_conformance.noise.NoiseModel.lean_test`).
 """
 
 from __future__ import annotations
@@ -19,7 +25,14 @@ from .noise import DRAFTER_TOP, NoiseModel
 from .spec import build_chain, build_tree
 from .spec.freedoms import may_hold
 
-__all__ = ["DrafterExcuse", "build_spec_tree", "drafter_excuse", "drafter_flips_within", "holds_path"]
+__all__ = [
+    "DrafterExcuse",
+    "build_spec_tree",
+    "continuation_lean",
+    "drafter_excuse",
+    "drafter_flips_within",
+    "holds_path",
+]
 
 
 def build_spec_tree(draft_logits: torch.Tensor, mode: str, budget: int):
@@ -58,6 +71,33 @@ def _logit_distance(a: torch.Tensor, b: torch.Tensor) -> float:
     k = min(DRAFTER_TOP, a.shape[-1])
     top = torch.cat([torch.topk(a, k, dim=-1).indices, torch.topk(b, k, dim=-1).indices], dim=-1)
     return float((a.gather(1, top) - b.gather(1, top)).abs().max())
+
+
+def continuation_lean(engine_logits, reference_top, continuation: Sequence[int]) -> tuple[int, int]:
+    """(toward, away): over the drafter rows of one round (row k drafts the round's k-th token, which the
+    target then emitted: ``continuation[k]``), how often the engine's logits moved the continuation's token
+    up against a control token, and how often down. ``reference_top``: the fp32 reference's top tokens per
+    row and their logits (the replay's ``draft_top``). The control is the token whose reference logit lies
+    closest to the continuation's among them (so a shift that grows or shrinks with the logit itself moves
+    both alike); a row whose continuation is not among them, or whose two shifts are equal, counts neither
+    way."""
+    mine = torch.as_tensor(engine_logits, dtype=torch.float32)
+    indices, values = reference_top
+    if mine.shape[0] != indices.shape[0]:
+        return 0, 0
+    toward = away = 0
+    for row, token in enumerate(continuation[: indices.shape[0]]):
+        where = (indices[row] == int(token)).nonzero()
+        if not len(where) or indices.shape[1] < 2:
+            continue
+        at = int(where[0])
+        distance = (values[row] - values[row, at]).abs()
+        distance[at] = float("inf")
+        other = int(torch.argmin(distance))
+        shift = mine[row, indices[row]] - values[row].float()
+        lean = float(shift[at] - shift[other])
+        toward, away = toward + (lean > 0), away + (lean < 0)
+    return toward, away
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,10 @@ the pair's manifest (:mod:`ddtree_conformance.calibration` derives the numbers):
   reports no drafter logits cannot show which of its rounds a drafter flip explains; a round longer
   than the fp32 replay, and one shorter, each count against the binomial quantile of the largest rate
   of such rounds any measured correct engine shows (Clopper-Pearson upper limit).
+* **blind drafter logits** (:meth:`NoiseModel.lean_test`): reported drafter logits earn confirmed
+  excuses only while rounding, not knowledge of the target, moved them: over the rounds that agree,
+  they may not favour the token the target emits next over the token of the nearest logit
+  significantly more often than they disfavour it (rounds as units).
 * **tau** (:meth:`NoiseModel.tau_test`): over all rounds, the engine's emitted length minus the
   replay's, ``d_i``, may not be significantly above the measured per-round gain of correct engines
   (self-normalised sum; module doc of docs/reference/low-precision.md).
@@ -49,6 +53,7 @@ __all__ = [
     "FP32_DRAFTER_TOLERANCE",
     "FP32_TIE",
     "NoiseModel",
+    "LeanTest",
     "TauTest",
     "TokenCall",
     "upper_limit",
@@ -96,6 +101,28 @@ class TauTest:
             f"(allowed {self.allowed_per_round:+.4f} a round; self-normalised sum {self.statistic:.2f}); "
             f"{self.longer} longer and {self.shorter} shorter (a correct engine's longer share is at most "
             f"{self.allowed_share:.2f}); p = {self.p_value:.2g}"
+        )
+
+
+@dataclass(frozen=True)
+class LeanTest:
+    """Whether reported drafter logits favour the token the target emits next (:meth:`NoiseModel.lean_test`)."""
+
+    rounds: int  # rounds with a counted row
+    toward: int  # rows favouring the continuation's token over the control
+    away: int  # rows disfavouring it
+    statistic: float  # self-normalised sum of the rounds' (toward - away)
+    p_value: float
+
+    @property
+    def fails(self) -> bool:
+        return self.p_value < ALPHA
+
+    def describe(self) -> str:
+        return (
+            f"they favour the token the target emits next over the token of the nearest logit in {self.toward} of "
+            f"{self.toward + self.away} rows over {self.rounds} rounds (rounding, blind to the continuation, does "
+            f"so as often as not: self-normalised sum over rounds {self.statistic:.2f}, p = {self.p_value:.2g})"
         )
 
 
@@ -189,6 +216,20 @@ class NoiseModel:
         correct engine without drafter logits shows in ``rounds`` rounds."""
         rate = FP32_DRAFTER_FLIP_RATE if self.exact else (self.longer_rate if longer else self.shorter_rate)
         return _quantile(rounds, rate)
+
+    def lean_test(self, rounds: Sequence[tuple[int, int]]) -> LeanTest:
+        """One-sided test that reported drafter logits favour the target's continuation: per round, the
+        rows that favour it minus the rows that disfavour it (``rounds``: (toward, away) per round,
+        :func:`~ddtree_conformance.drafter_excuse.continuation_lean`). Rounding is blind to the
+        continuation, so each round's score is symmetric about 0; the rows of one round share its context
+        and its rounding, so the round is the unit: the self-normalised sum ``t`` of the rounds' scores,
+        ``P(t >= z) <= exp(-z^2 / 2)`` (Efron 1969), whatever the rows' dependence within a round."""
+        scores = [toward - away for toward, away in rounds]
+        squares = sum(x * x for x in scores)
+        statistic = sum(scores) / math.sqrt(squares) if squares else 0.0
+        p = math.exp(-(statistic**2) / 2) if statistic > 0 else 1.0
+        toward, away = sum(r[0] for r in rounds), sum(r[1] for r in rounds)
+        return LeanTest(len(rounds), toward, away, statistic, p)
 
     def tau_test(self, differences: Sequence[int]) -> TauTest:
         """One-sided test on ``d_i`` (engine - replay emitted length, every round whose tokens agree):

@@ -49,7 +49,7 @@ from enum import StrEnum
 
 import torch
 
-from .drafter_excuse import build_spec_tree, drafter_excuse, drafter_flips_within, holds_path
+from .drafter_excuse import build_spec_tree, continuation_lean, drafter_excuse, drafter_flips_within, holds_path
 from .metrics import emitted_lengths
 from .noise import NoiseModel, TokenCall
 from .spec import build_tree, least_budget
@@ -117,6 +117,7 @@ class ReplayRun:
     verdicts: list[RoundVerdict] = field(default_factory=list)
     drafter_side: list[int] = field(default_factory=list)  # see differences()
     by_prompt: dict = field(default_factory=dict)  # prompt -> (engine lengths, replay lengths)
+    lean: list[tuple[int, int]] = field(default_factory=list)  # per round: drafter rows toward / away (_lean)
 
     def of(self, *kinds: RoundKind) -> list[RoundVerdict]:
         return [v for v in self.verdicts if v.kind in kinds]
@@ -274,6 +275,22 @@ def judge_rounds(
     for rnd, a, b in zip(replayed, mine_emitted, theirs_emitted):
         if rnd.index not in target_side:
             run.drafter_side.append(a - b)
+    if any(v.kind is RoundKind.DRAFTER_NEAR_TIE for v in run.verdicts[parted:]):  # excuses from reported logits
+        traces = engine_traces() if engine_traces is not None else None
+        _lean(run, replayed, {v.round for v in run.verdicts[parted:]}, output, traces)
+
+
+def _lean(run: ReplayRun, replayed, judged: set[int], output: Sequence[int], traces) -> None:
+    """Whether the engine's reported drafter logits lean toward the target's continuation, over the rounds
+    that agree with the replay (a round picked for differing would be picked for its lean): counted into
+    ``run.lean`` (:func:`~ddtree_conformance.drafter_excuse.continuation_lean`)."""
+    for rnd in replayed:
+        trace = traces[rnd.index] if traces and rnd.index < len(traces) else None
+        if rnd.index in judged or trace is None or trace.draft_logits is None or rnd.draft_top is None:
+            continue
+        toward, away = continuation_lean(trace.draft_logits, rnd.draft_top, output[rnd.offset :])
+        if toward or away:
+            run.lean.append((toward, away))
 
 
 def _round_verdict(rnd, le: int, how: _Judging) -> RoundVerdict | None:

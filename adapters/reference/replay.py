@@ -64,6 +64,7 @@ class ReplayRound:
     draft_logits: torch.Tensor | None  # [L, V] float32 on CPU, kept for rounds that differ
     short_block: tuple[int, list[int]] | None = None  # (length, tokens) drafted from a block cut to the room left
     short_logits: torch.Tensor | None = None  # [room, V] float32 on CPU: that block's drafter logits
+    draft_top: tuple[torch.Tensor, torch.Tensor] | None = None  # every round: the top-k tokens per row, their logits
 
 
 def _tree(draft_logits: torch.Tensor, mode: str, budget: int):
@@ -111,12 +112,14 @@ def replay_result(
     budget: int,
     device: str = "cpu",
     keep_logits=None,
+    keep_top: int = 0,
 ) -> list[ReplayRound]:
     """Replay the rounds of one greedy ``output`` with per-round ``lengths`` (see the module doc).
 
     ``engine`` is a :class:`ReferenceEngine`; it runs in float32 on ``device``. ``keep_logits(r,
     engine_tokens, reference_tokens)`` says whether to keep round ``r``'s drafter logits (default:
-    when the round differs from the engine's). Rounds stop where the lengths run past the output.
+    when the round differs from the engine's). ``keep_top``: keep every round's top ``keep_top`` drafter
+    tokens per row and their logits (``draft_top``; 0: none). Rounds stop where the lengths run past the output.
     """
     config = RunConfig(mode=mode, budget=budget, dtype="float32", device=device)
     pair = engine._pair(config)
@@ -147,7 +150,7 @@ def replay_result(
             if room < draft_logits.shape[0] and differs:
                 short = _short_block_round(pair, root, start, feats, draft_cache, cache, mode, budget, room)
             verified = _Verified(draft_logits, tree, verify, logits, walk, tokens)
-            rounds.append(_replay_round(verified, index, offset, start, root, keep, short))
+            rounds.append(_replay_round(verified, index, offset, start, root, keep, short, keep_top))
             if offset + length > len(output) or index == len(lengths) - 1:
                 break  # the last round: nothing to commit
             accepted_tokens = output[offset : offset + length - 1]
@@ -184,8 +187,14 @@ class _Verified(NamedTuple):
     tokens: list[int]
 
 
+def _top(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top ``k`` drafter tokens per row and their logits (float32, on CPU)."""
+    top = torch.topk(draft_logits.float(), min(k, draft_logits.shape[-1]), dim=-1)
+    return top.indices.cpu(), top.values.cpu()
+
+
 def _replay_round(
-    verified: _Verified, index: int, offset: int, start: int, root: int, keep: bool, short: tuple
+    verified: _Verified, index: int, offset: int, start: int, root: int, keep: bool, short: tuple, keep_top: int = 0
 ) -> ReplayRound:
     """The record of one replayed round (``short``: :func:`_short_block_round`'s, or three Nones)."""
     walk = verified.walk
@@ -203,4 +212,5 @@ def _replay_round(
         draft_logits=verified.draft_logits.float().cpu() if keep else None,
         short_block=None if short[0] is None else short[:2],
         short_logits=short[2],
+        draft_top=_top(verified.draft_logits, keep_top) if keep_top else None,
     )

@@ -17,7 +17,7 @@ from ddtree_conformance.adapters.interface import Request, RequestResult
 from ddtree_conformance.adapters.reference.replay import replay_result
 
 from ..metrics import mean_tau
-from ..noise import NoiseModel, TokenCall
+from ..noise import DRAFTER_TOP, NoiseModel, TokenCall
 from ..replay import ReplayRun, RoundKind, RoundVerdict, judge_rounds
 from ..run import Run
 from ..session import SuiteSession
@@ -169,7 +169,9 @@ def gather_rounds(
             yield PromptRounds(index, label, result, lengths, list(top2), request.max_new_tokens)
             continue
         reference = reference or session.reference_for(model_dir, drafter_dir)
-        replayed = replay_result(reference, request, result.output_ids, lengths, run.mode, run.budget or 1, s.device)
+        replayed = replay_result(
+            reference, request, result.output_ids, lengths, run.mode, run.budget or 1, s.device, keep_top=DRAFTER_TOP
+        )
         scores = score_output(fn, request.prompt_ids, result.output_ids)
         yield PromptRounds(index, label, result, lengths, list(top2), request.max_new_tokens, replayed, scores)
 
@@ -326,6 +328,24 @@ def _excused_within_caps(name: str, judged: JudgedRounds, rules: NoiseModel, det
             name,
             f"{len(run.drafter)}/{run.rounds} rounds excused as drafter near-ties, above the cap {cap} a "
             f"correct engine reaches ({run.drafter[0].describe()}); tau {tau:.3f} vs replay {ref_tau:.3f}",
+            first_round=run.drafter[0].__dict__,
+            **details,
+        )
+    lean = rules.lean_test(run.lean)
+    details["drafter_lean"] = {
+        "rounds": lean.rounds,
+        "toward": lean.toward,
+        "away": lean.away,
+        "statistic": round(lean.statistic, 4),
+        "p_value": lean.p_value,
+    }
+    if run.drafter and lean.fails:
+        return CheckResult.failed(
+            name,
+            f"{len(run.drafter)}/{run.rounds} rounds are excused as drafter near-ties by the engine's own drafter "
+            f"logits, but those logits are not blind to the target: on the rounds that agree with the replay "
+            f"{lean.describe()}; drafter logits moved toward the target's continuation earn no excuse; tau "
+            f"{tau:.3f} vs replay {ref_tau:.3f}",
             first_round=run.drafter[0].__dict__,
             **details,
         )
