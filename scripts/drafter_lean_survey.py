@@ -1,10 +1,10 @@
 """Issue 32, item 3: the drafter-lean test (``NoiseModel.lean_test``) on engines that report drafter logits.
 
-For each engine and dtype, the acceptance and context-range checks at every budget on the fixture pair; prints, per check, how
-many drafter rows on the rounds that agree with the replay favour the target's continuation (toward) and how
-many disfavour it (away), the share, the p-value and the verdict. Correct engines that round differently
-(``testing/rounding_engines.py``, traced: they report drafter logits) and the reference must sit near half;
-the excuse adversary must fail.
+For each engine and dtype, the acceptance and context-range checks at every budget on the fixture pair;
+prints, per check, how many drafter rows on the rounds that agree with the replay favour the target's
+continuation (toward) and how many disfavour it (away), the share, the p-value and the verdict. Correct
+engines that round differently (``testing/rounding_engines.py``, traced: they report drafter logits) and
+the reference must sit near half and pass; the excuse adversary must fail.
 
     python scripts/drafter_lean_survey.py --dtypes float16 bfloat16 --limit 20 --json OUT.json [--shard I/N]
 """
@@ -61,14 +61,26 @@ def main(argv=None) -> int:
             lean = (r.details or {}).get("drafter_lean") or {}
             toward, away = lean.get("toward", 0), lean.get("away", 0)
             excused = len((r.details or {}).get("drafter_near_tie_rounds") or [])
-            row = {"engine": name, "dtype": dtype, "check": r.check, "status": r.status,
-                   "toward": toward, "away": away, "p_value": lean.get("p_value"), "excused_drafter": excused,
-                   "expected": expected, "message": r.message}
+            row = {
+                "engine": name,
+                "dtype": dtype,
+                "check": r.check,
+                "status": r.status,
+                "toward": toward,
+                "away": away,
+                "p_value": lean.get("p_value"),
+                "excused_drafter": excused,
+                "expected": expected,
+                "message": r.message,
+            }
             rows.append(row)
             share = f"{toward / (toward + away):.3f}" if toward + away else "-"
             pv = lean.get("p_value")
-            print(f"| {name} | {dtype} | {row['check']} | {r.status} | {toward} | {away} | {share} | "
-                  f"{'-' if pv is None else f'{pv:.2g}'} | {excused} | {seconds:.0f} |", flush=True)
+            print(
+                f"| {name} | {dtype} | {row['check']} | {r.status} | {toward} | {away} | {share} | "
+                f"{'-' if pv is None else f'{pv:.2g}'} | {excused} | {seconds:.0f} |",
+                flush=True,
+            )
     with open(args.json, "w") as fh:
         json.dump({"argv": sys.argv[1:] if argv is None else argv, "rows": rows, "wrong": wrong}, fh, indent=1)
     print(f"wrong verdicts: {wrong}")

@@ -151,6 +151,7 @@ def test_the_sampler_records_the_other_processes_share():
     summary = summarise([sampler.sample(), sampler.sample()], sampler)
     assert summary["host"]["others_cpu_percent"] is not None and "other processes" in describe(summary)
 
+
 def test_warm_up_rule_on_synthetic_series():
     cold = [[0.030], [0.012], [0.0101], [0.0100], [0.0101]]  # compile/caches, then steady
     assert [steady(cold[: j + 1]) for j in range(len(cold))] == [False, False, False, False, True]

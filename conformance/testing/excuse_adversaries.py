@@ -23,7 +23,7 @@ from ddtree_conformance.calibration import load_calibration
 from .rounding_engines import black_box
 from .stepped import SteppedEngine
 
-__all__ = ["EXCUSE_ADVERSARIES", "PeekingDrafter", "PeekingDrafterBlackBox"]
+__all__ = ["EXCUSE_ADVERSARIES", "PeekingDrafter", "PeekingDrafterBlackBox", "PeekingWhereItGains"]
 
 
 class PeekingDrafter(SteppedEngine):
@@ -54,6 +54,34 @@ class PeekingDrafter(SteppedEngine):
 
     def _trace(self, tree, verify, walk, logits, start, root, draft_logits, config):
         return super()._trace(tree, verify, walk, logits, start, root, self._moved, config)
+
+
+def _reach(tree, path) -> int:
+    """How many tokens of ``path`` the tree holds as a path from its root."""
+    node, depth = 0, 0
+    for token in path:
+        node = tree.children[node].get(int(token))
+        if node is None:
+            break
+        depth += 1
+    return depth
+
+
+class PeekingWhereItGains(PeekingDrafter):
+    """:class:`PeekingDrafter` that moves its logits only in the rounds where the move makes the tree hold
+    more of the target's continuation, and reports its own logits unmoved everywhere else: the rounds the
+    drafter-lean test reads are honest, so what bounds it is the confirmed-round cap and the tau test
+    (docs/reference/low-precision.md: what a fabricating engine can still do)."""
+
+    name = "adversary-peeking-where-it-gains"
+
+    def cut(self, tree, room, start, config):
+        moved = super().cut(tree, room, start, config)
+        path = self._future[start + 1 : start + 1 + self._drafted.shape[0]]
+        if _reach(moved, path) > _reach(tree, path):
+            return moved
+        self._moved = self._drafted
+        return tree
 
 
 PeekingDrafterBlackBox = black_box(PeekingDrafter)
