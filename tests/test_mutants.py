@@ -123,7 +123,10 @@ def test_aggregate_only_engine_compared_on_tau_and_skips_trace_checks(settings):
     assert good["tree-structure/ddtree-B16"].status == "skip"
     assert "no per-round traces" in good["tree-structure/ddtree-B16"].message
     bad = plan_and_run(settings, _aggregate_only(mutants.FirstRowsFeedback), ["acceptance/ddtree"])
-    assert bad[0].status == "fail" and "mean tau" in bad[0].message, bad[0].message
+    # held-out prompts are drawn per run: the aggregate that leaves its band first is the mean tau or the
+    # acceptance at some depth (both seen: "acceptance at depth 3: 0.222 vs reference ... 0.373")
+    assert bad[0].status == "fail", bad[0].message
+    assert "mean tau" in bad[0].message or "acceptance at depth" in bad[0].message, bad[0].message
 
 
 def _batch_pooled(engine_class):
