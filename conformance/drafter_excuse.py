@@ -75,12 +75,12 @@ def _logit_distance(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def continuation_lean(engine_logits, reference_top, continuation: Sequence[int]) -> tuple[int, int]:
     """(toward, away): over the drafter rows of one round (row k drafts the round's k-th token, which the
-    target then emitted: ``continuation[k]``), how often the engine's logits moved the continuation's token
-    up against a control token, and how often down. ``reference_top``: the fp32 reference's top tokens per
-    row and their logits (the replay's ``draft_top``). The control is the token whose reference logit lies
-    closest to the continuation's among them (so a shift that grows or shrinks with the logit itself moves
-    both alike); a row whose continuation is not among them, or whose two shifts are equal, counts neither
-    way."""
+    target then chose: ``continuation[k]``; the caller passes the round's own tokens, the fp32 target's),
+    how often the engine's logits moved the continuation's token up against a control token, and how
+    often down. ``reference_top``: the fp32 reference's top tokens per row and their logits (the replay's
+    ``draft_top``). The control is the token whose reference logit lies closest to the continuation's
+    among them (so a shift that grows or shrinks with the logit itself moves both alike); a row whose
+    continuation is not among them, or whose two shifts are equal, counts neither way."""
     mine = torch.as_tensor(engine_logits, dtype=torch.float32)
     indices, values = reference_top
     if mine.shape[0] != indices.shape[0]:

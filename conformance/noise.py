@@ -111,8 +111,8 @@ class LeanTest:
     rounds: int  # rounds with a counted row
     toward: int  # rows favouring the continuation's token over the control
     away: int  # rows disfavouring it
-    statistic: float  # self-normalised sum of the rounds' (toward - away)
-    p_value: float
+    statistic: float  # self-normalised sum of the rounds' (toward - away), for the report
+    p_value: float  # the exact sign-flip test over rounds
 
     @property
     def fails(self) -> bool:
@@ -122,7 +122,7 @@ class LeanTest:
         return (
             f"they favour the token the target emits next over the token of the nearest logit in {self.toward} of "
             f"{self.toward + self.away} rows over {self.rounds} rounds (rounding, blind to the continuation, does "
-            f"so as often as not: self-normalised sum over rounds {self.statistic:.2f}, p = {self.p_value:.2g})"
+            f"so as often as not: sign-flip test over rounds, p = {self.p_value:.2g})"
         )
 
 
@@ -222,14 +222,14 @@ class NoiseModel:
         rows that favour it minus the rows that disfavour it (``rounds``: (toward, away) per round,
         :func:`~ddtree_conformance.drafter_excuse.continuation_lean`). Rounding is blind to the
         continuation, so each round's score is symmetric about 0; the rows of one round share its context
-        and its rounding, so the round is the unit: the self-normalised sum ``t`` of the rounds' scores,
-        ``P(t >= z) <= exp(-z^2 / 2)`` (Efron 1969), whatever the rows' dependence within a round."""
+        and its rounding, so the round is the unit: the exact sign-flip test, the share of the 2^n ways to
+        give the n rounds' scores their signs whose sum reaches the observed one, whatever the rows'
+        dependence within a round (:func:`_sign_flip_p`)."""
         scores = [toward - away for toward, away in rounds]
         squares = sum(x * x for x in scores)
         statistic = sum(scores) / math.sqrt(squares) if squares else 0.0
-        p = math.exp(-(statistic**2) / 2) if statistic > 0 else 1.0
         toward, away = sum(r[0] for r in rounds), sum(r[1] for r in rounds)
-        return LeanTest(len(rounds), toward, away, statistic, p)
+        return LeanTest(len(rounds), toward, away, statistic, _sign_flip_p(scores))
 
     def tau_test(self, differences: Sequence[int]) -> TauTest:
         """One-sided test on ``d_i`` (engine - replay emitted length, every round whose tokens agree):
@@ -262,6 +262,29 @@ class NoiseModel:
         return (
             f"{self.dtype} bound {self.bound:.3g} nats, drafter tolerance {self.drafter_tolerance:.3g} ({self.source})"
         )
+
+
+def _sign_flip_p(scores: Sequence[int]) -> float:
+    """``P(sum(e_i |x_i|) >= sum(x_i))`` over independent fair signs ``e_i``: the exact one-sided
+    randomisation p-value of integer scores symmetric about 0 under the null. The sum with signs is
+    ``2 T - A`` for ``T`` the sum of the scores given a plus sign and ``A`` of all their sizes, so the
+    distribution of ``T`` (a subset sum, built one score at a time) gives it exactly."""
+    import numpy as np
+
+    sizes = [abs(int(x)) for x in scores if x]
+    observed = sum(int(x) for x in scores)
+    if observed <= 0:
+        return 1.0
+    total = sum(sizes)
+    dist = np.zeros(total + 1)
+    dist[0] = 1.0
+    reach = 0
+    for size in sizes:
+        reach += size
+        dist[size : reach + 1] = 0.5 * dist[size : reach + 1] + 0.5 * dist[: reach + 1 - size]
+        dist[:size] *= 0.5
+    least = math.ceil((observed + total) / 2)  # T with 2 T - A >= observed
+    return float(min(1.0, dist[least:].sum()))
 
 
 def _quantile(rounds: int, rate: float) -> int:

@@ -277,10 +277,10 @@ def judge_rounds(
             run.drafter_side.append(a - b)
     if any(v.kind is RoundKind.DRAFTER_NEAR_TIE for v in run.verdicts[parted:]):  # excuses from reported logits
         traces = engine_traces() if engine_traces is not None else None
-        _lean(run, replayed, {v.round for v in run.verdicts[parted:]}, output, traces)
+        _lean(run, replayed, {v.round for v in run.verdicts[parted:]}, traces)
 
 
-def _lean(run: ReplayRun, replayed, judged: set[int], output: Sequence[int], traces) -> None:
+def _lean(run: ReplayRun, replayed, judged: set[int], traces) -> None:
     """Whether the engine's reported drafter logits lean toward the target's continuation, over the rounds
     that agree with the replay (a round picked for differing would be picked for its lean): counted into
     ``run.lean`` (:func:`~ddtree_conformance.drafter_excuse.continuation_lean`)."""
@@ -288,7 +288,10 @@ def _lean(run: ReplayRun, replayed, judged: set[int], output: Sequence[int], tra
         trace = traces[rnd.index] if traces and rnd.index < len(traces) else None
         if rnd.index in judged or trace is None or trace.draft_logits is None or rnd.draft_top is None:
             continue
-        toward, away = continuation_lean(trace.draft_logits, rnd.draft_top, output[rnd.offset :])
+        # the round's own tokens: the fp32 target chose them (the round agrees with the replay). Later tokens
+        # may be the engine's low-precision target near ties, which its drafter, fed the same rounded
+        # features, honestly leans toward
+        toward, away = continuation_lean(trace.draft_logits, rnd.draft_top, rnd.tokens)
         if toward or away:
             run.lean.append((toward, away))
 

@@ -80,3 +80,14 @@ def test_the_lean_test_takes_the_round_as_its_unit():
     result = rules.lean_test(leaning)
     assert result.fails and (result.toward, result.away, result.rounds) == (440, 360, 80), result.describe()
     assert not rules.lean_test([]).fails and not rules.lean_test([(0, 3)] * 50).fails
+    # the exact sign-flip p-value against enumerating every sign pattern (zeros and negatives included)
+    import itertools
+
+    from ddtree_conformance.noise import _sign_flip_p as sign_flip_p
+
+    for draw in range(60):
+        scores = [random.Random(draw * 31 + i).randint(-5, 6) for i in range(1 + draw % 9)]
+        sizes, observed = [abs(x) for x in scores], sum(scores)
+        every = list(itertools.product((1, -1), repeat=len(sizes)))
+        exact = sum(sum(e * a for e, a in zip(signs, sizes, strict=True)) >= observed for signs in every) / len(every)
+        assert abs(sign_flip_p(scores) - (exact if observed > 0 else 1.0)) < 1e-12, scores

@@ -277,6 +277,8 @@ def check_context_range(session: SuiteSession, mode: str, budget: int | None) ->
     replay, rounds = _acceptance(session, name, Run(mode, budget), labels, requests, spec)
     if replay.status == "fail":
         return CheckResult.failed(name, f"across the context window: {replay.message}", **replay.details, **details)
+    # the noise model's tests on the rounds (tau, drafter lean) travel with a pass, as the acceptance check's do
+    details = {**details, **{k: replay.details[k] for k in ("tau_test", "drafter_lean") if k in replay.details}}
     if rounds is None:
         return CheckResult.passed(name, f"{summary}; {replay.message}{untested}", **verdict.details, **details)
     details = {**details, COMPANY_KEY: rounds.details()}
