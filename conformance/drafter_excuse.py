@@ -83,8 +83,8 @@ def continuation_lean(engine_logits, reference_top, continuation: Sequence[int])
     continuation is not among them, or whose two shifts are equal, counts neither way."""
     mine = torch.as_tensor(engine_logits, dtype=torch.float32)
     indices, values = reference_top
-    if mine.shape[0] != indices.shape[0]:
-        return 0, 0
+    if mine.ndim != 2 or mine.shape[0] != indices.shape[0] or (indices.numel() and mine.shape[1] <= int(indices.max())):
+        return 0, 0  # not the replay's rows or vocabulary: nothing to compare (its excuses already need them)
     toward = away = 0
     for row, token in enumerate(continuation[: indices.shape[0]]):
         where = (indices[row] == int(token)).nonzero()

@@ -9,8 +9,9 @@ call, so sampling costs the timings nothing) with a :class:`Sampler`:
   is not installed, through the driver's own ``libnvidia-ml.so.1`` with ctypes. Where neither works the
   report says ``"not sampled: <reason>"``; nothing fails for it;
 * **host**: CPU busy share of the whole machine since the previous sample (``psutil.cpu_percent``), the
-  share of it taken by *other* processes (the whole machine's less this process's own, as a share of all
-  cores: a busy neighbour, never the engine under test when it runs in this process), and the 1-minute
+  share of it taken by *other* processes (the whole machine's less that of this process and every process
+  under it, an isolated engine's worker included: a busy neighbour, never the engine under test), and the
+  1-minute
   load average, with the core count.
 
 :func:`summarise` turns the per-repeat samples into the report's ``machine`` part (medians, ranges, the
@@ -27,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import os
 import statistics
+import time
 from collections.abc import Sequence
 
 __all__ = ["Sampler", "THROTTLE_REASONS", "describe", "drift", "identity", "outside_causes", "steady", "summarise"]
@@ -182,15 +184,36 @@ class Sampler:
             import psutil
 
             self._psutil = psutil
-            self._own = psutil.Process()
             psutil.cpu_percent(None)  # starts the interval the first sample reads
-            self._own.cpu_percent(None)
+            self._own_times, self._own_wall = self._tree_times(), time.monotonic()
         except Exception:  # noqa: BLE001
             self._psutil = None
 
     @property
     def via(self) -> str:
         return self.gpu.via if self.gpu is not None else self.gpu_missing or ""
+
+    def _tree_times(self) -> dict[int, float]:
+        """CPU seconds so far of this process and every process under it (an isolated engine's worker is
+        one: the build under test, never "another process")."""
+        me = self._psutil.Process()
+        out = {}
+        for proc in [me, *me.children(recursive=True)]:
+            try:
+                times = proc.cpu_times()
+                out[proc.pid] = times.user + times.system
+            except self._psutil.Error:
+                continue
+        return out
+
+    def _own_share(self, cores: int) -> float:
+        """The share of the machine's CPU this process tree used since the previous sample, in percent (a
+        process that started since then counts all its time; one that ended since then is lost)."""
+        now, wall = self._tree_times(), time.monotonic()
+        used = sum(t - self._own_times.get(pid, 0.0) for pid, t in now.items())
+        elapsed = max(wall - self._own_wall, 1e-6)
+        self._own_times, self._own_wall = now, wall
+        return min(100.0, max(0.0, 100.0 * used / (elapsed * cores)))
 
     def sample(self) -> dict:
         out: dict = {}
@@ -202,7 +225,7 @@ class Sampler:
         host: dict = {"cores": os.cpu_count()}
         if self._psutil is not None:
             busy = float(self._psutil.cpu_percent(None))
-            own = float(self._own.cpu_percent(None)) / (host["cores"] or 1)  # % of one core -> of the machine
+            own = self._own_share(host["cores"] or 1)
             host["cpu_percent"] = busy
             host["others_cpu_percent"] = round(max(0.0, busy - own), 1)
         try:

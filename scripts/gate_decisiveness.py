@@ -41,9 +41,13 @@ Steps of one call (at most ``--total-budget-s`` of trials, so one device call st
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
+import os
 import platform
+import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -148,21 +152,25 @@ def gpu_line(machine: dict | None) -> dict:
 
 
 class Stress:
-    """N busy Python processes (each spins one core) while the context is open; ended by their pids."""
+    """N busy Python processes (each spins one core) while the context is open, started detached (their
+    parent shell exits at once), so the machine's sampler counts them as other processes, not as the
+    process tree under test; ended by their pids."""
 
     def __init__(self, n: int) -> None:
-        self.n, self.procs = n, []
+        self.n, self.pids = n, []
 
     def __enter__(self):
-        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
-        time.sleep(0.5 if self.n else 0)  # let them start
+        if self.n:
+            spin = f"{shlex.quote(sys.executable)} -c 'while True: pass' >/dev/null 2>&1 & echo $!"
+            started = subprocess.run(["sh", "-c", "; ".join([spin] * self.n)], capture_output=True, text=True)
+            self.pids = [int(pid) for pid in started.stdout.split()]
+            time.sleep(0.5)  # let them start
         return self
 
     def __exit__(self, *exc):
-        for proc in self.procs:
-            proc.kill()
-        for proc in self.procs:
-            proc.wait()
+        for pid in self.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def summarise(rows: list[dict]) -> dict:

@@ -143,9 +143,20 @@ def test_a_slower_machine_is_not_a_failed_build_but_inconclusive():
 
 
 def test_the_sampler_records_the_other_processes_share():
+    import subprocess
+    import sys
+    import time
+
     sampler = Sampler("cpu")
     sampler.sample()
-    sum(i * i for i in range(2_000_000))  # this process busy: not another process
+    # a process under this one (as an isolated engine's worker is) spins: this tree's time, not another's
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.5)
+        assert sampler._own_share(1) > 40  # about a core-second over 1.5 s, start-up included
+    finally:
+        child.kill()
+        child.wait()
     host = sampler.sample()["host"]
     assert 0 <= host["others_cpu_percent"] <= host["cpu_percent"] + 0.1
     summary = summarise([sampler.sample(), sampler.sample()], sampler)
