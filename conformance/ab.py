@@ -40,10 +40,10 @@ from .adapters.interface import Engine, Request, RunConfig
 from .adapters.registry import available_engines
 from .bench import acceptance_summary, machine_part
 from .gate import EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_REGRESSION, GateRow, speedup_interval
-from .machine_state import Sampler, describe
+from .machine_state import Sampler, describe, noise_causes
 from .option_names import option
 from .paired import Arm, BenchError, Measured, Repeat, Stream, WarmupRule, measure
-from .sequential import METHOD, SPENDING, SequentialPlan, look_alpha, verdict
+from .sequential import METHOD, SPENDING, SequentialPlan, look_alpha, repeats_to_decide, verdict
 
 __all__ = [
     "Baseline",
@@ -357,6 +357,7 @@ def evaluate(report: dict) -> list[GateRow]:
     """Gate rows of an A/B report: each run's ratio interval, recomputed from its samples, against its
     edge (pass: wholly at or above; fail: wholly below; else inconclusive)."""
     rows = []
+    machine = (report.get("ab") or {}).get("machine")
     for run in report.get("runs", []):
         ab = run.get("ab") or {}
         label = run.get("label", "?")
@@ -414,6 +415,7 @@ def evaluate(report: dict) -> list[GateRow]:
             )
         else:
             why = (ab.get("stop") or {}).get("reason") or "the run stopped"
+            hint = _undecided_hint(ab, interval, edge, spread, machine)
             rows.append(
                 GateRow(
                     label,
@@ -422,10 +424,23 @@ def evaluate(report: dict) -> list[GateRow]:
                     measured,
                     band,
                     interval.low - edge,
-                    f"interval straddles the edge: {why}{accepts}",
+                    f"interval straddles the edge: {why}{accepts}{hint}",
                 )
             )
     return rows or [GateRow("-", "A/B ratio", "missing", "-", "-", None, "the report holds no A/B runs")]
+
+
+def _undecided_hint(ab: dict, interval, edge: float, spread: tuple[float, int] | None, machine: dict | None) -> str:
+    """What would decide an inconclusive A/B row: the noise's likely cause where the run's machine state
+    shows one (other processes busy, throttling, a moving clock), and about how many repeats would."""
+    causes = noise_causes(machine)
+    cause = f"; likely cause of the noise: {'; '.join(causes)}: a quieter runner decides it sooner" if causes else ""
+    samples = [float(x) for x in ab.get("samples") or [] if isinstance(x, (int, float)) and x > 0]
+    more = repeats_to_decide(samples, 1 - interval.level, edge, *(spread or (0.0, 0))) if len(samples) > 1 else None
+    raise_it = f"raise {option('max_repeats')}/{option('time_budget')}"
+    if more is None:
+        return f"{cause}; the estimate sits on the edge: more repeats would not decide it"
+    return f"{cause}; about {more} repeats (now {len(samples)}: {raise_it}) would decide it"
 
 
 def ab_verdict(rows: Sequence[GateRow]) -> dict:

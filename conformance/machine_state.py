@@ -17,9 +17,11 @@ call, so sampling costs the timings nothing) with a :class:`Sampler`:
 :func:`summarise` turns the per-repeat samples into the report's ``machine`` part (medians, ranges, the
 throttle reasons seen); :func:`drift` compares a baseline's summary with a trial's and names what moved
 (an SM clock 5 % lower, 12 deg C hotter, a new throttle reason, a busier host), which the gate gives as
-the likely cause of a slowdown. :func:`outside_causes` keeps only what the build under test cannot
-have moved itself (other processes' CPU, lower GPU clocks, a new throttle reason): with one of those the
-stored-baseline gate does not fail a slower run (a slower machine cannot be told from a slower build).
+the likely cause of a slowdown; :func:`noise_causes` names what in one run's own state made its repeats
+noisy (an A/B run has no baseline state to compare with). :func:`outside_causes` keeps only what the
+build under test cannot have moved itself (other processes' CPU, lower GPU clocks, a new throttle
+reason): with one of those the stored-baseline gate does not fail a slower run (a slower machine cannot
+be told from a slower build).
 :func:`steady` is the warm-up rule (``docs/reference/bench-and-gates.md``).
 """
 
@@ -31,7 +33,17 @@ import statistics
 import time
 from collections.abc import Sequence
 
-__all__ = ["Sampler", "THROTTLE_REASONS", "describe", "drift", "identity", "outside_causes", "steady", "summarise"]
+__all__ = [
+    "Sampler",
+    "THROTTLE_REASONS",
+    "describe",
+    "drift",
+    "identity",
+    "noise_causes",
+    "outside_causes",
+    "steady",
+    "summarise",
+]
 
 # NVML clock-throttle (clock-event) reason bits, nvml.h
 THROTTLE_REASONS = {
@@ -379,6 +391,36 @@ def outside_causes(baseline: dict | None, trial: dict | None) -> list[str]:
         whole = _median(h1, "cpu_percent")
         if whole is not None and before is not None and whole - before >= 25:
             out.append(f"host CPU {before:.0f} % -> {whole:.0f} % busy (this process included: an older record)")
+    return out
+
+
+def noise_causes(machine: dict | None) -> list[str]:
+    """What in one run's own machine state (:func:`summarise`) spreads its repeats and that the build
+    under test cannot have caused, in words (empty: none seen, or no state):
+
+    * other processes at 25 % of the host's CPU or more (median over the repeats);
+    * a throttle reason (power cap, thermal, hardware slowdown) in any sample;
+    * the SM clock moving by 2 % or more between repeats.
+
+    An A/B run interleaves both builds, so a slower machine slows both arms alike and cannot bias the
+    ratio; it widens the interval. This names why an A/B interval came out too wide to decide."""
+    if not machine:
+        return []
+    out = []
+    host = machine.get("host") or {}
+    others = _median(host, "others_cpu_percent")
+    if others is not None and others >= 25:
+        top = (host.get("others_cpu_percent") or {}).get("max", others)
+        out.append(f"other processes kept {others:.0f} % of the host CPU busy (up to {top:.0f} %)")
+    gpu = machine.get("gpu")
+    if isinstance(gpu, dict):
+        bad = [r for r in gpu.get("throttle_reasons", []) if r not in BENIGN_REASONS]
+        if bad:
+            out.append(f"GPU throttled ({', '.join(bad)}) in {gpu.get('throttled_share', 0):.0%} of the repeats")
+        clock = gpu.get("sm_clock_mhz") or {}
+        low, high = clock.get("min"), clock.get("max")
+        if isinstance(low, (int, float)) and isinstance(high, (int, float)) and low > 0 and high / low - 1 >= 0.02:
+            out.append(f"SM clock moved {low:.0f}-{high:.0f} MHz ({100 * (high / low - 1):.1f} %)")
     return out
 
 

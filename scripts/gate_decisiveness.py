@@ -19,7 +19,10 @@ Steps of one call (at most ``--total-budget-s`` of trials, so one device call st
    GPU's SM clock and temperature are steady, at most ``--warmup-s``);
 2. the stored baseline (first call on this machine only): ``--baseline-repeats`` fixed repeats;
 3. trials, round-robin over (engine, gate); with ``--stress N`` a CPU-heavy job (N busy Python processes)
-   runs beside every ``--stress-every``-th trial;
+   runs beside every ``--stress-every``-th trial, started ``--stress-settle-s`` (5) seconds before it, so
+   that the trial meets a load already running, as on a busy CI runner (trials before 2026-12-04d started
+   it 0.5 s before: their first repeat carried the load's onset and was the smallest in 11 of 12
+   stressed rows);
 4. every trial appends one row to ``STATE/trials.jsonl`` (kept across calls on one machine) and to
    ``OUT/trials.jsonl``: the machine (boot id, host, GPU UUID), wall time and minutes since the machine's
    first call, the load beside it (stress processes, host CPU busy, load average), engine, gate, verdict,
@@ -96,6 +99,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup-s", type=float, default=60.0, help="warm-up cap (the rule may stop it earlier)")
     p.add_argument("--stress", type=int, default=0, help="busy Python processes beside the stressed trials (0: none)")
     p.add_argument("--stress-every", type=int, default=2, help="stress beside every k-th trial (2: half of them)")
+    p.add_argument(
+        "--stress-settle-s", type=float, default=5.0, help="seconds the stress runs before a stressed trial starts"
+    )
     p.add_argument("--baselines", type=Path, default=None, help="a baseline file of other machines' runs to merge into")
     p.add_argument("--state", type=Path, default=None, help="kept across calls on one machine (default: --out)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -156,15 +162,15 @@ class Stress:
     parent shell exits at once), so the machine's sampler counts them as other processes, not as the
     process tree under test; ended by their pids."""
 
-    def __init__(self, n: int) -> None:
-        self.n, self.pids = n, []
+    def __init__(self, n: int, settle_s: float = 5.0) -> None:
+        self.n, self.settle_s, self.pids = n, settle_s, []
 
     def __enter__(self):
         if self.n:
             spin = f"{shlex.quote(sys.executable)} -c 'while True: pass' >/dev/null 2>&1 & echo $!"
             started = subprocess.run(["sh", "-c", "; ".join([spin] * self.n)], capture_output=True, text=True)
             self.pids = [int(pid) for pid in started.stdout.split()]
-            time.sleep(0.5)  # let them start
+            time.sleep(self.settle_s)  # a load already running when the trial starts, not its onset
         return self
 
     def __exit__(self, *exc):
@@ -444,8 +450,8 @@ def main(argv=None) -> int:
                 break
             stressed = bool(args.stress) and count % max(1, args.stress_every) == args.stress_every - 1
             engine = engines[name]
-            t0 = time.perf_counter()
-            with Stress(args.stress if stressed else 0):
+            with Stress(args.stress if stressed else 0, args.stress_settle_s):
+                t0 = time.perf_counter()  # the verdict's GPU time: the settling load's seconds are not its
                 if gate == "ab":
                     candidate = twin if name == "correct" else engine
                     part = measure_ab(
@@ -488,6 +494,7 @@ def main(argv=None) -> int:
                 "utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                 "minute": round((time.time() - epoch0) / 60, 2),
                 "stress": args.stress if stressed else 0,
+                "stress_settle_s": args.stress_settle_s if stressed else 0,
                 "engine": name,
                 "gate": gate,
                 "label": "A/A" if (gate == "ab" and name == "correct") else name,

@@ -329,3 +329,57 @@ def test_a_slow_mutant_against_the_reference(random_pair, tmp_path):
     assert run["tau"] == run["baseline_tau"]  # the mutant accepts exactly what the reference does
     assert run["ab"]["stop"]["decision"] in ("pass", "regression", "inconclusive")
     assert report["ab"]["candidate"].startswith("slow-verify") and report["ab"]["baseline"].startswith("reference")
+
+
+def test_an_undecided_ab_row_names_the_noisy_machine_and_what_would_decide_it():
+    """Issue 29's stressed H200 trials: with 16 busy processes beside it, an A/B interval of a 5 % slower
+    build came out too wide to decide, and the message did not say why. It names the busy host (the run's
+    own state: A/B has no baseline state to compare with) and about how many repeats would decide it."""
+    from ddtree_conformance.machine_state import summarise
+
+    candidate, baseline, clock, _ = simulated_pair(0.01 / 0.95)  # right on the edge: undecided
+    part = measure_ab(
+        candidate,
+        baseline,
+        REQUESTS,
+        {"ddtree-B16": CONFIGS["ddtree-B16"]},
+        tolerance=0.05,
+        now=lambda: clock[0],
+        plan=SequentialPlan(max_repeats=3),
+    )
+
+    def states(others: float, throttle=(), clocks=(1980.0,)) -> dict:
+        return summarise(
+            [
+                {
+                    "gpu": {
+                        "sm_clock_mhz": c,
+                        "mem_clock_mhz": 3201.0,
+                        "power_w": 400.0,
+                        "temperature_c": 50.0,
+                        "throttle": list(throttle),
+                    },
+                    "host": {"cores": 16, "cpu_percent": min(100.0, others + 6), "others_cpu_percent": others},
+                }
+                for c in clocks
+            ]
+        )
+
+    part["ab"]["machine"] = states(others=2)
+    (quiet,) = evaluate(part)
+    assert quiet.status == "inconclusive" and "likely cause" not in quiet.message
+    assert "repeats" in quiet.message  # what would decide it, even on a quiet machine
+    for state, cause in (
+        (states(others=94), "other processes kept 94 % of the host CPU busy"),
+        (states(others=2, throttle=["sw_power_cap"]), "GPU throttled (sw_power_cap)"),
+        (states(others=2, clocks=(1980.0, 1755.0)), "SM clock moved 1755-1980 MHz"),
+    ):
+        part["ab"]["machine"] = state
+        (row,) = evaluate(part)
+        assert row.status == "inconclusive" and f"likely cause of the noise: {cause}" in row.message, row.message
+    # a decided row keeps its verdict and says nothing of noise: the interleaving cancels a slower machine
+    candidate, baseline, clock, _ = simulated_pair(0.0125)
+    slow = measure_ab(candidate, baseline, REQUESTS, {"ddtree-B16": CONFIGS["ddtree-B16"]}, now=lambda: clock[0])
+    slow["ab"]["machine"] = states(others=94)
+    (row,) = evaluate(slow)
+    assert row.status == "fail" and "likely cause" not in row.message
