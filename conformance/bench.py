@@ -239,7 +239,7 @@ def describe_settings(report: dict, settings: dict[str, dict], busy: dict[str, f
     ``bench.timing_basis``, the line every report format prints)."""
     merged: dict = {}
     for arm_settings in settings.values():
-        merge_settings(merged, arm_settings)
+        merged = merge_settings(merged, arm_settings)
     warnings = settings_warnings(merged, device)
     bench = report["bench"]
     bench["engine_settings"] = merged

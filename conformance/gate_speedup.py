@@ -189,33 +189,28 @@ def speedup_row(
         message = f"whole interval at or above the band {repeats}; {notes.view}{notes.machine}"
         return GateRow(label, "speedup", "pass", measured, band, interval.low - base.lower, message, notes.details)
     if found == "regression" and spread is not None and notes.outside:
-        return GateRow(
-            label,
-            "speedup",
-            "inconclusive",
-            measured,
-            band,
-            interval.high - base.lower,
+        why = (
             f"whole interval below the band {repeats}, but the machine was slower than in every baseline run, "
             f"for causes outside the build ({'; '.join(notes.outside)}): a slower machine cannot be told from a "
             f"slower build, so not failed; rerun on a quiet runner, or an A/B run against the baseline build "
-            f"({command('bench', 'against')}, both builds on the same machine) decides it; {notes.view}{notes.machine}",
-            notes.details,
+            f"({command('bench', 'against')}, both builds on the same machine) decides it"
         )
+        return _inconclusive_row(label, measured, band, interval.high - base.lower, why, notes)
     if found == "regression" and spread is not None:
         message = f"whole interval below the band {repeats}; {notes.view}{notes.cause}{notes.machine}"
         return GateRow(label, "speedup", "fail", measured, band, interval.high - base.lower, message, notes.details)
     why, hint = _undecided_why(found, sp, base, notes)
-    return GateRow(
-        label,
-        "speedup",
-        "inconclusive",
-        measured,
-        band,
-        interval.low - base.lower,
-        f"{why}; {hint}{notes.noise}; {notes.view}{notes.cause}{notes.machine}",
-        notes.details,
-    )
+    margin = interval.low - base.lower
+    return _inconclusive_row(label, measured, band, margin, f"{why}; {hint}{notes.noise}", notes, notes.cause)
+
+
+def _inconclusive_row(
+    label: str, measured: str, band: str, margin: float, why: str, notes: _SpeedupNotes, cause: str = ""
+) -> GateRow:
+    """An inconclusive speedup row of a measured interval: ``why`` (and what would decide it), then the
+    cost-model view, the ``cause`` named for the drift since the baseline ("": none) and the machine's state."""
+    message = f"{why}; {notes.view}{cause}{notes.machine}"
+    return GateRow(label, "speedup", "inconclusive", measured, band, margin, message, notes.details)
 
 
 class _SpeedupNotes(NamedTuple):

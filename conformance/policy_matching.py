@@ -46,6 +46,15 @@ class PolicyReference(ReferenceEngine):
         self.policy: dict = {}
         self._build = lambda logits, budget: build_policy_tree(logits, budget, **self.policy)
 
+    def generate_under(self, policy: dict, requests: list[Request], config: RunConfig) -> list[RequestResult]:
+        """``requests`` run with the trees built under ``policy`` (empty: the spec's); the engine builds the
+        spec's trees again afterwards."""
+        self.policy = policy
+        try:
+            return self.generate(requests, config)
+        finally:
+            self.policy = {}
+
 
 @dataclass
 class PolicyMatch:
@@ -106,12 +115,9 @@ def replay_known_policies(
     kind, tau, mine = _engine_view(results)
     match, distance, equal = PolicyMatch(), {}, {}
     for name in [*(names or distinct_policies(budget, horizon)), SPEC]:
-        engine.policy = {} if name == SPEC else KNOWN_POLICIES[name](budget, horizon)
-        try:
-            untraced = config.model_copy(update={"trace": False, "trace_draft_logits": False})
-            replayed = engine.generate(requests, untraced)
-        finally:
-            engine.policy = {}
+        policy = {} if name == SPEC else KNOWN_POLICIES[name](budget, horizon)
+        untraced = config.model_copy(update={"trace": False, "trace_draft_logits": False})
+        replayed = engine.generate_under(policy, requests, untraced)
         match.taus[name] = _pooled_tau(replayed)
         equal[name] = sum(_same(kind, a, b) for a, b in zip(mine, replayed)) if mine else 0
         if match.taus[name]:

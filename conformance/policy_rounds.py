@@ -4,6 +4,7 @@ comparison with the spec's tree of the round's own drafter logits (:func:`compar
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -102,40 +103,47 @@ def _score_paths(logits: torch.Tensor, paths: Sequence[tuple[int, ...]]) -> list
     return out
 
 
-def compare_round(rnd: TracedRound, mode: str, budget: int, horizon: int) -> DraftTree | None:
-    """Classify ``rnd`` against the spec's tree of its own drafter logits (first L rows)."""
+def compare_round(rnd: TracedRound, mode: str, budget: int, horizon: int) -> TracedRound:
+    """``rnd`` classified against the spec's tree of its own drafter logits (first L rows): a new
+    :class:`TracedRound` with the spec tree's sizes and the round's kind (``rnd`` itself where it holds no
+    drafter logits)."""
     view = rnd.view
     if view.logits is None:
-        return None
+        return rnd
     logits = view.logits[:horizon]
     spec = build_chain(logits) if mode == "dflash" else build_tree(logits, budget)
+    sized = dataclasses.replace(
+        rnd,
+        spec_nodes=spec.num_nodes,
+        spec_max_children=max(child_counts(spec.parents.tolist())),
+        spec_widths=level_widths(spec.depths.tolist()),
+    )
+    return dataclasses.replace(sized, **_classification(view, logits, spec, budget))
+
+
+def _classification(view: RoundView, logits: torch.Tensor, spec: DraftTree, budget: int) -> dict:
+    """How a traced round's tree stands to the spec's (``kind``, with ``numbering`` for a renumbered tree
+    and ``stop_margins`` for a subset that is the spec's first nodes in pop order)."""
     spec_paths = _tree_paths(spec)
     mine = node_paths(view.tokens, view.parents)
-    rnd.spec_nodes = spec.num_nodes
-    rnd.spec_max_children = max(child_counts(spec.parents.tolist()))
-    rnd.spec_widths = level_widths(spec.depths.tolist())
     if mine[1:] == spec_paths[1:]:
-        rnd.kind = "spec"
-        return spec
+        return {"kind": "spec"}
     if set(mine) == set(spec_paths) and len(mine) == len(spec_paths):
-        rnd.kind, rnd.numbering = "renumbered", numbering(view.depths)
-        return spec
+        return {"kind": "renumbered", "numbering": numbering(view.depths)}
     if len(mine) == len(spec_paths):  # the same size, differing only by nodes tied at the boundary
         only = set(mine) ^ set(spec_paths)
         scores = _score_paths(logits, sorted(only))
         boundary = float(spec.scores.min())
         if all(s == boundary for s in scores):
-            rnd.kind = "tie"
-            return spec
+            return {"kind": "tie"}
     if set(mine) < set(spec_paths):  # a prefix-closed part of the spec's tree: cut by room, or stopped early
         exempt = view.last or (view.room is not None and view.room < budget)
-        rnd.kind = "cut" if exempt else "subset"
+        found = {"kind": "cut" if exempt else "subset"}
         kept = len(mine) - 1
         if set(mine[1:]) == set(spec_paths[1 : kept + 1]):  # the spec's first nodes in pop order
             scores = spec.scores[1:].tolist()
             best = float(torch.log_softmax(logits[0].float(), dim=-1).max()) - math.log(max(budget, 1))
             low = best - scores[kept - 1] if kept else -math.inf
-            rnd.stop_margins = (low, best - scores[kept] if kept < len(scores) else math.inf)
-        return spec
-    rnd.kind = "differs"
-    return spec
+            found["stop_margins"] = (low, best - scores[kept] if kept < len(scores) else math.inf)
+        return found
+    return {"kind": "differs"}

@@ -95,6 +95,9 @@ class Recorder:
             if info.get("engine", {}).get("name"):
                 self.session_info["engine"] = info["engine"]
 
+    # mutates: session (pytest's hook API: a plugin changes the run's exit status by setting
+    # session.exitstatus in pytest_sessionfinish, and an xdist worker hands its data over in the
+    # session's config.workeroutput)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         info = session.config.stash.get(SESSION_KEY, None)
         workeroutput = getattr(session.config, "workeroutput", None)
@@ -108,9 +111,12 @@ class Recorder:
             self.session_info["engine"] = info.get("engine") or self.session_info.get("engine")
         if not self.entries:
             return
-        self.write_report(session)
+        self.write_report()
+        if self.verdict["status"] == "incomplete" and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = EXIT_INCOMPLETE
 
-    def write_report(self, session: pytest.Session) -> None:
+    def write_report(self) -> None:
+        """The check report of the gathered results, written to ``out``; its verdict kept in ``verdict``."""
         s = self.settings
         partial = new_report("check", s.model_dump(), hardware_class(s.device, None), schema=CHECK_SCHEMA)
         partial["route"] = "pytest"
@@ -125,8 +131,6 @@ class Recorder:
         )
         report["held_out_prompts"] = self.session_info.get("held_out_prompts", [])
         self.written = write_report(report, self.out)
-        if self.verdict["status"] == "incomplete" and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = EXIT_INCOMPLETE
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.verdict is None:

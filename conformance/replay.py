@@ -245,8 +245,9 @@ def judge_rounds(
     engine_traces=None,
     context_limit: int | None = None,
     max_new_tokens: int | None = None,
-) -> None:
-    """Classify every replayed round of one prompt into ``run`` (see the module doc).
+) -> ReplayRun:
+    """``run`` with every replayed round of one prompt classified into it (see the module doc): a new
+    :class:`ReplayRun`, ``run`` left as it was.
 
     ``replayed``: :class:`~ddtree_conformance.adapters.reference.replay.ReplayRound` list;
     ``token_gaps``: token scoring's fp32 gap of each output token below the top-1;
@@ -261,29 +262,31 @@ def judge_rounds(
     # on both sides, so a length claimed past the end (unobservable) cannot inflate it
     mine_emitted = emitted_lengths(engine_lengths, len(output))
     theirs_emitted = emitted_lengths([r.length for r in replayed], len(output))
-    run.engine_lengths.append(mine_emitted)
-    run.reference_lengths.append(theirs_emitted)
-    parted = len(run.verdicts)
-    run.by_prompt[prompt] = (list(engine_lengths), [r.length for r in replayed])
     how = _Judging(prompt, output, rules, mode, budget, token_gaps, engine_traces, context_limit, max_new_tokens)
-    for rnd in replayed:
-        run.rounds += 1
-        verdict = _round_verdict(rnd, engine_lengths[rnd.index], how)
-        if verdict is not None:
-            run.verdicts.append(verdict)
-    target_side = {v.round for v in run.verdicts[parted:] if v.kind in _TARGET_SIDE}
-    for rnd, a, b in zip(replayed, mine_emitted, theirs_emitted):
-        if rnd.index not in target_side:
-            run.drafter_side.append(a - b)
-    if any(v.kind is RoundKind.DRAFTER_NEAR_TIE for v in run.verdicts[parted:]):  # excuses from reported logits
+    verdicts = [v for rnd in replayed if (v := _round_verdict(rnd, engine_lengths[rnd.index], how)) is not None]
+    target_side = {v.round for v in verdicts if v.kind in _TARGET_SIDE}
+    drafter_side = [a - b for rnd, a, b in zip(replayed, mine_emitted, theirs_emitted) if rnd.index not in target_side]
+    lean = []
+    if any(v.kind is RoundKind.DRAFTER_NEAR_TIE for v in verdicts):  # excuses from reported logits
         traces = engine_traces() if engine_traces is not None else None
-        _lean(run, replayed, {v.round for v in run.verdicts[parted:]}, traces)
+        lean = _lean(replayed, {v.round for v in verdicts}, traces)
+    return replace(
+        run,
+        rounds=run.rounds + len(replayed),
+        engine_lengths=[*run.engine_lengths, mine_emitted],
+        reference_lengths=[*run.reference_lengths, theirs_emitted],
+        verdicts=[*run.verdicts, *verdicts],
+        drafter_side=[*run.drafter_side, *drafter_side],
+        by_prompt={**run.by_prompt, prompt: (list(engine_lengths), [r.length for r in replayed])},
+        lean=[*run.lean, *lean],
+    )
 
 
-def _lean(run: ReplayRun, replayed, judged: set[int], traces) -> None:
+def _lean(replayed, judged: set[int], traces) -> list[tuple[int, int]]:
     """Whether the engine's reported drafter logits lean toward the target's continuation, over the rounds
-    that agree with the replay (a round picked for differing would be picked for its lean): counted into
-    ``run.lean`` (:func:`~ddtree_conformance.drafter_excuse.continuation_lean`)."""
+    that agree with the replay (a round picked for differing would be picked for its lean): per round with
+    a lean, its drafter rows toward and away (:func:`~ddtree_conformance.drafter_excuse.continuation_lean`)."""
+    leans = []
     for rnd in replayed:
         trace = traces[rnd.index] if traces and rnd.index < len(traces) else None
         if rnd.index in judged or trace is None or trace.draft_logits is None or rnd.draft_top is None:
@@ -293,7 +296,8 @@ def _lean(run: ReplayRun, replayed, judged: set[int], traces) -> None:
         # features, honestly leans toward
         toward, away = continuation_lean(trace.draft_logits, rnd.draft_top, rnd.tokens)
         if toward or away:
-            run.lean.append((toward, away))
+            leans.append((toward, away))
+    return leans
 
 
 def _round_verdict(rnd, le: int, how: _Judging) -> RoundVerdict | None:
@@ -320,17 +324,13 @@ def _round_verdict(rnd, le: int, how: _Judging) -> RoundVerdict | None:
     if rnd.short_block is not None:
         short_length, short_tokens = rnd.short_block
         if mine == short_tokens[: len(mine)] and (le == short_length or (at_end and short_length >= len(mine))):
-            verdict.kind = RoundKind.SHORT_BLOCK
-            verdict.note = "equal to the replay with the drafter's block cut to the room the output had left"
-            return verdict
+            note = "equal to the replay with the drafter's block cut to the room the output had left"
+            return replace(verdict, kind=RoundKind.SHORT_BLOCK, note=note)
 
     def engine_trace():
-        """The engine's trace of this round (also drawn in the report), when a rerun reproduces it."""
+        """The engine's trace of this round (drawn in the report, :func:`_drawn`), when a rerun reproduces it."""
         traces = how.engine_traces() if how.engine_traces is not None else None
-        trace = traces[rnd.index] if traces and rnd.index < len(traces) else None
-        if trace is not None:
-            verdict.engine_tree = _tree_dict(trace.tree_tokens, trace.parents, trace.accepted)
-        return trace
+        return traces[rnd.index] if traces and rnd.index < len(traces) else None
 
     j = first_token_difference(mine, theirs)
     if j is not None:  # the target side decides; the engine's trace is only drawn for a failure
@@ -338,67 +338,78 @@ def _round_verdict(rnd, le: int, how: _Judging) -> RoundVerdict | None:
     return _drafter_side(verdict, rnd, at_end, how, engine_trace)
 
 
+def _drawn(verdict: RoundVerdict, trace) -> RoundVerdict:
+    """``verdict`` with the engine's tree of the round, drawn in the report (as it was without a trace)."""
+    if trace is None:
+        return verdict
+    return replace(verdict, engine_tree=_tree_dict(trace.tree_tokens, trace.parents, trace.accepted))
+
+
 def _target_side(verdict: RoundVerdict, rnd, j: int, how: _Judging, engine_trace) -> RoundVerdict:
-    """A round whose tokens part from the replay's at its ``j``-th: an fp32 tie, a target near tie, or a failure."""
+    """A round whose tokens part from the replay's at its ``j``-th: an fp32 tie, a target near tie, or a failure
+    (``verdict`` judged: a new verdict)."""
     mine, theirs, rules = verdict.engine_tokens, verdict.reference_tokens, how.rules
     position = rnd.offset + j
     gap = how.token_gaps[position] if position < len(how.token_gaps) else float("inf")
     node_gap = rnd.path_gaps[j] if j < len(rnd.path_gaps) else float("inf")
     call = rules.token(gap, node_gap)
     if call is TokenCall.FP32_TIE:
-        verdict.kind = RoundKind.FP32_TIE
-        verdict.note = (
-            f"fp32 tie at output position {position}: engine token {mine[j]} is {gap:.3g} below the top-1 {theirs[j]}"
+        return replace(
+            verdict,
+            kind=RoundKind.FP32_TIE,
+            note=f"fp32 tie at output position {position}: engine token {mine[j]} is {gap:.3g} below the top-1 "
+            f"{theirs[j]}",
         )
-    elif call is TokenCall.NEAR_TIE:
-        verdict.kind = RoundKind.TARGET_NEAR_TIE
-        verdict.note = (
-            f"fp32 target near-tie at output position {position}: engine token {mine[j]} is {gap:.3g} "
-            f"below the top-1 {theirs[j]}, within the bound {rules.bound:.3g}"
+    if call is TokenCall.NEAR_TIE:
+        return replace(
+            verdict,
+            kind=RoundKind.TARGET_NEAR_TIE,
+            note=f"fp32 target near-tie at output position {position}: engine token {mine[j]} is {gap:.3g} "
+            f"below the top-1 {theirs[j]}, within the bound {rules.bound:.3g}",
         )
-    else:
-        engine_trace()
-        verdict.note = (
-            f"at output position {position} the engine commits {mine[j]} where the fp32 target "
-            f"chose {theirs[j]} ({gap:.3g} below the top-1, bound {rules.bound:.3g})"
-        )
-    return verdict
+    return replace(
+        _drawn(verdict, engine_trace()),
+        note=f"at output position {position} the engine commits {mine[j]} where the fp32 target "
+        f"chose {theirs[j]} ({gap:.3g} below the top-1, bound {rules.bound:.3g})",
+    )
 
 
 def _drafter_side(verdict: RoundVerdict, rnd, at_end: bool, how: _Judging, engine_trace) -> RoundVerdict:
     """A round whose tokens agree with the replay's and whose length does not: a freedom (emittable depth,
-    context cut), a cut tree, a drafter near tie (confirmed or not), or a failure."""
+    context cut), a cut tree, a drafter near tie (confirmed or not), or a failure (``verdict`` judged: a new
+    verdict)."""
     mine, theirs, le = verdict.engine_tokens, verdict.reference_tokens, verdict.engine_length
     mode, budget, limit = how.mode, how.budget, how.context_limit
     cap = _emittable_depth(rnd, mine, le, at_end, mode, budget, how.max_new_tokens)
     if cap is not None:
-        verdict.kind = RoundKind.EMITTABLE_DEPTH
-        verdict.note = (
-            f"equal to the spec tree of B={budget} nodes no deeper than {cap}, the depth the output could "
-            f"still emit ({how.max_new_tokens - rnd.offset} tokens left)"
+        return replace(
+            verdict,
+            kind=RoundKind.EMITTABLE_DEPTH,
+            note=f"equal to the spec tree of B={budget} nodes no deeper than {cap}, the depth the output could "
+            f"still emit ({how.max_new_tokens - rnd.offset} tokens left)",
         )
-        return verdict
     fits = limit is not None and rnd.start - rnd.offset + 1 + len(how.output) <= limit
     if fits and le < rnd.length and rnd.draft_logits is not None:  # (an engine whose output passes its own
         full = budget if mode == "ddtree" else int(rnd.draft_logits.shape[0])  # limit states no limit)
         least = least_budget(full, limit - 2 - rnd.start)
         if least < full and _cut_length(rnd.draft_logits, mode, least, theirs, rnd.length) <= le:
-            verdict.kind = RoundKind.CONTEXT_CUT
-            verdict.note = (
-                f"root at position {rnd.start} of a {limit}-token context: the KV slots left hold {least} nodes"
+            return replace(
+                verdict,
+                kind=RoundKind.CONTEXT_CUT,
+                note=f"root at position {rnd.start} of a {limit}-token context: the KV slots left hold {least} nodes",
             )
-            return verdict
     trace = engine_trace()  # the drafter side decides: the engine's own tree and drafter logits
+    drawn = _drawn(verdict, trace)
     nodes = len(trace.tree_tokens) - 1 if trace is not None else budget
     if mode == "ddtree" and nodes < budget and le < rnd.length and rnd.draft_logits is not None:
         expected = _cut_length(rnd.draft_logits, mode, nodes, theirs, rnd.length)
         if expected == le:  # the engine verified a smaller tree (cut); at that size the spec agrees
-            verdict.kind = RoundKind.CUT_TREE
-            verdict.note = (
-                f"the engine's trace holds {nodes} of B={budget} nodes (its scheduler cut the tree); the spec "
-                f"tree of {nodes} nodes accepts exactly {le}"
+            return replace(
+                drawn,
+                kind=RoundKind.CUT_TREE,
+                note=f"the engine's trace holds {nodes} of B={budget} nodes (its scheduler cut the tree); the spec "
+                f"tree of {nodes} nodes accepts exactly {le}",
             )
-            return verdict
     engine_logits = None if trace is None else trace.draft_logits
     short = _short_view(rnd, mine, engine_logits)
     if short is not None:  # the engine may have drafted a block cut to the room left: judged on that block
@@ -406,16 +417,19 @@ def _drafter_side(verdict: RoundVerdict, rnd, at_end: bool, how: _Judging, engin
             short, short.tokens[: min(le, short.length)], le > short.length, how.rules, mode, budget, engine_logits
         )
         if why.kind == "excused":
-            verdict.kind, verdict.note = RoundKind.DRAFTER_NEAR_TIE, why.note + " (a cut block)"
-            return verdict
+            return replace(drawn, kind=RoundKind.DRAFTER_NEAR_TIE, note=why.note + " (a cut block)")
     path = theirs[: min(le, rnd.length)]
     why = drafter_excuse(rnd, path, le > rnd.length, how.rules, mode, budget, engine_logits)
-    verdict.note = why.note
-    if why.kind == "excused":
-        verdict.kind = RoundKind.DRAFTER_NEAR_TIE
-    elif why.kind == "unconfirmed":
-        verdict.kind = RoundKind.LONGER_UNCONFIRMED if le > rnd.length else RoundKind.SHORTER_UNCONFIRMED
-    return verdict
+    return replace(drawn, kind=_drafter_kind(why.kind, le > rnd.length), note=why.note)
+
+
+def _drafter_kind(excuse: str, longer: bool) -> RoundKind:
+    """The kind of a drafter-side round by its excuse (:func:`~ddtree_conformance.drafter_excuse.drafter_excuse`)."""
+    if excuse == "excused":
+        return RoundKind.DRAFTER_NEAR_TIE
+    if excuse == "unconfirmed":
+        return RoundKind.LONGER_UNCONFIRMED if longer else RoundKind.SHORTER_UNCONFIRMED
+    return RoundKind.DIFFERS
 
 
 _TARGET_SIDE = (RoundKind.TARGET_NEAR_TIE, RoundKind.FP32_TIE, RoundKind.DIFFERS)

@@ -264,8 +264,7 @@ def diagnose_traces(
         return PolicyDiagnosis(run, source)
     if horizon is None:
         horizon = max(r.max_depth for r in rounds)
-    for r in rounds:
-        compare_round(r, mode, budget, horizon)
+    rounds = [compare_round(r, mode, budget, horizon) for r in rounds]
     differing = [r for r in rounds if r.kind == "differs"]
     off_spec = [r for r in rounds if r.kind in ("differs", "subset")]
     free = [r for r in rounds if not r.view.last and (r.view.room is None or r.view.room >= budget)]

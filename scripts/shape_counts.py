@@ -28,6 +28,13 @@ clone of an older commit, for the "before"). The counts:
   resolved, function-local ones included) in modules of ``conformance/`` and ``adapters/`` outside
   ``conformance/testing/``; resolved by :mod:`ddtree_conformance.testing.imports`, as the layering tests
   resolve them (``tests/test_import_graph.py``).
+* ``functions changing an argument in place``: functions of ``conformance/`` and ``adapters/`` (test
+  doubles excluded) that assign to an item or attribute of a parameter or call a mutating method on it
+  (:func:`argument_mutations`), unless the function declares that change: a line ``mutates: NAME (why)``
+  (several names: ``mutates: a, b (why)``) in its docstring or in the comment lines right above its
+  ``def`` (or its decorators), for a change the caller's API asks for (a model forward filling the KV
+  cache its caller owns, a pytest hook setting the session's exit status). Only the named arguments
+  are excused, and only with a reason; those are listed under ``declared in-place changes``.
 """
 
 from __future__ import annotations
@@ -218,6 +225,9 @@ def testing_imports(root: Path) -> list[str]:
     return found
 
 
+# ``mutates: NAME[, NAME] (why)``: a function's declaration that it changes those arguments in place
+MUTATES = re.compile(r"\bmutates:\s*(?P<names>\w+(?:\s*,\s*\w+)*)\s*\(\s*[^\s)]")
+
 MUTATORS = {
     "append",
     "extend",
@@ -234,16 +244,26 @@ MUTATORS = {
 }
 
 
-def argument_mutations(root: Path) -> list[str]:
-    """Functions of ``conformance/`` and ``adapters/`` (test doubles excluded) that change an argument in
-    place: assign to an item or attribute of a parameter, or call a mutating method on it (``append``,
-    ``update``, ``pop``, ...). ``self`` and ``cls`` are not arguments here, nor is a parameter the body
-    binds anew (``lengths = list(lengths)``: a copy)."""
-    found = []
+def declared_mutations(fn: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]) -> set[str]:
+    """The arguments ``fn`` declares it changes in place: the names of every ``mutates: NAME (why)`` line
+    (:data:`MUTATES`) in its docstring or in the comment lines right above it (above its decorators)."""
+    texts = [ast.get_docstring(fn) or ""]
+    above = min([fn.lineno, *(d.lineno for d in fn.decorator_list)]) - 2  # the line above, 0-based
+    while above >= 0 and lines[above].lstrip().startswith("#"):
+        texts.append(lines[above])
+        above -= 1
+    return {n.strip() for text in texts for m in MUTATES.finditer(text) for n in m.group("names").split(",")}
+
+
+def _mutations(root: Path) -> tuple[list[str], list[str]]:
+    """Functions changing an argument in place (:func:`argument_mutations`): those whose changed arguments
+    are not all declared (``mutates:``), and those that declare every one."""
+    found, declared = [], []
     for path in _files(root, *SOURCES):
         rel = _rel(path, root)
         if not _production(rel):
             continue
+        lines = path.read_text(encoding="utf-8").splitlines()
         for fn in ast.walk(_tree(path)):
             if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
@@ -270,9 +290,27 @@ def argument_mutations(root: Path) -> list[str]:
                     owner = node.func.value
                     if isinstance(owner, ast.Name) and owner.id in params and node.func.attr in MUTATORS:
                         hits.add(owner.id)
-            if hits:
-                found.append(f"{rel}:{fn.lineno} {fn.name}({', '.join(sorted(hits))})")
-    return found
+            undeclared = hits - declared_mutations(fn, lines)
+            if undeclared:
+                found.append(f"{rel}:{fn.lineno} {fn.name}({', '.join(sorted(undeclared))})")
+            elif hits:
+                declared.append(f"{rel}:{fn.lineno} {fn.name}({', '.join(sorted(hits))})")
+    return found, declared
+
+
+def argument_mutations(root: Path) -> list[str]:
+    """Functions of ``conformance/`` and ``adapters/`` (test doubles excluded) that change an argument in
+    place: assign to an item or attribute of a parameter, or call a mutating method on it (``append``,
+    ``update``, ``pop``, ...). ``self`` and ``cls`` are not arguments here, nor is a parameter the body
+    binds anew (``lengths = list(lengths)``: a copy), nor one the function declares it changes
+    (:func:`declared_mutations`)."""
+    return _mutations(root)[0]
+
+
+def declared_argument_mutations(root: Path) -> list[str]:
+    """The functions :func:`argument_mutations` leaves out because they declare (``mutates: NAME (why)``)
+    every argument they change in place."""
+    return _mutations(root)[1]
 
 
 COUNTS = {
@@ -283,6 +321,7 @@ COUNTS = {
     "long message literals asserted (tests/)": long_literal_asserts,
     "production imports of test doubles": testing_imports,
     "functions changing an argument in place (conformance/ adapters/, outside testing/)": argument_mutations,
+    "declared in-place changes (a `mutates: NAME (why)` note; not counted above)": declared_argument_mutations,
 }
 
 

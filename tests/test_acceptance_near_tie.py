@@ -87,28 +87,31 @@ def _round(tokens, length, draft_logits=None, gaps=None):
 
 
 def test_target_near_tie_is_excused_only_within_the_bound():
-    run = ReplayRun()
     output = [9, 4, 8]  # the engine took 8 at output position 2 where the replay's walk took 7
-    judge_rounds(run, "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 0.1])], BF16, "ddtree", 8, [0, 0, 0.1])
+    run = judge_rounds(
+        ReplayRun(), "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 0.1])], BF16, "ddtree", 8, [0, 0, 0.1]
+    )
     assert [v.kind for v in run.target] == ["target-near-tie"] and not run.differs
-    run = ReplayRun()
-    judge_rounds(run, "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 0.1])], BF16, "ddtree", 8, [0, 0, 0.9])
+    run = judge_rounds(
+        ReplayRun(), "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 0.1])], BF16, "ddtree", 8, [0, 0, 0.9]
+    )
     assert run.differs and "commits 8 where the fp32 target chose 7" in run.differs[0].note
-    run = ReplayRun()
     exact = NoiseModel("float32", 0.0, 1e-3, 0, (), "exact", 0.0)
-    judge_rounds(run, "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 0.1])], exact, "ddtree", 8, [0, 0, 0.1])
+    run = judge_rounds(
+        ReplayRun(), "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 0.1])], exact, "ddtree", 8, [0, 0, 0.1]
+    )
     assert run.differs  # float32 excuses no target difference ...
-    run = ReplayRun()
-    judge_rounds(run, "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 1e-6])], exact, "ddtree", 8, [0, 0, 1e-6])
+    run = judge_rounds(
+        ReplayRun(), "p", [2], output, [_round([4, 7], 2, gaps=[1.0, 1e-6])], exact, "ddtree", 8, [0, 0, 1e-6]
+    )
     assert not run.differs and [v.kind for v in run.fp32_ties] == ["fp32-tie"]  # ... but a tie (calibration.FP32_TIE)
 
 
 def test_a_last_round_cut_by_the_output_end_is_compared_as_far_as_it_shows():
     output = [9, 4, 7]  # the output ends after two tokens of the last round
     for engine_length, replay_length, equal in ((4, 6, True), (5, 2, True), (5, 1, False)):
-        run = ReplayRun()
-        judge_rounds(
-            run,
+        run = judge_rounds(
+            ReplayRun(),
             "p",
             [engine_length],
             output,
@@ -167,9 +170,8 @@ def test_equal_drafter_scores_broken_the_other_way_are_excused():
     tied[1, 6] = 4.0
     for mode, budget in (("ddtree", 2), ("dflash", 2)):
         for name, engine in {"the reference's logits": tied, "logits 0.002 apart": tied + 0.002}.items():
-            run = ReplayRun()
-            judge_rounds(
-                run,
+            run = judge_rounds(
+                ReplayRun(),
                 "p",
                 lengths,
                 output,
@@ -197,21 +199,19 @@ def test_drafter_excuse_rules():
         "logits that do not build its tree": (_traces(logits - 0.001), "no tree the spec allows"),
     }
     for name, (engine_logits, expect) in cases.items():
-        run = ReplayRun()
-        judge_rounds(run, "p", lengths, output, replayed(), BF16, "ddtree", 2, [0.0] * 4, engine_logits)
+        run = judge_rounds(ReplayRun(), "p", lengths, output, replayed(), BF16, "ddtree", 2, [0.0] * 4, engine_logits)
         verdicts = run.verdicts
         assert len(verdicts) == 1, name
         assert expect in (verdicts[0].kind + " " + verdicts[0].note), (name, verdicts[0].note)
     # The engine's tree lacked 6 where the replay's held it: shorter, unconfirmed without its drafter logits.
-    run = ReplayRun()
     near_replay = [_round([3, 6, 1], 3, draft_logits=near)]
     # (the output goes on past the round: at the output's end a shorter round is the output's cut, a freedom)
-    judge_rounds(run, "p", [2], [9, 3, 6, 1], near_replay, BF16, "ddtree", 2, [0.0] * 4, None)
+    run = judge_rounds(ReplayRun(), "p", [2], [9, 3, 6, 1], near_replay, BF16, "ddtree", 2, [0.0] * 4, None)
     assert [v.kind for v in run.unconfirmed] == ["shorter-unconfirmed"] and not run.differs, run.differs
     assert BF16.unconfirmed_round_cap(1000, longer=False) < BF16.confirmed_round_cap(1000)
-    run = ReplayRun()  # a round the tolerance cannot explain (tau 66 style: every round far longer)
-    judge_rounds(
-        run,
+    # a round the tolerance cannot explain (tau 66 style: every round far longer)
+    run = judge_rounds(
+        ReplayRun(),
         "p",
         lengths,
         output,
@@ -238,10 +238,13 @@ def test_a_length_claimed_past_the_output_end_does_not_inflate_tau():
     # output of 8 tokens: prefill 1 + rounds of 2 and 3 + 2 tokens of a last round the length limit cut
     assert emitted_lengths([2, 3, 2], 8) == [2, 3, 2]
     assert emitted_lengths([2, 3, 8], 8) == emitted_lengths([2, 3, 3], 8) == [2, 3, 2]  # 8 claimed, 2 shown
-    run = ReplayRun()
     output = [9, 4, 7]
-    judge_rounds(run, "p", [16], output, [_round([4, 7, 5], 3)], BF16, "ddtree", 8, [0, 0, 0])
+    run = judge_rounds(ReplayRun(), "p", [16], output, [_round([4, 7, 5], 3)], BF16, "ddtree", 8, [0, 0, 0])
     assert run.engine_lengths == [[2]] and run.reference_lengths == [[2]] and not run.differs
+    # a second prompt joins a new run; the first prompt's run is left as it was
+    both = judge_rounds(run, "q", [16], output, [_round([4, 7, 5], 3)], BF16, "ddtree", 8, [0, 0, 0])
+    assert both.engine_lengths == [[2], [2]] and both.rounds == 2 and set(both.by_prompt) == {"p", "q"}
+    assert run.engine_lengths == [[2]] and run.rounds == 1 and set(run.by_prompt) == {"p"}
 
 
 @pytest.mark.slow

@@ -123,12 +123,11 @@ def _round(index, offset, tokens, draft_logits=None, short=None, start=5):
 def test_the_last_round_may_report_what_it_emitted():
     """Before: a last round reporting its emitted length (shorter than the replay's walk) failed
     acceptance on every prompt that reached max_new_tokens (issue 19)."""
-    run = ReplayRun()
-    judge_rounds(run, "p", [2], [9, 4, 7], [_round(0, 1, [4, 7, 5, 6])], EXACT, "ddtree", 8, [])
+    run = judge_rounds(ReplayRun(), "p", [2], [9, 4, 7], [_round(0, 1, [4, 7, 5, 6])], EXACT, "ddtree", 8, [])
     assert not run.differs and not run.freedom
-    run = ReplayRun()  # the same short round where the output goes on is a difference
-    judge_rounds(
-        run,
+    # the same short round where the output goes on is a difference
+    run = judge_rounds(
+        ReplayRun(),
         "p",
         [2, 3],
         [9, 4, 7, 5, 6, 1],
@@ -155,9 +154,8 @@ def test_a_root_only_tree_is_a_named_verdict():
         bonus=4,
         top2_margins=[1.0],
     )
-    run = ReplayRun()
-    judge_rounds(
-        run,
+    run = judge_rounds(
+        ReplayRun(),
         "p",
         [1, 2],
         [9, 4, 7, 5],
@@ -191,10 +189,9 @@ def test_a_context_cut_is_allowed_only_where_the_kv_slots_run_out():
         (200, 2, False),
         (103, 2, False),
     ):  # an output past the engine's own limit: no limit stated
-        run = ReplayRun()
         lengths = [length, len(output) - 1 - length]
-        judge_rounds(
-            run,
+        run = judge_rounds(
+            ReplayRun(),
             "p",
             lengths,
             output,
@@ -210,8 +207,9 @@ def test_a_context_cut_is_allowed_only_where_the_kv_slots_run_out():
 
 def test_a_cut_drafter_block_is_replayed_near_the_output_end():
     for short, allowed in (((2, [4, 8]), True), ((3, [4, 8, 1]), False), (None, False)):
-        run = ReplayRun()
-        judge_rounds(run, "p", [2, 1], [9, 4, 8, 6], [_round(0, 1, [4, 7, 5], short=short)], EXACT, "ddtree", 8, [])
+        run = judge_rounds(
+            ReplayRun(), "p", [2, 1], [9, 4, 8, 6], [_round(0, 1, [4, 7, 5], short=short)], EXACT, "ddtree", 8, []
+        )
         assert (len(run.freedom) == 1 and not run.differs) == allowed, short
 
 

@@ -36,6 +36,9 @@ needs_actionlint = pytest.mark.skipif(
 
 USES = re.compile(r"^\s*(?:-\s*)?uses:\s*(?P<ref>\S+)(?:\s*#\s*(?P<comment>.*))?$")
 SHA_PIN = re.compile(r"^(?P<action>[\w.-]+/[\w./-]+)@(?P<sha>[0-9a-f]{40})$")
+# a caller's reference to the reusable workflow, at a ref that resolves today: a branch or a commit SHA (the
+# suite is built from it), or a tag
+CALLER_REF = re.compile(r"[\w.-]+/ddtree-conformance/\.github/workflows/conformance\.yml@(main|[0-9a-f]{40}|v[\d.]+)")
 
 
 def _labels() -> list[str]:
@@ -179,11 +182,7 @@ def test_documented_caller_snippet_uses_known_inputs():
     inputs = load("conformance.yml")["on"]["workflow_call"]["inputs"]
     for caller in callers:
         for job in caller["jobs"].values():
-            # a ref that resolves today: a branch or a commit SHA (the suite is built from it), or a tag
-            assert re.fullmatch(
-                r"[\w.-]+/ddtree-conformance/\.github/workflows/conformance\.yml@(main|[0-9a-f]{40}|v[\d.]+)",
-                job["uses"],
-            ), job["uses"]
+            assert CALLER_REF.fullmatch(job["uses"]), job["uses"]
             assert set(job["with"]) <= set(inputs), sorted(set(job["with"]) - set(inputs))
             assert "engine" in job["with"]
 

@@ -120,6 +120,8 @@ class DFlashAttention(nn.Module):
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         return x.view(x.shape[0], x.shape[1], n, self.head_dim)
 
+    # mutates: cache (the caller's draft cache takes the new context's keys and values, as a transformers
+    # cache does in a forward: the caller owns it and keeps it from one round to the next)
     def forward(self, block, context, cos, sin, cache: DraftCache | None, layer: int, attention_mask=None):
         """``block [b, S, H]`` attends to cached context, new ``context [b, C, H]`` and itself.
 

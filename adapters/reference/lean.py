@@ -90,6 +90,8 @@ class LeanQwen3:
                     }
                 )
 
+    # mutates: cache (the caller's static cache takes the new rows' keys and values at its slots, as a
+    # transformers cache does in a forward: the caller owns it and keeps it from one step to the next)
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor):
         """``ids``/``positions`` ``[T]``; ``cache`` a static cache whose ``slots`` say where the new rows go;
         ``mask`` additive ``[1, 1, T, capacity]``."""

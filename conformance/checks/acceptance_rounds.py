@@ -17,7 +17,7 @@ from ddtree_conformance.adapters.interface import Request, RequestResult
 from ddtree_conformance.adapters.reference.replay import replay_result
 
 from ..metrics import mean_tau
-from ..noise import DRAFTER_TOP, NoiseModel, TokenCall
+from ..noise import DRAFTER_TOP, LeanTest, NoiseModel, TauTest, TokenCall
 from ..replay import ReplayRun, RoundKind, RoundVerdict, judge_rounds
 from ..run import Run
 from ..session import SuiteSession
@@ -192,8 +192,12 @@ def judge_prompts(
             judged.from_golden += 1
             continue
         output = prompt.result.output_ids
-        _judge_prefill_token(judged.run, prompt.label, output, prompt.scores, rules)
-        judge_rounds(
+        prefill = _prefill_verdict(prompt.label, output, prompt.scores, rules)
+        if prefill is not None:
+            judged.run.verdicts.append(prefill)
+        # the traces are asked for with the run of the prompts before (and this one's prefill token): a
+        # round of this prompt fails only after asking for them, so they are then known either way
+        judged.run = judge_rounds(
             judged.run,
             prompt.label,
             prompt.lengths,
@@ -210,28 +214,28 @@ def judge_prompts(
     return judged
 
 
-def _judge_prefill_token(run: ReplayRun, label: str, output: list[int], scores, rules: NoiseModel) -> None:
-    """The token chosen after the prefill (no round verifies it): the fp32 argmax, or in low precision a
-    target near tie (counted with the target near-tie rounds)."""
+def _prefill_verdict(label: str, output: list[int], scores, rules: NoiseModel) -> RoundVerdict | None:
+    """The token chosen after the prefill (no round verifies it): None where it is the fp32 argmax (or an
+    fp32 tie), else its verdict: in low precision a target near tie (counted with the target near-tie
+    rounds), or a difference."""
     if not output or output[0] == scores.argmax[0]:
-        return
+        return None
     gap = scores.gaps[0]
     call = rules.token(gap)
     if call in (TokenCall.MATCH, TokenCall.FP32_TIE):
-        return
-    verdict = RoundVerdict(label, -1, RoundKind.DIFFERS, 1, 1, [output[0]], [scores.argmax[0]])
+        return None
+    mine, theirs = [output[0]], [scores.argmax[0]]
     if call is TokenCall.NEAR_TIE:
-        verdict.kind = RoundKind.TARGET_NEAR_TIE
-        verdict.note = (
+        note = (
             f"fp32 target near-tie: the engine's token {output[0]} is {gap:.3g} below the top-1 "
             f"{scores.argmax[0]}, within the bound {rules.bound:.3g}"
         )
-    else:
-        verdict.note = (
-            f"the engine's token {output[0]} after the prefill is not the fp32 target's {scores.argmax[0]} "
-            f"({gap:.3g} below the top-1, bound {rules.bound:.3g})"
-        )
-    run.verdicts.append(verdict)
+        return RoundVerdict(label, -1, RoundKind.TARGET_NEAR_TIE, 1, 1, mine, theirs, note)
+    note = (
+        f"the engine's token {output[0]} after the prefill is not the fp32 target's {scores.argmax[0]} "
+        f"({gap:.3g} below the top-1, bound {rules.bound:.3g})"
+    )
+    return RoundVerdict(label, -1, RoundKind.DIFFERS, 1, 1, mine, theirs, note)
 
 
 def _details(judged: JudgedRounds, results: list[RequestResult]) -> dict:
@@ -310,47 +314,98 @@ def _rounds_failed(name: str, run: ReplayRun, verdicts: list, details: dict, wha
 
 
 def _excused_within_caps(name: str, judged: JudgedRounds, rules: NoiseModel, details: dict) -> CheckResult:
-    """Target near-tie rounds within the ceiling, drafter ones within the cap, unconfirmed ones within theirs."""
-    details = dict(details)  # the caps and the tau test join the verdict's details, not the caller's dict
-    run, tau, ref_tau, source = judged.run, details["tau"], details["reference_tau"], details["source"]
-    ceiling, mu = rules.ceiling(judged.top2)
-    if len(run.target) > ceiling:
-        return CheckResult.failed(
-            name,
-            f"{len(run.target)}/{run.rounds} rounds excused as target near-ties, above the ceiling {ceiling} a "
-            f"correct engine reaches at these gaps (expected <= {mu:.1f}); first: {run.target[0].describe()}",
-            first_round=run.target[0].__dict__,
-            **details,
-        )
+    """Target near-tie rounds within the ceiling, drafter ones within the cap, unconfirmed ones within theirs,
+    and the tau test passed. The caps and the tests join the verdict's details (a new dict, not the caller's)."""
+    run = judged.run
     cap = rules.confirmed_round_cap(run.rounds)
-    if len(run.drafter) > cap:
+    failed = _above_target_ceiling(name, judged, rules, details)
+    if failed is None:
+        failed = _above_drafter_cap(name, run, cap, details)
+    if failed is not None:
+        return failed
+    lean = rules.lean_test(run.lean)
+    details = {**details, "drafter_lean": _lean_details(lean)}
+    if run.drafter and lean.fails:
+        return _drafter_logits_lean(name, run, lean, details)
+    caps = {longer: rules.unconfirmed_round_cap(run.rounds, longer) for longer in (True, False)}
+    details = {**details, "unconfirmed_caps": {"longer": caps[True], "shorter": caps[False]}}
+    failed = _above_unconfirmed_caps(name, run, caps, details)
+    if failed is not None:
+        return failed
+    tau_test = rules.tau_test(run.differences())
+    details = {**details, "tau_test": _tau_test_details(tau_test)}
+    tau, ref_tau = details["tau"], details["reference_tau"]
+    if tau_test.fails:
         return CheckResult.failed(
             name,
-            f"{len(run.drafter)}/{run.rounds} rounds excused as drafter near-ties, above the cap {cap} a "
-            f"correct engine reaches ({run.drafter[0].describe()}); tau {tau:.3f} vs replay {ref_tau:.3f}",
-            first_round=run.drafter[0].__dict__,
+            f"the engine accepts more than the fp32 reference on its own contexts beyond what low-precision "
+            f"noise allows: {tau_test.describe()}; tau {tau:.3f} vs replay {ref_tau:.3f}",
             **details,
         )
-    lean = rules.lean_test(run.lean)
-    details["drafter_lean"] = {
+    return CheckResult.passed(
+        name,
+        f"per-round acceptance equals the reference{_excused_rounds(run, cap, caps)} over {run.rounds} rounds "
+        f"({details['source']}); tau {tau:.3f} vs {ref_tau:.3f}; tau test p <= {tau_test.p_value:.2g}",
+        **details,
+    )
+
+
+def _above_target_ceiling(name: str, judged: JudgedRounds, rules: NoiseModel, details: dict) -> CheckResult | None:
+    """A failure where more rounds are excused as target near-ties than a correct engine reaches at the
+    output's top-2 gaps; else None."""
+    run = judged.run
+    ceiling, mu = rules.ceiling(judged.top2)
+    if len(run.target) <= ceiling:
+        return None
+    return CheckResult.failed(
+        name,
+        f"{len(run.target)}/{run.rounds} rounds excused as target near-ties, above the ceiling {ceiling} a "
+        f"correct engine reaches at these gaps (expected <= {mu:.1f}); first: {run.target[0].describe()}",
+        first_round=run.target[0].__dict__,
+        **details,
+    )
+
+
+def _above_drafter_cap(name: str, run: ReplayRun, cap: int, details: dict) -> CheckResult | None:
+    """A failure where more rounds are excused as (confirmed) drafter near-ties than the cap; else None."""
+    if len(run.drafter) <= cap:
+        return None
+    return CheckResult.failed(
+        name,
+        f"{len(run.drafter)}/{run.rounds} rounds excused as drafter near-ties, above the cap {cap} a "
+        f"correct engine reaches ({run.drafter[0].describe()}); tau {details['tau']:.3f} vs replay "
+        f"{details['reference_tau']:.3f}",
+        first_round=run.drafter[0].__dict__,
+        **details,
+    )
+
+
+def _lean_details(lean: LeanTest) -> dict:
+    """The drafter-lean test (:meth:`~ddtree_conformance.noise.NoiseModel.lean_test`) as the details show it."""
+    return {
         "rounds": lean.rounds,
         "toward": lean.toward,
         "away": lean.away,
         "statistic": round(lean.statistic, 4),
         "p_value": lean.p_value,
     }
-    if run.drafter and lean.fails:
-        return CheckResult.failed(
-            name,
-            f"{len(run.drafter)}/{run.rounds} rounds are excused as drafter near-ties by the engine's own drafter "
-            f"logits, but those logits are not blind to the target: on the rounds that agree with the replay "
-            f"{lean.describe()}; drafter logits moved toward the target's continuation earn no excuse; tau "
-            f"{tau:.3f} vs replay {ref_tau:.3f}",
-            first_round=run.drafter[0].__dict__,
-            **details,
-        )
-    caps = {longer: rules.unconfirmed_round_cap(run.rounds, longer) for longer in (True, False)}
-    details["unconfirmed_caps"] = {"longer": caps[True], "shorter": caps[False]}
+
+
+def _drafter_logits_lean(name: str, run: ReplayRun, lean: LeanTest, details: dict) -> CheckResult:
+    """The failure of drafter near-tie excuses earned with drafter logits that lean toward the target."""
+    return CheckResult.failed(
+        name,
+        f"{len(run.drafter)}/{run.rounds} rounds are excused as drafter near-ties by the engine's own drafter "
+        f"logits, but those logits are not blind to the target: on the rounds that agree with the replay "
+        f"{lean.describe()}; drafter logits moved toward the target's continuation earn no excuse; tau "
+        f"{details['tau']:.3f} vs replay {details['reference_tau']:.3f}",
+        first_round=run.drafter[0].__dict__,
+        **details,
+    )
+
+
+def _above_unconfirmed_caps(name: str, run: ReplayRun, caps: dict[bool, int], details: dict) -> CheckResult | None:
+    """A failure where the unconfirmed rounds of one direction (longer, then shorter) pass their cap; else None."""
     for longer, rounds in ((True, run.longer), (False, run.shorter)):
         if len(rounds) > caps[longer]:
             side = "longer" if longer else "shorter"
@@ -358,13 +413,18 @@ def _excused_within_caps(name: str, judged: JudgedRounds, rules: NoiseModel, det
                 name,
                 f"{len(rounds)}/{run.rounds} rounds {side} than the fp32 replay where only a drafter near tie "
                 f"could explain it and the engine gives no drafter logits to confirm one, above the cap "
-                f"{caps[longer]} a correct engine reaches ({rounds[0].describe()}); tau {tau:.3f} vs replay "
-                f"{ref_tau:.3f} (report drafter logits in traces to have drafter near ties confirmed)",
+                f"{caps[longer]} a correct engine reaches ({rounds[0].describe()}); tau {details['tau']:.3f} vs "
+                f"replay {details['reference_tau']:.3f} (report drafter logits in traces to have drafter near ties "
+                "confirmed)",
                 first_round=rounds[0].__dict__,
                 **details,
             )
-    tau_test = rules.tau_test(run.differences())
-    details["tau_test"] = {
+    return None
+
+
+def _tau_test_details(tau_test: TauTest) -> dict:
+    """The one-sided tau test (:meth:`~ddtree_conformance.noise.NoiseModel.tau_test`) as the details show it."""
+    return {
         "gained": tau_test.gained,
         "allowed_per_round": tau_test.allowed_per_round,
         "statistic": round(tau_test.statistic, 4),
@@ -373,27 +433,19 @@ def _excused_within_caps(name: str, judged: JudgedRounds, rules: NoiseModel, det
         "allowed_share": round(tau_test.allowed_share, 4),
         "p_value": tau_test.p_value,
     }
-    if tau_test.fails:
-        return CheckResult.failed(
-            name,
-            f"the engine accepts more than the fp32 reference on its own contexts beyond what low-precision "
-            f"noise allows: {tau_test.describe()}; tau {tau:.3f} vs replay {ref_tau:.3f}",
-            **details,
-        )
-    excused = ""
-    if run.target or run.drafter or run.unconfirmed:
-        excused = (
-            f" except {len(run.target)} target near-tie and {len(run.drafter)} drafter near-tie rounds (cap {cap})"
-            + (
-                f" and {len(run.longer)} longer (cap {caps[True]}) and {len(run.shorter)} shorter (cap "
-                f"{caps[False]}) unconfirmed rounds"
-                if run.unconfirmed
-                else ""
-            )
-        )
-    return CheckResult.passed(
-        name,
-        f"per-round acceptance equals the reference{excused} over {run.rounds} rounds "
-        f"({source}); tau {tau:.3f} vs {ref_tau:.3f}; tau test p <= {tau_test.p_value:.2g}",
-        **details,
+
+
+def _excused_rounds(run: ReplayRun, cap: int, caps: dict[bool, int]) -> str:
+    """The passing message's account of the excused rounds with their caps ("": none excused)."""
+    if not (run.target or run.drafter or run.unconfirmed):
+        return ""
+    unconfirmed = (
+        f" and {len(run.longer)} longer (cap {caps[True]}) and {len(run.shorter)} shorter (cap "
+        f"{caps[False]}) unconfirmed rounds"
+        if run.unconfirmed
+        else ""
+    )
+    return (
+        f" except {len(run.target)} target near-tie and {len(run.drafter)} drafter near-tie rounds (cap {cap})"
+        + unconfirmed
     )

@@ -92,13 +92,12 @@ def _say(text: str) -> None:
     print(f"ci: {text}", flush=True)
 
 
-def _run(step: Step, cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+def _run(name: str, cmd: list[str], **kwargs) -> tuple[Step, subprocess.CompletedProcess]:
+    """``cmd`` run as the step ``name``: the step (its exit status and time), and the finished process."""
     started = time.perf_counter()
-    _say(f"{step.name}: {' '.join(cmd)}")
+    _say(f"{name}: {' '.join(cmd)}")
     proc = subprocess.run(cmd, **kwargs)
-    step.code = proc.returncode
-    step.seconds += time.perf_counter() - started
-    return proc
+    return Step(name, code=proc.returncode, seconds=time.perf_counter() - started), proc
 
 
 class _LogStream(io.TextIOBase):
@@ -152,16 +151,14 @@ def _suite(name: str, *args: str) -> Step:
 
 
 def install(requirements: list[str], engine: str, engine_version: Optional[str]) -> Step:
-    step = Step("install")
     wanted = list(requirements)
     if not wanted and engine_version is not None and engine in PINNED_ENGINES:
         version = engine_version if engine_version not in ("", "pinned") else pinned_version(*PINNED_ENGINES[engine])
         wanted = [f"{engine}=={version}"]
     if not wanted:
-        step.skipped, step.summary = True, "nothing to install (the engine is in this environment)"
-        return step
-    proc = _run(
-        step,
+        return Step("install", skipped=True, summary="nothing to install (the engine is in this environment)")
+    step, proc = _run(
+        "install",
         [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *wanted],
         capture_output=True,
         text=True,
