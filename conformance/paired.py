@@ -20,8 +20,9 @@ from typing import NamedTuple
 
 from ddtree_conformance.adapters.interface import Engine, Request, RequestResult, RunConfig
 
-from .machine_state import Sampler, steady
+from .machine_state import Sampler
 from .sequential import SequentialPlan, combined_interval, verdict
+from .warmup import WarmupRule, warm_up
 
 __all__ = [
     "MIXED",
@@ -166,36 +167,6 @@ class Stream:
     fails: bool = True  # False: an interval below the edge stops inconclusive (a baseline of one run)
 
 
-@dataclass(frozen=True)
-class WarmupRule:
-    """Warm up until steady (:func:`ddtree_conformance.machine_state.steady`): untimed rounds, each every
-    arm once on the first request, until the last ``window + 1`` rounds agree within ``tolerance`` per arm
-    (and the GPU's SM clock within 1 % and its temperature within 2 deg C, where sampled), at least
-    ``min_rounds``; stop regardless after ``max_rounds`` rounds or ``max_seconds``."""
-
-    min_rounds: int = 3
-    max_rounds: int = 8
-    max_seconds: float = 60.0
-    window: int = 2
-    tolerance: float = 0.03
-
-    @classmethod
-    def for_device(cls, device: str) -> WarmupRule:
-        """The default rule for a device: on a GPU, up to 8 rounds or 60 s (clocks and temperature settle
-        over seconds); on a CPU, whose first call (allocations, caches) is the warm-up that matters and
-        whose per-call noise rarely lets three rounds agree, 2 or 3 rounds (the last two within 3 %)."""
-        if device.startswith("cpu"):
-            return cls(min_rounds=2, max_rounds=3, max_seconds=30.0, window=1)
-        return cls()
-
-    def describe(self) -> str:
-        return (
-            f"untimed rounds (every configuration once on the first request) until the last {self.window + 1} "
-            f"agree within {self.tolerance:.0%} (and the GPU's SM clock within 1 %, temperature within 2 C, "
-            f"where sampled); {self.min_rounds} to {self.max_rounds} rounds, at most {self.max_seconds:g} s"
-        )
-
-
 @dataclass
 class Measured:
     """What :func:`measure` returns: every repeat, the results of repeat 0 per arm, and per stream why
@@ -212,14 +183,15 @@ class Measured:
 MIXED = "mixed"
 
 
-def merge_settings(into: dict, settings: dict) -> dict:
-    """Fold one call's settings into ``into``: a key whose value changes becomes ``"mixed"``."""
+def merge_settings(merged: dict, settings: dict) -> dict:
+    """``merged`` with one call's settings folded in, as a new dict: a key whose value changes becomes ``"mixed"``."""
+    out = dict(merged)
     for key, value in settings.items():
-        if key in into and into[key] != value:
-            into[key] = MIXED
-        else:
-            into.setdefault(key, value)
-    return into
+        if key not in out:
+            out[key] = value
+        elif out[key] != value:
+            out[key] = MIXED
+    return out
 
 
 def run_settings(results: Sequence[RequestResult], config: RunConfig) -> dict:
@@ -227,7 +199,7 @@ def run_settings(results: Sequence[RequestResult], config: RunConfig) -> dict:
     (``RequestResult.engine_settings``) and, from the config, the dtype and tensor-parallel size."""
     merged: dict = {}
     for result in results:
-        merge_settings(merged, result.engine_settings)
+        merged = merge_settings(merged, result.engine_settings)
     return merge_settings(merged, {"dtype": config.dtype, "tensor_parallel_size": config.tensor_parallel_size})
 
 
@@ -251,6 +223,7 @@ def measure(
     on_step: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.perf_counter,
     sampler: Sampler | None = None,
+    prime: bool = True,
 ) -> Measured:
     """Paired, interleaved repeats of ``arms`` over ``requests``, one request per ``generate`` call.
 
@@ -264,7 +237,8 @@ def measure(
     method here.
 
     ``warmup``: True is :meth:`WarmupRule.for_device` of the first arm's device (warm up until steady),
-    False none, or a rule.
+    False none, or a rule; ``prime``: with no warm-up, one untimed call per arm right before the first
+    timed repeat (:func:`~ddtree_conformance.warmup.warm_up`).
     ``sampler`` (:class:`~ddtree_conformance.machine_state.Sampler`) samples the machine after every
     warm-up round and every repeat, outside the timed calls (``Repeat.state``).
     """
@@ -280,7 +254,7 @@ def measure(
     call = _Caller(now, on_step)
     device = arms[0].config.device if arms else "cpu"
     rule = WarmupRule.for_device(device) if warmup is True else warmup or None
-    warm = _warm_up(rule, arms, requests[:1], order, call, now, sampler)
+    warm = warm_up(rule, arms, requests[:1], order, call, now, sampler, prime=prime)
     history: list[Repeat] = []
     first: dict[str, list[RequestResult]] = {arm.label: [] for arm in arms}
     settings: dict[str, dict] = {arm.label: {} for arm in arms}
@@ -292,7 +266,7 @@ def measure(
         running = [arm for arm in arms if arm.label in needed]
         ran = _run_repeat(running, requests, len(history), order, call)
         for label, merged in ran.settings.items():
-            merge_settings(settings[label], merged)
+            settings[label] = merge_settings(settings[label], merged)
         if not history:  # repeat 0 runs the requests in prompt order: the acceptance run
             first = {**first, **ran.results}
         repeat = ran.repeat
@@ -338,43 +312,6 @@ class _Caller:
         return results, call_timing(results, wall)
 
 
-def _warm_up(
-    rule: WarmupRule | None,
-    arms: Sequence[Arm],
-    batch: list[Request],
-    order: Callable[[list[str], int, int], list[str]],
-    call: _Caller,
-    now: Callable[[], float],
-    sampler: Sampler | None,
-) -> dict:
-    """The warm-up under ``rule`` (None: none): untimed rounds of every arm on ``batch`` until steady or
-    capped; what :attr:`Measured.warmup` reports (of the machine states only the last)."""
-    warm: dict = {"rounds": 0, "seconds": 0.0, "steady": None, "reason": "no warm-up", "times": [], "states": []}
-    if rule is None:
-        return warm
-    by_label = {arm.label: arm for arm in arms}
-    labels = [arm.label for arm in arms]
-    began = now()
-    while True:
-        # every arm once, in the timed repeats' order for this round (so no arm is always warmed first)
-        done = {label: call(by_label[label], batch)[1].seconds for label in order(labels, len(warm["times"]), 0)}
-        row = [done.get(arm.label, 0.0) for arm in arms]
-        warm["times"].append([round(t, 9) for t in row])
-        if sampler is not None:
-            warm["states"].append(sampler.sample())
-        n, spent = len(warm["times"]), now() - began
-        if n >= rule.min_rounds and steady(warm["times"], warm["states"], window=rule.window, tolerance=rule.tolerance):
-            warm.update(steady=True, reason=f"steady after {n} rounds")
-            break
-        if n >= rule.max_rounds or spent >= rule.max_seconds:
-            cap = f"{rule.max_rounds} rounds" if n >= rule.max_rounds else f"{rule.max_seconds:g} s"
-            warm.update(steady=False, reason=f"not steady after {n} rounds: stopped at the cap ({cap})")
-            break
-    warm.update(rounds=len(warm["times"]), seconds=round(now() - began, 3), rule=rule.describe())
-    warm["states"] = warm["states"][-1:]  # the last is enough for the report; the rule saw them all
-    return warm
-
-
 class _RepeatRun(NamedTuple):
     """One repeat's calls: the repeat's totals, per arm the settings its calls ran under (merged) and
     its results in the order the requests ran."""
@@ -401,7 +338,7 @@ def _run_repeat(
         request = requests[(i + r) % len(requests)]
         for label in order(labels, r, i):
             got, timing = call(by_label[label], [request])
-            merge_settings(settings[label], run_settings(got, by_label[label].config))
+            settings[label] = merge_settings(settings[label], run_settings(got, by_label[label].config))
             repeat.add(label, timing)
             results[label].append(got[0])
     return _RepeatRun(repeat, settings, results)

@@ -19,8 +19,8 @@
 #                     gate (a baseline measured in this machine's first call, merged into $BASELINES: default
 #                     the four H200 runs of issue 22, scripts/measurements/2026-12-02-issue29/seed-baselines.json),
 #                     $STRESS (16) busy CPU processes beside every second trial, started $STRESS_SETTLE (5) s before
-#                     it; each trial times at most $TRIAL_BUDGET (56) s, so that a verdict, its last repeat's
-#                     overshoot included, stays within one GPU-minute; trials until $TOTAL_BUDGET (420) s.
+#                     it; each trial times at most $TRIAL_BUDGET (54) s, so that a verdict, its priming calls and
+#                     its last repeat's overshoot included, stays within one GPU-minute; trials until $TOTAL_BUDGET (420) s.
 #                     Rows accumulate in $STATE (/tmp/trials-29) across calls on one warm machine: call it again to
 #                     spread the trials over 20 minutes or more -> $WORK/trials-29/ (~8 minutes a call)
 #   aa-procs          issue 29: A/A with each build in its own process, as `bench --against` runs it (the trials
@@ -111,7 +111,7 @@ for job in "$@"; do
       timeout "$(( ${TOTAL_BUDGET:-420} + 150 ))" python3 scripts/gate_decisiveness.py --pair 8b --device cuda \
         --dtype bfloat16 --cuda-graphs on --engines correct,verify+5% --gates ab,stored --prompts 1 --prompt-len 128 \
         --new-tokens 64 --budget 32 --band 0.02 --baseline-repeats "${BASELINE_REPEATS:-20}" \
-        --trial-budget-s "${TRIAL_BUDGET:-56}" --max-repeats 60 --total-budget-s "${TOTAL_BUDGET:-420}" \
+        --trial-budget-s "${TRIAL_BUDGET:-54}" --max-repeats 60 --total-budget-s "${TOTAL_BUDGET:-420}" \
         --stress "${STRESS:-16}" --stress-settle-s "${STRESS_SETTLE:-5}" --stress-every "${STRESS_EVERY:-2}" --state "${STATE:-/tmp/trials-29}" \
         --baselines "${BASELINES:-scripts/measurements/2026-12-02-issue29/seed-baselines.json}" \
         --out "$WORK/trials-29" || echo "trials-29: exit $?" ;;

@@ -99,7 +99,9 @@ def test_cost_model_speedup_is_tau_times_step_over_round():
 def test_repeats_are_paired_and_interleaved():
     engine = TimedEngine(rounds={4: 0.02, 8: 0.02})
     run_bench(engine, REQUESTS, config, [("dflash", None), ("ddtree", 4)], repeats=2, warmup=False, now=engine.now)
-    calls = engine.calls
+    primed, calls = engine.calls[:3], engine.calls[3:]
+    # no warm-up: one untimed call per config on the first request right before the timed repeats
+    assert sorted(c[0] for c in primed) == ["ddtree-B4", "dflash", "plain"] and len({c[1] for c in primed}) == 1
     assert len(calls) == 2 * 3 * 3  # repeats x requests x (plain + 2 methods)
     groups = [calls[i : i + 3] for i in range(0, len(calls), 3)]
     for index, group in enumerate(groups):  # one request per group, every config once
