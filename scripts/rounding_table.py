@@ -1,0 +1,107 @@
+#!/usr/bin/env python
+"""The catalogue table of issue 28: every correct engine that rounds differently, per dtype, device and
+report kind (traced, or a black box reporting outputs and acceptance lengths only), over the run seeds
+measured, from the JSON rows ``scripts/mutation_table.py --json`` writes (the ``rounding`` and
+``rounding-black-box`` catalogues; ``scripts/gpu_trials.sh rounding`` on the lent GPU).
+
+    python scripts/rounding_table.py scripts/measurements/2026-12-0*-rounding*/**/*.json [--seeds 5] [--json F]
+
+One row per (engine, dtype, device, kind): the seeds run, the checks passed / failed / skipped summed
+over them, and the failed check ids. A cell with fewer than ``--seeds`` seeds is marked as such. Exits 1
+when any row failed a check (a correct engine must pass everywhere), 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from ddtree_conformance.testing.rounding_engines import ROUNDING_ENGINES
+
+BLACK_BOX = " (black box)"
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def load_rows(paths: list[Path]) -> list[dict]:
+    """The engine rows of ``mutation_table.py --json`` files; a file that is not such a list is named and skipped."""
+    rows = []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            print(f"{path}: not readable as JSON ({exc}); skipped", file=sys.stderr)
+            continue
+        if not isinstance(data, list) or not all(isinstance(r, dict) and "engine" in r for r in data):
+            print(f"{path}: not a list of engine rows; skipped", file=sys.stderr)
+            continue
+        rows += data
+    return rows
+
+
+def table(rows: list[dict]) -> list[dict]:
+    """The rounding catalogue's rows grouped per (engine, dtype, device, kind), counts summed over seeds (a
+    seed measured twice counts once: the later row wins); rows of other catalogues are left out."""
+    cells: dict[tuple, dict[int, dict]] = defaultdict(dict)
+    for r in rows:
+        if r["engine"].removesuffix(BLACK_BOX) not in ROUNDING_ENGINES:
+            continue  # another catalogue's row (mutants, adversaries) in the same folder
+        kind = "black box" if r["engine"].endswith(BLACK_BOX) else "traced"
+        key = (r["engine"].removesuffix(BLACK_BOX), r["dtype"], r["device"], kind)
+        cells[key][int(r.get("run_seed") or 0)] = r
+    out = []
+    for (engine, dtype, device, kind), by_seed in cells.items():
+        counts = {k: sum(r["counts"].get(k, 0) for r in by_seed.values()) for k in ("pass", "fail", "skip")}
+        failed = sorted({c for r in by_seed.values() for c in r.get("failed") or []})
+        out.append(
+            {
+                "engine": engine,
+                "dtype": dtype,
+                "device": device,
+                "kind": kind,
+                "seeds": sorted(by_seed),
+                **counts,
+                "failed": failed,
+            }
+        )
+    order = {d: i for i, d in enumerate(DTYPES)}
+    return sorted(out, key=lambda r: (r["device"], order.get(r["dtype"], 9), r["kind"], r["engine"]))
+
+
+def markdown(cells: list[dict], seeds: int) -> str:
+    lines = [
+        "| engine | dtype | device | reports | seeds | checks pass / fail / skip | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        short = "" if len(c["seeds"]) >= seeds else f" (of {seeds})"
+        verdict = "all pass" if not c["failed"] and c["fail"] == 0 else "FAILED: " + ", ".join(c["failed"])
+        lines.append(
+            f"| {c['engine']} | {c['dtype']} | {c['device']} | {c['kind']} | "
+            f"{','.join(map(str, c['seeds']))}{short} | {c['pass']} / {c['fail']} / {c['skip']} | {verdict} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("files", nargs="+", type=Path, help="mutation_table.py --json files")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds each cell should have")
+    parser.add_argument("--json", type=Path, default=None, help="also write the cells here")
+    args = parser.parse_args(argv)
+    cells = table(load_rows(args.files))
+    if not cells:
+        print("no engine rows in the files given", file=sys.stderr)
+        return 2
+    print(markdown(cells, args.seeds))
+    full = sum(len(c["seeds"]) >= args.seeds for c in cells)
+    print(f"\n{len(cells)} cells, {full} with {args.seeds} seeds or more; {sum(c['fail'] > 0 for c in cells)} failed")
+    if args.json:
+        args.json.write_text(json.dumps(cells, indent=1) + "\n")
+    return 1 if any(c["fail"] or c["failed"] for c in cells) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

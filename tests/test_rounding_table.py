@@ -1,0 +1,46 @@
+"""scripts/rounding_table.py: the issue-28 catalogue table from mutation_table.py's JSON rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "rounding_table.py"
+spec = importlib.util.spec_from_file_location("rounding_table", SCRIPT)
+rounding_table = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(rounding_table)
+
+
+def _row(engine: str, seed: int, failed=(), dtype="bfloat16") -> dict:
+    return {
+        "engine": engine,
+        "dtype": dtype,
+        "device": "cpu",
+        "failed": list(failed),
+        "counts": {"pass": 18 - len(failed), "fail": len(failed), "skip": 0},
+        "run_seed": seed,
+    }
+
+
+def test_a_failed_correct_engine_fails_the_table_and_is_named(tmp_path, capsys):
+    engine = "KV cache in float32"
+    rows = [_row(engine, s) for s in (1, 2, 3, 4, 5)] + [_row(f"{engine} (black box)", 1)]
+    rows += [_row("first-rows-kv (bug 3)", 1, failed=["lossless/ddtree-B16"])]  # a mutant: not this catalogue
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(rows))
+    assert rounding_table.main([str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "| KV cache in float32 | bfloat16 | cpu | traced | 1,2,3,4,5 | 90 / 0 / 0 | all pass |" in out
+    assert "| black box | 1 (of 5) |" in out and "first-rows-kv" not in out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([_row(engine, 2, failed=["acceptance/ddtree-B16"])]))
+    assert rounding_table.main([str(good), str(bad)]) == 1  # seed 2 measured again: the later row wins
+    assert "FAILED: acceptance/ddtree-B16" in capsys.readouterr().out
+
+
+def test_files_that_hold_no_rows_are_named_not_a_traceback(tmp_path, capsys):
+    broken = tmp_path / "manifest.json"
+    broken.write_text('{"not": "rows"}')
+    assert rounding_table.main([str(broken)]) == 2
+    assert f"{broken}: not a list of engine rows" in capsys.readouterr().err
