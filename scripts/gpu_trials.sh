@@ -35,7 +35,10 @@
 #   rounding          the correct engines that round differently, traced and as black boxes (ROUND_CATALOGUES),
 #                     in ROUND_DTYPES (bfloat16 float16), ROUND_LIMIT (20) prompts, the checks the noise model
 #                     governs (ROUND_CHECKS), one engine per process on the CPU cores (ROUND_DEVICE=cpu)
-#                     -> $WORK/rounding/CATALOGUE-DTYPE-SHARD.{json,log}; every row must pass
+#                     -> $WORK/rounding/CATALOGUE-DTYPE-SHARD.{json,log}; every row must pass. ROUND_ONLY (an engine
+#                     name substring), ROUND_SHARDS (8) and ROUND_JOBS (nproc) narrow it: on CUDA the eager tiny pair
+#                     is launch-bound, and 16 processes at 20 prompts, B=16, every check, did not finish one engine
+#                     in 530 s (2026-12-04); time one engine alone (ROUND_SHARDS=1 ROUND_JOBS=1) before sizing a call
 #   pieces            issue 29 item 4: the tree build, verify inputs and greedy walk as the fast path runs them
 #                     (host, with reads back) against device_tree/device_verify/device_walk, B = 16..1024, equal
 #                     or not -> $WORK/pieces/table.md                                          (~2 minutes)
@@ -126,10 +129,10 @@ for job in "$@"; do
     rounding)
       mkdir -p "$WORK/rounding"; export WORK
       for catalogue in ${ROUND_CATALOGUES:-rounding rounding-black-box}; do for dtype in ${ROUND_DTYPES:-bfloat16 float16}; do
-        for shard in $(seq 0 7); do echo "$catalogue $dtype $shard"; done; done; done |
-        xargs -P "$(nproc)" -n 3 sh -c 'timeout "${ROUND_TIMEOUT:-540}" python3 scripts/mutation_table.py --catalogue "$0" \
+        for shard in $(seq 0 $(( ${ROUND_SHARDS:-8} - 1 ))); do echo "$catalogue $dtype $shard"; done; done; done |
+        xargs -P "${ROUND_JOBS:-$(nproc)}" -n 3 sh -c 'timeout "${ROUND_TIMEOUT:-540}" python3 scripts/mutation_table.py --catalogue "$0" \
           --device "${ROUND_DEVICE:-cpu}" --dtype "$1" --limit "${ROUND_LIMIT:-20}" --max-new-tokens "${ROUND_TOKENS:-64}" \
-          --budgets "${ROUND_BUDGETS:-16,64}" --run-seed "${ROUND_SEED:-1}" --threads 1 --shard "$2/8" \
+          --budgets "${ROUND_BUDGETS:-16,64}" --run-seed "${ROUND_SEED:-1}" --threads 1 --shard "$2/${ROUND_SHARDS:-8}" ${ROUND_ONLY:+--only "$ROUND_ONLY"} \
           --check ${ROUND_CHECKS:-lossless acceptance context-range near-ties golden tree-structure branch-vs-chain} \
           --json "$WORK/rounding/$0-$1-$2.json" >"$WORK/rounding/$0-$1-$2.log" 2>&1'
       grep -h "^| \|NOT CAUGHT" "$WORK"/rounding/*.log ;;
