@@ -1,7 +1,10 @@
 """Jinja2 environments for the reports: HTML (autoescaped) and Markdown, templates in ``templates/``.
 
-Templates only lay out what :mod:`ddtree_conformance.report` hands them (rows of strings, lines,
-plots as base64 PNGs); nothing in a template computes a verdict.
+Templates only lay out what they are handed: a report template one
+:class:`ddtree_conformance.report_view.ReportView` (rows of strings, lines, plots as base64 PNGs),
+whose attributes it reads; nothing in a template computes a verdict. Undefined is strict
+(``StrictUndefined``): a template reading a name or field it was not given raises
+``jinja2.UndefinedError`` instead of rendering it blank.
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def test_a_slower_build_on_the_baselines_machine_state_fails_and_names_what_move
     # hotter and drawing other power, nothing outside the build: still a failure, the drift named
     row = _slow_row(baselines, _state(temp=83, others=5))
     assert row.status == "fail" and row.details["outside_causes"] == []
-    assert "likely cause: the machine changed since the baseline (temperature 45 -> 83 C)" in row.message
+    assert row.details["machine_drift"] == ["temperature 45 -> 83 C"] and "likely cause" in row.message
     # the engine's own process busy (the whole host at 60 %, other processes at 5 %): not excused
     row = _slow_row(baselines, _state(whole=60, others=5))
     assert row.status == "fail", row.message
