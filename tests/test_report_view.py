@@ -5,7 +5,9 @@
 * a report that takes every branch of both templates renders; with any field of any view dataclass
   taken away, rendering fails (``StrictUndefined``): a template cannot read a field the view does
   not provide, and every field of the view is read by a template (``CheckRow.passed`` aside: it
-  picks ``not_passed``).
+  picks ``not_passed``);
+* likewise the first failing round's templates (``tree.svg.j2``, ``first_round.html.j2``) and their
+  views (conformance/report_trees.py): with any field taken away, one of them fails to render.
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ from types import SimpleNamespace
 import pytest
 from jinja2 import UndefinedError
 
-from ddtree_conformance import report_view
+from ddtree_conformance import report_trees, report_view
 from ddtree_conformance.rendering import Markup, render_html_template, render_markdown_template
 from ddtree_conformance.report import load_report, render_html, render_markdown
+from ddtree_conformance.report_trees import first_round_view, tree_drawing, tree_svg, trees_html
 from ddtree_conformance.report_view import ReportView, build_html_view
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
 PNG = re.compile(r"data:image/png;base64,[A-Za-z0-9+/=]+")
 TREE = {"tokens": [9, 3, 5], "parents": [-1, 0, 1], "accepted": [1]}
 VIEWS = [c for c in vars(report_view).values() if isinstance(c, type) and dataclasses.is_dataclass(c)]
+TREE_VIEWS = [c for c in vars(report_trees).values() if isinstance(c, type) and dataclasses.is_dataclass(c)]
 NOT_READ = {("CheckRow", "passed")}  # used to build not_passed, shown by no template
 
 
@@ -117,3 +121,46 @@ def test_views_are_frozen(full_view):
     with pytest.raises(dataclasses.FrozenInstanceError):
         full_view.title = "changed"  # type: ignore[misc]
     assert isinstance(full_view.first_round, Markup) and full_view.first_round
+
+
+def tree_renders() -> list[tuple[str, object]]:
+    """The tree templates with views that between them take every branch: a drawing with accepted and
+    other nodes and edges, a first round with the engine's tree and one with only its tokens."""
+    failing = every_branch_report()["results"][1]
+    untraced = {**failing["details"]["first_round"], "engine_tree": None, "engine_tokens": [3, 7]}
+    return [
+        ("tree.svg.j2", tree_drawing(TREE["tokens"], TREE["parents"], TREE["accepted"], "a tree")),
+        ("first_round.html.j2", first_round_view(failing)),
+        ("first_round.html.j2", first_round_view({**failing, "details": {"first_round": untraced}})),
+    ]
+
+
+def test_the_tree_views_are_what_the_page_draws():
+    (_, drawing), (_, traced), (_, untraced) = tree_renders()
+    assert render_html_template("tree.svg.j2", view=drawing) == tree_svg(TREE, "a tree")
+    assert render_html_template("first_round.html.j2", view=traced) == trees_html(every_branch_report()["results"])
+    assert traced.engine and untraced.engine is None
+    assert "it committed [3, 7]" in render_html_template("first_round.html.j2", view=untraced)
+    assert {type(d.accepted) for d in (*drawing.nodes, *drawing.edges)} == {bool}
+    assert {d.accepted for d in drawing.nodes} == {d.accepted for d in drawing.edges} == {True, False}
+    for template, view in tree_renders():  # the namespaces stand in for the views
+        assert render_html_template(template, view=without(view)) == render_html_template(template, view=view)
+    assert all(c.__dataclass_params__.frozen for c in TREE_VIEWS)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        drawing.width = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "cls, name",
+    [(c, f.name) for c in TREE_VIEWS for f in dataclasses.fields(c)],
+    ids=lambda x: x.__name__ if isinstance(x, type) else x,
+)
+def test_a_tree_template_cannot_read_a_field_the_view_lacks(cls, name):
+    failed = []
+    for template, view in tree_renders():
+        try:
+            render_html_template(template, view=without(view, cls, name))
+        except UndefinedError as e:
+            failed.append(str(e))
+    assert failed, f"no tree template read {cls.__name__}.{name}: render without it went through"
+    assert all(name in message for message in failed)
