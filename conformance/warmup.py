@@ -50,6 +50,11 @@ class WarmupRule:
         )
 
 
+def _no_warm_up() -> dict:
+    """The report of no warm-up rounds (what a warm-up starts from)."""
+    return {"rounds": 0, "seconds": 0.0, "steady": None, "reason": "no warm-up", "times": [], "states": []}
+
+
 def warm_up(
     rule: WarmupRule | None,
     arms: Sequence,
@@ -66,7 +71,7 @@ def warm_up(
     makes one checked, timed call and returns ``(results, timing)``."""
     if rule is not None:
         return _until_steady(rule, arms, batch, order, call, now, sampler)
-    warm: dict = {"rounds": 0, "seconds": 0.0, "steady": None, "reason": "no warm-up", "times": [], "states": []}
+    warm = _no_warm_up()
     return {**warm, **_prime(arms, batch, order, call, now)} if prime else warm
 
 
@@ -81,7 +86,7 @@ def _until_steady(
 ) -> dict:
     """Untimed rounds of every arm on ``batch`` until steady or capped (of the machine states only the
     last is kept)."""
-    warm: dict = {"rounds": 0, "seconds": 0.0, "steady": None, "reason": "no warm-up", "times": [], "states": []}
+    warm = _no_warm_up()
     by_label = {arm.label: arm for arm in arms}
     labels = [arm.label for arm in arms]
     began = now()

@@ -147,9 +147,10 @@ def test_the_sequential_test_judges_the_throughput_ratio(candidate_round_s, deci
     assert all({tags[k], tags[k + 1]} == {"candidate", "baseline"} for k in range(0, len(tags), 2))
 
 
-def test_a_ratio_inside_the_noise_is_inconclusive_when_the_budget_runs_out():
-    candidate, baseline, clock, _ = simulated_pair(0.01 / 0.95)  # right on the edge
-    part = measure_ab(
+def on_the_edge() -> dict:
+    """An A/B part whose candidate sits right on the 5 % edge, stopped after one look: undecided."""
+    candidate, baseline, clock, _ = simulated_pair(0.01 / 0.95)
+    return measure_ab(
         candidate,
         baseline,
         REQUESTS,
@@ -158,6 +159,10 @@ def test_a_ratio_inside_the_noise_is_inconclusive_when_the_budget_runs_out():
         now=lambda: clock[0],
         plan=SequentialPlan(max_repeats=3),  # one look: three requests, each pair called both ways per repeat
     )
+
+
+def test_a_ratio_inside_the_noise_is_inconclusive_when_the_budget_runs_out():
+    part = on_the_edge()
     assert part["runs"][0]["ab"]["stop"]["decision"] == "inconclusive"
     assert exit_code(evaluate(part)) == 3 and part["verdict"]["status"] == "inconclusive"
 
@@ -337,16 +342,7 @@ def test_an_undecided_ab_row_names_the_noisy_machine_and_what_would_decide_it():
     own state: A/B has no baseline state to compare with) and about how many repeats would decide it."""
     from ddtree_conformance.machine_state import summarise
 
-    candidate, baseline, clock, _ = simulated_pair(0.01 / 0.95)  # right on the edge: undecided
-    part = measure_ab(
-        candidate,
-        baseline,
-        REQUESTS,
-        {"ddtree-B16": CONFIGS["ddtree-B16"]},
-        tolerance=0.05,
-        now=lambda: clock[0],
-        plan=SequentialPlan(max_repeats=3),
-    )
+    part = on_the_edge()
 
     def states(others: float, throttle=(), clocks=(1980.0,)) -> dict:
         return summarise(
