@@ -46,3 +46,19 @@ def test_files_that_hold_no_rows_are_named_not_a_traceback(tmp_path, capsys):
     broken.write_text('{"not": "rows"}')
     assert rounding_table.main([str(broken)]) == 2
     assert f"{broken}: not a list of engine rows" in capsys.readouterr().err
+
+
+def test_an_only_that_matches_no_engine_is_refused_not_run_as_nothing(capsys):
+    """A run with ``--only matmul-softmax`` (a class's name, not its label) once ran no engine and exited 0 on
+    the GPU: the table then had no row for it, and nothing said why."""
+    path = SCRIPT.with_name("mutation_table.py")
+    spec_ = importlib.util.spec_from_file_location("mutation_table", path)
+    mutation_table = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(mutation_table)
+    import pytest
+
+    with pytest.raises(SystemExit) as stop:
+        mutation_table.main(["--catalogue", "rounding", "--only", "matmul-softmax", "--limit", "1"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "--only matmul-softmax" in err and "attention by matmul and a float32 softmax" in err
