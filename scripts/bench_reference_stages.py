@@ -13,8 +13,10 @@ decode span / rounds, and the stages (draft, build, compile, verify, walk, commi
 spans. Random weights accept almost nothing, which is what this measures: the cost of one round.
 
 ``--paths``: ``eager`` is transformers' eager forward on a ``DynamicCache`` (``cuda_graphs=False``),
-``graphs`` transformers' layers on static caches under CUDA graphs (``fused_layers=off``), ``fast`` the
-fast path as shipped (static caches, CUDA graphs, the target's fused layers of ``lean.py``). After the timed pairs,
+``graphs`` transformers' layers on static caches under CUDA graphs (``fused_layers=off``, ``device_tree=off``),
+``fast-host`` the target's fused layers of ``lean.py`` with the tree built, compiled and walked on the host
+between two graphs (``device_tree=off``), ``fast`` the fast path as shipped: everything after the draft in one
+graph with one read back per round (stage ``tree_round``: build, compile, verify and walk). After the timed pairs,
 one profiled
 plain call and one profiled DDTree call per path give the GPU-busy share: the union of the device's
 kernels, copies and fills over the decode loop's device time (``timings.stages["gpu_busy"]`` /
@@ -22,8 +24,9 @@ kernels, copies and fills over the decode loop's device time (``timings.stages["
 
 One reference engine and one set of feature hooks on the target for the whole run (checked after
 every budget). After each budget ``OUT/rounds.json`` and ``OUT/rounds.md`` are rewritten, so a run
-cut short keeps its rows; no new budget starts past ``--total-budget-s``. The tree builder is the
-heap (the tensor-only builder was removed, see conformance/spec/tree.py).
+cut short keeps its rows; no new budget starts past ``--total-budget-s``. The tree builder is the spec's
+heap on the host, and on ``fast`` the tensor builder of ``adapters/reference/device_tree.py`` (equal to
+the heap, ties included) inside the round's graph.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from ddtree_conformance.adapters.interface import Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.testing.shaped_pair import SHAPES, build_shaped_pair, random_prompts
 
-STAGES = ("draft", "build", "compile", "verify", "walk", "commit")
+STAGES = ("draft", "build", "compile", "verify", "walk", "tree_round", "commit")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,7 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=24)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--paths", default="eager,fast", help="comma-separated: eager, graphs, fast")
+    p.add_argument("--paths", default="eager,fast", help="comma-separated: eager, graphs, fast-host, fast")
     p.add_argument("--no-busy", action="store_true", help="skip the profiled calls (GPU-busy share)")
     p.add_argument("--total-budget-s", type=float, default=300.0, help="start no budget after this much wall time")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -122,7 +125,8 @@ def main(argv=None) -> int:
     )
 
     def run(mode: str, budget: int, path: str, profile: bool = False) -> dict:
-        engine.fused_layers = path == "fast"
+        engine.fused_layers = path in ("fast", "fast-host")
+        engine.device_tree = path == "fast"
         config = RunConfig(
             mode=mode,
             budget=budget,
@@ -148,7 +152,7 @@ def main(argv=None) -> int:
         "hooks": hooks,
         "clock": "CUDA events" if args.device.startswith("cuda") else "host perf_counter",
         "device_name": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
-        "builder": "heap",
+        "builder": "tensors on the device, in the round's graph (fast); the heap on the host (others)",
         "paths": paths,
     }
     rows: list[dict] = []

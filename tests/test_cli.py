@@ -714,5 +714,5 @@ def test_unknown_engine_option_is_refused_by_every_command(pair, prompts_file, t
     ):
         assert_usage_error(
             invoke(*command, "-O", "bulider=vectorized"),
-            "engine 'reference': unknown option(s) bulider; known: cuda_graphs, fused_layers",
+            "engine 'reference': unknown option(s) bulider; known: cuda_graphs, device_tree, fused_layers",
         )

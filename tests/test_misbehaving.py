@@ -305,7 +305,7 @@ def test_unknown_option_is_refused_before_anything_starts(suite):
     assert result.exit_code == 2 and report is None
     (line,) = lines  # one error, naming the engine, the option and the ones it knows
     assert line.startswith("error: engine 'reference': unknown option(s) bulider;"), line
-    assert line.endswith("; known: cuda_graphs, fused_layers"), line
+    assert line.endswith("; known: cuda_graphs, device_tree, fused_layers"), line
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from ddtree_conformance.prompts import load_prompts
 from ddtree_conformance.session import SuiteSession
 from ddtree_conformance.settings import build_settings
 from ddtree_conformance.testing.graph_mutants import StalePositionsUnderGraphs
-from ddtree_conformance.testing.mutants import FirstRowsCompaction
+from ddtree_conformance.testing.mutants import FirstRowsCompaction, FlatPositions, SiblingMask
 from ddtree_conformance.testing.shaped_pair import build_shaped_pair, random_prompts
 
 RUNS = [("plain", 1), ("dflash", 1), ("ddtree", 16)]
@@ -83,6 +83,47 @@ def test_a_compaction_step_the_engine_replaces_runs_on_the_static_cache(fixture_
     good = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
     right = good.generate(fixture_requests, RunConfig(mode="ddtree", budget=16, cuda_graphs=True))
     assert [r.output_ids for r in fast] != [r.output_ids for r in right]  # the mutant's bug survived
+
+
+def test_a_greedy_ddtree_round_runs_after_its_draft_as_one_graph_with_the_host_path_s_outputs(fixture_requests):
+    """The fast path's round on the device (tree, verify inputs, verify, walk: ``StaticDecoder.tree_round``)
+    and the same round on the host (``device_tree=off``) give the eager oracle's outputs, acceptance and
+    trees; the stages show which ran."""
+    runs = {}
+    for device_tree in ("on", "off"):
+        engine = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree=device_tree)
+        config = RunConfig(mode="ddtree", budget=16, cuda_graphs=True, trace=True, timing=True)
+        runs[device_tree] = engine.generate(fixture_requests, config)
+    eager = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER)).generate(
+        fixture_requests, RunConfig(mode="ddtree", budget=16, trace=True)
+    )
+    for fast in runs.values():
+        assert [r.output_ids for r in fast] == [r.output_ids for r in eager]
+        assert [r.acceptance_lengths for r in fast] == [r.acceptance_lengths for r in eager]
+        for field in ("tree_tokens", "parents", "depths", "positions", "accepted", "target_tokens", "bonus"):
+            assert [[getattr(t, field) for t in r.traces] for r in fast] == [
+                [getattr(t, field) for t in r.traces] for r in eager
+            ], field
+        assert [[t.node_target_tokens for t in r.verified_trees] for r in fast] == [
+            [t.node_target_tokens for t in r.verified_trees] for r in eager
+        ]
+    assert "tree_round" in runs["on"][0].timings.stages and "build" not in runs["on"][0].timings.stages
+    assert "build" in runs["off"][0].timings.stages and "tree_round" not in runs["off"][0].timings.stages
+    with pytest.raises(EngineError, match="device_tree must be 'on' or 'off'"):
+        ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="gpu")
+
+
+@pytest.mark.parametrize("mutant", [FlatPositions, SiblingMask])
+def test_a_build_that_replaces_a_round_step_runs_its_round_on_the_host(fixture_requests, mutant):
+    """A broken build's own compile step must run, not the device round's correct one: its bug survives
+    on the fast path (the target's tokens at the tree's nodes part from the correct engine's)."""
+    engine = mutant(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+    config = RunConfig(mode="ddtree", budget=16, cuda_graphs=True, timing=True)
+    broken = engine.generate(fixture_requests, config)
+    assert "tree_round" not in broken[0].timings.stages
+    right = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER)).generate(fixture_requests, config)
+    seen = [[t.node_target_tokens for t in r.verified_trees] for r in broken]
+    assert seen != [[t.node_target_tokens for t in r.verified_trees] for r in right]
 
 
 def test_cuda_graphs_default_and_options():

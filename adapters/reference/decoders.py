@@ -7,8 +7,11 @@ drafter's caches for one request and runs the forwards the loop asks for:
   every forward eager. This is the oracle.
 * :class:`StaticDecoder`: the same forwards on fixed-capacity caches, each shape replayed as a CUDA
   graph on CUDA (:mod:`.graphs`). The prefill stays eager (then its K/V move into the static
-  cache), as does the first draft after it (a shape seen once per request). The tree, the
-  compiled verify inputs and the walk live on the host; only the forwards run on the device.
+  cache), as does the first draft after it (a shape seen once per request). A greedy DDTree round
+  whose steps are the spec's own runs everything after the draft in one graph
+  (:meth:`StaticDecoder.tree_round`): the tree built with tensors (:mod:`.device_tree`), its verify
+  inputs (:mod:`.device_verify`), the target's forward and the greedy walk (:mod:`.device_walk`),
+  with one read back per round; any other round builds, compiles and walks on the host.
 
 Both answer ``prefill``, ``step`` (one plain token), ``verify`` (the compiled tree), ``compact`` (the
 engine's compaction step on this cache) and ``draft``.
@@ -18,16 +21,20 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ddtree_conformance.spec import compact_dynamic_cache
+from ddtree_conformance.spec import DraftTree, VerifyInputs, WalkResult, compact_dynamic_cache
 
+from .device_tree import build_tree_on_device
+from .device_verify import verify_inputs_on_device
+from .device_walk import greedy_walk_on_device
 from .graphs import GraphRunner, StaticDraftCache, StaticTargetCache, capacity_for, fill_in_place
 from .lean import LeanQwen3, lean_problem
 
-__all__ = ["EagerDecoder", "FastPathState", "StaticDecoder", "collector_paused"]
+__all__ = ["EagerDecoder", "FastPathState", "StaticDecoder", "TreeRound", "collector_paused"]
 
 
 @contextlib.contextmanager
@@ -129,6 +136,23 @@ class FastPathState:
         return self.drafts[capacity]
 
 
+@dataclass(frozen=True)
+class TreeRound:
+    """One greedy round after its draft, as :meth:`StaticDecoder.tree_round` ran it on the device: the
+    tree (device tensors), its verify inputs (ids and positions on the host, read back), the target's
+    logits and features (device), and the walk."""
+
+    tree: DraftTree
+    verify: VerifyInputs
+    logits: torch.Tensor
+    features: torch.Tensor
+    walk: WalkResult
+
+    def parts(self) -> tuple:
+        """``(tree, verify, logits, features, walk)``, as the host steps give them."""
+        return self.tree, self.verify, self.logits, self.features, self.walk
+
+
 class StaticDecoder(EagerDecoder):
     """The fast path (module doc). ``rows``: the most rows one verify adds (tree nodes + root)."""
 
@@ -211,6 +235,57 @@ class StaticDecoder(EagerDecoder):
         out = self._target(("verify", rows, self.capacity, id(self.static)), inputs, False)
         self.static.length = start + rows
         return out
+
+    def tree_round(self, draft_logits: torch.Tensor, root: int, start: int, budget: int) -> TreeRound:
+        """A greedy round after its draft, in one graph (module doc): the spec's tree of ``budget`` nodes
+        from ``draft_logits`` (:func:`.build_tree_on_device`, equal to the heap's), its verify inputs at
+        ``start`` (the root's position) with the mask over the whole cache, the target's forward (writing
+        the tree's K/V at ``start ..``), and the greedy walk; then one read back of the walk, the tree's
+        tokens and depths, and the target's token at every node. Nothing here reads a value before that."""
+        pair, cache, capacity, minimum, lean = self.pair, self.static, self.capacity, self.minimum, self.lean
+        depth_limit = int(draft_logits.shape[0])
+
+        def forward(static):
+            tree = build_tree_on_device(static["draft"], budget)
+            rows = tree.tokens.shape[0]
+            compiled = verify_inputs_on_device(tree, static["root"], 0, 0, dtype=pair.dtype, max_depth=depth_limit)
+            begin = static["start"]  # [1]: the root's position and cache slot
+            positions = begin + tree.depths
+            slots = begin + torch.arange(rows, device=begin.device)
+            columns = torch.arange(capacity, device=begin.device) - begin  # column - start
+            in_tree = (columns >= 0) & (columns < rows)
+            visible = (columns < 0) | (compiled.visibility[:, columns.clamp(0, rows - 1)] & in_tree)
+            mask = torch.where(visible, 0.0, minimum).to(pair.dtype).view(1, 1, rows, capacity)
+            cache.slots = slots
+            if lean is not None:
+                logits, features = lean.forward(compiled.input_ids, positions, cache, mask)
+            else:
+                logits, features = pair.forward(
+                    compiled.input_ids, positions, cache, {"full_attention": mask, "sliding_attention": mask}
+                )
+            path, accepted, bonus = greedy_walk_on_device(tree, logits, max_depth=depth_limit)
+            chosen = torch.argmax(logits, dim=-1)
+            head = torch.stack([accepted, bonus]).long()
+            packed = torch.cat([head, path, compiled.input_ids, tree.depths, chosen])
+            return tree, compiled.visibility, logits, features, packed
+
+        inputs = {"draft": draft_logits, "root": torch.tensor([root]), "start": torch.tensor([start])}
+        key = ("tree", budget, depth_limit, self.capacity, id(self.static), lean is not None)
+        tree, visibility, logits, features, packed = self.state.runner.run(key, forward, inputs, fill=self.fill)
+        rows = tree.tokens.shape[0]
+        values = packed.tolist()  # the round's one read back
+        accepted, bonus = values[0], values[1]
+        path = values[2 : 2 + accepted]
+        ids, depths, chosen = (values[2 + depth_limit + i * rows : 2 + depth_limit + (i + 1) * rows] for i in range(3))
+        self.static.length = start + rows
+        verify = VerifyInputs(
+            input_ids=torch.tensor(ids),
+            position_ids=torch.tensor([start + d for d in depths]),
+            visibility=visibility,
+            attention_mask=torch.empty(0),  # the graph's mask spans the cache; nothing reads it after
+        )
+        walk = WalkResult(accepted=path, bonus=bonus, target_tokens={node: chosen[node] for node in (0, *path)})
+        return TreeRound(tree, verify, logits, features, walk)
 
     def compact(self, step, start: int, accepted: list[int]) -> None:
         if step is compact_dynamic_cache:  # the spec's own step, done for every layer in one gather

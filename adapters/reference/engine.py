@@ -73,14 +73,16 @@ class ReferenceEngine(Engine):
     ``cuda_graphs=False`` (default on CPU) every forward is transformers' eager one: the oracle. The
     loop, and so every spec step, is the same on both. Tensor parallelism runs eagerly. Option
     ``fused_layers`` = ``"on"`` (default) or ``"off"``: on the fast path, a Qwen3 target runs its
-    layers in fewer kernels (:mod:`.lean`) or as transformers' modules.
+    layers in fewer kernels (:mod:`.lean`) or as transformers' modules. Option ``device_tree`` = ``"on"``
+    (default) or ``"off"``: on the fast path, a greedy DDTree round runs its tree build, verify inputs,
+    verify and walk as one graph with one read back (:meth:`.StaticDecoder.tree_round`), or on the host.
 
     ``tensor_parallel_size`` > 1 shards the target over that many ranks (:mod:`.tensor_parallel`):
     GPUs on CUDA, gloo processes on CPU. Every rank runs the same loop below.
     """
 
     name = "reference"
-    OPTIONS = ("cuda_graphs", "fused_layers")
+    OPTIONS = ("cuda_graphs", "fused_layers", "device_tree")
 
     # The spec steps this engine composes, one attribute each, so that a test-only mutant can
     # replace exactly one step (ddtree_conformance.testing.mutants).
@@ -106,6 +108,10 @@ class ReferenceEngine(Engine):
         if fused not in ("on", "off", "true", "false", "1", "0"):
             raise EngineError(f"reference engine: fused_layers must be 'on' or 'off', got {options['fused_layers']!r}")
         self.fused_layers = fused in ("on", "true", "1")
+        on_device = str(options.get("device_tree", "on")).lower()
+        if on_device not in ("on", "off", "true", "false", "1", "0"):
+            raise EngineError(f"reference engine: device_tree must be 'on' or 'off', got {options['device_tree']!r}")
+        self.device_tree = on_device in ("on", "true", "1")
         self._loaded: dict[tuple[str, str, int], LoadedPair] = {}
         self._ranks: RankGroup | None = None
 
@@ -325,25 +331,30 @@ class ReferenceEngine(Engine):
         traces: list[RoundTrace] | None = [] if config.trace else None
         trees: list[VerifiedTree] | None = None if config.profile else []  # a timed bench run skips them
         tree_device = decoder.tree_device()
+        on_device = self._round_on_device(decoder, config, params)
         with busy_probe(config.profile, pair.device) as busy:
             clock.start()
             while reason is None:
                 with clock.stage("draft"):
                     draft_logits = decoder.draft(root, start, context, context_start, self.block_position_offset)
-                with clock.stage("build"):
-                    tree = (
-                        build_chain(draft_logits)
-                        if config.mode == "dflash"
-                        else self._build(draft_logits, config.budget)
-                    )
-                    if tree.tokens.device != tree_device:
-                        tree = tree.to(tree_device)
-                with clock.stage("compile"):
-                    verify = self.compile_step(tree, root, start, dtype=pair.dtype)
-                with clock.stage("verify"):
-                    logits, features = self._verify(decoder, verify)
-                with clock.stage("walk"):
-                    walk = self.walk_step(tree, logits, params, generator)
+                if on_device:
+                    with clock.stage("tree_round"):
+                        tree, verify, logits, features, walk = decoder.tree_round(draft_logits, root, start, config.budget).parts()
+                else:
+                    with clock.stage("build"):
+                        tree = (
+                            build_chain(draft_logits)
+                            if config.mode == "dflash"
+                            else self._build(draft_logits, config.budget)
+                        )
+                        if tree.tokens.device != tree_device:
+                            tree = tree.to(tree_device)
+                    with clock.stage("compile"):
+                        verify = self.compile_step(tree, root, start, dtype=pair.dtype)
+                    with clock.stage("verify"):
+                        logits, features = self._verify(decoder, verify)
+                    with clock.stage("walk"):
+                        walk = self.walk_step(tree, logits, params, generator)
                 with clock.stage("commit"):
                     decoder.compact(self.compact_step, start, walk.accepted)
                     context, context_start = self.feedback_step(features, walk.accepted), start
@@ -370,6 +381,19 @@ class ReferenceEngine(Engine):
             verified_trees=trees,
             engine_settings=decoder.settings(),
         )
+
+    def _round_on_device(self, decoder: EagerDecoder, config: RunConfig, params: SamplingParams) -> bool:
+        """Whether a round after its draft runs as one graph (:meth:`.StaticDecoder.tree_round`): the fast
+        path with ``device_tree`` on, a greedy DDTree request, and the spec's own build, compile, verify and
+        walk steps. A build that replaces any of them (a mutant, a pitfall engine) runs them on the host,
+        so what it changed is what runs."""
+        own_steps = (
+            self._build is build_tree
+            and self.compile_step is compile_tree
+            and self.walk_step is walk_tree
+            and type(self)._verify is ReferenceEngine._verify
+        )
+        return bool(decoder.fast and self.device_tree and config.mode == "ddtree" and params.greedy and own_steps)
 
     # one round's records (:mod:`.round_records`); pitfall engines override them
     _verified_tree = staticmethod(verified_tree)

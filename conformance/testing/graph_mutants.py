@@ -5,7 +5,9 @@
   graph that is what happens when positions go to a new tensor instead of into the buffer the
   graph reads (one DDTree port for vLLM did this; its acceptance rose from 2.84 to 4.43 on garbage).
   The eager path is untouched, so graphs off is right and graphs on is not; on CPU the same static
-  buffers run without capture and break the same way.
+  buffers run without capture and break the same way. The round on the device
+  (:meth:`~ddtree_conformance.adapters.reference.decoders.StaticDecoder.tree_round`) derives its
+  positions from the root's (``start``) inside the graph: that input stays stale too.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ __all__ = ["GRAPH_MUTANTS", "StalePositionsUnderGraphs"]
 
 
 def _all_but_positions(static, name, value) -> None:
-    if name != "positions":
+    if name not in ("positions", "start"):
         fill_in_place(static, name, value)
 
 
