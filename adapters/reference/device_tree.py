@@ -80,8 +80,8 @@ def build_tree_on_device(draft_logits: torch.Tensor, budget: int) -> DraftTree:
     last = chosen.gather(1, (depths - 1).unsqueeze(1)).squeeze(1)
     tokens = ids[depths - 1, last]
     # a node's parent: the chosen prefix whose padded tuple is this one's with its last rank cut
-    parent_tuples = chosen.clone()
-    parent_tuples[torch.arange(chosen.shape[0], device=device), depths - 1] = -1
+    # (a scatter of a scalar: an indexed assignment of -1 would copy a host tensor, refused in a graph capture)
+    parent_tuples = chosen.scatter(1, (depths - 1).unsqueeze(1), -1)
     same = (parent_tuples.unsqueeze(1) == chosen.unsqueeze(0)).all(dim=2)  # [N, N]: row's parent is column
     parents = torch.where(depths > 1, same.int().argmax(dim=1) + 1, torch.zeros_like(depths))
     long = torch.long
