@@ -45,12 +45,13 @@ def greedy_walk_on_device(
     next_node = torch.where(has_next, link.int().argmax(dim=1), torch.full_like(has_next, -1, dtype=torch.long))
     depth = max_depth if max_depth is not None else (int(tree.depths.max()) if nodes > 1 else 0)
     path = torch.full((max(depth, 1),), -1, dtype=torch.long, device=device)
-    current = torch.zeros((), dtype=torch.long, device=device)
-    alive = torch.ones((), dtype=torch.bool, device=device)
+    # one-element tensors, never 0-d ones: indexing with a 0-d tensor reads it back (refused in a graph capture)
+    current = torch.zeros(1, dtype=torch.long, device=device)
+    alive = torch.ones(1, dtype=torch.bool, device=device)
     for step in range(depth):
-        step_next = next_node[current]
+        step_next = next_node.index_select(0, current)
         alive = alive & (step_next >= 0)
         current = torch.where(alive, step_next, current)
-        path[step] = torch.where(alive, current, path[step])
+        path[step : step + 1] = torch.where(alive, current, path[step : step + 1])
     accepted = (path >= 0).sum()
-    return path[:depth] if depth else path[:0], accepted, chosen[current]
+    return path[:depth] if depth else path[:0], accepted, chosen.index_select(0, current)[0]
