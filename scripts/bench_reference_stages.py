@@ -14,9 +14,10 @@ spans. Random weights accept almost nothing, which is what this measures: the co
 
 ``--paths``: ``eager`` is transformers' eager forward on a ``DynamicCache`` (``cuda_graphs=False``),
 ``graphs`` transformers' layers on static caches under CUDA graphs (``fused_layers=off``, ``device_tree=off``),
-``fast-host`` the target's fused layers of ``lean.py`` with the tree built, compiled and walked on the host
-between two graphs (``device_tree=off``), ``fast`` the fast path as shipped: everything after the draft in one
-graph with one read back per round (stage ``tree_round``: build, compile, verify and walk). After the timed pairs,
+``fast`` the fast path as shipped: the target's fused layers of ``lean.py``, the tree built, compiled and
+walked on the host between the draft's and the verify's graphs, ``fast-device`` the same with everything
+after the draft in one graph and one read back per round (``device_tree=on``; stage ``tree_round``:
+build, compile, verify and walk). After the timed pairs,
 one profiled
 plain call and one profiled DDTree call per path give the GPU-busy share: the union of the device's
 kernels, copies and fills over the decode loop's device time (``timings.stages["gpu_busy"]`` /
@@ -25,7 +26,7 @@ kernels, copies and fills over the decode loop's device time (``timings.stages["
 One reference engine and one set of feature hooks on the target for the whole run (checked after
 every budget). After each budget ``OUT/rounds.json`` and ``OUT/rounds.md`` are rewritten, so a run
 cut short keeps its rows; no new budget starts past ``--total-budget-s``. The tree builder is the spec's
-heap on the host, and on ``fast`` the tensor builder of ``adapters/reference/device_tree.py`` (equal to
+heap on the host, and on ``fast-device`` the tensor builder of ``adapters/reference/device_tree.py`` (equal to
 the heap, ties included) inside the round's graph.
 """
 
@@ -57,7 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=24)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--paths", default="eager,fast", help="comma-separated: eager, graphs, fast-host, fast")
+    p.add_argument("--paths", default="eager,fast", help="comma-separated: eager, graphs, fast, fast-device")
     p.add_argument("--no-busy", action="store_true", help="skip the profiled calls (GPU-busy share)")
     p.add_argument("--total-budget-s", type=float, default=300.0, help="start no budget after this much wall time")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -125,8 +126,8 @@ def main(argv=None) -> int:
     )
 
     def run(mode: str, budget: int, path: str, profile: bool = False) -> dict:
-        engine.fused_layers = path in ("fast", "fast-host")
-        engine.device_tree = path == "fast"
+        engine.fused_layers = path in ("fast", "fast-device")
+        engine.device_tree = path == "fast-device"
         config = RunConfig(
             mode=mode,
             budget=budget,
@@ -152,7 +153,7 @@ def main(argv=None) -> int:
         "hooks": hooks,
         "clock": "CUDA events" if args.device.startswith("cuda") else "host perf_counter",
         "device_name": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
-        "builder": "tensors on the device, in the round's graph (fast); the heap on the host (others)",
+        "builder": "tensors on the device, in the round's graph (fast-device); the heap on the host (others)",
         "paths": paths,
     }
     rows: list[dict] = []

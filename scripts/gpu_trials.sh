@@ -5,8 +5,8 @@
 #   equality          fast path vs eager: outputs, acceptance, graph counts (fixture fp32 + bf16, then the
 #                     8B-shaped pair in bf16) -> $WORK/equality/, $WORK/equality-8b/          (~2 minutes)
 #   rounds            round-time table, 8B-shaped pair, bf16, context 512, the paths in $PATHS (eager, graphs,
-#                     fast-host: the tree on the host between two graphs, fast: the round after the draft in one
-#                     graph), plain step and B = 16..1024, GPU-busy share -> $WORK/rounds/     (~2.5 minutes)
+#                     fast: the tree on the host between two graphs, fast-device: the round after the draft in
+#                     one graph), plain step and B = 16..1024, GPU-busy share -> $WORK/rounds/ (~2.5 minutes)
 #   equality-8b       the same on the tiny shaped pair (grouped KV heads) in fp32 and the 8B-shaped pair in bf16
 #   gpu-tests         pytest -m gpu -k fast_path (fast path == eager in fp32 on CUDA; stops the script on a
 #                     failure)                                                                (~0.5 minute)
@@ -94,7 +94,7 @@ for job in "$@"; do
         --budgets 32,256 --new-tokens 32 --out "$WORK/equality-8b" || echo "equality-8b: exit $?" ;;
     rounds)
       timeout 200 python3 scripts/bench_reference_stages.py --shape 8b --device cuda --dtype bfloat16 \
-        --paths "${PATHS:-eager,graphs,fast-host,fast}" --prompt-len 512 --new-tokens "${ROUND_TOKENS:-16}" \
+        --paths "${PATHS:-eager,graphs,fast,fast-device}" --prompt-len 512 --new-tokens "${ROUND_TOKENS:-16}" \
         --repeats "${ROUND_REPEATS:-2}" --total-budget-s 170 --out "$WORK/rounds" || echo "rounds: exit $?" ;;
     gpu-tests)
       timeout 120 python3 -m pytest -q -p no:cacheprovider -p ddtree_conformance.pytest_plugin -m gpu \

@@ -202,16 +202,18 @@ def test_worker_sees_only_its_gpus():
 
 
 # -- the reference engine's fast path ----------------------------------------------------------
+@pytest.mark.parametrize("device_tree", ["off", "on"])
 @pytest.mark.parametrize("mode, budget", [("plain", 1), ("dflash", 1), ("ddtree", 16), ("ddtree", 256)])
-def test_reference_fast_path_equals_eager_in_fp32(mode, budget):
+def test_reference_fast_path_equals_eager_in_fp32(mode, budget, device_tree):
     """CUDA graphs on (static caches, one graph per shape) give the eager path's outputs and per-round
-    acceptance exactly in float32, and the graphs really replay (no capture failed)."""
+    acceptance exactly in float32, and the graphs really replay (no capture failed); with ``device_tree``
+    on, a DDTree round after its draft is one graph (tree, verify inputs, verify, walk)."""
     from ddtree_conformance.adapters.interface import Request, RunConfig
     from ddtree_conformance.adapters.reference.engine import ReferenceEngine
     from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
     from ddtree_conformance.prompts import load_prompts
 
-    engine = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+    engine = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree=device_tree)
     requests = [Request(prompt_ids=p.prompt_ids, max_new_tokens=48) for p in load_prompts("fixture")[:6]]
     eager, fast = (
         engine.generate(requests, RunConfig(mode=mode, budget=budget, device="cuda", cuda_graphs=graphs))

@@ -88,6 +88,8 @@ def test_round_time_table_writes_its_rows(tmp_path):
                 "1",
                 "--threads",
                 "1",
+                "--paths",
+                "eager,fast,fast-device",
                 "--out",
                 str(out),
             ]
@@ -95,10 +97,15 @@ def test_round_time_table_writes_its_rows(tmp_path):
         == 0
     )
     rows = json.loads((out / "rounds.json").read_text())["rows"]
-    assert [(r["budget"], r["path"]) for r in rows] == [(4, "eager"), (4, "fast"), (16, "eager"), (16, "fast")]
-    # the fast path verifies inside the round's one graph (stage tree_round), the eager path on its own
+    paths = ["eager", "fast", "fast-device"]
+    assert [(r["budget"], r["path"]) for r in rows] == [(b, p) for b in (4, 16) for p in paths]
+    # fast-device verifies inside the round's one graph (stage tree_round), the others on their own
     assert all(r["plain_step_ms"] > 0 and r["round_ms"] > 0 for r in rows)
-    assert [("verify" in r["stages_ms"], "tree_round" in r["stages_ms"]) for r in rows] == [(True, False), (False, True)] * 2
+    assert [("verify" in r["stages_ms"], "tree_round" in r["stages_ms"]) for r in rows] == [
+        (True, False),
+        (True, False),
+        (False, True),
+    ] * 2
     assert "| 16 | fast |" in (out / "rounds.md").read_text()
 
 

@@ -7,11 +7,12 @@ drafter's caches for one request and runs the forwards the loop asks for:
   every forward eager. This is the oracle.
 * :class:`StaticDecoder`: the same forwards on fixed-capacity caches, each shape replayed as a CUDA
   graph on CUDA (:mod:`.graphs`). The prefill stays eager (then its K/V move into the static
-  cache), as does the first draft after it (a shape seen once per request). A greedy DDTree round
-  whose steps are the spec's own runs everything after the draft in one graph
-  (:meth:`StaticDecoder.tree_round`): the tree built with tensors (:mod:`.device_tree`), its verify
-  inputs (:mod:`.device_verify`), the target's forward and the greedy walk (:mod:`.device_walk`),
-  with one read back per round; any other round builds, compiles and walks on the host.
+  cache), as does the first draft after it (a shape seen once per request). The tree, the compiled
+  verify inputs and the walk live on the host between the draft's and the verify's graphs; with the
+  engine's ``device_tree`` on, a greedy DDTree round whose steps are the spec's own runs everything
+  after the draft in one graph instead (:meth:`StaticDecoder.tree_round`): the tree built with tensors
+  (:mod:`.device_tree`), its verify inputs (:mod:`.device_verify`), the target's forward and the
+  greedy walk (:mod:`.device_walk`), with one read back per round.
 
 Both answer ``prefill``, ``step`` (one plain token), ``verify`` (the compiled tree), ``compact`` (the
 engine's compaction step on this cache) and ``draft``.

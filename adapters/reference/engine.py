@@ -73,9 +73,12 @@ class ReferenceEngine(Engine):
     ``cuda_graphs=False`` (default on CPU) every forward is transformers' eager one: the oracle. The
     loop, and so every spec step, is the same on both. Tensor parallelism runs eagerly. Option
     ``fused_layers`` = ``"on"`` (default) or ``"off"``: on the fast path, a Qwen3 target runs its
-    layers in fewer kernels (:mod:`.lean`) or as transformers' modules. Option ``device_tree`` = ``"on"``
-    (default) or ``"off"``: on the fast path, a greedy DDTree round runs its tree build, verify inputs,
-    verify and walk as one graph with one read back (:meth:`.StaticDecoder.tree_round`), or on the host.
+    layers in fewer kernels (:mod:`.lean`) or as transformers' modules. Option ``device_tree`` = ``"off"``
+    (default) or ``"on"``: on the fast path, a greedy DDTree round builds, compiles and walks its tree on
+    the host between the draft's and the verify's graphs, or runs all of it after the draft as one graph
+    with one read back (:meth:`.StaticDecoder.tree_round`). Off by default: on an H200 the graph's tensor
+    tree build costs more device time than the host steps and their reads back save, up to B = 512
+    (scripts/measurements/2026-12-04e-issue29/rounds-92aa4dad).
 
     ``tensor_parallel_size`` > 1 shards the target over that many ranks (:mod:`.tensor_parallel`):
     GPUs on CUDA, gloo processes on CPU. Every rank runs the same loop below.
@@ -108,7 +111,7 @@ class ReferenceEngine(Engine):
         if fused not in ("on", "off", "true", "false", "1", "0"):
             raise EngineError(f"reference engine: fused_layers must be 'on' or 'off', got {options['fused_layers']!r}")
         self.fused_layers = fused in ("on", "true", "1")
-        on_device = str(options.get("device_tree", "on")).lower()
+        on_device = str(options.get("device_tree", "off")).lower()
         if on_device not in ("on", "off", "true", "false", "1", "0"):
             raise EngineError(f"reference engine: device_tree must be 'on' or 'off', got {options['device_tree']!r}")
         self.device_tree = on_device in ("on", "true", "1")
