@@ -45,7 +45,7 @@ from torch import nn
 from ddtree_conformance.adapters.interface import Capabilities, RequestResult, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 
-__all__ = ["BLACK_BOXES", "ROUNDING_ENGINES", "RoundsDifferently", "black_box"]
+__all__ = ["AGGREGATE_BOXES", "BLACK_BOXES", "ROUNDING_ENGINES", "RoundsDifferently", "aggregate_box", "black_box"]
 
 _CHUNK = 64  # split-K chunk (inputs per partial product) and the row padding of PaddedGemmRows
 _KEY_BLOCK = 32  # keys per block of the online softmax
@@ -363,6 +363,52 @@ def black_box(engine_class: type[ReferenceEngine]) -> type[ReferenceEngine]:
     return BlackBox
 
 
+def aggregate_box(engine_class: type[ReferenceEngine]) -> type[ReferenceEngine]:
+    """``engine_class`` reporting, per request, its outputs and acceptance aggregates only: the mean
+    acceptance length and the acceptance rate at each depth, no per-round lengths, no traces (an engine
+    that exposes only counters per request). The acceptance check judges it on its aggregates."""
+    from ddtree_conformance.metrics import per_position_acceptance
+
+    class AggregateBox(engine_class):
+        name = f"{engine_class.name}-aggregates"
+
+        def capabilities(self) -> Capabilities:
+            caps = super().capabilities()
+            return caps.model_copy(
+                update={
+                    "traces": False,
+                    "per_round_acceptance": False,
+                    "draft_logits": False,
+                    "stage_timings": False,
+                    "verified_tree_modes": [],
+                    "traced_modes": None,
+                }
+            )
+
+        def generate(self, requests, config):
+            results = super().generate(requests, config.model_copy(update={"trace": False, "timing": False}))
+            out = []
+            for r in results:
+                lengths = r.acceptance_lengths or []
+                spec = bool(lengths) and config.mode != "plain"
+                out.append(
+                    r
+                    if r.error
+                    else RequestResult(
+                        output_ids=r.output_ids,
+                        finish_reason=r.finish_reason,
+                        aggregate_only=spec,
+                        mean_acceptance=sum(lengths) / len(lengths) if spec else None,
+                        per_position_acceptance=per_position_acceptance([lengths], 7) if spec else None,
+                    )
+                )
+            return out
+
+    AggregateBox.__name__ = AggregateBox.__qualname__ = f"{engine_class.__name__}Aggregates"
+    AggregateBox.__module__ = __name__
+    return AggregateBox
+
+
 ROUNDING_ENGINES: dict[str, type[RoundsDifferently]] = {
     "attention by matmul and a float32 softmax": MatmulSoftmaxAttention,
     "attention in FlashAttention's order": OnlineSoftmaxAttention,
@@ -376,5 +422,7 @@ ROUNDING_ENGINES: dict[str, type[RoundsDifferently]] = {
 
 # each engine as a black box, under a module-level name (``--engine module:Class`` finds it)
 BLACK_BOXES: dict[str, type[ReferenceEngine]] = {}
+AGGREGATE_BOXES: dict[str, type[ReferenceEngine]] = {}
 for _label, _engine in ROUNDING_ENGINES.items():
     BLACK_BOXES[_label] = globals()[f"{_engine.__name__}BlackBox"] = black_box(_engine)
+    AGGREGATE_BOXES[_label] = globals()[f"{_engine.__name__}Aggregates"] = aggregate_box(_engine)
