@@ -148,14 +148,17 @@ class _Comparison:
 
 
 def _prompts_needed(prompts: int, low: float, high: float, margin: float) -> str:
-    """About how many prompts would bring a band of this centre and spread within the margin (the band's
-    half-width shrinks as one over the square root of the prompts)."""
+    """About how many prompts would bring a band of this centre and spread wholly within the margin or wholly
+    beyond it (the band's half-width shrinks as one over the square root of the prompts)."""
     centre, half = (low + high) / 2, (high - low) / 2
-    room = margin - abs(centre)
-    if room <= 0:
-        return "; its centre sits at the margin, so more prompts would not decide it: per-round acceptance would"
+    room = abs(margin - abs(centre))
+    if room < 1e-9:
+        return "; its centre sits on the margin, so more prompts would not decide it: per-round acceptance would"
     needed = math.ceil(prompts * (half / room) ** 2)
-    return f"; about {needed} prompts would (now {prompts}: raise {option('limit')}), or report per-round acceptance"
+    return (
+        f"; about {needed} prompts would decide it (now {prompts}: raise {option('limit')}), "
+        "or report per-round acceptance"
+    )
 
 
 def _judge_pooled(
