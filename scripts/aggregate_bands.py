@@ -56,6 +56,16 @@ def rows_for(label: str, engine, settings: SuiteSettings, correct: bool) -> list
                 "band": band,
                 "prompts": d.get("prompts"),
                 "band_relative": [b / ref for b in band] if band and ref else None,
+                "bands": d.get("bands"),
+                "fail_bands": d.get("fail_bands"),
+                "margins": d.get("margins"),
+                # how far the widest comparison reaches, as a share of its margin (1: at the margin)
+                "reach": max(
+                    (max(abs(lo), abs(hi)) / m for (lo, hi), m in zip(d["bands"].values(), d["margins"]) if m),
+                    default=None,
+                )
+                if d.get("bands")
+                else None,
                 "message": r.message,
                 "seconds": round(time.time() - started, 1),
             }
@@ -65,17 +75,19 @@ def rows_for(label: str, engine, settings: SuiteSettings, correct: bool) -> list
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| engine | correct | dtype | limit | check | verdict | tau | reference tau | band | band / reference tau |",
-        "|---|---|---|---:|---|---|---:|---:|---|---|",
+        "| engine | correct | dtype | limit | check | verdict | tau | reference tau | tau band | band / reference tau "
+        "| widest reach / margin |",
+        "|---|---|---|---:|---|---|---:|---:|---|---|---:|",
     ]
     for r in rows:
         band = "-" if not r["band"] else f"[{r['band'][0]:.3f}, {r['band'][1]:.3f}]"
         rel = "-" if not r["band_relative"] else f"[{r['band_relative'][0]:+.1%}, {r['band_relative'][1]:+.1%}]"
         tau = "-" if r["tau"] is None else f"{r['tau']:.3f}"
         ref = "-" if r["reference_tau"] is None else f"{r['reference_tau']:.3f}"
+        reach = "-" if r["reach"] is None else f"{r['reach']:.2f}"
         lines.append(
             f"| {r['engine']} | {'yes' if r['correct'] else 'no'} | {r['dtype']} | {r['limit']} | {r['check']} | "
-            f"{r['status']} | {tau} | {ref} | {band} | {rel} |"
+            f"{r['status']} | {tau} | {ref} | {band} | {rel} | {reach} |"
         )
     return "\n".join(lines)
 

@@ -72,3 +72,49 @@ def test_fewer_prompts_than_a_band_needs_skip_and_equal_aggregates_pass():
     assert _judge([[max(1, n - 1) for n in r] for r in reference], reference).status == "skip"
     same = _judge(reference, reference)
     assert same.status == "pass" and same.details["band"] == [0.0, 0.0]
+
+
+def test_the_reference_paced_on_its_own_outputs_gives_back_its_own_rounds():
+    """An engine without round boundaries is compared with the fp32 reference paced on the engine's own
+    outputs: on the reference's own fp32 outputs the pacing must give exactly its rounds (chain and tree)."""
+    from ddtree_conformance.adapters.interface import Request, RunConfig
+    from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+    from ddtree_conformance.adapters.reference.replay import paced_lengths, replay_result
+    from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+    from ddtree_conformance.prompts import load_prompts
+
+    engine = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+    requests = [Request(prompt_ids=p.prompt_ids, max_new_tokens=40) for p in load_prompts("fixture")[:4]]
+    for mode, budget in (("ddtree", 16), ("ddtree", 64), ("dflash", 1)):
+        for request, result in zip(requests, engine.generate(requests, RunConfig(mode=mode, budget=budget))):
+            rounds = replay_result(engine, request, result.output_ids, None, mode, budget)
+            assert paced_lengths(rounds, result.output_ids) == result.acceptance_lengths, (mode, budget)
+
+
+def test_an_aggregate_only_engine_is_judged_on_its_own_outputs():
+    """The check end to end: the reference as an aggregate-only engine equals the paced fp32 replay exactly
+    in fp32 (band [0, 0]); a feedback bug that keeps the outputs fails beyond the margin."""
+    from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+    from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+    from ddtree_conformance.session import SuiteSettings
+    from ddtree_conformance.testing.mutants import FirstRowsFeedback
+    from ddtree_conformance.testing.rounding_engines import aggregate_box
+    from ddtree_conformance.testing.runs import plan_and_run
+
+    settings = SuiteSettings(
+        model_dir=str(FIXTURE_TARGET),
+        drafter_dir=str(FIXTURE_DRAFTER),
+        prompt_set="fixture",
+        pair_name="fixture",
+        limit=8,
+        golden_dir="/nonexistent",
+        max_new_tokens=32,
+        budgets=[16],
+        isolate=False,
+        run_seed=1,
+    )
+    (good,) = plan_and_run(settings, aggregate_box(ReferenceEngine), ["acceptance/ddtree"])
+    assert good.status == "pass" and good.details["band"] == [0.0, 0.0], good.message
+    assert "the fp32 reference paced on the engine's outputs" in good.message
+    (bad,) = plan_and_run(settings, aggregate_box(FirstRowsFeedback), ["acceptance/ddtree"])
+    assert bad.status == "fail" and "by more than the margin" in bad.message, bad.message

@@ -44,7 +44,7 @@ from ddtree_conformance.spec import (
 from ..interface import Request, RunConfig
 from .decoders import EagerDecoder
 
-__all__ = ["ReplayRound", "replay_result"]
+__all__ = ["ReplayRound", "followed_length", "paced_lengths", "replay_result"]
 
 
 @dataclass
@@ -103,11 +103,23 @@ def _short_block_round(
     return len(walk.accepted) + 1, tokens, logits.float().cpu()
 
 
+def followed_length(tree, tokens: list[int]) -> int:
+    """How many of ``tokens`` a path of ``tree`` holds from the root, plus one: the acceptance length of a
+    round whose target chooses ``tokens`` (its last choice, the bonus, need not be in the tree)."""
+    children, node, held = tree.children, 0, 0
+    for token in tokens:
+        node = children[node].get(token)
+        if node is None:
+            break
+        held += 1
+    return held + 1
+
+
 def replay_result(
     engine,
     request: Request,
     output: list[int],
-    lengths: list[int],
+    lengths: list[int] | None,
     mode: str,
     budget: int,
     device: str = "cpu",
@@ -120,6 +132,11 @@ def replay_result(
     engine_tokens, reference_tokens)`` says whether to keep round ``r``'s drafter logits (default:
     when the round differs from the engine's). ``keep_top``: keep every round's top ``keep_top`` drafter
     tokens per row and their logits (``draft_top``; 0: none). Rounds stop where the lengths run past the output.
+
+    ``lengths`` None (an engine that reports no per-round lengths): the reference paces the rounds itself,
+    each as long as its tree holds the output's next tokens (:func:`followed_length`), the target's choices
+    being the output's; the last round, which reaches the output's end, is as long as the reference's own
+    walk there (what the reference would report for it). :func:`paced_lengths` gives those lengths.
     """
     config = RunConfig(mode=mode, budget=budget, dtype="float32", device=device)
     pair = engine._pair(config)
@@ -133,7 +150,9 @@ def replay_result(
         context, context_start = features, 0
         start, offset = len(request.prompt_ids), 1
         root = output[0]
-        for index, length in enumerate(lengths):
+        index = -1
+        while lengths is None or index + 1 < len(lengths):
+            index += 1
             if offset >= len(output):
                 break  # lengths that run past the output (the acceptance check reports the sum)
             draft_logits = pair.draft_logits(root, start, context, context_start, draft_cache)
@@ -142,6 +161,12 @@ def replay_result(
             logits, feats = pair.forward(verify.input_ids, verify.position_ids, cache, verify.attention_mask)
             walk = walk_tree(tree, logits)
             tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
+            if lengths is None:
+                length = followed_length(tree, output[offset:])
+                last = offset + length >= len(output)  # it reaches the output's end
+            else:
+                length = lengths[index]
+                last = index == len(lengths) - 1
             engine_tokens = output[offset : offset + length]
             differs = engine_tokens != tokens[: len(engine_tokens)] or length != len(tokens)
             keep = keep_logits(index, engine_tokens, tokens) if keep_logits is not None else differs
@@ -151,7 +176,7 @@ def replay_result(
                 short = _short_block_round(pair, root, start, feats, draft_cache, cache, mode, budget, room)
             verified = _Verified(draft_logits, tree, verify, logits, walk, tokens)
             rounds.append(_replay_round(verified, index, offset, start, root, keep, short, keep_top))
-            if offset + length > len(output) or index == len(lengths) - 1:
+            if offset + length > len(output) or last:
                 break  # the last round: nothing to commit
             accepted_tokens = output[offset : offset + length - 1]
             nodes = _path_nodes(tree, accepted_tokens)
@@ -173,6 +198,16 @@ def replay_result(
             offset += length
             root = output[offset - 1]
     return rounds
+
+
+def paced_lengths(rounds: list[ReplayRound], output: list[int]) -> list[int]:
+    """The per-round lengths of a paced replay (``replay_result`` with ``lengths`` None): each round's
+    output tokens, the last one's as the reference's own walk reports it."""
+    ends = [r.offset for r in rounds[1:]] + [len(output)]
+    lengths = [end - r.offset for r, end in zip(rounds, ends)]
+    if rounds:
+        lengths[-1] = rounds[-1].length
+    return lengths
 
 
 class _Verified(NamedTuple):

@@ -9,8 +9,9 @@ reference runs (:mod:`.acceptance_rounds`). This catches lossless-but-slow bugs 
 positions, wrong feedback rows, RoPE mismatch, capped budgets) in every dtype.
 
 Engines that report only aggregates: per-prompt mean tau (and acceptance at depths 1-4) is compared
-with the reference engine's at the same dtype and device, within a paired bootstrap band over the
-prompts; batch-pooled aggregates within a fixed tolerance (:mod:`.acceptance_aggregates`).
+with the fp32 reference's on the engine's own outputs (the reference paces the rounds itself along
+them), by equivalence over the prompts; batch-pooled aggregates within a fixed tolerance
+(:mod:`.acceptance_aggregates`).
 
 A failing ddtree verdict is then named with the tree policy that explains it, where one does.
 """
@@ -27,7 +28,7 @@ from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import rules_for
 from ..tree_policy import block_size, diagnose_traces, policy_table, round_views
-from .acceptance_aggregates import NO_ACCEPTANCE, judge_aggregates, reports_aggregates
+from .acceptance_aggregates import NO_ACCEPTANCE, judge_aggregates, paced_replays, reports_aggregates
 from .acceptance_golden import golden_results
 from .acceptance_rounds import RoundsUnderTest, judge_per_round
 from .result import CheckResult
@@ -83,10 +84,7 @@ def _judge(
     golden = golden_results(session, run)
     if golden is not None:
         return judge_aggregates(name, results, *golden)
-    reference = session.reference_for(session.settings.model_dir, session.settings.drafter_dir)
-    expected = session.run(mode, budget, engine=reference, tensor_parallel_size=1)  # the oracle: one rank
-    s = session.settings
-    return judge_aggregates(name, results, expected, f"reference ({s.dtype}, {s.device})")
+    return judge_aggregates(name, results, *paced_replays(session, run, results))
 
 
 def _traced_prompt(session: SuiteSession, run: Run, index: int) -> RequestResult:
