@@ -90,6 +90,7 @@ def diagnose_acceptance(
         match = match_policies()
         diag.row["tau under each known policy"] = ", ".join(f"{n} {t:.3f}" for n, t in match.taus.items())
         if match.matches:
+            diag.on_equal_prompts = match.on_equal_prompts
             diag.row["known policy matched"] = ", ".join(match.matches)
             kinds: list[str] = []
             for name in match.matches:

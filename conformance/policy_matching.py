@@ -63,6 +63,7 @@ class PolicyMatch:
     matches: list[str] = field(default_factory=list)
     taus: dict[str, float] = field(default_factory=dict)
     how: str = ""
+    on_equal_prompts: bool = False  # matched by equal per-prompt acceptance, not by a close pooled tau
 
     def describe(self) -> str:
         shown = ", ".join(f"{n} {t:.3f}" for n, t in self.taus.items())
@@ -134,6 +135,7 @@ def replay_known_policies(
     best = max(equal.values(), default=0)
     if mine and best >= MATCHING_PROMPTS * len(results):
         match.matches = [n for n, e in equal.items() if e == best]
+        match.on_equal_prompts = True
         match.how = (
             f"{'per-round lengths' if kind == 'rounds' else 'per-request acceptance'} equal on {best}/"
             f"{len(results)} prompts"

@@ -86,6 +86,7 @@ class PolicyDiagnosis:
     notes: list[str] = field(default_factory=list)
     row: dict = field(default_factory=dict)
     first: str | None = None  # the first differing round, described
+    on_equal_prompts: bool = False  # a known policy matched on equal per-prompt acceptance (not a close tau)
 
     @property
     def kinds(self) -> list[str]:

@@ -111,7 +111,10 @@ def _named_policy(
     s, caps = session.settings, session.capabilities
     block = block_size(s.drafter_dir)
     deeper = [] if caps.traced(mode) else acceptance_depth_findings(results, block, budget)
-    if not (deeper or (verdict.status == "fail" and mode == "ddtree")):
+    # aggregates that cannot vouch either way: a known policy that the engine's per-prompt acceptance
+    # equals (not one merely close in tau) decides it, as a failure naming the policy
+    undecided = verdict.status == "skip" and verdict.details.get("equivalence") == "undecided"
+    if not (deeper or (mode == "ddtree" and (verdict.status == "fail" or undecided))):
         stated = {r.engine_settings.get("draft_depth") for r in results} - {None}
         if verdict.status == "pass" and len(stated) == 1:  # the depth the engine says it drafts, within the block
             return verdict.model_copy(
@@ -142,7 +145,7 @@ def _named_policy(
     details = dict(
         verdict.details, tables=[policy_table([diagnosis])], tree_policy=diagnosis.kinds, notes=diagnosis.notes
     )
-    if not diagnosis.findings:
+    if not diagnosis.findings or (undecided and not deeper and not diagnosis.on_equal_prompts):
         return verdict.model_copy(update={"details": details})
     return CheckResult.failed(
         verdict.check,

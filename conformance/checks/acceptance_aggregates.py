@@ -131,6 +131,9 @@ def judge_aggregates(name: str, results: list[RequestResult], reference: list[Re
         "confidence": 1 - VOUCH_ALPHA / len(comparisons),
         "fail_confidence": level,
     }
+    beyond = any(high < -c.margin or low > c.margin for c, (low, high) in zip(comparisons, bands))
+    within = all(-c.margin <= low and high <= c.margin for c, (low, high) in zip(comparisons, vouch))
+    details["equivalence"] = "beyond" if beyond else "within" if within else "undecided"
     for c, (low, high) in zip(comparisons, bands):
         if high < -c.margin or low > c.margin:
             side = "short of" if high < 0 else "above"
@@ -190,6 +193,11 @@ def _prompts_needed(prompts: int, low: float, high: float, margin: float) -> str
     if room < 1e-9:
         return "; its centre sits on the margin, so more prompts would not decide it: per-round acceptance would"
     needed = math.ceil(prompts * (half / room) ** 2)
+    if needed > 20 * prompts:
+        return (
+            f"; its centre sits near the margin, so only many more prompts (about {needed}, now {prompts}) would "
+            "decide it: report per-round acceptance"
+        )
     return (
         f"; about {needed} prompts would decide it (now {prompts}: raise {option('limit')}), "
         "or report per-round acceptance"
