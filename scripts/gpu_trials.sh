@@ -40,6 +40,10 @@
 #                     name substring), ROUND_SHARDS (8) and ROUND_JOBS (nproc) narrow it: on CUDA the eager tiny pair
 #                     is launch-bound, and 16 processes at 20 prompts, B=16, every check, did not finish one engine
 #                     in 530 s (2026-12-04); time one engine alone (ROUND_SHARDS=1 ROUND_JOBS=1) before sizing a call
+#   aggregates        issue 28: the acceptance check's aggregate path on the rounding catalogue and the lossless-but-slower
+#                     mutants, each reporting aggregates only (scripts/aggregate_bands.py), AGG_DTYPES (bfloat16
+#                     float16) x run seeds AGG_SEEDS (1 2 3), limits 7 20 40, one process per dtype and seed on the
+#                     device AGG_DEVICE (cpu: the 16 cores) -> $WORK/aggregates/DTYPE-sSEED.{json,log}
 #   pieces            issue 29 item 4: the tree build, verify inputs and greedy walk as the fast path runs them
 #                     (host, with reads back) against device_tree/device_verify/device_walk, B = 16..1024, equal
 #                     or not -> $WORK/pieces/table.md                                          (~2 minutes)
@@ -137,6 +141,13 @@ for job in "$@"; do
           --check ${ROUND_CHECKS:-lossless acceptance context-range near-ties golden tree-structure branch-vs-chain} \
           --json "$WORK/rounding/$0-$1-$2.json" >"$WORK/rounding/$0-$1-$2.log" 2>&1'
       grep -h "^| \|NOT CAUGHT" "$WORK"/rounding/*.log ;;
+    aggregates)
+      mkdir -p "$WORK/aggregates"; export WORK
+      for dtype in ${AGG_DTYPES:-bfloat16 float16}; do for seed in ${AGG_SEEDS:-1 2 3}; do echo "$dtype $seed"; done; done |
+        xargs -P "$(nproc)" -n 2 sh -c 'timeout "${AGG_TIMEOUT:-540}" python3 scripts/aggregate_bands.py --dtypes "$0" \
+          --limits 7 20 40 --run-seed "$1" --device "${AGG_DEVICE:-cpu}" --json "$WORK/aggregates/$0-s$1.json" \
+          >"$WORK/aggregates/$0-s$1.log" 2>&1'
+      grep -h "limit" "$WORK"/aggregates/*.log | grep -v Warn | tail -40 ;;
     pieces)  # issue 29 item 4: the round's host pieces against their tensor-only versions, per budget
       mkdir -p "$WORK/pieces"
       timeout "${PIECES_TIMEOUT:-300}" python3 scripts/bench_round_pieces.py --device cuda --repeats "${PIECES_REPEATS:-50}" \
@@ -149,7 +160,7 @@ for job in "$@"; do
         --jobs "${CAL_JOBS:-16}" --limit "${CAL_LIMIT:-80}" --flip-limit "${CAL_FLIP_LIMIT:-24}" \
         --budgets "${CAL_BUDGETS:-16,64,256}" --manifest "$WORK/manifest-$device.json" 2>&1 |
         grep -v "Loading weights\|FutureWarning\|forward_call" || echo "$job: exit $?" ;;
-    *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, pieces, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
+    *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, aggregates, pieces, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
   esac
   echo "job $job: $((SECONDS - started)) s"
   pack

@@ -188,7 +188,7 @@ def test_every_engine_refuses_options_it_does_not_declare(pair, fake_modules):
     with pytest.raises(
         UnknownOption,
         match=r"^engine 'reference': unknown option\(s\) bulider; known: "
-        r"cuda_graphs, fused_layers$",
+        r"cuda_graphs, device_tree, fused_layers$",
     ):
         resolve_engine("reference", {"bulider": "vectorized"})
     # ... and when built directly
