@@ -2,7 +2,8 @@
 """The acceptance check's aggregate path, measured: how wide the per-prompt tau band is for correct engines
 that round differently, and what a broken one can hide in it.
 
-    python scripts/aggregate_bands.py --dtypes bfloat16 float16 --limits 7 12 20 --json OUT.json
+    python scripts/aggregate_bands.py --dtypes bfloat16 float16 --limits 7 20 40 --run-seed 1 --json OUT.json
+    python scripts/aggregate_bands.py --summarise OUT*.json [--margins 0.03,0.05 0.10,0.10]
 
 Every engine reports aggregates only (``testing.rounding_engines.aggregate_box``: per request its mean
 acceptance length and the acceptance rate per depth; no rounds, no traces). For each dtype and ``--limit``
@@ -92,7 +93,50 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def decide(row: dict, tau_margin: float, depth_margin: float) -> str:
+    """The check's decision on a recorded row's bands at other margins (the bands do not depend on them)."""
+    if not row.get("bands"):
+        return row["status"]
+    margins = [tau_margin * row["reference_tau"]] + [depth_margin] * (len(row["bands"]) - 1)
+    if any(hi < -m or lo > m for (lo, hi), m in zip(row["fail_bands"].values(), margins)):
+        return "fail"
+    if all(-m <= lo and hi <= m for (lo, hi), m in zip(row["bands"].values(), margins)):
+        return "pass"
+    return "skip"
+
+
+def summarise(paths: list[str], margins: list[tuple[float, float]]) -> str:
+    """Per margin pair, correct and broken engines, and limit: the decisions on the recorded bands, and the
+    widest 95 % band of a correct engine (share of tau, and on a depth's rate)."""
+    rows = [r for path in paths for r in json.loads(open(path).read())]
+    limits = sorted({r["limit"] for r in rows})
+    lines = [f"{len(rows)} rows from {len(paths)} files", ""]
+    for limit in limits:
+        correct = [r for r in rows if r["correct"] and r["limit"] == limit and r.get("bands")]
+        if correct:
+            tau = max(max(abs(x) for x in r["bands"]["mean tau"]) / r["reference_tau"] for r in correct)
+            depth = max(abs(x) for r in correct for k, v in r["bands"].items() if k != "mean tau" for x in v)
+            lines.append(f"limit {limit}: widest correct band {tau:.2%} of tau, {depth:.3f} on a depth's rate")
+    lines += ["", "| tau margin | depth margin | engines | limit | pass | fail | cannot vouch |", "|---:|---:|---|---:|---:|---:|---:|"]
+    for tau_margin, depth_margin in margins:
+        for correct in (True, False):
+            for limit in limits:
+                found = [decide(r, tau_margin, depth_margin) for r in rows if r["correct"] is correct and r["limit"] == limit]
+                lines.append(
+                    f"| {tau_margin:.0%} | {depth_margin} | {'correct' if correct else 'broken'} | {limit} | "
+                    f"{found.count('pass')} | {found.count('fail')} | {found.count('skip')} |"
+                )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "--summarise":  # python scripts/aggregate_bands.py --summarise F.json ... [--margins 0.03,0.05 ...]
+        files = [a for a in argv[1:] if not a.startswith("--") and "," not in a]
+        pairs = [tuple(float(x) for x in a.split(",")) for a in argv[1:] if "," in a] or [(0.03, 0.05)]
+        print(summarise(files, pairs))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
     parser.add_argument("--limits", nargs="+", type=int, default=[7, 12, 20])

@@ -50,7 +50,8 @@ MIN_BAND_PROMPTS = 5  # a bootstrap band over fewer prompts says nothing
 # The equivalence margins: how far a correct engine that rounds differently may sit from the reference's
 # aggregates at the same dtype (scripts/aggregate_bands.py, docs/reference/low-precision.md)
 # (on the fixture pair, the eight engines x bf16, fp16 x 3 run seeds x B = 16, 64, 95 % bands: at 20 prompts
-# the widest reached 2.2 % of tau and 0.035 on a depth's rate, at 40 prompts 2.0 % and 0.023)
+# the widest reached 2.2 % of tau and 0.035 on a depth's rate, at 40 prompts 2.0 % and 0.026;
+# scripts/measurements/2026-12-04e-aggregate-bands)
 TAU_MARGIN = 0.03  # mean tau: 3 % of the reference's
 DEPTH_MARGIN = 0.05  # acceptance rate at depths 1-4: 0.05 absolute
 # To fail, a band at the noise model's ALPHA must clear the margin (a correct engine is failed at most that
