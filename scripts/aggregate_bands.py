@@ -117,11 +117,17 @@ def summarise(paths: list[str], margins: list[tuple[float, float]]) -> str:
             tau = max(max(abs(x) for x in r["bands"]["mean tau"]) / r["reference_tau"] for r in correct)
             depth = max(abs(x) for r in correct for k, v in r["bands"].items() if k != "mean tau" for x in v)
             lines.append(f"limit {limit}: widest correct band {tau:.2%} of tau, {depth:.3f} on a depth's rate")
-    lines += ["", "| tau margin | depth margin | engines | limit | pass | fail | cannot vouch |", "|---:|---:|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "| tau margin | depth margin | engines | limit | pass | fail | cannot vouch |",
+        "|---:|---:|---|---:|---:|---:|---:|",
+    ]
     for tau_margin, depth_margin in margins:
         for correct in (True, False):
             for limit in limits:
-                found = [decide(r, tau_margin, depth_margin) for r in rows if r["correct"] is correct and r["limit"] == limit]
+                found = [
+                    decide(r, tau_margin, depth_margin) for r in rows if r["correct"] is correct and r["limit"] == limit
+                ]
                 lines.append(
                     f"| {tau_margin:.0%} | {depth_margin} | {'correct' if correct else 'broken'} | {limit} | "
                     f"{found.count('pass')} | {found.count('fail')} | {found.count('skip')} |"
@@ -132,7 +138,9 @@ def summarise(paths: list[str], margins: list[tuple[float, float]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
-    if argv and argv[0] == "--summarise":  # python scripts/aggregate_bands.py --summarise F.json ... [--margins 0.03,0.05 ...]
+    if (
+        argv and argv[0] == "--summarise"
+    ):  # python scripts/aggregate_bands.py --summarise F.json ... [--margins 0.03,0.05 ...]
         files = [a for a in argv[1:] if not a.startswith("--") and "," not in a]
         pairs = [tuple(float(x) for x in a.split(",")) for a in argv[1:] if "," in a] or [(0.03, 0.05)]
         print(summarise(files, pairs))
@@ -177,9 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                 found = rows_for(label, cls, settings, correct)
                 rows += found
                 for r in found:
-                    print(
-                        f"{label} {dtype} limit {limit} {r['check']}: {r['status']} {r['band_relative']}", flush=True
-                    )
+                    print(f"{label} {dtype} limit {limit} {r['check']}: {r['status']} {r['band_relative']}", flush=True)
                 atomic_write(args.json, json.dumps(rows, indent=1))
     print(table(rows))
     wrong = [r for r in rows if r["correct"] and r["status"] != "pass"]

@@ -97,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         engines = {k: v for k, v in engines.items() if any(o in k for o in args.only)}
         if not engines:  # a typo must not pass as a run of nothing
             names = "; ".join(CATALOGUES[args.catalogue])
-            parser.error(f"--only {' '.join(args.only)}: no engine of --catalogue {args.catalogue} has that in "
-                         f"its label (labels: {names})")
+            parser.error(
+                f"--only {' '.join(args.only)}: no engine of --catalogue {args.catalogue} has that in "
+                f"its label (labels: {names})"
+            )
     if args.shard:
         index, count = (int(x) for x in args.shard.split("/"))
         engines = {k: v for i, (k, v) in enumerate(engines.items()) if i % count == index}

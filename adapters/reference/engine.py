@@ -342,7 +342,9 @@ class ReferenceEngine(Engine):
                     draft_logits = decoder.draft(root, start, context, context_start, self.block_position_offset)
                 if on_device:
                     with clock.stage("tree_round"):
-                        tree, verify, logits, features, walk = decoder.tree_round(draft_logits, root, start, config.budget).parts()
+                        tree, verify, logits, features, walk = decoder.tree_round(
+                            draft_logits, root, start, config.budget
+                        ).parts()
                 else:
                     with clock.stage("build"):
                         tree = (

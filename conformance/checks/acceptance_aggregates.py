@@ -8,8 +8,9 @@ Bonferroni over the comparisons at the noise model's ``ALPHA``), judged by **equ
 * a correct engine that rounds differently does not share the reference's aggregates in bf16 or fp16: its
   rounding moves some rounds' lengths both ways, and not always evenly (against the bf16 reference's own
   runs, split-K reductions accepted 0.80 at depth 2 where the reference accepted 0.75 on 20 prompts, a band
-  clear of 0). So no difference is not the test; a margin is: :data:`TAU_MARGIN` of the reference's tau, :data:`DEPTH_MARGIN` on each depth's rate,
-  which every correct engine of ``testing/rounding_engines.py`` keeps (``scripts/aggregate_bands.py``);
+  clear of 0). So no difference is not the test; a margin is: :data:`TAU_MARGIN` of the reference's tau,
+  :data:`DEPTH_MARGIN` on each depth's rate, which every correct engine of ``testing/rounding_engines.py``
+  keeps (``scripts/aggregate_bands.py``);
 * **fail** when a band lies wholly beyond its margin (the engine accepts less, or reports more, than any
   correct one);
 * **pass** when every band at :data:`VOUCH_ALPHA` lies within its margin (an engine whose true difference
@@ -119,7 +120,9 @@ def judge_aggregates(name: str, results: list[RequestResult], reference: list[Re
         for d in range(depth):
             a = [p[d] for p in got_pos]
             b = [p[d] if d < len(p) else 0.0 for p in ref_pos]
-            comparisons.append(_Comparison(f"acceptance at depth {d + 1}", a, b, DEPTH_MARGIN, f"{DEPTH_MARGIN} absolute"))
+            comparisons.append(
+                _Comparison(f"acceptance at depth {d + 1}", a, b, DEPTH_MARGIN, f"{DEPTH_MARGIN} absolute")
+            )
     level = 1 - ALPHA / len(comparisons)
     bands = [c.band(ALPHA / len(comparisons)) for c in comparisons]  # to fail: the noise model's level
     vouch = [c.band(VOUCH_ALPHA / len(comparisons)) for c in comparisons]  # to pass: the user's
