@@ -48,8 +48,8 @@ __all__ = [
 ]
 
 MIN_BAND_PROMPTS = 5  # a bootstrap band over fewer prompts says nothing
-# The equivalence margins: how far a correct engine that rounds differently may sit from the reference's
-# aggregates at the same dtype (scripts/aggregate_bands.py, docs/reference/low-precision.md)
+# The equivalence margins: how far a correct engine that rounds differently may sit from the fp32 reference
+# paced on its outputs (scripts/aggregate_bands.py, docs/reference/low-precision.md)
 # (on the fixture pair, the eight engines x bf16, fp16 x 3 run seeds x B = 16, 64, 95 % bands: at 20 prompts
 # the widest reached 2.2 % of tau and 0.035 on a depth's rate, at 40 prompts 2.0 % and 0.026;
 # scripts/measurements/2026-12-04e-aggregate-bands)
