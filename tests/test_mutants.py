@@ -71,37 +71,9 @@ def test_correct_engine_passes_every_mutant_check(settings):
     assert not bad, bad
 
 
-def _aggregate_only(engine_class):
-    """Wrap an engine so it reports only mean tau and per-position acceptance, like vLLM's metrics."""
-    from ddtree_conformance.adapters.interface import Capabilities
-    from ddtree_conformance.metrics import per_position_acceptance
-
-    class AggregateOnly(engine_class):
-        def capabilities(self) -> Capabilities:
-            caps = super().capabilities()
-            return caps.model_copy(update={"traces": False, "per_round_acceptance": False, "draft_logits": False})
-
-        def generate(self, requests, config):
-            out = []
-            for r in super().generate(requests, config.model_copy(update={"trace": False})):
-                lengths = r.acceptance_lengths or []
-                out.append(
-                    r.model_copy(
-                        update={
-                            "acceptance_lengths": None,
-                            "aggregate_only": True,
-                            "traces": None,
-                            "mean_acceptance": sum(lengths) / len(lengths) if lengths else None,
-                            "per_position_acceptance": per_position_acceptance([lengths], 7),
-                        }
-                    )
-                )
-            return out
-
-    return AggregateOnly
-
-
 def test_aggregate_only_engine_compared_on_tau_and_skips_trace_checks(settings):
+    from ddtree_conformance.testing.rounding_engines import aggregate_box
+
     # The trained fixture pair: a feedback bug moves its tau far more than the 2 % band. 12 prompts: at 6
     # (7 with the held-out one) the 99 % bootstrap band of the per-prompt difference let the mutant pass
     # for 1 run seed in 13 (5480805582895430877: tau 2.924 vs 3.926, band [-1.912, 0.035]); at 12 it
@@ -120,12 +92,12 @@ def test_aggregate_only_engine_compared_on_tau_and_skips_trace_checks(settings):
         }
     )
     names = ["acceptance/ddtree", "tree-structure/ddtree", "branch-vs-chain"]
-    good = {r.check: r for r in plan_and_run(settings, _aggregate_only(ReferenceEngine), names)}
+    good = {r.check: r for r in plan_and_run(settings, aggregate_box(ReferenceEngine), names)}
     assert good["acceptance/ddtree-B16"].status == "pass", good["acceptance/ddtree-B16"].message
     assert "aggregate tau" in good["acceptance/ddtree-B16"].message
     assert good["tree-structure/ddtree-B16"].status == "skip"
     assert "no per-round traces" in good["tree-structure/ddtree-B16"].message
-    bad = plan_and_run(settings, _aggregate_only(mutants.FirstRowsFeedback), ["acceptance/ddtree"])
+    bad = plan_and_run(settings, aggregate_box(mutants.FirstRowsFeedback), ["acceptance/ddtree"])
     # held-out prompts are drawn per run: the aggregate that leaves its band first is the mean tau or the
     # acceptance at some depth (both seen: "acceptance at depth 3: 0.222 vs reference ... 0.373")
     assert bad[0].status == "fail", bad[0].message

@@ -366,43 +366,32 @@ def black_box(engine_class: type[ReferenceEngine]) -> type[ReferenceEngine]:
 def aggregate_box(engine_class: type[ReferenceEngine]) -> type[ReferenceEngine]:
     """``engine_class`` reporting, per request, its outputs and acceptance aggregates only: the mean
     acceptance length and the acceptance rate at each depth, no per-round lengths, no traces (an engine
-    that exposes only counters per request). The acceptance check judges it on its aggregates."""
+    that exposes only counters per request). The acceptance check judges it on its aggregates. It is the
+    black box (:func:`black_box`) with its per-round lengths folded into those aggregates."""
     from ddtree_conformance.metrics import per_position_acceptance
 
-    class AggregateBox(engine_class):
+    class AggregateBox(black_box(engine_class)):
         name = f"{engine_class.name}-aggregates"
 
         def capabilities(self) -> Capabilities:
-            caps = super().capabilities()
-            return caps.model_copy(
-                update={
-                    "traces": False,
-                    "per_round_acceptance": False,
-                    "draft_logits": False,
-                    "stage_timings": False,
-                    "verified_tree_modes": [],
-                    "traced_modes": None,
-                }
-            )
+            return super().capabilities().model_copy(update={"per_round_acceptance": False})
 
         def generate(self, requests, config):
-            results = super().generate(requests, config.model_copy(update={"trace": False, "timing": False}))
-            out = []
-            for r in results:
-                lengths = r.acceptance_lengths or []
-                spec = bool(lengths) and config.mode != "plain"
-                out.append(
-                    r
-                    if r.error
-                    else RequestResult(
-                        output_ids=r.output_ids,
-                        finish_reason=r.finish_reason,
-                        aggregate_only=spec,
-                        mean_acceptance=sum(lengths) / len(lengths) if spec else None,
-                        per_position_acceptance=per_position_acceptance([lengths], 7) if spec else None,
-                    )
-                )
-            return out
+            return [r if r.error else self._aggregates(r, config.mode) for r in super().generate(requests, config)]
+
+        @staticmethod
+        def _aggregates(result: RequestResult, mode: str) -> RequestResult:
+            lengths = result.acceptance_lengths
+            if mode == "plain" or not lengths:  # no speculative rounds: nothing to aggregate
+                return result.model_copy(update={"acceptance_lengths": None})
+            return result.model_copy(
+                update={
+                    "acceptance_lengths": None,
+                    "aggregate_only": True,
+                    "mean_acceptance": sum(lengths) / len(lengths),
+                    "per_position_acceptance": per_position_acceptance([lengths], 7),
+                }
+            )
 
     AggregateBox.__name__ = AggregateBox.__qualname__ = f"{engine_class.__name__}Aggregates"
     AggregateBox.__module__ = __name__
