@@ -72,13 +72,12 @@ def test_correct_engine_passes_every_mutant_check(settings):
 
 
 def test_aggregate_only_engine_compared_on_tau_and_skips_trace_checks(settings):
-    from ddtree_conformance.testing.rounding_engines import aggregate_box
-
     # The trained fixture pair: a feedback bug moves its tau far more than the 2 % band. 12 prompts: at 6
     # (7 with the held-out one) the 99 % bootstrap band of the per-prompt difference let the mutant pass
     # for 1 run seed in 13 (5480805582895430877: tau 2.924 vs 3.926, band [-1.912, 0.035]); at 12 it
     # failed for all 30 seeds tried (2026-12-04)
     from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
+    from ddtree_conformance.testing.rounding_engines import aggregate_box
 
     settings = settings.model_copy(
         update={

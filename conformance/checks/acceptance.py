@@ -81,10 +81,11 @@ def _judge(
         return judge_per_round(
             session, name, run, RoundsUnderTest(labels, session.requests(), results), traced_run=traced_run
         )
+    exact = session.settings.dtype == "float32"
     golden = golden_results(session, run)
     if golden is not None:
-        return judge_aggregates(name, results, *golden)
-    return judge_aggregates(name, results, *paced_replays(session, run, results))
+        return judge_aggregates(name, results, *golden, exact=exact)
+    return judge_aggregates(name, results, *paced_replays(session, run, results), exact=exact)
 
 
 def _traced_prompt(session: SuiteSession, run: Run, index: int) -> RequestResult:

@@ -12,7 +12,8 @@ Bonferroni over the comparisons at the noise model's ``ALPHA``), judged by **equ
   :data:`DEPTH_MARGIN` on each depth's rate, which every correct engine of ``testing/rounding_engines.py``
   keeps (``scripts/aggregate_bands.py``);
 * **fail** when a band lies wholly beyond its margin (the engine accepts less, or reports more, than any
-  correct one);
+  correct one); in float32 when it lies wholly off 0, as every correct engine's band is [0, 0] there (the
+  eight rounding engines at 20 prompts, B = 16 and 64);
 * **pass** when every band at :data:`VOUCH_ALPHA` lies within its margin (an engine whose true difference
   lies beyond the margin passes at most that often; a failure needs the noise model's far stricter level);
 * otherwise the aggregates **cannot vouch** (a skip, cause ``engine``: the run is incomplete): the band
@@ -93,10 +94,13 @@ def paced_replays(session, run, results: list[RequestResult]) -> tuple[list[Requ
     return replayed, "the fp32 reference paced on the engine's outputs"
 
 
-def judge_aggregates(name: str, results: list[RequestResult], reference: list[RequestResult], what: str) -> CheckResult:
+def judge_aggregates(
+    name: str, results: list[RequestResult], reference: list[RequestResult], what: str, exact: bool = False
+) -> CheckResult:
     """Per-prompt mean tau (and acceptance at depths 1-4) against ``reference`` by equivalence (module doc):
     fail when a band lies wholly beyond its margin, pass when every band lies within it, else the
-    aggregates cannot vouch at this many prompts (a skip: the run is incomplete)."""
+    aggregates cannot vouch at this many prompts (a skip: the run is incomplete). ``exact`` (a float32
+    run): a band wholly off 0 fails, whatever the margin; every correct engine's band is [0, 0] there."""
     pairs = [(r.mean_acceptance if r.mean_acceptance is not None else r.tau, ref) for r, ref in zip(results, reference)]
     pairs = [(a, ref) for a, ref in pairs if a is not None]
     if not pairs:
@@ -137,18 +141,24 @@ def judge_aggregates(name: str, results: list[RequestResult], reference: list[Re
         "confidence": 1 - VOUCH_ALPHA / len(comparisons),
         "fail_confidence": level,
     }
-    beyond = any(high < -c.margin or low > c.margin for c, (low, high) in zip(comparisons, bands))
+    limit = [0.0 if exact else c.margin for c in comparisons]  # how far a band must clear 0 to fail
+    beyond = any(high < -m or low > m for m, (low, high) in zip(limit, bands))
     within = all(-c.margin <= low and high <= c.margin for c, (low, high) in zip(comparisons, vouch))
     details["equivalence"] = "beyond" if beyond else "within" if within else "undecided"
-    for c, (low, high) in zip(comparisons, bands):
-        if high < -c.margin or low > c.margin:
+    for c, m, (low, high) in zip(comparisons, limit, bands):
+        if high < -m or low > m:
             side = "short of" if high < 0 else "above"
+            beyond_what = (
+                "in float32, where every correct engine's aggregates equal the reference's"
+                if exact
+                else f"by more than the margin {c.margin:.3f} ({c.margin_words}), which correct engines that round "
+                "differently stay within"
+            )
             return CheckResult.failed(
                 name,
                 f"{c.what} {c.mean(c.values):.3f} vs {what} {c.mean(c.reference):.3f}: the per-prompt difference's "
                 f"{level:.4%} bootstrap band [{low:.3f}, {high:.3f}] over {len(pairs)} prompts lies wholly "
-                f"{side} the reference's by more than the margin {c.margin:.3f} ({c.margin_words}), which correct "
-                "engines that round differently stay within",
+                f"{side} the reference's {beyond_what}",
                 **details,
             )
     wide = [(c, band) for c, band in zip(comparisons, vouch) if band[0] < -c.margin or band[1] > c.margin]
