@@ -95,6 +95,18 @@ class TauTest:
     def fails(self) -> bool:
         return self.p_value < ALPHA
 
+    def as_details(self) -> dict:
+        """The test as a verdict's details show it."""
+        return {
+            "gained": self.gained,
+            "allowed_per_round": self.allowed_per_round,
+            "statistic": round(self.statistic, 4),
+            "longer": self.longer,
+            "shorter": self.shorter,
+            "allowed_share": round(self.allowed_share, 4),
+            "p_value": self.p_value,
+        }
+
     def describe(self) -> str:
         return (
             f"the engine's rounds hold {self.gained:+d} tokens against the fp32 replay over {self.rounds} rounds "
@@ -118,12 +130,35 @@ class LeanTest:
     def fails(self) -> bool:
         return self.p_value < ALPHA
 
+    def as_details(self) -> dict:
+        """The test as a verdict's details show it."""
+        return {
+            "rounds": self.rounds,
+            "toward": self.toward,
+            "away": self.away,
+            "statistic": round(self.statistic, 4),
+            "p_value": self.p_value,
+        }
+
     def describe(self) -> str:
         return (
             f"they favour the token the target emits next over the token of the nearest logit in {self.toward} of "
             f"{self.toward + self.away} rows over {self.rounds} rounds (rounding, blind to the continuation, does "
             f"so as often as not: sign-flip test over rounds, p = {self.p_value:.2g})"
         )
+
+
+@dataclass(frozen=True)
+class RoundLimits:
+    """Everything the noise model allows one run's replayed rounds (:meth:`NoiseModel.round_limits`)."""
+
+    confirmed_cap: int  # most rounds excused as drafter near ties on the engine's own logits
+    ceiling: int  # most rounds excused as target near ties at the output's top-2 gaps
+    expected_near_ties: float  # the expected count behind the ceiling
+    longer_cap: int  # most unconfirmed rounds longer than the replay
+    shorter_cap: int  # ... and shorter
+    lean: LeanTest  # whether reported drafter logits lean toward the target's continuation
+    tau: TauTest  # whether the engine accepts more than the replay beyond the noise
 
 
 @dataclass(frozen=True)
@@ -255,6 +290,23 @@ class NoiseModel:
         p_sign = binomtest(longer, longer + shorter, share, alternative="greater").pvalue if longer else 1.0
         p = min(1.0, 2 * min(p_sum, float(p_sign)))
         return TauTest(len(differences), int(sum(differences)), gain, statistic, longer, shorter, share, p)
+
+    def round_limits(
+        self, rounds: int, top2: Sequence[float], lean: Sequence[tuple[int, int]], differences: Sequence[int]
+    ) -> RoundLimits:
+        """Every limit on one run's ``rounds`` at once: the caps on excused rounds, the target near-tie ceiling
+        at the output's ``top2`` gaps, the drafter-lean test on ``lean`` and the tau test on ``differences``
+        (each method's doc says how)."""
+        ceiling, mu = self.ceiling(top2)
+        return RoundLimits(
+            confirmed_cap=self.confirmed_round_cap(rounds),
+            ceiling=ceiling,
+            expected_near_ties=mu,
+            longer_cap=self.unconfirmed_round_cap(rounds, True),
+            shorter_cap=self.unconfirmed_round_cap(rounds, False),
+            lean=self.lean_test(lean),
+            tau=self.tau_test(differences),
+        )
 
     def describe(self) -> str:
         if self.exact:

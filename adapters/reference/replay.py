@@ -44,7 +44,29 @@ from ddtree_conformance.spec import (
 from ..interface import Request, RunConfig
 from .decoders import EagerDecoder
 
-__all__ = ["ReplayRound", "followed_length", "paced_lengths", "replay_result"]
+__all__ = ["EndFreedoms", "ReplayRound", "followed_length", "paced_lengths", "replay_result"]
+
+
+class EndFreedoms(NamedTuple):
+    """How a paced replay drafts and builds its trees near the output's end, where the spec lets an engine
+    do either (docs/reference/freedoms.md): the rounds that start with fewer tokens left than the drafter
+    has positions. Everywhere else the replay is the spec's.
+
+    ``short_block``: the drafter runs a block cut to the room left (z-lab's ``dflash_generate``);
+    ``depth_below_room``: the tree is built over at most ``room - depth_below_room`` positions (1: the
+    depth whose bonus the output can still emit, 0: a path emitted without its bonus), its budget spent
+    there; None: over every drafted position (the spec tree, whose unemittable nodes change nothing the
+    output shows)."""
+
+    short_block: bool = False
+    depth_below_room: int | None = None
+
+    def describe(self) -> str:
+        parts = ["the drafter's block cut to the room left"] if self.short_block else []
+        if self.depth_below_room is not None:
+            cap = "room left" if self.depth_below_room == 0 else f"room left - {self.depth_below_room}"
+            parts.append(f"the tree capped at depth {cap}, its budget spent there")
+        return ", ".join(parts) or "the spec's block and tree"
 
 
 @dataclass
@@ -125,6 +147,7 @@ def replay_result(
     device: str = "cpu",
     keep_logits=None,
     keep_top: int = 0,
+    end: EndFreedoms = EndFreedoms(),
 ) -> list[ReplayRound]:
     """Replay the rounds of one greedy ``output`` with per-round ``lengths`` (see the module doc).
 
@@ -137,7 +160,11 @@ def replay_result(
     each as long as its tree holds the output's next tokens (:func:`followed_length`), the target's choices
     being the output's; the last round, which reaches the output's end, is as long as the reference's own
     walk there (what the reference would report for it). :func:`paced_lengths` gives those lengths.
+    ``end``: how a paced replay drafts and builds its trees near the output's end (:class:`EndFreedoms`;
+    default the spec's).
     """
+    if lengths is not None and end != EndFreedoms():
+        raise ValueError("end freedoms apply to a paced replay (lengths None) only")
     config = RunConfig(mode=mode, budget=budget, dtype="float32", device=device)
     pair = engine._pair(config)
     rounds: list[ReplayRound] = []
@@ -155,8 +182,10 @@ def replay_result(
             index += 1
             if offset >= len(output):
                 break  # lengths that run past the output (the acceptance check reports the sum)
-            draft_logits = pair.draft_logits(root, start, context, context_start, draft_cache)
-            tree = _tree(draft_logits, mode, budget)
+            room = request.max_new_tokens - offset
+            rows = _end_rows(end, room, pair.drafter.block_size - 1)
+            draft_logits = pair.draft_logits(root, start, context, context_start, draft_cache, rows=rows)
+            tree = _tree(draft_logits[: _end_depth(end, room, draft_logits.shape[0])], mode, budget)
             verify = compile_tree(tree, root, start, dtype=pair.dtype)
             logits, feats = pair.forward(verify.input_ids, verify.position_ids, cache, verify.attention_mask)
             walk = walk_tree(tree, logits)
@@ -170,7 +199,6 @@ def replay_result(
             engine_tokens = output[offset : offset + length]
             differs = engine_tokens != tokens[: len(engine_tokens)] or length != len(tokens)
             keep = keep_logits(index, engine_tokens, tokens) if keep_logits is not None else differs
-            room = request.max_new_tokens - offset
             short = (None, None, None)
             if room < draft_logits.shape[0] and differs:
                 short = _short_block_round(pair, root, start, feats, draft_cache, cache, mode, budget, room)
@@ -200,12 +228,26 @@ def replay_result(
     return rounds
 
 
-def paced_lengths(rounds: list[ReplayRound], output: list[int]) -> list[int]:
+def _end_rows(end: EndFreedoms, room: int, rows: int) -> int | None:
+    """Drafter positions of a paced round with ``room`` tokens left (None: the whole block)."""
+    return min(rows, room) if end.short_block and room < rows else None
+
+
+def _end_depth(end: EndFreedoms, room: int, rows: int) -> int:
+    """Positions the paced round's tree is built over, of the ``rows`` drafted."""
+    if end.depth_below_room is None:
+        return rows
+    return max(1, min(rows, room - end.depth_below_room))
+
+
+def paced_lengths(rounds: list[ReplayRound], output: list[int], walked: bool = True) -> list[int]:
     """The per-round lengths of a paced replay (``replay_result`` with ``lengths`` None): each round's
-    output tokens, the last one's as the reference's own walk reports it."""
+    output tokens; the last one's as its walk reports it (``walked``: the reference's own count, past
+    the output's end) or as far as the output shows it (the tokens it emitted; docs/reference/freedoms.md:
+    both are the spec's)."""
     ends = [r.offset for r in rounds[1:]] + [len(output)]
     lengths = [end - r.offset for r, end in zip(rounds, ends)]
-    if rounds:
+    if rounds and walked:
         lengths[-1] = rounds[-1].length
     return lengths
 

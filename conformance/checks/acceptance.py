@@ -28,7 +28,13 @@ from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import rules_for
 from ..tree_policy import block_size, diagnose_traces, policy_table, round_views
-from .acceptance_aggregates import NO_ACCEPTANCE, judge_aggregates, paced_replays, reports_aggregates
+from .acceptance_aggregates import (
+    NO_ACCEPTANCE,
+    ReferenceAcceptance,
+    judge_aggregates,
+    paced_references,
+    reports_aggregates,
+)
 from .acceptance_golden import golden_results
 from .acceptance_rounds import RoundsUnderTest, judge_per_round
 from .result import CheckResult
@@ -83,9 +89,34 @@ def _judge(
         )
     exact = session.settings.dtype == "float32"
     golden = golden_results(session, run)
-    if golden is not None:
-        return judge_aggregates(name, results, *golden, exact=exact)
-    return judge_aggregates(name, results, *paced_replays(session, run, results), exact=exact)
+    if golden is None:
+        return judge_aggregates(name, results, paced_references(session, run, results), exact=exact)
+    recorded = ReferenceAcceptance(*golden)
+    verdict = judge_aggregates(name, results, [recorded], exact=exact)
+    if verdict.status == "pass":
+        return verdict
+    # the other ways a correct engine may count its rounds near the output's end, paced by the live
+    # reference, but only where that reference is the golden file's: a drafter that is not the pair's
+    # would pace its own rounds and pass
+    spec, *freedoms = paced_references(session, run, results)
+    disagree = _disagreeing(spec, recorded)
+    if disagree:
+        return verdict.model_copy(
+            update={
+                "message": f"{verdict.message} (the live reference's rounds differ from the golden file's on "
+                f"{disagree} prompts, so the freedoms near the output's end are not weighed)"
+            }
+        )
+    return judge_aggregates(name, results, [recorded, *freedoms], exact=exact)
+
+
+def _disagreeing(paced: ReferenceAcceptance, recorded: ReferenceAcceptance) -> int:
+    """Prompts whose output equals the golden file's and whose paced rounds do not."""
+    return sum(
+        1
+        for p, g in zip(paced.results, recorded.results)
+        if list(p.output_ids) == list(g.output_ids) and p.acceptance_lengths != g.acceptance_lengths
+    )
 
 
 def _traced_prompt(session: SuiteSession, run: Run, index: int) -> RequestResult:

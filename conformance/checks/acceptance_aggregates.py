@@ -1,7 +1,7 @@
 """Aggregate acceptance (the acceptance check's path for engines that report only aggregates).
 
 Per-prompt mean tau and acceptance at depths 1-4 against the fp32 reference's on the engine's own outputs
-(:func:`paced_replays`: the reference paces the rounds along them), or the golden file's, each as the
+(:func:`paced_references`: the reference paces the rounds along them), or the golden file's, each as the
 paired bootstrap band of the per-prompt difference (:func:`~ddtree_conformance.metrics.paired_band`,
 Bonferroni over the comparisons at the noise model's ``ALPHA``), judged by **equivalence**:
 
@@ -11,6 +11,11 @@ Bonferroni over the comparisons at the noise model's ``ALPHA``), judged by **equ
   clear of 0). So no difference is not the test; a margin is: :data:`TAU_MARGIN` of the reference's tau,
   :data:`DEPTH_MARGIN` on each depth's rate, which every correct engine of ``testing/rounding_engines.py``
   keeps (``scripts/aggregate_bands.py``);
+* near the output's end a correct engine may cut its drafter's block, cap its tree at the depth the output
+  can still emit, and count its last round as walked or as emitted (docs/reference/freedoms.md); aggregates
+  do not say which, so the reference is paced each way (:func:`paced_references`) and the engine is held
+  to every one: it passes against the one it is within, and fails only beyond them all (one way for all
+  its prompts, so a deficit cannot hide at a different end on different prompts);
 * **fail** when a band lies wholly beyond its margin (the engine accepts less, or reports more, than any
   correct one); in float32 when it lies wholly off 0, as every correct engine's band is [0, 0] there (the
   eight rounding engines at 20 prompts, B = 16 and 64);
@@ -29,9 +34,11 @@ to 2 points.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ddtree_conformance.adapters.interface import RequestResult
+from ddtree_conformance.adapters.reference.replay import EndFreedoms, paced_lengths, replay_result
 
 from ..metrics import mean_tau, paired_band, per_position_acceptance
 from ..noise import ALPHA
@@ -72,115 +79,248 @@ def reports_aggregates(results: list[RequestResult]) -> bool:
     return any(r.mean_acceptance is not None or r.tau is not None for r in results)
 
 
-def paced_replays(session, run, results: list[RequestResult]) -> tuple[list[RequestResult], str]:
+@dataclass(frozen=True)
+class ReferenceAcceptance:
+    """The reference's per-prompt rounds that a correct engine's aggregates may equal, and their name."""
+
+    results: list[RequestResult]
+    what: str
+
+
+# How a correct engine may draft, build and count its rounds near the output's end (docs/reference/freedoms.md);
+# an engine that reports aggregates does not say which it does, so the reference is paced each way
+END_FREEDOMS = (
+    EndFreedoms(),
+    EndFreedoms(short_block=True),
+    EndFreedoms(depth_below_room=1),
+    EndFreedoms(depth_below_room=0),
+    EndFreedoms(short_block=True, depth_below_room=1),
+)
+
+
+def paced_references(session, run, results: list[RequestResult]) -> list[ReferenceAcceptance]:
     """The fp32 reference's rounds on each engine output, paced by the reference itself (an engine that
     reports aggregates gives no round boundaries): each round as long as the reference's tree holds the
     output's next tokens (:func:`~ddtree_conformance.adapters.reference.replay.replay_result` without
     lengths). The comparison stays paired on the engine's own context however far its output parts from
-    the reference's own run, which in bf16 it does at the first flipped near tie; in fp32 a correct
-    engine's aggregates equal these exactly. Returns the results to compare with and their name."""
-    from ddtree_conformance.adapters.reference.replay import paced_lengths, replay_result
+    the reference's own run, which in bf16 it does at the first flipped near tie.
 
+    Near the output's end the spec leaves an engine free to cut its drafter's block to the room left, to cap
+    its tree at the depth the output can still emit, and to count the last round as walked or as emitted
+    (docs/reference/freedoms.md). Aggregates do not say which, so the reference is paced under each of
+    :data:`END_FREEDOMS`, each counted both ways: in fp32 a correct engine's aggregates equal one of these
+    exactly, on every prompt. Identical ones are given once; the spec's, walked, comes first."""
     s = session.settings
     reference = session.reference_for(s.model_dir, s.drafter_dir)
-    replayed = []
-    for request, result in zip(session.requests(), results):
-        output = list(result.output_ids)
-        rounds = replay_result(reference, request, output, None, run.mode, run.budget or 1, s.device) if output else []
-        lengths = paced_lengths(rounds, output)
-        replayed.append(
-            RequestResult(output_ids=output, finish_reason=result.finish_reason, acceptance_lengths=lengths or None)
-        )
-    return replayed, "the fp32 reference paced on the engine's outputs"
+    requests = session.requests()
+    found: dict[tuple, ReferenceAcceptance] = {}
+    for end in END_FREEDOMS:
+        replays = []
+        for request, result in zip(requests, results):
+            output = list(result.output_ids)
+            rounds = replay_result(reference, request, output, None, run.mode, run.budget or 1, s.device, end=end)
+            replays.append((result, output, rounds))
+        for walked in (True, False):
+            paced = [
+                RequestResult(
+                    output_ids=output,
+                    finish_reason=result.finish_reason,
+                    acceptance_lengths=paced_lengths(rounds, output, walked) or None,
+                )
+                for result, output, rounds in replays
+            ]
+            key = tuple(tuple(r.acceptance_lengths or ()) for r in paced)
+            counted = "walked" if walked else "emitted"
+            found.setdefault(
+                key,
+                ReferenceAcceptance(
+                    paced,
+                    "the fp32 reference paced on the engine's outputs"
+                    + ("" if end == EndFreedoms() and walked else f" ({end.describe()}; the last round {counted})"),
+                ),
+            )
+    return list(found.values())
 
 
 def judge_aggregates(
-    name: str, results: list[RequestResult], reference: list[RequestResult], what: str, exact: bool = False
+    name: str, results: list[RequestResult], references: Sequence[ReferenceAcceptance], exact: bool = False
 ) -> CheckResult:
-    """Per-prompt mean tau (and acceptance at depths 1-4) against ``reference`` by equivalence (module doc):
-    fail when a band lies wholly beyond its margin, pass when every band lies within it, else the
-    aggregates cannot vouch at this many prompts (a skip: the run is incomplete). ``exact`` (a float32
-    run): a band wholly off 0 fails, whatever the margin; every correct engine's band is [0, 0] there."""
-    pairs = [(r.mean_acceptance if r.mean_acceptance is not None else r.tau, ref) for r, ref in zip(results, reference)]
-    pairs = [(a, ref) for a, ref in pairs if a is not None]
-    if not pairs:
+    """Per-prompt mean tau (and acceptance at depths 1-4) against each of ``references`` (the ways a correct
+    engine may count its rounds) by equivalence (module doc): fail when against every one a band lies wholly
+    beyond its margin, pass when against one every band lies within it, else the aggregates cannot vouch
+    at this many prompts (a skip: the run is incomplete). ``exact`` (a float32 run): a band wholly off 0
+    fails, whatever the margin; every correct engine's band is [0, 0] there against one of them."""
+    index = [i for i, r in enumerate(results) if _aggregate(r) is not None]
+    if not index:
         return CheckResult.skipped(name, NO_ACCEPTANCE)
-    mine = [a for a, _ in pairs]
-    if len(pairs) > 1 and len(set(mine)) == 1 and all(r.rounds is None for r in results):
-        return _judge_pooled(name, results, [ref for _, ref in pairs], mine[0], what)
-    theirs = [ref.tau or 0.0 for _, ref in pairs]
-    tau, ref_tau = sum(mine) / len(mine), sum(theirs) / len(theirs)
-    if len(pairs) < MIN_BAND_PROMPTS and mine != theirs:
+    mine = [_aggregate(results[i]) for i in index]
+    if len(index) > 1 and len(set(mine)) == 1 and all(r.rounds is None for r in results):
+        return _judge_pooled_any(name, results, references, mine[0])
+    judged = [_Judged.of(results, index, ref, len(references), exact) for ref in references]
+    if len(index) < MIN_BAND_PROMPTS and not any(j.equal for j in judged):
+        j = judged[0]
         return CheckResult.skipped(
             name,
-            f"aggregate tau {tau:.3f} vs {what} {ref_tau:.3f} on {len(pairs)} prompts: "
+            f"aggregate tau {j.tau:.3f} vs {j.what} {j.ref_tau:.3f} on {len(index)} prompts: "
             f"the bootstrap band needs at least {MIN_BAND_PROMPTS} (raise {option('limit')})",
         )
-    comparisons = [_Comparison("mean tau", mine, theirs, TAU_MARGIN * ref_tau, f"{TAU_MARGIN:.0%} of its tau")]
-    got_pos = [r.per_position_acceptance for r in results]
-    if all(got_pos):
-        depth = min(4, min(len(p) for p in got_pos))
-        ref_pos = [per_position_acceptance([r.acceptance_lengths or []], depth) for r in reference]
-        for d in range(depth):
-            a = [p[d] for p in got_pos]
-            b = [p[d] if d < len(p) else 0.0 for p in ref_pos]
-            comparisons.append(
-                _Comparison(f"acceptance at depth {d + 1}", a, b, DEPTH_MARGIN, f"{DEPTH_MARGIN} absolute")
-            )
-    level = 1 - ALPHA / len(comparisons)
-    bands = [c.band(ALPHA / len(comparisons)) for c in comparisons]  # to fail: the noise model's level
-    vouch = [c.band(VOUCH_ALPHA / len(comparisons)) for c in comparisons]  # to pass: the user's
-    details = {
-        "tau": tau,
-        "reference_tau": ref_tau,
-        "prompts": len(pairs),
-        "band": list(vouch[0]),
-        "margins": [c.margin for c in comparisons],
-        "bands": {c.what: list(b) for c, b in zip(comparisons, vouch)},
-        "fail_bands": {c.what: list(b) for c, b in zip(comparisons, bands)},
-        "confidence": 1 - VOUCH_ALPHA / len(comparisons),
-        "fail_confidence": level,
-    }
-    limit = [0.0 if exact else c.margin for c in comparisons]  # how far a band must clear 0 to fail
-    beyond = any(high < -m or low > m for m, (low, high) in zip(limit, bands))
-    within = all(-c.margin <= low and high <= c.margin for c, (low, high) in zip(comparisons, vouch))
-    details["equivalence"] = "beyond" if beyond else "within" if within else "undecided"
-    for c, m, (low, high) in zip(comparisons, limit, bands):
-        if high < -m or low > m:
-            side = "short of" if high < 0 else "above"
-            beyond_what = (
-                "in float32, where every correct engine's aggregates equal the reference's"
-                if exact
-                else f"by more than the margin {c.margin:.3f} ({c.margin_words}), which correct engines that round "
-                "differently stay within"
-            )
-            return CheckResult.failed(
-                name,
-                f"{c.what} {c.mean(c.values):.3f} vs {what} {c.mean(c.reference):.3f}: the per-prompt difference's "
-                f"{level:.4%} bootstrap band [{low:.3f}, {high:.3f}] over {len(pairs)} prompts lies wholly "
-                f"{side} the reference's {beyond_what}",
-                **details,
-            )
-    wide = [(c, band) for c, band in zip(comparisons, vouch) if band[0] < -c.margin or band[1] > c.margin]
-    if wide:
-        c, (low, high) = wide[0]
+    closest = min(judged, key=_Judged.distance)  # the way of counting the engine's aggregates sit nearest
+    if any(j.equivalence == "within" for j in judged):
+        return min((j for j in judged if j.equivalence == "within"), key=_Judged.distance).passed(name)
+    if all(j.equivalence == "beyond" for j in judged):
+        return closest.failed(name)
+    return closest.cannot_vouch(name)
+
+
+def _aggregate(result: RequestResult) -> float | None:
+    return result.mean_acceptance if result.mean_acceptance is not None else result.tau
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """The engine's aggregates against one reference: the comparisons, their bands at the level that fails
+    (the noise model's ``ALPHA``) and at the level that vouches (``VOUCH_ALPHA``, Bonferroni over the
+    references too: the engine passes against any one of them), and what they decide."""
+
+    what: str
+    comparisons: list[_Comparison]
+    bands: list[tuple[float, float]]
+    vouch: list[tuple[float, float]]
+    limit: list[float]  # how far a band must clear 0 to fail
+    exact: bool
+    references: int
+
+    @classmethod
+    def of(cls, results, index, reference: ReferenceAcceptance, references: int, exact: bool) -> _Judged:
+        ref = [reference.results[i] for i in index]
+        mine = [_aggregate(results[i]) for i in index]
+        theirs = [r.tau or 0.0 for r in ref]
+        ref_tau = sum(theirs) / len(theirs)
+        comparisons = [_Comparison("mean tau", mine, theirs, TAU_MARGIN * ref_tau, f"{TAU_MARGIN:.0%} of its tau")]
+        got_pos = [results[i].per_position_acceptance for i in index]
+        if all(got_pos):
+            depth = min(4, min(len(p) for p in got_pos))
+            ref_pos = [per_position_acceptance([r.acceptance_lengths or []], depth) for r in ref]
+            for d in range(depth):
+                a = [p[d] for p in got_pos]
+                b = [p[d] if d < len(p) else 0.0 for p in ref_pos]
+                comparisons.append(
+                    _Comparison(f"acceptance at depth {d + 1}", a, b, DEPTH_MARGIN, f"{DEPTH_MARGIN} absolute")
+                )
+        k = len(comparisons)
+        return cls(
+            what=reference.what,
+            comparisons=comparisons,
+            bands=[c.band(ALPHA / k) for c in comparisons],
+            vouch=[c.band(VOUCH_ALPHA / (k * references)) for c in comparisons],
+            limit=[0.0 if exact else c.margin for c in comparisons],
+            exact=exact,
+            references=references,
+        )
+
+    @property
+    def tau(self) -> float:
+        return _Comparison.mean(self.comparisons[0].values)
+
+    @property
+    def ref_tau(self) -> float:
+        return _Comparison.mean(self.comparisons[0].reference)
+
+    def distance(self) -> float:
+        """How far the bands reach from 0, in margins (0: the aggregates equal this reference's)."""
+        return sum(max(abs(low), abs(high)) / c.margin for c, (low, high) in zip(self.comparisons, self.vouch))
+
+    @property
+    def equal(self) -> bool:
+        return all(c.values == c.reference for c in self.comparisons)
+
+    @property
+    def prompts(self) -> int:
+        return len(self.comparisons[0].values)
+
+    @property
+    def beyond(self) -> list[int]:
+        return [i for i, (m, (low, high)) in enumerate(zip(self.limit, self.bands)) if high < -m or low > m]
+
+    @property
+    def wide(self) -> list[int]:
+        return [
+            i
+            for i, (c, (low, high)) in enumerate(zip(self.comparisons, self.vouch))
+            if low < -c.margin or high > c.margin
+        ]
+
+    @property
+    def equivalence(self) -> str:
+        return "beyond" if self.beyond else "within" if not self.wide else "undecided"
+
+    def details(self) -> dict:
+        k = len(self.comparisons)
+        return {
+            "tau": self.tau,
+            "reference_tau": self.ref_tau,
+            "reference": self.what,
+            "references": self.references,
+            "prompts": self.prompts,
+            "band": list(self.vouch[0]),
+            "margins": [c.margin for c in self.comparisons],
+            "bands": {c.what: list(b) for c, b in zip(self.comparisons, self.vouch)},
+            "fail_bands": {c.what: list(b) for c, b in zip(self.comparisons, self.bands)},
+            "confidence": 1 - VOUCH_ALPHA / (k * self.references),
+            "fail_confidence": 1 - ALPHA / k,
+            "equivalence": self.equivalence,
+        }
+
+    def _every(self) -> str:
+        if self.references == 1:
+            return ""
+        others = self.references - 1
+        return (
+            f", and so against every other way ({others}) a correct engine may count its rounds near the output's end"
+        )
+
+    def failed(self, name: str) -> CheckResult:
+        i = self.beyond[0]
+        c, (low, high) = self.comparisons[i], self.bands[i]
+        side = "short of" if high < 0 else "above"
+        beyond_what = (
+            "in float32, where every correct engine's aggregates equal the reference's"
+            if self.exact
+            else f"by more than the margin {c.margin:.3f} ({c.margin_words}), which correct engines that round "
+            "differently stay within"
+        )
+        return CheckResult.failed(
+            name,
+            f"{c.what} {c.mean(c.values):.3f} vs {self.what} {c.mean(c.reference):.3f}: the per-prompt difference's "
+            f"{1 - ALPHA / len(self.comparisons):.4%} bootstrap band [{low:.3f}, {high:.3f}] over {self.prompts} "
+            f"prompts lies wholly {side} the reference's {beyond_what}{self._every()}",
+            **self.details(),
+        )
+
+    def cannot_vouch(self, name: str) -> CheckResult:
+        i = self.wide[0]
+        c, (low, high) = self.comparisons[i], self.vouch[i]
+        confidence = 1 - VOUCH_ALPHA / (len(self.comparisons) * self.references)
         return CheckResult(
             check=name,
             status="skip",
             cause="engine",
-            message=f"{c.what} {c.mean(c.values):.3f} vs {what} {c.mean(c.reference):.3f}: the per-prompt "
-            f"difference's {1 - VOUCH_ALPHA / len(comparisons):.2%} band [{low:.3f}, {high:.3f}] over {len(pairs)} "
-            f"prompts reaches past the margin +/-{c.margin:.3f} ({c.margin_words}): aggregates over so few "
-            f"prompts cannot vouch for this engine's acceptance{_prompts_needed(len(pairs), low, high, c.margin)}",
-            details=details,
+            message=f"{c.what} {c.mean(c.values):.3f} vs {self.what} {c.mean(c.reference):.3f}: the per-prompt "
+            f"difference's {confidence:.2%} band [{low:.3f}, {high:.3f}] over {self.prompts} prompts reaches past "
+            f"the margin +/-{c.margin:.3f} ({c.margin_words}): aggregates over so few prompts cannot vouch for "
+            f"this engine's acceptance{_prompts_needed(self.prompts, low, high, c.margin)}",
+            details=self.details(),
         )
-    return CheckResult.passed(
-        name,
-        f"aggregate tau {tau:.3f} vs {what} {ref_tau:.3f}: difference band [{vouch[0][0]:.3f}, {vouch[0][1]:.3f}] "
-        f"over {len(pairs)} prompts within the margin +/-{comparisons[0].margin:.3f} ({TAU_MARGIN:.0%}), "
-        f"acceptance at depths 1-{len(comparisons) - 1} within +/-{DEPTH_MARGIN}",
-        **details,
-    )
+
+    def passed(self, name: str) -> CheckResult:
+        (low, high), margin = self.vouch[0], self.comparisons[0].margin
+        return CheckResult.passed(
+            name,
+            f"aggregate tau {self.tau:.3f} vs {self.what} {self.ref_tau:.3f}: difference band [{low:.3f}, "
+            f"{high:.3f}] over {self.prompts} prompts within the margin +/-{margin:.3f} ({TAU_MARGIN:.0%}), "
+            f"acceptance at depths 1-{len(self.comparisons) - 1} within +/-{DEPTH_MARGIN}",
+            **self.details(),
+        )
 
 
 @dataclass(frozen=True)
@@ -218,6 +358,16 @@ def _prompts_needed(prompts: int, low: float, high: float, margin: float) -> str
         f"; about {needed} prompts would decide it (now {prompts}: raise {option('limit')}), "
         "or report per-round acceptance"
     )
+
+
+def _judge_pooled_any(
+    name: str, results: list[RequestResult], references: Sequence[ReferenceAcceptance], tau: float
+) -> CheckResult:
+    """Batch-pooled aggregates against each way a correct engine may count its rounds: a pass against any
+    one of them, else the first one's failure."""
+    index = [i for i, r in enumerate(results) if _aggregate(r) is not None]
+    verdicts = [_judge_pooled(name, results, [ref.results[i] for i in index], tau, ref.what) for ref in references]
+    return next((v for v in verdicts if v.status == "pass"), verdicts[0])
 
 
 def _judge_pooled(

@@ -17,7 +17,7 @@ from ddtree_conformance.adapters.interface import Request, RequestResult
 from ddtree_conformance.adapters.reference.replay import replay_result
 
 from ..metrics import mean_tau
-from ..noise import DRAFTER_TOP, LeanTest, NoiseModel, TauTest, TokenCall
+from ..noise import DRAFTER_TOP, NoiseModel, RoundLimits, TokenCall
 from ..replay import ReplayRun, RoundKind, RoundVerdict, judge_rounds
 from ..run import Run
 from ..session import SuiteSession
@@ -315,26 +315,20 @@ def _rounds_failed(name: str, run: ReplayRun, verdicts: list, details: dict, wha
 
 def _excused_within_caps(name: str, judged: JudgedRounds, rules: NoiseModel, details: dict) -> CheckResult:
     """Target near-tie rounds within the ceiling, drafter ones within the cap, unconfirmed ones within theirs,
-    and the tau test passed. The caps and the tests join the verdict's details (a new dict, not the caller's)."""
+    and the tau test passed (the noise model's :class:`~ddtree_conformance.noise.RoundLimits`). The limits and
+    the tests join the verdict's details (a new dict, not the caller's)."""
     run = judged.run
-    cap = rules.confirmed_round_cap(run.rounds)
-    failed = _above_target_ceiling(name, judged, rules, details)
-    if failed is None:
-        failed = _above_drafter_cap(name, run, cap, details)
+    limits = rules.round_limits(run.rounds, judged.top2, run.lean, run.differences())
+    details = {
+        **details,
+        "drafter_lean": limits.lean.as_details(),
+        "unconfirmed_caps": {"longer": limits.longer_cap, "shorter": limits.shorter_cap},
+        "tau_test": limits.tau.as_details(),
+    }
+    failed = _above_caps(name, run, limits, details)
     if failed is not None:
         return failed
-    lean = rules.lean_test(run.lean)
-    details = {**details, "drafter_lean": _lean_details(lean)}
-    if run.drafter and lean.fails:
-        return _drafter_logits_lean(name, run, lean, details)
-    caps = {longer: rules.unconfirmed_round_cap(run.rounds, longer) for longer in (True, False)}
-    details = {**details, "unconfirmed_caps": {"longer": caps[True], "shorter": caps[False]}}
-    failed = _above_unconfirmed_caps(name, run, caps, details)
-    if failed is not None:
-        return failed
-    tau_test = rules.tau_test(run.differences())
-    details = {**details, "tau_test": _tau_test_details(tau_test)}
-    tau, ref_tau = details["tau"], details["reference_tau"]
+    tau, ref_tau, tau_test = details["tau"], details["reference_tau"], limits.tau
     if tau_test.fails:
         return CheckResult.failed(
             name,
@@ -344,108 +338,69 @@ def _excused_within_caps(name: str, judged: JudgedRounds, rules: NoiseModel, det
         )
     return CheckResult.passed(
         name,
-        f"per-round acceptance equals the reference{_excused_rounds(run, cap, caps)} over {run.rounds} rounds "
+        f"per-round acceptance equals the reference{_excused_rounds(run, limits)} over {run.rounds} rounds "
         f"({details['source']}); tau {tau:.3f} vs {ref_tau:.3f}; tau test p <= {tau_test.p_value:.2g}",
         **details,
     )
 
 
-def _above_target_ceiling(name: str, judged: JudgedRounds, rules: NoiseModel, details: dict) -> CheckResult | None:
-    """A failure where more rounds are excused as target near-ties than a correct engine reaches at the
-    output's top-2 gaps; else None."""
-    run = judged.run
-    ceiling, mu = rules.ceiling(judged.top2)
-    if len(run.target) <= ceiling:
-        return None
-    return CheckResult.failed(
-        name,
-        f"{len(run.target)}/{run.rounds} rounds excused as target near-ties, above the ceiling {ceiling} a "
-        f"correct engine reaches at these gaps (expected <= {mu:.1f}); first: {run.target[0].describe()}",
-        first_round=run.target[0].__dict__,
-        **details,
-    )
-
-
-def _above_drafter_cap(name: str, run: ReplayRun, cap: int, details: dict) -> CheckResult | None:
-    """A failure where more rounds are excused as (confirmed) drafter near-ties than the cap; else None."""
-    if len(run.drafter) <= cap:
-        return None
-    return CheckResult.failed(
-        name,
-        f"{len(run.drafter)}/{run.rounds} rounds excused as drafter near-ties, above the cap {cap} a "
-        f"correct engine reaches ({run.drafter[0].describe()}); tau {details['tau']:.3f} vs replay "
-        f"{details['reference_tau']:.3f}",
-        first_round=run.drafter[0].__dict__,
-        **details,
-    )
-
-
-def _lean_details(lean: LeanTest) -> dict:
-    """The drafter-lean test (:meth:`~ddtree_conformance.noise.NoiseModel.lean_test`) as the details show it."""
-    return {
-        "rounds": lean.rounds,
-        "toward": lean.toward,
-        "away": lean.away,
-        "statistic": round(lean.statistic, 4),
-        "p_value": lean.p_value,
-    }
-
-
-def _drafter_logits_lean(name: str, run: ReplayRun, lean: LeanTest, details: dict) -> CheckResult:
-    """The failure of drafter near-tie excuses earned with drafter logits that lean toward the target."""
-    return CheckResult.failed(
-        name,
-        f"{len(run.drafter)}/{run.rounds} rounds are excused as drafter near-ties by the engine's own drafter "
-        f"logits, but those logits are not blind to the target: on the rounds that agree with the replay "
-        f"{lean.describe()}; drafter logits moved toward the target's continuation earn no excuse; tau "
-        f"{details['tau']:.3f} vs replay {details['reference_tau']:.3f}",
-        first_round=run.drafter[0].__dict__,
-        **details,
-    )
-
-
-def _above_unconfirmed_caps(name: str, run: ReplayRun, caps: dict[bool, int], details: dict) -> CheckResult | None:
-    """A failure where the unconfirmed rounds of one direction (longer, then shorter) pass their cap; else None."""
-    for longer, rounds in ((True, run.longer), (False, run.shorter)):
-        if len(rounds) > caps[longer]:
-            side = "longer" if longer else "shorter"
+def _above_caps(name: str, run: ReplayRun, limits: RoundLimits, details: dict) -> CheckResult | None:
+    """The first of: more rounds excused as target near ties than the ceiling a correct engine reaches at the
+    output's top-2 gaps; more excused as (confirmed) drafter near ties than the cap; drafter logits that earn
+    those excuses while leaning toward the target; more unconfirmed rounds of one direction (longer, then
+    shorter) than their cap. None when the rounds keep every limit."""
+    tau = f"tau {details['tau']:.3f} vs replay {details['reference_tau']:.3f}"
+    if len(run.target) > limits.ceiling:
+        return CheckResult.failed(
+            name,
+            f"{len(run.target)}/{run.rounds} rounds excused as target near-ties, above the ceiling {limits.ceiling} "
+            f"a correct engine reaches at these gaps (expected <= {limits.expected_near_ties:.1f}); first: "
+            f"{run.target[0].describe()}",
+            first_round=run.target[0].__dict__,
+            **details,
+        )
+    if len(run.drafter) > limits.confirmed_cap:
+        return CheckResult.failed(
+            name,
+            f"{len(run.drafter)}/{run.rounds} rounds excused as drafter near-ties, above the cap "
+            f"{limits.confirmed_cap} a correct engine reaches ({run.drafter[0].describe()}); {tau}",
+            first_round=run.drafter[0].__dict__,
+            **details,
+        )
+    if run.drafter and limits.lean.fails:
+        return CheckResult.failed(
+            name,
+            f"{len(run.drafter)}/{run.rounds} rounds are excused as drafter near-ties by the engine's own drafter "
+            f"logits, but those logits are not blind to the target: on the rounds that agree with the replay "
+            f"{limits.lean.describe()}; drafter logits moved toward the target's continuation earn no excuse; {tau}",
+            first_round=run.drafter[0].__dict__,
+            **details,
+        )
+    for side, rounds, cap in (("longer", run.longer, limits.longer_cap), ("shorter", run.shorter, limits.shorter_cap)):
+        if len(rounds) > cap:
             return CheckResult.failed(
                 name,
                 f"{len(rounds)}/{run.rounds} rounds {side} than the fp32 replay where only a drafter near tie "
                 f"could explain it and the engine gives no drafter logits to confirm one, above the cap "
-                f"{caps[longer]} a correct engine reaches ({rounds[0].describe()}); tau {details['tau']:.3f} vs "
-                f"replay {details['reference_tau']:.3f} (report drafter logits in traces to have drafter near ties "
-                "confirmed)",
+                f"{cap} a correct engine reaches ({rounds[0].describe()}); {tau} "
+                "(report drafter logits in traces to have drafter near ties confirmed)",
                 first_round=rounds[0].__dict__,
                 **details,
             )
     return None
 
 
-def _tau_test_details(tau_test: TauTest) -> dict:
-    """The one-sided tau test (:meth:`~ddtree_conformance.noise.NoiseModel.tau_test`) as the details show it."""
-    return {
-        "gained": tau_test.gained,
-        "allowed_per_round": tau_test.allowed_per_round,
-        "statistic": round(tau_test.statistic, 4),
-        "longer": tau_test.longer,
-        "shorter": tau_test.shorter,
-        "allowed_share": round(tau_test.allowed_share, 4),
-        "p_value": tau_test.p_value,
-    }
-
-
-def _excused_rounds(run: ReplayRun, cap: int, caps: dict[bool, int]) -> str:
+def _excused_rounds(run: ReplayRun, limits: RoundLimits) -> str:
     """The passing message's account of the excused rounds with their caps ("": none excused)."""
-    if not (run.target or run.drafter or run.unconfirmed):
+    if not (run.target or run.drafter or run.longer or run.shorter):
         return ""
     unconfirmed = (
-        f" and {len(run.longer)} longer (cap {caps[True]}) and {len(run.shorter)} shorter (cap "
-        f"{caps[False]}) unconfirmed rounds"
-        if run.unconfirmed
+        f" and {len(run.longer)} longer (cap {limits.longer_cap}) and {len(run.shorter)} shorter (cap "
+        f"{limits.shorter_cap}) unconfirmed rounds"
+        if run.longer or run.shorter
         else ""
     )
     return (
-        f" except {len(run.target)} target near-tie and {len(run.drafter)} drafter near-tie rounds (cap {cap})"
-        + unconfirmed
+        f" except {len(run.target)} target near-tie and {len(run.drafter)} drafter near-tie rounds "
+        f"(cap {limits.confirmed_cap})" + unconfirmed
     )
