@@ -5,7 +5,9 @@ follow it from ``check_acceptance`` to its return, as a reader following the cod
 Every function of the package met for the first time (each function once, in the order it is first
 entered) is a step in its module; consecutive steps in one module are one *stay*. The script prints the
 stays, the modules visited, and the *returns* (stays in a module the walk had already left). Calls into
-the engine (``adapters/``) and third-party code are not steps: the walk is the suite's own code.
+the engine (``adapters/``) and third-party code are not steps, nor is anything they call in turn (the
+reference engine runs the spec's functions: that is the engine working, not the suite's walk); nor are
+comprehensions and lambdas, which are read with the function that holds them.
 
     python scripts/walk_count.py [--list]
 """
@@ -23,6 +25,21 @@ from ddtree_conformance.testing.random_pair import write_random_pair
 from ddtree_conformance.testing.runs import plan_and_run, random_pair_settings
 
 PACKAGE = Path(acceptance.__file__).resolve().parents[1]  # conformance/
+ADAPTERS = PACKAGE.parent / "adapters"
+WALKED: list[str] = []  # module:function of each step, for --functions
+# comprehensions and lambdas are read as part of the function that holds them (Python 3.12 inlines list,
+# dict and set comprehensions: PEP 709), so entering one is not a step
+INLINE = {"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>", "<lambda>"}
+
+
+def _in_engine(frame) -> bool:
+    """Whether ``frame`` runs inside an engine or the reference's own code (adapters/): what they call,
+    the spec's functions included, is the engine's working, not the suite's walk."""
+    while frame is not None:
+        if ADAPTERS in Path(frame.f_code.co_filename).resolve().parents:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def walk(settings) -> list[str]:
@@ -31,6 +48,7 @@ def walk(settings) -> list[str]:
     seen: set = set()
     steps: list[str] = []
     inside = [False]
+    names = WALKED
     entry = acceptance.check_acceptance.__code__
 
     def profile(frame, event, arg):
@@ -39,12 +57,15 @@ def walk(settings) -> list[str]:
             inside[0] = True
         if event == "return" and code is entry:
             inside[0] = False
-        if event != "call" or not inside[0] or code in seen:
+        if event != "call" or not inside[0] or code in seen or code.co_name in INLINE:
+            return
+        if _in_engine(frame.f_back):
             return
         path = Path(code.co_filename).resolve()
         if PACKAGE in path.parents and "testing" not in path.parts:
             seen.add(code)
             steps.append(str(path.relative_to(PACKAGE.parent)))
+            names.append(f"{steps[-1]}:{code.co_name}")
 
     sys.setprofile(profile)
     try:
@@ -61,6 +82,7 @@ def stays(steps: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--list", action="store_true", help="print every stay")
+    parser.add_argument("--functions", action="store_true", help="print every step (module:function)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         pair = write_random_pair(Path(tmp) / "pair")
@@ -73,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for m in path:
             print(f"  {m}")
+    if args.functions:
+        for name in WALKED:
+            print(f"  {name}")
     print(f"{len(path)} stays in {len(set(path))} modules, {returns} of them returns to a module already left")
     return 0
 
