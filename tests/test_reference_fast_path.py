@@ -194,3 +194,26 @@ def test_cuda_graphs_check_skips_an_engine_that_cannot_switch():
     finally:
         session.close()
     assert result.status == "skip" and "capabilities().cuda_graphs" in result.message
+
+
+def test_in_bf16_the_graphs_on_run_is_judged_against_the_fp32_reference():
+    """bf16: the graphs-on run's acceptance is judged as the acceptance check judges a run (round by round
+    against the fp32 replay on its own outputs), not held to the graphs-off run's tau, which rounds differently."""
+    settings, _ = build_settings(
+        {
+            "engine": "reference",
+            "budgets": [16],
+            "modes": ["ddtree"],
+            "max_new_tokens": 24,
+            "limit": 4,
+            "isolate": False,
+            "dtype": "bfloat16",
+        }
+    )
+    session = SuiteSession(settings)
+    try:
+        result = check_cuda_graphs(session, "ddtree", 16)
+    finally:
+        session.close()
+    assert result.status == "pass", result.message
+    assert "per-round acceptance equals the reference" in result.message, result.message

@@ -91,3 +91,31 @@ def test_reference_engine_refuses_a_tp_size_that_does_not_split_the_target(rando
         r"\(num_attention_heads 2, num_key_value_heads 2, .*vocab_size 97\)",
     ):
         engine.generate([Request(prompt_ids=[1, 2], max_new_tokens=2)], RunConfig(tensor_parallel_size=2))
+
+
+@pytest.fixture(scope="module")
+def bf16_settings() -> SuiteSettings:
+    from ddtree_conformance.testing.runs import fixture_pair_settings
+
+    return fixture_pair_settings(
+        limit=10, max_new_tokens=32, budgets=[16], dtype="bfloat16", tensor_parallel_size=2, run_seed=3
+    )
+
+
+def test_in_bf16_a_tp_run_that_rounds_differently_is_judged_against_the_fp32_reference_and_passes(bf16_settings):
+    """TP=2 rounds differently from TP=1 (keys and values in float32): its outputs and tau part from TP=1's at
+    near ties. Its acceptance is judged as the acceptance check judges a run, against the fp32 reference on its
+    own outputs, not against TP=1's tau (a band around 0 that a correct engine whose tau sits a little higher,
+    as float32 keys and values do, leaves once the prompts narrow it)."""
+    from ddtree_conformance.testing.tp_engines import ShardedRoundsDifferently
+
+    result = _tp_results(bf16_settings, ShardedRoundsDifferently)["tensor-parallel/ddtree-B16"]
+    assert result.status == "pass", result.message
+    assert "TP=2" in result.message and "per-round acceptance equals the reference" in result.message
+    assert result.details["tp"] == 2
+
+
+def test_in_bf16_a_tp_run_that_accepts_less_fails_round_by_round(bf16_settings):
+    result = _tp_results(bf16_settings, TpAcceptanceDrift)["tensor-parallel/ddtree-B16"]
+    assert result.status == "fail", result.message
+    assert result.message.startswith("TP=2: ") and "differs from the fp32 reference" in result.message

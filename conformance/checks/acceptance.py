@@ -28,16 +28,10 @@ from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import rules_for
 from ..tree_policy import block_size, diagnose_traces, policy_table, round_views
-from .acceptance_aggregates import (
-    NO_ACCEPTANCE,
-    ReferenceAcceptance,
-    judge_aggregates,
-    paced_references,
-    reports_aggregates,
-)
-from .acceptance_golden import golden_results
-from .acceptance_rounds import RoundsUnderTest, judge_per_round
+from .acceptance_aggregates import NO_ACCEPTANCE, reports_aggregates
+from .acceptance_rounds import RoundsUnderTest
 from .result import CheckResult
+from .run_acceptance import judge_run_acceptance
 from .traced_runs import traced_run as shared_traced_run
 
 __all__ = ["check_acceptance"]
@@ -82,41 +76,10 @@ def _judge(
     """Round by round where the engine reports per-round lengths, else on its aggregates."""
     caps, run = session.capabilities, Run(mode, budget)
     labels = [p.id for p in session.prompts]
-    if caps.per_round(mode):  # every result holds its lengths (_unusable)
-        traced_run = partial(_traced_prompt, session, run) if caps.traced(mode) else None
-        return judge_per_round(
-            session, name, run, RoundsUnderTest(labels, session.requests(), results), traced_run=traced_run
-        )
-    exact = session.settings.dtype == "float32"
-    golden = golden_results(session, run)
-    if golden is None:
-        return judge_aggregates(name, results, paced_references(session, run, results), exact=exact)
-    recorded = ReferenceAcceptance(*golden)
-    verdict = judge_aggregates(name, results, [recorded], exact=exact)
-    if verdict.status == "pass":
-        return verdict
-    # the other ways a correct engine may count its rounds near the output's end, paced by the live
-    # reference, but only where that reference is the golden file's: a drafter that is not the pair's
-    # would pace its own rounds and pass
-    spec, *freedoms = paced_references(session, run, results)
-    disagree = _disagreeing(spec, recorded)
-    if disagree:
-        return verdict.model_copy(
-            update={
-                "message": f"{verdict.message} (the live reference's rounds differ from the golden file's on "
-                f"{disagree} prompts, so the freedoms near the output's end are not weighed)"
-            }
-        )
-    return judge_aggregates(name, results, [recorded, *freedoms], exact=exact)
-
-
-def _disagreeing(paced: ReferenceAcceptance, recorded: ReferenceAcceptance) -> int:
-    """Prompts whose output equals the golden file's and whose paced rounds do not."""
-    return sum(
-        1
-        for p, g in zip(paced.results, recorded.results)
-        if list(p.output_ids) == list(g.output_ids) and p.acceptance_lengths != g.acceptance_lengths
-    )
+    per_round = caps.per_round(mode)  # every result holds its lengths (_unusable)
+    traced_run = partial(_traced_prompt, session, run) if per_round and caps.traced(mode) else None
+    rounds = RoundsUnderTest(labels, session.requests(), results)
+    return judge_run_acceptance(session, name, run, rounds, per_round=per_round, traced_run=traced_run)
 
 
 def _traced_prompt(session: SuiteSession, run: Run, index: int) -> RequestResult:

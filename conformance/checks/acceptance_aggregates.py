@@ -98,7 +98,7 @@ END_FREEDOMS = (
 )
 
 
-def paced_references(session, run, results: list[RequestResult]) -> list[ReferenceAcceptance]:
+def paced_references(session, run, results: list[RequestResult], requests=None) -> list[ReferenceAcceptance]:
     """The fp32 reference's rounds on each engine output, paced by the reference itself (an engine that
     reports aggregates gives no round boundaries): each round as long as the reference's tree holds the
     output's next tokens (:func:`~ddtree_conformance.adapters.reference.replay.replay_result` without
@@ -109,10 +109,11 @@ def paced_references(session, run, results: list[RequestResult]) -> list[Referen
     its tree at the depth the output can still emit, and to count the last round as walked or as emitted
     (docs/reference/freedoms.md). Aggregates do not say which, so the reference is paced under each of
     :data:`END_FREEDOMS`, each counted both ways: in fp32 a correct engine's aggregates equal one of these
-    exactly, on every prompt. Identical ones are given once; the spec's, walked, comes first."""
+    exactly, on every prompt. Identical ones are given once; the spec's, walked, comes first. ``requests``:
+    those of ``results`` (default: the plan's)."""
     s = session.settings
     reference = session.reference_for(s.model_dir, s.drafter_dir)
-    requests = session.requests()
+    requests = session.requests() if requests is None else requests
     found: dict[tuple, ReferenceAcceptance] = {}
     for end in END_FREEDOMS:
         replays = []

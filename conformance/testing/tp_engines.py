@@ -36,6 +36,7 @@ from ddtree_conformance.spec import compact_dynamic_cache, select_feedback_rows
 
 __all__ = [
     "ShardedReference",
+    "ShardedRoundsDifferently",
     "TpOutputDrift",
     "TpAcceptanceDrift",
     "DriverOnlyKvMove",
@@ -65,6 +66,27 @@ class ShardedReference(ReferenceEngine):
     def sharded(self, results: list[RequestResult], requests: list[Request], config: RunConfig) -> list[RequestResult]:
         """What TP>1 changes; nothing here."""
         return results
+
+
+class ShardedRoundsDifferently(ShardedReference):
+    """Correct: at TP>1 the engine rounds differently from TP=1, as a sharded engine whose all-reduce sums in
+    another order does (here: the TP>1 run is :class:`~ddtree_conformance.testing.rounding_engines.Float32KvCache`'s,
+    keys and values held in float32). In fp32 it equals TP=1; in bf16 its outputs part from TP=1's at near
+    ties, and its per-prompt tau with them, while it stays DDTree to the fp32 reference's eye."""
+
+    name = "sharded-rounds-differently"
+
+    def sharded(self, results, requests, config):
+        from .rounding_engines import Float32KvCache
+
+        if getattr(self, "_other", None) is None:
+            self._other = Float32KvCache(self.model_dir, self.drafter_dir)
+        return self._other.generate(requests, config.model_copy(update={"tensor_parallel_size": 1}))
+
+    def close(self) -> None:
+        if getattr(self, "_other", None) is not None:
+            self._other.close()
+        super().close()
 
 
 class TpOutputDrift(ShardedReference):

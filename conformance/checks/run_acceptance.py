@@ -1,0 +1,81 @@
+"""A run's acceptance judged against the fp32 reference, whatever the engine reports: round by round where
+it reports per-round lengths (:mod:`.acceptance_rounds`), else on its aggregates (:mod:`.acceptance_aggregates`).
+
+The acceptance check judges the plan's run with it. The checks that run the engine under another setting
+(CUDA graphs on, another tensor-parallel size) judge that run the same way in low precision, instead of
+holding its tau to the other run's: the two runs round differently, their outputs part at near ties, and a
+correct engine's per-prompt tau then differs between them by more than a band around 0 allows. So one
+noise model and one set of margins decide every acceptance verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ddtree_conformance.adapters.interface import RequestResult
+
+from ..run import Run
+from ..session import SuiteSession
+from .acceptance_aggregates import (
+    NO_ACCEPTANCE,
+    ReferenceAcceptance,
+    judge_aggregates,
+    paced_references,
+    reports_aggregates,
+)
+from .acceptance_golden import golden_results
+from .acceptance_rounds import RoundsUnderTest, judge_per_round
+from .result import CheckResult
+
+__all__ = ["judge_run_acceptance"]
+
+
+def judge_run_acceptance(
+    session: SuiteSession,
+    name: str,
+    run: Run,
+    rounds: RoundsUnderTest,
+    *,
+    per_round: bool,
+    traced_run: Callable[[int], RequestResult] | None = None,
+    engine=None,
+) -> CheckResult:
+    """``rounds`` judged round by round (``per_round``: every result holds its lengths) against the fp32
+    replay on the engine's own contexts, else on their aggregates against the fp32 reference paced on the
+    engine's outputs (the golden file's rounds first, in float32, where the requests are the plan's).
+    ``traced_run`` and ``engine``: how a differing round is explained (:func:`.judge_per_round`)."""
+    if per_round:
+        return judge_per_round(session, name, run, rounds, traced_run=traced_run, engine=engine)
+    results = rounds.results
+    if not reports_aggregates(results):
+        return CheckResult.skipped(name, NO_ACCEPTANCE)
+    exact = session.settings.dtype == "float32"
+    golden = golden_results(session, run) if list(rounds.requests) == session.requests() else None
+    if golden is None:
+        return judge_aggregates(name, results, paced_references(session, run, results, rounds.requests), exact=exact)
+    recorded = ReferenceAcceptance(*golden)
+    verdict = judge_aggregates(name, results, [recorded], exact=exact)
+    if verdict.status == "pass":
+        return verdict
+    # the other ways a correct engine may count its rounds near the output's end, paced by the live
+    # reference, but only where that reference is the golden file's: a drafter that is not the pair's
+    # would pace its own rounds and pass
+    spec, *freedoms = paced_references(session, run, results, rounds.requests)
+    disagree = _disagreeing(spec, recorded)
+    if disagree:
+        return verdict.model_copy(
+            update={
+                "message": f"{verdict.message} (the live reference's rounds differ from the golden file's on "
+                f"{disagree} prompts, so the freedoms near the output's end are not weighed)"
+            }
+        )
+    return judge_aggregates(name, results, [recorded, *freedoms], exact=exact)
+
+
+def _disagreeing(paced: ReferenceAcceptance, recorded: ReferenceAcceptance) -> int:
+    """Prompts whose output equals the golden file's and whose paced rounds do not."""
+    return sum(
+        1
+        for p, g in zip(paced.results, recorded.results)
+        if list(p.output_ids) == list(g.output_ids) and p.acceptance_lengths != g.acceptance_lengths
+    )
