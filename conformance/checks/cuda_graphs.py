@@ -136,7 +136,7 @@ def _acceptance_on(
     """bf16/fp16 (or aggregates only): the graphs-on run's acceptance judged as the acceptance check judges
     the plan's run, against the fp32 reference on its own outputs (:mod:`.run_acceptance`), not against the
     graphs-off run's: captured graphs may take other kernels, so the two round differently, their outputs
-    part at near ties, and a correct engine's per-prompt tau then differs between them beyond a band around 0."""
+    part at near ties, and their taus are measured on different texts (a wide band; :mod:`.run_acceptance`)."""
     caps = session.capabilities
     per_round = caps.per_round(run.mode) and all(r.acceptance_lengths is not None for r in on)
     if not per_round and not reports_aggregates(on):

@@ -199,7 +199,7 @@ def _acceptance_at(
     """bf16/fp16 (or aggregates only): the TP=N run's acceptance judged as the acceptance check judges the
     plan's run, against the fp32 reference on its own outputs (:mod:`.run_acceptance`), not against TP=1's:
     the two round differently (a sharded all-reduce sums in another order), so their outputs part at near
-    ties, and a correct engine's per-prompt tau then differs between them beyond a band around 0."""
+    ties and their taus are measured on different texts (a wide band; :mod:`.run_acceptance`)."""
     caps = session.capabilities
     per_round = caps.per_round(mode) and all(r.acceptance_lengths is not None for r in many)
     if not per_round and not reports_aggregates(many):
