@@ -206,26 +206,32 @@ def replay_result(
             rounds.append(_replay_round(verified, index, offset, start, root, keep, short, keep_top))
             if offset + length > len(output) or last:
                 break  # the last round: nothing to commit
-            accepted_tokens = output[offset : offset + length - 1]
-            nodes = _path_nodes(tree, accepted_tokens)
-            if nodes is not None:
-                compact_dynamic_cache(cache, start, nodes)
-                context = select_feedback_rows(feats, nodes)
-            else:
-                compact_dynamic_cache(cache, start, [])
-                root_row = select_feedback_rows(feats, [])
-                if accepted_tokens:
-                    ids = torch.tensor(accepted_tokens, dtype=torch.long, device=pair.device)
-                    positions = torch.arange(start + 1, start + 1 + len(accepted_tokens), device=pair.device)
-                    _, chain = pair.forward(ids, positions, cache)
-                    context = torch.cat([root_row, chain], dim=0)
-                else:
-                    context = root_row
+            context = _commit_engine_round(pair, tree, feats, cache, start, output[offset : offset + length - 1])
             context_start = start
             start += length
             offset += length
             root = output[offset - 1]
     return rounds
+
+
+def _commit_engine_round(
+    pair, tree, feats: torch.Tensor, cache, start: int, accepted_tokens: list[int]
+) -> torch.Tensor:
+    """Commit the engine's accepted tokens after the root at ``start`` (module doc): the tree's rows where
+    they are a path of it, else a causal chain of them. ``cache`` is compacted in place (mutates: cache, the
+    replay's own); returns the drafter's feedback rows for the next round."""
+    nodes = _path_nodes(tree, accepted_tokens)
+    if nodes is not None:
+        compact_dynamic_cache(cache, start, nodes)
+        return select_feedback_rows(feats, nodes)
+    compact_dynamic_cache(cache, start, [])
+    root_row = select_feedback_rows(feats, [])
+    if not accepted_tokens:
+        return root_row
+    ids = torch.tensor(accepted_tokens, dtype=torch.long, device=pair.device)
+    positions = torch.arange(start + 1, start + 1 + len(accepted_tokens), device=pair.device)
+    _, chain = pair.forward(ids, positions, cache)
+    return torch.cat([root_row, chain], dim=0)
 
 
 def _end_rows(end: EndFreedoms, room: int, rows: int) -> int | None:
