@@ -13,7 +13,9 @@ clone of an older commit, for the "before"). The counts:
   ``testing/`` in this step) and outside the test doubles (``conformance/testing/``) that hold
   a string spelling a CLI flag (``--name``, docstrings not counted) or the name ``flag_prefix``;
   ``conformance/option_names.py``, where both front ends' options are declared and spelled, is not
-  counted (the one place).
+  counted (the one place); nor are the flags of another program's command line (a list literal holding
+  ``"-m"``, as ``[sys.executable, "-m", "pip", ...]``), nor ``conformance/pins.py``, a front end of its
+  own (``python -m ddtree_conformance.pins --version NAME EXTRA``, for CI scripts and tox).
 * ``message-text tests``: places in the same modules that read a failure's kind from message text:
   ``.startswith``/``.endswith`` on a message-like value (a name or attribute called ``message``,
   ``error``, ``problem``, ``check_message``, ``msg``, ``stderr``, or ending in ``_message``/``_error``) or
@@ -54,7 +56,7 @@ LONG_LITERAL = 60
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 MESSAGEY = {"message", "error", "problem", "check_message", "msg", "stderr"}
 # the front ends: the CLI, the pytest plugin and the xdist hooks it registers (they read pytest's options)
-FRONT_ENDS = ("conformance/cli/", "conformance/pytest_plugin.py", "conformance/xdist_gpus.py")
+FRONT_ENDS = ("conformance/cli/", "conformance/pytest_plugin.py", "conformance/xdist_gpus.py", "conformance/pins.py")
 DECLARATIONS = ("conformance/option_names.py",)  # the options of both front ends, declared and spelled
 SHARED_RUN_HELPER = "conformance/testing/runs.py"
 
@@ -100,6 +102,15 @@ def _docstrings(tree: ast.Module) -> set[int]:
     return ids
 
 
+def _other_programs(tree: ast.AST) -> set[int]:
+    """ids of the string constants of another program's command line: list literals holding ``"-m"``."""
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.List) and any(isinstance(e, ast.Constant) and e.value == "-m" for e in node.elts):
+            ids.update(id(e) for e in node.elts if isinstance(e, ast.Constant))
+    return ids
+
+
 def flag_modules(root: Path) -> list[str]:
     found = []
     for path in _files(root, *SOURCES):
@@ -107,7 +118,7 @@ def flag_modules(root: Path) -> list[str]:
         if not _production(rel) or _front_end(rel) or rel in DECLARATIONS:
             continue
         tree = _tree(path)
-        skip = _docstrings(tree)
+        skip = _docstrings(tree) | _other_programs(tree)
         flags, prefix = set(), False
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
