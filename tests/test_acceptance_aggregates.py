@@ -200,3 +200,22 @@ def test_in_float32_outputs_other_than_the_golden_files_keep_the_golden_verdict(
     settings = fixture_pair_settings(limit=8, max_new_tokens=32, budgets=[16], dtype="float32", run_seed=1)
     (result,) = plan_and_run(settings, aggregate_box(FlatPositions), ["acceptance/ddtree"])
     assert result.status == "fail" and "vs golden" in result.message, result.message
+
+
+@pytest.mark.parametrize("engine", ["split-K reductions in the run's dtype", "room-left block, claimed lengths"])
+def test_in_bfloat16_correct_engines_pass_the_aggregate_path_at_20_prompts(engine):
+    """The scale users run: a correct engine that rounds differently (split-K partial sums in bf16) and one
+    that cuts its drafter's block near the end and counts its last round as walked, as aggregate-only
+    engines in bf16, 20 prompts: both pass, the vouching band split over every way of counting (before the
+    ways of counting, the second could not be vouched for: band [-0.165, -0.040] against the spec's walked
+    rounds, scripts/measurements/2026-12-04f-aggregate-freedoms/before-correct-bfloat16.json)."""
+    from ddtree_conformance.testing.correct_engines import CORRECT_ENGINES
+    from ddtree_conformance.testing.rounding_engines import ROUNDING_ENGINES, aggregate_box
+    from ddtree_conformance.testing.runs import fixture_pair_settings, plan_and_run
+
+    settings = fixture_pair_settings(limit=20, max_new_tokens=64, budgets=[16], dtype="bfloat16", run_seed=1)
+    catalogue = {**ROUNDING_ENGINES, **CORRECT_ENGINES}
+    (result,) = plan_and_run(settings, aggregate_box(catalogue[engine]), ["acceptance/ddtree"])
+    assert result.status == "pass", result.message
+    refs = result.details["references"]
+    assert refs > 1 and result.details["confidence"] == pytest.approx(1 - 0.05 / (5 * refs)), result.details
