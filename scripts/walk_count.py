@@ -9,7 +9,13 @@ the engine (``adapters/``) and third-party code are not steps, nor is anything t
 reference engine runs the spec's functions: that is the engine working, not the suite's walk); nor are
 comprehensions and lambdas, which are read with the function that holds them.
 
-    python scripts/walk_count.py [--list]
+Two walks: *cold*, the acceptance check as the run's only check, where it starts the engine and loads the
+prompts itself; and *after the front ends' setup*: both front ends (``ddtree-conformance check`` and the
+pytest route) call ``session.require_support()`` before any check, which starts the engine and reads its
+capabilities, so a function met there is not met again inside the check. ``--list`` and ``--functions``
+show the second.
+
+    python scripts/walk_count.py [--list] [--functions]
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ def _in_engine(frame) -> bool:
     return False
 
 
-def walk(settings) -> list[str]:
+def walk(settings, warm: bool = False) -> list[str]:
     """The modules (paths under conformance/) of the first entry of each function, from the acceptance
     check's entry to its return."""
     seen: set = set()
@@ -57,7 +63,11 @@ def walk(settings) -> list[str]:
             inside[0] = True
         if event == "return" and code is entry:
             inside[0] = False
-        if event != "call" or not inside[0] or code in seen or code.co_name in INLINE:
+        if event != "call" or code in seen or code.co_name in INLINE:
+            return
+        if not inside[0]:
+            if warm:
+                seen.add(code)  # read already, in the run's setup
             return
         if _in_engine(frame.f_back):
             return
@@ -69,7 +79,7 @@ def walk(settings) -> list[str]:
 
     sys.setprofile(profile)
     try:
-        plan_and_run(settings, ReferenceEngine, ["acceptance/ddtree"])
+        plan_and_run(settings, ReferenceEngine, ["acceptance/ddtree"], require_support=warm)
     finally:
         sys.setprofile(None)
     return steps
@@ -89,16 +99,21 @@ def main(argv: list[str] | None = None) -> int:
         settings = random_pair_settings(
             pair, Path(tmp) / "p.jsonl", [3, 9, 17, 30], seed=5, prefix="w", budgets=[16], max_new_tokens=24
         )
-        steps = walk(settings)
-    path = stays(steps)
-    returns = sum(m in path[:i] for i, m in enumerate(path))
+        cold = walk(settings)
+        WALKED.clear()
+        warm = walk(settings, warm=True)
+    for label, steps in (("the run's first check, cold", cold), ("after the front ends' setup", warm)):
+        path = stays(steps)
+        returns = sum(m in path[:i] for i, m in enumerate(path))
+        print(
+            f"{label}: {len(path)} stays in {len(set(path))} modules, {returns} of them returns to a module left before"
+        )
     if args.list:
-        for m in path:
+        for m in stays(warm):
             print(f"  {m}")
     if args.functions:
         for name in WALKED:
             print(f"  {name}")
-    print(f"{len(path)} stays in {len(set(path))} modules, {returns} of them returns to a module already left")
     return 0
 
 

@@ -30,15 +30,20 @@ def plan_and_run(
     names: Sequence[str] | None = None,
     *,
     exact: bool = False,
+    require_support: bool = False,
 ) -> list[CheckResult]:
     """The results of ``plan(settings, names)`` run on ``engine`` (an engine class is a factory: it is
     called with the pair's model and drafter directories); None runs the settings' engine. ``exact``:
-    ``names`` are whole check ids (``sampling/ddtree-B16/T=1`` without ``.../T=1,top_k=3``)."""
+    ``names`` are whole check ids (``sampling/ddtree-B16/T=1`` without ``.../T=1,top_k=3``).
+    ``require_support``: refuse what the run cannot do first (the engine started, its capabilities read),
+    as both front ends do before any check."""
     checks = plan(settings, None if names is None else list(names))
     if exact:
         checks = [c for c in checks if c.id in names]
     session = SuiteSession(settings, engine_factory=engine)
     try:
+        if require_support:
+            session.require_support()
         return run_plan(session, checks)
     finally:
         session.close()
