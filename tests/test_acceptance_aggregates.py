@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ddtree_conformance.adapters.interface import RequestResult
 from ddtree_conformance.checks.acceptance_aggregates import (
@@ -219,3 +221,65 @@ def test_in_bfloat16_correct_engines_pass_the_aggregate_path_at_20_prompts(engin
     assert result.status == "pass", result.message
     refs = result.details["references"]
     assert refs > 1 and result.details["confidence"] == pytest.approx(1 - 0.05 / (5 * refs)), result.details
+
+
+def test_cannot_vouch_names_an_undecided_way_of_counting_even_where_a_nearer_one_is_beyond():
+    """float32: against one way of counting the band is wholly off 0 (beyond) though within the margin, against
+    another it straddles the margin (undecided): the verdict is the undecided one's, not a crash."""
+    reference = _reference(20)
+    engine = [[n - 1 if i == 0 and n > 1 else n for i, n in enumerate(r)] for r in reference]  # a little short
+    wide = [[n + 2 for n in r] if k % 2 else [max(1, n - 2) for n in r] for k, r in enumerate(reference)]
+    refs = [
+        ReferenceAcceptance(
+            [RequestResult(output_ids=[1], finish_reason="length", acceptance_lengths=r) for r in rs], what
+        )
+        for rs, what in ((reference, "near"), (wide, "wide"))
+    ]
+    result = judge_aggregates(NAME, [_aggregates(e) for e in engine], refs, exact=True)
+    assert result.status == "skip" and result.details["reference"] == "wide", result.message
+    assert "cannot vouch" in result.message
+
+
+def _counted(base: list[list[int]], kind: str, rng: random.Random) -> list[list[int]]:
+    """``base`` counted another way: the same, the first round one longer everywhere (a small consistent
+    shift), half the prompts two a round above and half below (wide), or drawn afresh (unrelated)."""
+    if kind == "same":
+        return [list(r) for r in base]
+    if kind == "shifted":
+        return [[r[0] + 1, *r[1:]] for r in base]
+    if kind == "wide":
+        return [[n + 2 if k % 2 else max(1, n - 2) for n in r] for k, r in enumerate(base)]
+    return [[rng.randint(1, 8) for _ in range(rng.randint(1, 12))] for _ in base]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prompts=st.integers(1, 9),
+    kinds=st.lists(st.sampled_from(["same", "shifted", "wide", "unrelated"]), min_size=1, max_size=4),
+    short=st.floats(0, 1),
+    exact=st.booleans(),
+    seed=st.integers(0, 10_000),
+)
+def test_judge_aggregates_never_crashes_whatever_the_references(prompts, kinds, short, exact, seed):
+    """Any number of prompts and ways of counting, the engine equal to one, a little short of it, or far from
+    all: a verdict, never a crash, and the verdict is the decision of the way of counting it names (the first
+    version named the nearest way whatever it decided: a skip beside a way it was beyond, and a crash where
+    that way was beyond in float32 yet within the margin)."""
+    rng = random.Random(seed)
+    base = [[rng.randint(1, 8) for _ in range(rng.randint(2, 12))] for _ in range(prompts)]
+    references = [
+        ReferenceAcceptance(
+            [
+                RequestResult(output_ids=[1], finish_reason="length", acceptance_lengths=r)
+                for r in _counted(base, kind, rng)
+            ],
+            f"way {k} ({kind})",
+        )
+        for k, kind in enumerate(kinds)
+    ]
+    engine = [_aggregates([r[0] - 1 if r[0] > 1 and rng.random() < short else r[0], *r[1:]]) for r in base]
+    result = judge_aggregates(NAME, engine, references, exact=exact)
+    assert result.status in ("pass", "fail", "skip")
+    if "equivalence" in result.details:  # the verdict is the named way of counting's own decision
+        call = {"pass": "within", "fail": "beyond", "skip": "undecided"}[result.status]
+        assert result.details["equivalence"] == call, (result.status, result.details["equivalence"])

@@ -165,12 +165,13 @@ def judge_aggregates(
             f"aggregate tau {j.tau:.3f} vs {j.what} {j.ref_tau:.3f} on {len(index)} prompts: "
             f"the bootstrap band needs at least {MIN_BAND_PROMPTS} (raise {option('limit')})",
         )
-    closest = min(judged, key=_Judged.distance)  # the way of counting the engine's aggregates sit nearest
-    if any(j.equivalence == "within" for j in judged):
-        return min((j for j in judged if j.equivalence == "within"), key=_Judged.distance).passed(name)
-    if all(j.equivalence == "beyond" for j in judged):
-        return closest.failed(name)
-    return closest.cannot_vouch(name)
+    by_call = {call: [j for j in judged if j.equivalence == call] for call in ("within", "undecided", "beyond")}
+    # against the way of counting the engine's aggregates sit nearest among those that decide the verdict
+    if by_call["within"]:
+        return min(by_call["within"], key=_Judged.distance).passed(name)
+    if by_call["undecided"]:
+        return min(by_call["undecided"], key=_Judged.distance).cannot_vouch(name)
+    return min(judged, key=_Judged.distance).failed(name)
 
 
 def _aggregate(result: RequestResult) -> float | None:
