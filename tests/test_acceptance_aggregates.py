@@ -283,3 +283,38 @@ def test_judge_aggregates_never_crashes_whatever_the_references(prompts, kinds, 
     if "equivalence" in result.details:  # the verdict is the named way of counting's own decision
         call = {"pass": "within", "fail": "beyond", "skip": "undecided"}[result.status]
         assert result.details["equivalence"] == call, (result.status, result.details["equivalence"])
+
+
+def test_an_engine_whose_rounds_count_past_its_output_is_held_to_the_walked_ways_only():
+    """An engine that reports its rounds with its mean acceptance says how many tokens it counted: more than
+    its output holds means it counts its last rounds as walked, so the ways that count them as emitted are no
+    yardstick for it. Here its rounds are the emitted way's lengths with a walked last round's count: it equals
+    neither way, and is held to the walked one (a failure), not passed on the emitted one it would match on tau."""
+    reference = _reference(20)
+    emitted = [[*r[:-1], max(1, r[-1] - 3)] for r in reference]
+    refs = [
+        ReferenceAcceptance(
+            [
+                RequestResult(output_ids=[1] * (1 + sum(e)), finish_reason="length", acceptance_lengths=r)
+                for r, e in zip(rs, emitted)
+            ],
+            what,
+            last_round=what,
+        )
+        for rs, what in ((reference, "walked"), (emitted, "emitted"))
+    ]
+
+    def claims(lengths: list[int], counted: int) -> RequestResult:
+        # an engine's aggregates over these lengths, reporting its rounds and ``counted`` tokens
+        return _aggregates(lengths).model_copy(
+            update={
+                "output_ids": [1] * (1 + sum(lengths)),
+                "rounds": len(lengths),
+                "mean_acceptance": counted / len(lengths),
+            }
+        )
+
+    honest = judge_aggregates(NAME, [claims(e, sum(e)) for e in emitted], refs, exact=True)
+    assert honest.status == "pass" and honest.details["reference"] == "emitted", honest.message
+    past = judge_aggregates(NAME, [claims(e, sum(e) + 1) for e in emitted], refs, exact=True)
+    assert past.details["references"] == 1 and past.details["reference"] == "walked", past.message

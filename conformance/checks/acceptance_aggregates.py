@@ -85,6 +85,7 @@ class ReferenceAcceptance:
 
     results: list[RequestResult]
     what: str
+    last_round: str = "walked"  # how its last rounds are counted: "walked" (past the output's end) or "emitted"
 
 
 # How a correct engine may draft, build and count its rounds near the output's end (docs/reference/freedoms.md);
@@ -138,6 +139,7 @@ def paced_references(session, run, results: list[RequestResult], requests=None) 
                     paced,
                     "the fp32 reference paced on the engine's outputs"
                     + ("" if end == EndFreedoms() and walked else f" ({end.describe()}; the last round {counted})"),
+                    counted,
                 ),
             )
     return list(found.values())
@@ -157,6 +159,7 @@ def judge_aggregates(
     mine = [_aggregate(results[i]) for i in index]
     if len(index) > 1 and len(set(mine)) == 1 and all(r.rounds is None for r in results):
         return _judge_pooled_any(name, results, references, mine[0])
+    references = _as_counted(results, references)
     judged = [_Judged.of(results, index, ref, len(references), exact) for ref in references]
     if len(index) < MIN_BAND_PROMPTS and not any(j.equal for j in judged):
         j = judged[0]
@@ -172,6 +175,22 @@ def judge_aggregates(
     if by_call["undecided"]:
         return min(by_call["undecided"], key=_Judged.distance).cannot_vouch(name)
     return min(judged, key=_Judged.distance).failed(name)
+
+
+def _as_counted(results: list[RequestResult], references: Sequence[ReferenceAcceptance]) -> list[ReferenceAcceptance]:
+    """The references that count the last round as the engine does, where its own numbers say so: an engine
+    that reports its rounds with its mean acceptance gives the tokens it counted, and more than its output
+    holds (past the prefill token) means it counts its last rounds as walked, past the output's end; the
+    ways that count them as emitted then go. Otherwise every way stays."""
+    counted = [
+        (_aggregate(r) or 0.0) * r.rounds - (len(r.output_ids) - 1)
+        for r in results
+        if r.rounds and _aggregate(r) is not None and r.output_ids
+    ]
+    walked = [ref for ref in references if ref.last_round == "walked"]
+    if walked and any(extra > 0.5 for extra in counted):
+        return walked
+    return list(references)
 
 
 def _aggregate(result: RequestResult) -> float | None:

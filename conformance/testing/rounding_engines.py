@@ -363,11 +363,12 @@ def black_box(engine_class: type[ReferenceEngine]) -> type[ReferenceEngine]:
     return BlackBox
 
 
-def aggregate_box(engine_class: type[ReferenceEngine]) -> type[ReferenceEngine]:
+def aggregate_box(engine_class: type[ReferenceEngine], rounds: bool = False) -> type[ReferenceEngine]:
     """``engine_class`` reporting, per request, its outputs and acceptance aggregates only: the mean
     acceptance length and the acceptance rate at each depth, no per-round lengths, no traces (an engine
     that exposes only counters per request). The acceptance check judges it on its aggregates. It is the
-    black box (:func:`black_box`) with its per-round lengths folded into those aggregates."""
+    black box (:func:`black_box`) with its per-round lengths folded into those aggregates. ``rounds``: it
+    reports its number of rounds too (SGLang's per-request verify count)."""
     from ddtree_conformance.metrics import per_position_acceptance
 
     class AggregateBox(black_box(engine_class)):
@@ -390,10 +391,11 @@ def aggregate_box(engine_class: type[ReferenceEngine]) -> type[ReferenceEngine]:
                     "aggregate_only": True,
                     "mean_acceptance": sum(lengths) / len(lengths),
                     "per_position_acceptance": per_position_acceptance([lengths], 7),
+                    "rounds": len(lengths) if rounds else None,
                 }
             )
 
-    AggregateBox.__name__ = AggregateBox.__qualname__ = f"{engine_class.__name__}Aggregates"
+    AggregateBox.__name__ = AggregateBox.__qualname__ = f"{engine_class.__name__}Aggregates{'Rounds' if rounds else ''}"
     AggregateBox.__module__ = __name__
     return AggregateBox
 
