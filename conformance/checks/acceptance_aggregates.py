@@ -168,6 +168,13 @@ def judge_aggregates(
             f"aggregate tau {j.tau:.3f} vs {j.what} {j.ref_tau:.3f} on {len(index)} prompts: "
             f"the bootstrap band needs at least {MIN_BAND_PROMPTS} (raise {option('limit')})",
         )
+    if exact and len(index) >= MIN_BAND_PROMPTS:
+        # float32: a correct engine's aggregates equal its way of counting prompt by prompt (every correct engine
+        # of both catalogues does, on every prompt); a way it equals on fewer than half its prompts is not its way
+        theirs = [j for j in judged if 2 * j.equal_prompts >= j.prompts]
+        if not theirs and any(j.equivalence != "beyond" for j in judged):
+            return max(judged, key=lambda j: j.equal_prompts).equals_none(name)
+        judged = theirs or judged
     by_call = {call: [j for j in judged if j.equivalence == call] for call in ("within", "undecided", "beyond")}
     # against the way of counting the engine's aggregates sit nearest among those that decide the verdict
     if by_call["within"]:
@@ -254,6 +261,23 @@ class _Judged:
     @property
     def equal(self) -> bool:
         return all(c.values == c.reference for c in self.comparisons)
+
+    @property
+    def equal_prompts(self) -> int:
+        """Prompts whose every aggregate equals this reference's."""
+        rows = zip(*[zip(c.values, c.reference) for c in self.comparisons])
+        return sum(all(a == b for a, b in row) for row in rows)
+
+    def equals_none(self, name: str) -> CheckResult:
+        """float32: the failure of aggregates that equal no way of counting on even half the prompts."""
+        return CheckResult.failed(
+            name,
+            f"mean tau {self.tau:.3f} vs {self.what} {self.ref_tau:.3f}: in float32 a correct engine's aggregates "
+            f"equal one way of counting the rounds on every prompt; the nearest, this one, is equalled on "
+            f"{self.equal_prompts} of {self.prompts} prompts"
+            + ("" if self.references == 1 else f" (and each of the other {self.references - 1} on fewer than half)"),
+            **{**self.details(), "equivalence": "beyond", "equal_prompts": self.equal_prompts},
+        )
 
     @property
     def prompts(self) -> int:
