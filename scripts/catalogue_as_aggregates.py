@@ -19,15 +19,13 @@ import json
 import torch
 
 from ddtree_conformance.files import atomic_write
-from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
-from ddtree_conformance.session import SuiteSettings
 from ddtree_conformance.testing.adversaries import ADVERSARIES
 from ddtree_conformance.testing.correct_engines import CORRECT_ENGINES
 from ddtree_conformance.testing.excuse_adversaries import EXCUSE_ADVERSARIES
 from ddtree_conformance.testing.input_adversaries import INPUT_ADVERSARIES
 from ddtree_conformance.testing.mutants import MUTANTS
 from ddtree_conformance.testing.rounding_engines import ROUNDING_ENGINES, aggregate_box
-from ddtree_conformance.testing.runs import plan_and_run
+from ddtree_conformance.testing.runs import fixture_pair_settings, plan_and_run
 
 CATALOGUES = {
     "correct": CORRECT_ENGINES,
@@ -49,23 +47,19 @@ def main() -> None:
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    settings = SuiteSettings(
-        model_dir=str(FIXTURE_TARGET),
-        drafter_dir=str(FIXTURE_DRAFTER),
-        prompt_set="fixture",
-        pair_name="fixture",
+    settings = fixture_pair_settings(
         budgets=[int(b) for b in args.budgets.split(",")],
         limit=args.limit,
         max_new_tokens=args.max_new_tokens,
-        isolate=False,
         dtype=args.dtype,
         device="cpu",
         run_seed=args.run_seed,
     )
+    engines = {label: e for label, e in CATALOGUES[args.catalogue].items() if not args.only or args.only in label}
+    if not engines:
+        parser.error(f"--only {args.only!r} matches no engine of --catalogue {args.catalogue}")
     rows = []
-    for label, engine in CATALOGUES[args.catalogue].items():
-        if args.only and args.only not in label:
-            continue
+    for label, engine in engines.items():
         try:
             results = [
                 (r.check, r.status, r.message)
