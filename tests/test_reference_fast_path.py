@@ -164,10 +164,9 @@ def test_capacities_and_busy_time():
     assert busy_seconds([]) == 0
 
 
-def cuda_graphs_session(engine: str) -> SuiteSession:
-    settings, _ = build_settings(
-        {"engine": engine, "budgets": [16], "modes": ["ddtree"], "max_new_tokens": 12, "limit": 2, "isolate": False}
-    )
+def cuda_graphs_session(engine: str, **fields) -> SuiteSession:
+    base = {"engine": engine, "budgets": [16], "modes": ["ddtree"], "max_new_tokens": 12, "limit": 2, "isolate": False}
+    settings, _ = build_settings({**base, **fields})
     return SuiteSession(settings)
 
 
@@ -199,18 +198,7 @@ def test_cuda_graphs_check_skips_an_engine_that_cannot_switch():
 def test_in_bf16_the_graphs_on_run_is_judged_against_the_fp32_reference():
     """bf16: the graphs-on run's acceptance is judged as the acceptance check judges a run (round by round
     against the fp32 replay on its own outputs), not held to the graphs-off run's tau, which rounds differently."""
-    settings, _ = build_settings(
-        {
-            "engine": "reference",
-            "budgets": [16],
-            "modes": ["ddtree"],
-            "max_new_tokens": 24,
-            "limit": 4,
-            "isolate": False,
-            "dtype": "bfloat16",
-        }
-    )
-    session = SuiteSession(settings)
+    session = cuda_graphs_session("reference", max_new_tokens=24, limit=4, dtype="bfloat16")
     try:
         result = check_cuda_graphs(session, "ddtree", 16)
     finally:
