@@ -45,9 +45,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
+from typing import Protocol
 
 __all__ = [
     "ALPHA",
+    "Breach",
     "DRAFTER_TOP",
     "FP32_DRAFTER_FLIP_RATE",
     "FP32_DRAFTER_TOLERANCE",
@@ -148,9 +150,37 @@ class LeanTest:
         )
 
 
+class Described(Protocol):
+    """A round verdict as the limits read it: one line naming the round and both sides' lengths."""
+
+    def describe(self) -> str: ...
+
+
+class ExcusedRounds(Protocol):
+    """One run's replayed rounds as the limits read them: how many, and the excused ones of each kind
+    (first first; :class:`ddtree_conformance.replay.ReplayRun`)."""
+
+    rounds: int
+    target: Sequence[Described]  # excused as target near ties
+    drafter: Sequence[Described]  # excused as drafter near ties, confirmed by the engine's logits
+    longer: Sequence[Described]  # longer than the replay, unconfirmed
+    shorter: Sequence[Described]  # shorter than the replay, unconfirmed
+
+
+@dataclass(frozen=True)
+class Breach:
+    """The first limit a run's rounds break: what and by how much (``message``), and the first round
+    behind it (None for the tau test, which no single round breaks)."""
+
+    message: str
+    first: Described | None = None
+
+
 @dataclass(frozen=True)
 class RoundLimits:
-    """Everything the noise model allows one run's replayed rounds (:meth:`NoiseModel.round_limits`)."""
+    """Everything the noise model allows one run's replayed rounds (:meth:`NoiseModel.round_limits`), and
+    the judgement of a run against it (:meth:`breach`): a new limit is a field, its value in
+    :meth:`NoiseModel.round_limits` and its line in :meth:`breach`, all here."""
 
     confirmed_cap: int  # most rounds excused as drafter near ties on the engine's own logits
     ceiling: int  # most rounds excused as target near ties at the output's top-2 gaps
@@ -159,6 +189,50 @@ class RoundLimits:
     shorter_cap: int  # ... and shorter
     lean: LeanTest  # whether reported drafter logits lean toward the target's continuation
     tau: TauTest  # whether the engine accepts more than the replay beyond the noise
+
+    def breach(self, run: ExcusedRounds, tau: str) -> Breach | None:
+        """The first limit ``run`` breaks, in this order: more rounds excused as target near ties than the
+        ceiling a correct engine reaches at the output's top-2 gaps; more excused as (confirmed) drafter near
+        ties than the cap; drafter logits that earn those excuses while leaning toward the target; more
+        unconfirmed rounds of one direction (longer, then shorter) than their cap; the tau test. None when
+        ``run`` keeps every limit. ``tau`` ("tau X vs replay Y") ends the messages that quote it."""
+        n = run.rounds
+        if len(run.target) > self.ceiling:
+            return Breach(
+                f"{len(run.target)}/{n} rounds excused as target near-ties, above the ceiling {self.ceiling} "
+                f"a correct engine reaches at these gaps (expected <= {self.expected_near_ties:.1f}); first: "
+                f"{run.target[0].describe()}",
+                run.target[0],
+            )
+        if len(run.drafter) > self.confirmed_cap:
+            return Breach(
+                f"{len(run.drafter)}/{n} rounds excused as drafter near-ties, above the cap "
+                f"{self.confirmed_cap} a correct engine reaches ({run.drafter[0].describe()}); {tau}",
+                run.drafter[0],
+            )
+        if run.drafter and self.lean.fails:
+            return Breach(
+                f"{len(run.drafter)}/{n} rounds are excused as drafter near-ties by the engine's own drafter "
+                f"logits, but those logits are not blind to the target: on the rounds that agree with the replay "
+                f"{self.lean.describe()}; drafter logits moved toward the target's continuation earn no excuse; "
+                f"{tau}",
+                run.drafter[0],
+            )
+        for side, rounds, cap in (("longer", run.longer, self.longer_cap), ("shorter", run.shorter, self.shorter_cap)):
+            if len(rounds) > cap:
+                return Breach(
+                    f"{len(rounds)}/{n} rounds {side} than the fp32 replay where only a drafter near tie "
+                    f"could explain it and the engine gives no drafter logits to confirm one, above the cap "
+                    f"{cap} a correct engine reaches ({rounds[0].describe()}); {tau} "
+                    "(report drafter logits in traces to have drafter near ties confirmed)",
+                    rounds[0],
+                )
+        if self.tau.fails:
+            return Breach(
+                f"the engine accepts more than the fp32 reference on its own contexts beyond what low-precision "
+                f"noise allows: {self.tau.describe()}; {tau}"
+            )
+        return None
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,15 @@
-"""The noise model (conformance/noise.py): token calls, round caps, the tau test, the tie test."""
+"""The noise model (conformance/noise.py): token calls, round caps, the limits a run breaks, the tau test, the tie
+test."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field, replace
 
 import pytest
 
 from ddtree_conformance.calibration import load_calibration
-from ddtree_conformance.noise import ALPHA, FP32_TIE, NoiseModel, TokenCall
+from ddtree_conformance.noise import ALPHA, FP32_TIE, LeanTest, NoiseModel, RoundLimits, TauTest, TokenCall
 from ddtree_conformance.paths import FIXTURE_TARGET
 
 BF16 = NoiseModel("bfloat16", 0.3, 0.2, 0, (), "test", 0.05, 0.02, longer_rate=0.02, shorter_rate=0.03)
@@ -78,3 +80,69 @@ def test_the_fixture_model_names_its_provenance():
     engines = {source.split("@")[0] for source in model.calibrated_on}
     assert {"reference", "SplitKReductions", "OnlineSoftmaxAttention"} <= engines
     assert 0 < model.longer_rate < 0.05 and 0 < model.shorter_rate < 0.05 and model.tie_share > 0.5
+
+
+@dataclass(frozen=True)
+class _Round:
+    name: str
+
+    def describe(self) -> str:
+        return self.name
+
+
+@dataclass
+class _Rounds:
+    rounds: int = 400
+    target: list = field(default_factory=list)
+    drafter: list = field(default_factory=list)
+    longer: list = field(default_factory=list)
+    shorter: list = field(default_factory=list)
+
+
+KEPT = RoundLimits(
+    confirmed_cap=3,
+    ceiling=2,
+    expected_near_ties=0.5,
+    longer_cap=4,
+    shorter_cap=5,
+    lean=LeanTest(10, 5, 5, 0.0, 0.6),
+    tau=TauTest(400, 0, 0.0, 0.0, 0, 0, 0.5, 0.9),
+)
+
+
+def _n(kind: str, n: int) -> list:
+    return [_Round(f"{kind} round {i}") for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("rounds", "limits", "names", "first"),
+    [
+        (_Rounds(target=_n("target", 3)), KEPT, "3/400 rounds excused as target near-ties, above the ceiling 2", 0),
+        (_Rounds(drafter=_n("drafter", 4)), KEPT, "4/400 rounds excused as drafter near-ties, above the cap 3", 0),
+        (
+            _Rounds(drafter=_n("drafter", 1)),
+            replace(KEPT, lean=LeanTest(40, 35, 5, 4.7, 1e-5)),
+            "are excused as drafter near-ties by the engine's own drafter logits, but those logits are not blind",
+            0,
+        ),
+        (_Rounds(longer=_n("longer", 5)), KEPT, "5/400 rounds longer than the fp32 replay", 0),
+        (_Rounds(shorter=_n("shorter", 6)), KEPT, "6/400 rounds shorter than the fp32 replay", 0),
+        (_Rounds(), replace(KEPT, tau=TauTest(400, 40, 0.0, 6.3, 40, 0, 0.5, 1e-9)), "beyond what low-precision", None),
+        # the first limit broken names the breach: target near ties come before longer rounds
+        (_Rounds(target=_n("target", 3), longer=_n("longer", 9)), KEPT, "excused as target near-ties", 0),
+    ],
+)
+def test_a_run_breaks_the_first_limit_it_exceeds(rounds, limits, names, first):
+    breach = limits.breach(rounds, "tau 3.100 vs replay 3.000")
+    assert breach is not None and names in breach.message
+    if first is None:
+        assert breach.first is None and breach.message.endswith("tau 3.100 vs replay 3.000")
+    else:
+        assert breach.first.describe().endswith(f"round {first}")
+
+
+def test_a_run_at_every_limit_breaks_none():
+    at_caps = _Rounds(target=_n("t", 2), drafter=_n("d", 3), longer=_n("l", 4), shorter=_n("s", 5))
+    assert KEPT.breach(at_caps, "tau") is None
+    # leaning drafter logits cost nothing while they excuse no round
+    assert replace(KEPT, lean=LeanTest(40, 35, 5, 4.7, 1e-5)).breach(_Rounds(), "tau") is None

@@ -314,9 +314,9 @@ def _rounds_failed(name: str, run: ReplayRun, verdicts: list, details: dict, wha
 
 
 def _excused_within_caps(name: str, judged: JudgedRounds, rules: NoiseModel, details: dict) -> CheckResult:
-    """Target near-tie rounds within the ceiling, drafter ones within the cap, unconfirmed ones within theirs,
-    and the tau test passed (the noise model's :class:`~ddtree_conformance.noise.RoundLimits`). The limits and
-    the tests join the verdict's details (a new dict, not the caller's)."""
+    """The rounds within every limit of the noise model (:meth:`~ddtree_conformance.noise.RoundLimits.breach`):
+    target near-tie rounds within the ceiling, drafter ones within the cap, unconfirmed ones within theirs, the
+    tau test passed. The limits and the tests join the verdict's details (a new dict, not the caller's)."""
     run = judged.run
     limits = rules.round_limits(run.rounds, judged.top2, run.lean, run.differences())
     details = {
@@ -325,69 +325,17 @@ def _excused_within_caps(name: str, judged: JudgedRounds, rules: NoiseModel, det
         "unconfirmed_caps": {"longer": limits.longer_cap, "shorter": limits.shorter_cap},
         "tau_test": limits.tau.as_details(),
     }
-    failed = _above_caps(name, run, limits, details)
-    if failed is not None:
-        return failed
-    tau, ref_tau, tau_test = details["tau"], details["reference_tau"], limits.tau
-    if tau_test.fails:
-        return CheckResult.failed(
-            name,
-            f"the engine accepts more than the fp32 reference on its own contexts beyond what low-precision "
-            f"noise allows: {tau_test.describe()}; tau {tau:.3f} vs replay {ref_tau:.3f}",
-            **details,
-        )
+    tau, ref_tau = details["tau"], details["reference_tau"]
+    breach = limits.breach(run, f"tau {tau:.3f} vs replay {ref_tau:.3f}")
+    if breach is not None:
+        first = {} if breach.first is None else {"first_round": breach.first.__dict__}
+        return CheckResult.failed(name, breach.message, **first, **details)
     return CheckResult.passed(
         name,
         f"per-round acceptance equals the reference{_excused_rounds(run, limits)} over {run.rounds} rounds "
-        f"({details['source']}); tau {tau:.3f} vs {ref_tau:.3f}; tau test p <= {tau_test.p_value:.2g}",
+        f"({details['source']}); tau {tau:.3f} vs {ref_tau:.3f}; tau test p <= {limits.tau.p_value:.2g}",
         **details,
     )
-
-
-def _above_caps(name: str, run: ReplayRun, limits: RoundLimits, details: dict) -> CheckResult | None:
-    """The first of: more rounds excused as target near ties than the ceiling a correct engine reaches at the
-    output's top-2 gaps; more excused as (confirmed) drafter near ties than the cap; drafter logits that earn
-    those excuses while leaning toward the target; more unconfirmed rounds of one direction (longer, then
-    shorter) than their cap. None when the rounds keep every limit."""
-    tau = f"tau {details['tau']:.3f} vs replay {details['reference_tau']:.3f}"
-    if len(run.target) > limits.ceiling:
-        return CheckResult.failed(
-            name,
-            f"{len(run.target)}/{run.rounds} rounds excused as target near-ties, above the ceiling {limits.ceiling} "
-            f"a correct engine reaches at these gaps (expected <= {limits.expected_near_ties:.1f}); first: "
-            f"{run.target[0].describe()}",
-            first_round=run.target[0].__dict__,
-            **details,
-        )
-    if len(run.drafter) > limits.confirmed_cap:
-        return CheckResult.failed(
-            name,
-            f"{len(run.drafter)}/{run.rounds} rounds excused as drafter near-ties, above the cap "
-            f"{limits.confirmed_cap} a correct engine reaches ({run.drafter[0].describe()}); {tau}",
-            first_round=run.drafter[0].__dict__,
-            **details,
-        )
-    if run.drafter and limits.lean.fails:
-        return CheckResult.failed(
-            name,
-            f"{len(run.drafter)}/{run.rounds} rounds are excused as drafter near-ties by the engine's own drafter "
-            f"logits, but those logits are not blind to the target: on the rounds that agree with the replay "
-            f"{limits.lean.describe()}; drafter logits moved toward the target's continuation earn no excuse; {tau}",
-            first_round=run.drafter[0].__dict__,
-            **details,
-        )
-    for side, rounds, cap in (("longer", run.longer, limits.longer_cap), ("shorter", run.shorter, limits.shorter_cap)):
-        if len(rounds) > cap:
-            return CheckResult.failed(
-                name,
-                f"{len(rounds)}/{run.rounds} rounds {side} than the fp32 replay where only a drafter near tie "
-                f"could explain it and the engine gives no drafter logits to confirm one, above the cap "
-                f"{cap} a correct engine reaches ({rounds[0].describe()}); {tau} "
-                "(report drafter logits in traces to have drafter near ties confirmed)",
-                first_round=rounds[0].__dict__,
-                **details,
-            )
-    return None
 
 
 def _excused_rounds(run: ReplayRun, limits: RoundLimits) -> str:
