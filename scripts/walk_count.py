@@ -11,8 +11,9 @@ comprehensions and lambdas, which are read with the function that holds them.
 
 Two walks: *cold*, the acceptance check as the run's only check, where it starts the engine and loads the
 prompts itself; and *after the front ends' setup*: both front ends (``ddtree-conformance check`` and the
-pytest route) call ``session.require_support()`` before any check, which starts the engine and reads its
-capabilities, so a function met there is not met again inside the check. ``--list`` and ``--functions``
+pytest route) hold the oracle files (``oracle.hold``) and call ``session.require_support()`` before any
+check, which reads the noise model, starts the engine and reads its capabilities, so a function met there is
+not met again inside the check. ``--list`` and ``--functions``
 show the second.
 
     python scripts/walk_count.py [--list] [--functions]

@@ -82,17 +82,17 @@ class SuiteSession:
         return self.engines.capabilities
 
     def require_support(self) -> None:
-        """Refuse, before any check runs, what this run cannot do: a broken low-precision calibration
-        (bad input, named) and settings beyond the engine's capabilities (one ``SettingsError``)."""
+        """Refuse, before any check runs, what this run cannot do: a broken calibration of the run's dtype
+        (bad input, named) and settings beyond the engine's capabilities (one ``SettingsError``). The noise
+        model is read before the engine starts."""
 
-        def check_calibration() -> None:
-            if self.settings.dtype != "float32":
-                try:
-                    rules_for(self.settings)
-                except CalibrationError as exc:
-                    raise SettingsError(str(exc)) from None
+        def check_inputs() -> None:
+            try:
+                rules_for(self.settings)
+            except CalibrationError as exc:
+                raise SettingsError(str(exc)) from None
 
-        self.engines.require_support(check_calibration)
+        self.engines.require_support(check_inputs)
 
     # -- inputs (SuiteInputs) --------------------------------------------------------------------
     @property

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ddtree_conformance.checks import CheckResult, plan, run_plan
+from ddtree_conformance.oracle import hold as hold_oracle
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.session import EngineFactory, SuiteSession, SuiteSettings
 
@@ -35,14 +36,15 @@ def plan_and_run(
     """The results of ``plan(settings, names)`` run on ``engine`` (an engine class is a factory: it is
     called with the pair's model and drafter directories); None runs the settings' engine. ``exact``:
     ``names`` are whole check ids (``sampling/ddtree-B16/T=1`` without ``.../T=1,top_k=3``).
-    ``require_support``: refuse what the run cannot do first (the engine started, its capabilities read),
-    as both front ends do before any check."""
+    ``require_support``: what both front ends do before any check: hold the oracle files, then refuse what
+    the run cannot do (the noise model and prompts read, the engine started, its capabilities read)."""
     checks = plan(settings, None if names is None else list(names))
     if exact:
         checks = [c for c in checks if c.id in names]
     session = SuiteSession(settings, engine_factory=engine)
     try:
         if require_support:
+            hold_oracle(session)
             session.require_support()
         return run_plan(session, checks)
     finally:
