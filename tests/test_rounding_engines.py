@@ -92,10 +92,12 @@ def test_longer_rounds_of_a_black_box_that_rounds_differently_pass_in_bfloat16()
     )
     results = plan_and_run(settings, rounding.SplitKReductionsBlackBox, ["acceptance"])
     assert [r.status for r in results] == ["pass", "pass"], [r.message for r in results]
+    # which rounds come out longer depends on the CPU's bf16 kernels (chat-03 round 4 on an AVX-512 machine,
+    # chat-01 round 8 on one with AMX-BF16): that there are some, and that they pass, does not
     longer = [v for r in results for v in r.details["longer_unconfirmed_rounds"]]
-    assert any("chat-03 round 4: engine length 7" in v for v in longer), longer
-    for r in results:
-        assert r.details["tau_test"]["p_value"] > 1e-3 and "unconfirmed rounds" in r.message
+    assert longer and all("engine length" in v and "no drafter logits to confirm" in v for v in longer), longer
+    assert all(r.details["tau_test"]["p_value"] > 1e-3 for r in results)
+    assert any("unconfirmed rounds" in r.message for r in results)
 
 
 def test_an_engine_that_rounds_another_way_in_a_batch_passes_context_range_in_bfloat16():

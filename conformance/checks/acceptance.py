@@ -44,19 +44,19 @@ def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> Ch
     caps = session.capabilities
     if mode not in caps.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
+    labels = [p.id for p in session.prompts]
     results = session.run(mode, budget)
-    unusable = _unusable(session, mode, results)
+    unusable = _unusable(session, mode, labels, results)
     if unusable:  # nothing to diagnose a tree policy from
         return CheckResult.failed(name, unusable)
     if not caps.per_round(mode) and not reports_aggregates(results):
         return CheckResult.skipped(name, NO_ACCEPTANCE)
-    return _named_policy(session, mode, budget, results, _judge(session, name, mode, budget, results))
+    return _named_policy(session, mode, budget, results, _judge(session, name, Run(mode, budget), labels, results))
 
 
-def _unusable(session: SuiteSession, mode: str, results: list[RequestResult]) -> str | None:
-    """Why the engine's results cannot be judged at all: an error, or per-round acceptance promised
-    and missing; None when they can."""
-    labels = [p.id for p in session.prompts]
+def _unusable(session: SuiteSession, mode: str, labels: list[str], results: list[RequestResult]) -> str | None:
+    """Why the engine's results (of the prompts ``labels`` name) cannot be judged at all: an error, or
+    per-round acceptance promised and missing; None when they can."""
     for label, result in zip(labels, results):
         if result.error:
             return f"engine error on {label}: {result.error.splitlines()[0]}"
@@ -70,14 +70,11 @@ def _unusable(session: SuiteSession, mode: str, results: list[RequestResult]) ->
     return None
 
 
-def _judge(
-    session: SuiteSession, name: str, mode: str, budget: int | None, results: list[RequestResult]
-) -> CheckResult:
+def _judge(session: SuiteSession, name: str, run: Run, labels: list[str], results: list[RequestResult]) -> CheckResult:
     """Round by round where the engine reports per-round lengths, else on its aggregates."""
-    caps, run = session.capabilities, Run(mode, budget)
-    labels = [p.id for p in session.prompts]
-    per_round = caps.per_round(mode)  # every result holds its lengths (_unusable)
-    traced_run = partial(_traced_prompt, session, run) if per_round and caps.traced(mode) else None
+    caps = session.capabilities
+    per_round = caps.per_round(run.mode)  # every result holds its lengths (_unusable)
+    traced_run = partial(_traced_prompt, session, run) if per_round and caps.traced(run.mode) else None
     rounds = RoundsUnderTest(labels, session.requests(), results)
     return judge_run_acceptance(session, name, run, rounds, per_round=per_round, traced_run=traced_run)
 

@@ -3,7 +3,7 @@
 Checks ask the session for runs (``session.run("ddtree", 32, trace=True)``); the session asks the engine
 once per distinct (engine, run, requests) and keeps the validated results. Three parts do the work:
 
-* :class:`~.inputs.SuiteInputs`: settings, prompts, requests, runs and their configs;
+* :class:`~.inputs.SuiteInputs`: settings, prompts, requests and runs;
 * :class:`~.engines.EngineLifecycle`: starting the engines (in their own process unless ``isolate``
   is off), capabilities, the engine's failure state, and every validated ``generate`` call;
 * :class:`~.store.RunStore`: memoised results, read through :meth:`~.store.RunStore.runs`, and the
@@ -106,7 +106,7 @@ class SuiteSession:
         return self.inputs.labels(requests)
 
     def config(self, mode: Mode, budget: int | None = None) -> RunConfig:
-        return self.inputs.config(self.inputs.run(mode, budget))
+        return self.inputs.run(mode, budget).config(self.settings.dtype, self.settings.device)
 
     @property
     def scorer(self):
@@ -127,9 +127,8 @@ class SuiteSession:
     ) -> list[RequestResult]:
         """Results for ``requests`` (default: the prompt set) under one configuration, memoised
         (:meth:`results`). ``tensor_parallel_size`` defaults to the settings' (the TP check asks for 1 and N)."""
-        run = self.inputs.run(
-            mode, budget, trace=trace, draft_logits=trace_draft_logits, tensor_parallel_size=tensor_parallel_size
-        )
+        tp = tensor_parallel_size or self.settings.tensor_parallel_size
+        run = Run(mode, budget, trace=trace, draft_logits=trace_draft_logits, tensor_parallel_size=tp)
         return self.results(run, requests, engine, together=together)
 
     def results(
@@ -139,9 +138,10 @@ class SuiteSession:
         engine under test), memoised; validated by the integrity rules. The engine gets them shuffled
         and mixed with other checks' requests (:mod:`.mixing`), unless ``together``: then it gets
         exactly this batch, in this order (checks about batching)."""
-        requests = requests if requests is not None else self.requests()
+        requests = requests if requests is not None else self.inputs.requests()
+        labels = self.inputs.labels(requests)
         engine = engine or self.engine
-        info, labels = self.engines.info(engine), self.labels(requests)
+        info = self.engines.info(engine)
         key = StoreKey.of(id(engine), run, requests)
         if self.failure is not None and not self.store.has(key):
             raise self.dead_again()
@@ -154,13 +154,13 @@ class SuiteSession:
     def _call(
         self, engine: Engine, run: Run, requests: list[Request], labels: list[str], together: bool
     ) -> list[RequestResult]:
-        config = self.inputs.config(run)
+        config = run.config(self.settings.dtype, self.settings.device)
         if together or not requests:
             return self.engines.generate(engine, requests, config, labels)[0]
         pool = [pair for pair in self.store.answered(id(engine), run) if pair[0] not in requests]
         arrangement = self.mixer.arrange(len(requests), pool)
-        companions = [request for request, _ in arrangement.companions]
-        results, again = self.engines.generate(engine, requests, config, labels, arrangement, self.labels(companions))
+        companion_labels = self.inputs.labels([request for request, _ in arrangement.companions])
+        results, again = self.engines.generate(engine, requests, config, labels, arrangement, companion_labels)
         if self.settings.dtype == "float32":
             self._compare_companions(engine, run, arrangement, again)
         return results
@@ -171,7 +171,7 @@ class SuiteSession:
         """A companion whose greedy output changed with its company fails the check that saw it (module
         :mod:`.mixing`): it is noted as a used run holding one error result."""
         info = self.engines.info(engine)
-        labels = self.labels([request for request, _ in arrangement.companions])
+        labels = self.inputs.labels([request for request, _ in arrangement.companions])
         for label, message in changed_companions(arrangement, again, labels, run.label):
             self.store.note_use(info, run, [error_result(message)], [label])
 

@@ -2,9 +2,8 @@
 
 :class:`SuiteInputs` reads the prompt set once (formatted for the pair, cut to ``limit``), draws the
 run's held-out prompts from the set's source (:mod:`ddtree_conformance.held_out`), builds
-the default requests, turns a mode and budget into a :class:`~ddtree_conformance.run.Run` with the
-session's tensor-parallel size, and a run into the engine's ``RunConfig`` at the session's dtype
-and device. :meth:`SuiteInputs.labels` names requests in messages.
+the default requests, and turns a mode and budget into a :class:`~ddtree_conformance.run.Run` with the
+session's tensor-parallel size. :meth:`SuiteInputs.labels` names requests in messages.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 import math
 from functools import cached_property
 
-from ..adapters.interface import Mode, Request, RunConfig
+from ..adapters.interface import Mode, Request
 from ..held_out import PromptSource, held_out_prompts, prompt_source
 from ..prompts import Prompt, format_prompts, load_prompts
 from ..run import Run
@@ -85,9 +84,6 @@ class SuiteInputs:
         """The :class:`Run` of ``mode`` at ``budget``; the tensor-parallel size defaults to the settings'."""
         tp = tensor_parallel_size or self.settings.tensor_parallel_size
         return Run(mode, budget, trace=trace, draft_logits=draft_logits, tensor_parallel_size=tp)
-
-    def config(self, run: Run) -> RunConfig:
-        return run.config(self.settings.dtype, self.settings.device)
 
     def labels(self, requests: list[Request]) -> list[str]:
         """How messages name each request: its prompt id when it is a prompt of the set."""
