@@ -44,6 +44,7 @@ import torch
 
 from ddtree_conformance.adapters.interface import Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.cuda_wait import wait_for_gpu
 from ddtree_conformance.testing.shaped_pair import SHAPES, build_shaped_pair, random_prompts
 
 STAGES = ("draft", "build", "compile", "verify", "walk", "tree_round", "commit")
@@ -62,6 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-busy", action="store_true", help="skip the profiled calls (GPU-busy share)")
     p.add_argument("--total-budget-s", type=float, default=300.0, help="start no budget after this much wall time")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--cuda-wait", default="auto", help="how the process waits for the GPU (cuda_wait.WAIT_MODES)")
     p.add_argument("--out", type=Path, required=True, help="output folder")
     return p.parse_args(argv)
 
@@ -112,6 +114,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     if args.threads:
         torch.set_num_threads(args.threads)
+    wait = wait_for_gpu(args.cuda_wait, args.device)
     args.out.mkdir(parents=True, exist_ok=True)
     dtype = getattr(torch, args.dtype)
     target_dir, drafter_dir, target, drafter = build_shaped_pair(
@@ -150,6 +153,7 @@ def main(argv=None) -> int:
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
         "torch": torch.__version__,
+        "cuda_wait": wait,
         "hooks": hooks,
         "clock": "CUDA events" if args.device.startswith("cuda") else "host perf_counter",
         "device_name": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",

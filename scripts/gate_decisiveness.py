@@ -106,6 +106,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--state", type=Path, default=None, help="kept across calls on one machine (default: --out)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--cuda-wait",
+        default="auto",
+        choices=["auto", "spin", "yield", "blocking"],
+        help="how the process waits for the GPU (ddtree_conformance.cuda_wait; auto: CUDA's choice, a spin here)",
+    )
     p.add_argument("--summarise", type=Path, nargs="*", default=None, help="only summarise these trials.jsonl files")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args(argv)
@@ -319,6 +325,12 @@ def main(argv=None) -> int:
     from ddtree_conformance.testing import slow_engines
 
     started = time.perf_counter()
+    wait = "-"
+    if args.device.startswith("cuda"):
+        from ddtree_conformance.cuda_wait import wait_for_gpu
+
+        wait = wait_for_gpu(args.cuda_wait, args.device)  # before the pair loads: the whole run waits this way
+        print(f"CUDA wait mode: {wait}", flush=True)
     names = [n.strip() for n in args.engines.split(",") if n.strip()]
     gates = [g.strip() for g in args.gates.split(",") if g.strip()]
     if set(names) - set(ENGINES) or set(gates) - set(GATES):
@@ -419,6 +431,7 @@ def main(argv=None) -> int:
         "warmup_s": round(warmup_s, 1),
         "baseline_s": round(baseline_s, 1),
         "torch": torch.__version__,
+        "cuda_wait": wait,
     }
     first_call = state_dir / "first-call.json"
     if not first_call.exists():
@@ -495,6 +508,7 @@ def main(argv=None) -> int:
                 "minute": round((time.time() - epoch0) / 60, 2),
                 "stress": args.stress if stressed else 0,
                 "stress_settle_s": args.stress_settle_s if stressed else 0,
+                "cuda_wait": wait,
                 "engine": name,
                 "gate": gate,
                 "label": "A/A" if (gate == "ab" and name == "correct") else name,

@@ -98,7 +98,7 @@ for job in "$@"; do
         --budgets 32,256 --new-tokens 32 --out "$WORK/equality-8b" || echo "equality-8b: exit $?" ;;
     rounds)
       timeout 200 python3 scripts/bench_reference_stages.py --shape 8b --device cuda --dtype bfloat16 \
-        --paths "${PATHS:-eager,graphs,fast,fast-device}" --prompt-len 512 --new-tokens "${ROUND_TOKENS:-16}" \
+        --paths "${PATHS:-eager,graphs,fast,fast-device}" --cuda-wait "${WAIT:-auto}" ${BUDGETS:+--budgets $BUDGETS} --prompt-len 512 --new-tokens "${ROUND_TOKENS:-16}" \
         --repeats "${ROUND_REPEATS:-2}" --total-budget-s 170 --out "$WORK/rounds" || echo "rounds: exit $?" ;;
     gpu-tests)
       timeout 120 python3 -m pytest -q -p no:cacheprovider -p ddtree_conformance.pytest_plugin -m gpu \
@@ -117,7 +117,7 @@ for job in "$@"; do
       python3 scripts/ab_bias.py --pool "$WORK"/aa-procs/run-*.json | tee "$WORK/aa-procs/pooled.json" ;;
     trials-29)
       timeout "$(( ${TOTAL_BUDGET:-420} + 150 ))" python3 scripts/gate_decisiveness.py --pair 8b --device cuda \
-        --dtype bfloat16 --cuda-graphs on --engines correct,verify+5% --gates ab,stored --prompts 1 --prompt-len 128 \
+        --dtype bfloat16 --cuda-graphs on --engines correct,verify+5% --gates "${GATES:-ab,stored}" --cuda-wait "${WAIT:-auto}" --prompts 1 --prompt-len 128 \
         --new-tokens 64 --budget 32 --band 0.02 --baseline-repeats "${BASELINE_REPEATS:-20}" \
         --trial-budget-s "${TRIAL_BUDGET:-54}" --max-repeats 60 --total-budget-s "${TOTAL_BUDGET:-420}" \
         --stress "${STRESS:-16}" --stress-settle-s "${STRESS_SETTLE:-5}" --stress-every "${STRESS_EVERY:-2}" --state "${STATE:-/tmp/trials-29}" \
