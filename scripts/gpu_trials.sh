@@ -44,6 +44,8 @@
 #                     mutants, each reporting aggregates only (scripts/aggregate_bands.py), AGG_DTYPES (bfloat16
 #                     float16) x run seeds AGG_SEEDS (1 2 3), limits 7 20 40, one process per dtype and seed on the
 #                     device AGG_DEVICE (cpu: the 16 cores) -> $WORK/aggregates/DTYPE-sSEED.{json,log}
+#   profile-rounding  issue 28: one cell of the rounding catalogue (PROFILE_ONLY, PROFILE_DTYPE, PROFILE_LIMIT 5 prompts)
+#                     under cProfile on ROUND_DEVICE (cuda): where a CUDA cell's time goes -> $WORK/profile/
 #   pieces            issue 29 item 4: the tree build, verify inputs and greedy walk as the fast path runs them
 #                     (host, with reads back) against device_tree/device_verify/device_walk, B = 16..1024, equal
 #                     or not -> $WORK/pieces/table.md                                          (~2 minutes)
@@ -141,6 +143,17 @@ for job in "$@"; do
           --check ${ROUND_CHECKS:-lossless acceptance context-range near-ties golden tree-structure branch-vs-chain} \
           --json "$WORK/rounding/$0-$1-$2.json" >"$WORK/rounding/$0-$1-$2.log" 2>&1'
       grep -h "^| \|NOT CAUGHT" "$WORK"/rounding/*.log ;;
+    profile-rounding)  # issue 28: where one CUDA cell of the rounding catalogue spends its time (cProfile, one process)
+      mkdir -p "$WORK/profile"
+      timeout "${PROFILE_TIMEOUT:-240}" python3 -m cProfile -o "$WORK/profile/cell.prof" scripts/mutation_table.py \
+        --catalogue "${PROFILE_CATALOGUE:-rounding}" --device "${ROUND_DEVICE:-cuda}" --dtype "${PROFILE_DTYPE:-bfloat16}" \
+        --limit "${PROFILE_LIMIT:-5}" --max-new-tokens 64 --budgets 16,64 --run-seed 1 --threads 1 \
+        --only "${PROFILE_ONLY:-KV cache in float32}" \
+        --check lossless acceptance context-range near-ties golden tree-structure branch-vs-chain >"$WORK/profile/cell.log" 2>&1
+      tail -3 "$WORK/profile/cell.log"
+      python3 -c "import pstats, sys; p = pstats.Stats(sys.argv[1]); p.sort_stats('tottime').print_stats(25); \
+p.sort_stats('cumulative').print_stats(45)" "$WORK/profile/cell.prof" >"$WORK/profile/top.txt" 2>&1
+      grep -A28 "ncalls" "$WORK/profile/top.txt" | head -30 ;;
     aggregates)
       mkdir -p "$WORK/aggregates"; export WORK
       for dtype in ${AGG_DTYPES:-bfloat16 float16}; do for seed in ${AGG_SEEDS:-1 2 3}; do echo "$dtype $seed"; done; done |
@@ -160,7 +173,7 @@ for job in "$@"; do
         --jobs "${CAL_JOBS:-16}" --limit "${CAL_LIMIT:-80}" --flip-limit "${CAL_FLIP_LIMIT:-24}" \
         --budgets "${CAL_BUDGETS:-16,64,256}" --manifest "$WORK/manifest-$device.json" 2>&1 |
         grep -v "Loading weights\|FutureWarning\|forward_call" || echo "$job: exit $?" ;;
-    *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, aggregates, pieces, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
+    *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, aggregates, pieces, profile-rounding, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
   esac
   echo "job $job: $((SECONDS - started)) s"
   pack
