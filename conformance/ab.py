@@ -262,6 +262,7 @@ def measure_ab(
         sampler=sampler,
         prime=prime,
     )
+    plan = measured.plan or plan  # as re-planned within the time budget: the report's looks and levels
     runs = [_ab_run(label, config, measured, plan, edge, spread) for label, config in configs.items()]
     ab = {
         "tolerance": tolerance,

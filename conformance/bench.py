@@ -206,6 +206,7 @@ def run_bench(
     measured = measure(
         arms, requests, streams, repeats=repeats, plan=plan, warmup=warmup, on_step=on_step, now=now, sampler=sampler
     )
+    plan = measured.plan or plan  # as re-planned within the time budget: the report's looks and levels
     report = _report(
         measured.history, measured.first, list(zip(labels, runs)), measured.stop, edges, plan, bool(edges), repeats
     )

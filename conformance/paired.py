@@ -178,6 +178,7 @@ class Measured:
     stop: dict[str, dict]
     settings: dict[str, dict] = field(default_factory=dict)  # per arm: what every call ran under
     warmup: dict = field(default_factory=dict)  # rounds, seconds, steady, reason, per-round times and states
+    plan: SequentialPlan | None = None  # the plan the streams stopped under (re-planned within the budget)
 
 
 MIXED = "mixed"
@@ -276,6 +277,8 @@ def measure(
         history.append(repeat)
         n = len(history)
         elapsed = now() - started
+        if sequential and n == plan.min_repeats:  # before the first look: drop looks the budget cannot reach
+            plan = plan.within_budget(n, elapsed)
         for stream in list(active):
             entry = _stream_stop(stream, history, elapsed, plan=plan, sequential=sequential, repeats=repeats)
             if entry is not None:
@@ -287,7 +290,7 @@ def measure(
                     "fixed", f"measured alongside the banded runs ({n} repeats)", n, elapsed
                 )
             active = []
-    return Measured(history, first, stop, settings, warm)
+    return Measured(history, first, stop, settings, warm, plan)
 
 
 @dataclass(frozen=True)
@@ -362,11 +365,12 @@ def _stream_stop(
     if not sequential and n >= repeats:
         return _stop_entry("fixed", f"{repeats} fixed repeats", n, elapsed)
     if sequential and capped:
-        why = (
-            f"time budget {plan.time_budget_s:g} s spent"
-            if elapsed >= plan.time_budget_s
-            else f"repeat cap {plan.max_repeats} reached"
-        )
+        if elapsed >= plan.time_budget_s:
+            why = f"time budget {plan.time_budget_s:g} s spent"
+        elif plan.budget_cap:
+            why = f"time budget {plan.time_budget_s:g} s spent (at this pace it holds {plan.max_repeats} repeats)"
+        else:
+            why = f"repeat cap {plan.max_repeats} reached"
         banded = stream.edge is not None
         return _stop_entry(
             "inconclusive" if banded else "fixed",

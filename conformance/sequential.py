@@ -20,6 +20,13 @@ at every repeat and ``alpha_k = alpha / (k (k + 1))`` (this module's first metho
 at ``alpha / 1640``; measured on one H200 (8B-shaped pair, +5 % verify mutant), that left the
 mutant inconclusive at the 60 s per-verdict budget, where planned looks decide it.
 
+**Looks the time budget cannot reach are dropped.** After ``min_repeats`` repeats, before their look,
+the run re-plans once (:meth:`SequentialPlan.within_budget`): the repeat cap falls to the repeats the time
+budget holds at the pace so far, and ``K`` counts only the looks up to it. Measured on the H200 trials
+of issue 29 (8B-shaped pair, about 3 s a repeat, 54 s a verdict): looks 3, 5, 8, 12, 17 instead of 3 ..
+60, so every look runs at alpha / 5 instead of alpha / 8. A slower stretch later only ends the run at
+the budget before the last planned look; the union bound still holds (at most ``K`` looks).
+
 **Verdict against an edge L** (the baseline's ``value - band``): ``pass`` when the whole interval
 is at or above L, ``regression`` when it is entirely below L, otherwise undecided (``None``): go on
 repeating, or, once the time budget is spent, ``inconclusive``.
@@ -32,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -69,6 +76,7 @@ class SequentialPlan:
     max_repeats: int = 60
     time_budget_s: float = 600.0
     growth: float = 1.5
+    budget_cap: bool = False  # max_repeats is what the time budget holds at the run's pace (within_budget)
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 0.5:
@@ -81,6 +89,18 @@ class SequentialPlan:
             raise ValueError(f"time_budget_s must be > 0, got {self.time_budget_s}")
         if not self.growth > 1:
             raise ValueError(f"growth must be > 1, got {self.growth}")
+
+    def within_budget(self, repeats_done: int, elapsed_s: float) -> SequentialPlan:
+        """This plan with its repeat cap lowered to what the time budget holds at the pace of the first
+        ``repeats_done`` repeats (never below them or ``min_repeats``): planned looks the budget cannot
+        reach would each still take a share of alpha, so dropping them before the first look narrows
+        every interval the run will see. :func:`~ddtree_conformance.paired.measure` re-plans once, after
+        ``min_repeats`` repeats and before their look; the pace is timing alone, not the ratios looked at."""
+        if repeats_done < 1 or elapsed_s <= 0:
+            return self
+        reachable = int(self.time_budget_s * repeats_done / elapsed_s)
+        cap = max(self.min_repeats, repeats_done, min(self.max_repeats, reachable))
+        return self if cap >= self.max_repeats else replace(self, max_repeats=cap, budget_cap=True)
 
     def looks(self) -> tuple[int, ...]:
         """The planned look points (repeat counts), ``min_repeats`` .. ``max_repeats``."""
@@ -103,6 +123,7 @@ class SequentialPlan:
             "time_budget_s": self.time_budget_s,
             "growth": self.growth,
             "looks": list(self.looks()),
+            "max_repeats_from_budget": self.budget_cap,
         }
 
 

@@ -167,6 +167,25 @@ def test_a_ratio_inside_the_noise_is_inconclusive_when_the_budget_runs_out():
     assert exit_code(evaluate(part)) == 3 and part["verdict"]["status"] == "inconclusive"
 
 
+def test_looks_the_time_budget_cannot_reach_are_dropped_and_the_gate_reads_the_same_plan():
+    candidate, baseline, clock, _ = simulated_pair(0.01 / 0.95)  # on the edge: runs until the budget
+    part = measure_ab(
+        candidate,
+        baseline,
+        REQUESTS,
+        {"ddtree-B16": CONFIGS["ddtree-B16"]},
+        tolerance=0.05,
+        now=lambda: clock[0],
+        plan=SequentialPlan(max_repeats=60, time_budget_s=2.0),
+    )
+    ab = part["runs"][0]["ab"]
+    assert part["ab"]["plan"]["max_repeats_from_budget"] is True
+    assert ab["max_repeats"] < 60 and ab["looks_planned"] < 8 and ab["stop"]["repeats"] <= ab["max_repeats"]
+    assert ab["look_alpha"] == pytest.approx(0.05 / ab["looks_planned"])
+    (row,) = evaluate(part)  # the gate's interval, recomputed from the samples at the re-planned level
+    assert row.measured == f"{ab['estimate']:.3f} [{ab['ci_low']:.3f}, {ab['ci_high']:.3f}]"
+
+
 def test_the_gate_recomputes_the_interval_from_the_samples():
     candidate, baseline, clock, _ = simulated_pair(0.0125)
     part = measure_ab(candidate, baseline, REQUESTS, CONFIGS, now=lambda: clock[0])

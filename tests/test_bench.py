@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from ddtree_conformance.adapters.interface import Capabilities, Engine, Request, RequestResult, RunConfig, Timings
 from ddtree_conformance.bench import Arm, BenchError, Stream, call_timing, measure, run_bench
 from ddtree_conformance.cli import app
-from ddtree_conformance.sequential import SequentialPlan
+from ddtree_conformance.sequential import SequentialPlan, planned_looks
 from ddtree_conformance.testing.random_pair import write_random_pair
 
 
@@ -132,7 +132,10 @@ def test_sequential_runs_out_of_time_inconclusive():
     out = run_bench(engine, REQUESTS, config, [("ddtree", 16)], edges={"ddtree-B16": 1.5}, plan=plan, now=engine.now)
     sp = out["runs"][1]["speedup"]
     assert sp["stop"]["decision"] == "inconclusive" and "time budget 5 s spent" in sp["stop"]["reason"]
-    assert 5 <= sp["stop"]["elapsed_s"] < 6 and sp["stop"]["repeats"] < 1000
+    # re-planned after 3 repeats: the cap is what 5 s hold at their pace, so the run ends within a repeat of it
+    assert 4.3 <= sp["stop"]["elapsed_s"] < 6 and sp["stop"]["repeats"] == sp["max_repeats"] < 1000
+    assert sp["looks_planned"] == len(planned_looks(3, sp["max_repeats"], 1.5)) < len(planned_looks(3, 1000, 1.5))
+    assert out["bench"]["plan"]["max_repeats_from_budget"] is True
     assert sp["ci_low"] < 1.5 <= sp["ci_high"]
 
 

@@ -64,6 +64,17 @@ def test_planned_looks_spend_exactly_alpha():
         SequentialPlan(growth=1.0)
 
 
+def test_a_plan_within_its_budget_drops_only_the_looks_the_budget_cannot_reach():
+    plan = SequentialPlan(alpha=ALPHA, min_repeats=3, max_repeats=60, time_budget_s=54.0)
+    paced = plan.within_budget(3, 9.6)  # 3.2 s a repeat, as on the H200 trials: 16 repeats fit in 54 s
+    assert paced.max_repeats == 16 and paced.budget_cap and paced.looks() == (3, 5, 8, 12, 16)
+    assert paced.look_alpha == pytest.approx(ALPHA / 5) and plan.look_alpha == pytest.approx(ALPHA / 8)
+    assert paced.as_report()["max_repeats_from_budget"] is True
+    assert plan.within_budget(3, 0.3) is plan  # a fast run: the budget holds more than the cap, nothing changes
+    assert plan.within_budget(3, 600.0).max_repeats == 3  # never below the repeats already done
+    assert plan.within_budget(0, 1.0) is plan and plan.within_budget(3, 0.0) is plan
+
+
 def test_interval_is_the_t_interval_of_the_logs():
     samples = [1.52, 1.49, 1.55, 1.50, 1.47, 1.53]
     iv = ratio_interval(samples, 0.05)
