@@ -23,7 +23,9 @@
 #                     it; each trial times at most $TRIAL_BUDGET (54) s, so that a verdict, its priming calls and
 #                     its last repeat's overshoot included, stays within one GPU-minute; trials until $TOTAL_BUDGET (420) s.
 #                     Rows accumulate in $STATE (/tmp/trials-29) across calls on one warm machine: call it again to
-#                     spread the trials over 20 minutes or more -> $WORK/trials-29/ (~8 minutes a call)
+#                     spread the trials over 20 minutes or more -> $WORK/trials-29/ (~8 minutes a call); GATES (ab,stored)
+#                     narrows the gates, WAIT (auto) sets how the process waits for the GPU (cuda_wait.py: auto, spin,
+#                     blocking; 2026-12-05: blocking measured, not adopted); also read by `rounds` (with BUDGETS)
 #   aa-procs          issue 29: A/A with each build in its own process, as `bench --against` runs it (the trials
 #                     above run both builds in one process): $AA_RUNS (3) runs of 40 repeats, fixture pair, CUDA,
 #                     B=16, then the runs pooled (between-run sd: the per-process offset no run's interval

@@ -38,7 +38,8 @@ def test_gate_decisiveness_writes_its_table(tmp_path):
         "correct,build+2ms",
     ]
     args += ["--prompts", "1", "--prompt-len", "8", "--new-tokens", "6", "--budget", "4", "--baseline-repeats", "3"]
-    args += ["--max-repeats", "4", "--threads", "1", "--stress", "1", "--warmup-s", "5", "--state", str(state)]
+    args += ["--max-repeats", "4", "--threads", "1", "--stress", "1", "--stress-settle-s", "0.2", "--warmup-s", "5"]
+    args += ["--state", str(state)]  # the load settles 0.2 s, not 5 s: four stressed trials, 19 s less of sleep
     assert main([*args, "--out", str(out)]) == 0
     rows = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
     assert sorted((r["label"], r["gate"]) for r in rows) == [
@@ -47,7 +48,7 @@ def test_gate_decisiveness_writes_its_table(tmp_path):
         ("build+2ms", "stored"),
         ("correct", "stored"),
     ]
-    assert [r["stress"] for r in rows] == [0, 1, 0, 1]
+    assert [r["stress"] for r in rows] == [0, 1, 0, 1] and [r["stress_settle_s"] for r in rows] == [0, 0.2, 0, 0.2]
     assert all(r["machine"]["boot_id"] and r["repeats"] >= 2 and r["gpu_s"] > 0 for r in rows)
     assert all(r["state"]["gpu"] == "not sampled: device cpu has no GPU" for r in rows)
     assert json.loads((out / "baselines.json").read_text())["entries"][0]["speedup"]["runs"][0]["estimate"] > 0
