@@ -5,7 +5,11 @@ read back of a round's result). Spinning is fast on a quiet machine; on a busy o
 build beside the benchmark) the spinning thread is one more CPU hog: the scheduler preempts it for a
 whole time slice, often just as the GPU finishes, and the GPU idles until the thread runs again. A
 thread that *sleeps* in the wait instead (CUDA's blocking sync) is woken when the device is done, and a
-woken sleeper is scheduled ahead of the busy processes, so the delays a load adds stay short.
+woken sleeper is scheduled ahead of the busy processes: the hope was that the delays a load adds stay
+short. Measured on an H200 beside 16 busy processes (``scripts/measurements/2026-12-05-issue29-wait/``)
+it did not narrow the spread of stressed A/B repeats, and it slowed a quiet round by 5-6 % (every read
+back pays a wake-up), so the bench keeps CUDA's default; the trial and round scripts take
+``--cuda-wait`` to measure it again.
 
 :func:`wait_for_gpu` sets the wait mode of the process's primary context on CUDA's driver API, before or
 after the context exists (CUDA 12 applies it either way), and :func:`current_wait` reads it back, so a

@@ -368,7 +368,7 @@ def _stream_stop(
         if elapsed >= plan.time_budget_s:
             why = f"time budget {plan.time_budget_s:g} s spent"
         elif plan.budget_cap:
-            why = f"time budget {plan.time_budget_s:g} s spent (at this pace it holds {plan.max_repeats} repeats)"
+            why = f"time budget {plan.time_budget_s:g} s spent (the repeats it holds at this pace)"
         else:
             why = f"repeat cap {plan.max_repeats} reached"
         banded = stream.edge is not None

@@ -22,9 +22,9 @@ mutant inconclusive at the 60 s per-verdict budget, where planned looks decide i
 
 **Looks the time budget cannot reach are dropped.** After ``min_repeats`` repeats, before their look,
 the run re-plans once (:meth:`SequentialPlan.within_budget`): the repeat cap falls to the repeats the time
-budget holds at the pace so far, and ``K`` counts only the looks up to it. Measured on the H200 trials
-of issue 29 (8B-shaped pair, about 3 s a repeat, 54 s a verdict): looks 3, 5, 8, 12, 17 instead of 3 ..
-60, so every look runs at alpha / 5 instead of alpha / 8. A slower stretch later only ends the run at
+budget holds at the pace so far, and ``K`` counts only the looks up to it. At the pace of issue 29's H200
+trials (8B-shaped pair, about 3.2 s a repeat, 54 s a verdict) that is looks 3, 5, 8, 12, 16 instead of
+3 .. 60, so every look runs at alpha / 5 instead of alpha / 8. A slower stretch later only ends the run at
 the budget before the last planned look; the union bound still holds (at most ``K`` looks).
 
 **Verdict against an edge L** (the baseline's ``value - band``): ``pass`` when the whole interval
