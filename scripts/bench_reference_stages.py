@@ -44,7 +44,7 @@ import torch
 
 from ddtree_conformance.adapters.interface import Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.cuda_wait import wait_for_gpu
+from ddtree_conformance.cuda_wait import WAIT_MODES, wait_for_gpu
 from ddtree_conformance.testing.shaped_pair import SHAPES, build_shaped_pair, random_prompts
 
 STAGES = ("draft", "build", "compile", "verify", "walk", "tree_round", "commit")
@@ -63,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-busy", action="store_true", help="skip the profiled calls (GPU-busy share)")
     p.add_argument("--total-budget-s", type=float, default=300.0, help="start no budget after this much wall time")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--cuda-wait", default="auto", help="how the process waits for the GPU (cuda_wait.WAIT_MODES)")
+    p.add_argument("--cuda-wait", default="auto", choices=WAIT_MODES, help="how the process waits for the GPU")
     p.add_argument("--out", type=Path, required=True, help="output folder")
     return p.parse_args(argv)
 

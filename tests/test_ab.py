@@ -147,8 +147,9 @@ def test_the_sequential_test_judges_the_throughput_ratio(candidate_round_s, deci
     assert all({tags[k], tags[k + 1]} == {"candidate", "baseline"} for k in range(0, len(tags), 2))
 
 
-def on_the_edge() -> dict:
-    """An A/B part whose candidate sits right on the 5 % edge, stopped after one look: undecided."""
+def on_the_edge(plan: SequentialPlan | None = None) -> dict:
+    """An A/B part whose candidate sits right on the 5 % edge, by default stopped after one look (three
+    requests, each pair called both ways per repeat): undecided."""
     candidate, baseline, clock, _ = simulated_pair(0.01 / 0.95)
     return measure_ab(
         candidate,
@@ -157,7 +158,7 @@ def on_the_edge() -> dict:
         {"ddtree-B16": CONFIGS["ddtree-B16"]},
         tolerance=0.05,
         now=lambda: clock[0],
-        plan=SequentialPlan(max_repeats=3),  # one look: three requests, each pair called both ways per repeat
+        plan=plan or SequentialPlan(max_repeats=3),
     )
 
 
@@ -168,22 +169,31 @@ def test_a_ratio_inside_the_noise_is_inconclusive_when_the_budget_runs_out():
 
 
 def test_looks_the_time_budget_cannot_reach_are_dropped_and_the_gate_reads_the_same_plan():
-    candidate, baseline, clock, _ = simulated_pair(0.01 / 0.95)  # on the edge: runs until the budget
-    part = measure_ab(
-        candidate,
-        baseline,
-        REQUESTS,
-        {"ddtree-B16": CONFIGS["ddtree-B16"]},
-        tolerance=0.05,
-        now=lambda: clock[0],
-        plan=SequentialPlan(max_repeats=60, time_budget_s=2.0),
-    )
+    part = on_the_edge(SequentialPlan(max_repeats=60, time_budget_s=2.0))  # undecided: runs until the budget
     ab = part["runs"][0]["ab"]
     assert part["ab"]["plan"]["max_repeats_from_budget"] is True
     assert ab["max_repeats"] < 60 and ab["looks_planned"] < 8 and ab["stop"]["repeats"] <= ab["max_repeats"]
     assert ab["look_alpha"] == pytest.approx(0.05 / ab["looks_planned"])
     (row,) = evaluate(part)  # the gate's interval, recomputed from the samples at the re-planned level
     assert row.measured == f"{ab['estimate']:.3f} [{ab['ci_low']:.3f}, {ab['ci_high']:.3f}]"
+
+
+def test_a_slower_candidate_still_fails_under_a_re_planned_budget():
+    """Re-planning only drops looks the budget cannot reach: a candidate 20 % slower is still failed, and its
+    slow repeats (a lower cap) buy it no pass."""
+    candidate, baseline, clock, _ = simulated_pair(0.0125)
+    part = measure_ab(
+        candidate,
+        baseline,
+        REQUESTS,
+        CONFIGS,
+        tolerance=0.05,
+        now=lambda: clock[0],
+        plan=SequentialPlan(time_budget_s=8.0),
+    )
+    assert part["ab"]["plan"]["max_repeats_from_budget"] is True
+    assert {run["ab"]["stop"]["decision"] for run in part["runs"]} == {"regression"}
+    assert exit_code(evaluate(part)) == 1
 
 
 def test_the_gate_recomputes_the_interval_from_the_samples():
