@@ -48,6 +48,9 @@
 #                     device AGG_DEVICE (cpu: the 16 cores) -> $WORK/aggregates/DTYPE-sSEED.{json,log}
 #   profile-rounding  issue 28: one cell of the rounding catalogue (PROFILE_ONLY, PROFILE_DTYPE, PROFILE_LIMIT 5 prompts)
 #                     under cProfile on ROUND_DEVICE (cuda): where a CUDA cell's time goes -> $WORK/profile/
+#   profile-round     issue 29 item 4: one plain and one DDTree call of the 8B-shaped pair under torch.profiler
+#                     (scripts/profile_round.py, PROFILE_BUDGET 32, PROFILE_PATH fast): kernels per stage, the
+#                     device's idle gaps charged to the host stage running -> $WORK/profile-round/   (~2 minutes)
 #   pieces            issue 29 item 4: the tree build, verify inputs and greedy walk as the fast path runs them
 #                     (host, with reads back) against device_tree/device_verify/device_walk, B = 16..1024, equal
 #                     or not -> $WORK/pieces/table.md                                          (~2 minutes)
@@ -104,6 +107,9 @@ for job in "$@"; do
       timeout 200 python3 scripts/bench_reference_stages.py --shape 8b --device cuda --dtype bfloat16 \
         --paths "${PATHS:-eager,graphs,fast,fast-device}" --cuda-wait "${WAIT:-auto}" ${BUDGETS:+--budgets $BUDGETS} --prompt-len 512 --new-tokens "${ROUND_TOKENS:-16}" \
         --repeats "${ROUND_REPEATS:-2}" --total-budget-s 170 --out "$WORK/rounds" || echo "rounds: exit $?" ;;
+    profile-round)  # issue 29 item 4: a round's kernels per stage, and the device's idle gaps by host stage
+      timeout "${PROFILE_TIMEOUT:-150}" python3 scripts/profile_round.py --shape 8b --budget "${PROFILE_BUDGET:-32}" \
+        --path "${PROFILE_PATH:-fast}" --out "$WORK/profile-round" 2>&1 | grep -v "Loading\|USDT" | tail -70 ;;
     gpu-tests)
       timeout 120 python3 -m pytest -q -p no:cacheprovider -p ddtree_conformance.pytest_plugin -m gpu \
         tests/test_gpu.py -k fast_path \
