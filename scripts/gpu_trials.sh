@@ -36,7 +36,8 @@
 #                     on the machine's CPU cores (CAT_DEVICE=cuda for the GPU: slow on so tiny a pair)
 #                     -> $WORK/catalogues/CATALOGUE-DTYPE-SHARD.{json,log}          (~4 minutes a catalogue)
 #   rounding          the correct engines that round differently, traced and as black boxes (ROUND_CATALOGUES),
-#                     in ROUND_DTYPES (bfloat16 float16), ROUND_LIMIT (20) prompts, the checks the noise model
+#                     in ROUND_DTYPES (bfloat16 float16), ROUND_LIMIT (20) prompts, run seeds ROUND_SEED (1; several
+#                     run in one process, start-up paid once), the checks the noise model
 #                     governs (ROUND_CHECKS), one engine per process on the CPU cores (ROUND_DEVICE=cpu)
 #                     -> $WORK/rounding/CATALOGUE-DTYPE-SHARD.{json,log}; every row must pass. ROUND_ONLY (an engine
 #                     name substring), ROUND_SHARDS (8) and ROUND_JOBS (nproc) narrow it: on CUDA the eager tiny pair
@@ -147,7 +148,7 @@ for job in "$@"; do
         for shard in $(seq 0 $(( ${ROUND_SHARDS:-8} - 1 ))); do echo "$catalogue $dtype $shard"; done; done; done |
         xargs -P "${ROUND_JOBS:-$(nproc)}" -n 3 sh -c 'timeout "${ROUND_TIMEOUT:-540}" python3 scripts/mutation_table.py --catalogue "$0" \
           --device "${ROUND_DEVICE:-cpu}" --dtype "$1" --limit "${ROUND_LIMIT:-20}" --max-new-tokens "${ROUND_TOKENS:-64}" \
-          --budgets "${ROUND_BUDGETS:-16,64}" --run-seed "${ROUND_SEED:-1}" --threads 1 --shard "$2/${ROUND_SHARDS:-8}" ${ROUND_ONLY:+--only "$ROUND_ONLY"} \
+          --budgets "${ROUND_BUDGETS:-16,64}" --run-seed ${ROUND_SEED:-1} --threads 1 --shard "$2/${ROUND_SHARDS:-8}" ${ROUND_ONLY:+--only "$ROUND_ONLY"} \
           --check ${ROUND_CHECKS:-lossless acceptance context-range near-ties golden tree-structure branch-vs-chain} \
           --json "$WORK/rounding/$0-$1-$2.json" >"$WORK/rounding/$0-$1-$2.log" 2>&1'
       grep -h "^| \|NOT CAUGHT" "$WORK"/rounding/*.log ;;

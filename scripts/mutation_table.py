@@ -3,7 +3,7 @@
     python scripts/mutation_table.py [--dtype bfloat16] [--device cuda] [--budgets 16,256] [--limit 8]
                                      [--only NAME ...] [--shard I/N] [--include-correct] [--json F]
                                      [--catalogue mutants|adversaries|correct|rounding|rounding-black-box]
-                                     [--check SUBSTRING ...] [--run-seed N]
+                                     [--check SUBSTRING ...] [--run-seed N [N ...]]
 
 Defaults: the fixture pair, budgets 16 and 256 (the budget-above-128 mutant needs the large one),
 32 new tokens. Each row: mutant, the checks that failed, the first failure's message. A mutant
@@ -20,6 +20,7 @@ excuse_adversaries.py): like the mutants, every one must fail.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -71,7 +72,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the broken engines (each must fail) or correct ones (freedoms, other rounding; each must pass)",
     )
     parser.add_argument("--check", nargs="*", default=None, help="keep checks whose id contains one of these")
-    parser.add_argument("--run-seed", type=int, default=None, help="the run seed (held-out prompts, draws)")
+    parser.add_argument(
+        "--run-seed",
+        type=int,
+        nargs="+",
+        default=None,
+        help="the run seed (held-out prompts, draws); several: each engine once per seed, in one process (the "
+        "process's start-up paid once)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -87,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
         dtype=args.dtype,
         device=args.device,
         sampling_requests=args.sampling_requests,
-        **({} if args.run_seed is None else {"run_seed": args.run_seed}),
     )
     engines = dict(CATALOGUES[args.catalogue])
     correct = set() if args.catalogue in ("mutants", "adversaries") else set(engines)
@@ -104,8 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.shard:
         index, count = (int(x) for x in args.shard.split("/"))
         engines = {k: v for i, (k, v) in enumerate(engines.items()) if i % count == index}
+    seeds = args.run_seed or [settings.run_seed]
+    seeded = [settings.model_copy(update={"run_seed": seed}) for seed in seeds]
     rows, holes = [], []
-    for label, cls in engines.items():
+    for settings, (label, cls) in itertools.product(seeded, engines.items()):
         t0 = time.time()
         results = plan_and_run(settings, cls, args.check)
         failed = [r for r in results if r.status == "fail"]
@@ -124,11 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         must_pass = label == "correct reference" or label in correct
         if not must_pass and not failed:
-            holes.append(label)
+            holes.append(f"{label} (seed {settings.run_seed})")
         if must_pass and failed:
-            holes.append(label + " (fails: " + ", ".join(r.check for r in failed) + ")")
+            holes.append(f"{label} (seed {settings.run_seed}; fails: " + ", ".join(r.check for r in failed) + ")")
         print(
-            f"| {label} | {args.dtype} | {', '.join(r.check for r in failed) or '-'} | "
+            f"| {label} | {args.dtype} | seed {settings.run_seed} | {', '.join(r.check for r in failed) or '-'} | "
             f"{(failed[0].message if failed else 'all pass')[:300]} | {counts} | {rows[-1]['seconds']} s |",
             flush=True,
         )

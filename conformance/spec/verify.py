@@ -30,11 +30,15 @@ def ancestor_visibility(parents: torch.Tensor) -> torch.Tensor:
     """Ancestor-or-self matrix from a parent array (root's parent is -1).
 
     ``visibility[i, j]`` is True iff ``j == i`` or ``j`` is an ancestor of ``i``. Computed by
-    following parent pointers, one gather per tree level, so it runs on any device.
+    following parent pointers, one gather per tree level, on the host: each level asks whether any
+    pointer is still alive, which on an accelerator would be a read back per level. The matrix is
+    returned on the parents' device (one copy).
     """
+    device = parents.device
+    parents = parents.cpu()
     n = parents.shape[0]
-    rows = torch.arange(n, device=parents.device)
-    visibility = torch.zeros((n, n), dtype=torch.bool, device=parents.device)
+    rows = torch.arange(n)
+    visibility = torch.zeros((n, n), dtype=torch.bool)
     current = rows.clone()
     for _ in range(n):
         alive = current >= 0
@@ -42,7 +46,7 @@ def ancestor_visibility(parents: torch.Tensor) -> torch.Tensor:
             break
         visibility[rows[alive], current[alive]] = True
         current = torch.where(alive, parents[current.clamp(min=0)], current)
-    return visibility
+    return visibility.to(device)
 
 
 def checked_prefix_len(start: int, prefix_len: int | None) -> int:
