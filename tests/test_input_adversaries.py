@@ -53,6 +53,14 @@ RUN_SEED = 1
 
 DEFAULT = SuiteSettings(run_seed=RUN_SEED, isolate=False, torch_threads=1)  # `ddtree-conformance check`
 QUICK = DEFAULT.model_copy(update={"limit": 3, "budgets": [16], "max_new_tokens": 16})  # the README's quick look
+# The quick plan with the context-range check spending 384 output tokens (6 requests in one call at run seed 1,
+# the window's end and 25 of its 66 switching points) instead of tiling the whole window: for the engines
+# whose fault (or freedom) lies in the call's rounds at any context length, not in a band of lengths. Enough
+# rounds for each test's point: at 384 tokens the check still fails LongerRoundsInCompany (67 of 90 rounds)
+# and the bf16 flips (23 of 122 rounds), and passes DraftsDroppedInCompany only through its alone reruns (38 and 33
+# shorter rounds in fp32 and bf16); a check without the longer-rounds guard passes both adversaries, and one
+# without the alone reruns fails DraftsDroppedInCompany, as at the whole window.
+COMPANY = QUICK.model_copy(update={"context_tokens": 384})
 
 
 def _encode():
@@ -152,7 +160,7 @@ def test_rounds_reported_longer_in_a_batch_only_fail_context_range():
     """Right outputs; in the check's one call adjacent rounds reported as one. The call's rounds are
     longer than the fp32 replay's, which no dropped draft explains: the check fails on them as they are,
     without the alone reruns."""
-    (result,) = plan_and_run(QUICK, LongerRoundsInCompany, ["context-range/ddtree"])
+    (result,) = plan_and_run(COMPANY, LongerRoundsInCompany, ["context-range/ddtree"])
     assert result.status == "fail", result.message
     assert "shorter rounds set aside" in result.message and "company_rounds" not in result.details
     assert len(result.details["longer_unconfirmed_rounds"]) + len(result.details["differing_rounds"]) > 10
@@ -167,7 +175,7 @@ def test_rounds_reported_longer_after_a_near_tie_flip_in_a_batch_fail_context_ra
     bound is 0) it is the reference: it passes."""
     from ddtree_conformance.testing.input_adversaries import LongerRoundsAfterAFlipInCompany
 
-    settings = QUICK.model_copy(update={"dtype": dtype})
+    settings = COMPANY.model_copy(update={"dtype": dtype})
     (result,) = plan_and_run(settings, LongerRoundsAfterAFlipInCompany, ["context-range/ddtree"])
     if dtype == "float32":
         assert result.status == "pass", result.message
@@ -184,7 +192,7 @@ def test_drafts_dropped_in_a_busy_call_pass_context_range_as_a_black_box(dtype):
     from ddtree_conformance.testing.correct_engines import DraftsDroppedInCompany
     from ddtree_conformance.testing.rounding_engines import black_box
 
-    settings = QUICK.model_copy(update={"dtype": dtype})
+    settings = COMPANY.model_copy(update={"dtype": dtype})
     (result,) = plan_and_run(settings, black_box(DraftsDroppedInCompany), ["context-range/ddtree"])
     assert result.status == "pass", result.message
     company = result.details["company_rounds"]
