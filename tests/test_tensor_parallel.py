@@ -29,8 +29,11 @@ def settings(random_pair_settings) -> SuiteSettings:
     )  # the counts below are of these four prompts
 
 
-def _tp_results(settings: SuiteSettings, engine_class, **updates):
-    return by_id(plan_and_run(settings.model_copy(update=updates), engine_class, ["tensor-parallel"]))
+DDTREE = "tensor-parallel/ddtree"  # the DDTree run's TP check only: for tests that read no other
+
+
+def _tp_results(settings: SuiteSettings, engine_class, family: str = "tensor-parallel", **updates):
+    return by_id(plan_and_run(settings.model_copy(update=updates), engine_class, [family]))
 
 
 def test_plan_registers_one_tp_check_per_speculative_run(settings):
@@ -55,7 +58,7 @@ def test_tp_output_mutant_fails_naming_the_divergence(settings):
 
 
 def test_tp_acceptance_mutant_fails_on_acceptance_not_outputs(settings):
-    result = _tp_results(settings, TpAcceptanceDrift)["tensor-parallel/ddtree-B16"]
+    result = _tp_results(settings, TpAcceptanceDrift, DDTREE)["tensor-parallel/ddtree-B16"]
     assert result.status == "fail"
     assert "TP=2 per-round acceptance differs from TP=1" in result.message
     assert "outputs equal" in result.message
@@ -108,13 +111,13 @@ def test_in_bf16_a_tp_run_that_rounds_differently_is_judged_against_the_fp32_ref
     own outputs, not against TP=1's tau (measured on other texts: a wide band)."""
     from ddtree_conformance.testing.tp_engines import ShardedRoundsDifferently
 
-    result = _tp_results(bf16_settings, ShardedRoundsDifferently)["tensor-parallel/ddtree-B16"]
+    result = _tp_results(bf16_settings, ShardedRoundsDifferently, DDTREE)["tensor-parallel/ddtree-B16"]
     assert result.status == "pass", result.message
     assert "TP=2" in result.message and "per-round acceptance equals the reference" in result.message
     assert result.details["tp"] == 2
 
 
 def test_in_bf16_a_tp_run_that_accepts_less_fails_round_by_round(bf16_settings):
-    result = _tp_results(bf16_settings, TpAcceptanceDrift)["tensor-parallel/ddtree-B16"]
+    result = _tp_results(bf16_settings, TpAcceptanceDrift, DDTREE)["tensor-parallel/ddtree-B16"]
     assert result.status == "fail", result.message
     assert result.message.startswith("TP=2: ") and "differs from the fp32 reference" in result.message
