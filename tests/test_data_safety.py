@@ -272,7 +272,7 @@ def test_a_test_that_writes_into_the_reports_folder_fails(pytester):
             (tmp_path / "reports" / "check.json").write_text("{}")
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-q")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-q")
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["*this test wrote into the user's reports folder*check-reference.json*"])
 
