@@ -28,10 +28,9 @@ from ..progress import Printer
 from ..run import Run
 from ..settings import SettingsError, SuiteSettings
 from ..token_scoring import rules_for
-from .engines import EngineFactory, EngineLifecycle
+from .engines import EngineFactory, EngineInfo, EngineLifecycle, EngineRole
 from .inputs import SuiteInputs
-from .mixing import Arrangement, RequestMixer, changed_companions
-from .roles import EngineInfo, EngineRole
+from .mixing import RequestMixer, changed_companions
 from .store import RunStore, StoredRun, StoreKey, UsedRun
 
 __all__ = ["SuiteSettings", "SuiteSession", "EngineFactory", "EngineRole", "EngineInfo", "UsedRun", "StoredRun"]
@@ -137,43 +136,31 @@ class SuiteSession:
         """Results of ``run`` for ``requests`` (default: the prompt set) on ``engine`` (default: the
         engine under test), memoised; validated by the integrity rules. The engine gets them shuffled
         and mixed with other checks' requests (:mod:`.mixing`), unless ``together``: then it gets
-        exactly this batch, in this order (checks about batching)."""
+        exactly this batch, in this order (checks about batching). In float32 a companion whose greedy
+        output changed with its company fails the check that saw it: it is noted as a used run holding
+        one error result."""
         requests = requests if requests is not None else self.inputs.requests()
         labels = self.inputs.labels(requests)
-        engine = engine or self.engine
-        info = self.engines.info(engine)
+        engine = engine or self.engines.engine
         key = StoreKey.of(id(engine), run, requests)
-        if self.failure is not None and not self.store.has(key):
-            raise self.dead_again()
-        results = self.store.get_or_make(
-            key, info, requests, lambda: self._call(engine, run, requests, labels, together)
-        )
-        self.store.note_use(info, run, results, labels)
+        results = self.store.get(key)
+        if results is None:
+            if self.failure is not None:
+                raise self.dead_again()
+            arrangement, companion_labels = None, []
+            if not together and requests:
+                pool = [pair for pair in self.store.answered(id(engine), run) if pair[0] not in requests]
+                arrangement = self.mixer.arrange(requests, pool)
+                companion_labels = self.inputs.labels([request for request, _ in arrangement.companions])
+            config = run.config(self.settings.dtype, self.settings.device)
+            results, again = self.engines.generate(engine, requests, config, labels, arrangement, companion_labels)
+            info = self.engines.info(engine)
+            if arrangement is not None and self.settings.dtype == "float32":
+                for label, message in changed_companions(arrangement, again, companion_labels, run.label):
+                    self.store.note_use(info, run, [error_result(message)], [label])
+            self.store.put(key, info, requests, results)
+        self.store.note_use(self.engines.info(engine), run, results, labels)
         return results
-
-    def _call(
-        self, engine: Engine, run: Run, requests: list[Request], labels: list[str], together: bool
-    ) -> list[RequestResult]:
-        config = run.config(self.settings.dtype, self.settings.device)
-        if together or not requests:
-            return self.engines.generate(engine, requests, config, labels)[0]
-        pool = [pair for pair in self.store.answered(id(engine), run) if pair[0] not in requests]
-        arrangement = self.mixer.arrange(len(requests), pool)
-        companion_labels = self.inputs.labels([request for request, _ in arrangement.companions])
-        results, again = self.engines.generate(engine, requests, config, labels, arrangement, companion_labels)
-        if self.settings.dtype == "float32":
-            self._compare_companions(engine, run, arrangement, again)
-        return results
-
-    def _compare_companions(
-        self, engine: Engine, run: Run, arrangement: Arrangement, again: list[RequestResult]
-    ) -> None:
-        """A companion whose greedy output changed with its company fails the check that saw it (module
-        :mod:`.mixing`): it is noted as a used run holding one error result."""
-        info = self.engines.info(engine)
-        labels = self.inputs.labels([request for request, _ in arrangement.companions])
-        for label, message in changed_companions(arrangement, again, labels, run.label):
-            self.store.note_use(info, run, [error_result(message)], [label])
 
     def plain(self) -> list[RequestResult]:
         return self.run("plain")

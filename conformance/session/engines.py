@@ -1,7 +1,8 @@
 """The engines of a session: started once per model pair, asked for capabilities once, and stopped.
 
 :class:`EngineLifecycle` builds the engine under test (in its own process unless ``isolate`` is
-off) and, for acceptance comparisons, the in-process reference engine (:attr:`~.roles.EngineRole.ORACLE`).
+off) and, for acceptance comparisons, the in-process reference engine (:attr:`EngineRole.ORACLE`); each
+engine's :class:`EngineInfo` says who it is to the session (the run store records it with every run).
 An engine that cannot start or dies (:class:`~ddtree_conformance.adapters.interface.EngineDied`)
 is kept in :attr:`EngineLifecycle.failure`, and every later call raises at once: the run stops
 there. :meth:`EngineLifecycle.generate` is the one place an engine is asked to generate; what it
@@ -10,7 +11,9 @@ returns passes the integrity rules (:func:`~ddtree_conformance.integrity.validat
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 
 from ..adapters.interface import Capabilities, Engine, EngineDied, EngineUsageError, Request, RequestResult, RunConfig
@@ -21,11 +24,29 @@ from ..settings import SettingsError, SuiteSettings
 from ..support import unsupported_settings
 from .factory import engine_from_settings
 from .mixing import Arrangement, placed_back
-from .roles import EngineInfo, EngineRole
 
-__all__ = ["EngineFactory", "EngineLifecycle"]
+__all__ = ["EngineFactory", "EngineInfo", "EngineLifecycle", "EngineRole"]
 
 EngineFactory = Callable[[str, "str | None"], Engine]
+
+
+class EngineRole(enum.Enum):
+    UNDER_TEST = "engine"
+    ORACLE = "the reference engine (oracle)"
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """Who an engine is to the session: its name, its role and its model pair's limits (what the
+    integrity rules hold its results to)."""
+
+    name: str
+    role: EngineRole
+    limits: PairLimits
+
+    @property
+    def oracle(self) -> bool:
+        return self.role is EngineRole.ORACLE
 
 
 class EngineLifecycle:
@@ -162,7 +183,7 @@ class EngineLifecycle:
         if self.failure is not None:
             raise self.dead_again()
         info = self.info(engine)
-        sent = arrangement.requests(requests) if arrangement else list(requests)
+        sent = arrangement.sent if arrangement else list(requests)
         count = f"{len(sent)} request{'' if len(sent) == 1 else 's'}"
         what = f"({config.mode}{f', B={config.budget}' if config.mode == 'ddtree' else ''})"
         try:
@@ -175,10 +196,7 @@ class EngineLifecycle:
             errors = [error_result(message) for _ in sent]
             return errors[: len(requests)], errors[len(requests) :]
         caps = engine.capabilities() if info.oracle else self.capabilities
-
-        def validate(asked: list[Request], got, names: Sequence[str] | None) -> list[RequestResult]:
-            return validate_results(asked, got, config, info.limits, caps, names, info.name)
-
+        validate = partial(validate_results, config=config, limits=info.limits, caps=caps, engine=info.name)
         return placed_back(arrangement, requests, results, validate, labels, companion_labels)
 
     def close(self) -> None:

@@ -31,14 +31,12 @@ MAX_COMPANIONS = 2
 
 @dataclass(frozen=True)
 class Arrangement:
-    """One engine call: ``order[k]`` is the index (into own requests, then companions) sent k-th."""
+    """One engine call: ``order[k]`` is the index (into own requests, then companions) of ``sent[k]``,
+    the request sent k-th."""
 
     companions: list[tuple[Request, RequestResult]]
     order: list[int]
-
-    def requests(self, own: Sequence[Request]) -> list[Request]:
-        everything = list(own) + [request for request, _ in self.companions]
-        return [everything[i] for i in self.order]
+    sent: list[Request]
 
     def split(self, results: Sequence[RequestResult], n_own: int) -> tuple[list[RequestResult], list[RequestResult]]:
         """The engine's results (in sent order) back in the caller's order: (own, companions)."""
@@ -54,34 +52,37 @@ class RequestMixer:
     def __init__(self, seed: int) -> None:
         self._rng = random.Random(seed)
 
-    def arrange(self, n_own: int, pool: Sequence[tuple[Request, RequestResult]]) -> Arrangement:
+    def arrange(self, own: Sequence[Request], pool: Sequence[tuple[Request, RequestResult]]) -> Arrangement:
+        """The call that sends ``own`` with companions drawn from ``pool`` (answered greedy requests)."""
         most = min(MAX_COMPANIONS, len(pool))
         count = self._rng.randint(min(1, most), most)
         companions = self._rng.sample(list(pool), count)
-        order = list(range(n_own + count))
+        order = list(range(len(own) + count))
         self._rng.shuffle(order)
-        return Arrangement(companions, order)
+        everything = list(own) + [request for request, _ in companions]
+        return Arrangement(companions, order, [everything[i] for i in order])
 
 
 def placed_back(
     arrangement: Arrangement | None,
     requests: list[Request],
     results,
-    validate: Callable[[list[Request], object, Sequence[str] | None], list[RequestResult]],
+    validate: Callable[..., list[RequestResult]],
     labels: Sequence[str],
     companion_labels: Sequence[str],
 ) -> tuple[list[RequestResult], list[RequestResult]]:
     """One call's ``(own, companion)`` results in the caller's order, each list passed through ``validate``
-    (requests, results, labels); results that cannot be put back (not one per request sent) all fail."""
+    (requests, results, ``labels=`` their labels); results that cannot be put back (not one per request
+    sent) all fail."""
     if arrangement is None:
-        return validate(requests, results, labels), []
-    sent = arrangement.requests(requests)
+        return validate(requests, results, labels=labels), []
+    sent = arrangement.sent
     if not isinstance(results, (list, tuple)) or len(results) != len(sent):  # cannot be put back: all fail
-        errors = validate(sent, results, None)
+        errors = validate(sent, results, labels=None)
         return errors[: len(requests)], errors[len(requests) :]
     own, others = arrangement.split(results, len(requests))
     companions = [request for request, _ in arrangement.companions]
-    return validate(requests, own, labels), validate(companions, others, companion_labels)
+    return validate(requests, own, labels=labels), validate(companions, others, labels=companion_labels)
 
 
 def changed_companions(

@@ -9,12 +9,12 @@ that consumed a failed result.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..adapters.interface import Request, RequestResult
 from ..run import Run
-from .roles import EngineInfo
+from .engines import EngineInfo
 
 __all__ = ["StoreKey", "StoredRun", "UsedRun", "RunStore"]
 
@@ -66,15 +66,13 @@ class RunStore:
         self._runs: dict[StoreKey, StoredRun] = {}
         self._used: list[UsedRun] | None = None
 
-    def has(self, key: StoreKey) -> bool:
-        return key in self._runs
+    def get(self, key: StoreKey) -> list[RequestResult] | None:
+        """The results stored under ``key``, or None when that run was not made yet."""
+        stored = self._runs.get(key)
+        return None if stored is None else stored.results
 
-    def get_or_make(
-        self, key: StoreKey, engine: EngineInfo, requests: list[Request], make: Callable[[], list[RequestResult]]
-    ) -> list[RequestResult]:
-        if key not in self._runs:
-            self._runs[key] = StoredRun(engine, key.engine_id, key.run, key.requests, make(), tuple(requests))
-        return self._runs[key].results
+    def put(self, key: StoreKey, engine: EngineInfo, requests: list[Request], results: list[RequestResult]) -> None:
+        self._runs[key] = StoredRun(engine, key.engine_id, key.run, key.requests, results, tuple(requests))
 
     def answered(self, engine_id: int, run: Run) -> list[tuple[Request, RequestResult]]:
         """Every greedy request already answered by one engine in one run, with its result, once each."""
