@@ -14,7 +14,7 @@ from __future__ import annotations
 import platform
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
@@ -31,6 +31,7 @@ __all__ = [
     "GoldenFile",
     "GoldenError",
     "GoldenExists",
+    "golden_lengths",
     "golden_path",
     "load_golden",
     "parse_golden",
@@ -68,6 +69,18 @@ class GoldenFile(BaseModel):
     max_new_tokens: int
     versions: dict[str, str] = Field(default_factory=dict)
     records: dict[str, GoldenRecord]
+
+
+def golden_lengths(lengths: Sequence[int], max_new_tokens: int) -> list[int]:
+    """The rounds of a longer reference run (a record's ``acceptance``) that a run limited to
+    ``max_new_tokens`` makes (greedy runs with a smaller limit are prefixes of longer ones)."""
+    kept, emitted = [], 1
+    for length in lengths:
+        if emitted >= max_new_tokens:
+            break
+        kept.append(length)
+        emitted += length
+    return kept
 
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

@@ -146,6 +146,16 @@ class OracleCopy:
             self._parsed[key] = parse_golden(held.data, held.path)
         return self._parsed[key]
 
+    def float32_golden(self, max_new_tokens: int) -> GoldenFile | None:
+        """The held float32 golden file when it holds outputs at least ``max_new_tokens`` long, else None
+        (absent, unreadable or shorter): the reference's recorded rounds, acceptance evidence in place of a
+        replay or a rerun of the reference."""
+        try:
+            golden = self.golden("float32")
+        except GoldenError:
+            return None
+        return None if golden is None or golden.max_new_tokens < max_new_tokens else golden
+
     def golden_file(self, key: str) -> Path | None:
         held = self._golden.get(key)
         return None if held is None else held.path

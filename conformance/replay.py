@@ -55,7 +55,7 @@ from .noise import NoiseModel, TokenCall
 from .spec import build_tree, least_budget
 from .token_scoring import window
 
-__all__ = ["RoundKind", "RoundVerdict", "ReplayRun", "golden_lengths", "drafter_flips_within", "judge_rounds"]
+__all__ = ["RoundKind", "RoundVerdict", "ReplayRun", "drafter_flips_within", "judge_rounds"]
 
 
 class RoundKind(StrEnum):
@@ -174,18 +174,6 @@ class ReplayRun:
         """Both sides' per-round lengths around ``verdict``'s round."""
         mine, theirs = self.by_prompt.get(verdict.prompt, ([], []))
         return f"lengths engine {window(mine, verdict.round)} | replay {window(theirs, verdict.round)}"
-
-
-def golden_lengths(lengths: Sequence[int], max_new_tokens: int) -> list[int]:
-    """The rounds of a longer reference run that a run limited to ``max_new_tokens`` makes (greedy
-    runs with a smaller limit are prefixes of longer ones)."""
-    kept, emitted = [], 1
-    for length in lengths:
-        if emitted >= max_new_tokens:
-            break
-        kept.append(length)
-        emitted += length
-    return kept
 
 
 def _cut_length(draft_logits: torch.Tensor, mode: str, nodes: int, tokens: Sequence[int], most: int) -> int:

@@ -45,7 +45,7 @@ def _drafter(session: SuiteSession, budget: int, window: int, last: int) -> None
     from ddtree_conformance.checks.context_range import context_requests
 
     _, requests, labels = context_requests(session, window)
-    reference = session.reference_for(session.settings.model_dir, session.settings.drafter_dir)
+    reference = session.engines.reference_for(session.settings.model_dir, session.settings.drafter_dir)
     for label, request in list(zip(labels, requests))[-last:]:
         traced = session.run("ddtree", budget, requests=[request], together=True, trace=True, trace_draft_logits=True)[
             0

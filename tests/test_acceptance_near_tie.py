@@ -13,8 +13,9 @@ import torch
 from ddtree_conformance.adapters.interface import Request, RoundTrace, RunConfig
 from ddtree_conformance.adapters.reference.replay import ReplayRound, replay_result
 from ddtree_conformance.calibration import load_calibration
+from ddtree_conformance.golden_files import golden_lengths
 from ddtree_conformance.noise import NoiseModel
-from ddtree_conformance.replay import ReplayRun, drafter_flips_within, golden_lengths, judge_rounds
+from ddtree_conformance.replay import ReplayRun, drafter_flips_within, judge_rounds
 from ddtree_conformance.spec import build_tree
 
 BF16 = NoiseModel("bfloat16", 0.3, 0.2, 0, (), "test", 0.01)

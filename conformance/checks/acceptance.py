@@ -44,6 +44,7 @@ def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> Ch
     caps = session.capabilities
     if mode not in caps.modes:
         return CheckResult.skipped(name, f"engine does not offer mode {mode}")
+    requests = session.requests()
     labels = [p.id for p in session.prompts]
     results = session.run(mode, budget)
     unusable = _unusable(session, mode, labels, results)
@@ -51,7 +52,8 @@ def check_acceptance(session: SuiteSession, mode: str, budget: int | None) -> Ch
         return CheckResult.failed(name, unusable)
     if not caps.per_round(mode) and not reports_aggregates(results):
         return CheckResult.skipped(name, NO_ACCEPTANCE)
-    return _named_policy(session, mode, budget, results, _judge(session, name, Run(mode, budget), labels, results))
+    verdict = _judge(session, name, Run(mode, budget), RoundsUnderTest(labels, requests, results))
+    return _named_policy(session, mode, budget, results, verdict)
 
 
 def _unusable(session: SuiteSession, mode: str, labels: list[str], results: list[RequestResult]) -> str | None:
@@ -70,12 +72,11 @@ def _unusable(session: SuiteSession, mode: str, labels: list[str], results: list
     return None
 
 
-def _judge(session: SuiteSession, name: str, run: Run, labels: list[str], results: list[RequestResult]) -> CheckResult:
+def _judge(session: SuiteSession, name: str, run: Run, rounds: RoundsUnderTest) -> CheckResult:
     """Round by round where the engine reports per-round lengths, else on its aggregates."""
     caps = session.capabilities
     per_round = caps.per_round(run.mode)  # every result holds its lengths (_unusable)
     traced_run = partial(_traced_prompt, session, run) if per_round and caps.traced(run.mode) else None
-    rounds = RoundsUnderTest(labels, session.requests(), results)
     return judge_run_acceptance(session, name, run, rounds, per_round=per_round, traced_run=traced_run)
 
 
@@ -160,7 +161,7 @@ def _policy_matcher(session: SuiteSession, budget: int, results: list[RequestRes
 
     def match():
         if all(r.acceptance_lengths is not None for r in results):
-            reference = session.reference_for(s.model_dir, s.drafter_dir)
+            reference = session.engines.reference_for(s.model_dir, s.drafter_dir)
             rules = rules_for(session.settings)
             return match_on_rounds(reference, requests[:count], results[:count], config, block, rules=rules)
         engine = PolicyReference(str(s.model_dir), str(s.drafter_dir))

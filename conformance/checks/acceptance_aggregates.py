@@ -113,7 +113,7 @@ def paced_references(session, run, results: list[RequestResult], requests=None) 
     exactly, on every prompt. Identical ones are given once; the spec's, walked, comes first. ``requests``:
     those of ``results`` (default: the plan's)."""
     s = session.settings
-    reference = session.reference_for(s.model_dir, s.drafter_dir)
+    reference = session.engines.reference_for(s.model_dir, s.drafter_dir)
     requests = session.requests() if requests is None else requests
     found: dict[tuple, ReferenceAcceptance] = {}
     for end in END_FREEDOMS:

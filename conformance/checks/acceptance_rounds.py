@@ -2,10 +2,11 @@
 round of greedy results judged against the fp32 reference on the engine's own context.
 
 One direction: :func:`gather_rounds` gathers each prompt's evidence (the float32 golden file's
-rounds where they equal the engine's, else a live replay, :mod:`ddtree_conformance.replay`);
-:func:`judge_prompts` judges the rounds (reading the engine's own traces only for a round that
-differs); :func:`summarise_rounds` gives the verdict. Prompts stream through one at a time, so a
-replay's drafter logits are held for one prompt only.
+rounds, :func:`golden_rounds`, where they equal the engine's, else a live replay) with the fp32 scores
+of its output; :func:`judge_prompts` judges the token after the prefill and every round
+(:mod:`ddtree_conformance.replay`, reading the engine's own traces only for a round that differs);
+:func:`summarise_rounds` gives the verdict, the excused rounds held to the noise model's limits.
+Prompts stream through one at a time, so a replay's drafter logits are held for one prompt only.
 """
 
 from __future__ import annotations
@@ -16,19 +17,21 @@ from dataclasses import dataclass, field
 from ddtree_conformance.adapters.interface import Request, RequestResult
 from ddtree_conformance.adapters.reference.replay import replay_result
 
+from ..golden_files import golden_lengths
 from ..metrics import mean_tau
 from ..noise import DRAFTER_TOP, NoiseModel, RoundLimits, TokenCall
+from ..oracle import oracle_for
 from ..replay import ReplayRun, RoundKind, RoundVerdict, judge_rounds
 from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import PositionScores, rules_for, score_output, target_logits
-from .acceptance_golden import golden_rounds
 from .result import CheckResult
 
 __all__ = [
     "JudgedRounds",
     "ReplayAgainst",
     "RoundsUnderTest",
+    "golden_rounds",
     "judge_per_round",
     "replay_per_round",
     "summarise_rounds",
@@ -162,18 +165,36 @@ def gather_rounds(
     reference = None
     for index, (label, request, result) in enumerate(zip(rounds.labels, rounds.requests, rounds.results)):
         lengths = result.acceptance_lengths or []
-        # in low precision the target near-tie rounds count against the excused-position ceiling
-        top2 = [] if rules.exact else score_output(fn, request.prompt_ids, result.output_ids).top2
         key = (tuple(request.prompt_ids), tuple(result.output_ids))
-        if golden is not None and golden.get(key) == lengths and not request.stop_token_ids:
-            yield PromptRounds(index, label, result, lengths, list(top2), request.max_new_tokens)
+        from_golden = golden is not None and golden.get(key) == lengths and not request.stop_token_ids
+        # the output's fp32 scores: a replayed prompt's rounds are judged with them; in low precision the target
+        # near-tie rounds count against the excused-position ceiling at their top-2 gaps (golden prompts too)
+        scores = None if from_golden and rules.exact else score_output(fn, request.prompt_ids, result.output_ids)
+        top2 = [] if rules.exact else list(scores.top2)
+        if from_golden:
+            yield PromptRounds(index, label, result, lengths, top2, request.max_new_tokens)
             continue
-        reference = reference or session.reference_for(model_dir, drafter_dir)
+        reference = reference or session.engines.reference_for(model_dir, drafter_dir)
         replayed = replay_result(
             reference, request, result.output_ids, lengths, run.mode, run.budget or 1, s.device, keep_top=DRAFTER_TOP
         )
-        scores = score_output(fn, request.prompt_ids, result.output_ids)
-        yield PromptRounds(index, label, result, lengths, list(top2), request.max_new_tokens, replayed, scores)
+        yield PromptRounds(index, label, result, lengths, top2, request.max_new_tokens, replayed, scores)
+
+
+def golden_rounds(session: SuiteSession, run: Run) -> dict[tuple, list[int]] | None:
+    """(prompt ids, output) -> the reference's float32 lengths for this run as the pair's float32 golden file
+    recorded them (the copy held before the engine started), when it holds outputs as long as this run's."""
+    s = session.settings
+    golden = oracle_for(session).float32_golden(s.max_new_tokens)
+    if golden is None:
+        return None
+    key = run.golden_key
+    runs = {}
+    for record in golden.records.values():
+        if key in record.acceptance:
+            lengths = golden_lengths(record.acceptance[key], s.max_new_tokens)
+            runs[(tuple(record.prompt_ids), tuple(record.output_ids[: s.max_new_tokens]))] = lengths
+    return runs
 
 
 def judge_prompts(

@@ -1,5 +1,7 @@
 """A run's acceptance judged against the fp32 reference, whatever the engine reports: round by round where
-it reports per-round lengths (:mod:`.acceptance_rounds`), else on its aggregates (:mod:`.acceptance_aggregates`).
+it reports per-round lengths (:mod:`.acceptance_rounds`), else on its aggregates (:mod:`.acceptance_aggregates`),
+in float32 against the pair's golden file first where it holds every prompt of the set (:func:`golden_results`:
+the reference's recorded rounds, read instead of rerunning the reference).
 
 The acceptance check judges the plan's run with it. The checks that run the engine under another setting
 (CUDA graphs on, another tensor-parallel size) judge that run the same way in low precision, instead of
@@ -17,6 +19,8 @@ from collections.abc import Callable
 
 from ddtree_conformance.adapters.interface import RequestResult
 
+from ..golden_files import golden_lengths, golden_path
+from ..oracle import oracle_for
 from ..run import Run
 from ..session import SuiteSession
 from .acceptance_aggregates import (
@@ -26,11 +30,10 @@ from .acceptance_aggregates import (
     paced_references,
     reports_aggregates,
 )
-from .acceptance_golden import golden_results
 from .acceptance_rounds import RoundsUnderTest, judge_per_round
 from .result import CheckResult
 
-__all__ = ["judge_run_acceptance"]
+__all__ = ["golden_results", "judge_run_acceptance"]
 
 
 def judge_run_acceptance(
@@ -73,6 +76,36 @@ def judge_run_acceptance(
             }
         )
     return judge_aggregates(name, results, [recorded, *freedoms], exact=exact)
+
+
+def golden_results(session: SuiteSession, run: Run) -> tuple[list[RequestResult], str] | None:
+    """float32 runs of a pair with a golden file holding every prompt of the set: the golden acceptance,
+    as results (the held-out prompts of the run, which no golden file holds, from the live reference).
+    It is the reference run on the pair's own files, so a drafter that is not the pair's (wrong layer
+    ids in its config, other weights) shows against it, where a live reference would share the fault."""
+    s = session.settings
+    golden = oracle_for(session).float32_golden(s.max_new_tokens) if s.dtype == "float32" else None
+    if golden is None:
+        return None
+    key = run.golden_key
+    out = []
+    for prompt in session.inputs.bundled:
+        record = golden.records.get(prompt.id)
+        if record is None or record.prompt_ids != prompt.prompt_ids or key not in record.acceptance:
+            return None
+        out.append(
+            RequestResult(
+                output_ids=record.output_ids[: s.max_new_tokens],
+                finish_reason="length",
+                acceptance_lengths=golden_lengths(record.acceptance[key], s.max_new_tokens),
+            )
+        )
+    if session.inputs.held_out:
+        reference = session.engines.reference_for(s.model_dir, s.drafter_dir)
+        out += session.run(run.mode, run.budget, engine=reference, requests=session.requests()[len(out) :])
+    path = golden_path(s.golden_dir, s.pair_name, s.prompt_set, "float32")
+    held_out = f" and the live reference on {len(session.inputs.held_out)} held-out" if session.inputs.held_out else ""
+    return out, f"golden ({path.name}{held_out})"
 
 
 def _outputs_differ(results: list[RequestResult], recorded: ReferenceAcceptance) -> bool:

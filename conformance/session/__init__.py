@@ -73,9 +73,6 @@ class SuiteSession:
     def engine_for(self, model_dir: str, drafter_dir: str | None) -> Engine:
         return self.engines.engine_for(model_dir, drafter_dir)
 
-    def reference_for(self, model_dir: str, drafter_dir: str | None) -> Engine:
-        return self.engines.reference_for(model_dir, drafter_dir)
-
     @property
     def capabilities(self) -> Capabilities:
         return self.engines.capabilities
