@@ -179,8 +179,9 @@ class Breach:
 @dataclass(frozen=True)
 class RoundLimits:
     """Everything the noise model allows one run's replayed rounds (:meth:`NoiseModel.round_limits`), and
-    the judgement of a run against it (:meth:`breach`): a new limit is a field, its value in
-    :meth:`NoiseModel.round_limits` and its line in :meth:`breach`, all here."""
+    the judgement of a run against it (:meth:`breach`; a passing run's excused rounds: :meth:`excused`): a
+    new limit is a field, its value in :meth:`NoiseModel.round_limits` and its line in :meth:`breach`, all
+    here."""
 
     confirmed_cap: int  # most rounds excused as drafter near ties on the engine's own logits
     ceiling: int  # most rounds excused as target near ties at the output's top-2 gaps
@@ -233,6 +234,21 @@ class RoundLimits:
                 f"noise allows: {self.tau.describe()}; {tau}"
             )
         return None
+
+    def excused(self, run: ExcusedRounds) -> str:
+        """A passing message's account of ``run``'s excused rounds with their caps ("": none excused)."""
+        if not (run.target or run.drafter or run.longer or run.shorter):
+            return ""
+        unconfirmed = (
+            f" and {len(run.longer)} longer (cap {self.longer_cap}) and {len(run.shorter)} shorter (cap "
+            f"{self.shorter_cap}) unconfirmed rounds"
+            if run.longer or run.shorter
+            else ""
+        )
+        return (
+            f" except {len(run.target)} target near-tie and {len(run.drafter)} drafter near-tie rounds "
+            f"(cap {self.confirmed_cap})" + unconfirmed
+        )
 
 
 @dataclass(frozen=True)

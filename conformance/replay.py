@@ -38,7 +38,8 @@ Confirmed drafter rounds, unconfirmed rounds of each direction and the tau test 
 model's (:class:`~ddtree_conformance.noise.NoiseModel`); excused target rounds are excused positions
 of token scoring and count against its ceiling. Near the output's end an engine may also cap its tree
 at the depth the output can still emit and spend its budget on the nodes it can (``emittable-depth``,
-a freedom). Anything else is a failure, named by prompt and round, with both sides shown.
+a freedom). Anything else is a failure, named by prompt and round, with both sides shown; so is the token
+after the prefill, which no round verifies, unless it is the fp32 argmax or a near tie (:func:`prefill_verdict`).
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ from .drafter_excuse import build_spec_tree, continuation_lean, drafter_excuse, 
 from .metrics import emitted_lengths
 from .noise import NoiseModel, TokenCall
 from .spec import build_tree, least_budget
-from .token_scoring import window
+from .token_scoring import PositionScores, window
 
-__all__ = ["RoundKind", "RoundVerdict", "ReplayRun", "drafter_flips_within", "judge_rounds"]
+__all__ = ["RoundKind", "RoundVerdict", "ReplayRun", "drafter_flips_within", "judge_rounds", "prefill_verdict"]
 
 
 class RoundKind(StrEnum):
@@ -115,7 +116,11 @@ class ReplayRun:
     engine_lengths: list[list[int]] = field(default_factory=list)
     reference_lengths: list[list[int]] = field(default_factory=list)
     verdicts: list[RoundVerdict] = field(default_factory=list)
-    drafter_side: list[int] = field(default_factory=list)  # see differences()
+    # per round whose tokens agree with the replay's (the drafter side decides its length: equal, drafter
+    # near-tie and unconfirmed rounds), the engine's emitted length minus the replay's (the tau test's
+    # differences); rounds where the target parted (a near tie, counted by token scoring) are left out:
+    # their lengths follow another path, and their spread would hide a drafter-side gain
+    drafter_side: list[int] = field(default_factory=list)
     by_prompt: dict = field(default_factory=dict)  # prompt -> (engine lengths, replay lengths)
     lean: list[tuple[int, int]] = field(default_factory=list)  # per round: drafter rows toward / away (_lean)
 
@@ -163,13 +168,6 @@ class ReplayRun:
         the engine claims more than the replay, or commits other tokens."""
         return replace(self, verdicts=[v for v in self.verdicts if not v.shorter])
 
-    def differences(self) -> list[int]:
-        """Per round whose tokens agree with the replay's (the drafter side decides its length: equal,
-        drafter near-tie and unconfirmed rounds), the engine's emitted length minus the replay's. Rounds
-        where the target parted (a near tie, counted by token scoring) are left out: their lengths
-        follow another path, and their spread would hide a drafter-side gain."""
-        return list(self.drafter_side)
-
     def lengths_around(self, verdict: RoundVerdict) -> str:
         """Both sides' per-round lengths around ``verdict``'s round."""
         mine, theirs = self.by_prompt.get(verdict.prompt, ([], []))
@@ -203,6 +201,32 @@ def first_token_difference(engine_tokens: Sequence[int], reference_tokens: Seque
 
 def _tree_dict(tokens, parents, accepted) -> dict:
     return {"tokens": list(tokens), "parents": list(parents), "accepted": list(accepted)}
+
+
+def prefill_verdict(
+    label: str, output: Sequence[int], scores: PositionScores, rules: NoiseModel
+) -> RoundVerdict | None:
+    """The token chosen after the prefill (no round verifies it): None where it is the fp32 argmax (or an
+    fp32 tie), else its verdict: in low precision a target near tie (counted with the target near-tie
+    rounds), or a difference."""
+    if not output or output[0] == scores.argmax[0]:
+        return None
+    gap = scores.gaps[0]
+    call = rules.token(gap)
+    if call in (TokenCall.MATCH, TokenCall.FP32_TIE):
+        return None
+    mine, theirs = [output[0]], [scores.argmax[0]]
+    if call is TokenCall.NEAR_TIE:
+        note = (
+            f"fp32 target near-tie: the engine's token {output[0]} is {gap:.3g} below the top-1 "
+            f"{scores.argmax[0]}, within the bound {rules.bound:.3g}"
+        )
+        return RoundVerdict(label, -1, RoundKind.TARGET_NEAR_TIE, 1, 1, mine, theirs, note)
+    note = (
+        f"the engine's token {output[0]} after the prefill is not the fp32 target's {scores.argmax[0]} "
+        f"({gap:.3g} below the top-1, bound {rules.bound:.3g})"
+    )
+    return RoundVerdict(label, -1, RoundKind.DIFFERS, 1, 1, mine, theirs, note)
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from ddtree_conformance.adapters.reference.replay import replay_result
 
 from ..golden_files import golden_lengths
 from ..metrics import mean_tau
-from ..noise import DRAFTER_TOP, NoiseModel, RoundLimits, TokenCall
+from ..noise import DRAFTER_TOP, NoiseModel
 from ..oracle import oracle_for
-from ..replay import ReplayRun, RoundKind, RoundVerdict, judge_rounds
+from ..replay import ReplayRun, judge_rounds, prefill_verdict
 from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import PositionScores, rules_for, score_output, target_logits
@@ -213,7 +213,7 @@ def judge_prompts(
             judged.from_golden += 1
             continue
         output = prompt.result.output_ids
-        prefill = _prefill_verdict(prompt.label, output, prompt.scores, rules)
+        prefill = prefill_verdict(prompt.label, output, prompt.scores, rules)
         if prefill is not None:
             judged.run.verdicts.append(prefill)
         # the traces are asked for with the run of the prompts before (and this one's prefill token): a
@@ -233,30 +233,6 @@ def judge_prompts(
             max_new_tokens=prompt.max_new_tokens,
         )
     return judged
-
-
-def _prefill_verdict(label: str, output: list[int], scores, rules: NoiseModel) -> RoundVerdict | None:
-    """The token chosen after the prefill (no round verifies it): None where it is the fp32 argmax (or an
-    fp32 tie), else its verdict: in low precision a target near tie (counted with the target near-tie
-    rounds), or a difference."""
-    if not output or output[0] == scores.argmax[0]:
-        return None
-    gap = scores.gaps[0]
-    call = rules.token(gap)
-    if call in (TokenCall.MATCH, TokenCall.FP32_TIE):
-        return None
-    mine, theirs = [output[0]], [scores.argmax[0]]
-    if call is TokenCall.NEAR_TIE:
-        note = (
-            f"fp32 target near-tie: the engine's token {output[0]} is {gap:.3g} below the top-1 "
-            f"{scores.argmax[0]}, within the bound {rules.bound:.3g}"
-        )
-        return RoundVerdict(label, -1, RoundKind.TARGET_NEAR_TIE, 1, 1, mine, theirs, note)
-    note = (
-        f"the engine's token {output[0]} after the prefill is not the fp32 target's {scores.argmax[0]} "
-        f"({gap:.3g} below the top-1, bound {rules.bound:.3g})"
-    )
-    return RoundVerdict(label, -1, RoundKind.DIFFERS, 1, 1, mine, theirs, note)
 
 
 def _details(judged: JudgedRounds, results: list[RequestResult]) -> dict:
@@ -339,7 +315,7 @@ def _excused_within_caps(name: str, judged: JudgedRounds, rules: NoiseModel, det
     target near-tie rounds within the ceiling, drafter ones within the cap, unconfirmed ones within theirs, the
     tau test passed. The limits and the tests join the verdict's details (a new dict, not the caller's)."""
     run = judged.run
-    limits = rules.round_limits(run.rounds, judged.top2, run.lean, run.differences())
+    limits = rules.round_limits(run.rounds, judged.top2, run.lean, run.drafter_side)
     details = {
         **details,
         "drafter_lean": limits.lean.as_details(),
@@ -353,23 +329,7 @@ def _excused_within_caps(name: str, judged: JudgedRounds, rules: NoiseModel, det
         return CheckResult.failed(name, breach.message, **first, **details)
     return CheckResult.passed(
         name,
-        f"per-round acceptance equals the reference{_excused_rounds(run, limits)} over {run.rounds} rounds "
+        f"per-round acceptance equals the reference{limits.excused(run)} over {run.rounds} rounds "
         f"({details['source']}); tau {tau:.3f} vs {ref_tau:.3f}; tau test p <= {limits.tau.p_value:.2g}",
         **details,
-    )
-
-
-def _excused_rounds(run: ReplayRun, limits: RoundLimits) -> str:
-    """The passing message's account of the excused rounds with their caps ("": none excused)."""
-    if not (run.target or run.drafter or run.longer or run.shorter):
-        return ""
-    unconfirmed = (
-        f" and {len(run.longer)} longer (cap {limits.longer_cap}) and {len(run.shorter)} shorter (cap "
-        f"{limits.shorter_cap}) unconfirmed rounds"
-        if run.longer or run.shorter
-        else ""
-    )
-    return (
-        f" except {len(run.target)} target near-tie and {len(run.drafter)} drafter near-tie rounds "
-        f"(cap {limits.confirmed_cap})" + unconfirmed
     )
