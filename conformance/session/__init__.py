@@ -5,7 +5,8 @@ once per distinct (engine, run, requests) and keeps the validated results. Three
 
 * :class:`~.inputs.SuiteInputs`: settings, prompts, requests and runs;
 * :class:`~.engines.EngineLifecycle`: starting the engines (in their own process unless ``isolate``
-  is off), capabilities, the engine's failure state, and every validated ``generate`` call;
+  is off), capabilities, the engine's failure state, and every validated ``generate`` call; checks
+  ask it for the reference engine (``session.engines.reference_for``);
 * :class:`~.store.RunStore`: memoised results, read through :meth:`~.store.RunStore.runs`, and the
   runs a check used (:meth:`SuiteSession.watch`).
 
