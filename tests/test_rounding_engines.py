@@ -14,13 +14,12 @@ import torch
 
 from ddtree_conformance.adapters.interface import Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
-from ddtree_conformance.checks import plan, run_plan
 from ddtree_conformance.checks.context_range import context_requests
 from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
 from ddtree_conformance.prompts import load_prompts
 from ddtree_conformance.session import SuiteSession
 from ddtree_conformance.testing import rounding_engines as rounding
-from ddtree_conformance.testing.runs import fixture_pair_settings, plan_and_run
+from ddtree_conformance.testing.runs import fixture_pair_settings, plan_and_run, run_in
 
 ENGINES = list(rounding.ROUNDING_ENGINES.values())
 
@@ -114,7 +113,7 @@ def test_an_engine_that_rounds_another_way_in_a_batch_passes_context_range_in_bf
     # requests), so the company rounds below are the ones the check judged, not a second decoding of them
     session = SuiteSession(settings, engine_factory=rounding.BatchVariantAttentionBlackBox)
     try:
-        (result,) = run_plan(session, plan(settings, ["context-range/ddtree"]))
+        (result,) = run_in(session, ["context-range/ddtree"])
         assert result.status == "pass", result.message
         assert "in one call" in result.message
         _, requests, _ = context_requests(session, 1024)

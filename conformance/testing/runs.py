@@ -2,6 +2,7 @@
 
 * :func:`plan_and_run`: plan checks for settings and run them on an engine (an engine class, or any
   ``(model_dir, drafter_dir) -> Engine`` factory; None: the settings' engine), in a session closed after;
+* :func:`run_in`: the same on a session the caller holds (to read its memoised runs after);
 * :func:`by_family`, :func:`by_id`: its results keyed by check family or check id;
 * :func:`fixture_pair_settings`: settings for the fixture pair (the bundled target, drafter and prompt set),
   run in-process;
@@ -22,7 +23,7 @@ from ddtree_conformance.session import EngineFactory, SuiteSession, SuiteSetting
 
 from .random_pair import write_random_prompts
 
-__all__ = ["plan_and_run", "by_family", "by_id", "fixture_pair_settings", "random_pair_settings"]
+__all__ = ["plan_and_run", "run_in", "by_family", "by_id", "fixture_pair_settings", "random_pair_settings"]
 
 
 def plan_and_run(
@@ -38,17 +39,23 @@ def plan_and_run(
     ``names`` are whole check ids (``sampling/ddtree-B16/T=1`` without ``.../T=1,top_k=3``).
     ``require_support``: what both front ends do before any check: hold the oracle files, then refuse what
     the run cannot do (the noise model and prompts read, the engine started, its capabilities read)."""
-    checks = plan(settings, None if names is None else list(names))
-    if exact:
-        checks = [c for c in checks if c.id in names]
     session = SuiteSession(settings, engine_factory=engine)
     try:
         if require_support:
             hold_oracle(session)
             session.require_support()
-        return run_plan(session, checks)
+        return run_in(session, names, exact=exact)
     finally:
         session.close()
+
+
+def run_in(session: SuiteSession, names: Sequence[str] | None = None, *, exact: bool = False) -> list[CheckResult]:
+    """The results of ``plan(session.settings, names)`` run in ``session``, which the caller holds and
+    closes: what the checks ran stays memoised there for the caller to read."""
+    checks = plan(session.settings, None if names is None else list(names))
+    if exact:
+        checks = [c for c in checks if c.id in names]
+    return run_plan(session, checks)
 
 
 def by_family(results: Iterable[CheckResult]) -> dict[str, CheckResult]:
