@@ -184,7 +184,8 @@ def test_rounds_reported_longer_after_a_near_tie_flip_in_a_batch_fail_context_ra
     assert "shorter rounds set aside" in result.message, result.message
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+# float32 nightly (thorough, 12 s of a CI worker): bfloat16, where rounding and dropped drafts mix, stays in CI
+@pytest.mark.parametrize("dtype", [pytest.param("float32", marks=pytest.mark.thorough), "bfloat16"])
 def test_drafts_dropped_in_a_busy_call_pass_context_range_as_a_black_box(dtype):
     """A correct engine whose busy call verifies every third round's root alone, reporting outputs and
     lengths only: the call's rounds are shorter than the replay's, each request runs again alone (the

@@ -50,6 +50,8 @@ from ddtree_conformance.testing.tiers import (  # noqa: E402
 
 MAX_NEW_TOKENS = 64
 CHECKS = ["lossless", "golden", "acceptance"]
+#: prompts of the broken-drafter run (its acceptance fails on the first prompts already: see the test)
+BROKEN_PROMPTS = 20
 ENGINE_OPTIONS = VLLM_TIER_ENGINE_OPTIONS  # shared with the other vLLM tier module: one engine process
 SUMMARY = TierSummary("VLLM_TIER_SUMMARY")
 RUN_SEED = secrets.randbits(32)  # one per module: every session here draws the same held-out prompts
@@ -102,7 +104,9 @@ def broken(tmp_path_factory):
     config["dflash_config"]["target_layer_ids"] = [i + 1 for i in layers]
     assert max(config["dflash_config"]["target_layer_ids"]) < config["num_target_layers"]
     (drafter / "config.json").write_text(json.dumps(config, indent=2))
-    session = SuiteSession(_settings(drafter_dir=str(drafter)))  # pair_name stays "fixture": golden reference
+    # pair_name stays "fixture": golden reference; BROKEN_PROMPTS, not 80: the acceptance judge replays the
+    # reference with this drafter (no golden file holds it), about 1.3 s a prompt on a 2-core CI machine
+    session = SuiteSession(_settings(drafter_dir=str(drafter), limit=BROKEN_PROMPTS))
     try:
         out = _run(session)
         out.update(
@@ -185,7 +189,7 @@ def test_dflash_acceptance_matches_reference(real, golden):
 def test_broken_drafter_lossless_but_fails_acceptance(broken, real, golden):
     res = broken["results"]
     numbers = _acceptance_numbers(broken["session"], broken["dflash"], golden)
-    n_plain = _exact(broken["dflash"], [r.output_ids for r in real["plain"]])
+    n_plain = _exact(broken["dflash"], [r.output_ids for r in real["plain"][:BROKEN_PROMPTS]])
     SUMMARY["broken_drafter"] = {
         "target_layer_ids": broken["layers"],
         "acceptance_check": res["acceptance/dflash"].status + ": " + res["acceptance/dflash"].message,
@@ -197,7 +201,7 @@ def test_broken_drafter_lossless_but_fails_acceptance(broken, real, golden):
         "seconds": broken["seconds"],
     }
     assert res["golden/dflash"].status == "pass", res["golden/dflash"].message
-    assert n_plain == len(real["plain"]), "broken drafter must stay lossless"
+    assert n_plain == len(broken["dflash"]) == BROKEN_PROMPTS, "broken drafter must stay lossless"
     assert res["acceptance/dflash"].status == "fail", res["acceptance/dflash"].message
     assert "batch-pooled tau" in res["acceptance/dflash"].message  # vLLM's counters pool over the batch
     assert "golden" in res["acceptance/dflash"].message  # the pair's own acceptance, not a reference sharing the fault

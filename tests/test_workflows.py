@@ -353,6 +353,18 @@ def test_the_cpu_workflow_cancels_superseded_runs():
     assert "package-smoke" in str(cpu["jobs"]["package"])
 
 
+def test_the_thorough_tier_runs_nightly():
+    """The tests marked ``thorough`` are left out of the default tier (pyproject's addopts): a scheduled job
+    runs them, so leaving a test out of CI's budget never leaves it unrun."""
+    cpu = load("cpu.yml")
+    triggers = cpu[True] if True in cpu else cpu["on"]  # YAML 1.1 reads the key `on` as True
+    assert triggers["schedule"][0]["cron"]
+    job = cpu["jobs"]["thorough"]
+    assert "schedule" in job["if"]
+    assert any("pytest -q -m thorough" in step.get("run", "") for step in job["steps"])
+    assert "not thorough" in (ROOT / "pyproject.toml").read_text()
+
+
 def test_tox_calls_the_tier_scripts_instead_of_defining_the_tiers():
     tox = (ROOT / "tox.ini").read_text()
     for tier in ("vllm", "sglang"):
