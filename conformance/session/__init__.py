@@ -81,7 +81,8 @@ class SuiteSession:
     def require_support(self) -> None:
         """Refuse, before any check runs, what this run cannot do: a broken calibration of the run's dtype
         (bad input, named) and settings beyond the engine's capabilities (one ``SettingsError``). The noise
-        model is read before the engine starts."""
+        model is read before the engine starts; the prompt set is read, and the held-out prompts drawn,
+        once the engine is known to support the run (:meth:`.inputs.SuiteInputs.prepare`)."""
 
         def check_inputs() -> None:
             try:
@@ -90,6 +91,7 @@ class SuiteSession:
                 raise SettingsError(str(exc)) from None
 
         self.engines.require_support(check_inputs)
+        self.inputs.prepare()  # the prompts every check runs on, read and drawn once before the first
 
     # -- inputs (SuiteInputs) --------------------------------------------------------------------
     @property

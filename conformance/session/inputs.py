@@ -67,6 +67,16 @@ class SuiteInputs:
         """Every prompt of the run: the bundled ones, then the held-out ones."""
         return self.bundled + self.held_out
 
+    def prepare(self) -> None:
+        """Read the prompt set and draw the held-out prompts now, once, as a run's setup (before its first
+        check). Whatever fails here is left as it was: nothing is cached, so each check that needs the
+        prompts meets the same error and reports it as before (a prompt file that cannot be read: one line
+        naming it, :func:`~ddtree_conformance.checks.runner.run_plan`)."""
+        try:
+            self.prompts  # noqa: B018 (the cached property's work is the point)
+        except Exception:  # noqa: BLE001 (reported by the checks, see above)
+            pass
+
     def requests(self, **overrides) -> list[Request]:
         """One request per prompt: ``max_new_tokens`` from the settings, unless overridden."""
         base = {"max_new_tokens": self.settings.max_new_tokens, **overrides}
