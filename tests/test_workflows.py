@@ -433,3 +433,11 @@ def test_the_release_steps_refuse_a_wrong_version_a_taken_tag_and_a_dirty_tree(t
     (tmp_path / "conformance" / "__init__.py").write_text('__version__ = "1.2.4"\n')
     with pytest.raises(release.ReleaseError, match="uncommitted changes"):
         release.check("1.2.4", tmp_path)
+
+
+@pytest.mark.parametrize("script", ["run", "vllm-tier", "sglang-tier"])
+def test_the_ci_scripts_parse(script):
+    """``bash -n``: a quote typed into a comment inside ``.ci/run``'s single-quoted install step once ended the
+    string early, and CI stopped at line 101 with a syntax error before any test ran."""
+    parsed = subprocess.run(["bash", "-n", str(ROOT / ".ci" / script)], capture_output=True, text=True)
+    assert parsed.returncode == 0, parsed.stderr
