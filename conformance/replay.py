@@ -270,12 +270,12 @@ def judge_rounds(
     for the context-cut freedom; None: no round is judged as cut by the context. ``max_new_tokens``:
     the request's length limit, for the emittable-depth freedom; None: not judged.
     """
+    how = _Judging(prompt, output, rules, mode, budget, token_gaps, engine_traces, context_limit, max_new_tokens)
+    verdicts = [v for rnd in replayed if (v := _round_verdict(rnd, engine_lengths[rnd.index], how)) is not None]
     # tau counts what the output shows: a last round cut by the output's end counts its emitted tokens
     # on both sides, so a length claimed past the end (unobservable) cannot inflate it
     mine_emitted = emitted_lengths(engine_lengths, len(output))
     theirs_emitted = emitted_lengths([r.length for r in replayed], len(output))
-    how = _Judging(prompt, output, rules, mode, budget, token_gaps, engine_traces, context_limit, max_new_tokens)
-    verdicts = [v for rnd in replayed if (v := _round_verdict(rnd, engine_lengths[rnd.index], how)) is not None]
     target_side = {v.round for v in verdicts if v.kind in _TARGET_SIDE}
     drafter_side = [a - b for rnd, a, b in zip(replayed, mine_emitted, theirs_emitted) if rnd.index not in target_side]
     lean = []

@@ -68,17 +68,26 @@ class SuiteInputs:
         return self.bundled + self.held_out
 
     def prepare(self) -> None:
-        """Read the prompt set and draw the held-out prompts now, once, as a run's setup (before its first
-        check). Whatever fails here is left as it was: nothing is cached, so each check that needs the
-        prompts meets the same error and reports it as before (a prompt file that cannot be read: one line
-        naming it, :func:`~ddtree_conformance.checks.runner.run_plan`)."""
+        """A run's setup, before its first check: read the prompt set, draw the held-out prompts, build
+        the default requests and index the prompts' labels, once. Whatever fails here is left as it
+        was: nothing is cached, so each check that needs the prompts meets the same error and reports
+        it as before (a prompt file that cannot be read: one line naming it,
+        :func:`~ddtree_conformance.checks.runner.run_plan`)."""
         try:
-            self.prompts  # noqa: B018 (the cached property's work is the point)
+            self.labels(self.requests())
         except Exception:  # noqa: BLE001 (reported by the checks, see above)
             pass
 
     def requests(self, **overrides) -> list[Request]:
-        """One request per prompt: ``max_new_tokens`` from the settings, unless overridden."""
+        """One request per prompt: ``max_new_tokens`` from the settings, unless overridden. The default
+        requests are built once (requests are frozen; each call gets its own list)."""
+        if overrides:
+            return self._build_requests(overrides)
+        if "_default_requests" not in self.__dict__:
+            self._default_requests = self._build_requests({})
+        return list(self._default_requests)
+
+    def _build_requests(self, overrides: dict) -> list[Request]:
         base = {"max_new_tokens": self.settings.max_new_tokens, **overrides}
         return [Request(prompt_ids=p.prompt_ids, **base) for p in self.prompts]
 
@@ -97,10 +106,7 @@ class SuiteInputs:
 
     def labels(self, requests: list[Request]) -> list[str]:
         """How messages name each request: its prompt id when it is a prompt of the set."""
-        try:
-            ids = {tuple(p.prompt_ids): p.id for p in self.prompts}
-        except Exception:  # the prompt set cannot be read: name requests by their ids
-            ids = {}
+        ids = self._prompt_ids()
         out = []
         for r in requests:
             pid = ids.get(tuple(r.prompt_ids))
@@ -110,6 +116,16 @@ class SuiteInputs:
                 shown = ", ".join(map(str, r.prompt_ids[:6])) + (", ..." if len(r.prompt_ids) > 6 else "")
                 out.append(f"prompt ids [{shown}]")
         return out
+
+    def _prompt_ids(self) -> dict[tuple[int, ...], str]:
+        """Prompt ids by token ids, indexed once; empty (not cached) while the prompt set cannot be read:
+        requests are then named by their ids."""
+        if "_ids" not in self.__dict__:
+            try:
+                self._ids = {tuple(p.prompt_ids): p.id for p in self.prompts}
+            except Exception:  # noqa: BLE001 (the prompt set cannot be read: named by their ids)
+                return {}
+        return self._ids
 
     @cached_property
     def scorer(self) -> TargetScorer:
