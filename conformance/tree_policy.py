@@ -35,8 +35,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ddtree_conformance.adapters.reference.dflash import DFlashConfig
-
 from .policy_rounds import RoundView, TracedRound, child_counts, compare_round, level_widths, numbering, round_views
 from .policy_trees import PolicyFit, fit_policy, node_paths
 
@@ -45,7 +43,6 @@ __all__ = [
     "PolicyDiagnosis",
     "PolicyFinding",
     "RoundView",
-    "block_size",
     "diagnose_traces",
     "policy_table",
     "round_views",
@@ -55,16 +52,6 @@ __all__ = [
 STRUCTURE_SHARE = 0.9  # differing rounds whose spec tree is wider than the engine's widest node, to name a width cap
 FINDINGS = ("depth-beyond-block", "chain", "width-cap", "depth-bonus", "early-stop", "unexplained")
 EXPLAINED_SHARE = 0.9  # a fitted policy must reproduce this share of the differing rounds
-
-
-def block_size(drafter_dir: str | None) -> int | None:
-    """The drafter's ``block_size`` (L + 1), or None when it cannot be read."""
-    if drafter_dir is None:
-        return None
-    try:
-        return DFlashConfig.from_dir(drafter_dir).block_size
-    except (OSError, ValueError):
-        return None
 
 
 # ---------------------------------------------------------------------------------------------- diagnosis

@@ -27,7 +27,7 @@ from ..policy_matching import PolicyReference, match_on_rounds, replay_known_pol
 from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import rules_for
-from ..tree_policy import block_size, diagnose_traces, policy_table, round_views
+from ..tree_policy import diagnose_traces, policy_table, round_views
 from .acceptance_aggregates import NO_ACCEPTANCE, reports_aggregates
 from .acceptance_rounds import RoundsUnderTest
 from .result import CheckResult
@@ -101,8 +101,8 @@ def _named_policy(
     """A failing ddtree verdict with the tree policy that explains it, where one does
     (:mod:`ddtree_conformance.tree_policy`): from the tree checks' traced run where the engine traces,
     else from its acceptance (:mod:`ddtree_conformance.acceptance_policy`)."""
-    s, caps = session.settings, session.capabilities
-    block = block_size(s.drafter_dir)
+    caps = session.capabilities
+    block = session.engines.info(session.engines.engine).limits.block_size  # the pair's, as integrity reads it
     deeper = [] if caps.traced(mode) else acceptance_depth_findings(results, block, budget)
     # aggregates that cannot vouch either way: a known policy that the engine's per-prompt acceptance
     # equals (not one merely close in tau) decides it, as a failure naming the policy

@@ -23,7 +23,7 @@ from ..run import Run
 from ..scorer import shared_scorer
 from ..session import SuiteSession
 from ..token_scoring import rules_for
-from ..tree_policy import PolicyDiagnosis, RoundView, block_size, diagnose_traces, policy_table, round_views
+from ..tree_policy import PolicyDiagnosis, RoundView, diagnose_traces, policy_table, round_views
 from .result import CheckResult
 from .traced_runs import traced_run
 
@@ -163,7 +163,7 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
         return CheckResult.skipped(name, f"engine gives no per-round traces in mode {mode}")
     limit = budget if mode == "ddtree" else None
     indices, results = traced_run(session, mode, budget)
-    block = block_size(session.settings.drafter_dir)
+    block = session.engines.info(session.engines.engine).limits.block_size  # the pair's, as integrity reads it
     found = _SortedRounds()
     for prompt, result in zip([session.prompts[i] for i in indices], results):
         failure = _trace_failure(name, prompt, result, limit)
