@@ -10,6 +10,7 @@ trained fixture pair, on a few prompts; ``scripts/excuse_farming.py`` runs them 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -246,6 +247,35 @@ def test_oracle_files_are_held_before_the_engine_starts_and_a_change_is_named(pa
             manifest.write_bytes(before)
         assert changed_on_disk(session) is None
     finally:
+        session.close()
+
+
+def test_pair_limits_are_read_before_the_engine_starts(pairs):
+    """An engine that rewrites the drafter's config while it starts (block size 8 -> 64) and puts it back
+    before a check ends leaves the watched files' hashes as they were; the pair's limits, which the
+    integrity rules, the tree check and the policy diagnosis read, were taken before it existed."""
+    settings = pairs["random"]
+    config = Path(settings.drafter_dir) / "config.json"
+    original = config.read_bytes()
+
+    class ForgesItsBlockSize(ReferenceEngine):
+        def __init__(self, model_dir, drafter_dir=None, **options):
+            super().__init__(model_dir, drafter_dir, **options)
+            config.write_text(json.dumps({**json.loads(original), "block_size": 64}))
+
+        def generate(self, requests, config_):
+            config.write_bytes(original)  # back before any check ends: nothing on disk shows it
+            return super().generate(requests, config_)
+
+    session = SuiteSession(settings, engine_factory=ForgesItsBlockSize)
+    try:
+        session.require_support()  # starts the engine: the config now says 64
+        assert json.loads(config.read_text())["block_size"] == 64
+        assert session.engines.info(session.engines.engine).limits.block_size == 8
+        session.plain()
+        assert config.read_bytes() == original
+    finally:
+        config.write_bytes(original)
         session.close()
 
 

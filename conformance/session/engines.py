@@ -65,6 +65,7 @@ class EngineLifecycle:
         self._factory = factory or partial(engine_from_settings, settings)
         self._engines: dict[tuple, Engine] = {}
         self._info: dict[int, EngineInfo] = {}  # id(engine) -> info
+        self._limits: dict[tuple, PairLimits] = {}  # pair key -> its limits, read once (limits_of)
         self.failure: EngineDied | None = None  # the engine could not start or died: nothing more runs
         self.failure_reported = False  # the pytest route shows the engine's log tail once
         self._caps: Capabilities | None = None
@@ -92,6 +93,7 @@ class EngineLifecycle:
             if self.failure is not None:
                 raise self.dead_again()
             name = self.settings.engine
+            limits = self.limits_of(*key)  # read before the engine exists: it cannot forge them
             try:
                 with self.heartbeat(name, "start"):
                     engine = self._factory(*key)
@@ -102,8 +104,18 @@ class EngineLifecycle:
             except Exception as exc:  # an in-process engine that cannot be built: it cannot start
                 raise self._fail(EngineDied(f"engine {name!r} failed to start: {type(exc).__name__}: {exc}")) from exc
             self._engines[key] = engine
-            self._info[id(engine)] = EngineInfo(name, EngineRole.UNDER_TEST, PairLimits.read(*key))
+            self._info[id(engine)] = EngineInfo(name, EngineRole.UNDER_TEST, limits)
         return self._engines[key]
+
+    def limits_of(self, model_dir: str, drafter_dir: str | None) -> PairLimits:
+        """A pair's limits (vocabulary, block size), read from its config files once, the first time the
+        pair is named: for the settings' pair, before the engine under test starts, so that an engine which
+        rewrites a config and restores it before a check ends (the watched files' hashes then match)
+        still meets the pair's own limits."""
+        key = _pair_key(model_dir, drafter_dir)
+        if key not in self._limits:
+            self._limits[key] = PairLimits.read(*key)
+        return self._limits[key]
 
     def reference_for(self, model_dir: str, drafter_dir: str | None) -> Engine:
         """The in-process reference engine on a pair: the oracle for acceptance comparisons."""
@@ -111,7 +123,7 @@ class EngineLifecycle:
         if key not in self._engines:
             engine = ReferenceEngine(*key[1:])
             self._engines[key] = engine
-            self._info[id(engine)] = EngineInfo("reference (oracle)", EngineRole.ORACLE, PairLimits.read(*key[1:]))
+            self._info[id(engine)] = EngineInfo("reference (oracle)", EngineRole.ORACLE, self.limits_of(*key[1:]))
         return self._engines[key]
 
     @property
