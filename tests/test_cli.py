@@ -564,8 +564,8 @@ def test_check_prints_one_line_per_check_and_a_heartbeat_when_not_a_terminal(pai
                 "lossless",
                 "--check",
                 "tree-structure",
-                "--engine-timeout",
-                "4",
+                "--engine-timeout",  # start-up shares it: 8 s leaves a loaded CI machine room to start
+                "8",
                 "--engine",
                 "ddtree_conformance.testing.misbehaving:HangInGenerate",
                 "-O",
@@ -584,7 +584,7 @@ def test_check_prints_one_line_per_check_and_a_heartbeat_when_not_a_terminal(pai
         for line in progress
         if line.startswith(f"[ddtree] waiting for engine '{name}': generate 3 requests (plain), ")
     ]
-    assert beats and beats[0].endswith(" s")
+    assert beats and beats[0].endswith(" s"), progress
     assert re.fullmatch(r"\[ddtree\] check lossless/ddtree-B4: fail \(\d+\.\d s\): .*", progress[-1]), progress
     assert "hung: no answer to" in progress[-1], progress
 
