@@ -9,7 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddtree_conformance.adapters.reference.device_tree import build_tree_on_device
+from ddtree_conformance.adapters.reference.device_tree import (
+    ancestor_table,
+    build_tree_on_device,
+    build_tree_with_ancestors,
+)
 from ddtree_conformance.spec import build_tree
 
 
@@ -43,6 +47,33 @@ def test_equal_to_the_heap_on_a_drafters_shape(budget, seed):
     g = torch.Generator().manual_seed(seed)
     logits = (torch.randn(15, 1000, generator=g) * 3).to(torch.bfloat16).float()
     _assert_same(logits, budget)
+
+
+def _ancestors_by_hand(tree, columns: int) -> list[list[int]]:
+    parents, rows = tree.parents.tolist(), []
+    for node in range(len(parents)):
+        chain = []
+        while node > 0:
+            chain.append(node)
+            node = parents[node]
+        rows.append(chain[::-1] + [-1] * (columns - len(chain)))
+    return rows
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    depth=st.integers(1, 6),
+    vocab=st.integers(1, 9),
+    budget=st.integers(1, 70),
+    seed=st.integers(0, 10_000),
+    extra=st.integers(0, 3),
+)
+def test_the_ancestor_tables_list_each_nodes_path(depth, vocab, budget, seed, extra):
+    """The build's table and the one from parent pointers both hold, per node, its path from depth 1."""
+    logits = torch.randint(-2, 3, (depth, vocab), generator=torch.Generator().manual_seed(seed)).float()
+    tree, table = build_tree_with_ancestors(logits, budget)
+    assert table.tolist() == _ancestors_by_hand(tree, depth)
+    assert ancestor_table(tree, depth + extra).tolist() == _ancestors_by_hand(tree, depth + extra)
 
 
 def test_refuses_what_the_heap_refuses():
@@ -86,6 +117,11 @@ def test_the_walk_equals_the_spec_walk(depth, vocab, budget, seed, pad):
             target[parent, int(tree.tokens[node])] = 5.0
     _assert_same_walk(tree, target)
     _assert_same_walk(tree, target, max_depth=depth + pad)
+    # with the table the tensor build gives (the fast path's way)
+    built, table = build_tree_with_ancestors(draft, budget)
+    path, accepted, bonus = greedy_walk_on_device(built, target, depth, ancestors=table)
+    want = walk_tree(tree, target)
+    assert (path.tolist()[: int(accepted)], int(bonus)) == (want.accepted, want.bonus)
 
 
 # ---------------------------------------------------------------------------- the verify inputs
@@ -112,3 +148,6 @@ def test_the_verify_inputs_equal_the_spec_compile(depth, vocab, budget, seed, st
         got = verify_inputs_on_device(tree, torch.tensor(root), start, start + extra, dtype, given_depth)
         for name in ("input_ids", "position_ids", "visibility", "attention_mask"):
             assert torch.equal(getattr(want, name), getattr(got, name)), (name, given_depth)
+    table = ancestor_table(tree, depth + extra)
+    got = verify_inputs_on_device(tree, torch.tensor(root), start, start + extra, dtype, depth + extra, table)
+    assert torch.equal(want.attention_mask, got.attention_mask)

@@ -113,6 +113,19 @@ def test_a_greedy_ddtree_round_runs_after_its_draft_as_one_graph_with_the_host_p
         ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="gpu")
 
 
+def test_stale_positions_stay_broken_when_the_round_runs_as_one_graph(fixture_requests):
+    """The round as one graph carries its start from round to round on the device; a build whose start
+    never reaches the graph's buffer after the first round must still go wrong there."""
+    config = RunConfig(mode="ddtree", budget=16, cuda_graphs=True, timing=True)
+    good = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="on").generate(
+        fixture_requests, config
+    )
+    bad = StalePositionsUnderGraphs(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="on")
+    broken = bad.generate(fixture_requests, config)
+    assert "tree_round" in broken[0].timings.stages
+    assert [r.output_ids for r in broken] != [r.output_ids for r in good]
+
+
 @pytest.mark.parametrize("mutant", [FlatPositions, SiblingMask])
 def test_a_build_that_replaces_a_round_step_runs_its_round_on_the_host(fixture_requests, mutant):
     """A broken build's own compile step must run, not the device round's correct one: its bug survives

@@ -9,10 +9,11 @@ drafter's caches for one request and runs the forwards the loop asks for:
   graph on CUDA (:mod:`.graphs`). The prefill stays eager (then its K/V move into the static
   cache), as does the first draft after it (a shape seen once per request). The tree, the compiled
   verify inputs and the walk live on the host between the draft's and the verify's graphs; with the
-  engine's ``device_tree`` on, a greedy DDTree round whose steps are the spec's own runs everything
-  after the draft in one graph instead (:meth:`StaticDecoder.tree_round`): the tree built with tensors
-  (:mod:`.device_tree`), its verify inputs (:mod:`.device_verify`), the target's forward and the
-  greedy walk (:mod:`.device_walk`), with one read back per round.
+  engine's ``device_tree`` on, a greedy DDTree round whose steps are the spec's own runs as one graph
+  instead (:meth:`StaticDecoder.tree_round`): the tree built with tensors (:mod:`.device_tree`), its
+  verify inputs (:mod:`.device_verify`), the target's forward, the greedy walk (:mod:`.device_walk`),
+  the commit and the next round's draft, with one read back per round and nothing copied from the
+  host between rounds.
 
 Both answer ``prefill``, ``step`` (one plain token), ``verify`` (the compiled tree), ``compact`` (the
 engine's compaction step on this cache) and ``draft``.
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 
 from ddtree_conformance.spec import DraftTree, VerifyInputs, WalkResult, compact_dynamic_cache
 
-from .device_tree import build_tree_on_device
+from .device_tree import build_tree_with_ancestors
 from .device_verify import verify_inputs_on_device
 from .device_walk import greedy_walk_on_device
 from .graphs import GraphRunner, StaticDraftCache, StaticTargetCache, capacity_for, fill_in_place
@@ -139,15 +140,17 @@ class FastPathState:
 
 @dataclass(frozen=True)
 class TreeRound:
-    """One greedy round after its draft, as :meth:`StaticDecoder.tree_round` ran it on the device: the
-    tree (device tensors), its verify inputs (ids and positions on the host, read back), the target's
-    logits and features (device), and the walk."""
+    """One greedy round as :meth:`StaticDecoder.tree_round` ran it on the device: the tree (device
+    tensors), its verify inputs (ids and positions on the host, read back), the target's logits and
+    features (device), the walk, and the drafter logits the round's tree was built from (device). Its
+    device tensors are the graph's buffers: read them before the next round runs."""
 
     tree: DraftTree
     verify: VerifyInputs
     logits: torch.Tensor
     features: torch.Tensor
     walk: WalkResult
+    draft_logits: torch.Tensor
 
     def parts(self) -> tuple:
         """``(tree, verify, logits, features, walk)``, as the host steps give them."""
@@ -177,6 +180,7 @@ class StaticDecoder(EagerDecoder):
         self.static: StaticTargetCache | None = None
         self.draft_static: StaticDraftCache | None = None
         self.minimum = torch.finfo(pair.dtype).min
+        self._carried: dict[str, torch.Tensor] = {}  # the next round's draft, root and start (tree_round)
 
     # -- target ---------------------------------------------------------------------------
     def prefill(self, prompt_ids: list[int]):
@@ -237,23 +241,43 @@ class StaticDecoder(EagerDecoder):
         self.static.length = start + rows
         return out
 
-    def tree_round(self, draft_logits: torch.Tensor, root: int, start: int, budget: int) -> TreeRound:
-        """A greedy round after its draft, in one graph (module doc): the spec's tree of ``budget`` nodes
-        from ``draft_logits`` (:func:`.build_tree_on_device`, equal to the heap's), its verify inputs at
-        ``start`` (the root's position) with the mask over the whole cache, the target's forward (writing
-        the tree's K/V at ``start ..``), and the greedy walk; then one read back of the walk, the tree's
-        tokens and depths, and the target's token at every node. Nothing here reads a value before that."""
+    def tree_round(
+        self, budget: int, start: int, draft_logits: torch.Tensor | None = None, root: int | None = None
+    ) -> TreeRound:
+        """A greedy round as one graph (module doc), from the drafter's logits to the next round's:
+
+        1. the spec's tree of ``budget`` nodes (:func:`.build_tree_with_ancestors`, equal to the heap's), its
+           verify inputs at ``start`` (the root's position) with the mask over the whole cache, the target's
+           forward (writing the tree's K/V at ``start ..``) and the greedy walk;
+        2. the commit: the root's and the accepted nodes' K/V moved to ``start ..`` (the spec's compaction),
+           and their feature rows kept as the drafter's context;
+        3. the next round's draft from the bonus token, at ``start + accepted + 1``.
+
+        Then one read back: the walk, the tree's tokens and depths, the target's token at every node.
+        The request's first round takes ``draft_logits`` and ``root`` (its draft ran after the prefill);
+        every later one takes the previous round's draft, bonus and start where they are, on the device,
+        so nothing is copied from the host between rounds.
+
+        The shapes are fixed: the commit always moves ``L + 1`` rows and the draft always reads ``L + 1``
+        context rows (L the drafter's positions). Rows past the accepted ones carry the root's K/V and
+        features; they sit at or beyond the next round's root position, where the masks hide them and the
+        next round writes over them."""
         pair, cache, capacity, minimum, lean = self.pair, self.static, self.capacity, self.minimum, self.lean
-        depth_limit = int(draft_logits.shape[0])
+        drafter, draft_cache = pair.drafter, self.draft_static
+        size, mask_token = drafter.block_size, drafter.config.mask_token_id
+        depth_limit = size - 1
 
         def forward(static):
-            tree = build_tree_on_device(static["draft"], budget)
+            tree, ancestors = build_tree_with_ancestors(static["draft"], budget)
             rows = tree.tokens.shape[0]
-            compiled = verify_inputs_on_device(tree, static["root"], 0, 0, dtype=pair.dtype, max_depth=depth_limit)
+            compiled = verify_inputs_on_device(
+                tree, static["root"], 0, 0, dtype=pair.dtype, max_depth=depth_limit, ancestors=ancestors
+            )
             begin = static["start"]  # [1]: the root's position and cache slot
+            device = begin.device
             positions = begin + tree.depths
-            slots = begin + torch.arange(rows, device=begin.device)
-            columns = torch.arange(capacity, device=begin.device) - begin  # column - start
+            slots = begin + torch.arange(rows, device=device)
+            columns = torch.arange(capacity, device=device) - begin  # column - start
             in_tree = (columns >= 0) & (columns < rows)
             visible = (columns < 0) | (compiled.visibility[:, columns.clamp(0, rows - 1)] & in_tree)
             mask = torch.where(visible, 0.0, minimum).to(pair.dtype).view(1, 1, rows, capacity)
@@ -264,21 +288,46 @@ class StaticDecoder(EagerDecoder):
                 logits, features = pair.forward(
                     compiled.input_ids, positions, cache, {"full_attention": mask, "sliding_attention": mask}
                 )
-            path, accepted, bonus = greedy_walk_on_device(tree, logits, max_depth=depth_limit)
+            path, accepted, bonus = greedy_walk_on_device(tree, logits, max_depth=depth_limit, ancestors=ancestors)
             chosen = torch.argmax(logits, dim=-1)
             head = torch.stack([accepted, bonus]).long()
             packed = torch.cat([head, path, compiled.input_ids, tree.depths, chosen])
-            return tree, compiled.visibility, logits, features, packed
 
-        inputs = {"draft": draft_logits, "root": torch.tensor([root]), "start": torch.tensor([start])}
-        key = ("tree", budget, depth_limit, self.capacity, id(self.static), lean is not None)
-        tree, visibility, logits, features, packed = self.state.runner.run(key, forward, inputs, fill=self.fill)
+            # the commit: rows start + [0, *accepted] move to start + 0.. (padded with the root's row)
+            kept = torch.cat([torch.zeros(1, dtype=torch.long, device=device), path.clamp(min=0)])
+            committed = begin + torch.arange(depth_limit + 1, device=device)
+            cache.buffer.index_copy_(4, committed, cache.buffer.index_select(4, begin + kept))
+            # the next draft: the kept rows' features as context at start.., the block from the bonus
+            next_start = begin + accepted + 1
+            block = torch.cat(
+                [bonus.view(1), torch.full((size - 1,), mask_token, dtype=torch.long, device=device)]
+            ).view(1, size)
+            draft_positions = torch.cat([committed, next_start + torch.arange(size, device=device)]).view(1, -1)
+            draft_columns = torch.arange(capacity + size, device=device)
+            draft_visible = (draft_columns < next_start) | (draft_columns >= capacity)
+            draft_mask = torch.where(draft_visible, 0.0, minimum).to(pair.dtype).view(1, 1, 1, -1)
+            draft_cache.slots = committed
+            embeds = pair.target.get_input_embeddings()(block)
+            context = features.index_select(0, kept).unsqueeze(0)
+            hidden = drafter(embeds, context, draft_positions, draft_cache, attention_mask=draft_mask)
+            next_draft = pair.target.get_output_embeddings()(hidden[0, 1:])
+            carried = {"draft": next_draft, "root": bonus.view(1), "start": next_start}
+            return tree, compiled.visibility, logits, features, static["draft"], packed, carried
+
+        if draft_logits is not None:
+            inputs = {"draft": draft_logits, "root": torch.tensor([root]), "start": torch.tensor([start])}
+        else:
+            inputs = self._carried
+        key = ("round", budget, depth_limit, self.capacity, id(self.static), id(draft_cache), lean is not None)
+        tree, visibility, logits, features, drafted, packed, self._carried = self.state.runner.run(
+            key, forward, inputs, fill=self.fill
+        )
         rows = tree.tokens.shape[0]
         values = packed.tolist()  # the round's one read back
         accepted, bonus = values[0], values[1]
         path = values[2 : 2 + accepted]
         ids, depths, chosen = (values[2 + depth_limit + i * rows : 2 + depth_limit + (i + 1) * rows] for i in range(3))
-        self.static.length = start + rows
+        self.static.length = start + accepted + 1
         verify = VerifyInputs(
             input_ids=torch.tensor(ids),
             position_ids=torch.tensor([start + d for d in depths]),
@@ -286,7 +335,7 @@ class StaticDecoder(EagerDecoder):
             attention_mask=torch.empty(0),  # the graph's mask spans the cache; nothing reads it after
         )
         walk = WalkResult(accepted=path, bonus=bonus, target_tokens={node: chosen[node] for node in (0, *path)})
-        return TreeRound(tree, verify, logits, features, walk)
+        return TreeRound(tree, verify, logits, features, walk, drafted)
 
     def compact(self, step, start: int, accepted: list[int]) -> None:
         if step is compact_dynamic_cache:  # the spec's own step, done for every layer in one gather

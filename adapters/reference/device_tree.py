@@ -3,19 +3,28 @@
 :func:`ddtree_conformance.spec.build_tree` pops a heap in Python, one node at a time: on a GPU that
 means copying the drafter's top-k to the host every round and building the tree there, between the
 drafter's graph and the verify graph. :func:`build_tree_on_device` returns the same tree (every
-field equal, ties included) from sorts and gathers on the logits' device, with no value read back:
+field equal, ties included) from sorts, gathers and scatters on the logits' device, with no value read
+back and a fixed number of kernels (about ten per depth), so that it can sit in a CUDA graph:
 
-* The B most probable prefixes form a prefix-closed set (a child's score ``parent + lp`` is never
-  above its parent's, and on a tie the parent comes first), and a prefix of depth d among them has
-  fewer than B prefixes of depth d before it. So, depth by depth, the B best prefixes of depth d
-  among the extensions of the B best of depth d - 1 (a beam of width B) hold every node of the tree
-  at that depth: by induction from depth 1.
-* Within a depth the order is the spec's: score descending (the same float64 sums, parent score plus
-  the token's log-prob), ties by the rank tuple, compared through each beam's lexicographic rank
-  (parent's lexicographic rank times K plus the token's rank: no tuple is materialised to compare).
-* The tree is the B best of the union of the beams, in the spec's pop order: score descending, ties
-  by the rank tuple, a prefix before its extensions (rank tuples padded with -1, sorted by stable
-  passes from the last depth to the first, then a stable sort by score).
+* **Beams.** The B most probable prefixes form a prefix-closed set (a child's score ``parent + lp`` is
+  never above its parent's, and on a tie the parent comes first), and a prefix of depth d among them has
+  fewer than B prefixes of depth d before it. So, depth by depth, the B best prefixes of depth d among the
+  extensions of the B best of depth d - 1 (a beam of width B) hold every node of the tree at that depth:
+  by induction from depth 1.
+* **A beam is kept in lexicographic order** of its rank tuples. A child's index among its beam's
+  extensions (parent's index times K plus the token's rank) is then its lexicographic key, so one stable
+  sort by score (descending) puts the extensions in the spec's order (score, ties by the rank tuple),
+  and a sort of the B kept indices puts the next beam in lexicographic order again.
+* **The union in pop order.** The tree is the B best of all beams in the heap's pop order: score
+  descending, ties by the rank tuple, a prefix before its extensions, i.e. ties by the prefixes'
+  depth-first (pre-order) position in the trie the beams form. That position is counted, not sorted: a
+  node at depth d and beam index i is preceded by its ancestors' beam indices plus one at every depth
+  above it, the i nodes before it in its own beam, and every strict descendant of those i nodes. One
+  stable sort by score over the nodes laid out in pre-order then gives the pop order.
+* **Ancestors.** :func:`build_tree_with_ancestors` also returns each node's ancestors (node indices at
+  depths 1..d, the node itself last), which the verify mask (:mod:`.device_verify`) and the greedy walk
+  (:mod:`.device_walk`) read in a few kernels instead of following parent pointers one level at a time.
+  :func:`ancestor_table` computes the same table from any tree's parent pointers.
 
 ``tests/test_device_tree.py`` holds it equal to the heap on drawn logits (many exact ties) on CPU; the
 fast path uses it where the logits are on a GPU.
@@ -27,18 +36,17 @@ import torch
 
 from ddtree_conformance.spec.tree import DraftTree, per_depth_topk
 
-__all__ = ["build_tree_on_device"]
-
-
-def _order(scores: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """Indices sorting by score descending, equal scores by ``keys`` ascending (keys distinct)."""
-    by_key = torch.argsort(keys, stable=True)
-    by_score = torch.argsort(scores[by_key], descending=True, stable=True)
-    return by_key[by_score]
+__all__ = ["ancestor_table", "build_tree_on_device", "build_tree_with_ancestors"]
 
 
 def build_tree_on_device(draft_logits: torch.Tensor, budget: int) -> DraftTree:
     """:func:`~ddtree_conformance.spec.build_tree`'s tree (module doc), built on ``draft_logits``' device."""
+    return build_tree_with_ancestors(draft_logits, budget)[0]
+
+
+def build_tree_with_ancestors(draft_logits: torch.Tensor, budget: int) -> tuple[DraftTree, torch.Tensor]:
+    """``(tree, ancestors)``: :func:`build_tree_on_device`'s tree and its :func:`ancestor_table` with one
+    column per drafted position (module doc)."""
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")
     if draft_logits.dim() != 2 or draft_logits.shape[0] < 1 or draft_logits.shape[1] < 1:
@@ -47,48 +55,88 @@ def build_tree_on_device(draft_logits: torch.Tensor, budget: int) -> DraftTree:
     k = min(budget, vocab)
     lp, ids = per_depth_topk(draft_logits, k)  # float64 [L, k], int64 [L, k]
     device = draft_logits.device
-    ranks_k = torch.arange(k, device=device)
+    long = torch.long
 
-    # beam of depth 1: the k tokens, already in order
+    # the beams, each in lexicographic order: scores, token ranks, and the beam indices of every
+    # node's ancestors at depths 1..d (itself last), padded to depth_limit columns with -1
     width = min(budget, k)
-    scores, ranks = lp[0, :width], ranks_k[:width]
-    tuples = ranks.unsqueeze(1)  # [n, d]: each prefix's rank tuple
-    lex = ranks.clone()  # each prefix's lexicographic rank within its beam
-    beams = [(scores, tuples)]
+    counting = torch.arange(budget, device=device)
+    scores = lp[0, :width]
+    path = torch.full((width, depth_limit), -1, dtype=long, device=device)
+    path[:, 0] = counting[:width]
+    beam_scores, beam_ranks, paths = [scores], [counting[:width]], [path]
     for d in range(1, depth_limit):
         n = scores.shape[0]
-        child_scores = (scores.unsqueeze(1) + lp[d].unsqueeze(0)).reshape(-1)  # parent + lp, as the heap adds
-        child_keys = (lex.unsqueeze(1) * k + ranks_k.unsqueeze(0)).reshape(-1)
-        keep = _order(child_scores, child_keys)[: min(budget, n * k)]
-        parents, child_ranks = keep // k, keep % k
-        scores = child_scores[keep]
-        tuples = torch.cat([tuples[parents], child_ranks.unsqueeze(1)], dim=1)
-        lex = torch.empty_like(keep)
-        lex[torch.argsort(child_keys[keep])] = torch.arange(keep.shape[0], device=device)
-        beams.append((scores, tuples))
+        extensions = (scores.unsqueeze(1) + lp[d].unsqueeze(0)).reshape(-1)  # parent + lp, as the heap adds
+        kept = min(budget, n * k)
+        keep = torch.sort(torch.argsort(extensions, descending=True, stable=True)[:kept]).values
+        scores = extensions[keep]
+        path = path[torch.div(keep, k, rounding_mode="floor")]
+        path[:, d] = counting[:kept]
+        beam_scores.append(scores)
+        beam_ranks.append(torch.remainder(keep, k))
+        paths.append(path)
 
-    # the union of the beams in pop order: rank tuples padded with -1 sort a prefix before its extensions
-    all_scores = torch.cat([s for s, _ in beams])
-    padded = torch.cat([torch.nn.functional.pad(t, (0, depth_limit - t.shape[1]), value=-1) for _, t in beams])
-    order = torch.arange(all_scores.shape[0], device=device)
-    for column in range(depth_limit - 1, -1, -1):  # least significant first: stable passes
-        order = order[torch.argsort(padded[order, column], stable=True)]
-    order = order[torch.argsort(all_scores[order], descending=True, stable=True)][:budget]
+    # every beam node, depth by depth
+    widths = [p.shape[0] for p in paths]
+    total = sum(widths)
+    padded = torch.cat(paths)
+    all_scores, all_ranks = torch.cat(beam_scores), torch.cat(beam_ranks)
+    valid = padded >= 0
+    depths = valid.sum(dim=1)  # [total], 1-based
+    columns = torch.arange(depth_limit, device=device)
+    own = (depths - 1).unsqueeze(1)
 
-    chosen = padded[order]  # [N, L]
-    depths = (chosen >= 0).sum(dim=1)
-    last = chosen.gather(1, (depths - 1).unsqueeze(1)).squeeze(1)
-    tokens = ids[depths - 1, last]
-    # a node's parent: the chosen prefix whose padded tuple is this one's with its last rank cut
-    # (a scatter of a scalar: an indexed assignment of -1 would copy a host tensor, refused in a graph capture)
-    parent_tuples = chosen.scatter(1, (depths - 1).unsqueeze(1), -1)
-    same = (parent_tuples.unsqueeze(1) == chosen.unsqueeze(0)).all(dim=2)  # [N, N]: row's parent is column
-    parents = torch.where(depths > 1, same.int().argmax(dim=1) + 1, torch.zeros_like(depths))
-    long = torch.long
-    return DraftTree(
-        tokens=torch.cat([torch.full((1,), -1, dtype=long, device=device), tokens]),
-        depths=torch.cat([torch.zeros(1, dtype=long, device=device), depths]),
-        parents=torch.cat([torch.full((1,), -1, dtype=long, device=device), parents]),
-        ranks=torch.cat([torch.full((1,), -1, dtype=long, device=device), last]),
-        scores=torch.cat([torch.zeros(1, dtype=torch.float64, device=device), all_scores[order]]),
+    # the pre-order position of every node (module doc)
+    wide = max(widths)
+    strict = valid & (columns.unsqueeze(0) < own)  # the node's strict ancestors
+    slot = torch.where(strict, columns.unsqueeze(0) * wide + padded, depth_limit * wide)
+    descendants = torch.zeros(depth_limit * wide + 1, dtype=long, device=device)
+    descendants.scatter_add_(0, slot.reshape(-1), strict.reshape(-1).to(long))
+    descendants = descendants[:-1].view(depth_limit, wide)
+    before_in_beam = torch.cumsum(descendants, dim=1) - descendants  # descendants of the nodes before each
+    index_in_beam = padded.gather(1, own).squeeze(1)
+    preorder = (padded + 1).sum(dim=1) - 1 + before_in_beam.view(-1)[(depths - 1) * wide + index_in_beam]
+    by_preorder = torch.empty_like(preorder).scatter_(0, preorder, torch.arange(total, device=device))
+    chosen = by_preorder[torch.argsort(all_scores[by_preorder], descending=True, stable=True)][:budget]
+    count = chosen.shape[0]
+
+    # the chosen nodes as a tree: node index of every beam node (0 where not chosen), their fields
+    per_depth = torch.zeros(depth_limit, dtype=long, device=device).scatter_add_(0, depths - 1, torch.ones_like(depths))
+    first = torch.cumsum(per_depth, dim=0) - per_depth  # global index of each depth's first node
+    node_of = torch.zeros(total, dtype=long, device=device).scatter_(
+        0, chosen, torch.arange(1, count + 1, device=device)
     )
+    global_ids = torch.where(valid, padded + first.unsqueeze(0), 0)
+    ancestors = torch.where(valid, node_of[global_ids], -1)[chosen]  # [count, depth_limit]
+    node_depths = depths[chosen]
+    node_ranks = all_ranks[chosen]
+    parents = torch.where(
+        node_depths > 1, ancestors.gather(1, (node_depths - 2).clamp(min=0).unsqueeze(1)).squeeze(1), 0
+    )
+    tree = DraftTree(
+        tokens=torch.cat([torch.full((1,), -1, dtype=long, device=device), ids[node_depths - 1, node_ranks]]),
+        depths=torch.cat([torch.zeros(1, dtype=long, device=device), node_depths]),
+        parents=torch.cat([torch.full((1,), -1, dtype=long, device=device), parents]),
+        ranks=torch.cat([torch.full((1,), -1, dtype=long, device=device), node_ranks]),
+        scores=torch.cat([torch.zeros(1, dtype=torch.float64, device=device), all_scores[chosen]]),
+    )
+    root_row = torch.full((1, depth_limit), -1, dtype=long, device=device)
+    return tree, torch.cat([root_row, ancestors])
+
+
+def ancestor_table(tree: DraftTree, columns: int) -> torch.Tensor:
+    """``[N+1, columns]``: row i holds node i's ancestors at depths 1..depth(i), the node itself last,
+    then -1 (the root's row is all -1); ``columns`` at least the tree's depth. ``columns`` parent steps,
+    no value read back."""
+    nodes = tree.tokens.shape[0]
+    device = tree.tokens.device
+    table = torch.full((nodes, columns + 1), -1, dtype=torch.long, device=device)
+    current = torch.arange(nodes, device=device)
+    for _ in range(columns):
+        alive = current > 0
+        safe = current.clamp(min=0)
+        column = torch.where(alive, tree.depths[safe] - 1, columns)
+        table.scatter_(1, column.unsqueeze(1), torch.where(alive, current, -1).unsqueeze(1))
+        current = torch.where(alive, tree.parents[safe], current)
+    return table[:, :columns]

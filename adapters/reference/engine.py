@@ -75,10 +75,10 @@ class ReferenceEngine(Engine):
     ``fused_layers`` = ``"on"`` (default) or ``"off"``: on the fast path, a Qwen3 target runs its
     layers in fewer kernels (:mod:`.lean`) or as transformers' modules. Option ``device_tree`` = ``"off"``
     (default) or ``"on"``: on the fast path, a greedy DDTree round builds, compiles and walks its tree on
-    the host between the draft's and the verify's graphs, or runs all of it after the draft as one graph
-    with one read back (:meth:`.StaticDecoder.tree_round`). Off by default: on an H200 the graph's tensor
-    tree build costs more device time than the host steps and their reads back save, up to B = 512
-    (scripts/measurements/2026-12-04e-issue29/rounds-92aa4dad).
+    the host between the draft's and the verify's graphs, or runs the whole round (tree, verify, walk,
+    commit and the next draft) as one graph with one read back (:meth:`.StaticDecoder.tree_round`). Off by
+    default: on an H200 the two were level at B = 32 and 64 and the host path faster at B = 16
+    (scripts/measurements/2026-12-05d-issue29/rounds).
 
     ``tensor_parallel_size`` > 1 shards the target over that many ranks (:mod:`.tensor_parallel`):
     GPUs on CUDA, gloo processes on CPU. Every rank runs the same loop below.
@@ -338,13 +338,14 @@ class ReferenceEngine(Engine):
         with busy_probe(config.profile, pair.device) as busy:
             clock.start()
             while reason is None:
-                with clock.stage("draft"):
-                    draft_logits = decoder.draft(root, start, context, context_start, self.block_position_offset)
+                if not on_device or not lengths:  # on the device, each round drafts the next
+                    with clock.stage("draft"):
+                        draft_logits = decoder.draft(root, start, context, context_start, self.block_position_offset)
                 if on_device:
                     with clock.stage("tree_round"):
-                        tree, verify, logits, features, walk = decoder.tree_round(
-                            draft_logits, root, start, config.budget
-                        ).parts()
+                        done = decoder.tree_round(config.budget, start, *((draft_logits, root) if not lengths else ()))
+                    tree, verify, logits, features, walk = done.parts()
+                    draft_logits = done.draft_logits
                 else:
                     with clock.stage("build"):
                         tree = (
@@ -360,10 +361,10 @@ class ReferenceEngine(Engine):
                         logits, features = self._verify(decoder, verify)
                     with clock.stage("walk"):
                         walk = self.walk_step(tree, logits, params, generator)
-                with clock.stage("commit"):
-                    decoder.compact(self.compact_step, start, walk.accepted)
-                    context, context_start = self.feedback_step(features, walk.accepted), start
-                    new_tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
+                    with clock.stage("commit"):
+                        decoder.compact(self.compact_step, start, walk.accepted)
+                        context, context_start = self.feedback_step(features, walk.accepted), start
+                new_tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
                 lengths.append(len(walk.accepted) + 1)
                 if trees is not None:
                     trees.append(self._verified_tree(tree, verify, walk, logits, params))
@@ -388,14 +389,17 @@ class ReferenceEngine(Engine):
         )
 
     def _round_on_device(self, decoder: EagerDecoder, config: RunConfig, params: SamplingParams) -> bool:
-        """Whether a round after its draft runs as one graph (:meth:`.StaticDecoder.tree_round`): the fast
-        path with ``device_tree`` on, a greedy DDTree request, and the spec's own build, compile, verify and
-        walk steps. A build that replaces any of them (a mutant, a pitfall engine) runs them on the host,
-        so what it changed is what runs."""
+        """Whether each round runs as one graph (:meth:`.StaticDecoder.tree_round`): the fast path with
+        ``device_tree`` on, a greedy DDTree request, and the spec's own build, compile, verify, walk,
+        compaction and feedback steps with the drafter's own positions. A build that replaces any of them
+        (a mutant, a pitfall engine) runs them on the host, so what it changed is what runs."""
         own_steps = (
             self._build is build_tree
             and self.compile_step is compile_tree
             and self.walk_step is walk_tree
+            and self.compact_step is compact_dynamic_cache
+            and self.feedback_step is select_feedback_rows
+            and self.block_position_offset == 0
             and getattr(type(self), "_verify", None) is _OWN_VERIFY
         )
         return bool(decoder.fast and self.device_tree and config.mode == "ddtree" and params.greedy and own_steps)
