@@ -34,7 +34,7 @@ from .device_tree import build_tree_with_ancestors
 from .device_verify import verify_inputs_on_device
 from .device_walk import greedy_walk_on_device
 from .graphs import GraphRunner, StaticDraftCache, StaticTargetCache, capacity_for, fill_in_place
-from .lean import LeanQwen3, lean_problem
+from .lean import LeanDFlash, LeanQwen3, lean_drafter_problem, lean_problem
 
 __all__ = ["EagerDecoder", "FastPathState", "StaticDecoder", "TreeRound", "collector_paused"]
 
@@ -110,7 +110,9 @@ class FastPathState:
         self.targets: dict[int, StaticTargetCache] = {}
         self.drafts: dict[int, StaticDraftCache] = {}
         self.lean_problem = lean_problem(pair.target)
+        self.lean_drafter_problem = lean_drafter_problem(pair.drafter) if pair.drafter is not None else "no drafter"
         self._lean: LeanQwen3 | None = None
+        self._lean_drafter: LeanDFlash | None = None
         self._pair = pair
 
     @property
@@ -120,6 +122,13 @@ class FastPathState:
             drafter = self._pair.drafter
             self._lean = LeanQwen3(self._pair.target, drafter.config.target_layer_ids if drafter is not None else None)
         return self._lean
+
+    @property
+    def lean_drafter(self) -> LeanDFlash | None:
+        """The drafter's fused forward (:class:`.LeanDFlash`), made on first use; None where it has none."""
+        if self._lean_drafter is None and self.lean_drafter_problem is None:
+            self._lean_drafter = LeanDFlash(self._pair.drafter)
+        return self._lean_drafter
 
     def target_cache(self, capacity: int, like) -> StaticTargetCache:
         if capacity not in self.targets:
@@ -133,7 +142,13 @@ class FastPathState:
         if capacity not in self.drafts:
             attention = drafter.layers[0].self_attn
             self.drafts[capacity] = StaticDraftCache(
-                len(drafter.layers), attention.num_kv_heads, attention.head_dim, capacity, dtype, device
+                len(drafter.layers),
+                attention.num_kv_heads,
+                attention.head_dim,
+                capacity,
+                dtype,
+                device,
+                tail=drafter.block_size,
             )
         return self.drafts[capacity]
 
@@ -175,6 +190,7 @@ class StaticDecoder(EagerDecoder):
         super().__init__(pair)
         self.state, self.fill = state, fill
         self.lean = state.lean if fused else None
+        self.lean_drafter = state.lean_drafter if fused else None
         block = pair.drafter.block_size if pair.drafter is not None else 1
         self.capacity = capacity_for(prompt_len + max_new_tokens + max(rows, block) + 1)
         self.static: StaticTargetCache | None = None
@@ -263,7 +279,7 @@ class StaticDecoder(EagerDecoder):
         features; they sit at or beyond the next round's root position, where the masks hide them and the
         next round writes over them."""
         pair, cache, capacity, minimum, lean = self.pair, self.static, self.capacity, self.minimum, self.lean
-        drafter, draft_cache = pair.drafter, self.draft_static
+        drafter, draft_cache, lean_drafter = pair.drafter, self.draft_static, self.lean_drafter
         size, mask_token = drafter.block_size, drafter.config.mask_token_id
         depth_limit = size - 1
 
@@ -308,9 +324,14 @@ class StaticDecoder(EagerDecoder):
             draft_mask = torch.where(draft_visible, 0.0, minimum).to(pair.dtype).view(1, 1, 1, -1)
             draft_cache.slots = committed
             embeds = pair.target.get_input_embeddings()(block)
-            context = features.index_select(0, kept).unsqueeze(0)
-            hidden = drafter(embeds, context, draft_positions, draft_cache, attention_mask=draft_mask)
-            next_draft = pair.target.get_output_embeddings()(hidden[0, 1:])
+            context = features.index_select(0, kept)
+            if lean_drafter is not None:
+                hidden = lean_drafter.forward(embeds[0], context, draft_positions[0], draft_cache, draft_mask)
+            else:
+                hidden = drafter(embeds, context.unsqueeze(0), draft_positions, draft_cache, attention_mask=draft_mask)[
+                    0
+                ]
+            next_draft = pair.target.get_output_embeddings()(hidden[1:])
             carried = {"draft": next_draft, "root": bonus.view(1), "start": next_start}
             return tree, compiled.visibility, logits, features, static["draft"], packed, carried
 
@@ -318,7 +339,8 @@ class StaticDecoder(EagerDecoder):
             inputs = {"draft": draft_logits, "root": torch.tensor([root]), "start": torch.tensor([start])}
         else:
             inputs = self._carried
-        key = ("round", budget, depth_limit, self.capacity, id(self.static), id(draft_cache), lean is not None)
+        lean_on = (lean is not None, lean_drafter is not None)
+        key = ("round", budget, depth_limit, self.capacity, id(self.static), id(draft_cache), lean_on)
         tree, visibility, logits, features, drafted, packed, self._carried = self.state.runner.run(
             key, forward, inputs, fill=self.fill
         )
@@ -359,7 +381,7 @@ class StaticDecoder(EagerDecoder):
 
     # -- drafter --------------------------------------------------------------------------
     def draft(self, root: int, start: int, context: torch.Tensor, context_start: int, block_offset: int = 0):
-        pair, cache = self.pair, self.draft_static
+        pair, cache, lean_drafter = self.pair, self.draft_static, self.lean_drafter
         drafter, capacity = pair.drafter, self.capacity
         size = drafter.block_size
         block = torch.full((1, size), drafter.config.mask_token_id, dtype=torch.long)
@@ -382,11 +404,18 @@ class StaticDecoder(EagerDecoder):
             visible = (columns < static["valid"]) | (columns >= capacity)
             mask = torch.where(visible, 0.0, minimum).to(pair.dtype).view(1, 1, 1, -1)
             embeds = pair.target.get_input_embeddings()(static["block"])
-            hidden = drafter(embeds, static["context"], static["positions"], cache, attention_mask=mask)
-            return pair.target.get_output_embeddings()(hidden[0, 1:])
+            if lean_drafter is not None:
+                hidden = lean_drafter.forward(embeds[0], static["context"][0], static["positions"][0], cache, mask)
+            else:
+                hidden = drafter(embeds, static["context"], static["positions"], cache, attention_mask=mask)[0]
+            return pair.target.get_output_embeddings()(hidden[1:])
 
         # the first draft of a request reads the whole prompt: a shape seen once, not worth a graph
         first = context_start == 0
         return self.state.runner.run(
-            ("draft", rows, capacity, id(cache)), forward, inputs, fill=self.fill, capture=not first
+            ("draft", rows, capacity, id(cache), lean_drafter is not None),
+            forward,
+            inputs,
+            fill=self.fill,
+            capture=not first,
         )

@@ -111,21 +111,43 @@ class StaticTargetCache:
 
 
 class StaticDraftCache:
-    """The drafter's context K/V in fixed buffers ``[1, kv_heads, capacity, head_dim]`` per layer;
-    ``extend`` writes the new context rows at :attr:`slots` and returns the whole buffer."""
+    """The drafter's context K/V in fixed buffers ``[1, kv_heads, capacity + tail, head_dim]`` per layer.
+    ``extend`` writes the new context rows at :attr:`slots` and returns the first ``capacity`` rows (the
+    drafter's module then appends the block's own K/V); ``extend_with_block`` also writes the block's K/V
+    into the ``tail`` rows after them and returns the whole buffer (:class:`~.lean.LeanDFlash`: no copy)."""
 
     def __init__(
-        self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype, device: torch.device
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        tail: int = 0,
     ) -> None:
         self.capacity = capacity
-        self.keys = [torch.zeros((1, kv_heads, capacity, head_dim), dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros_like(k) for k in self.keys]
+        shape = (1, kv_heads, capacity + tail, head_dim)
+        self.full_keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.full_values = [torch.zeros_like(k) for k in self.full_keys]
+        self.keys = [k[:, :, :capacity] for k in self.full_keys]
+        self.values = [v[:, :, :capacity] for v in self.full_values]
         self.slots: torch.Tensor | None = None
 
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.keys[layer].index_copy_(2, self.slots, k)
         self.values[layer].index_copy_(2, self.slots, v)
         return self.keys[layer], self.values[layer]
+
+    def extend_with_block(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, context_rows: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``k``/``v``: ``[1, kv_heads, C + S, head_dim]``, the C new context rows then the block's S."""
+        self.extend(layer, k[:, :, :context_rows], v[:, :, :context_rows])
+        end = self.capacity + k.shape[2] - context_rows
+        self.full_keys[layer][:, :, self.capacity : end] = k[:, :, context_rows:]
+        self.full_values[layer][:, :, self.capacity : end] = v[:, :, context_rows:]
+        return self.full_keys[layer][:, :, :end], self.full_values[layer][:, :, :end]
 
 
 @dataclass

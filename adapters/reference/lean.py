@@ -1,5 +1,5 @@
-"""The target's forward in fewer kernels, for the fast path: same weights, same operations, fused where
-the arithmetic allows.
+"""The target's and the drafter's forwards in fewer kernels, for the fast path: same weights, same
+operations, fused where the arithmetic allows (:class:`LeanQwen3`, :class:`LeanDFlash`).
 
 Under a CUDA graph a decode step costs its kernels plus a gap of a microsecond or two between
 each. transformers' Qwen3 layer launches about 55 kernels for one token (an RMSNorm alone is eight
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LeanQwen3", "lean_problem"]
+__all__ = ["LeanDFlash", "LeanQwen3", "lean_drafter_problem", "lean_problem"]
 
 
 def lean_problem(model) -> str | None:
@@ -128,3 +128,88 @@ class LeanQwen3:
         logits = self.model.lm_head(h)
         wanted = [features[i] for i in self.feature_layers]
         return logits, (torch.cat(wanted, dim=-1) if wanted else None)
+
+
+def lean_drafter_problem(drafter) -> str | None:
+    """Why ``drafter`` cannot run as :class:`LeanDFlash` (None: it can)."""
+    config = drafter.config.qwen3
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r}"
+    mlp = drafter.layers[0].mlp
+    if any(getattr(mlp, n).bias is not None for n in ("gate_proj", "up_proj", "down_proj")):
+        return "MLP with biases"
+    return None
+
+
+class LeanDFlash:
+    """The DFlash drafter's forward (:class:`~.dflash.DFlashDrafter`) on a static draft cache in fewer
+    kernels, as :class:`LeanQwen3` does for the target: q, k and v from one matrix product over the context
+    rows and the block together (the context rows' q is not used), gate and up from one, every RMSNorm one
+    fused ``rms_norm`` in float32, the block's own K/V written into the cache's tail rows (no copy of the
+    cache per layer) and the queries of each KV head stacked (no repeated K/V). Same weights, same
+    operations; reductions may round differently, as :class:`LeanQwen3`'s do."""
+
+    def __init__(self, drafter) -> None:
+        config = drafter.config.qwen3
+        self.drafter = drafter
+        attention = drafter.layers[0].self_attn
+        self.heads, self.kv_heads, self.head_dim = attention.num_heads, attention.num_kv_heads, attention.head_dim
+        self.eps = config.rms_norm_eps
+        q_rows, kv_rows = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        self.split = (q_rows, kv_rows, kv_rows)
+        self.layers = []
+        with torch.no_grad():
+            for layer in drafter.layers:
+                a, m = layer.self_attn, layer.mlp
+                biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
+                self.layers.append(
+                    {
+                        "input_norm": layer.input_layernorm.weight,
+                        "qkv": torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                        "qkv_bias": None if biases[0] is None else torch.cat(biases),
+                        "q_norm": a.q_norm.weight,
+                        "k_norm": a.k_norm.weight,
+                        "o": a.o_proj.weight,
+                        "o_bias": a.o_proj.bias,
+                        "post_norm": layer.post_attention_layernorm.weight,
+                        "gate_up": torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                        "down": m.down_proj.weight,
+                    }
+                )
+
+    # mutates: cache (the context rows' K/V go to its slots and the block's to its tail, as the drafter's
+    # forward extends its cache: the caller owns the cache and keeps it from one draft to the next)
+    def forward(self, block: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor):
+        """``block`` the block's embeddings ``[S, H]``; ``features`` the new context rows' target features
+        ``[C, k*H]``; ``positions`` ``[C + S]``; ``cache`` a :class:`~.graphs.StaticDraftCache` whose
+        ``slots`` say where the context rows go; ``mask`` additive ``[1, 1, 1, capacity + S]``. Returns the
+        block's final hidden states ``[S, H]``."""
+        drafter, eps, d = self.drafter, self.eps, self.head_dim
+        groups = self.heads // self.kv_heads
+        n_new, size = features.shape[0], block.shape[0]
+        context = _rms(F.linear(features, drafter.fc.weight), drafter.hidden_norm.weight, eps)
+        cos, sin = drafter.rotary_emb(block.unsqueeze(0), positions.unsqueeze(0))
+        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [C + S, 1, d]
+        h = block
+        for index, w in enumerate(self.layers):
+            x = _rms(h, w["input_norm"], eps)
+            qkv = F.linear(torch.cat([context, x]), w["qkv"], w["qkv_bias"])  # [C + S, q + k + v]
+            q = qkv[n_new:, : self.split[0]].view(size, self.heads, d)
+            k = qkv[:, self.split[0] : self.split[0] + self.split[1]].view(n_new + size, self.kv_heads, d)
+            v = qkv[:, self.split[0] + self.split[1] :].view(n_new + size, self.kv_heads, d)
+            q = _rms(q, w["q_norm"], eps)
+            k = _rms(k, w["k_norm"], eps)
+            q = q * cos[n_new:] + _rotate_half(q) * sin[n_new:]
+            k = k * cos + _rotate_half(k) * sin
+            keys, values = cache.extend_with_block(
+                index, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0), n_new
+            )
+            # [S, heads, d] -> [1, kv_heads, groups * S, d]: head h = g * groups + r sits at row r * S + t
+            q = q.view(size, self.kv_heads, groups, d).permute(1, 2, 0, 3).reshape(1, self.kv_heads, groups * size, d)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=d**-0.5)
+            out = out.view(self.kv_heads, groups, size, d).permute(2, 0, 1, 3).reshape(size, self.heads * d)
+            h = h + F.linear(out, w["o"], w["o_bias"])
+            x = _rms(h, w["post_norm"], eps)
+            gate, up = F.linear(x, w["gate_up"]).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, w["down"])
+        return _rms(h, drafter.norm.weight, eps)
