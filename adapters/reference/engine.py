@@ -72,8 +72,8 @@ class ReferenceEngine(Engine):
     and run eagerly on the same buffers elsewhere (``cuda_graphs=True`` on CPU tests that logic). With
     ``cuda_graphs=False`` (default on CPU) every forward is transformers' eager one: the oracle. The
     loop, and so every spec step, is the same on both. Tensor parallelism runs eagerly. Option
-    ``fused_layers`` = ``"on"`` (default) or ``"off"``: on the fast path, a Qwen3 target runs its
-    layers in fewer kernels (:mod:`.lean`) or as transformers' modules. Option ``device_tree`` = ``"off"``
+    ``fused_layers`` = ``"on"`` (default) or ``"off"``: on the fast path, a Qwen3 target and the DFlash
+    drafter run their layers in fewer kernels (:mod:`.lean`) or as their modules. Option ``device_tree`` = ``"off"``
     (default) or ``"on"``: on the fast path, a greedy DDTree round builds, compiles and walks its tree on
     the host between the draft's and the verify's graphs, or runs the whole round (tree, verify, walk,
     commit and the next draft) as one graph with one read back (:meth:`.StaticDecoder.tree_round`). Off by
