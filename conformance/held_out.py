@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import torch
@@ -157,38 +157,10 @@ class TargetSource(PromptSource):
         self.device = device
         self.lengths = sorted(len(p.prompt_ids) for p in bundled) or [32]
 
-    @cached_property
-    def _model(self):
-        from .scorer import shared_scorer
-
-        return shared_scorer(str(self.model_dir), "float32", self.device).model
-
-    @torch.inference_mode()
     def _sample(self, lengths: Sequence[int], seed: int) -> list[list[int]]:
-        """One sampled sequence of exactly each of ``lengths`` tokens (temperature 1)."""
-        if not lengths:
-            return []
-        model = self._model
-        device = next(model.parameters()).device
-        vocab = int(model.config.vocab_size)
-        generator = torch.Generator().manual_seed(seed)
-        start, keep = _start_token(self.model_dir)
-        n = len(lengths)
-        if start is None:
-            first = torch.randint(0, vocab, (n, 1), generator=generator)
-        else:
-            first = torch.full((n, 1), start, dtype=torch.long)
-        tokens = [first]
-        total = max(lengths) - (1 if keep else 0)
-        out = model(input_ids=first.to(device), use_cache=True)
-        for step in range(total):
-            probs = torch.softmax(out.logits[:, -1].float().cpu(), dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=generator)
-            tokens.append(nxt)
-            if step + 1 < total:
-                out = model(input_ids=nxt.to(device), past_key_values=out.past_key_values, use_cache=True)
-        rows = torch.cat(tokens, dim=1)[:, (0 if keep else 1) :].tolist()
-        return [row[:length] for row, length in zip(rows, lengths)]
+        """One sampled sequence of exactly each of ``lengths`` tokens (temperature 1); the same draw is
+        sampled once per process (:func:`_target_samples`), as the target itself is loaded once."""
+        return [list(row) for row in _target_samples(str(self.model_dir), self.device, tuple(lengths), seed)]
 
     def held_out(self, count: int, seed: int, max_length: int | None = None) -> list[Prompt]:
         rng = random.Random(f"held-out:{seed}")
@@ -210,6 +182,39 @@ class TargetSource(PromptSource):
 
     def long_ids(self, lengths: Sequence[int], seed: int) -> list[list[int]]:
         return self._sample(lengths, random.Random(f"long:{seed}").getrandbits(63))
+
+
+@lru_cache(maxsize=64)
+@torch.inference_mode()
+def _target_samples(model_dir: str, device: str, lengths: tuple[int, ...], seed: int) -> tuple[tuple[int, ...], ...]:
+    """:meth:`TargetSource._sample`'s draw: a function of the model (loaded once per process by
+    :func:`~.scorer.shared_scorer`, so keyed, like it, by the model's folder), the device, the lengths and
+    the seed; kept per process, since every session of a test run or a plugin run draws the same."""
+    if not lengths:
+        return ()
+    from .scorer import shared_scorer
+
+    model = shared_scorer(model_dir, "float32", device).model
+    dev = next(model.parameters()).device
+    vocab = int(model.config.vocab_size)
+    generator = torch.Generator().manual_seed(seed)
+    start, keep = _start_token(model_dir)
+    n = len(lengths)
+    if start is None:
+        first = torch.randint(0, vocab, (n, 1), generator=generator)
+    else:
+        first = torch.full((n, 1), start, dtype=torch.long)
+    tokens = [first]
+    total = max(lengths) - (1 if keep else 0)
+    out = model(input_ids=first.to(dev), use_cache=True)
+    for step in range(total):
+        probs = torch.softmax(out.logits[:, -1].float().cpu(), dim=-1)
+        nxt = torch.multinomial(probs, 1, generator=generator)
+        tokens.append(nxt)
+        if step + 1 < total:
+            out = model(input_ids=nxt.to(dev), past_key_values=out.past_key_values, use_cache=True)
+    rows = torch.cat(tokens, dim=1)[:, (0 if keep else 1) :].tolist()
+    return tuple(tuple(row[:length]) for row, length in zip(rows, lengths))
 
 
 def _template_module(prompt_set: str):

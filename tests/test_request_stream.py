@@ -53,6 +53,21 @@ def test_held_out_prompts_follow_the_seed_and_share_nothing_with_the_set(setting
     assert not any(tuple(p.prompt_ids[:k]) in openings for p in first for k in (4, 8))
 
 
+def test_a_draw_is_sampled_once_per_process_and_handed_out_as_copies(settings):
+    """Sessions of one process (a test run, a pytest route) draw the same held-out text: the target samples
+    it once; each caller gets its own lists."""
+    from ddtree_conformance.held_out import _target_samples
+
+    source = prompt_source(settings, load_prompts(settings.prompt_set))
+    before = _target_samples.cache_info()
+    first = source.long_ids([7, 11], seed=123)
+    first[0].append(-1)  # a caller's change stays its own
+    again = source.long_ids([7, 11], seed=123)
+    after = _target_samples.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
+    assert [len(ids) for ids in again] == [7, 11] and -1 not in again[0]
+
+
 def test_a_run_adds_held_out_prompts_after_the_set(settings):
     session = SuiteSession(settings)
     try:

@@ -23,7 +23,9 @@ Only greedy (temperature 0) results are replayed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -137,6 +139,46 @@ def followed_length(tree, tokens: list[int]) -> int:
     return held + 1
 
 
+#: Replays kept per process (:func:`replay_result`): sessions of one process (a test run, the pytest route)
+#: replay the same outputs on the same pair; at most this many bytes of kept drafter logits are held.
+REPLAY_MEMO_BYTES = 256 * 2**20
+_memo: OrderedDict[tuple, tuple[list[ReplayRound], int]] = OrderedDict()
+_memo_bytes = 0
+
+
+def _files_of(folder) -> tuple:
+    """What identifies a model folder's contents here: every file's relative path, size and change time."""
+    if not folder:
+        return ()
+    found = []
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            stat = os.stat(path)
+            found.append((os.path.relpath(path, folder), stat.st_size, stat.st_mtime_ns))
+    return tuple(sorted(found))
+
+
+def _tensor_bytes(rounds: list[ReplayRound]) -> int:
+    tensors = [t for r in rounds for t in (r.draft_logits, r.short_logits, *(r.draft_top or ())) if t is not None]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _copies(rounds: list[ReplayRound]) -> list[ReplayRound]:
+    """The rounds with their own lists (the tensors are shared: nothing writes into them)."""
+    return [
+        replace(
+            r,
+            tokens=list(r.tokens),
+            tree_tokens=list(r.tree_tokens),
+            parents=list(r.parents),
+            accepted=list(r.accepted),
+            path_gaps=list(r.path_gaps),
+        )
+        for r in rounds
+    ]
+
+
 def replay_result(
     engine,
     request: Request,
@@ -162,7 +204,50 @@ def replay_result(
     walk there (what the reference would report for it). :func:`paced_lengths` gives those lengths.
     ``end``: how a paced replay drafts and builds its trees near the output's end (:class:`EndFreedoms`;
     default the spec's).
+
+    A replay is a function of the reference's code and pair, the request and the engine's result; without
+    ``keep_logits`` it is kept per process (up to :data:`REPLAY_MEMO_BYTES` of drafter logits, least
+    recently used first out) and handed out again as copies. Its key: the engine's class and options, the
+    pair's folders and files (paths, sizes, change times: a pair rewritten in place is replayed again), the
+    request's prompt and token limit, the output, the lengths and the arguments.
     """
+    global _memo_bytes
+    if keep_logits is not None:
+        return _replayed(engine, request, output, lengths, mode, budget, device, keep_logits, keep_top, end)
+    key = (
+        type(engine).__module__,
+        type(engine).__qualname__,
+        tuple(sorted((str(k), str(v)) for k, v in (getattr(engine, "options", None) or {}).items())),
+        str(getattr(engine, "model_dir", None)),
+        str(getattr(engine, "drafter_dir", None)),
+        _files_of(getattr(engine, "model_dir", None)),
+        _files_of(getattr(engine, "drafter_dir", None)),
+        tuple(request.prompt_ids),
+        request.max_new_tokens,
+        tuple(output),
+        None if lengths is None else tuple(lengths),
+        mode,
+        budget,
+        device,
+        keep_top,
+        end,
+    )
+    if key in _memo:
+        _memo.move_to_end(key)
+        return _copies(_memo[key][0])
+    rounds = _replayed(engine, request, output, lengths, mode, budget, device, None, keep_top, end)
+    size = _tensor_bytes(rounds)
+    if size <= REPLAY_MEMO_BYTES:
+        _memo[key] = (_copies(rounds), size)
+        _memo_bytes += size
+        while _memo_bytes > REPLAY_MEMO_BYTES:
+            _, (_, dropped) = _memo.popitem(last=False)
+            _memo_bytes -= dropped
+    return rounds
+
+
+def _replayed(engine, request, output, lengths, mode, budget, device, keep_logits, keep_top, end) -> list[ReplayRound]:
+    """:func:`replay_result`'s replay itself."""
     if lengths is not None and end != EndFreedoms():
         raise ValueError("end freedoms apply to a paced replay (lengths None) only")
     config = RunConfig(mode=mode, budget=budget, dtype="float32", device=device)
