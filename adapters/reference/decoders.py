@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from ddtree_conformance.spec import DraftTree, VerifyInputs, WalkResult, compact_dynamic_cache
 
+from ..interface import VerifiedTree
 from .device_tree import build_tree_with_ancestors
 from .device_verify import verify_inputs_on_device
 from .device_walk import greedy_walk_on_device
@@ -166,10 +167,21 @@ class TreeRound:
     features: torch.Tensor
     walk: WalkResult
     draft_logits: torch.Tensor
+    parents: list[int]  # read back with the walk: the tree's parents and the target's token at every node
+    targets: list[int]
 
     def parts(self) -> tuple:
         """``(tree, verify, logits, features, walk)``, as the host steps give them."""
         return self.tree, self.verify, self.logits, self.features, self.walk
+
+    def verified_tree(self) -> VerifiedTree:
+        """The round's light trace (``round_records.verified_tree``'s) from what was read back: no second
+        read of the device's buffers."""
+        return VerifiedTree(
+            tree_tokens=self.verify.input_ids.tolist(),
+            parents=list(self.parents),
+            node_target_tokens=list(self.targets),
+        )
 
 
 class StaticDecoder(EagerDecoder):
@@ -307,7 +319,7 @@ class StaticDecoder(EagerDecoder):
             path, accepted, bonus = greedy_walk_on_device(tree, logits, max_depth=depth_limit, ancestors=ancestors)
             chosen = torch.argmax(logits, dim=-1)
             head = torch.stack([accepted, bonus]).long()
-            packed = torch.cat([head, path, compiled.input_ids, tree.depths, chosen])
+            packed = torch.cat([head, path, compiled.input_ids, tree.depths, chosen, tree.parents])
 
             # the commit: rows start + [0, *accepted] move to start + 0.. (padded with the root's row)
             kept = torch.cat([torch.zeros(1, dtype=torch.long, device=device), path.clamp(min=0)])
@@ -348,7 +360,9 @@ class StaticDecoder(EagerDecoder):
         values = packed.tolist()  # the round's one read back
         accepted, bonus = values[0], values[1]
         path = values[2 : 2 + accepted]
-        ids, depths, chosen = (values[2 + depth_limit + i * rows : 2 + depth_limit + (i + 1) * rows] for i in range(3))
+        ids, depths, chosen, parents = (
+            values[2 + depth_limit + i * rows : 2 + depth_limit + (i + 1) * rows] for i in range(4)
+        )
         self.static.length = start + accepted + 1
         verify = VerifyInputs(
             input_ids=torch.tensor(ids),
@@ -357,7 +371,7 @@ class StaticDecoder(EagerDecoder):
             attention_mask=torch.empty(0),  # the graph's mask spans the cache; nothing reads it after
         )
         walk = WalkResult(accepted=path, bonus=bonus, target_tokens={node: chosen[node] for node in (0, *path)})
-        return TreeRound(tree, verify, logits, features, walk, drafted)
+        return TreeRound(tree, verify, logits, features, walk, drafted, parents, chosen)
 
     def compact(self, step, start: int, accepted: list[int]) -> None:
         if step is compact_dynamic_cache:  # the spec's own step, done for every layer in one gather

@@ -366,8 +366,11 @@ class ReferenceEngine(Engine):
                         context, context_start = self.feedback_step(features, walk.accepted), start
                 new_tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
                 lengths.append(len(walk.accepted) + 1)
-                if trees is not None:
-                    trees.append(self._verified_tree(tree, verify, walk, logits, params))
+                if trees is not None:  # the device round's light trace comes with its one read back
+                    own = on_device and self._verified_tree is verified_tree
+                    trees.append(
+                        done.verified_tree() if own else self._verified_tree(tree, verify, walk, logits, params)
+                    )
                 if traces is not None:
                     traces.append(self._trace(tree, verify, walk, logits, start, root, draft_logits, config))
                 emitted, reason = self.emit_step(
