@@ -21,7 +21,13 @@ from ddtree_conformance.prompts import load_prompts
 from ddtree_conformance.session import SuiteSession
 from ddtree_conformance.settings import build_settings
 from ddtree_conformance.testing.graph_mutants import StalePositionsUnderGraphs
-from ddtree_conformance.testing.mutants import FirstRowsCompaction, FlatPositions, SiblingMask
+from ddtree_conformance.testing.mutants import (
+    DrafterPositionsOffByOne,
+    FirstRowsCompaction,
+    FirstRowsFeedback,
+    FlatPositions,
+    SiblingMask,
+)
 from ddtree_conformance.testing.shaped_pair import build_shaped_pair, random_prompts
 
 RUNS = [("plain", 1), ("dflash", 1), ("ddtree", 16)]
@@ -124,17 +130,22 @@ def test_stale_positions_stay_broken_when_the_round_runs_as_one_graph(fixture_re
     assert [r.output_ids for r in broken] != [r.output_ids for r in good]
 
 
-@pytest.mark.parametrize("mutant", [FlatPositions, SiblingMask])
+@pytest.mark.parametrize(
+    "mutant", [FlatPositions, SiblingMask, FirstRowsCompaction, FirstRowsFeedback, DrafterPositionsOffByOne]
+)
 def test_a_build_that_replaces_a_round_step_runs_its_round_on_the_host(fixture_requests, mutant):
-    """A broken build's own compile step must run, not the device round's correct one: its bug survives
-    on the fast path (the target's tokens at the tree's nodes part from the correct engine's)."""
-    engine = mutant(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+    """With ``device_tree`` on, a broken build's own step (compile, mask, compaction, feedback, drafter
+    positions) must run, not the device round's correct one: its bug survives on the fast path (the
+    target's tokens at the tree's nodes part from the correct engine's)."""
+    engine = mutant(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="on")
     config = RunConfig(mode="ddtree", budget=16, cuda_graphs=True, timing=True)
     broken = engine.generate(fixture_requests, config)
     assert "tree_round" not in broken[0].timings.stages
-    right = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER)).generate(fixture_requests, config)
+    right = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="on")
+    correct = right.generate(fixture_requests, config)
+    assert "tree_round" in correct[0].timings.stages
     seen = [[t.node_target_tokens for t in r.verified_trees] for r in broken]
-    assert seen != [[t.node_target_tokens for t in r.verified_trees] for r in right]
+    assert seen != [[t.node_target_tokens for t in r.verified_trees] for r in correct]
 
 
 def test_cuda_graphs_default_and_options():
