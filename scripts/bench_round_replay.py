@@ -53,36 +53,32 @@ def _entry(decoder, kind: str):
 
 
 def _instrument(found: dict, budget: int, repeats: int, after: int = 3):
-    """Measure inside the request once ``after`` calls have run (the graph captured and warm)."""
-    round_method, step_method = decoders.StaticDecoder.tree_round, decoders.StaticDecoder.step
+    """Measure inside the request once ``after`` calls have run (the graph captured and warm): the
+    round's graph (``tree_round``) and the plain step's (``step``), each wrapped the same way."""
+    originals = {"round": decoders.StaticDecoder.tree_round, "step": decoders.StaticDecoder.step}
     calls = {"round": 0, "step": 0}
 
-    def tree_round(self, budget_, start, *args):
-        done = round_method(self, budget_, start, *args)
-        calls["round"] += 1
-        if calls["round"] == after and "round" not in found:
-            entry = _entry(self, "round")
-            found["round"] = {
-                "replay": _per_call_ms(entry.graph.replay, repeats),
-                "method": _per_call_ms(lambda: round_method(self, budget, start), repeats),
-            }
-        return done
+    def measured(kind: str, again):
+        real = originals[kind]
 
-    def step(self, token, position):
-        logits = step_method(self, token, position)
-        calls["step"] += 1
-        if calls["step"] == after and "step" not in found:
-            entry = _entry(self, "step")
-            found["step"] = {
-                "replay": _per_call_ms(entry.graph.replay, repeats),
-                "method": _per_call_ms(lambda: step_method(self, token, position), repeats),
-            }
-        return logits
+        def wrapper(self, *args):
+            out = real(self, *args)
+            calls[kind] += 1
+            if calls[kind] == after and kind not in found:
+                found[kind] = {
+                    "replay": _per_call_ms(_entry(self, kind).graph.replay, repeats),
+                    "method": _per_call_ms(lambda: again(real, self, args), repeats),
+                }
+            return out
 
-    decoders.StaticDecoder.tree_round, decoders.StaticDecoder.step = tree_round, step
+        return wrapper
+
+    # the round's method again from where the request is (carried inputs); the step on the same inputs
+    decoders.StaticDecoder.tree_round = measured("round", lambda real, self, args: real(self, budget, args[1]))
+    decoders.StaticDecoder.step = measured("step", lambda real, self, args: real(self, *args))
     return lambda: (
-        setattr(decoders.StaticDecoder, "tree_round", round_method)
-        or setattr(decoders.StaticDecoder, "step", step_method)
+        setattr(decoders.StaticDecoder, "tree_round", originals["round"])
+        or setattr(decoders.StaticDecoder, "step", originals["step"])
     )
 
 
