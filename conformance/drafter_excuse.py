@@ -21,7 +21,7 @@ from typing import Literal
 
 import torch
 
-from .noise import DRAFTER_TOP, NoiseModel
+from .noise import DRAFTER_TOP, NoiseModel, log_prob_slack
 from .spec import build_chain, build_tree
 from .spec.freedoms import may_hold
 
@@ -137,10 +137,11 @@ def drafter_excuse(
                 f"the same context, more than the tolerance {rules.drafter_tolerance:.3g} (drafter "
                 "positions, feedback rows or RoPE?)",
             )
-        if not may_hold(mine, mode, budget, path, engine_holds):
+        if not may_hold(mine, mode, budget, path, engine_holds, slack=log_prob_slack(mine, budget)):
             return DrafterExcuse(
                 "differs",
-                f"no tree the spec allows for the engine's own drafter logits (equal scores broken either way) "
+                f"no tree the spec allows for the engine's own drafter logits (equal scores, up to the rounding of "
+                f"their log-softmax, broken either way) "
                 f"{side} the path {path}, as the engine's round did",
             )
         if distance == 0.0:  # the reference's own logits: only equal log-probs broken the other way differ

@@ -30,6 +30,10 @@ the pair's manifest (:mod:`ddtree_conformance.calibration` derives the numbers):
   excuses only while rounding, not knowledge of the target, moved them: over the rounds that agree,
   they may not favour the token the target emits next over the token of the nearest logit
   significantly more often than they disfavour it (rounds as units).
+* **tree scores** (:func:`log_prob_slack`): the spec's tree scores are float32 log-softmax values, and
+  two correct log-softmax kernels (CPU and CUDA, a sampler's, a fused one) part in their last bits. In
+  every dtype, float32 included, prefixes whose scores lie within the summed slack of their depths are
+  ties, broken either way (:mod:`ddtree_conformance.spec.freedoms`).
 * **tau** (:meth:`NoiseModel.tau_test`): over all rounds, the engine's emitted length minus the
   replay's, ``d_i``, may not be significantly above the measured per-round gain of correct engines
   (self-normalised sum; module doc of docs/reference/low-precision.md).
@@ -58,6 +62,7 @@ __all__ = [
     "LeanTest",
     "TauTest",
     "TokenCall",
+    "log_prob_slack",
     "upper_limit",
 ]
 
@@ -68,6 +73,32 @@ FP32_DRAFTER_TOLERANCE = 1e-3  # fp32 drafter logits of two correct implementati
 FP32_TIE = 1e-3
 FP32_DRAFTER_FLIP_RATE = 1e-3  # float32: trees flip only at exact drafter ties (1e-6 apart) across devices
 DRAFTER_TOP = 64  # tokens per depth that can enter a tree, for drafter logit distances
+FLOAT32_EPS = 2.0**-23  # float32's unit roundoff x 2 (torch.finfo(torch.float32).eps)
+
+
+def log_prob_slack(draft_logits, k: int) -> float:
+    """How far apart two correct float32 log-softmax kernels may put one drafter log-probability of a
+    tree candidate (the top ``k`` per row of ``draft_logits`` ``[L, V]``); a prefix of depth ``d`` may then
+    score ``d`` times this away from the spec builder's sum.
+
+    A kernel computes ``lp = (x - m) - log S`` with ``S = sum(exp(x - m))`` over the V tokens. ``log S``
+    and the two subtractions round once each, relative to ``log S <= log V``, ``|x - m| <= |lp|`` and
+    ``|lp|``. The sum's relative error grows with how it is reduced: about ``log2 V`` roundings for a
+    pairwise (GPU block) reduction, about ``sqrt V`` for lanes each summing a share of the vocabulary in
+    turn, which torch's float32 CPU kernel does (at V = 151936 it is 1.7e-5 from float64; the term
+    below allows 4.6e-5). One kernel is then within ``eps * (2 |lp| + log V + sqrt V)`` of the exact
+    value; two kernels twice that. tests/test_noise.py holds it to torch's kernel, float64 rounded once,
+    a chunked and a sequential sum."""
+    import torch
+
+    logits = draft_logits.float()
+    vocab = int(logits.shape[-1])
+    if logits.numel() == 0:
+        return 0.0
+    log_probs = torch.log_softmax(logits, dim=-1)
+    top = torch.topk(log_probs, min(max(k, 1), vocab), dim=-1).values
+    largest = float(top.abs().max())
+    return 2 * FLOAT32_EPS * (2 * largest + math.log(vocab) + math.sqrt(vocab))
 
 
 class TokenCall(StrEnum):

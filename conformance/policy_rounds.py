@@ -15,6 +15,7 @@ import torch
 from ddtree_conformance.adapters.interface import RoundTrace
 from ddtree_conformance.spec import DraftTree, build_chain, build_tree
 
+from .noise import log_prob_slack
 from .policy_trees import node_paths
 
 __all__ = ["RoundView", "TracedRound", "child_counts", "compare_round", "level_widths", "numbering", "round_views"]
@@ -131,10 +132,11 @@ def _classification(view: RoundView, logits: torch.Tensor, spec: DraftTree, budg
     if set(mine) == set(spec_paths) and len(mine) == len(spec_paths):
         return {"kind": "renumbered", "numbering": numbering(view.depths)}
     if len(mine) == len(spec_paths):  # the same size, differing only by nodes tied at the boundary
-        only = set(mine) ^ set(spec_paths)
-        scores = _score_paths(logits, sorted(only))
-        boundary = float(spec.scores.min())
-        if all(s == boundary for s in scores):
+        only = sorted(set(mine) ^ set(spec_paths))
+        low = int(torch.argmin(spec.scores))
+        boundary, depth = float(spec.scores[low]), int(spec.depths[low])
+        slack = log_prob_slack(logits, budget)  # ties up to the rounding of the log-softmax (noise model)
+        if all(abs(s - boundary) <= (len(p) + depth) * slack for s, p in zip(_score_paths(logits, only), only)):
             return {"kind": "tie"}
     if set(mine) < set(spec_paths):  # a prefix-closed part of the spec's tree: cut by room, or stopped early
         exempt = view.last or (view.room is not None and view.room < budget)

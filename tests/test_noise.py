@@ -146,3 +146,39 @@ def test_a_run_at_every_limit_breaks_none():
     assert KEPT.breach(at_caps, "tau") is None
     # leaning drafter logits cost nothing while they excuse no round
     assert replace(KEPT, lean=LeanTest(40, 35, 5, 4.7, 1e-5)).breach(_Rounds(), "tau") is None
+
+
+def _log_softmax_kernels(logits):
+    """Correct float32 log-softmax kernels other than torch's: float64 rounded once, the vocabulary summed in
+    chunks of 4096 (a blocked reduction), and summed one token after another (the worst order)."""
+    import torch
+
+    shifted = logits - logits.max(dim=-1, keepdim=True).values
+    chunked = sum(torch.exp(c).sum(-1, keepdim=True) for c in shifted.split(4096, dim=-1))
+    sequential = torch.exp(shifted).cumsum(-1)[:, -1:]
+    return [
+        torch.log_softmax(logits.double(), dim=-1).float(),
+        shifted - torch.log(chunked),
+        shifted - torch.log(sequential),
+    ]
+
+
+@pytest.mark.parametrize("vocab", [3072, 151936])
+def test_the_log_prob_slack_holds_other_log_softmax_kernels(vocab):
+    """Every kernel lies within the slack of torch's float32 log-softmax on the tree's candidates (the top
+    B per depth), with room to spare; and the slack is far below any gap that decides a path (1e-4 nats)."""
+    import torch
+
+    from ddtree_conformance.noise import log_prob_slack
+
+    worst = 0.0
+    for seed in range(3):
+        logits = torch.randn(15, vocab, generator=torch.Generator().manual_seed(seed)) * 4 + 2
+        for scaled in (logits, logits.bfloat16().float()):
+            reference = torch.log_softmax(scaled, dim=-1)
+            top = torch.topk(reference, 64, dim=-1).indices
+            slack = log_prob_slack(scaled, 64)
+            assert slack < 1e-4
+            for other in _log_softmax_kernels(scaled):
+                worst = max(worst, float((other - reference).gather(1, top).abs().max()) / slack)
+    assert 0 < worst < 0.5, worst

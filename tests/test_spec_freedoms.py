@@ -7,6 +7,8 @@ import itertools
 
 import torch
 
+from ddtree_conformance.noise import log_prob_slack
+from ddtree_conformance.policy_trees import node_paths
 from ddtree_conformance.spec import build_chain, build_tree, may_hold, tree_problem
 from ddtree_conformance.testing.correct_engines import reversed_ties_tree
 from ddtree_conformance.testing.stepped import first_nodes, renumbered, shallower
@@ -200,3 +202,59 @@ def test_may_hold_equals_a_brute_force_over_every_allowed_tree():
 
 def _chain_allowed(logits: torch.Tensor, chain: tuple[int, ...]) -> bool:
     return tree_problem([9, *chain], [-1, 0, 1, 2], [0, 1, 2, 3], logits, "dflash", 1) is None
+
+
+def _quantised(seed: int) -> torch.Tensor:
+    """bf16-valued drafter logits: equal sums of logits across prefixes of one depth are frequent, and their
+    float32 log-probs part those ties by a rounding, which another log-softmax kernel rounds otherwise."""
+    return _logits(seed).bfloat16().float()
+
+
+def _kernel_ties(budget: int = 16):
+    """(logits, the spec tree, the tree of float64 log-probs) for every seed of 300 where the two hold
+    different prefixes: the spec's heap over another log-softmax kernel's scores."""
+    found = []
+    for seed in range(300):
+        logits = _quantised(seed)
+        spec = build_tree(logits, budget)
+        other = build_tree(torch.log_softmax(logits.double(), dim=-1).float(), budget)
+        paths = [node_paths(t.tokens.tolist(), t.parents.tolist()) for t in (spec, other)]
+        if set(paths[0]) != set(paths[1]):
+            found.append((logits, spec, other))
+    assert found, "no seed in 300 where another log-softmax kernel changes the tree"
+    return found
+
+
+def test_ties_up_to_the_rounding_of_the_log_softmax_pass():
+    """A tree from another log-softmax kernel's scores (float64, rounded) is the spec's up to ties within
+    the noise model's slack; with exact ties only (slack 0) it is a different tree."""
+    for logits, _, other in _kernel_ties():
+        slack = log_prob_slack(logits, 16)
+        assert "not the 16 most probable" in _problem(other, logits)
+        assert _problem(other, logits, slack=slack) is None
+        paths = node_paths(other.tokens.tolist(), other.parents.tolist())
+        only = [p for p in paths[1:] if not may_hold(logits, "ddtree", 16, p, True)]
+        assert only and all(may_hold(logits, "ddtree", 16, p, True, slack=slack) for p in only)
+
+
+def test_the_slack_excuses_no_prefix_clearly_below_the_edge():
+    """The spec tree with its lowest leaf swapped for the best prefix outside it, where the two scores part
+    by more than the slack: still a different tree, and the swapped-in path is one no allowed tree holds."""
+    checked = 0
+    for seed in range(40):
+        logits = _logits(seed)
+        slack = log_prob_slack(logits, 16)
+        wider = build_tree(logits, 17)  # node 17: the best prefix outside the B = 16 tree
+        parents, scores, depths = wider.parents.tolist(), wider.scores.tolist(), wider.depths.tolist()
+        if 16 in parents or parents[17] == 16 or scores[16] - scores[17] <= (depths[16] + depths[17]) * slack:
+            continue
+        keep = [n for n in range(18) if n != 16]
+        tokens = [9] + [int(wider.tokens[n]) for n in keep[1:]]
+        remap = {n: i for i, n in enumerate(keep)}
+        swapped_parents = [-1] + [remap[parents[n]] for n in keep[1:]]
+        problem = tree_problem(tokens, swapped_parents, [depths[n] for n in keep], logits, "ddtree", 16, slack=slack)
+        assert problem is not None and "not the 16 most probable" in problem
+        path = node_paths(wider.tokens.tolist(), parents)[17]
+        assert not may_hold(logits, "ddtree", 16, path, True, slack=slack)
+        checked += 1
+    assert checked >= 10

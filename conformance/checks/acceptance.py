@@ -27,11 +27,12 @@ from ..policy_matching import PolicyReference, match_on_rounds, replay_known_pol
 from ..run import Run
 from ..session import SuiteSession
 from ..token_scoring import rules_for
-from ..tree_policy import diagnose_traces, policy_table, round_views
+from ..tree_policy import policy_table
 from .acceptance_aggregates import NO_ACCEPTANCE, reports_aggregates
 from .acceptance_rounds import RoundsUnderTest
 from .result import CheckResult
 from .run_acceptance import judge_run_acceptance
+from .spec_rounds import SortedRounds, diagnose_sorted, sort_rounds
 from .traced_runs import traced_run as shared_traced_run
 
 __all__ = ["check_acceptance"]
@@ -118,15 +119,17 @@ def _named_policy(
             )
         return verdict  # a skip stays one, unless acceptance shows the depth (which needs no band)
     label = Run(mode, budget).label
-    if caps.traced(mode):
+    if caps.traced(mode):  # the rounds the spec's freedoms do not explain, as the tree-structure check reads them
         indices, traced = shared_traced_run(session, mode, budget)
-        views = [
-            v
-            for i, r in zip(indices, traced)
-            if not r.error
-            for v in round_views(session.prompts[i].id, r.traces or [], caps.max_context)
-        ]
-        diagnosis = diagnose_traces(label, views, mode, budget, block)
+        found = sum(
+            (
+                sort_rounds(session, mode, budget, block, session.prompts[i], r)
+                for i, r in zip(indices, traced)
+                if not r.error
+            ),
+            SortedRounds(),
+        )
+        _, diagnosis = diagnose_sorted(label, found, mode, budget, block)
     else:
         diagnosis = diagnose_acceptance(
             label,

@@ -9,13 +9,11 @@ skips it, and the message says which bug classes are then out of reach in the ru
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from ddtree_conformance.adapters.interface import RoundTrace
-from ddtree_conformance.spec import tree_problem
 
 from ..node_scoring import rounds_of, score_nodes
 from ..noise import TokenCall
@@ -23,8 +21,9 @@ from ..run import Run
 from ..scorer import shared_scorer
 from ..session import SuiteSession
 from ..token_scoring import rules_for
-from ..tree_policy import PolicyDiagnosis, RoundView, diagnose_traces, policy_table, round_views
+from ..tree_policy import policy_table
 from .result import CheckResult
+from .spec_rounds import SortedRounds, diagnose_sorted, sort_rounds
 from .traced_runs import traced_run
 
 __all__ = [
@@ -103,54 +102,6 @@ def trace_problems(trace: RoundTrace, budget: int | None, greedy: bool = True, o
     return problems
 
 
-def _off_path_rounds(traces) -> int:
-    """Rounds, other than a request's last, whose accepted path is not the verify batch's first rows: the
-    runs that continue after a branch other than the first one (KV, feedback and state must follow it)."""
-    return sum(1 for t in traces[:-1] if t.accepted != list(range(1, len(t.accepted) + 1)))
-
-
-def _spec_device(device: str) -> str:
-    """Rebuild spec trees on the run's device kind: CPU and CUDA log-softmax differ in low bits, and
-    bf16/fp16 drafter logits tie often, so a tie broken by one bit would otherwise differ."""
-    if device.split(":", 1)[0] == "cuda" and torch.cuda.is_available():
-        return device
-    return "cpu"
-
-
-def _spec_tree_problem(
-    trace: RoundTrace,
-    mode: str,
-    budget: int | None,
-    device: str = "cpu",
-    *,
-    depth_limit: int | None = None,
-    room: int | None = None,
-    context_room: int | None = None,
-) -> str | None:
-    """Whether the traced tree is one the spec allows for the round's own drafter logits: the spec tree
-    up to node numbering, ties, and nodes the output's or the context's end leaves out (spec.freedoms)."""
-    logits = torch.tensor(trace.draft_logits, dtype=torch.float32, device=_spec_device(device))
-    problem = tree_problem(
-        trace.tree_tokens,
-        trace.parents,
-        trace.depths,
-        logits,
-        mode,
-        budget or 1,
-        depth_limit=depth_limit,
-        room=room,
-        context_room=context_room,
-    )
-    return None if problem is None else f"tree differs from the spec's tree for its own drafter logits: {problem}"
-
-
-def _context_room(max_context: int | None, prompt, result, trace: RoundTrace) -> int | None:
-    """Nodes the context still had room for in this round, where the engine's output fits its own stated
-    context (an engine cannot excuse cut trees by understating ``max_context``)."""
-    fits = max_context and len(prompt.prompt_ids) + len(result.output_ids) <= max_context
-    return max_context - 2 - trace.start if fits else None
-
-
 def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -> CheckResult:
     """Every traced round keeps the rules; a tree the spec allows for its own drafter logits (up to the
     freedoms of :mod:`ddtree_conformance.spec.freedoms`) counts as the spec's; the others are diagnosed as
@@ -164,12 +115,12 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
     limit = budget if mode == "ddtree" else None
     indices, results = traced_run(session, mode, budget)
     block = session.engines.info(session.engines.engine).limits.block_size  # the pair's, as integrity reads it
-    found = _SortedRounds()
+    found = SortedRounds()
     for prompt, result in zip([session.prompts[i] for i in indices], results):
         failure = _trace_failure(name, prompt, result, limit)
         if failure is not None:
             return failure
-        found = found + _sort_rounds(session, mode, budget, block, prompt, result)
+        found = found + sort_rounds(session, mode, budget, block, prompt, result)
     rounds, spec_rounds = found.rounds, found.spec_rounds
     if not rounds:
         if all(len(r.output_ids) <= 1 for r in results):
@@ -184,7 +135,7 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
             f"{rounds} carries them: no tree could be compared with the spec's",
             rounds=rounds,
         )
-    whole, diagnosis = _diagnose(Run(mode, budget).label, found, mode, budget, block)
+    whole, diagnosis = diagnose_sorted(Run(mode, budget).label, found, mode, budget, block)
     details = {
         "tables": [policy_table([diagnosis])],
         "tree_policy": diagnosis.kinds,
@@ -214,26 +165,6 @@ def check_tree_structure(session: SuiteSession, mode: str, budget: int | None) -
     )
 
 
-@dataclass(frozen=True)
-class _SortedRounds:
-    """Traced rounds sorted by whether the spec's freedoms explain their trees, with the counts."""
-
-    views: tuple[RoundView, ...] = ()  # rounds the freedoms do not explain
-    allowed: tuple[RoundView, ...] = ()  # the spec's tree, up to its freedoms (spec.freedoms)
-    off_path: int = 0
-    rounds: int = 0
-    spec_rounds: int = 0  # rounds that carry drafter logits
-
-    def __add__(self, other: _SortedRounds) -> _SortedRounds:
-        return _SortedRounds(
-            self.views + other.views,
-            self.allowed + other.allowed,
-            self.off_path + other.off_path,
-            self.rounds + other.rounds,
-            self.spec_rounds + other.spec_rounds,
-        )
-
-
 def _trace_failure(name: str, prompt, result, limit: int | None) -> CheckResult | None:
     """The failure of a prompt whose run errored or one of whose rounds breaks the rules, or None."""
     if result.error:
@@ -244,48 +175,6 @@ def _trace_failure(name: str, prompt, result, limit: int | None) -> CheckResult 
         if problems:
             return CheckResult.failed(name, f"{prompt.id} round {r}: {problems[0]}", problems=problems)
     return None
-
-
-def _sort_rounds(
-    session: SuiteSession, mode: str, budget: int | None, block: int | None, prompt, result
-) -> _SortedRounds:
-    """One prompt's traced rounds, each compared with the spec's tree for its own drafter logits."""
-    caps = session.capabilities
-    traces = result.traces or []
-    views, allowed, spec_rounds = [], [], 0
-    for trace, view in zip(traces, round_views(prompt.id, traces, caps.max_context)):
-        if trace.draft_logits is None:
-            views.append(view)
-            continue
-        spec_rounds += 1
-        emitted = trace.start - len(prompt.prompt_ids) + 1  # output tokens before this round
-        problem = _spec_tree_problem(
-            trace,
-            mode,
-            budget,
-            session.settings.device,
-            depth_limit=block - 1 if block else None,
-            room=session.settings.max_new_tokens - emitted,
-            context_room=_context_room(caps.max_context, prompt, result, trace),
-        )
-        (allowed if problem is None else views).append(view)
-    return _SortedRounds(tuple(views), tuple(allowed), _off_path_rounds(traces), len(views) + len(allowed), spec_rounds)
-
-
-def _diagnose(
-    label: str, found: _SortedRounds, mode: str, budget: int | None, block: int | None
-) -> tuple[PolicyDiagnosis, PolicyDiagnosis]:
-    """``(whole, diagnosis)``: every round's diagnosis, for the table and its notes (node order, ties,
-    cuts), and the findings' diagnosis, only from the rounds the spec's freedoms do not explain (with no
-    findings: the whole, its verdict the spec's trees)."""
-    allowed, views = list(found.allowed), list(found.views)
-    whole = diagnose_traces(label, allowed + views, mode, budget, block)
-    diagnosis = whole if not allowed else diagnose_traces(label, views, mode, budget, block) if views else None
-    if diagnosis is not None and diagnosis.findings:
-        return whole, diagnosis
-    row = {**whole.row, "verdict": "the spec's trees (up to its freedoms)"} if whole.row else whole.row
-    whole = dataclasses.replace(whole, findings=[], first=None, row=row)
-    return whole, whole
 
 
 def node_evidence(session: SuiteSession, budget: int) -> tuple[str, list] | None:

@@ -2,10 +2,13 @@
 freedoms an engine has, as one predicate on a traced round.
 
 * Numbering: nodes may be laid out in any order after the root; only the tree (token paths) counts.
-* Ties: equal log-probs, and prefixes of equal score, may be broken either way. A DDTree is then
-  any prefix-closed set of B prefixes whose scores are the B best (the same multiset of float64
-  scores as :func:`~.tree.build_tree`'s, every token within its depth's top K up to ties); a chain
-  takes, at each depth, a token of the highest log-prob.
+* Ties: equal log-probs, and prefixes of equal score, may be broken either way. "Equal" is up to the
+  rounding of the float32 log-softmax the scores come from (``slack``: how far two correct kernels may
+  put one log-prob apart; a prefix of depth d may score d times that away, so two prefixes of depths
+  d and e tie within (d + e) slack; 0: exactly equal). A DDTree is then any prefix-closed set of B
+  prefixes whose scores are the B best (the multiset of :func:`~.tree.build_tree`'s float64 scores, up
+  to ties; every token within its depth's top K up to ties); a chain takes, at each depth, a token of
+  the highest log-prob.
 * The output's end: a node of depth >= ``room`` (the tokens the output can still take) can never be
   emitted, so it may be left out, down to a root-only round when one token is left. The drafter's
   block may also be cut to ``room`` positions (z-lab's ``dflash_generate``); the tree is then the
@@ -63,14 +66,26 @@ def _paths(tokens: Sequence[int], parents: Sequence[int], depths: Sequence[int])
     return paths  # type: ignore[return-value]
 
 
-def _chain_problem(paths, log_probs: torch.Tensor, need: int) -> str | None:
+def _tied(a: float, b: float, depth_a: int, depth_b: int, slack: float) -> bool:
+    """Whether two prefix scores are equal up to the rounding of their log-probs (module doc)."""
+    return abs(a - b) <= (depth_a + depth_b) * slack
+
+
+def _same_scores(mine: list[tuple[float, int]], spec: list[tuple[float, int]], slack: float) -> bool:
+    """Whether two lists of (score, depth) are the same multiset of scores up to ties, paired in order."""
+    if len(mine) != len(spec):
+        return False
+    return all(_tied(a, b, da, db, slack) for (a, da), (b, db) in zip(sorted(mine, reverse=True), spec))
+
+
+def _chain_problem(paths, log_probs: torch.Tensor, need: int, slack: float = 0.0) -> str | None:
     best = log_probs.max(dim=-1).values
     deepest = max((len(p) for p in paths), default=0)
     if len(paths) - 1 != deepest:
         return f"a DFlash round verifies a chain: {len(paths) - 1} nodes over {deepest} depths"
     path = max(paths, key=len)
     for depth, token in enumerate(path):
-        if float(log_probs[depth, token]) != float(best[depth]):
+        if float(best[depth]) - float(log_probs[depth, token]) > 2 * slack:
             return (
                 f"chain node at depth {depth + 1} drafts token {token}, not a most probable token of that "
                 f"position ({float(log_probs[depth, token]):.4g} < {float(best[depth]):.4g})"
@@ -98,12 +113,14 @@ def tree_problem(
     depth_limit: int | None = None,
     room: int | None = None,
     context_room: int | None = None,
+    slack: float = 0.0,
 ) -> str | None:
     """Why a traced tree (node 0 the root, any numbering) is not one the spec allows for ``draft_logits``
     ``[rows, V]`` (the engine's own drafter logits), else None (module doc).
 
     ``depth_limit``: the drafter's L (None: ``rows``); ``room``: tokens the output could still take
-    when the round began; ``context_room``: ``max_context - 2 - start`` (None: no context limit)."""
+    when the round began; ``context_room``: ``max_context - 2 - start`` (None: no context limit);
+    ``slack``: how far one log-prob may round (module doc; 0: ties are exactly equal scores)."""
     rows = int(draft_logits.shape[0])
     depth_limit = depth_limit or rows
     if rows > depth_limit:
@@ -121,7 +138,7 @@ def tree_problem(
     keep = kept_depth(rows, room)
     log_probs = torch.log_softmax(draft_logits.float(), dim=-1).double()
     if mode == "dflash":
-        return _chain_problem(paths, log_probs, min(keep, least_budget(rows, context_room)))
+        return _chain_problem(paths, log_probs, min(keep, least_budget(rows, context_room)), slack)
     nodes = paths[1:]
     if len(nodes) > budget:
         return f"{len(nodes)} nodes, more than the budget {budget}"
@@ -129,16 +146,18 @@ def tree_problem(
     kth = torch.topk(log_probs, k, dim=-1).values[:, -1].tolist()
     lp = log_probs.tolist()
     for path in nodes:
-        if lp[len(path) - 1][path[-1]] < kth[len(path) - 1]:
+        if lp[len(path) - 1][path[-1]] < kth[len(path) - 1] - 2 * slack:
             return f"node {list(path)} drafts a token outside its depth's top {k}"
     spec = build_tree(draft_logits, budget)
     spec_scores = spec.scores[1:].tolist()  # non-increasing: pop order
+    spec_depths = spec.depths[1:].tolist()
     spec_paths = _paths(spec.tokens.tolist(), spec.parents.tolist(), spec.depths.tolist())[1:]
     scores = [_score(lp, p) for p in nodes]
-    if _emittable_depth_tree(draft_logits, budget, nodes, scores, rows, room):
+    mine = [(s, len(p)) for s, p in zip(scores, nodes)]
+    if _emittable_depth_tree(draft_logits, budget, nodes, mine, rows, room, slack):
         return None
     if keep >= rows and least_budget(budget, context_room) >= budget:  # nothing may be left out
-        if sorted(scores, reverse=True) != spec_scores:
+        if not _same_scores(mine, list(zip(spec_scores, spec_depths)), slack):
             return (
                 f"the tree's {len(nodes)} nodes are not the {len(spec_scores)} most probable prefixes (the spec "
                 f"tree's scores; first tokens {[p[-1] for p in nodes[:6]]} vs {[p[-1] for p in spec_paths[:6]]})"
@@ -146,16 +165,16 @@ def tree_problem(
         return None
     # cut rounds: the engine's nodes must all lie in some spec tree of a budget it may use, and hold
     # every node of that tree the output could still emit (equal scores at the edge either way)
-    lowest = min(scores, default=float("inf"))
-    above = sum(s > lowest for s in spec_scores)
+    lowest, lowest_depth = min(mine, default=(float("inf"), 0))
+    above = sum(s > lowest and not _tied(s, lowest, d, lowest_depth, slack) for s, d in zip(spec_scores, spec_depths))
     used = max(least_budget(budget, context_room), len(nodes), above + 1 if nodes else 0)
     if used > len(spec_scores):
         return f"the tree holds a prefix outside the {len(spec_scores)} most probable (the spec tree's)"
-    edge = spec_scores[used - 1] if used else float("inf")
+    edge, edge_depth = (spec_scores[used - 1], spec_depths[used - 1]) if used else (float("inf"), 0)
     have = set(nodes)
     needed = [(p, s) for p, s in zip(spec_paths[:used], spec_scores[:used]) if len(p) <= keep]
     for path, score in needed:
-        if score > edge and path not in have:
+        if score > edge and not _tied(score, edge, len(path), edge_depth, slack) and path not in have:
             return (
                 f"the tree lacks the prefix {list(path)} of the spec tree of {used} nodes, which the output "
                 f"could still emit (room {room})"
@@ -168,17 +187,17 @@ def tree_problem(
     return None
 
 
-def _emittable_depth_tree(draft_logits, budget: int, nodes, scores, rows: int, room: int | None) -> bool:
-    """Whether the nodes are the ``budget`` most probable prefixes no deeper than the output can still
-    emit (``room - 1``, or ``room`` whose drafts are emitted without the bonus): the budget spent on
-    nodes the output can emit (module doc)."""
+def _emittable_depth_tree(draft_logits, budget: int, nodes, mine, rows: int, room: int | None, slack: float) -> bool:
+    """Whether the nodes (``mine``: their scores and depths) are the ``budget`` most probable prefixes no
+    deeper than the output can still emit (``room - 1``, or ``room`` whose drafts are emitted without the
+    bonus): the budget spent on nodes the output can emit (module doc)."""
     if room is None or room - 1 >= rows:
         return False
     for cap in sorted({max(room - 1, 0), min(room, rows)}):
         if cap <= 0 or any(len(p) > cap for p in nodes):
             continue
-        capped = build_tree(draft_logits[:cap], budget).scores[1:].tolist()
-        if sorted(scores, reverse=True) == capped:
+        capped = build_tree(draft_logits[:cap], budget)
+        if _same_scores(mine, list(zip(capped.scores[1:].tolist(), capped.depths[1:].tolist())), slack):
             return True
     return False
 
@@ -194,38 +213,46 @@ def _held_prefix(tree, path: Sequence[int]) -> list[int]:
     return nodes
 
 
-def _chain_may_hold(log_probs: torch.Tensor, path: Sequence[int], holds: bool) -> bool:
+def _chain_may_hold(log_probs: torch.Tensor, path: Sequence[int], holds: bool, slack: float) -> bool:
     best = log_probs.max(dim=-1).values
-    tops = [float(log_probs[d, t]) == float(best[d]) for d, t in enumerate(path)]
-    if holds:  # every drafted token a most probable one of its position
+    tops = [float(best[d]) - float(log_probs[d, t]) <= 2 * slack for d, t in enumerate(path)]
+    if holds:  # every drafted token a most probable one of its position (up to ties)
         return all(tops)
     # lacks: at some depth the path's token is not the one most probable token (lower, or tied)
-    return any(not top or int((log_probs[d] == best[d]).sum()) > 1 for d, top in enumerate(tops))
+    return any(not top or int((log_probs[d] >= best[d] - 2 * slack).sum()) > 1 for d, top in enumerate(tops))
 
 
-def _tree_may_hold(draft_logits: torch.Tensor, log_probs: torch.Tensor, budget: int, path, holds: bool) -> bool:
+def _tree_may_hold(
+    draft_logits: torch.Tensor, log_probs: torch.Tensor, budget: int, path, holds: bool, slack: float
+) -> bool:
     spec = build_tree(draft_logits, budget)
     inside = _held_prefix(spec, path)
     if (len(inside) == len(path)) == holds:
         return True  # the spec tree itself
-    tree_scores, parents = spec.scores.tolist(), spec.parents.tolist()
+    tree_scores, parents, tree_depths = spec.scores.tolist(), spec.parents.tolist(), spec.depths.tolist()
     if len(tree_scores) == 1:
         return not holds
-    # The lowest node score: every node of that score may give its place to another prefix of that score,
+    # The lowest node score: every node tied with it may give its place to another prefix tied with it,
     # with its descendants (they score alike: a certain token adds 0); no other node may.
-    edge, lp, tokens = min(tree_scores[1:]), log_probs.tolist(), spec.tokens.tolist()
+    low = min(range(1, len(tree_scores)), key=lambda n: (tree_scores[n], -tree_depths[n]))
+    edge, edge_depth, lp, tokens = tree_scores[low], tree_depths[low], log_probs.tolist(), spec.tokens.tolist()
+
+    def at_edge(score: float, depth: int) -> bool:
+        return _tied(score, edge, depth, edge_depth, slack)
+
     scores, total = [], 0.0
     for depth, token in enumerate(path):  # float64, in depth order: the builder's sums
         total += lp[depth][token]
         scores.append(total)
-    if holds:  # the missing prefixes (each of the edge score) take the places of edge nodes off the path
-        missing = scores[len(inside) :]
-        free = sum(tree_scores[n] == edge for n in range(1, len(tree_scores)) if n not in set(inside))
-        return all(s == edge for s in missing) and len(missing) <= free
+    if holds:  # the missing prefixes (each tied with the edge) take the places of edge nodes off the path
+        missing = range(len(inside), len(path))
+        on_path = set(inside)
+        free = sum(at_edge(tree_scores[n], tree_depths[n]) for n in range(1, len(tree_scores)) if n not in on_path)
+        return all(at_edge(scores[i], i + 1) for i in missing) and len(missing) <= free
     # lacks, where the spec tree holds the path: its last node and that node's subtree leave, if that many
-    # prefixes of the edge score outside the tree can take their places
+    # prefixes tied with the edge outside the tree can take their places
     last = inside[-1]
-    if tree_scores[last] != edge:
+    if not at_edge(tree_scores[last], tree_depths[last]):
         return False
     node_paths: list[tuple[int, ...]] = [()]
     for node in range(1, len(tokens)):
@@ -236,22 +263,28 @@ def _tree_may_hold(draft_logits: torch.Tensor, log_probs: torch.Tensor, budget: 
     found = 0
     while queue and found < len(gone):
         prefix, score = queue.pop()
-        if len(prefix) >= log_probs.shape[0]:
+        depth = len(prefix) + 1
+        if depth > log_probs.shape[0]:
             continue
-        for token in torch.nonzero(log_probs[len(prefix)] + score == edge).flatten().tolist():
-            if prefix + (token,) not in present:
-                present.add(prefix + (token,))
-                queue.append((prefix + (token,), edge))
+        tied = (log_probs[depth - 1] + score - edge).abs() <= (depth + edge_depth) * slack
+        for token in torch.nonzero(tied).flatten().tolist():
+            child = prefix + (token,)
+            if child not in present:
+                present.add(child)
+                queue.append((child, score + lp[depth - 1][token]))
                 found += 1
     return found >= len(gone)
 
 
-def may_hold(draft_logits: torch.Tensor, mode: str, budget: int, path: Sequence[int], holds: bool) -> bool:
+def may_hold(
+    draft_logits: torch.Tensor, mode: str, budget: int, path: Sequence[int], holds: bool, slack: float = 0.0
+) -> bool:
     """Whether some tree the spec allows for ``draft_logits`` ``[rows, V]`` (module doc: equal log-probs and
-    equal prefix scores broken either way) holds the token ``path`` from the root (``holds``), or lacks
-    it (``not holds``). A chain holds a path of most probable tokens; a DDTree holds a path whose prefixes
-    all score at least its lowest node's score (those at that score fitting its nodes of that score), and
-    may lack one where a path node at that score can give its place to another prefix of the same score."""
+    equal prefix scores, up to ``slack``, broken either way) holds the token ``path`` from the root
+    (``holds``), or lacks it (``not holds``). A chain holds a path of most probable tokens; a DDTree holds
+    a path whose prefixes all score at least its lowest node's score (those tied with it fitting its nodes
+    tied with it), and may lack one where a path node tied with that score can give its place to another
+    prefix tied with it."""
     path = [int(t) for t in path]
     if not path:
         return holds  # the root is always verified
@@ -259,5 +292,5 @@ def may_hold(draft_logits: torch.Tensor, mode: str, budget: int, path: Sequence[
         return not holds
     log_probs = torch.log_softmax(draft_logits.float(), dim=-1).double()
     if mode == "dflash":
-        return _chain_may_hold(log_probs, path, holds)
-    return _tree_may_hold(draft_logits, log_probs, budget, path, holds)
+        return _chain_may_hold(log_probs, path, holds, slack)
+    return _tree_may_hold(draft_logits, log_probs, budget, path, holds, slack)

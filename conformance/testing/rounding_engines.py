@@ -30,7 +30,10 @@ The numerics, one per engine:
 * :class:`PaddedGemmRows`: every linear layer's rows padded to a multiple of 64, as when a request's
   tokens share a GEMM with other requests' (other shapes, other kernel choices);
 * :class:`BatchVariantAttention`: SDPA alone, FlashAttention's order in an engine call holding two
-  requests or more (batch-variant kernels: a request rounds one way alone, another in company).
+  requests or more (batch-variant kernels: a request rounds one way alone, another in company);
+* :class:`Float64LogProbs`: the drafter's log-probabilities by another log-softmax kernel (float64, then
+  rounded to float32) before the spec's heap: tree scores a bit or two away from the spec's float32
+  kernel, so prefixes of nearly equal score may come out of the heap in the other order.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from torch import nn
 
 from ddtree_conformance.adapters.interface import Capabilities, RequestResult, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+from ddtree_conformance.spec import build_tree
 
 __all__ = ["AGGREGATE_BOXES", "BLACK_BOXES", "ROUNDING_ENGINES", "RoundsDifferently", "aggregate_box", "black_box"]
 
@@ -324,6 +328,27 @@ class BatchVariantAttention(RoundsDifferently):
             self._company = False
 
 
+def _float64_log_probs_tree(draft_logits: torch.Tensor, budget: int):
+    """The spec's heap over log-probabilities computed in float64 and rounded to float32 (another kernel
+    than the spec's float32 log-softmax; the heap's own log-softmax of log-probabilities moves them by at
+    most a bit more)."""
+    return build_tree(torch.log_softmax(draft_logits.double(), dim=-1).float(), budget)
+
+
+class Float64LogProbs(RoundsDifferently):
+    """The drafter's log-probabilities by another kernel (float64, rounded to float32), then the spec's
+    best-first heap: the tree an engine builds with its own log-softmax (a sampler's, a fused kernel's)."""
+
+    name = "rounding-float64-log-probs"
+
+    def __init__(self, model_dir, drafter_dir=None, **options) -> None:
+        super().__init__(model_dir, drafter_dir, **options)
+        self._build = _float64_log_probs_tree
+
+    def numerics(self, target, drafter):
+        pass  # the models compute as the reference's; only the tree's scores round otherwise
+
+
 # ------------------------------------------------------------------------------------------ black box
 def black_box(engine_class: type[ReferenceEngine]) -> type[ReferenceEngine]:
     """``engine_class`` as vLLM and SGLang report: outputs, finish reasons and per-round acceptance
@@ -409,6 +434,7 @@ ROUNDING_ENGINES: dict[str, type[RoundsDifferently]] = {
     "fused RMSNorm (one rounding)": FusedRmsNorm,
     "GEMM rows padded as in a shared batch": PaddedGemmRows,
     "another attention kernel in a batch than alone": BatchVariantAttention,
+    "drafter log-probs by another kernel (float64)": Float64LogProbs,
 }
 
 # each engine as a black box, under a module-level name (``--engine module:Class`` finds it)
