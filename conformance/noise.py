@@ -58,6 +58,7 @@ __all__ = [
     "FP32_DRAFTER_FLIP_RATE",
     "FP32_DRAFTER_TOLERANCE",
     "FP32_TIE",
+    "LOG_PROB_SLACK_CEILING",
     "NoiseModel",
     "LeanTest",
     "TauTest",
@@ -74,6 +75,9 @@ FP32_TIE = 1e-3
 FP32_DRAFTER_FLIP_RATE = 1e-3  # float32: trees flip only at exact drafter ties (1e-6 apart) across devices
 DRAFTER_TOP = 64  # tokens per depth that can enter a tree, for drafter logit distances
 FLOAT32_EPS = 2.0**-23  # float32's unit roundoff x 2 (torch.finfo(torch.float32).eps)
+# nats per position: the most log_prob_slack allows, whatever logits an engine reports (a vocabulary of 1M
+# tokens with candidates down to -1000 nats needs 7.2e-4): reported logits cannot widen the ties at will
+LOG_PROB_SLACK_CEILING = 1e-3
 
 
 def log_prob_slack(draft_logits, k: int) -> float:
@@ -98,7 +102,7 @@ def log_prob_slack(draft_logits, k: int) -> float:
     log_probs = torch.log_softmax(logits, dim=-1)
     top = torch.topk(log_probs, min(max(k, 1), vocab), dim=-1).values
     largest = float(top.abs().max())
-    return 2 * FLOAT32_EPS * (2 * largest + math.log(vocab) + math.sqrt(vocab))
+    return min(LOG_PROB_SLACK_CEILING, 2 * FLOAT32_EPS * (2 * largest + math.log(vocab) + math.sqrt(vocab)))
 
 
 class TokenCall(StrEnum):

@@ -182,3 +182,15 @@ def test_the_log_prob_slack_holds_other_log_softmax_kernels(vocab):
             for other in _log_softmax_kernels(scaled):
                 worst = max(worst, float((other - reference).gather(1, top).abs().max()) / slack)
     assert 0 < worst < 0.5, worst
+
+
+def test_reported_logits_cannot_widen_the_slack_past_its_ceiling():
+    """An engine reporting absurd drafter logits (candidates thousands of nats down) gets the ceiling, not a
+    slack that would tie prefixes a tenth of a nat apart."""
+    import torch
+
+    from ddtree_conformance.noise import LOG_PROB_SLACK_CEILING, log_prob_slack
+
+    absurd = torch.zeros(15, 3072)
+    absurd[:, 0] = 1e6  # every other token 1e6 nats below the top one
+    assert log_prob_slack(absurd, 64) == LOG_PROB_SLACK_CEILING == 1e-3
