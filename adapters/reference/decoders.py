@@ -290,69 +290,19 @@ class StaticDecoder(EagerDecoder):
         context rows (L the drafter's positions). Rows past the accepted ones carry the root's K/V and
         features; they sit at or beyond the next round's root position, where the masks hide them and the
         next round writes over them."""
-        pair, cache, capacity, minimum, lean = self.pair, self.static, self.capacity, self.minimum, self.lean
-        drafter, draft_cache, lean_drafter = pair.drafter, self.draft_static, self.lean_drafter
-        size, mask_token = drafter.block_size, drafter.config.mask_token_id
-        depth_limit = size - 1
+        depth_limit = self.pair.drafter.block_size - 1
 
         def forward(static):
-            tree, ancestors = build_tree_with_ancestors(static["draft"], budget)
-            rows = tree.tokens.shape[0]
-            compiled = verify_inputs_on_device(
-                tree, static["root"], 0, 0, dtype=pair.dtype, max_depth=depth_limit, ancestors=ancestors
-            )
-            begin = static["start"]  # [1]: the root's position and cache slot
-            device = begin.device
-            positions = begin + tree.depths
-            slots = begin + torch.arange(rows, device=device)
-            columns = torch.arange(capacity, device=device) - begin  # column - start
-            in_tree = (columns >= 0) & (columns < rows)
-            visible = (columns < 0) | (compiled.visibility[:, columns.clamp(0, rows - 1)] & in_tree)
-            mask = torch.where(visible, 0.0, minimum).to(pair.dtype).view(1, 1, rows, capacity)
-            cache.slots = slots
-            if lean is not None:
-                logits, features = lean.forward(compiled.input_ids, positions, cache, mask)
-            else:
-                logits, features = pair.forward(
-                    compiled.input_ids, positions, cache, {"full_attention": mask, "sliding_attention": mask}
-                )
-            path, accepted, bonus = greedy_walk_on_device(tree, logits, max_depth=depth_limit, ancestors=ancestors)
-            chosen = torch.argmax(logits, dim=-1)
-            head = torch.stack([accepted, bonus]).long()
-            packed = torch.cat([head, path, compiled.input_ids, tree.depths, chosen, tree.parents])
-
-            # the commit: rows start + [0, *accepted] move to start + 0.. (padded with the root's row)
-            kept = torch.cat([torch.zeros(1, dtype=torch.long, device=device), path.clamp(min=0)])
-            committed = begin + torch.arange(depth_limit + 1, device=device)
-            cache.buffer.index_copy_(4, committed, cache.buffer.index_select(4, begin + kept))
-            # the next draft: the kept rows' features as context at start.., the block from the bonus
-            next_start = begin + accepted + 1
-            block = torch.cat(
-                [bonus.view(1), torch.full((size - 1,), mask_token, dtype=torch.long, device=device)]
-            ).view(1, size)
-            draft_positions = torch.cat([committed, next_start + torch.arange(size, device=device)]).view(1, -1)
-            draft_columns = torch.arange(capacity + size, device=device)
-            draft_visible = (draft_columns < next_start) | (draft_columns >= capacity)
-            draft_mask = torch.where(draft_visible, 0.0, minimum).to(pair.dtype).view(1, 1, 1, -1)
-            draft_cache.slots = committed
-            embeds = pair.target.get_input_embeddings()(block)
-            context = features.index_select(0, kept)
-            if lean_drafter is not None:
-                hidden = lean_drafter.forward(embeds[0], context, draft_positions[0], draft_cache, draft_mask)
-            else:
-                hidden = drafter(embeds, context.unsqueeze(0), draft_positions, draft_cache, attention_mask=draft_mask)[
-                    0
-                ]
-            next_draft = pair.target.get_output_embeddings()(hidden[1:])
-            carried = {"draft": next_draft, "root": bonus.view(1), "start": next_start}
-            return tree, compiled.visibility, logits, features, static["draft"], packed, carried
+            tree, visibility, logits, features, path, accepted, bonus, packed = self._verified_round(static, budget)
+            carried = self._commit_and_draft(static["start"], path, accepted, bonus, features)
+            return tree, visibility, logits, features, static["draft"], packed, carried
 
         if draft_logits is not None:
             inputs = {"draft": draft_logits, "root": torch.tensor([root]), "start": torch.tensor([start])}
         else:
             inputs = self._carried
-        lean_on = (lean is not None, lean_drafter is not None)
-        key = ("round", budget, depth_limit, self.capacity, id(self.static), id(draft_cache), lean_on)
+        lean_on = (self.lean is not None, self.lean_drafter is not None)
+        key = ("round", budget, depth_limit, self.capacity, id(self.static), id(self.draft_static), lean_on)
         tree, visibility, logits, features, drafted, packed, self._carried = self.state.runner.run(
             key, forward, inputs, fill=self.fill
         )
@@ -372,6 +322,65 @@ class StaticDecoder(EagerDecoder):
         )
         walk = WalkResult(accepted=path, bonus=bonus, target_tokens={node: chosen[node] for node in (0, *path)})
         return TreeRound(tree, verify, logits, features, walk, drafted, parents, chosen)
+
+    def _verified_round(self, static: dict, budget: int):
+        """Step 1 of :meth:`tree_round`, on the device: the spec's tree of the carried draft, the target's
+        verify of it at ``static["start"]`` with the mask over the whole cache, and the greedy walk; with
+        the round's packed read back (accepted count, bonus, path, tree tokens, depths, targets, parents)."""
+        pair, cache, capacity, minimum = self.pair, self.static, self.capacity, self.minimum
+        depth_limit = pair.drafter.block_size - 1
+        tree, ancestors = build_tree_with_ancestors(static["draft"], budget)
+        rows = tree.tokens.shape[0]
+        compiled = verify_inputs_on_device(
+            tree, static["root"], 0, 0, dtype=pair.dtype, max_depth=depth_limit, ancestors=ancestors
+        )
+        begin = static["start"]  # [1]: the root's position and cache slot
+        device = begin.device
+        positions = begin + tree.depths
+        columns = torch.arange(capacity, device=device) - begin  # column - start
+        in_tree = (columns >= 0) & (columns < rows)
+        visible = (columns < 0) | (compiled.visibility[:, columns.clamp(0, rows - 1)] & in_tree)
+        mask = torch.where(visible, 0.0, minimum).to(pair.dtype).view(1, 1, rows, capacity)
+        cache.slots = begin + torch.arange(rows, device=device)
+        if self.lean is not None:
+            logits, features = self.lean.forward(compiled.input_ids, positions, cache, mask)
+        else:
+            logits, features = pair.forward(
+                compiled.input_ids, positions, cache, {"full_attention": mask, "sliding_attention": mask}
+            )
+        path, accepted, bonus = greedy_walk_on_device(tree, logits, max_depth=depth_limit, ancestors=ancestors)
+        chosen = torch.argmax(logits, dim=-1)
+        head = torch.stack([accepted, bonus]).long()
+        packed = torch.cat([head, path, compiled.input_ids, tree.depths, chosen, tree.parents])
+        return tree, compiled.visibility, logits, features, path, accepted, bonus, packed
+
+    def _commit_and_draft(self, begin, path, accepted, bonus, features) -> dict:
+        """Steps 2 and 3 of :meth:`tree_round`, on the device: the commit (rows ``begin + [0, *accepted]``
+        move to ``begin + 0..``, padded with the root's row) and the next draft from the bonus, its context
+        the kept rows' features; returns what the next round carries (draft, root, start)."""
+        pair, cache, minimum, capacity = self.pair, self.static, self.minimum, self.capacity
+        drafter, draft_cache = pair.drafter, self.draft_static
+        size, mask_token = drafter.block_size, drafter.config.mask_token_id
+        device = begin.device
+        kept = torch.cat([torch.zeros(1, dtype=torch.long, device=device), path.clamp(min=0)])
+        committed = begin + torch.arange(size, device=device)  # L + 1 rows
+        cache.buffer.index_copy_(4, committed, cache.buffer.index_select(4, begin + kept))
+        next_start = begin + accepted + 1
+        masks = torch.full((size - 1,), mask_token, dtype=torch.long, device=device)
+        block = torch.cat([bonus.view(1), masks]).view(1, size)
+        draft_positions = torch.cat([committed, next_start + torch.arange(size, device=device)]).view(1, -1)
+        draft_columns = torch.arange(capacity + size, device=device)
+        draft_visible = (draft_columns < next_start) | (draft_columns >= capacity)
+        draft_mask = torch.where(draft_visible, 0.0, minimum).to(pair.dtype).view(1, 1, 1, -1)
+        draft_cache.slots = committed
+        embeds = pair.target.get_input_embeddings()(block)
+        context = features.index_select(0, kept)
+        if self.lean_drafter is not None:
+            hidden = self.lean_drafter.forward(embeds[0], context, draft_positions[0], draft_cache, draft_mask)
+        else:
+            hidden = drafter(embeds, context.unsqueeze(0), draft_positions, draft_cache, attention_mask=draft_mask)[0]
+        next_draft = pair.target.get_output_embeddings()(hidden[1:])
+        return {"draft": next_draft, "root": bonus.view(1), "start": next_start}
 
     def compact(self, step, start: int, accepted: list[int]) -> None:
         if step is compact_dynamic_cache:  # the spec's own step, done for every layer in one gather

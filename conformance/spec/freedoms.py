@@ -163,11 +163,18 @@ def tree_problem(
                 f"tree's scores; first tokens {[p[-1] for p in nodes[:6]]} vs {[p[-1] for p in spec_paths[:6]]})"
             )
         return None
-    # cut rounds: the engine's nodes must all lie in some spec tree of a budget it may use, and hold
-    # every node of that tree the output could still emit (equal scores at the edge either way)
+    return _cut_round_problem(nodes, mine, spec, least_budget(budget, context_room), keep, room, slack)
+
+
+def _cut_round_problem(nodes, mine, spec, least: int, keep: int, room: int | None, slack: float) -> str | None:
+    """A round the output's or the context's end may cut: the engine's nodes (``mine``: their scores and
+    depths) must all lie in some spec tree of a budget it may use (at least ``least``), and hold every node
+    of that tree the output could still emit (depth <= ``keep``; nodes tied at the edge either way)."""
+    spec_scores, spec_depths = spec.scores[1:].tolist(), spec.depths[1:].tolist()
+    spec_paths = _paths(spec.tokens.tolist(), spec.parents.tolist(), spec.depths.tolist())[1:]
     lowest, lowest_depth = min(mine, default=(float("inf"), 0))
     above = sum(s > lowest and not _tied(s, lowest, d, lowest_depth, slack) for s, d in zip(spec_scores, spec_depths))
-    used = max(least_budget(budget, context_room), len(nodes), above + 1 if nodes else 0)
+    used = max(least, len(nodes), above + 1 if nodes else 0)
     if used > len(spec_scores):
         return f"the tree holds a prefix outside the {len(spec_scores)} most probable (the spec tree's)"
     edge, edge_depth = (spec_scores[used - 1], spec_depths[used - 1]) if used else (float("inf"), 0)
