@@ -14,6 +14,7 @@ import torch
 
 from ddtree_conformance.adapters.interface import RoundTrace
 from ddtree_conformance.spec import DraftTree, build_chain, build_tree
+from ddtree_conformance.spec.freedoms import tied
 
 from .noise import log_prob_slack
 from .policy_trees import node_paths
@@ -136,7 +137,7 @@ def _classification(view: RoundView, logits: torch.Tensor, spec: DraftTree, budg
         low = int(torch.argmin(spec.scores))
         boundary, depth = float(spec.scores[low]), int(spec.depths[low])
         slack = log_prob_slack(logits, budget)  # ties up to the rounding of the log-softmax (noise model)
-        if all(abs(s - boundary) <= (len(p) + depth) * slack for s, p in zip(_score_paths(logits, only), only)):
+        if all(tied(s, boundary, len(p), depth, slack) for s, p in zip(_score_paths(logits, only), only)):
             return {"kind": "tie"}
     if set(mine) < set(spec_paths):  # a prefix-closed part of the spec's tree: cut by room, or stopped early
         exempt = view.last or (view.room is not None and view.room < budget)

@@ -32,7 +32,7 @@ import torch
 
 from .tree import build_tree
 
-__all__ = ["kept_depth", "least_budget", "may_hold", "tree_problem"]
+__all__ = ["kept_depth", "least_budget", "may_hold", "tied", "tree_problem"]
 
 
 def kept_depth(depth_limit: int, room: int | None) -> int:
@@ -66,7 +66,7 @@ def _paths(tokens: Sequence[int], parents: Sequence[int], depths: Sequence[int])
     return paths  # type: ignore[return-value]
 
 
-def _tied(a: float, b: float, depth_a: int, depth_b: int, slack: float) -> bool:
+def tied(a: float, b: float, depth_a: int, depth_b: int, slack: float) -> bool:
     """Whether two prefix scores are equal up to the rounding of their log-probs (module doc)."""
     return abs(a - b) <= (depth_a + depth_b) * slack
 
@@ -75,7 +75,7 @@ def _same_scores(mine: list[tuple[float, int]], spec: list[tuple[float, int]], s
     """Whether two lists of (score, depth) are the same multiset of scores up to ties, paired in order."""
     if len(mine) != len(spec):
         return False
-    return all(_tied(a, b, da, db, slack) for (a, da), (b, db) in zip(sorted(mine, reverse=True), spec))
+    return all(tied(a, b, da, db, slack) for (a, da), (b, db) in zip(sorted(mine, reverse=True), spec))
 
 
 def _chain_problem(paths, log_probs: torch.Tensor, need: int, slack: float = 0.0) -> str | None:
@@ -173,7 +173,7 @@ def _cut_round_problem(nodes, mine, spec, least: int, keep: int, room: int | Non
     spec_scores, spec_depths = spec.scores[1:].tolist(), spec.depths[1:].tolist()
     spec_paths = _paths(spec.tokens.tolist(), spec.parents.tolist(), spec.depths.tolist())[1:]
     lowest, lowest_depth = min(mine, default=(float("inf"), 0))
-    above = sum(s > lowest and not _tied(s, lowest, d, lowest_depth, slack) for s, d in zip(spec_scores, spec_depths))
+    above = sum(s > lowest and not tied(s, lowest, d, lowest_depth, slack) for s, d in zip(spec_scores, spec_depths))
     used = max(least, len(nodes), above + 1 if nodes else 0)
     if used > len(spec_scores):
         return f"the tree holds a prefix outside the {len(spec_scores)} most probable (the spec tree's)"
@@ -181,7 +181,7 @@ def _cut_round_problem(nodes, mine, spec, least: int, keep: int, room: int | Non
     have = set(nodes)
     needed = [(p, s) for p, s in zip(spec_paths[:used], spec_scores[:used]) if len(p) <= keep]
     for path, score in needed:
-        if score > edge and not _tied(score, edge, len(path), edge_depth, slack) and path not in have:
+        if score > edge and not tied(score, edge, len(path), edge_depth, slack) and path not in have:
             return (
                 f"the tree lacks the prefix {list(path)} of the spec tree of {used} nodes, which the output "
                 f"could still emit (room {room})"
@@ -245,7 +245,7 @@ def _tree_may_hold(
     edge, edge_depth, lp, tokens = tree_scores[low], tree_depths[low], log_probs.tolist(), spec.tokens.tolist()
 
     def at_edge(score: float, depth: int) -> bool:
-        return _tied(score, edge, depth, edge_depth, slack)
+        return tied(score, edge, depth, edge_depth, slack)
 
     scores, total = [], 0.0
     for depth, token in enumerate(path):  # float64, in depth order: the builder's sums
@@ -273,8 +273,10 @@ def _tree_may_hold(
         depth = len(prefix) + 1
         if depth > log_probs.shape[0]:
             continue
-        tied = (log_probs[depth - 1] + score - edge).abs() <= (depth + edge_depth) * slack
-        for token in torch.nonzero(tied).flatten().tolist():
+        at_the_edge = (log_probs[depth - 1] + score - edge).abs() <= (
+            depth + edge_depth
+        ) * slack  # tied(), a row at once
+        for token in torch.nonzero(at_the_edge).flatten().tolist():
             child = prefix + (token,)
             if child not in present:
                 present.add(child)
