@@ -22,7 +22,7 @@ from ..noise import log_prob_slack
 from ..session import SuiteSession
 from ..tree_policy import PolicyDiagnosis, RoundView, diagnose_traces, round_views
 
-__all__ = ["SortedRounds", "diagnose_sorted", "sort_rounds", "spec_tree_problem"]
+__all__ = ["SortedRounds", "diagnose_sorted", "off_path_rounds", "sort_rounds", "spec_tree_problem"]
 
 
 def off_path_rounds(traces) -> int:
