@@ -296,6 +296,25 @@ def _trace_shape(field: str, trace, vocab: int | None) -> None:
             if not isinstance(row, (list, tuple)) or len(row) != width:
                 got = len(row) if isinstance(row, (list, tuple)) else type(row).__name__
                 raise IntegrityError(f"{field}.draft_logits", f"row {r} has {got} entries, expected {width}")
+        _finite_logits(f"{field}.draft_logits", rows)
+
+
+def _finite_logits(field: str, rows) -> None:
+    """Drafter logits are numbers, none NaN or +inf (-inf is a token the drafter can never draft: a padded
+    vocabulary's masked entries); the tree checks and the noise model's slack read them as they are."""
+    import torch
+
+    try:
+        logits = torch.tensor(rows, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise IntegrityError(field, f"not numbers ({' '.join(str(exc).split())[:80]})") from None
+    bad = torch.isnan(logits) | (logits == float("inf"))
+    if bool(bad.any()):
+        r, t = (int(i) for i in bad.nonzero()[0])
+        raise IntegrityError(field, f"row {r} token {t} is {float(logits[r, t])}: logits must be finite or -inf")
+    if bool(torch.isneginf(logits).all(dim=-1).any()):
+        r = int(torch.isneginf(logits).all(dim=-1).nonzero()[0])
+        raise IntegrityError(field, f"row {r} is -inf at every token: no token could be drafted")
 
 
 def _traces(

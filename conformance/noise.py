@@ -101,7 +101,8 @@ def log_prob_slack(draft_logits, k: int) -> float:
         return 0.0
     log_probs = torch.log_softmax(logits, dim=-1)
     top = torch.topk(log_probs, min(max(k, 1), vocab), dim=-1).values
-    largest = float(top.abs().max())
+    finite = top[torch.isfinite(top)]  # -inf: tokens a padded vocabulary masks, never in a tree
+    largest = float(finite.abs().max()) if finite.numel() else 0.0
     return min(LOG_PROB_SLACK_CEILING, 2 * FLOAT32_EPS * (2 * largest + math.log(vocab) + math.sqrt(vocab)))
 
 

@@ -576,3 +576,40 @@ def test_rules_name_the_field_for_results_no_engine_should_send(random_pair):
     assert validate_results([request], "nonsense", config, limits)[0].error == (
         "integrity: engine returned str, not a list of results"
     )
+
+
+def test_drafter_logits_that_are_not_finite_fail_naming_the_field(reference_engine, random_pair):
+    """A traced round whose drafter logits hold NaN or +inf, or a row that is -inf everywhere, is one clear
+    integrity failure naming the trace and the row; -inf at some tokens (a padded vocabulary's mask) is not."""
+    from ddtree_conformance.adapters.interface import Request, RunConfig
+    from ddtree_conformance.integrity import PairLimits, result_problem
+
+    limits = PairLimits.read(*random_pair)
+    request = Request(prompt_ids=[1, 2, 3, 4], max_new_tokens=12)
+    config = RunConfig(mode="ddtree", budget=4, trace=True, trace_draft_logits=True)
+    (result,) = reference_engine.generate([request], config)
+    caps = reference_engine.capabilities()
+
+    def with_logits(change):
+        rows = [list(row) for row in result.traces[0].draft_logits]
+        change(rows)
+        trace = result.traces[0].model_copy(update={"draft_logits": rows})
+        return result.model_copy(update={"traces": [trace, *result.traces[1:]]})
+
+    def set_value(value):
+        def change(rows):
+            rows[1][5] = value
+
+        return change
+
+    assert result_problem(with_logits(set_value(float("-inf"))), request, config, limits, caps) is None
+    for value in (float("nan"), float("inf")):
+        problem = result_problem(with_logits(set_value(value)), request, config, limits, caps)
+        assert problem is not None and problem.field == "traces[0].draft_logits", problem
+        assert "row 1 token 5" in str(problem), problem
+
+    def all_masked(rows):
+        rows[2] = [float("-inf")] * len(rows[2])
+
+    problem = result_problem(with_logits(all_masked), request, config, limits, caps)
+    assert problem is not None and "row 2 is -inf at every token" in str(problem), problem

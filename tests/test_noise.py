@@ -194,3 +194,6 @@ def test_reported_logits_cannot_widen_the_slack_past_its_ceiling():
     absurd = torch.zeros(15, 3072)
     absurd[:, 0] = 1e6  # every other token 1e6 nats below the top one
     assert log_prob_slack(absurd, 64) == LOG_PROB_SLACK_CEILING == 1e-3
+    masked = torch.full((15, 3072), float("-inf"))  # a padded vocabulary: 10 tokens live, the rest masked
+    masked[:, :10] = torch.randn(15, 10, generator=torch.Generator().manual_seed(0))
+    assert 0 < log_prob_slack(masked, 64) < 1e-4  # the masked tokens' -inf log-probs do not count
