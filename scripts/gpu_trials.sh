@@ -23,7 +23,8 @@
 #                     it; each trial times at most $TRIAL_BUDGET (54) s, so that a verdict, its priming calls and
 #                     its last repeat's overshoot included, stays within one GPU-minute; trials until $TOTAL_BUDGET (420) s.
 #                     Rows accumulate in $STATE (/tmp/trials-29) across calls on one warm machine: call it again to
-#                     spread the trials over 20 minutes or more -> $WORK/trials-29/ (~8 minutes a call); GATES (ab,stored)
+#                     spread the trials over 20 minutes or more -> $WORK/trials-29/ (~8 minutes a call); TRIAL_ENGINES
+#                     (correct,verify+5%) picks the engines; GATES (ab,stored)
 #                     narrows the gates, WAIT (auto) sets how the process waits for the GPU (cuda_wait.py: auto, spin,
 #                     blocking; 2026-12-05: blocking measured, not adopted); also read by `rounds` (with BUDGETS)
 #   aa-procs          issue 29: A/A with each build in its own process, as `bench --against` runs it (the trials
@@ -128,7 +129,7 @@ for job in "$@"; do
       python3 scripts/ab_bias.py --pool "$WORK"/aa-procs/run-*.json | tee "$WORK/aa-procs/pooled.json" ;;
     trials-29)
       timeout "$(( ${TOTAL_BUDGET:-420} + 150 ))" python3 scripts/gate_decisiveness.py --pair 8b --device cuda \
-        --dtype bfloat16 --cuda-graphs on --engines correct,verify+5% --gates "${GATES:-ab,stored}" --cuda-wait "${WAIT:-auto}" --prompts 1 --prompt-len 128 \
+        --dtype bfloat16 --cuda-graphs on --engines "${TRIAL_ENGINES:-correct,verify+5%}" --gates "${GATES:-ab,stored}" --cuda-wait "${WAIT:-auto}" --prompts 1 --prompt-len 128 \
         --new-tokens 64 --budget 32 --band 0.02 --baseline-repeats "${BASELINE_REPEATS:-20}" \
         --trial-budget-s "${TRIAL_BUDGET:-54}" --max-repeats 60 --total-budget-s "${TOTAL_BUDGET:-420}" \
         --stress "${STRESS:-16}" --stress-settle-s "${STRESS_SETTLE:-5}" --stress-every "${STRESS_EVERY:-2}" --state "${STATE:-/tmp/trials-29}" \
