@@ -33,14 +33,15 @@ Rules:
   its accepted nodes' tokens and its bonus are the output tokens that follow (as far as the output
   goes); ``len(accepted) + 1`` is that round's acceptance length. Arrays are consistent in length
   (one parent, depth and position per node; one target token and top-2 margin per path node),
-  node indices and token ids are in range, drafter logits are rectangular ``[rows, vocab]``.
+  node indices and token ids are in range, drafter logits are rectangular ``[rows, vocab]``, finite
+  or -inf, and no row is -inf everywhere.
 * Verified trees (light traces, :mod:`ddtree_conformance.verified_trees`): one per round, rooted at
   the round's root; for a greedy request the walk by its own target tokens commits that round.
 * Promises. In the speculative modes, an engine whose capabilities promise per-round acceptance
-  (``per_round(mode)``) must return ``acceptance_lengths``; one that promises traces
-  (``traced(mode)``) must return them when the run asks for traces, with drafter logits in every
-  round when it also promises those (``draft_logits``) and the run asks for them; one that promises
-  verified trees (``verified_trees(mode)``) must return them in every run of that mode.
+  (``per_round(mode)``) must return ``acceptance_lengths``; one that promises traces (``traced(mode)``)
+  must return them when the run asks for traces, with drafter logits in every round when it also
+  promises those (``draft_logits``) and the run asks; one that promises verified trees
+  (``verified_trees(mode)``) must return them in every run of that mode.
 """
 
 from __future__ import annotations
@@ -162,9 +163,7 @@ def _ints(field: str, values, low: int, high: int | None = None) -> list[int]:
 def _outputs(result: RequestResult, request: Request, vocab: int | None) -> list[int]:
     output = _ids("output_ids", result.output_ids, vocab)
     if not output:
-        raise IntegrityError(
-            "output_ids", "empty, but a result that is not an error holds at least the token chosen after the prefill"
-        )
+        raise IntegrityError("output_ids", "empty, but a result that is not an error holds the prefill's token")
     if len(output) > request.max_new_tokens:
         raise IntegrityError("output_ids", f"{len(output)} tokens, more than max_new_tokens {request.max_new_tokens}")
     stops = set(request.stop_token_ids)
@@ -286,8 +285,7 @@ def _trace_shape(field: str, trace, vocab: int | None) -> None:
         nodes = _ids(f"{field}.node_target_tokens", trace.node_target_tokens, vocab)
         if len(nodes) != n:
             raise IntegrityError(f"{field}.node_target_tokens", f"{len(nodes)} entries for {n} nodes")
-    if trace.draft_logits is not None:
-        rows = trace.draft_logits
+    if (rows := trace.draft_logits) is not None:
         if not isinstance(rows, (list, tuple)) or not rows:
             raise IntegrityError(f"{field}.draft_logits", "expected a non-empty [rows, vocab] list of rows")
         width = vocab if vocab is not None else (len(rows[0]) if isinstance(rows[0], (list, tuple)) else -1)
@@ -300,6 +298,8 @@ def _trace_shape(field: str, trace, vocab: int | None) -> None:
 
 def _finite_logits(field: str, rows) -> None:
     """Drafter logits finite or -inf (a padded vocabulary's masked tokens), no row -inf everywhere."""
+    if math.isfinite(sum(map(sum, rows))):  # a NaN or an inf anywhere makes the sum NaN or inf
+        return  # every entry finite: the usual round, judged without building a tensor
     import torch  # here, not at the top: the rules on results alone need no torch
 
     logits = torch.tensor(rows, dtype=torch.float64)  # numbers: pydantic's list[list[float]]
@@ -413,9 +413,9 @@ def result_problem(
         _aggregates(result, 1 if config.mode == "plain" and limits.block_size else limits.block_size)
         if result.traces is not None:
             _traces(result, request, output, lengths, limits.vocab_size)
+        _promises(result, config, caps)
         if result.verified_trees is not None:
             _verified_trees(result, request, output, lengths, limits.vocab_size)
-        _promises(result, config, caps)
     except IntegrityError as exc:
         return exc
     except Exception as exc:  # a field of a type no rule foresaw: still one message, never a crash
