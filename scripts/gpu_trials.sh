@@ -44,6 +44,10 @@
 #                     name substring), ROUND_SHARDS (8) and ROUND_JOBS (nproc) narrow it: on CUDA the eager tiny pair
 #                     is launch-bound, and 16 processes at 20 prompts, B=16, every check, did not finish one engine
 #                     in 530 s (2026-12-04); time one engine alone (ROUND_SHARDS=1 ROUND_JOBS=1) before sizing a call
+#                     (since then, on an H100 with ROUND_SHARDS=1: one engine's four cells at four seeds, each seed
+#                     its own WORK, 16 processes, took 475-486 s for the attention engines; split-K needs 12 processes
+#                     to finish inside 545 s, 409-515 s; scripts/measurements/2026-12-05g-rounding-cuda/README.md).
+#                     ROUND_ONLY matches the engine's label ("split-K reductions"), not its class name.
 #   aggregates        issue 28: the acceptance check's aggregate path on the rounding catalogue and the lossless-but-slower
 #                     mutants, each reporting aggregates only (scripts/aggregate_bands.py), AGG_DTYPES (bfloat16
 #                     float16) x run seeds AGG_SEEDS (1 2 3), limits 7 20 40, one process per dtype and seed on the
