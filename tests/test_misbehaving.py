@@ -603,6 +603,11 @@ def test_drafter_logits_that_are_not_finite_fail_naming_the_field(reference_engi
         return change
 
     assert result_problem(with_logits(set_value(float("-inf"))), request, config, limits, caps) is None
+
+    def huge(rows):  # finite, but their sum overflows to inf: the rule's quick path (one sum) must not decide
+        rows[1][5] = rows[1][6] = 1.7e308
+
+    assert result_problem(with_logits(huge), request, config, limits, caps) is None
     for value in (float("nan"), float("inf")):
         problem = result_problem(with_logits(set_value(value)), request, config, limits, caps)
         assert problem is not None and problem.field == "traces[0].draft_logits", problem
