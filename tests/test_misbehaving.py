@@ -139,6 +139,10 @@ RESULT_FAULTS = {
     ),
     "garbage traces": re.escape("integrity: request 0 (prompt a): field traces[0].bonus: token ")
     + r"\d+, but the output has \d+ at index \d+",
+    "drafter logits that are not finite": re.escape(
+        "integrity: request 0 (prompt a): field traces[0].draft_logits: row 0 token 0 is nan: logits must be "
+        "finite or -inf"
+    ),
     "results that are not RequestResults": re.escape(
         "integrity: request 0 (prompt a): field result: not a RequestResult (dict)"
     ),

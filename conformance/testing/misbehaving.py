@@ -197,6 +197,20 @@ class GarbageTraces(_Corrupting):
         return _each(results, traces=garble)
 
 
+class NonFiniteDrafterLogits(_Corrupting):
+    """Traces whose first round reports a NaN drafter logit (row 0, token 0), as an fp16 overflow would."""
+
+    def corrupt(self, requests, config, results):
+        def poison(r: RequestResult):
+            if not r.traces or r.traces[0].draft_logits is None:
+                return r.traces
+            rows = [list(row) for row in r.traces[0].draft_logits]
+            rows[0][0] = float("nan")
+            return [r.traces[0].model_copy(update={"draft_logits": rows}), *r.traces[1:]]
+
+        return _each(results, traces=poison)
+
+
 class NotResults(_Corrupting):
     """Returns plain dicts with a string where token ids belong, instead of RequestResult objects."""
 
@@ -387,6 +401,9 @@ CATALOGUE: dict[str, Fault] = {
     ),
     "garbage traces": Fault(
         _spec(GarbageTraces), "trace bonus tokens differ from the output", checks=("tree-structure",)
+    ),
+    "drafter logits that are not finite": Fault(
+        _spec(NonFiniteDrafterLogits), "a NaN drafter logit in a traced round", checks=("tree-structure",)
     ),
     "results that are not RequestResults": Fault(_spec(NotResults), "dicts with a string for output_ids"),
     "no acceptance data (honest)": Fault(
