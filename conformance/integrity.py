@@ -237,16 +237,10 @@ def _convention(field: str, lengths: list[int], produced: int) -> None:
 
 def _aggregates(result: RequestResult, block: int | None) -> None:
     mean = result.mean_acceptance
-    if mean is not None:
-        if (
-            not isinstance(mean, (int, float))
-            or isinstance(mean, bool)
-            or not math.isfinite(mean)
-            or mean < 1
-            or (block is not None and mean > block)
-        ):
-            bound = f"[1, {block}] (the drafter's block size)" if block else ">= 1"
-            raise IntegrityError("mean_acceptance", f"{mean!r} is outside {bound}")
+    number = isinstance(mean, (int, float)) and not isinstance(mean, bool)
+    if mean is not None and not (number and math.isfinite(mean) and 1 <= mean and (block is None or mean <= block)):
+        bound = f"[1, {block}] (the drafter's block size)" if block else ">= 1"
+        raise IntegrityError("mean_acceptance", f"{mean!r} is outside {bound}")
     rates = result.per_position_acceptance
     if rates is not None:
         if not isinstance(rates, (list, tuple)):
@@ -298,7 +292,11 @@ def _trace_shape(field: str, trace, vocab: int | None) -> None:
 
 def _finite_logits(field: str, rows) -> None:
     """Drafter logits finite or -inf (a padded vocabulary's masked tokens), no row -inf everywhere."""
-    if math.isfinite(sum(map(sum, rows))):  # a NaN or an inf anywhere makes the sum NaN or inf
+    try:
+        total = sum(map(sum, rows))  # a NaN or an inf anywhere makes the sum NaN or inf
+    except TypeError:
+        raise IntegrityError(field, "an entry is not a number: logits must be numbers") from None
+    if math.isfinite(total):
         return  # every entry finite: the usual round, judged without building a tensor
     import torch  # here, not at the top: the rules on results alone need no torch
 

@@ -622,3 +622,6 @@ def test_drafter_logits_that_are_not_finite_fail_naming_the_field(reference_engi
 
     problem = result_problem(with_logits(all_masked), request, config, limits, caps)
     assert problem is not None and "row 2 is -inf at every token" in str(problem), problem
+    problem = result_problem(with_logits(set_value("x")), request, config, limits, caps)  # past pydantic
+    assert problem is not None and problem.field == "traces[0].draft_logits", problem
+    assert "an entry is not a number" in str(problem), problem
