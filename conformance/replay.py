@@ -51,7 +51,7 @@ from enum import StrEnum
 import torch
 
 from .drafter_excuse import build_spec_tree, continuation_lean, drafter_excuse, drafter_flips_within, holds_path
-from .metrics import emitted_lengths
+from .metrics import emitted_lengths, mean_tau
 from .noise import NoiseModel, TokenCall
 from .spec import build_tree, least_budget
 from .token_scoring import PositionScores, window
@@ -115,6 +115,8 @@ class ReplayRun:
     rounds: int = 0
     engine_lengths: list[list[int]] = field(default_factory=list)
     reference_lengths: list[list[int]] = field(default_factory=list)
+    tau: float = 0.0  # pooled over engine_lengths (metrics.mean_tau), kept with them by judge_rounds
+    reference_tau: float = 0.0  # the same over reference_lengths
     verdicts: list[RoundVerdict] = field(default_factory=list)
     # per round whose tokens agree with the replay's (the drafter side decides its length: equal, drafter
     # near-tie and unconfirmed rounds), the engine's emitted length minus the replay's (the tau test's
@@ -276,6 +278,8 @@ def judge_rounds(
     # on both sides, so a length claimed past the end (unobservable) cannot inflate it
     mine_emitted = emitted_lengths(engine_lengths, len(output))
     theirs_emitted = emitted_lengths([r.length for r in replayed], len(output))
+    all_mine, all_theirs = [*run.engine_lengths, mine_emitted], [*run.reference_lengths, theirs_emitted]
+    tau, reference_tau = mean_tau(all_mine), mean_tau(all_theirs)
     target_side = {v.round for v in verdicts if v.kind in _TARGET_SIDE}
     drafter_side = [a - b for rnd, a, b in zip(replayed, mine_emitted, theirs_emitted) if rnd.index not in target_side]
     lean = []
@@ -285,8 +289,10 @@ def judge_rounds(
     return replace(
         run,
         rounds=run.rounds + len(replayed),
-        engine_lengths=[*run.engine_lengths, mine_emitted],
-        reference_lengths=[*run.reference_lengths, theirs_emitted],
+        engine_lengths=all_mine,
+        reference_lengths=all_theirs,
+        tau=tau,
+        reference_tau=reference_tau,
         verdicts=[*run.verdicts, *verdicts],
         drafter_side=[*run.drafter_side, *drafter_side],
         by_prompt={**run.by_prompt, prompt: (list(engine_lengths), [r.length for r in replayed])},

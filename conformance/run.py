@@ -2,13 +2,14 @@
 
 A :class:`Run` is a decoding mode (plain, dflash, ddtree) with its budget, and how it runs (traced,
 with drafter logits, tensor-parallel size, CUDA graphs on or off or the engine's default). It owns every name the
-suite gives a run, so no module
-rebuilds them from strings:
+suite gives a run, so no module rebuilds them from strings:
 
 * :attr:`Run.label`: ``plain``, ``dflash``, ``ddtree-B16`` (reports, bench rows, baselines, messages);
 * :meth:`Run.check_id`: ``lossless/ddtree-B16`` (a planned check's id);
 * :attr:`Run.golden_key`: ``dflash``, ``ddtree-16`` (acceptance traces in golden files);
-* :meth:`Run.config`: the :class:`~ddtree_conformance.adapters.interface.RunConfig` an engine receives.
+
+The session turns a run into the :class:`~ddtree_conformance.adapters.interface.RunConfig` an engine receives,
+adding its dtype and device (:meth:`~ddtree_conformance.session.SuiteSession.run_config`).
 
 Two runs are the same run exactly when they are equal; the run store keys its results by it.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from .adapters.interface import Mode, RunConfig
+from .adapters.interface import Mode
 
 __all__ = ["Run"]
 
@@ -82,18 +83,6 @@ class Run:
 
     def traced(self, draft_logits: bool = False) -> Run:
         return replace(self, trace=True, draft_logits=draft_logits)
-
-    def config(self, dtype: str, device: str) -> RunConfig:
-        return RunConfig(
-            mode=self.mode,
-            budget=self.budget or 1,
-            dtype=dtype,
-            device=device,
-            trace=self.trace,
-            trace_draft_logits=self.draft_logits,
-            tensor_parallel_size=self.tensor_parallel_size,
-            cuda_graphs=self.cuda_graphs,
-        )
 
     def describe(self) -> str:
         """How progress lines name the run: ``ddtree, B=16``."""

@@ -18,7 +18,6 @@ from ddtree_conformance.adapters.interface import Request, RequestResult
 from ddtree_conformance.adapters.reference.replay import replay_result
 
 from ..golden_files import golden_lengths
-from ..metrics import mean_tau
 from ..noise import DRAFTER_TOP, NoiseModel
 from ..oracle import oracle_for
 from ..replay import ReplayRun, judge_rounds, prefill_verdict
@@ -62,7 +61,8 @@ class ReplayAgainst:
 @dataclass(frozen=True)
 class PromptRounds:
     """One prompt's evidence: golden rounds equal to the engine's (``replayed`` None), or a live replay
-    with the fp32 scores of its output. ``top2``: the output's fp32 top-2 gaps (low precision only)."""
+    with the fp32 scores of its output. ``top2``: the output's fp32 top-2 gaps (none where no scores were
+    computed: golden rounds in float32, where the noise model does not read them)."""
 
     index: int
     label: str
@@ -170,7 +170,7 @@ def gather_rounds(
         # the output's fp32 scores: a replayed prompt's rounds are judged with them; in low precision the target
         # near-tie rounds count against the excused-position ceiling at their top-2 gaps (golden prompts too)
         scores = None if from_golden and rules.exact else score_output(fn, request.prompt_ids, result.output_ids)
-        top2 = [] if rules.exact else list(scores.top2)
+        top2 = [] if scores is None else list(scores.top2)  # the noise model weighs them in low precision only
         if from_golden:
             yield PromptRounds(index, label, result, lengths, top2, request.max_new_tokens)
             continue
@@ -241,8 +241,8 @@ def _details(judged: JudgedRounds, results: list[RequestResult]) -> dict:
         f"{judged.from_golden} prompts from the float32 golden file, {len(results) - judged.from_golden} replayed live"
     )
     return {
-        "tau": mean_tau(run.engine_lengths),
-        "reference_tau": mean_tau(run.reference_lengths),
+        "tau": run.tau,
+        "reference_tau": run.reference_tau,
         "rounds": run.rounds,
         "source": source,
         "target_near_tie_rounds": [v.describe() for v in run.target[:50]],

@@ -105,7 +105,20 @@ class SuiteSession:
         return self.inputs.labels(requests)
 
     def config(self, mode: Mode, budget: int | None = None) -> RunConfig:
-        return self.inputs.run(mode, budget).config(self.settings.dtype, self.settings.device)
+        return self.run_config(self.inputs.run(mode, budget))
+
+    def run_config(self, run: Run) -> RunConfig:
+        """What the engine is told of ``run``: the run itself, in this session's dtype and on its device."""
+        return RunConfig(
+            mode=run.mode,
+            budget=run.budget or 1,
+            dtype=self.settings.dtype,
+            device=self.settings.device,
+            trace=run.trace,
+            trace_draft_logits=run.draft_logits,
+            tensor_parallel_size=run.tensor_parallel_size,
+            cuda_graphs=run.cuda_graphs,
+        )
 
     @property
     def scorer(self):
@@ -139,6 +152,7 @@ class SuiteSession:
         exactly this batch, in this order (checks about batching). In float32 a companion whose greedy
         output changed with its company fails the check that saw it: it is noted as a used run holding
         one error result."""
+        config = self.run_config(run)
         requests = requests if requests is not None else self.inputs.requests()
         labels = self.inputs.labels(requests)
         engine = engine or self.engines.engine
@@ -152,7 +166,6 @@ class SuiteSession:
                 pool = [pair for pair in self.store.answered(id(engine), run) if pair[0] not in requests]
                 arrangement = self.mixer.arrange(requests, pool)
                 companion_labels = self.inputs.labels([request for request, _ in arrangement.companions])
-            config = run.config(self.settings.dtype, self.settings.device)
             results, again = self.engines.generate(engine, requests, config, labels, arrangement, companion_labels)
             info = self.engines.info(engine)
             if arrangement is not None and self.settings.dtype == "float32":
