@@ -1,45 +1,42 @@
-"""Acceptance by replay: every round of an engine judged against the fp32 reference on the engine's
-own context (:mod:`ddtree_conformance.adapters.reference.replay` runs the reference there).
+"""Acceptance by replay: every round of an engine judged against the fp32 reference on the engine's own context
+(:mod:`ddtree_conformance.adapters.reference.replay` runs the reference there).
 
-A round whose acceptance length or tokens differ from the replay's is excused only when the replay
-shows, at that round, a near-tie that explains the difference:
+A round whose acceptance length or tokens differ from the replay's is excused only when the replay shows, at that
+round, a near-tie that explains the difference:
 
-* target near-tie: the first token where the engine's round and the replay's walk part is the
-  engine's token at a node of the replayed path, and its fp32 logit there is within the near-tie
-  bound of the top-1 (the walk took the other side of a near-tie);
-* drafter near-tie: the tokens agree and only the lengths differ, so one tree held the deciding
-  path ``D`` (the common tokens, ``min`` of the two lengths deep) and the other did not. The
-  replay's drafter logits, moved by at most the calibrated drafter tolerance toward the engine's
-  side (``D``'s tokens up, every other token at those depths down, or the reverse), must flip
-  ``D``'s membership of the rebuilt spec tree. The excuse is *confirmed* only by the engine's own
-  drafter logits for the round (a traced rerun that reproduces the run): non-zero and at most the
-  tolerance away from the replay's, with a spec tree that holds ``D`` exactly when the engine's
-  round says so. Without them a round cannot be confirmed: it is *unconfirmed*, longer or shorter
-  than the replay's, and each direction counts against its own cap (the noise model's measured
-  rate over correct engines that round differently, :mod:`ddtree_conformance.noise`), and every
-  round's length difference enters the one-sided tau test.
+* target near-tie: the first token where the engine's round and the replay's walk part is the engine's token at a
+  node of the replayed path, and its fp32 logit there is within the near-tie bound of the top-1 (the walk took the
+  other side of a near-tie);
+* drafter near-tie: the tokens agree and only the lengths differ, so one tree held the deciding path ``D`` (the
+  common tokens, ``min`` of the two lengths deep) and the other did not. The replay's drafter logits, moved by at
+  most the calibrated drafter tolerance toward the engine's side (``D``'s tokens up, every other token at those
+  depths down, or the reverse), must flip ``D``'s membership of the rebuilt spec tree. The excuse is *confirmed*
+  only by the engine's own drafter logits for the round (a traced rerun that reproduces the run): non-zero and at
+  most the tolerance away from the replay's, with a spec tree that holds ``D`` exactly when the engine's round says
+  so. Without them a round cannot be confirmed: it is *unconfirmed*, longer or shorter than the replay's, and each
+  direction counts against its own cap (the noise model's measured rate over correct engines that round
+  differently, :mod:`ddtree_conformance.noise`), and every round's length difference enters the one-sided tau test.
 
-A shorter round whose traced tree holds fewer nodes than the budget, where the spec tree of that
-many nodes accepts exactly the engine's length, is classed a cut round (a scheduler that cuts trees
-when its token budget runs out, as vLLM's does, or a budget cap): not excused, since the engine then
-accepts less than DDTree at its budget, but named for what it is in the failure.
+A shorter round whose traced tree holds fewer nodes than the budget, where the spec tree of that many nodes accepts
+exactly the engine's length, is classed a cut round (a scheduler that cuts trees when its token budget runs out, as
+vLLM's does, or a budget cap): not excused, since the engine then accepts less than DDTree at its budget, but named
+for what it is in the failure.
 
-The output's last round (it reaches the length limit or a stop token) is compared only as far as
-the output shows, whatever length the engine reports for it (emitted or walked): past the end
-neither side's tokens are observable, and an engine may leave out nodes it could never emit. For
-the same reason tau counts that round's emitted tokens on both sides, so a length claimed past the
-end cannot inflate it. Two more freedoms of docs/reference/freedoms.md are judged here: near the
-output's end the drafter's block may be cut to the room left (the round is then replayed that way,
-``ReplayRound.short_block``), and near the context's end an engine that counts KV slots flat may
-verify only the spec tree of the slots left (``context_limit``); such rounds are listed as
-``freedom`` rounds, never excused as near ties.
+The output's last round (it reaches the length limit or a stop token) is compared only as far as the output shows,
+whatever length the engine reports for it (emitted or walked): past the end neither side's tokens are observable,
+and an engine may leave out nodes it could never emit. For the same reason tau counts that round's emitted tokens
+on both sides, so a length claimed past the end cannot inflate it. Two more freedoms of docs/reference/freedoms.md
+are judged here: near the output's end the drafter's block may be cut to the room left (the round is then replayed
+that way, ``ReplayRound.short_block``), and near the context's end an engine that counts KV slots flat may verify
+only the spec tree of the slots left (``context_limit``); such rounds are listed as ``freedom`` rounds, never
+excused as near ties.
 
-Confirmed drafter rounds, unconfirmed rounds of each direction and the tau test are the noise
-model's (:class:`~ddtree_conformance.noise.NoiseModel`); excused target rounds are excused positions
-of token scoring and count against its ceiling. Near the output's end an engine may also cap its tree
-at the depth the output can still emit and spend its budget on the nodes it can (``emittable-depth``,
-a freedom). Anything else is a failure, named by prompt and round, with both sides shown; so is the token
-after the prefill, which no round verifies, unless it is the fp32 argmax or a near tie (:func:`prefill_verdict`).
+Confirmed drafter rounds, unconfirmed rounds of each direction and the tau test are the noise model's
+(:class:`~ddtree_conformance.noise.NoiseModel`); excused target rounds are excused positions of token scoring and
+count against its ceiling. Near the output's end an engine may also cap its tree at the depth the output can still
+emit and spend its budget on the nodes it can (``emittable-depth``, a freedom). Anything else is a failure, named
+by prompt and round, with both sides shown; so is the token after the prefill, which no round verifies, unless it
+is the fp32 argmax or a near tie (:func:`prefill_verdict`).
 """
 
 from __future__ import annotations
@@ -115,8 +112,8 @@ class ReplayRun:
     rounds: int = 0
     engine_lengths: list[list[int]] = field(default_factory=list)
     reference_lengths: list[list[int]] = field(default_factory=list)
-    tau: float = 0.0  # pooled over engine_lengths (metrics.mean_tau), kept with them by judge_rounds
-    reference_tau: float = 0.0  # the same over reference_lengths
+    tau: float = 0.0  # pooled over engine_lengths (metrics.mean_tau)
+    reference_tau: float = 0.0  # pooled over reference_lengths
     verdicts: list[RoundVerdict] = field(default_factory=list)
     # per round whose tokens agree with the replay's (the drafter side decides its length: equal, drafter
     # near-tie and unconfirmed rounds), the engine's emitted length minus the replay's (the tau test's
@@ -274,12 +271,10 @@ def judge_rounds(
     """
     how = _Judging(prompt, output, rules, mode, budget, token_gaps, engine_traces, context_limit, max_new_tokens)
     verdicts = [v for rnd in replayed if (v := _round_verdict(rnd, engine_lengths[rnd.index], how)) is not None]
-    # tau counts what the output shows: a last round cut by the output's end counts its emitted tokens
-    # on both sides, so a length claimed past the end (unobservable) cannot inflate it
+    # tau counts what the output shows (module doc): a last round cut by the output's end, its emitted tokens
     mine_emitted = emitted_lengths(engine_lengths, len(output))
     theirs_emitted = emitted_lengths([r.length for r in replayed], len(output))
     all_mine, all_theirs = [*run.engine_lengths, mine_emitted], [*run.reference_lengths, theirs_emitted]
-    tau, reference_tau = mean_tau(all_mine), mean_tau(all_theirs)
     target_side = {v.round for v in verdicts if v.kind in _TARGET_SIDE}
     drafter_side = [a - b for rnd, a, b in zip(replayed, mine_emitted, theirs_emitted) if rnd.index not in target_side]
     lean = []
@@ -291,8 +286,8 @@ def judge_rounds(
         rounds=run.rounds + len(replayed),
         engine_lengths=all_mine,
         reference_lengths=all_theirs,
-        tau=tau,
-        reference_tau=reference_tau,
+        tau=mean_tau(all_mine),
+        reference_tau=mean_tau(all_theirs),
         verdicts=[*run.verdicts, *verdicts],
         drafter_side=[*run.drafter_side, *drafter_side],
         by_prompt={**run.by_prompt, prompt: (list(engine_lengths), [r.length for r in replayed])},
