@@ -7,6 +7,8 @@ drafter logits that are equal, far apart, or that do not build the engine's tree
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -85,6 +87,17 @@ def _round(tokens, length, draft_logits=None, gaps=None):
         path_gaps=gaps or [1.0] * length,
         draft_logits=draft_logits,
     )
+
+
+def test_the_replay_run_keeps_its_pooled_taus_with_its_lengths():
+    """``ReplayRun.tau`` and ``reference_tau`` are the pooled tau of the lengths judged so far, prompt after prompt."""
+    from ddtree_conformance.metrics import mean_tau
+
+    run = judge_rounds(ReplayRun(), "p", [2], [9, 4, 7], [_round([4, 7], 2)], BF16, "ddtree", 8, [0, 0, 0])
+    second = dataclasses.replace(_round([6, 3], 2), index=1, offset=2)
+    run = judge_rounds(run, "q", [1, 2], [9, 5, 6, 3], [_round([5], 1), second], BF16, "ddtree", 8, [0] * 4)
+    assert run.engine_lengths == [[2], [1, 2]] and run.tau == mean_tau(run.engine_lengths) == 5 / 3
+    assert run.reference_tau == mean_tau(run.reference_lengths) == 5 / 3
 
 
 def test_target_near_tie_is_excused_only_within_the_bound():

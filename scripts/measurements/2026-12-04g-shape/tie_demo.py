@@ -10,6 +10,7 @@ run = ReplayRun()
 run.rounds = 10
 run.engine_lengths = [[2] * 10]
 run.reference_lengths = [[2] * 10]
+run.tau = run.reference_tau = 2.0  # the pooled taus judge_rounds keeps with the lengths (since 58afe7d)
 run.drafter_side = [0] * 10
 for i in range(8):
     run.verdicts.append(RoundVerdict("prompt a", i, RoundKind.FP32_TIE, 2, 2, [1], [2], "an fp32 tie"))
