@@ -1,11 +1,11 @@
 """Result integrity: what an engine returns is validated against what it was asked, never trusted.
 
-:func:`validate_results` runs on every batch at the session boundary (``SuiteSession.run``) and
-before ``generate`` writes a chunk. A batch must hold exactly one result per request, in order;
-a count mismatch makes every result of the batch an error result saying so. Each result is then
-checked against its request, the :class:`~ddtree_conformance.adapters.interface.RunConfig`, the
-engine's capabilities and the model pair (:class:`PairLimits`). A result that breaks a rule
-becomes an error result whose message names the request and the field::
+:func:`validate_results` runs on every batch at the session boundary (``SuiteSession.run``) and before ``generate``
+writes a chunk. A batch must hold exactly one result per request, in order; a count mismatch makes every result of
+the batch an error result saying so. Each result is then checked against its request, the
+:class:`~ddtree_conformance.adapters.interface.RunConfig`, the engine's capabilities and the model pair
+(:class:`PairLimits`). A result that breaks a rule becomes an error result whose message names the request and the
+field::
 
     integrity: request 3 (prompt chat-03): field output_ids: token 5000 is outside the vocabulary (size 3072)
 
@@ -16,38 +16,37 @@ that is out of range. Results the engine itself marked as failed (``finish_reaso
 Rules:
 
 * ``output_ids``: ints in ``[0, vocab_size)``; at most ``max_new_tokens`` of them.
-* ``finish_reason``: "stop" only when the last output token is one of the request's stop tokens
-  and no earlier one is; "length" only when the output holds exactly ``max_new_tokens`` tokens and
-  no stop token. (A non-error result is never empty: the prefill emits one token.)
-* Acceptance-length convention. The token chosen after the prefill is not a round. Round ``k``
-  (0-based) verifies from a root, the last token committed before it, and commits
-  ``acceptance_lengths[k]`` tokens (its accepted nodes, then the bonus). Only the last round may be
-  cut short by a stop token or the length limit, and it emits at least one token, so with ``R``
-  rounds: ``1 + sum(lengths[:-1]) < len(output_ids) <= 1 + sum(lengths)``; with no round the output
-  holds at most one token. Each length is in ``1..block_size`` (a DFlash block of ``L`` positions
+* ``finish_reason``: "stop" only when the last output token is one of the request's stop tokens and no earlier one
+  is; "length" only when the output holds exactly ``max_new_tokens`` tokens and no stop token. (A non-error result
+  is never empty: the prefill emits one token.)
+* Acceptance-length convention. The token chosen after the prefill is not a round. Round ``k`` (0-based) verifies
+  from a root, the last token committed before it, and commits ``acceptance_lengths[k]`` tokens (its accepted
+  nodes, then the bonus). Only the last round may be cut short by a stop token or the length limit, and it emits at
+  least one token, so with ``R`` rounds: ``1 + sum(lengths[:-1]) < len(output_ids) <= 1 + sum(lengths)``; with no
+  round the output holds at most one token. Each length is in ``1..block_size`` (a DFlash block of ``L`` positions
   drafts at most ``L - 1`` tokens, plus the bonus); in mode "plain" each is 1.
-  ``rounds == len(acceptance_lengths)`` when both are given; ``mean_acceptance`` is in
-  ``[1, block_size]``; per-position acceptance rates are in ``[0, 1]``.
-* Traces: one per round. Round ``k``'s ``start`` (the root's position) is
-  ``len(prompt_ids) + sum(lengths[:k])``; its ``root_token`` is ``output_ids[sum(lengths[:k])]``;
-  its accepted nodes' tokens and its bonus are the output tokens that follow (as far as the output
-  goes); ``len(accepted) + 1`` is that round's acceptance length. Arrays are consistent in length
-  (one parent, depth and position per node; one target token and top-2 margin per path node),
-  node indices and token ids are in range, drafter logits are rectangular ``[rows, vocab]``, finite
-  or -inf, and no row is -inf everywhere.
+  ``rounds == len(acceptance_lengths)`` when both are given; ``mean_acceptance`` is in ``[1, block_size]``;
+  per-position acceptance rates are in ``[0, 1]``.
+* Traces: one per round. Round ``k``'s ``start`` (the root's position) is ``len(prompt_ids) + sum(lengths[:k])``;
+  its ``root_token`` is ``output_ids[sum(lengths[:k])]``; its accepted nodes' tokens and its bonus are the output
+  tokens that follow (as far as the output goes); ``len(accepted) + 1`` is that round's acceptance length. Arrays
+  are consistent in length (one parent, depth and position per node; one target token and top-2 margin per path
+  node), node indices and token ids are in range, drafter logits are rectangular ``[rows, vocab]``, finite or -inf,
+  and no row is -inf everywhere.
 * Verified trees (light traces, :mod:`ddtree_conformance.verified_trees`): one per round, rooted at
   the round's root; for a greedy request the walk by its own target tokens commits that round.
 * Promises. In the speculative modes, an engine whose capabilities promise per-round acceptance
-  (``per_round(mode)``) must return ``acceptance_lengths``; one that promises traces (``traced(mode)``)
-  must return them when the run asks for traces, with drafter logits in every round when it also
-  promises those (``draft_logits``) and the run asks; one that promises verified trees
-  (``verified_trees(mode)``) must return them in every run of that mode.
+  (``per_round(mode)``) must return ``acceptance_lengths``; one that promises traces (``traced(mode)``) must return
+  them when the run asks for traces, with drafter logits in every round when it also promises those
+  (``draft_logits``) and the run asks; one that promises verified trees (``verified_trees(mode)``) must return them
+  in every run of that mode.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,9 +237,10 @@ def _convention(field: str, lengths: list[int], produced: int) -> None:
 def _aggregates(result: RequestResult, block: int | None) -> None:
     mean = result.mean_acceptance
     number = isinstance(mean, (int, float)) and not isinstance(mean, bool)
-    if mean is not None and not (number and math.isfinite(mean) and 1 <= mean and (block is None or mean <= block)):
-        bound = f"[1, {block}] (the drafter's block size)" if block else ">= 1"
-        raise IntegrityError("mean_acceptance", f"{mean!r} is outside {bound}")
+    top = block if block is not None else sys.float_info.max  # NaN fails every comparison; inf and huge ints, this
+    if mean is not None and not (number and 1 <= mean <= top):
+        bound = f"[1, {block}] (the drafter's block size)" if block else "[1, the largest float]"
+        raise IntegrityError("mean_acceptance", f"{mean!r:.40} is outside {bound}")
     rates = result.per_position_acceptance
     if rates is not None:
         if not isinstance(rates, (list, tuple)):
@@ -292,15 +292,17 @@ def _trace_shape(field: str, trace, vocab: int | None) -> None:
 
 def _finite_logits(field: str, rows) -> None:
     """Drafter logits finite or -inf (a padded vocabulary's masked tokens), no row -inf everywhere."""
-    try:
-        total = sum(map(sum, rows))  # a NaN or an inf anywhere makes the sum NaN or inf
-    except TypeError:
-        raise IntegrityError(field, "an entry is not a number: logits must be numbers") from None
-    if math.isfinite(total):
-        return  # every entry finite: the usual round, judged without building a tensor
+    try:  # a NaN or an inf anywhere makes a float sum NaN or inf
+        if isinstance(total := sum(map(sum, rows)), float) and math.isfinite(total):
+            return  # every entry a finite number: the usual round, judged without building a tensor
+    except (TypeError, OverflowError):
+        pass  # not numbers, or ints beyond a float's range (a sum of ints is exact): the tensor decides
     import torch  # here, not at the top: the rules on results alone need no torch
 
-    logits = torch.tensor(rows, dtype=torch.float64)  # numbers: pydantic's list[list[float]]
+    try:  # numbers beyond a float's range, complex numbers, None, strings: one error, not a crash
+        logits = torch.tensor(rows, dtype=torch.float64)
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        raise IntegrityError(field, "an entry is not a number in a float's range: logits must be floats") from None
     for r, t in (logits.isnan() | (logits == float("inf"))).nonzero().tolist()[:1]:
         raise IntegrityError(field, f"row {r} token {t} is {float(logits[r, t])}: logits must be finite or -inf")
     for r in logits.isneginf().all(dim=-1).nonzero().flatten().tolist()[:1]:

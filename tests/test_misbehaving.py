@@ -622,6 +622,16 @@ def test_drafter_logits_that_are_not_finite_fail_naming_the_field(reference_engi
 
     problem = result_problem(with_logits(all_masked), request, config, limits, caps)
     assert problem is not None and "row 2 is -inf at every token" in str(problem), problem
-    problem = result_problem(with_logits(set_value("x")), request, config, limits, caps)  # past pydantic
-    assert problem is not None and problem.field == "traces[0].draft_logits", problem
-    assert "an entry is not a number" in str(problem), problem
+    for value in ("x", None, 1j, 10**400):  # past pydantic; an int beyond a float's range overflowed the sum
+        problem = result_problem(with_logits(set_value(value)), request, config, limits, caps)
+        assert problem is not None and problem.field == "traces[0].draft_logits", (value, problem)
+        assert "an entry is not a number in a float's range" in str(problem), (value, problem)
+
+    def cancelling(rows):  # ints sum exactly, so two beyond a float's range could cancel in the quick path
+        rows[1][5], rows[1][6] = 10**400, -(10**400)
+
+    problem = result_problem(with_logits(cancelling), request, config, limits, caps)
+    assert problem is not None and "an entry is not a number in a float's range" in str(problem), problem
+    for mean in (10**400, float("nan")):  # beyond a float: one error naming the field, not an OverflowError
+        broken = result.model_copy(update={"mean_acceptance": mean})
+        assert result_problem(broken, request, config, limits, caps).field == "mean_acceptance", mean
