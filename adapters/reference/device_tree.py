@@ -36,7 +36,7 @@ import torch
 
 from ddtree_conformance.spec.tree import DraftTree, per_depth_topk
 
-__all__ = ["ancestor_table", "build_tree_on_device", "build_tree_with_ancestors"]
+__all__ = ["ancestor_table", "build_tree_on_device", "build_tree_with_ancestors", "keep_best"]
 
 
 def build_tree_on_device(draft_logits: torch.Tensor, budget: int) -> DraftTree:
@@ -69,7 +69,7 @@ def build_tree_with_ancestors(draft_logits: torch.Tensor, budget: int) -> tuple[
         n = scores.shape[0]
         extensions = (scores.unsqueeze(1) + lp[d].unsqueeze(0)).reshape(-1)  # parent + lp, as the heap adds
         kept = min(budget, n * k)
-        keep = torch.sort(torch.argsort(extensions, descending=True, stable=True)[:kept]).values
+        keep = keep_best(extensions, kept)
         scores = extensions[keep]
         path = path[torch.div(keep, k, rounding_mode="floor")]
         path[:, d] = counting[:kept]
@@ -123,6 +123,20 @@ def build_tree_with_ancestors(draft_logits: torch.Tensor, budget: int) -> tuple[
     )
     root_row = torch.full((1, depth_limit), -1, dtype=long, device=device)
     return tree, torch.cat([root_row, ancestors])
+
+
+def keep_best(values: torch.Tensor, kept: int) -> torch.Tensor:
+    """The indices of ``values``' ``kept`` largest, equal values by smaller index first, in ascending
+    index order: what a stable descending sort's first ``kept`` indices, sorted, give, without a sort.
+    The ``kept``-th largest value is the threshold; every value above it is kept, and of those equal to
+    it the first ones by index, as many as still fit; a running count gives each kept index its slot.
+    ``values`` holds no NaN (log-prob sums: finite or -inf)."""
+    threshold = torch.topk(values, kept, sorted=False).values.min()
+    above, tied = values > threshold, values == threshold
+    take = above | (tied & (torch.cumsum(tied, 0) <= kept - above.sum()))
+    slot = torch.where(take, torch.cumsum(take, 0) - 1, kept)
+    counting = torch.arange(values.shape[0], device=values.device)
+    return torch.empty(kept + 1, dtype=torch.long, device=values.device).scatter_(0, slot, counting)[:kept]
 
 
 def ancestor_table(tree: DraftTree, columns: int) -> torch.Tensor:
