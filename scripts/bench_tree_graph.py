@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Issue 29, item 4: the device tree build (adapters/reference/device_tree.py) as the round's graph runs
-it, captured in a CUDA graph and replayed, with a beam's selection made two ways: by a stable sort and a
-sort of the kept indices (as before 2026-12-06), and by a threshold (``keep_best``, now).
+it, captured in a CUDA graph and replayed, with the beams built three ways: with tensors, a beam's
+selection by a stable sort and a sort of the kept indices (as before 2026-12-06); with tensors, the
+selection by a threshold (``keep_best``); and in one Triton launch (adapters/reference/beam_kernel.py).
 
     python scripts/bench_tree_graph.py [--vocab 151936] [--block 16] [--budgets 16,32,64] [--replays 300]
 

@@ -36,7 +36,13 @@ import torch
 
 from ddtree_conformance.spec.tree import DraftTree, per_depth_topk
 
-__all__ = ["ancestor_table", "build_tree_on_device", "build_tree_with_ancestors", "keep_best"]
+from .beam_kernel import beams_in_one_launch, kernel_available
+
+__all__ = ["ancestor_table", "beams_with_tensors", "build_tree_on_device", "build_tree_with_ancestors", "keep_best"]
+
+# Whether a CUDA build takes its beams from one Triton launch (.beam_kernel) where it can. Off until a GPU
+# shows the launch faster inside the round's graph than the tensor version (scripts/bench_tree_graph.py).
+ONE_LAUNCH_BEAMS = False
 
 
 def build_tree_on_device(draft_logits: torch.Tensor, budget: int) -> DraftTree:
@@ -59,23 +65,10 @@ def build_tree_with_ancestors(draft_logits: torch.Tensor, budget: int) -> tuple[
 
     # the beams, each in lexicographic order: scores, token ranks, and the beam indices of every
     # node's ancestors at depths 1..d (itself last), padded to depth_limit columns with -1
-    width = min(budget, k)
-    counting = torch.arange(budget, device=device)
-    scores = lp[0, :width]
-    path = torch.full((width, depth_limit), -1, dtype=long, device=device)
-    path[:, 0] = counting[:width]
-    beam_scores, beam_ranks, paths = [scores], [counting[:width]], [path]
-    for d in range(1, depth_limit):
-        n = scores.shape[0]
-        extensions = (scores.unsqueeze(1) + lp[d].unsqueeze(0)).reshape(-1)  # parent + lp, as the heap adds
-        kept = min(budget, n * k)
-        keep = keep_best(extensions, kept)
-        scores = extensions[keep]
-        path = path[torch.div(keep, k, rounding_mode="floor")]
-        path[:, d] = counting[:kept]
-        beam_scores.append(scores)
-        beam_ranks.append(torch.remainder(keep, k))
-        paths.append(path)
+    if ONE_LAUNCH_BEAMS and kernel_available(device, budget, k):
+        beam_scores, beam_ranks, paths = beams_in_one_launch(lp, budget)
+    else:
+        beam_scores, beam_ranks, paths = beams_with_tensors(lp, budget)
 
     # every beam node, depth by depth
     widths = [p.shape[0] for p in paths]
@@ -123,6 +116,35 @@ def build_tree_with_ancestors(draft_logits: torch.Tensor, budget: int) -> tuple[
     )
     root_row = torch.full((1, depth_limit), -1, dtype=long, device=device)
     return tree, torch.cat([root_row, ancestors])
+
+
+def beams_with_tensors(
+    lp: torch.Tensor, budget: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """``(scores, ranks, paths)`` per depth: each depth's beam (module doc) from ``lp``, the per-depth top-K
+    log-probs (float64 ``[L, K]``), in lexicographic order; ``paths[d]`` ``[width, L]`` the beam indices of
+    every node's ancestors at depths 0..d (itself last), then -1. About ten kernels a depth;
+    :func:`.beam_kernel.beams_in_one_launch` gives the same in one."""
+    depth_limit, k = lp.shape
+    device, long = lp.device, torch.long
+    width = min(budget, k)
+    counting = torch.arange(budget, device=device)
+    scores = lp[0, :width]
+    path = torch.full((width, depth_limit), -1, dtype=long, device=device)
+    path[:, 0] = counting[:width]
+    beam_scores, beam_ranks, paths = [scores], [counting[:width]], [path]
+    for d in range(1, depth_limit):
+        n = scores.shape[0]
+        extensions = (scores.unsqueeze(1) + lp[d].unsqueeze(0)).reshape(-1)  # parent + lp, as the heap adds
+        kept = min(budget, n * k)
+        keep = keep_best(extensions, kept)
+        scores = extensions[keep]
+        path = path[torch.div(keep, k, rounding_mode="floor")]
+        path[:, d] = counting[:kept]
+        beam_scores.append(scores)
+        beam_ranks.append(torch.remainder(keep, k))
+        paths.append(path)
+    return beam_scores, beam_ranks, paths
 
 
 def keep_best(values: torch.Tensor, kept: int) -> torch.Tensor:

@@ -1,0 +1,125 @@
+"""The device tree's beams (:mod:`.device_tree`) in one Triton launch, for the fast path on a GPU (issue 29).
+
+:func:`.device_tree.build_tree_with_ancestors` keeps, depth by depth, the ``B`` best extensions of the
+previous depth's beam. Written with tensor operations, each depth costs about ten kernels and a sort, and
+inside the round's CUDA graph those small kernels, not the work, set the time. Here one program does every
+depth, with the extensions of a depth (at most ``B * K <= 4096`` values) in registers:
+
+* **The threshold.** Each extension's float64 score is mapped to an unsigned integer in the same order
+  (the sign bit flipped on positives, every bit on negatives). The ``kept``-th largest key is found a bit at
+  a time from the top: a bit is set when at least ``kept`` keys are at or above the value so far with it.
+* **The selection.** Every key above the threshold is kept, and of those equal to it the first by index,
+  as many as still fit (a running count); a second running count gives each kept extension its slot, so
+  the beam comes out in index order: lexicographic, as the tensor version keeps it.
+* **The paths.** A kept extension copies its parent's row of beam indices and adds its own slot.
+
+The result equals :func:`.device_tree.keep_best`'s beams bit for bit (``tests/test_beam_kernel.py``, through
+Triton's interpreter on CPU; the GPU tier on CUDA).
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # Triton ships with CUDA builds of PyTorch; a CPU-only install has none
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised where Triton is missing
+    triton = None
+
+__all__ = ["MAX_EXTENSIONS", "beams_in_one_launch", "kernel_available"]
+
+MAX_EXTENSIONS = 4096  # B * K: one program keeps a depth's extensions in registers
+
+
+def kernel_available(device: torch.device, budget: int, k: int) -> bool:
+    """Whether :func:`beams_in_one_launch` serves this build: Triton present, a CUDA device, ``B * K`` small."""
+    return triton is not None and device.type == "cuda" and budget * k <= MAX_EXTENSIONS
+
+
+if triton is not None:
+
+    @triton.jit
+    def _beams(
+        lp_ptr,
+        scores_ptr,
+        ranks_ptr,
+        paths_ptr,
+        DEPTH: tl.constexpr,
+        K: tl.constexpr,
+        B: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        offs = tl.arange(0, BLOCK)
+        width = tl.minimum(B, K)
+        first = offs < width
+        tl.store(scores_ptr + offs, tl.load(lp_ptr + offs, mask=first, other=0.0), mask=first)
+        tl.store(ranks_ptr + offs, offs.to(tl.int64), mask=first)
+        tl.store(paths_ptr + offs * DEPTH, offs.to(tl.int64), mask=first)
+        tl.debug_barrier()
+        parent, rank = offs // K, offs % K
+        sign = tl.full((BLOCK,), -9223372036854775808, tl.int64)  # the top bit
+        for d in range(1, DEPTH):
+            valid = offs < width * K
+            prev = tl.load(scores_ptr + (d - 1) * B + parent, mask=valid, other=0.0)
+            ext = prev + tl.load(lp_ptr + d * K + rank, mask=valid, other=0.0) + 0.0  # parent + lp, as the heap adds
+            bits = ext.to(tl.int64, bitcast=True)
+            ordered = tl.where(bits >= 0, bits ^ sign, ~bits)  # same order as the scores, as unsigned
+            key = tl.where(valid, ordered, 0).to(tl.uint64, bitcast=True)
+            kept = tl.minimum(B, width * K)
+            threshold = tl.zeros((), tl.uint64)
+            bit = tl.full((), 1, tl.uint64) << 63
+            for _ in range(64):
+                candidate = threshold | bit
+                enough = tl.sum((key >= candidate).to(tl.int32), axis=0) >= kept
+                threshold = tl.where(enough, candidate, threshold)
+                bit = bit >> 1
+            above = valid & (key > threshold)
+            tied = valid & (key == threshold)
+            room = kept - tl.sum(above.to(tl.int32), axis=0)
+            take = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= room))
+            slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
+            tl.store(scores_ptr + d * B + slot, ext, mask=take)
+            tl.store(ranks_ptr + d * B + slot, rank.to(tl.int64), mask=take)
+            row = paths_ptr + (d * B + slot) * DEPTH
+            parent_row = paths_ptr + ((d - 1) * B + parent) * DEPTH
+            for column in range(0, d):
+                tl.store(row + column, tl.load(parent_row + column, mask=take, other=0), mask=take)
+            tl.store(row + d, slot.to(tl.int64), mask=take)
+            tl.debug_barrier()
+            width = kept
+
+
+def beam_widths(depth_limit: int, k: int, budget: int) -> list[int]:
+    """Each depth's beam width, known without reading the device: ``min(B, K)``, then ``min(B, width * K)``."""
+    widths = [min(budget, k)]
+    for _ in range(1, depth_limit):
+        widths.append(min(budget, widths[-1] * k))
+    return widths
+
+
+def beams_in_one_launch(
+    lp: torch.Tensor, budget: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """``(scores, ranks, paths)`` per depth, as :func:`.device_tree.build_tree_with_ancestors` keeps its beams:
+    ``lp`` the per-depth top-K log-probs (float64 ``[L, K]``); each beam in lexicographic order, ``paths[d]``
+    ``[width, L]`` the beam indices of every node's ancestors at depths 0..d (itself last), then -1."""
+    if triton is None:
+        raise RuntimeError("beams_in_one_launch needs Triton")
+    depth_limit, k = lp.shape
+    if budget * k > MAX_EXTENSIONS:
+        raise ValueError(f"budget * K = {budget * k} is over {MAX_EXTENSIONS}: build the beams with tensors")
+    lp = lp.contiguous()
+    scores = torch.empty((depth_limit, budget), dtype=torch.float64, device=lp.device)
+    ranks = torch.empty((depth_limit, budget), dtype=torch.long, device=lp.device)
+    paths = torch.full((depth_limit, budget, depth_limit), -1, dtype=torch.long, device=lp.device)
+    block = max(16, triton.next_power_of_2(budget * k))
+    _beams[(1,)](
+        lp, scores, ranks, paths, DEPTH=depth_limit, K=k, B=budget, BLOCK=block, num_warps=8 if block > 1024 else 4
+    )
+    widths = beam_widths(depth_limit, k, budget)
+    return (
+        [scores[d, :w] for d, w in enumerate(widths)],
+        [ranks[d, :w] for d, w in enumerate(widths)],
+        [paths[d, :w] for d, w in enumerate(widths)],
+    )

@@ -1,0 +1,69 @@
+"""The device tree's beams in one Triton launch (adapters/reference/beam_kernel.py) equal the tensor
+version's (adapters/reference/device_tree.py, itself held equal to the spec's heap in test_device_tree.py),
+run here through Triton's interpreter on CPU: drawn tied logits with -inf, and drafter-shaped bf16 logits
+whose whole tree is compared with the heap's. The interpreter is chosen when Triton is imported, so the
+comparison runs in its own process (this file as a script)."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="the test extras install Triton on Linux x86-64")
+
+
+def _compare(cases: int) -> list[str]:
+    """Differences between the two ways (empty: none), on ``cases`` drawn logits and three drafter shapes."""
+    from ddtree_conformance.adapters.reference import device_tree
+    from ddtree_conformance.adapters.reference.beam_kernel import beams_in_one_launch
+    from ddtree_conformance.spec import build_tree
+    from ddtree_conformance.spec.tree import per_depth_topk
+
+    rng, found = random.Random(0), []
+    for _ in range(cases):
+        depth, vocab, budget = rng.randint(1, 6), rng.randint(1, 9), rng.randint(1, 64)
+        values = [rng.choice([0.0, -1.0, 1.0, 0.5, 2.0, -3.0, float("-inf")]) for _ in range(depth * vocab)]
+        logits = torch.tensor(values).view(depth, vocab)
+        if torch.isinf(logits).all(dim=1).any():
+            continue
+        lp, _ = per_depth_topk(logits, min(budget, vocab))
+        tensors, launch = device_tree.beams_with_tensors(lp, budget), beams_in_one_launch(lp, budget)
+        for name, want, got in zip(("scores", "ranks", "paths"), tensors, launch, strict=True):
+            if not all(torch.equal(a, b) for a, b in zip(want, got, strict=True)):
+                found.append(f"{name}: B={budget}, logits {values} ({depth}x{vocab})")
+    device_tree.ONE_LAUNCH_BEAMS = True
+    device_tree.kernel_available = lambda device, budget, k: True
+    for seed in range(3):
+        logits = (torch.randn(15, 1000, generator=torch.Generator().manual_seed(seed)) * 3).to(torch.bfloat16).float()
+        for budget in (1, 16, 64):
+            want, got = build_tree(logits, budget), device_tree.build_tree_on_device(logits, budget)
+            if not want.same_as(got):
+                found.append(f"tree: drafter-shaped logits, seed {seed}, B={budget}")
+    return found
+
+
+def test_one_launch_gives_the_tensor_versions_beams():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, __file__, "50"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("equal"), done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_the_launch_serves_only_what_fits_one_program():
+    from ddtree_conformance.adapters.reference.beam_kernel import MAX_EXTENSIONS, beams_in_one_launch, kernel_available
+
+    assert kernel_available(torch.device("cuda"), 64, 64)
+    assert not kernel_available(torch.device("cuda"), 128, 64)  # B * K over one program's registers
+    assert not kernel_available(torch.device("cpu"), 16, 16)  # the CPU builds with tensors
+    with pytest.raises(ValueError, match=f"over {MAX_EXTENSIONS}"):
+        beams_in_one_launch(torch.zeros(2, 128, dtype=torch.float64), 64)
+
+
+if __name__ == "__main__":
+    differences = _compare(int(sys.argv[1]))
+    print("\n".join(differences) or "equal")
+    sys.exit(1 if differences else 0)
