@@ -6,8 +6,9 @@ inside the round's CUDA graph those small kernels, not the work, set the time. H
 depth, with the extensions of a depth (at most ``B * K <= 4096`` values) in registers:
 
 * **The threshold.** Each extension's float64 score is mapped to an unsigned integer in the same order
-  (the sign bit flipped on positives, every bit on negatives). The ``kept``-th largest key is found a bit at
-  a time from the top: a bit is set when at least ``kept`` keys are at or above the value so far with it.
+  (the sign bit flipped on positives, every bit on negatives). The ``kept``-th largest key is found two bits
+  at a time from the top: of the three values the next two bits can add, the largest with at least
+  ``kept`` keys at or above it is kept (the three counts share one reduction, 16 bits each).
 * **The selection.** Every key above the threshold is kept, and of those equal to it the first by index,
   as many as still fit (a running count); a second running count gives each kept extension its slot, so
   the beam comes out in index order: lexicographic, as the tensor version keeps it.
@@ -68,12 +69,18 @@ if triton is not None:
             key = tl.where(valid, ordered, 0).to(tl.uint64, bitcast=True)
             kept = tl.minimum(B, width * K)
             threshold = tl.zeros((), tl.uint64)
-            bit = tl.full((), 1, tl.uint64) << 63
-            for _ in range(64):
-                candidate = threshold | bit
-                enough = tl.sum((key >= candidate).to(tl.int32), axis=0) >= kept
-                threshold = tl.where(enough, candidate, threshold)
-                bit = bit >> 1
+            low = tl.full((), 1, tl.uint64) << 62  # two bits a step: three candidates counted in one sum
+            for _ in range(32):
+                c1, c2 = threshold | low, threshold | (low << 1)
+                c3 = c2 | low
+                packed = (key >= c1).to(tl.int64) + ((key >= c2).to(tl.int64) << 16) + ((key >= c3).to(tl.int64) << 32)
+                counts = tl.sum(packed, axis=0)  # each count <= 4096 fits its 16 bits
+                threshold = tl.where(
+                    ((counts >> 32) & 0xFFFF) >= kept,
+                    c3,
+                    tl.where(((counts >> 16) & 0xFFFF) >= kept, c2, tl.where((counts & 0xFFFF) >= kept, c1, threshold)),
+                )
+                low = low >> 2
             above = valid & (key > threshold)
             tied = valid & (key == threshold)
             room = kept - tl.sum(above.to(tl.int32), axis=0)
