@@ -19,22 +19,27 @@ import statistics
 import torch
 
 from ddtree_conformance.adapters.reference import device_tree
+from ddtree_conformance.spec.tree import per_depth_topk
 
 
 def by_sorting(values: torch.Tensor, kept: int) -> torch.Tensor:
     return torch.sort(torch.argsort(values, descending=True, stable=True)[:kept]).values
 
 
-def _graph_time(draft: torch.Tensor, budget: int, replays: int) -> tuple[float, list[torch.Tensor]]:
+def _build(draft: torch.Tensor, budget: int):
+    return device_tree.build_tree_with_ancestors(draft, budget)
+
+
+def _graph_time(draft: torch.Tensor, budget: int, replays: int, fn=_build) -> tuple[float, list[torch.Tensor]]:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(3):
-            device_tree.build_tree_with_ancestors(draft, budget)
+            fn(draft, budget)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = device_tree.build_tree_with_ancestors(draft, budget)
+        out = fn(draft, budget)
     graph.replay()
     torch.cuda.synchronize()
     samples = []
@@ -46,6 +51,8 @@ def _graph_time(draft: torch.Tensor, budget: int, replays: int) -> tuple[float, 
         end.record()
         torch.cuda.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / replays)
+    if fn is not _build:
+        return statistics.median(samples), []
     tree, table = out
     fields = [getattr(tree, n).clone() for n in ("tokens", "depths", "parents", "ranks", "scores")]
     return statistics.median(samples), [*fields, table.clone()]
@@ -61,18 +68,30 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     draft = (torch.randn(args.block - 1, args.vocab, generator=g) * 3).to(torch.bfloat16).cuda()
     threshold = device_tree.keep_best
+    ways = {  # (a beam's selection with tensors, whether the beams come from one launch)
+        "tensors, stable sort + index sort": (by_sorting, False),
+        "tensors, threshold (keep_best)": (threshold, False),
+        "one Triton launch": (threshold, True),
+    }
     print(f"{torch.cuda.get_device_name(0)}, drafter logits {tuple(draft.shape)} bf16, graph replay, us per build")
-    print("| B | stable sort + index sort | threshold (keep_best) | saved | same tree |")
-    print("|---:|---:|---:|---:|---|")
+    print("| B | per-depth top-K alone | " + " | ".join(ways) + " | same tree |")
+    print("|---:|---:|" + "---:|" * len(ways) + "---|")
     for budget in (int(b) for b in args.budgets.split(",")):
-        device_tree.keep_best = by_sorting
-        sorted_us, a = _graph_time(draft, budget, args.replays)
-        device_tree.keep_best = threshold
-        threshold_us, b = _graph_time(draft, budget, args.replays)
-        same = all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-        print(
-            f"| {budget} | {sorted_us:.1f} | {threshold_us:.1f} | {sorted_us - threshold_us:.1f} | {same} |", flush=True
+        topk_us, _ = _graph_time(draft, budget, args.replays, lambda d, b: per_depth_topk(d, min(b, d.shape[1])))
+        times, outputs = [], []
+        for keep, kernel in ways.values():
+            device_tree.keep_best, device_tree.ONE_LAUNCH_BEAMS = keep, kernel
+            try:
+                us, out = _graph_time(draft, budget, args.replays)
+            except Exception as error:  # a way that fails is a row's finding, not the end of the table
+                print(f"B={budget}: {type(error).__name__}: {str(error)[:300]}", flush=True)
+                us, out = float("nan"), None
+            times.append(us)
+            outputs.append(out)
+        same = all(
+            o is not None and all(torch.equal(x, y) for x, y in zip(outputs[0], o, strict=True)) for o in outputs[1:]
         )
+        print(f"| {budget} | {topk_us:.1f} | " + " | ".join(f"{t:.1f}" for t in times) + f" | {same} |", flush=True)
 
 
 if __name__ == "__main__":
