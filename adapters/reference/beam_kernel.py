@@ -14,7 +14,7 @@ depth, with the extensions of a depth (at most ``B * K <= 4096`` values) in regi
   the beam comes out in index order: lexicographic, as the tensor version keeps it.
 * **The paths.** A kept extension copies its parent's row of beam indices and adds its own slot.
 
-The result equals :func:`.device_tree.keep_best`'s beams bit for bit (``tests/test_beam_kernel.py``, through
+The result equals :func:`.device_tree.beams_with_tensors` bit for bit (``tests/test_beam_kernel.py``, through
 Triton's interpreter on CPU; the GPU tier on CUDA).
 """
 

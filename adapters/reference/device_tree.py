@@ -14,7 +14,9 @@ back and a fixed number of kernels (about ten per depth), so that it can sit in 
 * **A beam is kept in lexicographic order** of its rank tuples. A child's index among its beam's
   extensions (parent's index times K plus the token's rank) is then its lexicographic key, so one stable
   sort by score (descending) puts the extensions in the spec's order (score, ties by the rank tuple),
-  and a sort of the B kept indices puts the next beam in lexicographic order again.
+  and a sort of the B kept indices puts the next beam in lexicographic order again
+  (:func:`beams_with_tensors`). On a GPU with Triton, where B * K <= 4096, every depth's beam comes from
+  one launch instead (:mod:`.beam_kernel`: the same beams, without the small kernels and the sorts).
 * **The union in pop order.** The tree is the B best of all beams in the heap's pop order: score
   descending, ties by the rank tuple, a prefix before its extensions, i.e. ties by the prefixes'
   depth-first (pre-order) position in the trie the beams form. That position is counted, not sorted: a
@@ -38,11 +40,13 @@ from ddtree_conformance.spec.tree import DraftTree, per_depth_topk
 
 from .beam_kernel import beams_in_one_launch, kernel_available
 
-__all__ = ["ancestor_table", "beams_with_tensors", "build_tree_on_device", "build_tree_with_ancestors", "keep_best"]
+__all__ = ["ancestor_table", "beams_with_tensors", "build_tree_on_device", "build_tree_with_ancestors"]
 
-# Whether a CUDA build takes its beams from one Triton launch (.beam_kernel) where it can. Off until a GPU
-# shows the launch faster inside the round's graph than the tensor version (scripts/bench_tree_graph.py).
-ONE_LAUNCH_BEAMS = False
+# Whether a CUDA build takes its beams from one Triton launch (.beam_kernel) where it can (B * K <= 4096).
+# Inside the round's graph on an H100 the launch builds the tree in 549 / 608 / 848 us at B = 16 / 32 / 64
+# against 1181 / 1222 / 1392 us with tensors, and the round drops from 1.54 / 1.62 / 1.73 plain steps to
+# 1.45 / 1.51 / 1.58 (scripts/bench_tree_graph.py, scripts/measurements/2026-12-06-issue29/).
+ONE_LAUNCH_BEAMS = True
 
 
 def build_tree_on_device(draft_logits: torch.Tensor, budget: int) -> DraftTree:
@@ -137,7 +141,7 @@ def beams_with_tensors(
         n = scores.shape[0]
         extensions = (scores.unsqueeze(1) + lp[d].unsqueeze(0)).reshape(-1)  # parent + lp, as the heap adds
         kept = min(budget, n * k)
-        keep = keep_best(extensions, kept)
+        keep = torch.sort(torch.argsort(extensions, descending=True, stable=True)[:kept]).values
         scores = extensions[keep]
         path = path[torch.div(keep, k, rounding_mode="floor")]
         path[:, d] = counting[:kept]
@@ -145,20 +149,6 @@ def beams_with_tensors(
         beam_ranks.append(torch.remainder(keep, k))
         paths.append(path)
     return beam_scores, beam_ranks, paths
-
-
-def keep_best(values: torch.Tensor, kept: int) -> torch.Tensor:
-    """The indices of ``values``' ``kept`` largest, equal values by smaller index first, in ascending
-    index order: what a stable descending sort's first ``kept`` indices, sorted, give, without a sort.
-    The ``kept``-th largest value is the threshold; every value above it is kept, and of those equal to
-    it the first ones by index, as many as still fit; a running count gives each kept index its slot.
-    ``values`` holds no NaN (log-prob sums: finite or -inf)."""
-    threshold = torch.topk(values, kept, sorted=False).values.min()
-    above, tied = values > threshold, values == threshold
-    take = above | (tied & (torch.cumsum(tied, 0) <= kept - above.sum()))
-    slot = torch.where(take, torch.cumsum(take, 0) - 1, kept)
-    counting = torch.arange(values.shape[0], device=values.device)
-    return torch.empty(kept + 1, dtype=torch.long, device=values.device).scatter_(0, slot, counting)[:kept]
 
 
 def ancestor_table(tree: DraftTree, columns: int) -> torch.Tensor:
