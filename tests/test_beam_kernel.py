@@ -18,7 +18,7 @@ triton = pytest.importorskip("triton", reason="the test extras install Triton on
 
 
 def _compare(cases: int) -> list[str]:
-    """Differences between the two ways (empty: none), on ``cases`` drawn logits and three drafter shapes."""
+    """Differences between the two ways (empty: none), on ``cases`` drawn logits and four drafter-shaped blocks."""
     from ddtree_conformance.adapters.reference import device_tree
     from ddtree_conformance.adapters.reference.beam_kernel import beams_in_one_launch
     from ddtree_conformance.spec import build_tree
@@ -38,9 +38,9 @@ def _compare(cases: int) -> list[str]:
                 found.append(f"{name}: B={budget}, logits {values} ({depth}x{vocab})")
     device_tree.ONE_LAUNCH_BEAMS = True
     device_tree.kernel_available = lambda device, budget, k: True
-    for seed in range(3):
+    for seed in range(2):
         logits = (torch.randn(15, 1000, generator=torch.Generator().manual_seed(seed)) * 3).to(torch.bfloat16).float()
-        for budget in (1, 16, 64):
+        for budget in (16, 64):
             want, got = build_tree(logits, budget), device_tree.build_tree_on_device(logits, budget)
             if not want.same_as(got):
                 found.append(f"tree: drafter-shaped logits, seed {seed}, B={budget}")
@@ -49,7 +49,7 @@ def _compare(cases: int) -> list[str]:
 
 def test_one_launch_gives_the_tensor_versions_beams():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, __file__, "50"], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, __file__, "25"], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip().endswith("equal"), done.stdout[-3000:] + done.stderr[-3000:]
 
 

@@ -38,8 +38,6 @@ import torch
 
 from ddtree_conformance.spec.tree import DraftTree, per_depth_topk
 
-from .beam_kernel import beams_in_one_launch, kernel_available
-
 __all__ = ["ancestor_table", "beams_with_tensors", "build_tree_on_device", "build_tree_with_ancestors"]
 
 # Whether a CUDA build takes its beams from one Triton launch (.beam_kernel) where it can (B * K <= 4096).
@@ -69,10 +67,12 @@ def build_tree_with_ancestors(draft_logits: torch.Tensor, budget: int) -> tuple[
 
     # the beams, each in lexicographic order: scores, token ranks, and the beam indices of every
     # node's ancestors at depths 1..d (itself last), padded to depth_limit columns with -1
-    if ONE_LAUNCH_BEAMS and kernel_available(device, budget, k):
-        beam_scores, beam_ranks, paths = beams_in_one_launch(lp, budget)
-    else:
-        beam_scores, beam_ranks, paths = beams_with_tensors(lp, budget)
+    one_launch = None
+    if ONE_LAUNCH_BEAMS and device.type == "cuda":
+        from . import beam_kernel  # Triton is imported only where it can serve: the CPU's processes never pay it
+
+        one_launch = beam_kernel.beams_in_one_launch if beam_kernel.kernel_available(device, budget, k) else None
+    beam_scores, beam_ranks, paths = (one_launch or beams_with_tensors)(lp, budget)
 
     # every beam node, depth by depth
     widths = [p.shape[0] for p in paths]
