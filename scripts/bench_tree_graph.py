@@ -76,6 +76,8 @@ def main() -> None:
             device_tree.ONE_LAUNCH_BEAMS = kernel
             try:
                 us, out = _graph_time(draft, budget, args.replays)
+                if kernel and not device_tree.ONE_LAUNCH_BEAMS:  # the launch failed and the tensors stood in
+                    raise RuntimeError("the one-launch beams failed (see the warning above)")
             except Exception as error:  # a way that fails is a row's finding, not the end of the table
                 print(f"B={budget}: {type(error).__name__}: {str(error)[:300]}", flush=True)
                 us, out = float("nan"), None

@@ -63,6 +63,30 @@ def test_the_launch_serves_only_what_fits_one_program():
         beams_in_one_launch(torch.zeros(2, 128, dtype=torch.float64), 64)
 
 
+def test_a_launch_that_fails_is_said_once_and_the_tensor_version_serves(monkeypatch):
+    """A Triton that cannot compile for the GPU does not stop the round: one warning, then the tensors' beams
+    (the same tree as the heap's), and no second try."""
+    from ddtree_conformance.adapters.reference import beam_kernel, device_tree
+    from ddtree_conformance.spec import build_tree
+
+    calls = []
+
+    def failing(lp, budget):
+        calls.append(budget)
+        raise RuntimeError("PTX for this GPU could not be built")
+
+    monkeypatch.setattr(device_tree, "ONE_LAUNCH_BEAMS", True)
+    monkeypatch.setattr(device_tree, "_on_a_gpu", lambda device: True)
+    monkeypatch.setattr(beam_kernel, "kernel_available", lambda device, budget, k: True)
+    monkeypatch.setattr(beam_kernel, "beams_in_one_launch", failing)
+    logits = (torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16).float()
+    with pytest.warns(RuntimeWarning, match="one-launch beams failed .RuntimeError: PTX"):
+        first = device_tree.build_tree_on_device(logits, 16)
+    second = device_tree.build_tree_on_device(logits, 16)
+    assert calls == [16] and not device_tree.ONE_LAUNCH_BEAMS
+    assert first.same_as(build_tree(logits, 16)) and second.same_as(first)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
 def test_the_compiled_launch_gives_the_heaps_tree_on_cuda(monkeypatch):

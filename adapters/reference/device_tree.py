@@ -34,6 +34,8 @@ fast path uses it where the logits are on a GPU.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ddtree_conformance.spec.tree import DraftTree, per_depth_topk
@@ -67,12 +69,7 @@ def build_tree_with_ancestors(draft_logits: torch.Tensor, budget: int) -> tuple[
 
     # the beams, each in lexicographic order: scores, token ranks, and the beam indices of every
     # node's ancestors at depths 1..d (itself last), padded to depth_limit columns with -1
-    one_launch = None
-    if ONE_LAUNCH_BEAMS and device.type == "cuda":
-        from . import beam_kernel  # Triton is imported only where it can serve: the CPU's processes never pay it
-
-        one_launch = beam_kernel.beams_in_one_launch if beam_kernel.kernel_available(device, budget, k) else None
-    beam_scores, beam_ranks, paths = (one_launch or beams_with_tensors)(lp, budget)
+    beam_scores, beam_ranks, paths = _beams(lp, budget)
 
     # every beam node, depth by depth
     widths = [p.shape[0] for p in paths]
@@ -120,6 +117,32 @@ def build_tree_with_ancestors(draft_logits: torch.Tensor, budget: int) -> tuple[
     )
     root_row = torch.full((1, depth_limit), -1, dtype=long, device=device)
     return tree, torch.cat([root_row, ancestors])
+
+
+def _beams(lp: torch.Tensor, budget: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """The beams from one launch where it serves (``ONE_LAUNCH_BEAMS``, a CUDA device, Triton, B * K <= 4096),
+    else with tensors. A launch that fails (a Triton that cannot compile for this GPU) is said once, as a
+    warning, and the tensor version serves the rest of the process."""
+    global ONE_LAUNCH_BEAMS
+    if ONE_LAUNCH_BEAMS and _on_a_gpu(lp.device):
+        from . import beam_kernel  # Triton is imported only where it can serve: the CPU's processes never pay it
+
+        if beam_kernel.kernel_available(lp.device, budget, lp.shape[1]):
+            try:
+                return beam_kernel.beams_in_one_launch(lp, budget)
+            except Exception as error:  # Triton's compile and launch errors have no common base class
+                ONE_LAUNCH_BEAMS = False
+                warnings.warn(
+                    f"the tree's one-launch beams failed ({type(error).__name__}: {str(error)[:200]}); "
+                    "the tensor version builds them from now on",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+    return beams_with_tensors(lp, budget)
+
+
+def _on_a_gpu(device: torch.device) -> bool:
+    return device.type == "cuda"
 
 
 def beams_with_tensors(
