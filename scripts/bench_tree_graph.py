@@ -63,6 +63,8 @@ def main() -> None:
     p.add_argument("--budgets", default="16,32,64,128")
     p.add_argument("--replays", type=int, default=300)
     args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_tree_graph: needs a CUDA device (none found): it times CUDA graph replays")
     g = torch.Generator().manual_seed(0)
     draft = (torch.randn(args.block - 1, args.vocab, generator=g) * 3).to(torch.bfloat16).cuda()
     ways = {"tensors (sorts)": False, "one Triton launch": True}  # whether the beams come from one launch
