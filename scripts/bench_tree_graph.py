@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """Issue 29, item 4: the device tree build (adapters/reference/device_tree.py) as the round's graph runs
-it, captured in a CUDA graph and replayed, with the beams built two ways: with tensors (a beam's selection
-by a stable sort and a sort of the kept indices, about ten kernels a depth) and in one Triton launch
-(adapters/reference/beam_kernel.py); and the per-depth top-K over the vocabulary that both start from.
-(2026-12-06 it also timed a third way, the selection with tensors by a threshold instead of the sorts:
-slower than the sorts at every budget, 1267 / 1600 / 2054 us at B = 16 / 32 / 64, and removed.)
+it, captured in a CUDA graph and replayed, three ways: with tensors only (the spec's per-depth top-K over
+int64 keys, then each beam's selection by a stable sort and a sort of the kept indices, about ten kernels a
+depth); with the beams in one Triton launch (adapters/reference/beam_kernel.py); and with the top-K in two
+Triton launches as well (adapters/reference/topk_kernel.py). The per-depth top-K is also timed alone, both ways
+(the two launches at each ``--chunks`` size), and the one-launch beams at each ``--beam-warps``.
+(2026-12-06 it also timed the selection with tensors by a threshold instead of the sorts: slower than the sorts
+at every budget, 1267 / 1600 / 2054 us at B = 16 / 32 / 64, and removed.)
 
     python scripts/bench_tree_graph.py [--vocab 151936] [--block 16] [--budgets 16,32,64] [--replays 300]
+                                       [--chunks 2048,4096,8192] [--beam-warps 4,8,16]
 
 Drafter-shaped logits (block - 1 positions, bf16-rounded) on CUDA. Per budget and way: the median of five
-timings of ``--replays`` back-to-back replays (CUDA events), in microseconds per build, and whether the two
-ways give the same tree and ancestor table. A measurement, not a test.
+timings of ``--replays`` back-to-back replays (CUDA events), in microseconds per build, and whether the ways
+give the same tree and ancestor table (and the top-K ways the same top-K). A measurement, not a test.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import statistics
 
 import torch
 
-from ddtree_conformance.adapters.reference import device_tree
+from ddtree_conformance.adapters.reference import beam_kernel, device_tree, topk_kernel
 from ddtree_conformance.spec.tree import per_depth_topk
 
 
@@ -56,31 +59,52 @@ def _graph_time(draft: torch.Tensor, budget: int, replays: int, fn=_build) -> tu
     return statistics.median(samples), [*fields, table.clone()]
 
 
+def _switches(beams: bool, topk: bool) -> None:
+    device_tree.ONE_LAUNCH_BEAMS, device_tree.TWO_LAUNCH_TOPK = beams, topk
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--block", type=int, default=16)
     p.add_argument("--budgets", default="16,32,64,128")
     p.add_argument("--replays", type=int, default=300)
+    p.add_argument("--chunks", default=str(topk_kernel.CHUNK), help="the two-launch top-K's chunk sizes to time")
+    p.add_argument("--beam-warps", default="", help="warps of the one-launch beams to time (default: its own rule)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_tree_graph: needs a CUDA device (none found): it times CUDA graph replays")
     g = torch.Generator().manual_seed(0)
     draft = (torch.randn(args.block - 1, args.vocab, generator=g) * 3).to(torch.bfloat16).cuda()
-    ways = {"tensors (sorts)": False, "one Triton launch": True}  # whether the beams come from one launch
+    chunks = [int(c) for c in args.chunks.split(",")]
+    ways = {"tensors": (False, False), "beams in one launch": (True, False), "both kernels": (True, True)}
     print(f"{torch.cuda.get_device_name(0)}, drafter logits {tuple(draft.shape)} bf16, graph replay, us per build")
-    print("| B | per-depth top-K alone | " + " | ".join(ways) + " | same tree |")
-    print("|---:|---:|" + "---:|" * len(ways) + "---|")
+    topk_heads = " | ".join(f"top-K: two launches, chunk {c}" for c in chunks)
+    print(f"| B | top-K: spec | {topk_heads} | " + " | ".join(ways) + " | same tree | same top-K |")
+    print("|---:|---:|" + "---:|" * (len(chunks) + len(ways)) + "---|---|")
+    default_chunk, default_warps = topk_kernel.CHUNK, beam_kernel.warps
     for budget in (int(b) for b in args.budgets.split(",")):
-        topk_us, _ = _graph_time(draft, budget, args.replays, lambda d, b: per_depth_topk(d, min(b, d.shape[1])))
+        k = min(budget, draft.shape[1])
+        spec_us, _ = _graph_time(draft, budget, args.replays, lambda d, b: per_depth_topk(d, k))
+        want, topk_us, same_topk = per_depth_topk(draft, k), [], True
+        for chunk in chunks:
+            topk_kernel.CHUNK = chunk
+            try:
+                two = lambda d, b: topk_kernel.topk_in_two_launches(d, k)  # noqa: E731
+                topk_us.append(_graph_time(draft, budget, args.replays, two)[0])
+                same_topk &= all(map(torch.equal, want, topk_kernel.topk_in_two_launches(draft, k)))
+            except Exception as error:  # a way that fails is a row's finding, not the end of the table
+                print(f"B={budget}, chunk {chunk}: {type(error).__name__}: {str(error)[:300]}", flush=True)
+                topk_us.append(float("nan"))
+        topk_kernel.CHUNK = default_chunk
         times, outputs = [], []
-        for kernel in ways.values():
-            device_tree.ONE_LAUNCH_BEAMS = kernel
+        for beams, topk in ways.values():
+            _switches(beams, topk)
             try:
                 us, out = _graph_time(draft, budget, args.replays)
-                if kernel and not device_tree.ONE_LAUNCH_BEAMS:  # the launch failed and the tensors stood in
-                    raise RuntimeError("the one-launch beams failed (see the warning above)")
-            except Exception as error:  # a way that fails is a row's finding, not the end of the table
+                if (beams, topk) != (device_tree.ONE_LAUNCH_BEAMS, device_tree.TWO_LAUNCH_TOPK):
+                    raise RuntimeError("a kernel failed and the tensors stood in (see the warning above)")
+            except Exception as error:
                 print(f"B={budget}: {type(error).__name__}: {str(error)[:300]}", flush=True)
                 us, out = float("nan"), None
             times.append(us)
@@ -88,7 +112,19 @@ def main() -> None:
         same = all(
             o is not None and all(torch.equal(x, y) for x, y in zip(outputs[0], o, strict=True)) for o in outputs[1:]
         )
-        print(f"| {budget} | {topk_us:.1f} | " + " | ".join(f"{t:.1f}" for t in times) + f" | {same} |", flush=True)
+        cells = [spec_us, *topk_us, *times]
+        print(f"| {budget} | " + " | ".join(f"{t:.1f}" for t in cells) + f" | {same} | {same_topk} |", flush=True)
+        for warps in [int(w) for w in args.beam_warps.split(",") if w]:
+            _switches(True, True)
+            beam_kernel.warps = lambda block, w=warps: w
+            try:
+                us, out = _graph_time(draft, budget, args.replays)
+                ok = all(torch.equal(x, y) for x, y in zip(outputs[0] or [], out, strict=True))
+                print(f"B={budget}: both kernels, beams with {warps} warps: {us:.1f} us, same tree {ok}", flush=True)
+            except Exception as error:
+                print(f"B={budget}, {warps} warps: {type(error).__name__}: {str(error)[:300]}", flush=True)
+            beam_kernel.warps = default_warps
+    _switches(True, True)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
-"""The device tree's beams in one Triton launch (adapters/reference/beam_kernel.py) equal the tensor
-version's (adapters/reference/device_tree.py, itself held equal to the spec's heap in test_device_tree.py),
-run here through Triton's interpreter on CPU: drawn tied logits with -inf, and drafter-shaped bf16 logits
-whose whole tree is compared with the heap's. The interpreter is chosen when Triton is imported, so the
-comparison runs in its own process (this file as a script)."""
+"""The device tree's Triton kernels equal what they replace, run here through Triton's interpreter on CPU:
+the beams in one launch (adapters/reference/beam_kernel.py) equal the tensor version's
+(adapters/reference/device_tree.py, itself held equal to the spec's heap in test_device_tree.py), and the
+per-depth top-K in two launches (adapters/reference/topk_kernel.py) equals the spec's ``per_depth_topk``, on
+drawn tied logits with -inf and -0.0; drafter-shaped bf16 logits then go through both kernels and their whole
+tree is compared with the heap's. The interpreter is chosen when Triton is imported, so the comparison runs in
+its own process (this file as a script)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import os
 import random
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -44,14 +47,46 @@ def _compare(cases: int) -> list[str]:
         for name, want, got in zip(("scores", "ranks", "paths"), tensors, launch, strict=True):
             if not all(torch.equal(a, b) for a, b in zip(want, got, strict=True)):
                 found.append(f"{name}: B={budget}, logits {values} ({depth}x{vocab})")
-    device_tree.ONE_LAUNCH_BEAMS = True
-    device_tree.kernel_available = lambda device, budget, k: True
-    for seed in range(2):
-        logits = (torch.randn(15, 1000, generator=torch.Generator().manual_seed(seed)) * 3).to(torch.bfloat16).float()
+    found += _compare_topk(rng, cases // 2)
+    # the whole tree through both kernels: the CPU taken for a GPU, so that the kernels serve
+    from ddtree_conformance.adapters.reference import beam_kernel, topk_kernel
+
+    device_tree.ONE_LAUNCH_BEAMS = device_tree.TWO_LAUNCH_TOPK = True
+    device_tree._on_a_gpu = lambda device: True
+    beam_kernel.kernel_available = lambda device, budget, k: budget * k <= beam_kernel.MAX_EXTENSIONS
+    topk_kernel.kernel_available = lambda device, k: k <= topk_kernel.MAX_K
+    for seed, vocab in ((0, 1000),):
+        logits = (torch.randn(15, vocab, generator=torch.Generator().manual_seed(seed)) * 3).to(torch.bfloat16).float()
         for budget in (16, 64):
-            want, got = build_tree(logits, budget), device_tree.build_tree_on_device(logits, budget)
-            if not want.same_as(got):
-                found.append(f"tree: drafter-shaped logits, seed {seed}, B={budget}")
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # a kernel that failed and let the tensors stand in fails here
+                got = device_tree.build_tree_on_device(logits, budget)
+            if not build_tree(logits, budget).same_as(got):
+                found.append(f"tree: drafter-shaped logits, seed {seed}, V={vocab}, B={budget}")
+    return found
+
+
+def _compare_topk(rng: random.Random, cases: int) -> list[str]:
+    """Differences between the two-launch top-K and the spec's, on drawn logits full of ties, -inf and -0.0
+    (log-softmax of equal logits), vocabularies of one chunk and of several, K up to the vocabulary. Chunks of
+    64 log-probs (a GPU takes 4096) keep the interpreter's bitonic sorts few: each costs it about 0.3 s."""
+    from ddtree_conformance.adapters.reference import topk_kernel
+    from ddtree_conformance.spec.tree import per_depth_topk
+
+    found, chunk = [], topk_kernel.CHUNK
+    topk_kernel.CHUNK = 64
+    for _ in range(cases):
+        depth = rng.randint(1, 2)
+        vocab = rng.choice([1, 2, 7, 40, 63, 65, 2 * 64 + 37, 200])
+        k = rng.randint(1, min(vocab, 128))
+        pool = rng.choice([[0.0, -0.0], [0.0, 1.0], [0.0, -1.0, 2.0, float("-inf")], [0.5, 0.25, float("-inf")]])
+        logits = torch.tensor([rng.choice(pool) for _ in range(depth * vocab)]).view(depth, vocab)
+        if torch.isinf(logits).all(dim=1).any():
+            continue
+        want, got = per_depth_topk(logits, k), topk_kernel.topk_in_two_launches(logits, k)
+        if not (torch.equal(want[1], got[1]) and torch.equal(want[0], got[0]) and got[0].dtype == torch.float64):
+            found.append(f"top-K: K={k}, {depth}x{vocab} logits from {pool}")
+    topk_kernel.CHUNK = chunk
     return found
 
 
@@ -73,27 +108,37 @@ def test_the_launch_serves_only_what_fits_one_program():
         beams_in_one_launch(torch.zeros(2, 128, dtype=torch.float64), 64)
 
 
-def test_a_launch_that_fails_is_said_once_and_the_tensor_version_serves(monkeypatch):
-    """A Triton that cannot compile for the GPU does not stop the round: one warning, then the tensors' beams
+@pytest.mark.parametrize(
+    ("switch", "module", "function", "said"),
+    [
+        ("ONE_LAUNCH_BEAMS", "beam_kernel", "beams_in_one_launch", "one-launch beams failed .RuntimeError: PTX"),
+        ("TWO_LAUNCH_TOPK", "topk_kernel", "topk_in_two_launches", "per-depth top-K failed .RuntimeError: PTX"),
+    ],
+)
+def test_a_launch_that_fails_is_said_once_and_the_tensor_version_serves(monkeypatch, switch, module, function, said):
+    """A Triton that cannot compile for the GPU does not stop the round: one warning, then the tensor version
     (the same tree as the heap's), and no second try."""
-    from ddtree_conformance.adapters.reference import beam_kernel, device_tree
+    import importlib
+
+    from ddtree_conformance.adapters.reference import device_tree
     from ddtree_conformance.spec import build_tree
 
+    kernels = importlib.import_module(f"ddtree_conformance.adapters.reference.{module}")
     calls = []
 
-    def failing(lp, budget):
-        calls.append(budget)
+    def failing(*args):
+        calls.append(args[1])
         raise RuntimeError("PTX for this GPU could not be built")
 
-    monkeypatch.setattr(device_tree, "ONE_LAUNCH_BEAMS", True)
+    monkeypatch.setattr(device_tree, switch, True)
     monkeypatch.setattr(device_tree, "_on_a_gpu", lambda device: True)
-    monkeypatch.setattr(beam_kernel, "kernel_available", lambda device, budget, k: True)
-    monkeypatch.setattr(beam_kernel, "beams_in_one_launch", failing)
+    monkeypatch.setattr(kernels, "kernel_available", lambda device, *sizes: True)
+    monkeypatch.setattr(kernels, function, failing)
     logits = (torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16).float()
-    with pytest.warns(RuntimeWarning, match="one-launch beams failed .RuntimeError: PTX"):
+    with pytest.warns(RuntimeWarning, match=said):
         first = device_tree.build_tree_on_device(logits, 16)
     second = device_tree.build_tree_on_device(logits, 16)
-    assert calls == [16] and not device_tree.ONE_LAUNCH_BEAMS
+    assert calls == [16] and not getattr(device_tree, switch)
     assert first.same_as(build_tree(logits, 16)) and second.same_as(first)
 
 
@@ -103,13 +148,16 @@ def test_a_launch_that_fails_is_said_once_and_the_tensor_version_serves(monkeypa
 def test_the_compiled_launch_gives_the_heaps_tree_on_cuda(monkeypatch):
     """The kernel as compiled for the GPU: its beams equal the tensor beams, and its tree the spec's heap run on
     the same device (a heap on the CPU may differ: the float32 log-softmax rounds otherwise there), on drawn
-    tied logits of several shapes and on 8B-shaped drafter blocks. 2026-12-06 on an H100: 369 cases, 0 differ."""
+    tied logits of several shapes and on 8B-shaped drafter blocks; the two-launch top-K likewise equals the spec's
+    on the same device. 2026-12-06 on an H100 (beams only): 369 cases, 0 differ."""
     from ddtree_conformance.adapters.reference import device_tree
     from ddtree_conformance.adapters.reference.beam_kernel import beams_in_one_launch
+    from ddtree_conformance.adapters.reference.topk_kernel import topk_in_two_launches
     from ddtree_conformance.spec import build_tree
     from ddtree_conformance.spec.tree import per_depth_topk
 
     monkeypatch.setattr(device_tree, "ONE_LAUNCH_BEAMS", True)
+    monkeypatch.setattr(device_tree, "TWO_LAUNCH_TOPK", True)
     rng, found = random.Random(1), []
     for depth, vocab, budget in [(d, v, b) for d in (3, 15) for v in (5, 40) for b in (4, 16, 33, 64)]:
         for _ in range(4):
@@ -118,7 +166,9 @@ def test_the_compiled_launch_gives_the_heaps_tree_on_cuda(monkeypatch):
             if torch.isinf(logits).all(dim=1).any():
                 continue
             logits = logits.cuda()
-            lp, _ = per_depth_topk(logits, min(budget, vocab))
+            lp, ids = per_depth_topk(logits, min(budget, vocab))
+            if not all(torch.equal(a, b) for a, b in zip((lp, ids), topk_in_two_launches(logits, lp.shape[1]))):
+                found.append(f"top-K: K={lp.shape[1]}, logits {values}")
             pairs = zip(device_tree.beams_with_tensors(lp, budget), beams_in_one_launch(lp, budget), strict=True)
             if not all(torch.equal(a, b) for want, got in pairs for a, b in zip(want, got, strict=True)):
                 found.append(f"beams: B={budget}, logits {values}")
@@ -126,7 +176,9 @@ def test_the_compiled_launch_gives_the_heaps_tree_on_cuda(monkeypatch):
                 found.append(f"tree: B={budget}, logits {values}")
     for seed in range(2):
         block = (torch.randn(15, 151936, generator=torch.Generator().manual_seed(seed)) * 3).to(torch.bfloat16).cuda()
-        for budget in (16, 32, 64):
+        for budget in (16, 32, 64, 128):
+            if not all(map(torch.equal, per_depth_topk(block, budget), topk_in_two_launches(block, budget))):
+                found.append(f"top-K: 8B-shaped block, seed {seed}, K={budget}")
             if not build_tree(block, budget).same_as(device_tree.build_tree_on_device(block, budget)):
                 found.append(f"tree: 8B-shaped block, seed {seed}, B={budget}")
     assert not found, "\n".join(found[:10])

@@ -97,6 +97,11 @@ if triton is not None:
             width = kept
 
 
+def warps(block: int) -> int:
+    """The program's warps for ``block`` extensions (scripts/bench_tree_graph.py --beam-warps times others)."""
+    return 8 if block > 1024 else 4
+
+
 def beam_widths(depth_limit: int, k: int, budget: int) -> list[int]:
     """Each depth's beam width, known without reading the device: ``min(B, K)``, then ``min(B, width * K)``."""
     widths = [min(budget, k)]
@@ -121,9 +126,7 @@ def beams_in_one_launch(
     ranks = torch.empty((depth_limit, budget), dtype=torch.long, device=lp.device)
     paths = torch.full((depth_limit, budget, depth_limit), -1, dtype=torch.long, device=lp.device)
     block = max(16, triton.next_power_of_2(budget * k))
-    _beams[(1,)](
-        lp, scores, ranks, paths, DEPTH=depth_limit, K=k, B=budget, BLOCK=block, num_warps=8 if block > 1024 else 4
-    )
+    _beams[(1,)](lp, scores, ranks, paths, DEPTH=depth_limit, K=k, B=budget, BLOCK=block, num_warps=warps(block))
     widths = beam_widths(depth_limit, k, budget)
     return (
         [scores[d, :w] for d, w in enumerate(widths)],

@@ -16,7 +16,9 @@ back and a fixed number of kernels (about ten per depth), so that it can sit in 
   sort by score (descending) puts the extensions in the spec's order (score, ties by the rank tuple),
   and a sort of the B kept indices puts the next beam in lexicographic order again
   (:func:`beams_with_tensors`). On a GPU with Triton, where B * K <= 4096, every depth's beam comes from
-  one launch instead (:mod:`.beam_kernel`: the same beams, without the small kernels and the sorts).
+  one launch instead (:mod:`.beam_kernel`: the same beams, without the small kernels and the sorts), and
+  where K <= 128 the per-depth top-K they start from comes from two launches (:mod:`.topk_kernel`: the
+  spec's keys, without its 64-bit radix select).
 * **The union in pop order.** The tree is the B best of all beams in the heap's pop order: score
   descending, ties by the rank tuple, a prefix before its extensions, i.e. ties by the prefixes'
   depth-first (pre-order) position in the trie the beams form. That position is counted, not sorted: a
@@ -47,6 +49,11 @@ __all__ = ["ancestor_table", "beams_with_tensors", "build_tree_on_device", "buil
 # against 1181 / 1222 / 1392 us with tensors, and the round drops from 1.54 / 1.62 / 1.73 plain steps to
 # 1.45 / 1.51 / 1.58 (scripts/bench_tree_graph.py, scripts/measurements/2026-12-06-issue29/).
 ONE_LAUNCH_BEAMS = True
+# Whether a CUDA build takes the per-depth top-K from two Triton launches (.topk_kernel) where K <= 128,
+# instead of the spec's topk over int64 keys (the same result, bit for bit): 90 / 109 / 144 us against
+# 254 / 274 / 282 at K = 16 / 32 / 64 in the graph, on a second H100; the tree build with both kernels 357 / 423 /
+# 691 us (scripts/measurements/2026-12-06-issue29/README.md, "Second machine").
+TWO_LAUNCH_TOPK = True
 
 
 def build_tree_on_device(draft_logits: torch.Tensor, budget: int) -> DraftTree:
@@ -63,7 +70,7 @@ def build_tree_with_ancestors(draft_logits: torch.Tensor, budget: int) -> tuple[
         raise ValueError(f"draft_logits must be a non-empty [L, V] tensor, got {tuple(draft_logits.shape)}")
     depth_limit, vocab = draft_logits.shape
     k = min(budget, vocab)
-    lp, ids = per_depth_topk(draft_logits, k)  # float64 [L, k], int64 [L, k]
+    lp, ids = _top_k(draft_logits, k)  # float64 [L, k], int64 [L, k]
     device = draft_logits.device
     long = torch.long
 
@@ -119,26 +126,47 @@ def build_tree_with_ancestors(draft_logits: torch.Tensor, budget: int) -> tuple[
     return tree, torch.cat([root_row, ancestors])
 
 
+def _top_k(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`per_depth_topk` from two launches where they serve (``TWO_LAUNCH_TOPK``, a CUDA device, Triton,
+    K <= 128), else from the spec's own."""
+    if TWO_LAUNCH_TOPK and _on_a_gpu(draft_logits.device):
+        from . import topk_kernel  # Triton is imported only where it can serve
+
+        if topk_kernel.kernel_available(draft_logits.device, k):
+            served = _launch("TWO_LAUNCH_TOPK", "per-depth top-K", topk_kernel.topk_in_two_launches, draft_logits, k)
+            if served is not None:
+                return served
+    return per_depth_topk(draft_logits, k)
+
+
 def _beams(lp: torch.Tensor, budget: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """The beams from one launch where it serves (``ONE_LAUNCH_BEAMS``, a CUDA device, Triton, B * K <= 4096),
-    else with tensors. A launch that fails (a Triton that cannot compile for this GPU) is said once, as a
-    warning, and the tensor version serves the rest of the process."""
-    global ONE_LAUNCH_BEAMS
+    else with tensors."""
     if ONE_LAUNCH_BEAMS and _on_a_gpu(lp.device):
         from . import beam_kernel  # Triton is imported only where it can serve: the CPU's processes never pay it
 
         if beam_kernel.kernel_available(lp.device, budget, lp.shape[1]):
-            try:
-                return beam_kernel.beams_in_one_launch(lp, budget)
-            except Exception as error:  # Triton's compile and launch errors have no common base class
-                ONE_LAUNCH_BEAMS = False
-                warnings.warn(
-                    f"the tree's one-launch beams failed ({type(error).__name__}: {str(error)[:200]}); "
-                    "the tensor version builds them from now on",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+            served = _launch("ONE_LAUNCH_BEAMS", "one-launch beams", beam_kernel.beams_in_one_launch, lp, budget)
+            if served is not None:
+                return served
     return beams_with_tensors(lp, budget)
+
+
+def _launch(switch: str, what: str, kernel, *args):
+    """``kernel(*args)``, or None where it fails (a Triton that cannot compile for this GPU): the failure is said
+    once, as a warning, and ``switch`` (this module's flag for the kernel) is turned off, so the tensor version
+    serves the rest of the process."""
+    try:
+        return kernel(*args)
+    except Exception as error:  # Triton's compile and launch errors have no common base class
+        globals()[switch] = False
+        warnings.warn(
+            f"the tree's {what} failed ({type(error).__name__}: {str(error)[:200]}); "
+            "the tensor version serves from now on",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
 
 
 def _on_a_gpu(device: torch.device) -> bool:
