@@ -77,14 +77,20 @@ OUT=${OUT:-out}
 WORK=${WORK:-$OUT}
 TRIALS=${TRIALS:-12}
 mkdir -p "$WORK"
+# Several runs may start at once on one machine (issue 28's cell groups): the wheels go in under a lock, and each
+# run builds its own shim, so that no start removes a shim another run is importing from. /tmp/ddtree-shim then
+# points at the newest, for commands run by hand after `setup-only`.
 if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  flock /tmp/ddtree-site.lock python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
 fi
-shim=/tmp/ddtree-shim
-rm -rf "$shim" && mkdir -p "$shim/ddtree_conformance"
+shim=$(mktemp -d /tmp/ddtree-shim.XXXXXX)
+mkdir -p "$shim/ddtree_conformance"
 for f in conformance/*; do ln -s "$PWD/$f" "$shim/ddtree_conformance/"; done
 ln -s "$PWD/adapters" "$shim/ddtree_conformance/adapters"
 ln -s "$PWD/golden" "$shim/ddtree_conformance/golden"
+if [ -d /tmp/ddtree-shim ] && [ ! -L /tmp/ddtree-shim ]; then rm -rf /tmp/ddtree-shim; fi  # an older script's folder
+ln -sfn "$shim" "$shim.link" && mv -T "$shim.link" /tmp/ddtree-shim
 export PYTHONPATH="$shim:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 python3 -c "import ddtree_conformance.bench, torch, transformers; print('torch', torch.__version__, 'transformers',
 transformers.__version__, torch.cuda.get_device_name(0))" || exit 1

@@ -108,6 +108,18 @@ def test_the_launch_serves_only_what_fits_one_program():
         beams_in_one_launch(torch.zeros(2, 128, dtype=torch.float64), 64)
 
 
+@needs_triton
+def test_the_two_launch_top_k_serves_only_k_up_to_its_limit():
+    from ddtree_conformance.adapters.reference import topk_kernel
+
+    assert topk_kernel.kernel_available(torch.device("cuda"), 128)
+    assert not topk_kernel.kernel_available(torch.device("cuda"), 129)  # B > 128: the spec's topk (merge's registers)
+    assert not topk_kernel.kernel_available(torch.device("cpu"), 16)
+    for k in (0, 129, 301):
+        with pytest.raises(ValueError, match=f"k = {k} must be in 1..min"):
+            topk_kernel.topk_in_two_launches(torch.zeros(2, 300), k)
+
+
 @pytest.mark.parametrize(
     ("switch", "module", "function", "said"),
     [

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Issue 29, item 4: the lean forward's element-wise pieces (adapters/reference/lean.py) at a plain step's one
+row and a verify's B + 1 rows, each way timed inside a CUDA graph and compared with the way lean.py has now.
+
+The profile of the round (docs/guides/gpu-tier.md, "Where those element-wise kernels come from") found the
+RMSNorm weight and the rotary embedding's products about twice as slow a kernel at 33 rows as at one: the
+weight (``[H]``, or ``[heads, d]`` for q/k) and cos/sin (``[T, 1, d]``) are broadcast, and a broadcast operand
+takes the slower, strided path. The ways timed, per piece:
+
+* ``now``: as lean.py computes it;
+* ``same-shape operand``: the broadcast operand made contiguous at the full shape once, outside the graph (as a
+  round would keep it per shape), so the product is a same-shape one. Bit for bit the same arithmetic;
+* ``weight in the norm`` (the hidden RMSNorm only): the weight passed to the fused ``rms_norm`` in float32, one
+  rounding to the dtype instead of two. Not the same arithmetic: the table says how many elements differ.
+
+    python scripts/bench_elementwise.py [--rows 1,17,33,65] [--hidden 4096] [--heads 32 --kv-heads 8 --head-dim 128]
+
+Per piece, rows and way: microseconds per call (the median of five timings of a graph holding ``--calls`` calls,
+replayed ``--replays`` times), and the share of output elements that differ from ``now``. A measurement, not a
+test; it needs a CUDA device (``--device cpu`` checks only the equalities, with no timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+
+def _rms_now(x, weight, eps):
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def _rms_in_norm(x, weight, eps):
+    return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps=eps).to(x.dtype)
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rope(x, cos, sin):
+    return x * cos + _rotate_half(x) * sin
+
+
+def _pieces(rows: int, args, device, dtype):
+    """``{piece: {way: (fn, inputs)}}`` for ``rows`` rows."""
+    g = torch.Generator().manual_seed(rows)
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=g).to(dtype).to(device)
+
+    heads = args.heads + args.kv_heads
+    hidden, qk = draw(rows, args.hidden), draw(rows, heads, args.head_dim)
+    weight, qk_weight = draw(args.hidden) * 0.1 + 1, draw(heads, args.head_dim) * 0.1 + 1
+    cos, sin = draw(rows, 1, args.head_dim), draw(rows, 1, args.head_dim)
+    eps = 1e-6
+    return {
+        "RMSNorm [T, H]": {
+            "now": (_rms_now, (hidden, weight, eps)),
+            "same-shape operand": (_rms_now, (hidden, weight.expand(rows, -1).contiguous(), eps)),
+            "weight in the norm": (_rms_in_norm, (hidden, weight, eps)),
+        },
+        "q/k RMSNorm [T, heads, d]": {
+            "now": (_rms_now, (qk, qk_weight, eps)),
+            "same-shape operand": (_rms_now, (qk, qk_weight.expand(rows, -1, -1).contiguous(), eps)),
+        },  # no "weight in the norm": q's and k's weights differ, so one fused call cannot hold both
+        "rotary [T, heads, d]": {
+            "now": (_rope, (qk, cos, sin)),
+            "same-shape operand": (
+                _rope,
+                (qk, cos.expand(-1, heads, -1).contiguous(), sin.expand(-1, heads, -1).contiguous()),
+            ),
+        },
+    }
+
+
+def _graph_us(fn, inputs, calls: int, replays: int) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn(*inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn(*inputs)
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / (replays * calls))
+    return statistics.median(samples)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", default="1,17,33,65")
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--calls", type=int, default=144, help="calls per graph (an 8B target: 36 layers x 4 norms)")
+    p.add_argument("--replays", type=int, default=50)
+    args = p.parse_args()
+    timed = args.device == "cuda"
+    if timed and not torch.cuda.is_available():
+        raise SystemExit("bench_elementwise: needs a CUDA device to time (none found); --device cpu: equality only")
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    where = torch.cuda.get_device_name(0) if timed else "CPU (equality only)"
+    print(f"{where}, {args.dtype}, us per call inside a CUDA graph of {args.calls} calls; differing: share of elements")
+    print("| piece | rows | way | us per call | differing from now |")
+    print("|---|---:|---|---:|---:|")
+    for rows in (int(r) for r in args.rows.split(",")):
+        for piece, ways in _pieces(rows, args, device, dtype).items():
+            want = ways["now"][0](*ways["now"][1])
+            for way, (fn, inputs) in ways.items():
+                got = fn(*inputs)
+                differing = (got != want).float().mean().item()
+                us = _graph_us(fn, inputs, args.calls, args.replays) if timed else float("nan")
+                print(f"| {piece} | {rows} | {way} | {us:.2f} | {differing:.2e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
