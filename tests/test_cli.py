@@ -489,6 +489,9 @@ def test_record_refuses_overwrite_then_updates_with_diff(pair, prompts_file, tmp
     assert third.exit_code == 0 and "no changes" in third.output, third.output
 
 
+# 15 s of a CI worker: nightly (thorough); the TP check failing and passing stays in CI
+# (test_reference_tensor_parallel.py, test_tensor_parallel.py)
+@pytest.mark.thorough
 def test_check_runs_the_tp_check_on_cpu_when_asked(tmp_path):
     """The fixture pair (the random pair's vocabulary does not split): reference TP=2 as gloo ranks. The
     run that passes is the CLI's default path: the engine in its own process, which starts rank 1 itself;

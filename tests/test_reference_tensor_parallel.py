@@ -61,6 +61,8 @@ def test_a_rank_that_dies_while_starting_is_an_error_not_a_wait():
         engine.close()
 
 
+# 15 s of a CI worker: nightly (thorough); a rank that dies while starting stays in CI (above)
+@pytest.mark.thorough
 def test_a_rank_that_dies_in_a_run_fails_that_call_and_the_next_call_restarts_the_ranks():
     engine = RankDiesInRun(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
     config = RunConfig(mode="ddtree", budget=8, tensor_parallel_size=2)
