@@ -13,7 +13,7 @@ takes the slower, strided path. The ways timed, per piece:
 * ``weight in the norm`` (the hidden RMSNorm only): the weight passed to the fused ``rms_norm`` in float32, one
   rounding to the dtype instead of two. Not the same arithmetic: the table says how many elements differ.
 
-    python scripts/bench_elementwise.py [--rows 1,17,33,65] [--hidden 4096] [--heads 32 --kv-heads 8 --head-dim 128]
+    python scripts/bench_elementwise.py [--rows 1 17 33 65] [--hidden 4096] [--heads 32 --kv-heads 8 --head-dim 128]
 
 Per piece, rows and way: microseconds per call (the median of five timings of a graph holding ``--calls`` calls,
 replayed ``--replays`` times), and the share of output elements that differ from ``now``. A measurement, not a
@@ -23,10 +23,11 @@ test; it needs a CUDA device (``--device cpu`` checks only the equalities, with 
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
+
+from ddtree_conformance.adapters.reference.clock import graph_replay_us
 
 
 def _rms_now(x, weight, eps):
@@ -79,33 +80,18 @@ def _pieces(rows: int, args, device, dtype):
 
 
 def _graph_us(fn, inputs, calls: int, replays: int) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn(*inputs)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    """Microseconds per call of ``fn(*inputs)``, ``calls`` of them captured in one graph."""
+
+    def work():
         for _ in range(calls):
             fn(*inputs)
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / (replays * calls))
-    return statistics.median(samples)
+
+    return graph_replay_us(work, replays)[0] / calls
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", default="1,17,33,65")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 17, 33, 65], help="row counts (T) to time")
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
@@ -123,7 +109,7 @@ def main() -> None:
     print(f"{where}, {args.dtype}, us per call inside a CUDA graph of {args.calls} calls; differing: share of elements")
     print("| piece | rows | way | us per call | differing from now |")
     print("|---|---:|---|---:|---:|")
-    for rows in (int(r) for r in args.rows.split(",")):
+    for rows in args.rows:
         for piece, ways in _pieces(rows, args, device, dtype).items():
             want = ways["now"][0](*ways["now"][1])
             for way, (fn, inputs) in ways.items():

@@ -19,11 +19,11 @@ give the same tree and ancestor table (and the top-K ways the same top-K). A mea
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
 from ddtree_conformance.adapters.reference import beam_kernel, device_tree, topk_kernel
+from ddtree_conformance.adapters.reference.clock import graph_replay_us
 from ddtree_conformance.spec.tree import per_depth_topk
 
 
@@ -32,31 +32,23 @@ def _build(draft: torch.Tensor, budget: int):
 
 
 def _graph_time(draft: torch.Tensor, budget: int, replays: int, fn=_build) -> tuple[float, list[torch.Tensor]]:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn(draft, budget)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn(draft, budget)
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / replays)
+    us, out = graph_replay_us(lambda: fn(draft, budget), replays)
     if fn is not _build:
-        return statistics.median(samples), []
+        return us, []
     tree, table = out
     fields = [getattr(tree, n).clone() for n in ("tokens", "depths", "parents", "ranks", "scores")]
-    return statistics.median(samples), [*fields, table.clone()]
+    return us, [*fields, table.clone()]
+
+
+def _counts(text: str) -> list[int]:
+    """A comma-separated list of positive integers (argparse's type: one clear error otherwise)."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be 1 or more")
+    return values
 
 
 def _switches(beams: bool, topk: bool) -> None:
@@ -67,23 +59,23 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--block", type=int, default=16)
-    p.add_argument("--budgets", default="16,32,64,128")
+    p.add_argument("--budgets", type=_counts, default="16,32,64,128")
     p.add_argument("--replays", type=int, default=300)
-    p.add_argument("--chunks", default=str(topk_kernel.CHUNK), help="the two-launch top-K's chunk sizes to time")
-    p.add_argument("--beam-warps", default="", help="warps of the one-launch beams to time (default: its own rule)")
+    p.add_argument("--chunks", type=_counts, default=str(topk_kernel.CHUNK), help="the two-launch top-K's chunks")
+    p.add_argument("--beam-warps", type=_counts, default="", help="the one-launch beams' warps (default: its rule)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_tree_graph: needs a CUDA device (none found): it times CUDA graph replays")
     g = torch.Generator().manual_seed(0)
     draft = (torch.randn(args.block - 1, args.vocab, generator=g) * 3).to(torch.bfloat16).cuda()
-    chunks = [int(c) for c in args.chunks.split(",")]
+    chunks = args.chunks
     ways = {"tensors": (False, False), "beams in one launch": (True, False), "both kernels": (True, True)}
     print(f"{torch.cuda.get_device_name(0)}, drafter logits {tuple(draft.shape)} bf16, graph replay, us per build")
     topk_heads = " | ".join(f"top-K: two launches, chunk {c}" for c in chunks)
     print(f"| B | top-K: spec | {topk_heads} | " + " | ".join(ways) + " | same tree | same top-K |")
     print("|---:|---:|" + "---:|" * (len(chunks) + len(ways)) + "---|---|")
     default_chunk, default_warps = topk_kernel.CHUNK, beam_kernel.warps
-    for budget in (int(b) for b in args.budgets.split(",")):
+    for budget in args.budgets:
         k = min(budget, draft.shape[1])
         spec_us, _ = _graph_time(draft, budget, args.replays, lambda d, b: per_depth_topk(d, k))
         want, topk_us, same_topk = per_depth_topk(draft, k), [], True
@@ -114,7 +106,7 @@ def main() -> None:
         )
         cells = [spec_us, *topk_us, *times]
         print(f"| {budget} | " + " | ".join(f"{t:.1f}" for t in cells) + f" | {same} | {same_topk} |", flush=True)
-        for warps in [int(w) for w in args.beam_warps.split(",") if w]:
+        for warps in args.beam_warps:
             _switches(True, True)
             beam_kernel.warps = lambda block, w=warps: w
             try:

@@ -1,16 +1,18 @@
 """How the reference engine times its decode loop and its stages (see :class:`DecodeClock`), and how
-long the device is busy inside it (:func:`busy_probe`)."""
+long the device is busy inside it (:func:`busy_probe`); and how the benches time a piece captured in a CUDA graph
+(:func:`graph_replay_us`)."""
 
 from __future__ import annotations
 
+import statistics
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["DecodeClock", "busy_probe", "busy_seconds"]
+__all__ = ["DecodeClock", "busy_probe", "busy_seconds", "graph_replay_us"]
 
 
 @dataclass
@@ -98,3 +100,31 @@ def busy_probe(enabled: bool, device: torch.device) -> Iterator[dict[str, float]
     events = [e for e in prof.profiler.kineto_results.events() if e.device_type() == torch.autograd.DeviceType.CUDA]
     found["gpu_busy"] = busy_seconds((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events)
     found["gpu_busy_events"] = float(len(events))
+
+
+def graph_replay_us(work: Callable[[], object], replays: int, timings: int = 5) -> tuple[float, object]:
+    """``(microseconds per replay, work's output)`` for ``work`` captured in one CUDA graph: three warm-up calls on a
+    side stream, the capture, then ``timings`` timings of ``replays`` back-to-back replays (CUDA events); the median.
+    The output is the captured call's (its tensors hold the last replay's values). For the benches that time a piece
+    of the round as its graph runs it (scripts/bench_tree_graph.py, scripts/bench_elementwise.py)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            work()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = work()
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(timings):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / replays)
+    return statistics.median(samples), out
