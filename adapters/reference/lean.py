@@ -10,6 +10,10 @@ a third of an 8B plain step. :class:`LeanQwen3` runs the same layer in about 30:
 * every RMSNorm is one fused ``rms_norm`` in float32 followed by the weight in the model's dtype,
   as transformers computes it; q_norm and k_norm run together over the q and k heads;
 * RoPE runs once over the q and k heads together (the same element-wise arithmetic);
+* no element-wise product broadcasts an operand over the rows (:class:`RowCopies`): a verify's rows take
+  the norm weights from per-row copies kept per row count, and cos/sin widened once per forward. A
+  broadcast operand sends PyTorch's CUDA kernel down its strided path, about twice as slow a launch at 33
+  rows as the same-shape product; the copies give the same numbers bit for bit;
 * attention reads the grouped K/V heads directly: the queries of each KV head are stacked, so no
   repeated K/V is written.
 
@@ -24,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LeanDFlash", "LeanQwen3", "lean_drafter_problem", "lean_problem"]
+__all__ = ["LeanDFlash", "LeanQwen3", "RowCopies", "lean_drafter_problem", "lean_problem", "rotary"]
 
 
 def lean_problem(model) -> str | None:
@@ -49,9 +53,45 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """transformers' ``x * cos + rotate_half(x) * sin``, with ``rotate_half(x) * sin`` taken as the halves
+    swapped times ``signed_sin`` (sin with its first half negated; :meth:`RowCopies.rotary`). The same
+    numbers bit for bit: ``(-a) * b`` and ``a * (-b)`` round alike, and no strided negation is launched."""
     half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * signed_sin
+
+
+class RowCopies:
+    """Operands of the forward's element-wise products at the full shape of the rows they multiply, so no
+    product broadcasts (module doc). ``limit``: the most rows given copies; past it, the product broadcasts
+    (its cost is then the rows', not the launch's, and copies of every norm weight would cost memory).
+
+    Each norm weight is copied once, over ``limit`` rows, and kept; a product of T rows reads the first T
+    rows of it (contiguous, so no copy per row count). A captured graph's warm-up run makes the copies, so
+    the graph only reads them, and they live as long as the forward: a graph may hold their addresses.
+    cos/sin change with the positions, so :meth:`rotary` widens them in each forward, once for every layer."""
+
+    def __init__(self, limit: int = 128) -> None:
+        self.limit = limit
+        self._kept: dict[tuple[int, tuple[int, ...]], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def weight(self, weight: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """``weight`` (broadcastable to ``like``'s trailing dimensions) repeated over ``like``'s rows."""
+        rows, trailing = like.shape[0], tuple(like.shape[1:])
+        if rows > self.limit:
+            return weight
+        key = (id(weight), trailing)
+        if key not in self._kept:  # the weight is kept beside its copy, so its id is never reused
+            self._kept[key] = (weight, weight.expand(self.limit, *trailing).contiguous())
+        return self._kept[key][1][:rows]
+
+    def rotary(self, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, signed_sin)`` for :func:`rotary` over ``heads`` heads, from transformers' ``[T, 1, d]``."""
+        half = sin.shape[-1] // 2
+        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        if cos.shape[0] > self.limit:
+            return cos, signed_sin
+        return cos.expand(-1, heads, -1).contiguous(), signed_sin.expand(-1, heads, -1).contiguous()
 
 
 class LeanQwen3:
@@ -68,6 +108,7 @@ class LeanQwen3:
         self.scale = attention.scaling
         self.eps = config.rms_norm_eps
         self.feature_layers = list(feature_layers or [])
+        self.copies = RowCopies()
         q_rows, kv_rows = self.heads * self.head_dim, self.kv_heads * self.head_dim
         self.split = (q_rows, kv_rows, kv_rows)
         self.layers = []
@@ -95,23 +136,22 @@ class LeanQwen3:
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor):
         """``ids``/``positions`` ``[T]``; ``cache`` a static cache whose ``slots`` say where the new rows go;
         ``mask`` additive ``[1, 1, T, capacity]``."""
-        model, eps, d = self.model.model, self.eps, self.head_dim
+        model, eps, d, copies = self.model.model, self.eps, self.head_dim, self.copies
         groups = self.heads // self.kv_heads
         rows = ids.shape[0]
         h = model.embed_tokens(ids)  # [T, H]
         cos, sin = model.rotary_emb(h, positions.unsqueeze(0))
-        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, d]
+        qk_heads = self.heads + self.kv_heads
+        cos, signed_sin = copies.rotary(cos[0].unsqueeze(1), sin[0].unsqueeze(1), qk_heads)  # [T, heads, d]
         # the queries of one KV head are stacked (group-major), so the mask repeats once per group
         grouped_mask = mask.repeat(1, 1, groups, 1)
         features = {}
-        qk_heads = self.heads + self.kv_heads
         for index, w in enumerate(self.layers):
-            x = _rms(h, w["input_norm"], eps)
+            x = _rms(h, copies.weight(w["input_norm"], h), eps)
             qkv = F.linear(x, w["qkv"], w["qkv_bias"])
             qk = qkv[:, : self.split[0] + self.split[1]].view(rows, qk_heads, d)
             v = qkv[:, self.split[0] + self.split[1] :].view(rows, self.kv_heads, d)
-            qk = _rms(qk, w["qk_norm"], eps)
-            qk = qk * cos + _rotate_half(qk) * sin
+            qk = rotary(_rms(qk, copies.weight(w["qk_norm"], qk), eps), cos, signed_sin)
             q, k = qk[:, : self.heads], qk[:, self.heads :]
             keys, values = cache.update(k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0), index)
             # [T, heads, d] -> [1, kv_heads, groups * T, d]: head h = g * groups + r sits at row r * T + t
@@ -119,12 +159,12 @@ class LeanQwen3:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=grouped_mask, scale=self.scale)
             out = out.view(self.kv_heads, groups, rows, d).permute(2, 0, 1, 3).reshape(rows, self.heads * d)
             h = h + F.linear(out, w["o"], w["o_bias"])
-            x = _rms(h, w["post_norm"], eps)
+            x = _rms(h, copies.weight(w["post_norm"], h), eps)
             gate, up = F.linear(x, w["gate_up"]).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, w["down"])
             if index in self.feature_layers:
                 features[index] = h
-        h = _rms(h, model.norm.weight, model.norm.variance_epsilon)
+        h = _rms(h, copies.weight(model.norm.weight, h), model.norm.variance_epsilon)
         logits = self.model.lm_head(h)
         wanted = [features[i] for i in self.feature_layers]
         return logits, (torch.cat(wanted, dim=-1) if wanted else None)
@@ -155,6 +195,7 @@ class LeanDFlash:
         attention = drafter.layers[0].self_attn
         self.heads, self.kv_heads, self.head_dim = attention.num_heads, attention.num_kv_heads, attention.head_dim
         self.eps = config.rms_norm_eps
+        self.copies = RowCopies()
         q_rows, kv_rows = self.heads * self.head_dim, self.kv_heads * self.head_dim
         self.split = (q_rows, kv_rows, kv_rows)
         self.layers = []
@@ -184,23 +225,24 @@ class LeanDFlash:
         ``[C, k*H]``; ``positions`` ``[C + S]``; ``cache`` a :class:`~.graphs.StaticDraftCache` whose
         ``slots`` say where the context rows go; ``mask`` additive ``[1, 1, 1, capacity + S]``. Returns the
         block's final hidden states ``[S, H]``."""
-        drafter, eps, d = self.drafter, self.eps, self.head_dim
+        drafter, eps, d, copies = self.drafter, self.eps, self.head_dim, self.copies
         groups = self.heads // self.kv_heads
         n_new, size = features.shape[0], block.shape[0]
-        context = _rms(F.linear(features, drafter.fc.weight), drafter.hidden_norm.weight, eps)
+        context = F.linear(features, drafter.fc.weight)
+        context = _rms(context, copies.weight(drafter.hidden_norm.weight, context), eps)
         cos, sin = drafter.rotary_emb(block.unsqueeze(0), positions.unsqueeze(0))
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [C + S, 1, d]
+        q_cos, q_sin = copies.rotary(cos[n_new:], sin[n_new:], self.heads)
+        k_cos, k_sin = copies.rotary(cos, sin, self.kv_heads)
         h = block
         for index, w in enumerate(self.layers):
-            x = _rms(h, w["input_norm"], eps)
+            x = _rms(h, copies.weight(w["input_norm"], h), eps)
             qkv = F.linear(torch.cat([context, x]), w["qkv"], w["qkv_bias"])  # [C + S, q + k + v]
             q = qkv[n_new:, : self.split[0]].view(size, self.heads, d)
             k = qkv[:, self.split[0] : self.split[0] + self.split[1]].view(n_new + size, self.kv_heads, d)
             v = qkv[:, self.split[0] + self.split[1] :].view(n_new + size, self.kv_heads, d)
-            q = _rms(q, w["q_norm"], eps)
-            k = _rms(k, w["k_norm"], eps)
-            q = q * cos[n_new:] + _rotate_half(q) * sin[n_new:]
-            k = k * cos + _rotate_half(k) * sin
+            q = rotary(_rms(q, copies.weight(w["q_norm"], q), eps), q_cos, q_sin)
+            k = rotary(_rms(k, copies.weight(w["k_norm"], k), eps), k_cos, k_sin)
             keys, values = cache.extend_with_block(
                 index, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0), n_new
             )
@@ -209,7 +251,7 @@ class LeanDFlash:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=d**-0.5)
             out = out.view(self.kv_heads, groups, size, d).permute(2, 0, 1, 3).reshape(size, self.heads * d)
             h = h + F.linear(out, w["o"], w["o_bias"])
-            x = _rms(h, w["post_norm"], eps)
+            x = _rms(h, copies.weight(w["post_norm"], h), eps)
             gate, up = F.linear(x, w["gate_up"]).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, w["down"])
-        return _rms(h, drafter.norm.weight, eps)
+        return _rms(h, copies.weight(drafter.norm.weight, h), eps)
