@@ -1,23 +1,25 @@
 #!/usr/bin/env python3
 """Issue 29, item 4: the lean forward's element-wise pieces (adapters/reference/lean.py) at a plain step's one
-row and a verify's B + 1 rows, each way timed inside a CUDA graph and compared with the way lean.py has now.
+row and a verify's B + 1 rows, each way timed inside a CUDA graph.
 
 The profile of the round (docs/guides/gpu-tier.md, "Where those element-wise kernels come from") found the
 RMSNorm weight and the rotary embedding's products about twice as slow a kernel at 33 rows as at one: the
-weight (``[H]``, or ``[heads, d]`` for q/k) and cos/sin (``[T, 1, d]``) are broadcast, and a broadcast operand
-takes the slower, strided path. The ways timed, per piece:
+weight (``[H]``, or ``[heads, d]`` for q/k) and cos/sin (``[T, 1, d]``) were broadcast, and a broadcast
+operand takes the slower, strided path. The ways timed, per piece:
 
-* ``now``: as lean.py computes it;
-* ``same-shape operand``: the broadcast operand made contiguous at the full shape once, outside the graph (as a
-  round would keep it per shape), so the product is a same-shape one. Bit for bit the same arithmetic;
+* ``broadcast``: as transformers computes it (and lean.py did before ``RowCopies``): the weight or cos/sin
+  broadcast over the rows, ``rotate_half`` with its strided negation;
+* ``row copies``: as lean.py computes it now (:class:`~.lean.RowCopies`, :func:`~.lean.rotary`): the
+  weight's kept per-row copy, cos/sin widened to the heads (the widening, once per forward rather than per
+  layer, is timed as its own piece), and the halves swapped times a signed sin. Bit for bit the same;
 * ``weight in the norm`` (the hidden RMSNorm only): the weight passed to the fused ``rms_norm`` in float32, one
   rounding to the dtype instead of two. Not the same arithmetic: the table says how many elements differ.
 
     python scripts/bench_elementwise.py [--rows 1 17 33 65] [--hidden 4096] [--heads 32 --kv-heads 8 --head-dim 128]
 
 Per piece, rows and way: microseconds per call (the median of five timings of a graph holding ``--calls`` calls,
-replayed ``--replays`` times), and the share of output elements that differ from ``now``. A measurement, not a
-test; it needs a CUDA device (``--device cpu`` checks only the equalities, with no timing).
+replayed ``--replays`` times), and the share of output elements that differ from ``broadcast``. A
+measurement, not a test; it needs a CUDA device (``--device cpu`` checks only the equalities, with no timing).
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+from transformers.models.qwen3.modeling_qwen3 import rotate_half
 
 from ddtree_conformance.adapters.reference.clock import graph_replay_us
+from ddtree_conformance.adapters.reference.lean import RowCopies, rotary
 
 
-def _rms_now(x, weight, eps):
+def _rms_broadcast(x, weight, eps):
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
@@ -38,17 +42,12 @@ def _rms_in_norm(x, weight, eps):
     return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps=eps).to(x.dtype)
 
 
-def _rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _rope(x, cos, sin):
-    return x * cos + _rotate_half(x) * sin
+def _rope_broadcast(x, cos, sin):
+    return x * cos + rotate_half(x) * sin
 
 
 def _pieces(rows: int, args, device, dtype):
-    """``{piece: {way: (fn, inputs)}}`` for ``rows`` rows."""
+    """``{piece: {way: (fn, inputs)}}`` for ``rows`` rows; the first way is the one others are compared with."""
     g = torch.Generator().manual_seed(rows)
 
     def draw(*shape):
@@ -58,24 +57,23 @@ def _pieces(rows: int, args, device, dtype):
     hidden, qk = draw(rows, args.hidden), draw(rows, heads, args.head_dim)
     weight, qk_weight = draw(args.hidden) * 0.1 + 1, draw(heads, args.head_dim) * 0.1 + 1
     cos, sin = draw(rows, 1, args.head_dim), draw(rows, 1, args.head_dim)
-    eps = 1e-6
+    copies, eps = RowCopies(), 1e-6
+    wide_cos, signed_sin = copies.rotary(cos, sin, heads)
     return {
         "RMSNorm [T, H]": {
-            "now": (_rms_now, (hidden, weight, eps)),
-            "same-shape operand": (_rms_now, (hidden, weight.expand(rows, -1).contiguous(), eps)),
+            "broadcast": (_rms_broadcast, (hidden, weight, eps)),
+            "row copies": (_rms_broadcast, (hidden, copies.weight(weight, hidden), eps)),
             "weight in the norm": (_rms_in_norm, (hidden, weight, eps)),
         },
         "q/k RMSNorm [T, heads, d]": {
-            "now": (_rms_now, (qk, qk_weight, eps)),
-            "same-shape operand": (_rms_now, (qk, qk_weight.expand(rows, -1, -1).contiguous(), eps)),
+            "broadcast": (_rms_broadcast, (qk, qk_weight, eps)),
+            "row copies": (_rms_broadcast, (qk, copies.weight(qk_weight, qk), eps)),
         },  # no "weight in the norm": q's and k's weights differ, so one fused call cannot hold both
         "rotary [T, heads, d]": {
-            "now": (_rope, (qk, cos, sin)),
-            "same-shape operand": (
-                _rope,
-                (qk, cos.expand(-1, heads, -1).contiguous(), sin.expand(-1, heads, -1).contiguous()),
-            ),
+            "broadcast": (_rope_broadcast, (qk, cos, sin)),
+            "row copies": (rotary, (qk, wide_cos, signed_sin)),
         },
+        "cos/sin widened (once per forward)": {"row copies": (lambda c, s: copies.rotary(c, s, heads)[0], (cos, sin))},
     }
 
 
@@ -106,15 +104,16 @@ def main() -> None:
         raise SystemExit("bench_elementwise: needs a CUDA device to time (none found); --device cpu: equality only")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     where = torch.cuda.get_device_name(0) if timed else "CPU (equality only)"
-    print(f"{where}, {args.dtype}, us per call inside a CUDA graph of {args.calls} calls; differing: share of elements")
-    print("| piece | rows | way | us per call | differing from now |")
+    print(f"{where}, {args.dtype}, us per call inside a CUDA graph of {args.calls} calls")
+    print("| piece | rows | way | us per call | share of elements differing from the first way |")
     print("|---|---:|---|---:|---:|")
     for rows in args.rows:
         for piece, ways in _pieces(rows, args, device, dtype).items():
-            want = ways["now"][0](*ways["now"][1])
+            first, (fn0, inputs0) = next(iter(ways.items()))
+            want = fn0(*inputs0)
             for way, (fn, inputs) in ways.items():
                 got = fn(*inputs)
-                differing = (got != want).float().mean().item()
+                differing = (got != want).float().mean().item() if got.shape == want.shape else float("nan")
                 us = _graph_us(fn, inputs, args.calls, args.replays) if timed else float("nan")
                 print(f"| {piece} | {rows} | {way} | {us:.2f} | {differing:.2e} |", flush=True)
 
