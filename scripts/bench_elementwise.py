@@ -12,6 +12,11 @@ operand takes the slower, strided path. The ways timed, per piece:
 * ``row copies``: as lean.py computes it now (:class:`~.lean.RowCopies`, :func:`~.lean.rotary`): the
   weight's kept per-row copy, cos/sin widened to the heads (the widening, once per forward rather than per
   layer, is timed as its own piece), and the halves swapped times a signed sin. Bit for bit the same;
+* SwiGLU's ``silu(gate) * up``: on the fused GEMM's halves as lean.py takes them (``chunk``: views whose rows
+  are strided, so both kernels take the strided path past one row) against the same values laid out as
+  ``[2, T, I]`` (each half contiguous); and the GEMM that would give that layout (``torch.bmm`` of the rows
+  against the two halves of the weight) against lean.py's one ``F.linear``. The element-wise ways are the
+  same arithmetic; the GEMMs are not bound to round alike (the table says how many elements differ);
 * ``weight in the norm`` (the hidden RMSNorm only): the weight passed to the fused ``rms_norm`` in float32, one
   rounding to the dtype instead of two. Not the same arithmetic: the table says how many elements differ.
 
@@ -46,6 +51,18 @@ def _rope_broadcast(x, cos, sin):
     return x * cos + rotate_half(x) * sin
 
 
+def _swiglu(gate, up):
+    return F.silu(gate) * up
+
+
+def _halves_by_linear(x, weight):
+    return F.linear(x, weight)
+
+
+def _halves_by_bmm(x, halves):
+    return torch.bmm(x.expand(2, -1, -1), halves)
+
+
 def _pieces(rows: int, args, device, dtype):
     """``{piece: {way: (fn, inputs)}}`` for ``rows`` rows; the first way is the one others are compared with."""
     g = torch.Generator().manual_seed(rows)
@@ -59,6 +76,14 @@ def _pieces(rows: int, args, device, dtype):
     cos, sin = draw(rows, 1, args.head_dim), draw(rows, 1, args.head_dim)
     copies, eps = RowCopies(), 1e-6
     wide_cos, signed_sin = copies.rotary(cos, sin, heads)
+    gate_up = draw(rows, 2 * args.inter)
+    split = gate_up.view(rows, 2, args.inter).transpose(0, 1).contiguous()  # the same values, [2, T, I]
+    gate_up_weight = draw(2 * args.inter, args.hidden) * args.hidden**-0.5
+    halves = gate_up_weight.view(2, args.inter, args.hidden).transpose(1, 2).contiguous()  # [2, H, I]
+
+    def as_linear(out):  # [2, T, I] -> [T, 2I], for the comparison only
+        return out.transpose(0, 1).reshape(rows, 2 * args.inter)
+
     return {
         "RMSNorm [T, H]": {
             "broadcast": (_rms_broadcast, (hidden, weight, eps)),
@@ -74,6 +99,14 @@ def _pieces(rows: int, args, device, dtype):
             "row copies": (rotary, (qk, wide_cos, signed_sin)),
         },
         "cos/sin widened (once per forward)": {"row copies": (lambda c, s: copies.rotary(c, s, heads)[0], (cos, sin))},
+        "SwiGLU silu(gate) * up [T, I]": {
+            "chunks of [T, 2I]": (_swiglu, gate_up.chunk(2, dim=-1)),
+            "halves of [2, T, I]": (_swiglu, (split[0], split[1])),
+        },
+        "gate/up GEMM [T, H] -> 2 x [T, I]": {
+            "F.linear, [T, 2I]": (_halves_by_linear, (hidden, gate_up_weight)),
+            "torch.bmm, [2, T, I]": (_halves_by_bmm, (hidden, halves), as_linear),
+        },
     }
 
 
@@ -91,6 +124,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, nargs="+", default=[1, 17, 33, 65], help="row counts (T) to time")
     p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--inter", type=int, default=12288, help="the MLP's width (gate and up each)")
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
@@ -109,10 +143,11 @@ def main() -> None:
     print("|---|---:|---|---:|---:|")
     for rows in args.rows:
         for piece, ways in _pieces(rows, args, device, dtype).items():
-            first, (fn0, inputs0) = next(iter(ways.items()))
+            fn0, inputs0, *_ = next(iter(ways.values()))
             want = fn0(*inputs0)
-            for way, (fn, inputs) in ways.items():
+            for way, (fn, inputs, *to_first) in ways.items():
                 got = fn(*inputs)
+                got = to_first[0](got) if to_first else got
                 differing = (got != want).float().mean().item() if got.shape == want.shape else float("nan")
                 us = _graph_us(fn, inputs, args.calls, args.replays) if timed else float("nan")
                 print(f"| {piece} | {rows} | {way} | {us:.2f} | {differing:.2e} |", flush=True)
