@@ -14,9 +14,10 @@ operand takes the slower, strided path. The ways timed, per piece:
   layer, is timed as its own piece), and the halves swapped times a signed sin. Bit for bit the same;
 * SwiGLU's ``silu(gate) * up``: on the fused GEMM's halves as lean.py takes them (``chunk``: views whose rows
   are strided, so both kernels take the strided path past one row) against the same values laid out as
-  ``[2, T, I]`` (each half contiguous); and the GEMM that would give that layout (``torch.bmm`` of the rows
-  against the two halves of the weight) against lean.py's one ``F.linear``. The element-wise ways are the
-  same arithmetic; the GEMMs are not bound to round alike (the table says how many elements differ);
+  ``[2, T, I]`` (each half contiguous); and the GEMM that gives that layout (``torch.matmul`` of the rows
+  against the weight's two halves, a view: ``lean.SWIGLU_HALVES``) against the one ``F.linear``. The
+  element-wise ways are the same arithmetic; the GEMMs are not bound to round alike (the table says how many
+  elements differ);
 * ``weight in the norm`` (the hidden RMSNorm only): the weight passed to the fused ``rms_norm`` in float32, one
   rounding to the dtype instead of two. Not the same arithmetic: the table says how many elements differ.
 
@@ -59,8 +60,8 @@ def _halves_by_linear(x, weight):
     return F.linear(x, weight)
 
 
-def _halves_by_bmm(x, halves):
-    return torch.bmm(x.expand(2, -1, -1), halves)
+def _halves_by_matmul(x, halves):
+    return torch.matmul(x, halves)
 
 
 def _pieces(rows: int, args, device, dtype):
@@ -79,7 +80,7 @@ def _pieces(rows: int, args, device, dtype):
     gate_up = draw(rows, 2 * args.inter)
     split = gate_up.view(rows, 2, args.inter).transpose(0, 1).contiguous()  # the same values, [2, T, I]
     gate_up_weight = draw(2 * args.inter, args.hidden) * args.hidden**-0.5
-    halves = gate_up_weight.view(2, args.inter, args.hidden).transpose(1, 2).contiguous()  # [2, H, I]
+    halves = gate_up_weight.view(2, args.inter, args.hidden).transpose(1, 2)  # [2, H, I], a view (as lean.py)
 
     def as_linear(out):  # [2, T, I] -> [T, 2I], for the comparison only
         return out.transpose(0, 1).reshape(rows, 2 * args.inter)
@@ -105,7 +106,7 @@ def _pieces(rows: int, args, device, dtype):
         },
         "gate/up GEMM [T, H] -> 2 x [T, I]": {
             "F.linear, [T, 2I]": (_halves_by_linear, (hidden, gate_up_weight)),
-            "torch.bmm, [2, T, I]": (_halves_by_bmm, (hidden, halves), as_linear),
+            "torch.matmul on the halves, [2, T, I]": (_halves_by_matmul, (hidden, halves), as_linear),
         },
     }
 

@@ -1,6 +1,7 @@
-"""The lean forwards' per-row copies (adapters/reference/lean.py, RowCopies) change no number: they exist
-to keep PyTorch's CUDA element-wise kernels off their strided path, so the same products must come out bit
-for bit, in every dtype, with the copies and with every product broadcasting as before."""
+"""The lean forwards' layouts for PyTorch's element-wise kernels (adapters/reference/lean.py). The per-row copies
+(RowCopies) change no number: they exist to keep the CUDA kernels off their strided path, so the same products
+must come out bit for bit, in every dtype, with the copies and with every product broadcasting as before. The
+SwiGLU halves (SWIGLU_HALVES) take another GEMM, so they are held to float32 closeness."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 from transformers.models.qwen3.modeling_qwen3 import rotate_half
 
+from ddtree_conformance.adapters.reference import lean
 from ddtree_conformance.adapters.reference.graphs import StaticDraftCache, StaticTargetCache
 from ddtree_conformance.adapters.reference.lean import LeanDFlash, LeanQwen3, RowCopies, rotary
 from ddtree_conformance.testing.shaped_pair import build_shaped_pair
@@ -105,3 +107,26 @@ def test_row_copies_are_made_once_and_only_up_to_the_limit():
     assert copies.weight(weight, torch.empty(5, 5, 3)) is weight  # past the limit: broadcast
     other = torch.randn(3)
     assert torch.equal(copies.weight(other, torch.empty(2, 5, 3)), other.expand(2, 5, 3))
+
+
+def test_gate_and_up_from_the_weights_halves_are_the_linears_halves(monkeypatch):
+    """``lean.SWIGLU_HALVES`` (off until measured on a GPU): gate and up from one batched product against the
+    fused weight's halves equal ``F.linear``'s halves in float32, and come out contiguous."""
+    g = torch.Generator().manual_seed(5)
+    x, weight = torch.randn(9, 16, generator=g), torch.randn(2 * 24, 16, generator=g)
+    want = lean.gate_and_up(x, weight)
+    monkeypatch.setattr(lean, "SWIGLU_HALVES", True)
+    got = lean.gate_and_up(x, weight)
+    for a, b in zip(got, want):
+        assert a.is_contiguous() and torch.allclose(a, b, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got[0], x @ weight[:24].T)  # gate's rows come first
+
+
+def test_the_target_forward_is_the_same_with_swiglu_halves_in_float32(tmp_path, monkeypatch):
+    _, _, target, _ = build_shaped_pair("tiny", torch.float32, "cpu", tmp_path)
+    target = _perturbed(target, 4)
+    want = _target_forward(target, torch.float32, RowCopies())
+    monkeypatch.setattr(lean, "SWIGLU_HALVES", True)
+    got = _target_forward(target, torch.float32, RowCopies())
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)

@@ -28,7 +28,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LeanDFlash", "LeanQwen3", "RowCopies", "lean_drafter_problem", "lean_problem", "rotary"]
+__all__ = ["LeanDFlash", "LeanQwen3", "RowCopies", "gate_and_up", "lean_drafter_problem", "lean_problem", "rotary"]
+
+# Whether gate and up come from one batched product against the fused weight's two halves, each half of the
+# output contiguous ([2, T, I]), rather than from one F.linear whose output's halves are strided views (past one
+# row, SwiGLU's silu and product then take PyTorch's strided path). Off until measured on a GPU
+# (scripts/bench_elementwise.py, scripts/measurements/2026-12-06c-issue29/README.md, "Next"); the batched
+# product need not round as F.linear does, so it changes the fast path's low-precision numerics, not its fp32 ones.
+SWIGLU_HALVES = False
 
 
 def lean_problem(model) -> str | None:
@@ -46,6 +53,17 @@ def lean_problem(model) -> str | None:
     if any(getattr(layer.mlp, n).bias is not None for n in ("gate_proj", "up_proj", "down_proj")):
         return "MLP with biases"
     return None
+
+
+def gate_and_up(x: torch.Tensor, gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SwiGLU's gate and up projections of ``x`` ``[T, H]`` from the fused weight ``[2I, H]`` (gate's rows
+    first), as :data:`SWIGLU_HALVES` says: two ``[T, I]`` views of one ``[T, 2I]`` product, or the two
+    contiguous halves of a batched ``[2, T, I]`` one (the weight is viewed, not copied)."""
+    if SWIGLU_HALVES:
+        halves = gate_up.view(2, gate_up.shape[0] // 2, gate_up.shape[1]).transpose(1, 2)  # [2, H, I]
+        out = torch.matmul(x, halves)
+        return out[0], out[1]
+    return F.linear(x, gate_up).chunk(2, dim=-1)
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -160,7 +178,7 @@ class LeanQwen3:
             out = out.view(self.kv_heads, groups, rows, d).permute(2, 0, 1, 3).reshape(rows, self.heads * d)
             h = h + F.linear(out, w["o"], w["o_bias"])
             x = _rms(h, copies.weight(w["post_norm"], h), eps)
-            gate, up = F.linear(x, w["gate_up"]).chunk(2, dim=-1)
+            gate, up = gate_and_up(x, w["gate_up"])
             h = h + F.linear(F.silu(gate) * up, w["down"])
             if index in self.feature_layers:
                 features[index] = h
@@ -252,6 +270,6 @@ class LeanDFlash:
             out = out.view(self.kv_heads, groups, size, d).permute(2, 0, 1, 3).reshape(size, self.heads * d)
             h = h + F.linear(out, w["o"], w["o_bias"])
             x = _rms(h, copies.weight(w["post_norm"], h), eps)
-            gate, up = F.linear(x, w["gate_up"]).chunk(2, dim=-1)
+            gate, up = gate_and_up(x, w["gate_up"])
             h = h + F.linear(F.silu(gate) * up, w["down"])
         return _rms(h, copies.weight(drafter.norm.weight, h), eps)
