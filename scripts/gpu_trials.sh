@@ -48,6 +48,13 @@
 #                     its own WORK, 16 processes, took 475-486 s for the attention engines; split-K needs 12 processes
 #                     to finish inside 545 s, 409-515 s; scripts/measurements/2026-12-05g-rounding-cuda/README.md).
 #                     ROUND_ONLY matches the engine's label ("split-K reductions"), not its class name.
+#   rounding-groups   issue 28's CUDA cells, several engines and seeds at once: ROUND_GROUPS "label|seed;label|seed"
+#                     (each group one `rounding` run of ROUND_ONLY=label, ROUND_SEED=seed, ROUND_SHARDS=1, four
+#                     processes: traced and black box, bf16 and fp16, on ROUND_DEVICE, default cuda), groups started
+#                     5 s apart -> $WORK/gN/rounding/*.json and $WORK/gN.out. Two groups (8 processes) took 298-410 s
+#                     a cell on two H100s (2026-12-06); four groups of one attention engine at four seeds (16
+#                     processes) 475-486 s (2026-12-05g); FlashAttention's order, the slowest, did not finish in
+#                     500 s at 12 processes: give it two groups a call. ROUND_TIMEOUT bounds each cell.
 #   aggregates        issue 28: the acceptance check's aggregate path on the rounding catalogue and the lossless-but-slower
 #                     mutants, each reporting aggregates only (scripts/aggregate_bands.py), AGG_DTYPES (bfloat16
 #                     float16) x run seeds AGG_SEEDS (1 2 3), limits 7 20 40, one process per dtype and seed on the
@@ -163,6 +170,17 @@ for job in "$@"; do
           --check ${ROUND_CHECKS:-lossless acceptance context-range near-ties golden tree-structure branch-vs-chain} \
           --json "$WORK/rounding/$0-$1-$2.json" >"$WORK/rounding/$0-$1-$2.log" 2>&1'
       grep -h "^| \|NOT CAUGHT" "$WORK"/rounding/*.log ;;
+    rounding-groups)
+      IFS=';' read -ra groups <<< "${ROUND_GROUPS:?ROUND_GROUPS must hold \"label|seed;label|seed\"}"
+      i=0
+      for group in "${groups[@]}"; do
+        i=$((i + 1))
+        (PACK=0 WORK="$WORK/g$i" ROUND_ONLY="${group%|*}" ROUND_SEED="${group##*|}" ROUND_SHARDS=1 ROUND_JOBS=4 \
+          ROUND_DEVICE="${ROUND_DEVICE:-cuda}" bash "$0" rounding > "$WORK/g$i.out" 2>&1) &
+        sleep 5
+      done
+      wait
+      grep -h "^| " "$WORK"/g*.out ;;
     profile-rounding)  # issue 28: where one CUDA cell of the rounding catalogue spends its time (cProfile, one process)
       mkdir -p "$WORK/profile"
       timeout "${PROFILE_TIMEOUT:-240}" python3 -m cProfile -o "$WORK/profile/cell.prof" scripts/mutation_table.py \
@@ -193,7 +211,7 @@ p.sort_stats('cumulative').print_stats(45)" "$WORK/profile/cell.prof" >"$WORK/pr
         --jobs "${CAL_JOBS:-16}" --limit "${CAL_LIMIT:-80}" --flip-limit "${CAL_FLIP_LIMIT:-24}" \
         --budgets "${CAL_BUDGETS:-16,64,256}" --manifest "$WORK/manifest-$device.json" 2>&1 |
         grep -v "Loading weights\|FutureWarning\|forward_call" || echo "$job: exit $?" ;;
-    *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, aggregates, pieces, profile-round, profile-rounding, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
+    *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, rounding-groups, aggregates, pieces, profile-round, profile-rounding, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
   esac
   echo "job $job: $((SECONDS - started)) s"
   pack
