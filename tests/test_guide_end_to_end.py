@@ -197,6 +197,10 @@ def test_without_traces_the_documented_allow_skip_lines_pass(folder):
     assert report["verdict"]["status"] == "pass"
     assert [g["family"] for g in report["coverage"]["allowed"]] == documented_skips
 
+
+@pytest.mark.thorough  # nightly: the same lines under pytest and `ci` (the `check` runs above stay in CI)
+def test_without_traces_the_documented_allow_skip_lines_pass_under_pytest_and_ci(folder):
+    engine = "my_engine_no_traces:MyEngineNoTraces"
     under_pytest = run(
         folder,
         [
