@@ -28,6 +28,14 @@ every budget). After each budget ``OUT/rounds.json`` and ``OUT/rounds.md`` are r
 cut short keeps its rows; no new budget starts past ``--total-budget-s``. The tree builder is the spec's
 heap on the host, and on ``fast-device`` the tensor builder of ``adapters/reference/device_tree.py`` (equal to
 the heap, ties included) inside the round's graph.
+
+``--switch NAME=VALUE`` (repeatable) sets one of the fast path's module switches before anything is built
+(:data:`SWITCHES`: the tree's two Triton kernels, the lean forwards' row copies and SwiGLU halves), so that a
+change can be timed on and off in alternating runs without editing the code; every switch's value is written
+into ``rounds.json`` and ``rounds.md``:
+
+    for v in on off on off; do python scripts/bench_reference_stages.py ... --switch lean.SWIGLU_HALVES=$v \
+        --out $OUT/swiglu-$v-$RANDOM; done
 """
 
 from __future__ import annotations
@@ -43,11 +51,43 @@ from pathlib import Path
 import torch
 
 from ddtree_conformance.adapters.interface import Request, RunConfig
+from ddtree_conformance.adapters.reference import device_tree, lean
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.cuda_wait import WAIT_MODES, wait_for_gpu
 from ddtree_conformance.testing.shaped_pair import SHAPES, build_shaped_pair, random_prompts
 
 STAGES = ("draft", "build", "compile", "verify", "walk", "tree_round", "commit")
+# --switch names: (module, attribute, type)
+SWITCHES = {
+    "device_tree.ONE_LAUNCH_BEAMS": (device_tree, "ONE_LAUNCH_BEAMS", bool),
+    "device_tree.TWO_LAUNCH_TOPK": (device_tree, "TWO_LAUNCH_TOPK", bool),
+    "lean.ROW_COPIES_UP_TO": (lean, "ROW_COPIES_UP_TO", int),
+    "lean.SWIGLU_HALVES": (lean, "SWIGLU_HALVES", bool),
+}
+_TRUTH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
+
+
+def switch(text: str) -> tuple[str, bool | int]:
+    """``NAME=VALUE`` -> ``(NAME, value)`` (argparse type: one clear error for a bad name or value)."""
+    name, equals, value = text.partition("=")
+    if name not in SWITCHES or not equals:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE with NAME one of {', '.join(SWITCHES)}")
+    kind = SWITCHES[name][2]
+    if kind is bool:
+        if value.lower() not in _TRUTH:
+            raise argparse.ArgumentTypeError(f"{name}: {value!r} is not on/off")
+        return name, _TRUTH[value.lower()]
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name}: {value!r} is not a whole number") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{name}: {value!r} is negative")
+    return name, number
+
+
+def switch_values() -> dict[str, bool | int]:
+    return {name: getattr(module, attribute) for name, (module, attribute, _) in SWITCHES.items()}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -64,6 +104,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--total-budget-s", type=float, default=300.0, help="start no budget after this much wall time")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--cuda-wait", default="auto", choices=WAIT_MODES, help="how the process waits for the GPU")
+    p.add_argument(
+        "--switch", type=switch, action="append", default=[], metavar="NAME=VALUE", help="a fast-path switch (doc)"
+    )
     p.add_argument("--out", type=Path, required=True, help="output folder")
     return p.parse_args(argv)
 
@@ -92,6 +135,7 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
         f"- clock: {meta['clock']}; {meta['repeats']} alternating (plain, DDTree) pairs per budget after one "
         f"untimed call; medians; {meta['new_tokens']} new tokens; torch {meta['torch']}",
         f"- feature hooks on the target: {meta['hooks']} (one per drafter feature layer, checked every budget)",
+        "- fast-path switches: " + ", ".join(f"{k}={v}" for k, v in meta.get("switches", {}).items()),
         "",
         "| B | path | plain step ms | round ms | round / plain step | GPU busy: plain / round | "
         + " | ".join(f"{s} ms" for s in STAGES)
@@ -111,6 +155,9 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    for name, value in args.switch:
+        module, attribute, _ = SWITCHES[name]
+        setattr(module, attribute, value)
     started = time.perf_counter()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -159,6 +206,7 @@ def main(argv=None) -> int:
         "device_name": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
         "builder": "tensors on the device, in the round's graph (fast-device); the heap on the host (others)",
         "paths": paths,
+        "switches": switch_values(),
     }
     rows: list[dict] = []
     longest = 0.0

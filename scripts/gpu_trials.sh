@@ -7,6 +7,10 @@
 #   rounds            round-time table, 8B-shaped pair, bf16, context 512, the paths in $PATHS (eager, graphs,
 #                     fast: the tree on the host between two graphs, fast-device: the round after the draft in
 #                     one graph), plain step and B = 16..1024, GPU-busy share -> $WORK/rounds/ (~2.5 minutes)
+#   switch-rounds     issue 29: one fast-path switch (SWITCH, a `bench_reference_stages.py --switch` name) at each of
+#                     SWITCH_VALUES (on off) in turn, SWITCH_RUNS (3) times, PATHS (fast-device), BUDGETS (16 32 64),
+#                     context 512, 16 new tokens -> $WORK/switch-rounds/runK-VALUE/; prints every run's rows
+#                     (~20 s a run). `rounds` takes SWITCHES ("NAME=VALUE NAME=VALUE") for its one run.
 #   equality-8b       the same on the tiny shaped pair (grouped KV heads) in fp32 and the 8B-shaped pair in bf16
 #   gpu-tests         pytest -m gpu: the fast path == eager in fp32 on CUDA, and the tree's one-launch beams as
 #                     compiled == the heap (tests/test_beam_kernel.py); stops the script on a failure (~0.5 minute)
@@ -125,7 +129,20 @@ for job in "$@"; do
     rounds)
       timeout 200 python3 scripts/bench_reference_stages.py --shape 8b --device cuda --dtype bfloat16 \
         --paths "${PATHS:-eager,graphs,fast,fast-device}" --cuda-wait "${WAIT:-auto}" ${BUDGETS:+--budgets $BUDGETS} --prompt-len 512 --new-tokens "${ROUND_TOKENS:-16}" \
-        --repeats "${ROUND_REPEATS:-2}" --total-budget-s 170 --out "$WORK/rounds" || echo "rounds: exit $?" ;;
+        --repeats "${ROUND_REPEATS:-2}" --total-budget-s 170 $(for s in ${SWITCHES:-}; do printf -- '--switch %s ' "$s"; done) \
+        --out "$WORK/rounds" || echo "rounds: exit $?" ;;
+    switch-rounds)
+      mkdir -p "$WORK/switch-rounds"
+      for k in $(seq 1 "${SWITCH_RUNS:-3}"); do
+        for v in ${SWITCH_VALUES:-on off}; do
+          run="$WORK/switch-rounds/run$k-$v"
+          timeout 120 python3 scripts/bench_reference_stages.py --shape 8b --device cuda --dtype bfloat16 \
+            --paths "${PATHS:-fast-device}" --cuda-wait "${WAIT:-auto}" --budgets ${BUDGETS:-16 32 64} --prompt-len 512 \
+            --new-tokens 16 --repeats 2 --total-budget-s 60 --switch "${SWITCH:?SWITCH must name a --switch}=$v" \
+            --out "$run" > "$run.log" 2>&1 || echo "switch-rounds: run $k $v exit $?"
+          grep -E "^\| [0-9]+ \|" "$run/rounds.md" 2>/dev/null | sed "s/^/$SWITCH=$v run $k: /"
+        done
+      done ;;
     profile-round)  # issue 29 item 4: a round's kernels per stage, and the device's idle gaps by host stage
       timeout "${PROFILE_TIMEOUT:-150}" python3 scripts/profile_round.py --shape 8b --budget "${PROFILE_BUDGET:-32}" \
         --path "${PROFILE_PATH:-fast}" --out "$WORK/profile-round" 2>&1 | grep -v "Loading\|USDT" | tail -70 ;;
@@ -211,7 +228,7 @@ p.sort_stats('cumulative').print_stats(45)" "$WORK/profile/cell.prof" >"$WORK/pr
         --jobs "${CAL_JOBS:-16}" --limit "${CAL_LIMIT:-80}" --flip-limit "${CAL_FLIP_LIMIT:-24}" \
         --budgets "${CAL_BUDGETS:-16,64,256}" --manifest "$WORK/manifest-$device.json" 2>&1 |
         grep -v "Loading weights\|FutureWarning\|forward_call" || echo "$job: exit $?" ;;
-    *) echo "unknown job $job (equality, rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, rounding-groups, aggregates, pieces, profile-round, profile-rounding, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
+    *) echo "unknown job $job (equality, rounds, switch-rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, rounding-groups, aggregates, pieces, profile-round, profile-rounding, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
   esac
   echo "job $job: $((SECONDS - started)) s"
   pack

@@ -66,9 +66,13 @@ def test_gate_decisiveness_writes_its_table(tmp_path):
 
 
 @pytest.mark.slow
-def test_round_time_table_writes_its_rows(tmp_path):
+def test_round_time_table_writes_its_rows(tmp_path, monkeypatch):
+    from ddtree_conformance.adapters.reference import lean
+
     main = script("bench_reference_stages.py")
     out = tmp_path / "rounds"
+    monkeypatch.setattr(lean, "SWIGLU_HALVES", lean.SWIGLU_HALVES)  # restored after: --switch sets it for the run
+    monkeypatch.setattr(lean, "ROW_COPIES_UP_TO", lean.ROW_COPIES_UP_TO)
     assert (
         main(
             [
@@ -91,13 +95,21 @@ def test_round_time_table_writes_its_rows(tmp_path):
                 "1",
                 "--paths",
                 "eager,fast,fast-device",
+                "--switch",
+                "lean.SWIGLU_HALVES=on",
+                "--switch",
+                "lean.ROW_COPIES_UP_TO=0",
                 "--out",
                 str(out),
             ]
         )
         == 0
     )
-    rows = json.loads((out / "rounds.json").read_text())["rows"]
+    table = json.loads((out / "rounds.json").read_text())
+    assert table["switches"]["lean.SWIGLU_HALVES"] is True and table["switches"]["lean.ROW_COPIES_UP_TO"] == 0
+    assert table["switches"]["device_tree.TWO_LAUNCH_TOPK"] is True  # every switch is written, set or not
+    assert "lean.SWIGLU_HALVES=True" in (out / "rounds.md").read_text()
+    rows = table["rows"]
     paths = ["eager", "fast", "fast-device"]
     assert [(r["budget"], r["path"]) for r in rows] == [(b, p) for b in (4, 16) for p in paths]
     # fast-device verifies inside the round's one graph (stage tree_round), the others on their own
@@ -121,3 +133,20 @@ def test_fast_path_equality_writes_its_table(tmp_path):
     rows = json.loads((out / "equality.json").read_text())["rows"]
     assert [r["mode"] for r in rows] == ["plain", "dflash", "ddtree"]
     assert all(r["outputs_equal"] == r["requests"] == r["acceptance_equal"] for r in rows)
+
+
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ("lean.NOPE=1", "expected NAME=VALUE with NAME one of"),
+        ("lean.SWIGLU_HALVES", "expected NAME=VALUE"),
+        ("lean.SWIGLU_HALVES=maybe", "'maybe' is not on/off"),
+        ("lean.ROW_COPIES_UP_TO=many", "'many' is not a whole number"),
+        ("lean.ROW_COPIES_UP_TO=-1", "is negative"),
+    ],
+)
+def test_the_round_time_tables_switches_refuse_bad_values_with_one_error(bad, says, capsys):
+    main = script("bench_reference_stages.py")
+    with pytest.raises(SystemExit) as stop:
+        main(["--out", "unused", "--switch", bad])
+    assert stop.value.code == 2 and says in capsys.readouterr().err

@@ -36,6 +36,11 @@ __all__ = ["LeanDFlash", "LeanQwen3", "RowCopies", "gate_and_up", "lean_drafter_
 # (scripts/bench_elementwise.py, scripts/measurements/2026-12-06c-issue29/README.md, "Next"); the batched
 # product need not round as F.linear does, so it changes the fast path's low-precision numerics, not its fp32 ones.
 SWIGLU_HALVES = False
+# The most rows a product gets per-row copies of its broadcast operand for (:class:`RowCopies`); 0: none. On a
+# newly started H100 the copies took 0.22-0.32 ms off the 8B-shaped round at B = 16 / 32 / 64 (1.40-1.41 /
+# 1.46-1.47 / 1.54-1.55 plain steps against 1.42 / 1.48-1.49 / 1.56-1.57 without;
+# scripts/measurements/2026-12-06c-issue29/).
+ROW_COPIES_UP_TO = 128
 
 
 def lean_problem(model) -> str | None:
@@ -82,15 +87,16 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
 class RowCopies:
     """Operands of the forward's element-wise products at the full shape of the rows they multiply, so no
     product broadcasts (module doc). ``limit``: the most rows given copies; past it, the product broadcasts
-    (its cost is then the rows', not the launch's, and copies of every norm weight would cost memory).
+    (its cost is then the rows', not the launch's, and copies of every norm weight would cost memory);
+    default :data:`ROW_COPIES_UP_TO`.
 
     Each norm weight is copied once, over ``limit`` rows, and kept; a product of T rows reads the first T
     rows of it (contiguous, so no copy per row count). A captured graph's warm-up run makes the copies, so
     the graph only reads them, and they live as long as the forward: a graph may hold their addresses.
     cos/sin change with the positions, so :meth:`rotary` widens them in each forward, once for every layer."""
 
-    def __init__(self, limit: int = 128) -> None:
-        self.limit = limit
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = ROW_COPIES_UP_TO if limit is None else limit
         self._kept: dict[tuple[int, tuple[int, ...]], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def weight(self, weight: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
