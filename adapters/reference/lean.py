@@ -11,7 +11,8 @@ a third of an 8B plain step. :class:`LeanQwen3` runs the same layer in about 30:
   as transformers computes it; q_norm and k_norm run together over the q and k heads;
 * RoPE runs once over the q and k heads together (the same element-wise arithmetic);
 * no element-wise product broadcasts an operand over the rows (:class:`RowCopies`): a verify's rows take
-  the norm weights from per-row copies kept per row count, and cos/sin widened once per forward. A
+  the norm weights from copies kept over 128 rows (about 120 MB for an 8B-shaped target), and cos/sin
+  widened once per forward. A
   broadcast operand sends PyTorch's CUDA kernel down its strided path, about twice as slow a launch at 33
   rows as the same-shape product; the copies give the same numbers bit for bit;
 * attention reads the grouped K/V heads directly: the queries of each KV head are stacked, so no
