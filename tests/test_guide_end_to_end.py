@@ -95,7 +95,7 @@ def run(folder: Path, args: list[str], env: dict | None = None) -> subprocess.Co
     return subprocess.run([program, *args[1:]], cwd=folder, capture_output=True, text=True, env=full_env, timeout=900)
 
 
-def test_the_guide_documents_every_route_and_its_allow_skip_lines():
+def test_the_guide_documents_every_route_and_its_allow_skip_lines(monkeypatch):
     """Cheap, in the default tier: the blocks and lines the slow test runs are there and well-formed."""
     blocks = python_blocks()
     assert "class MyEngine(Engine)" in blocks[0] and any("class MyEngineNoTraces" in b for b in blocks)
@@ -115,6 +115,10 @@ def test_the_guide_documents_every_route_and_its_allow_skip_lines():
     assert check_allow_skip(SuiteSettings(allow_skip=allow_skips(check), modes=["dflash"])) == [
         "branch-vs-chain is not planned for --modes dflash"
     ]
+    from ddtree_conformance.cli.ci_options import listed
+
+    monkeypatch.setenv("DDTREE_ALLOW_SKIP", "\n".join(ci_allow_skip_list()))  # the CI guide's list, one per line
+    assert listed(None, "DDTREE_ALLOW_SKIP") == allow_skips(check)
 
 
 @pytest.mark.slow
