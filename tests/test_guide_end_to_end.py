@@ -18,6 +18,10 @@ Each command runs with the smallest plan that still exercises its route: the gui
 with the engine in its own process, as the guide's line does; the other runs keep the families their
 point needs (the ones a CPU run cannot apply, the tree checks an engine without traces skips, lossless)
 and run the engine in process (`--no-isolate`), which spares a start of torch and the models each.
+
+In CI: the guide's `check` and pytest lines for both engines, and the advice/allow-skip round trip through
+`check`. Nightly (the thorough tier, to keep CI inside 12 minutes): the guide's `ci` line and the no-traces
+engine under pytest and `ci` (tests/test_ci.py runs the `ci` command itself in CI).
 """
 
 from __future__ import annotations
@@ -122,7 +126,7 @@ def test_the_guide_documents_every_route_and_its_allow_skip_lines(monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_guides_engine_passes_check_pytest_and_ci_on_cpu(folder):
+def test_the_guides_engine_passes_check_and_pytest_on_cpu(folder):
     out = folder / "reports-check"
     guide_line = documented("ddtree-conformance check", "my_engine:MyEngine")
     check = run(folder, [*guide_line, *SMALL, "--modes", "ddtree", "--out", f"{out}/"])  # every family, isolated
@@ -157,6 +161,9 @@ def test_the_guides_engine_passes_check_pytest_and_ci_on_cpu(folder):
     assert under_pytest.returncode == 0, under_pytest.stdout[-3000:] + under_pytest.stderr[-3000:]
     assert "PASS: " in under_pytest.stdout and "not applicable on this run" in under_pytest.stdout
 
+
+@pytest.mark.thorough  # nightly: the guide's `ci` line (check and pytest above stay in CI; tests/test_ci.py runs `ci`)
+def test_the_guides_engine_passes_the_ci_command_on_cpu(folder):
     ci = run(
         folder,
         [
