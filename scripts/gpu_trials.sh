@@ -58,7 +58,9 @@
 #                     5 s apart -> $WORK/gN/rounding/*.json and $WORK/gN.out. Two groups (8 processes) took 298-410 s
 #                     a cell on two H100s (2026-12-06); four groups of one attention engine at four seeds (16
 #                     processes) 475-486 s (2026-12-05g); FlashAttention's order, the slowest, did not finish in
-#                     500 s at 12 processes: give it two groups a call. ROUND_TIMEOUT bounds each cell.
+#                     500 s at 12 processes: give it two groups a call. ROUND_TIMEOUT bounds each cell. A group
+#                     may hold several seeds ("label|3 4": one process each cell, start-up paid once); a group
+#                     that is not label|seeds stops the job before any starts.
 #   aggregates        issue 28: the acceptance check's aggregate path on the rounding catalogue and the lossless-but-slower
 #                     mutants, each reporting aggregates only (scripts/aggregate_bands.py), AGG_DTYPES (bfloat16
 #                     float16) x run seeds AGG_SEEDS (1 2 3), limits 7 20 40, one process per dtype and seed on the
@@ -189,6 +191,9 @@ for job in "$@"; do
       grep -h "^| \|NOT CAUGHT" "$WORK"/rounding/*.log ;;
     rounding-groups)
       IFS=';' read -ra groups <<< "${ROUND_GROUPS:?ROUND_GROUPS must hold \"label|seed;label|seed\"}"
+      for group in "${groups[@]}"; do  # every group checked before any starts
+        [[ "$group" =~ ^[^|]+\|[0-9]+( [0-9]+)*$ ]] || { echo "ROUND_GROUPS: '$group' is not 'label|seed' (seeds: whole numbers, space-separated)" >&2; exit 2; }
+      done
       i=0
       for group in "${groups[@]}"; do
         i=$((i + 1))
