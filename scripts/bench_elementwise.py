@@ -121,7 +121,7 @@ def _graph_us(fn, inputs, calls: int, replays: int) -> float:
     return graph_replay_us(work, replays)[0] / calls
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, nargs="+", default=[1, 17, 33, 65], help="row counts (T) to time")
     p.add_argument("--hidden", type=int, default=4096)
@@ -133,7 +133,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--calls", type=int, default=144, help="calls per graph (an 8B target: 36 layers x 4 norms)")
     p.add_argument("--replays", type=int, default=50)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     timed = args.device == "cuda"
     if timed and not torch.cuda.is_available():
         raise SystemExit("bench_elementwise: needs a CUDA device to time (none found); --device cpu: equality only")
@@ -152,7 +152,8 @@ def main() -> None:
                 differing = (got != want).float().mean().item() if got.shape == want.shape else float("nan")
                 us = _graph_us(fn, inputs, args.calls, args.replays) if timed else float("nan")
                 print(f"| {piece} | {rows} | {way} | {us:.2f} | {differing:.2e} |", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -150,3 +150,18 @@ def test_the_round_time_tables_switches_refuse_bad_values_with_one_error(bad, sa
     with pytest.raises(SystemExit) as stop:
         main(["--out", "unused", "--switch", bad])
     assert stop.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_the_element_wise_bench_checks_its_equalities_on_cpu(capsys):
+    """``--device cpu``: no timing, every way computed once; the row copies and the SwiGLU halves must equal the
+    way they replace bit for bit (lean.py's claim), the weight in the norm must not."""
+    main = script("bench_elementwise.py")
+    shape = ["--hidden", "64", "--inter", "96", "--heads", "4", "--kv-heads", "2", "--head-dim", "16"]
+    assert main(["--device", "cpu", "--rows", "1", "5", "--calls", "1", *shape]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    differing = {(piece.strip(), int(r), way.strip()): float(share) for piece, r, way, _, share in rows}
+    assert len(differing) == 2 * 12  # six pieces, twelve ways, two row counts
+    for (piece, rows_, way), share in differing.items():
+        if way in ("row copies", "halves of [2, T, I]"):
+            assert share == 0.0, (piece, rows_, way)
+    assert differing[("RMSNorm [T, H]", 5, "weight in the norm")] > 0
