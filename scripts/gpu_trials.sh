@@ -70,6 +70,9 @@
 #   profile-round     issue 29 item 4: one plain and one DDTree call of the 8B-shaped pair under torch.profiler
 #                     (scripts/profile_round.py, PROFILE_BUDGET 32, PROFILE_PATH fast): kernels per stage, the
 #                     device's idle gaps charged to the host stage running -> $WORK/profile-round/   (~2 minutes)
+#   round-parts       issue 29 item 4: the fast-device round with capture off, each kernel charged to the part of
+#                     the round that launched it (tree, verify inputs, target forward, walk, commit, drafter,
+#                     lm_head; scripts/profile_round_parts.py), PARTS_BUDGETS (16 64) -> $WORK/round-parts/ (~1 minute)
 #   pieces            issue 29 item 4: the tree build, verify inputs and greedy walk as the fast path runs them
 #                     (host, with reads back) against device_tree/device_verify/device_walk, B = 16..1024, equal
 #                     or not -> $WORK/pieces/table.md                                          (~2 minutes)
@@ -221,6 +224,9 @@ p.sort_stats('cumulative').print_stats(45)" "$WORK/profile/cell.prof" >"$WORK/pr
           --limits 7 20 40 --run-seed "$1" --device "${AGG_DEVICE:-cpu}" --json "$WORK/aggregates/$0-s$1.json" \
           >"$WORK/aggregates/$0-s$1.log" 2>&1'
       grep -h "limit" "$WORK"/aggregates/*.log | grep -v Warn | tail -40 ;;
+    round-parts)
+      timeout "${PROFILE_TIMEOUT:-240}" python3 scripts/profile_round_parts.py --shape 8b --budgets ${PARTS_BUDGETS:-16 64} \
+        --out "$WORK/round-parts" 2>&1 | grep -v "Loading\|USDT\|Warning\|warn" || echo "round-parts: exit $?" ;;
     pieces)  # issue 29 item 4: the round's host pieces against their tensor-only versions, per budget
       mkdir -p "$WORK/pieces"
       timeout "${PIECES_TIMEOUT:-300}" python3 scripts/bench_round_pieces.py --device cuda --repeats "${PIECES_REPEATS:-50}" \
@@ -233,7 +239,7 @@ p.sort_stats('cumulative').print_stats(45)" "$WORK/profile/cell.prof" >"$WORK/pr
         --jobs "${CAL_JOBS:-16}" --limit "${CAL_LIMIT:-80}" --flip-limit "${CAL_FLIP_LIMIT:-24}" \
         --budgets "${CAL_BUDGETS:-16,64,256}" --manifest "$WORK/manifest-$device.json" 2>&1 |
         grep -v "Loading weights\|FutureWarning\|forward_call" || echo "$job: exit $?" ;;
-    *) echo "unknown job $job (equality, rounds, switch-rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, rounding-groups, aggregates, pieces, profile-round, profile-rounding, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
+    *) echo "unknown job $job (equality, rounds, switch-rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, rounding-groups, aggregates, pieces, round-parts, profile-round, profile-rounding, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
   esac
   echo "job $job: $((SECONDS - started)) s"
   pack

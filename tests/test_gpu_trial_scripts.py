@@ -15,8 +15,12 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
+def module(name: str) -> dict:
+    return runpy.run_path(str(SCRIPTS / name), run_name="script_under_test")
+
+
 def script(name: str):
-    return runpy.run_path(str(SCRIPTS / name), run_name="script_under_test")["main"]
+    return module(name)["main"]
 
 
 @pytest.mark.slow
@@ -165,3 +169,45 @@ def test_the_element_wise_bench_checks_its_equalities_on_cpu(capsys):
         if way in ("row copies", "halves of [2, T, I]"):
             assert share == 0.0, (piece, rows_, way)
     assert differing[("RMSNorm [T, H]", 5, "weight in the norm")] > 0
+
+
+def test_the_round_parts_profile_charges_each_kernel_to_the_parts_open_at_its_launch():
+    parts = module("profile_round_parts.py")
+    ranges = [(100, 900, "round"), (120, 400, "verified round"), (130, 200, "tree"), (500, 800, "commit and draft")]
+    ranges.append((600, 700, "lm_head"))
+    launches = {1: 50, 2: 135, 3: 250, 4: 650, 5: 750, 6: 850}
+    kernels = [(1, 1_000_000), (2, 2_000_000), (3, 500_000), (4, 4_000_000), (5, 1_000_000), (6, 1_000_000)]
+    kernels.append((7, 3_000_000))  # no runtime call recorded for it
+    table = parts["attribute"](kernels, launches, ranges, rounds=2)
+    assert table == {
+        "outside the round": {"kernels_per_round": 0.5, "device_ms_per_round": 0.5},
+        "round > verified round > tree": {"kernels_per_round": 0.5, "device_ms_per_round": 1.0},
+        "round > verified round": {"kernels_per_round": 0.5, "device_ms_per_round": 0.25},
+        "round > commit and draft > lm_head": {"kernels_per_round": 0.5, "device_ms_per_round": 2.0},
+        "round > commit and draft": {"kernels_per_round": 0.5, "device_ms_per_round": 0.5},
+        "round": {"kernels_per_round": 0.5, "device_ms_per_round": 0.5},
+        "(unmatched launch)": {"kernels_per_round": 0.5, "device_ms_per_round": 1.5},
+    }
+    text = parts["markdown"](
+        {"shape": "8b", "dtype": "bfloat16", "budget": 64, "device_name": "X", "torch": "t", "rounds": 2}, table
+    )
+    assert "**4.250 ms per round**" in text and "| round > commit and draft > lm_head | 0.5 | 2.000 | 47.1% |" in text
+
+
+def test_the_round_parts_profile_marks_the_parts_and_restores_everything():
+    import torch
+
+    from ddtree_conformance.adapters.reference import decoders, graphs
+
+    parts = module("profile_round_parts.py")
+    before = (decoders.build_tree_with_ancestors, graphs.GraphRunner._capture, torch.nn.Linear.forward)
+    vocabulary, small = torch.nn.Linear(4, 40_000), torch.nn.Linear(4, 8)
+    x = torch.randn(2, 4)
+    with parts["parts_marked"](40_000):
+        assert decoders.build_tree_with_ancestors is not before[0]
+        with torch.profiler.profile() as prof:
+            assert torch.equal(vocabulary(x), torch.nn.functional.linear(x, vocabulary.weight, vocabulary.bias))
+            small(x)
+    names = [e.name for e in prof.events()]
+    assert names.count("part:lm_head") == 1
+    assert (decoders.build_tree_with_ancestors, graphs.GraphRunner._capture, torch.nn.Linear.forward) == before
