@@ -202,12 +202,13 @@ def test_worker_sees_only_its_gpus():
 
 
 # -- the reference engine's fast path ----------------------------------------------------------
-@pytest.mark.parametrize("device_tree", ["off", "on"])
+@pytest.mark.parametrize("device_tree", ["off", "on", "auto"])
 @pytest.mark.parametrize("mode, budget", [("plain", 1), ("dflash", 1), ("ddtree", 16), ("ddtree", 256)])
 def test_reference_fast_path_equals_eager_in_fp32(mode, budget, device_tree):
     """CUDA graphs on (static caches, one graph per shape) give the eager path's outputs and per-round
     acceptance exactly in float32, and the graphs really replay (no capture failed); with ``device_tree``
-    on, a DDTree round after its draft is one graph (tree, verify inputs, verify, walk)."""
+    on, a DDTree round after its draft is one graph (tree, verify inputs, verify, walk); with ``auto`` (the
+    default) too at B = 16, where the beams take one launch, and on the host at B = 256."""
     from ddtree_conformance.adapters.interface import Request, RunConfig
     from ddtree_conformance.adapters.reference.engine import ReferenceEngine
     from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
@@ -224,3 +225,7 @@ def test_reference_fast_path_equals_eager_in_fp32(mode, budget, device_tree):
     stats = engine.fast_path_stats()
     assert stats["failure"] is None and stats["captures"] > 0 and stats["replays"] > stats["captures"]
     assert fast[0].engine_settings["cuda_graphs"] and not eager[0].engine_settings["cuda_graphs"]
+    if mode == "ddtree":
+        timed = engine.generate(requests[:1], RunConfig(mode=mode, budget=budget, device="cuda", timing=True))
+        as_one_graph = device_tree == "on" or (device_tree == "auto" and budget <= 64)
+        assert ("tree_round" in timed[0].timings.stages) is as_one_graph, timed[0].timings.stages

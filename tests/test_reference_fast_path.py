@@ -113,7 +113,7 @@ def test_a_greedy_ddtree_round_runs_after_its_draft_as_one_graph_with_the_host_p
         assert [r.verified_trees for r in fast] == [r.verified_trees for r in eager]  # every field
     assert "tree_round" in runs["on"][0].timings.stages and "build" not in runs["on"][0].timings.stages
     assert "build" in runs["off"][0].timings.stages and "tree_round" not in runs["off"][0].timings.stages
-    with pytest.raises(EngineError, match="device_tree must be 'on' or 'off'"):
+    with pytest.raises(EngineError, match="device_tree must be 'auto', 'on' or 'off'"):
         ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="gpu")
 
 
@@ -227,3 +227,29 @@ def test_in_bf16_the_graphs_on_run_is_judged_against_the_fp32_reference():
         session.close()
     assert result.status == "pass", result.message
     assert "per-round acceptance equals the reference" in result.message, result.message
+
+
+def test_device_tree_auto_runs_the_round_as_one_graph_only_where_the_beams_take_one_launch(
+    fixture_requests, monkeypatch
+):
+    """``device_tree=auto`` (the default) is the host path on a CPU, and the round as one graph where the
+    tree's beams come from one launch (B * K <= 4096 on a GPU with Triton), the host path past it; ``on``
+    and ``off`` are what they say. The decision is held on CPU by standing in for the GPU check."""
+    from ddtree_conformance.adapters.reference import beam_kernel, device_tree
+
+    def stages(engine, budget):
+        config = RunConfig(mode="ddtree", budget=budget, cuda_graphs=True, timing=True)
+        return engine.generate(fixture_requests[:1], config)[0].timings.stages
+
+    default = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER))
+    assert default.device_tree == "auto"
+    assert "build" in stages(default, 16) and "tree_round" not in stages(default, 16)  # a CPU: the host
+    monkeypatch.setattr(device_tree, "_on_a_gpu", lambda device: True)
+    monkeypatch.setattr(device_tree, "_launch", lambda *args: None)  # the kernels "fail": tensors serve
+    monkeypatch.setattr(beam_kernel, "kernel_available", lambda device, budget, k: budget * k <= 4096)
+    assert "tree_round" in stages(default, 16) and "build" not in stages(default, 16)
+    assert "build" in stages(default, 65) and "tree_round" not in stages(default, 65)  # 65 * 65 > 4096
+    off = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="off")
+    assert "build" in stages(off, 16)
+    on = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="on")
+    assert "tree_round" in stages(on, 65)

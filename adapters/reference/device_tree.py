@@ -173,6 +173,17 @@ def _on_a_gpu(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+def beams_in_one_launch_serve(device: torch.device, budget: int, vocab: int) -> bool:
+    """Whether a build of ``budget`` nodes over ``vocab`` tokens on ``device`` takes its beams from one launch
+    (``ONE_LAUNCH_BEAMS``, a CUDA device, Triton, B * K <= 4096): where the round as one graph is the
+    faster path (the reference engine's ``device_tree=auto``)."""
+    if not (ONE_LAUNCH_BEAMS and _on_a_gpu(torch.device(device))):
+        return False
+    from . import beam_kernel
+
+    return beam_kernel.kernel_available(torch.device(device), budget, min(budget, vocab))
+
+
 def beams_with_tensors(
     lp: torch.Tensor, budget: int
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:

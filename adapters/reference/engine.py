@@ -42,6 +42,7 @@ from ..options import cuda_device_count
 from .clock import DecodeClock as _Clock
 from .clock import busy_probe
 from .decoders import EagerDecoder, StaticDecoder, collector_paused
+from .device_tree import beams_in_one_launch_serve
 from .graphs import fill_in_place
 from .pair import TORCH_DTYPES, LoadedPair, TargetInfo, read_drafter_config, read_target_info, validate_pair
 from .round_records import round_trace, verified_tree
@@ -61,6 +62,9 @@ def _suite_version() -> str:
         return ""
 
 
+AUTO = "auto"  # the device_tree option's default: the round as one graph where the tree's beams take one launch
+
+
 class ReferenceEngine(Engine):
     """PyTorch + transformers reference; CPU and CUDA; fp32, bf16, fp16; greedy and sampling.
 
@@ -73,12 +77,14 @@ class ReferenceEngine(Engine):
     ``cuda_graphs=False`` (default on CPU) every forward is transformers' eager one: the oracle. The
     loop, and so every spec step, is the same on both. Tensor parallelism runs eagerly. Option
     ``fused_layers`` = ``"on"`` (default) or ``"off"``: on the fast path, a Qwen3 target and the DFlash
-    drafter run their layers in fewer kernels (:mod:`.lean`) or as their modules. Option ``device_tree`` = ``"off"``
-    (default) or ``"on"``: on the fast path, a greedy DDTree round builds, compiles and walks its tree on
-    the host between the draft's and the verify's graphs, or runs the whole round (tree, verify, walk,
-    commit and the next draft) as one graph with one read back (:meth:`.StaticDecoder.tree_round`). Off by
-    default: on an H200 the two were level at B = 32 and 64 and the host path faster at B = 16
-    (scripts/measurements/2026-12-05d-issue29/rounds).
+    drafter run their layers in fewer kernels (:mod:`.lean`) or as their modules. Option ``device_tree`` =
+    ``"auto"`` (default), ``"on"`` or ``"off"``: on the fast path, a greedy DDTree round runs whole (tree,
+    verify, walk, commit and the next draft) as one graph with one read back (:meth:`.StaticDecoder.tree_round`),
+    or builds, compiles and walks its tree on the host between the draft's and the verify's graphs. ``auto``
+    takes the graph where the tree's beams come from one launch (a CUDA device with Triton, B * K <= 4096, so
+    B <= 64: :func:`.device_tree.beams_in_one_launch_serve`) and the host elsewhere. There the graph was
+    0.7-1.0 ms a round faster at B = 16, 32 and 64 on an H200 and 0.6-2.2 ms at B = 32 and 64 on an H100,
+    and slower at B = 128 and 256 (scripts/measurements/2026-12-06d-issue29).
 
     ``tensor_parallel_size`` > 1 shards the target over that many ranks (:mod:`.tensor_parallel`):
     GPUs on CUDA, gloo processes on CPU. Every rank runs the same loop below.
@@ -111,10 +117,13 @@ class ReferenceEngine(Engine):
         if fused not in ("on", "off", "true", "false", "1", "0"):
             raise EngineError(f"reference engine: fused_layers must be 'on' or 'off', got {options['fused_layers']!r}")
         self.fused_layers = fused in ("on", "true", "1")
-        on_device = str(options.get("device_tree", "off")).lower()
-        if on_device not in ("on", "off", "true", "false", "1", "0"):
-            raise EngineError(f"reference engine: device_tree must be 'on' or 'off', got {options['device_tree']!r}")
-        self.device_tree = on_device in ("on", "true", "1")
+        on_device = str(options.get("device_tree", AUTO)).lower()
+        if on_device not in (AUTO, "on", "off", "true", "false", "1", "0"):
+            raise EngineError(
+                f"reference engine: device_tree must be 'auto', 'on' or 'off', got {options['device_tree']!r}"
+            )
+        # True, False or AUTO (benchmarks set True or False directly)
+        self.device_tree: bool | str = AUTO if on_device == AUTO else on_device in ("on", "true", "1")
         self._loaded: dict[tuple[str, str, int], LoadedPair] = {}
         self._ranks: RankGroup | None = None
 
@@ -393,8 +402,9 @@ class ReferenceEngine(Engine):
 
     def _round_on_device(self, decoder: EagerDecoder, config: RunConfig, params: SamplingParams) -> bool:
         """Whether each round runs as one graph (:meth:`.StaticDecoder.tree_round`): the fast path with
-        ``device_tree`` on, a greedy DDTree request, and the spec's own build, compile, verify, walk,
-        compaction and feedback steps with the drafter's own positions. A build that replaces any of them
+        ``device_tree`` on (or ``auto`` where the beams come from one launch), a greedy DDTree request, and
+        the spec's own build, compile, verify, walk, compaction and feedback steps with the drafter's own
+        positions. A build that replaces any of them
         (a mutant, a pitfall engine) runs them on the host, so what it changed is what runs."""
         own_steps = (
             self._build is build_tree
@@ -405,7 +415,10 @@ class ReferenceEngine(Engine):
             and self.block_position_offset == 0
             and getattr(type(self), "_verify", None) is _OWN_VERIFY
         )
-        return bool(decoder.fast and self.device_tree and config.mode == "ddtree" and params.greedy and own_steps)
+        wanted = self.device_tree
+        if wanted == AUTO:
+            wanted = beams_in_one_launch_serve(decoder.pair.device, config.budget, self.info.vocab_size)
+        return bool(decoder.fast and wanted and config.mode == "ddtree" and params.greedy and own_steps)
 
     # one round's records (:mod:`.round_records`); pitfall engines override them
     _verified_tree = staticmethod(verified_tree)
