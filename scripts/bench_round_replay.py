@@ -54,8 +54,8 @@ def _entry(decoder, kind: str):
 
 def _instrument(found: dict, budget: int, repeats: int, after: int = 3):
     """Measure inside the request once ``after`` calls have run (the graph captured and warm): the
-    round's graph (``tree_round``) and the plain step's (``step``), each wrapped the same way."""
-    originals = {"round": decoders.StaticDecoder.tree_round, "step": decoders.StaticDecoder.step}
+    round's graph (read back by ``finish_round``) and the plain step's (``step``), each wrapped the same way."""
+    originals = {"round": decoders.StaticDecoder.finish_round, "step": decoders.StaticDecoder.step}
     calls = {"round": 0, "step": 0}
 
     def measured(kind: str, again):
@@ -74,10 +74,10 @@ def _instrument(found: dict, budget: int, repeats: int, after: int = 3):
         return wrapper
 
     # the round's method again from where the request is (carried inputs); the step on the same inputs
-    decoders.StaticDecoder.tree_round = measured("round", lambda real, self, args: real(self, budget, args[1]))
+    decoders.StaticDecoder.finish_round = measured("round", lambda real, self, args: self.tree_round(budget, 0))
     decoders.StaticDecoder.step = measured("step", lambda real, self, args: real(self, *args))
     return lambda: (
-        setattr(decoders.StaticDecoder, "tree_round", originals["round"])
+        setattr(decoders.StaticDecoder, "finish_round", originals["round"])
         or setattr(decoders.StaticDecoder, "step", originals["step"])
     )
 

@@ -6,7 +6,7 @@
 ``profile_round.py`` profiles the round as it ships: one CUDA graph, so every kernel of the round is
 launched by one ``cudaGraphLaunch`` and cannot be told apart by the code that queued it. This script
 runs the same round with graph capture off (the same tensors, shapes and kernels, launched one by one),
-with a profiler range around each part of :meth:`StaticDecoder.tree_round`:
+with a profiler range around each part of :meth:`StaticDecoder.launch_round`:
 
 * ``tree``: the spec's tree from the drafter's logits (top-K and beams, :mod:`.device_tree`);
 * ``verify inputs``: the tree's ids and visibility (:mod:`.device_verify`);
@@ -46,7 +46,7 @@ PREFIX = "part:"
 ROUND = "round"
 # (module or class, attribute, part): each wrapped in a profiler range named PREFIX + part
 PARTS = (
-    (decoders.StaticDecoder, "tree_round", ROUND),
+    (decoders.StaticDecoder, "launch_round", ROUND),
     (decoders.StaticDecoder, "_verified_round", "verified round"),
     (decoders, "build_tree_with_ancestors", "tree"),
     (decoders, "verify_inputs_on_device", "verify inputs"),

@@ -253,3 +253,50 @@ def test_device_tree_auto_runs_the_round_as_one_graph_only_where_the_beams_take_
     assert "build" in stages(off, 16)
     on = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="on")
     assert "tree_round" in stages(on, 65)
+
+
+def test_the_next_round_is_launched_before_this_one_is_recorded_and_records_never_read_its_buffers(
+    fixture_requests, monkeypatch
+):
+    """On the device path the next round is queued as soon as this one's walk is read back and the request
+    goes on; the round's records (its light trace) are written while it runs. Those records must then come
+    from what was read back only: here every launch first spoils the last round's device tensors (as a
+    replay overwrites a graph's buffers), and outputs, acceptance and light traces still equal the eager
+    oracle's. With traces on, the records come first, as before, and equal the oracle's too."""
+    from ddtree_conformance.adapters.reference import decoders
+
+    events = []
+    launch, finish, record = (
+        decoders.StaticDecoder.launch_round,
+        decoders.StaticDecoder.finish_round,
+        decoders.TreeRound.verified_tree,
+    )
+
+    def spoiling_launch(self, *args):
+        if self._queued is not None:
+            tree, visibility, logits, features, drafted, _ = self._queued[2]
+            for t in (tree.tokens, tree.parents, tree.depths, visibility, logits, features, drafted):
+                t.fill_(True if t.dtype == torch.bool else float("nan") if t.is_floating_point() else 7)
+        events.append("launch")
+        return launch(self, *args)
+
+    monkeypatch.setattr(decoders.StaticDecoder, "launch_round", spoiling_launch)
+    monkeypatch.setattr(decoders.StaticDecoder, "finish_round", lambda self: events.append("finish") or finish(self))
+    monkeypatch.setattr(decoders.TreeRound, "verified_tree", lambda self: events.append("record") or record(self))
+    engine = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="on")
+    eager = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER)).generate(
+        fixture_requests, RunConfig(mode="ddtree", budget=16, trace=True)
+    )
+    for trace in (False, True):
+        events.clear()
+        fast = engine.generate(fixture_requests[:1], RunConfig(mode="ddtree", budget=16, cuda_graphs=True, trace=trace))
+        assert fast[0].output_ids == eager[0].output_ids
+        assert fast[0].acceptance_lengths == eager[0].acceptance_lengths
+        assert fast[0].verified_trees == eager[0].verified_trees
+        if trace:
+            assert [t.target_tokens for t in fast[0].traces] == [t.target_tokens for t in eager[0].traces]
+        rounds = len(fast[0].acceptance_lengths)
+        assert rounds > 2 and events.count("launch") == rounds  # no round launched past the request's end
+        ahead = ["launch", "finish"] + ["launch", "record", "finish"] * (rounds - 1) + ["record"]
+        behind = ["launch", "finish", "record"] * rounds
+        assert events == (behind if trace else ahead), events

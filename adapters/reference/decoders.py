@@ -208,7 +208,8 @@ class StaticDecoder(EagerDecoder):
         self.static: StaticTargetCache | None = None
         self.draft_static: StaticDraftCache | None = None
         self.minimum = torch.finfo(pair.dtype).min
-        self._carried: dict[str, torch.Tensor] = {}  # the next round's draft, root and start (tree_round)
+        self._carried: dict[str, torch.Tensor] = {}  # the next round's draft, root and start (launch_round)
+        self._queued: tuple | None = None  # the launched round's start, depth limit and outputs (finish_round)
 
     # -- target ---------------------------------------------------------------------------
     def prefill(self, prompt_ids: list[int]):
@@ -272,7 +273,14 @@ class StaticDecoder(EagerDecoder):
     def tree_round(
         self, budget: int, start: int, draft_logits: torch.Tensor | None = None, root: int | None = None
     ) -> TreeRound:
-        """A greedy round as one graph (module doc), from the drafter's logits to the next round's:
+        """A greedy round as one graph (:meth:`launch_round`, then :meth:`finish_round`)."""
+        self.launch_round(budget, start, draft_logits, root)
+        return self.finish_round()
+
+    def launch_round(
+        self, budget: int, start: int, draft_logits: torch.Tensor | None = None, root: int | None = None
+    ) -> None:
+        """Queue a greedy round as one graph, from the drafter's logits to the next round's:
 
         1. the spec's tree of ``budget`` nodes (:func:`.build_tree_with_ancestors`, equal to the heap's), its
            verify inputs at ``start`` (the root's position) with the mask over the whole cache, the target's
@@ -281,10 +289,11 @@ class StaticDecoder(EagerDecoder):
            and their feature rows kept as the drafter's context;
         3. the next round's draft from the bonus token, at ``start + accepted + 1``.
 
-        Then one read back: the walk, the tree's tokens and depths, the target's token at every node.
-        The request's first round takes ``draft_logits`` and ``root`` (its draft ran after the prefill);
-        every later one takes the previous round's draft, bonus and start where they are, on the device,
-        so nothing is copied from the host between rounds.
+        Nothing is read back here: on a GPU the call returns once the graph is queued, so the host may do
+        the last round's bookkeeping while this one runs. :meth:`finish_round` reads it back. The request's
+        first round takes ``draft_logits`` and ``root`` (its draft ran after the prefill); every later one
+        takes the previous round's draft, bonus and start where they are, on the device, so nothing is
+        copied from the host between rounds.
 
         The shapes are fixed: the commit always moves ``L + 1`` rows and the draft always reads ``L + 1``
         context rows (L the drafter's positions). Rows past the accepted ones carry the root's K/V and
@@ -303,9 +312,14 @@ class StaticDecoder(EagerDecoder):
             inputs = self._carried
         lean_on = (self.lean is not None, self.lean_drafter is not None)
         key = ("round", budget, depth_limit, self.capacity, id(self.static), id(self.draft_static), lean_on)
-        tree, visibility, logits, features, drafted, packed, self._carried = self.state.runner.run(
-            key, forward, inputs, fill=self.fill
-        )
+        *outputs, self._carried = self.state.runner.run(key, forward, inputs, fill=self.fill)
+        self._queued = (start, depth_limit, outputs)
+
+    def finish_round(self) -> TreeRound:
+        """The round :meth:`launch_round` queued, read back once: the walk, the tree's tokens and depths,
+        the target's token at every node. Its device tensors are the graph's buffers, valid until the next
+        round is launched."""
+        start, depth_limit, (tree, visibility, logits, features, drafted, packed) = self._queued
         rows = tree.tokens.shape[0]
         values = packed.tolist()  # the round's one read back
         accepted, bonus = values[0], values[1]

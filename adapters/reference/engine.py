@@ -344,6 +344,10 @@ class ReferenceEngine(Engine):
         trees: list[VerifiedTree] | None = None if config.profile else []  # a timed bench run skips them
         tree_device = decoder.tree_device()
         on_device = self._round_on_device(decoder, config, params)
+        # on the device, the next round is launched before this one's records are written, where those
+        # records need nothing but what the round read back (no traces; the light trace its own)
+        ahead = on_device and traces is None and (trees is None or self._verified_tree is verified_tree)
+        launched = False
         with busy_probe(config.profile, pair.device) as busy:
             clock.start()
             while reason is None:
@@ -352,7 +356,11 @@ class ReferenceEngine(Engine):
                         draft_logits = decoder.draft(root, start, context, context_start, self.block_position_offset)
                 if on_device:
                     with clock.stage("tree_round"):
-                        done = decoder.tree_round(config.budget, start, *((draft_logits, root) if not lengths else ()))
+                        if not launched:
+                            first = (draft_logits, root) if not lengths else ()
+                            decoder.launch_round(config.budget, start, *first)
+                        done = decoder.finish_round()
+                    launched = False
                     tree, verify, logits, features, walk = done.parts()
                     draft_logits = done.draft_logits
                 else:
@@ -375,6 +383,13 @@ class ReferenceEngine(Engine):
                         context, context_start = self.feedback_step(features, walk.accepted), start
                 new_tokens = [int(t) for t in verify.input_ids[walk.accepted].tolist()] + [walk.bonus]
                 lengths.append(len(walk.accepted) + 1)
+                emitted, reason = self.emit_step(
+                    new_tokens, request.stop_token_ids, request.max_new_tokens - len(output)
+                )
+                if ahead and reason is None:  # the next round runs while this one is recorded
+                    with clock.stage("tree_round"):
+                        decoder.launch_round(config.budget, start + len(walk.accepted) + 1)
+                    launched = True
                 if trees is not None:  # the device round's light trace comes with its one read back
                     own = on_device and self._verified_tree is verified_tree
                     trees.append(
@@ -382,9 +397,6 @@ class ReferenceEngine(Engine):
                     )
                 if traces is not None:
                     traces.append(self._trace(tree, verify, walk, logits, start, root, draft_logits, config))
-                emitted, reason = self.emit_step(
-                    new_tokens, request.stop_token_ids, request.max_new_tokens - len(output)
-                )
                 output += emitted
                 start += len(walk.accepted) + 1
                 root = walk.bonus
