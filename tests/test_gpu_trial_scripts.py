@@ -124,6 +124,11 @@ def test_round_time_table_writes_its_rows(tmp_path, monkeypatch):
         (False, True),
     ] * 2
     assert "| 16 | fast |" in (out / "rounds.md").read_text()
+    # every path's request drafts once over the prompt; the steady round sets that draft apart
+    for r in rows:
+        first = r["stages_ms"]["first_draft"]
+        assert first > 0 and abs(r["steady_round_ms"] - (r["round_ms"] - first)) < 0.05 * r["round_ms"], r
+    assert all("draft" not in r["stages_ms"] for r in rows if r["path"] == "fast-device")  # drafts in the graph
 
 
 @pytest.mark.slow

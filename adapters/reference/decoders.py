@@ -13,7 +13,8 @@ drafter's caches for one request and runs the forwards the loop asks for:
   instead (:meth:`StaticDecoder.tree_round`): the tree built with tensors (:mod:`.device_tree`), its
   verify inputs (:mod:`.device_verify`), the target's forward, the greedy walk (:mod:`.device_walk`),
   the commit and the next round's draft, with one read back per round and nothing copied from the
-  host between rounds.
+  host between rounds (:meth:`StaticDecoder.launch_round` queues it, :meth:`StaticDecoder.finish_round`
+  reads it back, so the engine may queue the next round before it records this one).
 
 Both answer ``prefill``, ``step`` (one plain token), ``verify`` (the compiled tree), ``compact`` (the
 engine's compaction step on this cache) and ``draft``.
@@ -156,7 +157,7 @@ class FastPathState:
 
 @dataclass(frozen=True)
 class TreeRound:
-    """One greedy round as :meth:`StaticDecoder.tree_round` ran it on the device: the tree (device
+    """One greedy round as :meth:`StaticDecoder.launch_round` ran it on the device: the tree (device
     tensors), its verify inputs (ids and positions on the host, read back), the target's logits and
     features (device), the walk, and the drafter logits the round's tree was built from (device). Its
     device tensors are the graph's buffers: read them before the next round runs."""
@@ -338,7 +339,7 @@ class StaticDecoder(EagerDecoder):
         return TreeRound(tree, verify, logits, features, walk, drafted, parents, chosen)
 
     def _verified_round(self, static: dict, budget: int):
-        """Step 1 of :meth:`tree_round`, on the device: the spec's tree of the carried draft, the target's
+        """Step 1 of :meth:`launch_round`, on the device: the spec's tree of the carried draft, the target's
         verify of it at ``static["start"]`` with the mask over the whole cache, and the greedy walk; with
         the round's packed read back (accepted count, bonus, path, tree tokens, depths, targets, parents)."""
         pair, cache, capacity, minimum = self.pair, self.static, self.capacity, self.minimum
@@ -369,7 +370,7 @@ class StaticDecoder(EagerDecoder):
         return tree, compiled.visibility, logits, features, path, accepted, bonus, packed
 
     def _commit_and_draft(self, begin, path, accepted, bonus, features) -> dict:
-        """Steps 2 and 3 of :meth:`tree_round`, on the device: the commit (rows ``begin + [0, *accepted]``
+        """Steps 2 and 3 of :meth:`launch_round`, on the device: the commit (rows ``begin + [0, *accepted]``
         move to ``begin + 0..``, padded with the root's row) and the next draft from the bonus, its context
         the kept rows' features; returns what the next round carries (draft, root, start)."""
         pair, cache, minimum, capacity = self.pair, self.static, self.minimum, self.capacity

@@ -79,12 +79,14 @@ class ReferenceEngine(Engine):
     ``fused_layers`` = ``"on"`` (default) or ``"off"``: on the fast path, a Qwen3 target and the DFlash
     drafter run their layers in fewer kernels (:mod:`.lean`) or as their modules. Option ``device_tree`` =
     ``"auto"`` (default), ``"on"`` or ``"off"``: on the fast path, a greedy DDTree round runs whole (tree,
-    verify, walk, commit and the next draft) as one graph with one read back (:meth:`.StaticDecoder.tree_round`),
+    verify, walk, commit and the next draft) as one graph with one read back (:meth:`.StaticDecoder.launch_round`),
     or builds, compiles and walks its tree on the host between the draft's and the verify's graphs. ``auto``
     takes the graph where the tree's beams come from one launch (a CUDA device with Triton, B * K <= 4096, so
     B <= 64: :func:`.device_tree.beams_in_one_launch_serve`) and the host elsewhere. There the graph was
     0.7-1.0 ms a round faster at B = 16, 32 and 64 on an H200 and 0.6-2.2 ms at B = 32 and 64 on an H100,
-    and slower at B = 128 and 256 (scripts/measurements/2026-12-06d-issue29).
+    and slower at B = 128 and 256 (scripts/measurements/2026-12-06d-issue29). On that path the next round is
+    queued as soon as this one's walk is read back and the request goes on, and this round's records are
+    written while it runs, where they need nothing but what was read back (no traces requested).
 
     ``tensor_parallel_size`` > 1 shards the target over that many ranks (:mod:`.tensor_parallel`):
     GPUs on CUDA, gloo processes on CPU. Every rank runs the same loop below.
@@ -352,7 +354,7 @@ class ReferenceEngine(Engine):
             clock.start()
             while reason is None:
                 if not on_device or not lengths:  # on the device, each round drafts the next
-                    with clock.stage("draft"):
+                    with clock.stage("draft" if lengths else "first_draft"):  # the first reads the prompt
                         draft_logits = decoder.draft(root, start, context, context_start, self.block_position_offset)
                 if on_device:
                     with clock.stage("tree_round"):
@@ -413,7 +415,7 @@ class ReferenceEngine(Engine):
         )
 
     def _round_on_device(self, decoder: EagerDecoder, config: RunConfig, params: SamplingParams) -> bool:
-        """Whether each round runs as one graph (:meth:`.StaticDecoder.tree_round`): the fast path with
+        """Whether each round runs as one graph (:meth:`.StaticDecoder.launch_round`): the fast path with
         ``device_tree`` on (or ``auto`` where the beams come from one launch), a greedy DDTree request, and
         the spec's own build, compile, verify, walk, compaction and feedback steps with the drafter's own
         positions. A build that replaces any of them
