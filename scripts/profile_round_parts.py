@@ -13,6 +13,8 @@ with a profiler range around each part of :meth:`StaticDecoder.launch_round`:
 * ``target forward``: the target's forward over the tree's rows (lean or transformers');
 * ``walk``: the greedy walk (:mod:`.device_walk`);
 * ``drafter forward``: the next draft's layers, and ``lm_head`` wherever the vocabulary projection runs;
+* ``plain step``: one plain decode step (its target forward over one row), profiled the same way first,
+  so that the round's forward over the tree's rows can be held against it;
 * what is left inside a part's parent (the mask over the cache, the commit's cache moves, the packed
   read back's concatenation) is charged to the parent as ``(rest)``.
 
@@ -44,9 +46,12 @@ from ddtree_conformance.testing.shaped_pair import SHAPES, build_shaped_pair, ra
 
 PREFIX = "part:"
 ROUND = "round"
+STEP = "plain step"
+TOP = 6  # kernels listed under each part
 # (module or class, attribute, part): each wrapped in a profiler range named PREFIX + part
 PARTS = (
     (decoders.StaticDecoder, "launch_round", ROUND),
+    (decoders.StaticDecoder, "step", STEP),
     (decoders.StaticDecoder, "_verified_round", "verified round"),
     (decoders, "build_tree_with_ancestors", "tree"),
     (decoders, "verify_inputs_on_device", "verify inputs"),
@@ -110,16 +115,17 @@ def parts_marked(vocab: int):
 
 
 def attribute(kernels, launches, ranges, rounds: int) -> dict:
-    """Device ms per round and kernel count for each path of nested parts.
+    """Device ms per round, kernel count and the heaviest kernels for each path of nested parts.
 
-    ``kernels``: ``(correlation, device_ns)``; ``launches``: ``{correlation: host_start_ns}`` (the
+    ``kernels``: ``(correlation, device_ns, name)``; ``launches``: ``{correlation: host_start_ns}`` (the
     runtime call that queued each kernel); ``ranges``: ``(start_ns, end_ns, part)`` on the host. A
     kernel goes to the path of parts open at its launch, outermost first and joined by `` > ``
     (``outside the round`` when no part was open, ``(unmatched launch)`` without its runtime call)."""
     per = max(1, rounds)
     ordered = sorted(ranges, key=lambda r: (r[0], -r[1]))
     table: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for correlation, device_ns in kernels:
+    names: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
+    for correlation, device_ns, name in kernels:
         at = launches.get(correlation)
         if at is None:
             path = "(unmatched launch)"
@@ -127,28 +133,48 @@ def attribute(kernels, launches, ranges, rounds: int) -> dict:
             path = " > ".join(part for start, end, part in ordered if start <= at < end) or "outside the round"
         table[path][0] += 1
         table[path][1] += device_ns
+        names[path][name[:90]][0] += 1
+        names[path][name[:90]][1] += device_ns
     return {
-        path: {"kernels_per_round": n / per, "device_ms_per_round": ns / 1e6 / per}
+        path: {
+            "kernels_per_round": n / per,
+            "device_ms_per_round": ns / 1e6 / per,
+            "top": [
+                {"kernel": k, "calls_per_round": c / per, "ms_per_round": t / 1e6 / per}
+                for k, (c, t) in sorted(names[path].items(), key=lambda kv: -kv[1][1])[:TOP]
+            ],
+        }
         for path, (n, ns) in sorted(table.items())
     }
 
 
-def markdown(meta: dict, parts: dict) -> str:
-    inside = {p: v for p, v in parts.items() if p.startswith(ROUND)}
+def markdown(meta: dict, parts: dict, root: str = ROUND) -> str:
+    """The table of one profiled call: every path of parts, the share of those under ``root``, and the
+    heaviest kernels under each path."""
+    inside = {p: v for p, v in parts.items() if p.startswith(root)}
     total = sum(v["device_ms_per_round"] for v in inside.values())
+    what = f"B={meta['budget']}" if root == ROUND else "one plain step"
     lines = [
-        f"### The fast-device round by part: {meta['shape']}-shaped pair, {meta['dtype']}, B={meta['budget']}, "
+        f"### The fast-device {root} by part: {meta['shape']}-shaped pair, {meta['dtype']}, {what}, "
         f"{meta['device_name']}, torch {meta['torch']} (graph capture off; {meta['rounds']} rounds)",
         "",
-        f"Device time of the round's kernels: **{total:.3f} ms per round** (launched one by one; the graph's "
+        f"Device time of the {root}'s kernels: **{total:.3f} ms per round** (launched one by one; the graph's "
         "own device time is in profile_round.py's table).",
         "",
         "| part (innermost last) | kernels per round | device ms per round | share |",
         "|---|---:|---:|---:|",
     ]
-    for path, v in sorted(parts.items(), key=lambda kv: -kv[1]["device_ms_per_round"]):
+    ranked = sorted(parts.items(), key=lambda kv: -kv[1]["device_ms_per_round"])
+    for path, v in ranked:
         share = f"{v['device_ms_per_round'] / total:.1%}" if path in inside and total else ""
         lines.append(f"| {path} | {v['kernels_per_round']:.1f} | {v['device_ms_per_round']:.3f} | {share} |")
+    lines += ["", "| part | kernel | calls per round | ms per round |", "|---|---|---:|---:|"]
+    for path, v in ranked:
+        if path in inside:
+            lines += [
+                f"| {path} | `{k['kernel']}` | {k['calls_per_round']:.1f} | {k['ms_per_round']:.3f} |"
+                for k in v.get("top", [])
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -156,7 +182,7 @@ def from_profile(prof, rounds: int) -> dict:
     events = list(prof.profiler.kineto_results.events())
     cuda = torch.autograd.DeviceType.CUDA
     kernels = [  # kernels, copies and fills; not the ranges' mirrors on the device's timeline
-        (e.correlation_id(), e.duration_ns())
+        (e.correlation_id(), e.duration_ns(), e.name())
         for e in events
         if e.device_type() == cuda and not e.is_user_annotation() and not e.name().startswith(PREFIX)
     ]
@@ -189,9 +215,15 @@ def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     results, texts = {}, []
-    for budget in args.budgets:
+    for budget in ("plain", *args.budgets):  # the plain step first: its target forward over one row
+        mode = "plain" if budget == "plain" else "ddtree"
         config = RunConfig(
-            mode="ddtree", budget=budget, dtype=args.dtype, device=args.device, timing=True, cuda_graphs=True
+            mode=mode,
+            budget=1 if budget == "plain" else budget,
+            dtype=args.dtype,
+            device=args.device,
+            timing=True,
+            cuda_graphs=True,
         )
         with parts_marked(SHAPES[args.shape]["vocab"]):
             for _ in range(args.warmup):
@@ -209,7 +241,7 @@ def main(argv=None) -> int:
             "device_name": torch.cuda.get_device_name(0),
         }
         results[budget] = {**meta, "parts": from_profile(prof, meta["rounds"])}
-        texts.append(markdown(meta, results[budget]["parts"]))
+        texts.append(markdown(meta, results[budget]["parts"], STEP if mode == "plain" else ROUND))
         print(texts[-1], flush=True)
     (args.out / "parts.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     (args.out / "parts.md").write_text("\n".join(texts))

@@ -181,14 +181,23 @@ def test_the_round_parts_profile_charges_each_kernel_to_the_parts_open_at_its_la
     ranges = [(100, 900, "round"), (120, 400, "verified round"), (130, 200, "tree"), (500, 800, "commit and draft")]
     ranges.append((600, 700, "lm_head"))
     launches = {1: 50, 2: 135, 3: 250, 4: 650, 5: 750, 6: 850}
-    kernels = [(1, 1_000_000), (2, 2_000_000), (3, 500_000), (4, 4_000_000), (5, 1_000_000), (6, 1_000_000)]
-    kernels.append((7, 3_000_000))  # no runtime call recorded for it
+    kernels = [(1, 1_000_000, "a"), (2, 2_000_000, "b"), (3, 500_000, "a"), (4, 3_000_000, "gemm")]
+    kernels += [
+        (5, 1_000_000, "a"),
+        (6, 1_000_000, "a"),
+        (7, 3_000_000, "c"),
+        (4, 1_000_000, "gemm"),
+    ]  # 7: no runtime call
     table = parts["attribute"](kernels, launches, ranges, rounds=2)
-    assert table == {
+    assert table["round > commit and draft > lm_head"]["top"] == [
+        {"kernel": "gemm", "calls_per_round": 1.0, "ms_per_round": 2.0}
+    ]
+    assert [k["kernel"] for k in table["round > verified round"]["top"]] == ["a"]
+    assert {path: {k: v for k, v in row.items() if k != "top"} for path, row in table.items()} == {
         "outside the round": {"kernels_per_round": 0.5, "device_ms_per_round": 0.5},
         "round > verified round > tree": {"kernels_per_round": 0.5, "device_ms_per_round": 1.0},
         "round > verified round": {"kernels_per_round": 0.5, "device_ms_per_round": 0.25},
-        "round > commit and draft > lm_head": {"kernels_per_round": 0.5, "device_ms_per_round": 2.0},
+        "round > commit and draft > lm_head": {"kernels_per_round": 1.0, "device_ms_per_round": 2.0},
         "round > commit and draft": {"kernels_per_round": 0.5, "device_ms_per_round": 0.5},
         "round": {"kernels_per_round": 0.5, "device_ms_per_round": 0.5},
         "(unmatched launch)": {"kernels_per_round": 0.5, "device_ms_per_round": 1.5},
@@ -196,7 +205,9 @@ def test_the_round_parts_profile_charges_each_kernel_to_the_parts_open_at_its_la
     text = parts["markdown"](
         {"shape": "8b", "dtype": "bfloat16", "budget": 64, "device_name": "X", "torch": "t", "rounds": 2}, table
     )
-    assert "**4.250 ms per round**" in text and "| round > commit and draft > lm_head | 0.5 | 2.000 | 47.1% |" in text
+    assert "**4.250 ms per round**" in text and "| round > commit and draft > lm_head | 1.0 | 2.000 | 47.1% |" in text
+    assert "| round > commit and draft > lm_head | `gemm` | 1.0 | 2.000 |" in text
+    assert "outside the round | `" not in text  # kernels are listed for the round's parts only
 
 
 def test_the_round_parts_profile_marks_the_parts_and_restores_everything():
