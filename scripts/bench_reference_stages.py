@@ -33,7 +33,8 @@ heap on the host, and on ``fast-device`` the tensor builder of ``adapters/refere
 the heap, ties included) inside the round's graph.
 
 ``--switch NAME=VALUE`` (repeatable) sets one of the fast path's module switches before anything is built
-(:data:`SWITCHES`: the tree's two Triton kernels, the lean forwards' row copies and SwiGLU halves), so that a
+(:data:`SWITCHES`: the tree's two Triton kernels, the lean forwards' row copies and SwiGLU halves, the
+drafter's joint q/k norm and RoPE), so that a
 change can be timed on and off in alternating runs without editing the code; every switch's value is written
 into ``rounds.json`` and ``rounds.md``:
 
@@ -66,6 +67,7 @@ SWITCHES = {
     "device_tree.TWO_LAUNCH_TOPK": (device_tree, "TWO_LAUNCH_TOPK", bool),
     "lean.ROW_COPIES_UP_TO": (lean, "ROW_COPIES_UP_TO", int),
     "lean.SWIGLU_HALVES": (lean, "SWIGLU_HALVES", bool),
+    "lean.JOINT_DRAFTER_QK": (lean, "JOINT_DRAFTER_QK", bool),
 }
 _TRUTH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 

@@ -42,6 +42,11 @@ SWIGLU_HALVES = False
 # 1.46-1.47 / 1.54-1.55 plain steps against 1.42 / 1.48-1.49 / 1.56-1.57 without;
 # scripts/measurements/2026-12-06c-issue29/).
 ROW_COPIES_UP_TO = 128
+# Whether the drafter norms and rotates every row's q and k heads in one go (one RMSNorm and one RoPE a layer, as
+# the target's forward does), rather than the block's q and the rows' k apart (two of each). The same numbers bit
+# for bit (tests/test_lean_drafter.py); 40 fewer kernels a draft for the 8B-shaped drafter. On by default; not yet
+# timed on a GPU (`SWITCH=lean.JOINT_DRAFTER_QK bash scripts/gpu_trials.sh switch-rounds`).
+JOINT_DRAFTER_QK = True
 
 
 def lean_problem(model) -> str | None:
@@ -209,7 +214,8 @@ def lean_drafter_problem(drafter) -> str | None:
 class LeanDFlash:
     """The DFlash drafter's forward (:class:`~.dflash.DFlashDrafter`) on a static draft cache in fewer
     kernels, as :class:`LeanQwen3` does for the target: q, k and v from one matrix product over the context
-    rows and the block together (the context rows' q is not used), gate and up from one, every RMSNorm one
+    rows and the block together (the context rows' q is not used), q_norm, k_norm and RoPE over every row's
+    q and k heads at once (:data:`JOINT_DRAFTER_QK`), gate and up from one, every RMSNorm one
     fused ``rms_norm`` in float32, the block's own K/V written into the cache's tail rows (no copy of the
     cache per layer) and the queries of each KV head stacked (no repeated K/V). Same weights, same
     operations; reductions may round differently, as :class:`LeanQwen3`'s do."""
@@ -235,6 +241,9 @@ class LeanDFlash:
                         "qkv_bias": None if biases[0] is None else torch.cat(biases),
                         "q_norm": a.q_norm.weight,
                         "k_norm": a.k_norm.weight,
+                        "qk_norm": torch.cat(
+                            [a.q_norm.weight.expand(self.heads, -1), a.k_norm.weight.expand(self.kv_heads, -1)]
+                        ).contiguous(),
                         "o": a.o_proj.weight,
                         "o_bias": a.o_proj.bias,
                         "post_norm": layer.post_attention_layernorm.weight,
@@ -257,17 +266,30 @@ class LeanDFlash:
         context = _rms(context, copies.weight(drafter.hidden_norm.weight, context), eps)
         cos, sin = drafter.rotary_emb(block.unsqueeze(0), positions.unsqueeze(0))
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [C + S, 1, d]
-        q_cos, q_sin = copies.rotary(cos[n_new:], sin[n_new:], self.heads)
-        k_cos, k_sin = copies.rotary(cos, sin, self.kv_heads)
+        qk_heads = self.heads + self.kv_heads
+        joint = JOINT_DRAFTER_QK
+        if joint:
+            cos, signed_sin = copies.rotary(cos, sin, qk_heads)  # [C + S, heads + kv_heads, d]
+        else:
+            q_cos, q_sin = copies.rotary(cos[n_new:], sin[n_new:], self.heads)
+            k_cos, k_sin = copies.rotary(cos, sin, self.kv_heads)
         h = block
         for index, w in enumerate(self.layers):
             x = _rms(h, copies.weight(w["input_norm"], h), eps)
             qkv = F.linear(torch.cat([context, x]), w["qkv"], w["qkv_bias"])  # [C + S, q + k + v]
-            q = qkv[n_new:, : self.split[0]].view(size, self.heads, d)
-            k = qkv[:, self.split[0] : self.split[0] + self.split[1]].view(n_new + size, self.kv_heads, d)
+            if joint:
+                # q_norm and k_norm, then RoPE, over every row's q and k heads together, as LeanQwen3 does:
+                # each head's vector is normed and rotated on its own, so the context rows' q (not used)
+                # changes nothing, and two norms and two rotaries become one of each
+                qk = qkv[:, : self.split[0] + self.split[1]].view(n_new + size, qk_heads, d)
+                qk = rotary(_rms(qk, copies.weight(w["qk_norm"], qk), eps), cos, signed_sin)
+                q, k = qk[n_new:, : self.heads], qk[:, self.heads :]
+            else:
+                q = qkv[n_new:, : self.split[0]].view(size, self.heads, d)
+                k = qkv[:, self.split[0] : self.split[0] + self.split[1]].view(n_new + size, self.kv_heads, d)
+                q = rotary(_rms(q, copies.weight(w["q_norm"], q), eps), q_cos, q_sin)
+                k = rotary(_rms(k, copies.weight(w["k_norm"], k), eps), k_cos, k_sin)
             v = qkv[:, self.split[0] + self.split[1] :].view(n_new + size, self.kv_heads, d)
-            q = rotary(_rms(q, copies.weight(w["q_norm"], q), eps), q_cos, q_sin)
-            k = rotary(_rms(k, copies.weight(w["k_norm"], k), eps), k_cos, k_sin)
             keys, values = cache.extend_with_block(
                 index, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0), n_new
             )
