@@ -69,6 +69,11 @@ ENGINES = {  # name -> (class name in slow_engines or None for the reference, op
 }
 GATES = ("ab", "stored")
 HW = "decisiveness"
+# Every engine of a trial runs the same fast path: the round on the host (device_tree=off). The mutants slow a
+# host stage (the verify's forward, the tree build), which the round as one graph (the reference's default at
+# B <= 64 on a GPU, device_tree=auto) does not have; a correct engine on that path against a mutant on the host
+# path would compare two paths, not a 5 % slower verify (on an H200 the paths differ by 6-9 % at B = 32).
+SAME_PATH = {"device_tree": "off"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -128,13 +133,13 @@ def load_pair(args, scratch: Path):
         from ddtree_conformance.paths import FIXTURE_DRAFTER, FIXTURE_TARGET
         from ddtree_conformance.prompts import load_prompts
 
-        base = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), cuda_graphs=args.cuda_graphs)
+        base = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), cuda_graphs=args.cuda_graphs, **SAME_PATH)
         return base, [p.prompt_ids for p in load_prompts("fixture")[: args.prompts]], "fixture (bundled, trained)"
     from ddtree_conformance.testing.shaped_pair import SHAPES, build_shaped_pair, random_prompts
 
     dtype = getattr(torch, args.dtype)
     target_dir, drafter_dir, target, drafter = build_shaped_pair(args.pair, dtype, args.device, scratch)
-    base = ReferenceEngine(str(target_dir), str(drafter_dir), cuda_graphs=args.cuda_graphs)
+    base = ReferenceEngine(str(target_dir), str(drafter_dir), cuda_graphs=args.cuda_graphs, **SAME_PATH)
     base.use_models(target, drafter, RunConfig(mode="ddtree", dtype=args.dtype, device=args.device))
     prompts = random_prompts(args.prompts, args.prompt_len, SHAPES[args.pair]["vocab"], seed=args.seed)
     return base, prompts, f"{args.pair}-shaped Qwen3, random weights"
@@ -355,10 +360,12 @@ def main(argv=None) -> int:
         engines[n] = (
             base
             if cls is None
-            else slow_engines.share_loaded(base, getattr(slow_engines, cls), cuda_graphs=args.cuda_graphs, **options)
+            else slow_engines.share_loaded(
+                base, getattr(slow_engines, cls), cuda_graphs=args.cuda_graphs, **SAME_PATH, **options
+            )
         )
     correct = engines.get("correct") or base
-    twin = slow_engines.share_loaded(base, type(base), cuda_graphs=args.cuda_graphs)  # the A/A candidate
+    twin = slow_engines.share_loaded(base, type(base), cuda_graphs=args.cuda_graphs, **SAME_PATH)  # A/A candidate
     sampler = Sampler(args.device)
     setup_s = time.perf_counter() - started
 

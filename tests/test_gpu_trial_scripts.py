@@ -24,9 +24,23 @@ def script(name: str):
 
 
 @pytest.mark.slow
-def test_gate_decisiveness_writes_its_table(tmp_path):
+def test_gate_decisiveness_writes_its_table(tmp_path, monkeypatch):
     """Both gates, A/A included, a stress job beside every second trial; a second call on the same state adds
-    its rows to the first's (trials spread over calls on one machine), and --summarise reads them back."""
+    its rows to the first's (trials spread over calls on one machine), and --summarise reads them back. Every
+    engine runs the same path, the host's, even where the reference's default would take the round as one
+    graph (here the GPU check is stood in for): the mutants slow a host stage, so the comparison must be
+    like for like."""
+    from ddtree_conformance.adapters.reference import beam_kernel, device_tree
+    from ddtree_conformance.adapters.reference.engine import ReferenceEngine
+
+    monkeypatch.setattr(device_tree, "_on_a_gpu", lambda device: True)
+    monkeypatch.setattr(device_tree, "_launch", lambda *args: None)  # the kernels "fail": tensors serve
+    monkeypatch.setattr(beam_kernel, "kernel_available", lambda device, budget, k: True)
+    monkeypatch.setattr(ReferenceEngine, "fast_path_on", lambda self, config: config.tensor_parallel_size == 1)
+    on_device, decide = [], ReferenceEngine._round_on_device
+    monkeypatch.setattr(
+        ReferenceEngine, "_round_on_device", lambda self, *a: on_device.append(decide(self, *a)) or on_device[-1]
+    )
     main = script("gate_decisiveness.py")
     out, state = tmp_path / "decisive", tmp_path / "state"
     args = [
@@ -45,6 +59,7 @@ def test_gate_decisiveness_writes_its_table(tmp_path):
     args += ["--max-repeats", "4", "--threads", "1", "--stress", "1", "--stress-settle-s", "0.2", "--warmup-s", "5"]
     args += ["--state", str(state)]  # the load settles 0.2 s, not 5 s: four stressed trials, 19 s less of sleep
     assert main([*args, "--out", str(out)]) == 0
+    assert on_device and not any(on_device)  # every engine, the correct one included, on the host path
     rows = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
     assert sorted((r["label"], r["gate"]) for r in rows) == [
         ("A/A", "ab"),

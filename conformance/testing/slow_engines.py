@@ -14,6 +14,11 @@ The throughput gate must call every one of them a regression and the unchanged e
 * :class:`SlowBuild` (``build_extra_s``, default 0.002): every DDTree build costs 2 ms more (the
   device is synchronised, then the host busy-waits 2 ms). DFlash chains are left alone.
 
+They slow a stage of the host path. On a GPU the reference engine's default (``device_tree=auto``) runs a
+greedy round at B <= 64 as one graph, which has no such stage to slow, so these mutants always take the host
+path there; compare them with a reference that does too (``device_tree=off``), as ``scripts/gate_decisiveness.py``
+does, or the comparison measures the two paths, not the injected cost. On a CPU both run the host path.
+
 They are engines like any other (``--engine ddtree_conformance.testing.slow_engines:SlowVerify``)
 and keep the reference engine's outputs exactly: only time changes. Each counts the time it added
 in ``injected_s`` (seconds, since construction), so a report can show the slowdown it inflicted.
