@@ -300,3 +300,35 @@ def test_the_next_round_is_launched_before_this_one_is_recorded_and_records_neve
         ahead = ["launch", "finish"] + ["launch", "record", "finish"] * (rounds - 1) + ["record"]
         behind = ["launch", "finish", "record"] * rounds
         assert events == (behind if trace else ahead), events
+
+
+class _RoundAsOneGraphOnCpu(ReferenceEngine):
+    """The reference on the path its default takes on a GPU at B <= 64 (the fast path, each greedy round
+    as one graph), here on CPU, where the fast path runs eagerly on the same buffers: its drafter always
+    reads L + 1 context rows, so in low precision it rounds otherwise than the host path."""
+
+    name = "reference-round-as-one-graph"
+
+    def __init__(self, model_dir, drafter_dir=None, **options):
+        super().__init__(model_dir, drafter_dir, **{**options, "device_tree": "on"})
+
+    def fast_path_on(self, config):
+        return config.tensor_parallel_size == 1
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_round_as_one_graph_passes_the_checks_it_could_trip_in_low_precision(dtype):
+    """The GPU default's round as one graph, judged like any engine in bf16 and fp16 on the fixture pair:
+    lossless, acceptance and tree structure pass (a full plan at 20 prompts: 56 passed, 0 failed in bf16;
+    see docs/guides/gpu-tier.md)."""
+    from ddtree_conformance.testing.runs import fixture_pair_settings, plan_and_run
+
+    settings = fixture_pair_settings(
+        limit=3, max_new_tokens=24, budgets=[16], dtype=dtype, torch_threads=1, held_out_prompts=0
+    )
+    results = plan_and_run(
+        settings, _RoundAsOneGraphOnCpu, ["lossless/ddtree", "acceptance/ddtree", "tree-structure/ddtree"]
+    )
+    assert len(results) >= 3
+    bad = [(r.check, r.message) for r in results if r.status != "pass"]
+    assert not bad, bad
