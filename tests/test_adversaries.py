@@ -294,3 +294,25 @@ def test_float32_scoring_is_exact_up_to_fp32_ties():
     assert run.problem() is None and run.fp32_ties == 2 and f"fp32 ties within {FP32_TIE:g}" in run.summary()
     run.add("wrong", [0], [3], table_logits(table, "fp32-tie"))
     assert "are not the fp32 target's argmax" in run.problem()
+
+
+def test_tie_test_counts_each_decision_once_however_many_outputs_hold_it():
+    """Outputs that share a prefix (every mode's run on one prompt, a length limit's cut outputs) hold the
+    same decisions: each is one piece of evidence. Five runs whose first token leaves the fp32 argmax
+    where the reference does not are one engine-only position, not five; another prompt's is another;
+    a different token after the same context is a decision of its own."""
+    from ddtree_conformance.token_scoring import TieTest
+
+    fp32, reference = [1, 1, 1], [1, 1, 1]
+    ties = TieTest()
+    for _ in range(5):  # five runs on one prompt, the same output
+        ties.add([2, 1, 1], fp32, reference, prompt=[7, 8])
+    ties.add([2, 1], fp32[:2], reference[:2], prompt=[7, 8])  # a length limit's cut output of the same
+    assert (ties.engine_only, ties.reference_only) == (1, 0)
+    ties.add([2, 1, 1], fp32, reference, prompt=[7, 9])  # another prompt: another decision
+    ties.add([2, 3, 1], fp32, reference, prompt=[7, 8])  # the same context, then another token at position 1
+    assert (ties.engine_only, ties.reference_only) == (3, 0)
+    counted_per_output = TieTest()
+    for _ in range(5):
+        counted_per_output.add([2, 1, 1], fp32, reference)  # no prompt given: every call is its own context
+    assert counted_per_output.engine_only == 1  # the output itself still dedupes: the same tokens, same context
