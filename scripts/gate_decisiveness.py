@@ -72,7 +72,8 @@ HW = "decisiveness"
 # Every engine of a trial runs the same fast path: the round on the host (device_tree=off). The mutants slow a
 # host stage (the verify's forward, the tree build), which the round as one graph (the reference's default at
 # B <= 64 on a GPU, device_tree=auto) does not have; a correct engine on that path against a mutant on the host
-# path would compare two paths, not a 5 % slower verify (on an H200 the paths differ by 6-9 % at B = 32).
+# path would compare two paths, not a 5 % slower verify (at B = 32 the host round was 9 % longer on an H200,
+# 8-12 % on an H100).
 SAME_PATH = {"device_tree": "off"}
 
 

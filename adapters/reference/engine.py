@@ -83,7 +83,7 @@ class ReferenceEngine(Engine):
     or builds, compiles and walks its tree on the host between the draft's and the verify's graphs. ``auto``
     takes the graph where the tree's beams come from one launch (a CUDA device with Triton, B * K <= 4096, so
     B <= 64: :func:`.device_tree.beams_in_one_launch_serve`) and the host elsewhere. There the graph was
-    0.7-1.0 ms a round faster at B = 16, 32 and 64 on an H200 and 0.6-2.2 ms at B = 32 and 64 on an H100,
+    0.7-1.0 ms a round faster at B = 16, 32 and 64 on an H200 and 1.0-2.2 ms at B = 32 and 64 on an H100,
     and slower at B = 128 and 256 (scripts/measurements/2026-12-06d-issue29). On that path the next round is
     queued as soon as this one's walk is read back and the request goes on, and this round's records are
     written while it runs, where they need nothing but what was read back (no traces requested).
