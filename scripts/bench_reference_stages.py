@@ -33,8 +33,8 @@ heap on the host, and on ``fast-device`` the tensor builder of ``adapters/refere
 the heap, ties included) inside the round's graph.
 
 ``--switch NAME=VALUE`` (repeatable) sets one of the fast path's module switches before anything is built
-(:data:`SWITCHES`: the tree's two Triton kernels, the lean forwards' row copies and SwiGLU halves, the
-drafter's joint q/k norm and RoPE), so that a
+(:data:`SWITCHES`: the tree's two Triton kernels and the beams' split threshold search, the lean forwards' row
+copies and SwiGLU halves, the drafter's joint q/k norm and RoPE), so that a
 change can be timed on and off in alternating runs without editing the code; every switch's value is written
 into ``rounds.json`` and ``rounds.md``:
 
@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 
 from ddtree_conformance.adapters.interface import Request, RunConfig
-from ddtree_conformance.adapters.reference import device_tree, lean
+from ddtree_conformance.adapters.reference import beam_kernel, device_tree, lean
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
 from ddtree_conformance.cuda_wait import WAIT_MODES, wait_for_gpu
 from ddtree_conformance.testing.shaped_pair import SHAPES, build_shaped_pair, random_prompts
@@ -68,6 +68,7 @@ SWITCHES = {
     "lean.ROW_COPIES_UP_TO": (lean, "ROW_COPIES_UP_TO", int),
     "lean.SWIGLU_HALVES": (lean, "SWIGLU_HALVES", bool),
     "lean.JOINT_DRAFTER_QK": (lean, "JOINT_DRAFTER_QK", bool),
+    "beam_kernel.SPLIT_SEARCH": (beam_kernel, "SPLIT_SEARCH", bool),
 }
 _TRUTH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 

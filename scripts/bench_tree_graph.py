@@ -3,7 +3,8 @@
 it, captured in a CUDA graph and replayed, three ways: with tensors only (the spec's per-depth top-K over
 int64 keys, then each beam's selection by a stable sort and a sort of the kept indices, about ten kernels a
 depth); with the beams in one Triton launch (adapters/reference/beam_kernel.py); and with the top-K in two
-Triton launches as well (adapters/reference/topk_kernel.py). The per-depth top-K is also timed alone, both ways
+Triton launches as well (adapters/reference/topk_kernel.py); and both kernels with the beams' threshold searched
+over the keys' top halves first (``beam_kernel.SPLIT_SEARCH``). The per-depth top-K is also timed alone, both ways
 (the two launches at each ``--chunks`` size), and the one-launch beams at each ``--beam-warps``.
 (2026-12-06 it also timed the selection with tensors by a threshold instead of the sorts: slower than the sorts
 at every budget, 1267 / 1600 / 2054 us at B = 16 / 32 / 64, and removed.)
@@ -51,8 +52,8 @@ def _counts(text: str) -> list[int]:
     return values
 
 
-def _switches(beams: bool, topk: bool) -> None:
-    device_tree.ONE_LAUNCH_BEAMS, device_tree.TWO_LAUNCH_TOPK = beams, topk
+def _switches(beams: bool, topk: bool, split: bool = False) -> None:
+    device_tree.ONE_LAUNCH_BEAMS, device_tree.TWO_LAUNCH_TOPK, beam_kernel.SPLIT_SEARCH = beams, topk, split
 
 
 def main() -> None:
@@ -69,7 +70,12 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     draft = (torch.randn(args.block - 1, args.vocab, generator=g) * 3).to(torch.bfloat16).cuda()
     chunks = args.chunks
-    ways = {"tensors": (False, False), "beams in one launch": (True, False), "both kernels": (True, True)}
+    ways = {
+        "tensors": (False, False, False),
+        "beams in one launch": (True, False, False),
+        "both kernels": (True, True, False),
+        "both kernels, split search": (True, True, True),
+    }
     print(f"{torch.cuda.get_device_name(0)}, drafter logits {tuple(draft.shape)} bf16, graph replay, us per build")
     topk_heads = " | ".join(f"top-K: two launches, chunk {c}" for c in chunks)
     print(f"| B | top-K: spec | {topk_heads} | " + " | ".join(ways) + " | same tree | same top-K |")
@@ -90,8 +96,8 @@ def main() -> None:
                 topk_us.append(float("nan"))
         topk_kernel.CHUNK = default_chunk
         times, outputs = [], []
-        for beams, topk in ways.values():
-            _switches(beams, topk)
+        for beams, topk, split in ways.values():
+            _switches(beams, topk, split)
             try:
                 us, out = _graph_time(draft, budget, args.replays)
                 if (beams, topk) != (device_tree.ONE_LAUNCH_BEAMS, device_tree.TWO_LAUNCH_TOPK):

@@ -29,39 +29,57 @@ needs_triton = pytest.mark.skipif(
 
 
 def _compare(cases: int) -> list[str]:
-    """Differences between the two ways (empty: none), on ``cases`` drawn logits and four drafter-shaped blocks."""
-    from ddtree_conformance.adapters.reference import device_tree
-    from ddtree_conformance.adapters.reference.beam_kernel import beams_in_one_launch
+    """Differences between the two ways (empty: none), on ``cases`` drawn logits, ``cases`` drawn log-probs whose
+    sums agree in their top 32 bits (the split search's second half), and four drafter-shaped blocks; the beams
+    with the threshold searched whole and split (``beam_kernel.SPLIT_SEARCH``)."""
+    from ddtree_conformance.adapters.reference import beam_kernel, device_tree
     from ddtree_conformance.spec import build_tree
     from ddtree_conformance.spec.tree import per_depth_topk
 
     rng, found = random.Random(0), []
+
+    def both_searches(lp: torch.Tensor, budget: int, what: str) -> None:
+        tensors = device_tree.beams_with_tensors(lp, budget)
+        for split in (False, True):
+            beam_kernel.SPLIT_SEARCH = split
+            launch = beam_kernel.beams_in_one_launch(lp, budget)
+            for name, want, got in zip(("scores", "ranks", "paths"), tensors, launch, strict=True):
+                if not all(torch.equal(a, b) for a, b in zip(want, got, strict=True)):
+                    found.append(f"{name} (split search {split}): B={budget}, {what}")
+
     for _ in range(cases):
         depth, vocab, budget = rng.randint(1, 6), rng.randint(1, 9), rng.randint(1, 64)
         values = [rng.choice([0.0, -1.0, 1.0, 0.5, 2.0, -3.0, float("-inf")]) for _ in range(depth * vocab)]
         logits = torch.tensor(values).view(depth, vocab)
         if torch.isinf(logits).all(dim=1).any():
             continue
-        lp, _ = per_depth_topk(logits, min(budget, vocab))
-        tensors, launch = device_tree.beams_with_tensors(lp, budget), beams_in_one_launch(lp, budget)
-        for name, want, got in zip(("scores", "ranks", "paths"), tensors, launch, strict=True):
-            if not all(torch.equal(a, b) for a, b in zip(want, got, strict=True)):
-                found.append(f"{name}: B={budget}, logits {values} ({depth}x{vocab})")
+        both_searches(per_depth_topk(logits, min(budget, vocab))[0], budget, f"logits {values} ({depth}x{vocab})")
+    for _ in range(cases):  # log-probs a few units of 2**-40 apart: equal top halves, a cut among them
+        depth, k, budget = rng.randint(2, 5), rng.randint(2, 8), rng.randint(2, 40)
+        base = -rng.choice([0.5, 1.0, 2.0])
+        steps = [0, 1, 2, 3, 5, 8]
+        rows = [
+            sorted(base - rng.choice(steps) * 2.0**-40 - rng.choice([0.0, 0.0, 1.0]) for _ in range(k))[::-1]
+            for _ in range(depth)
+        ]
+        both_searches(torch.tensor(rows, dtype=torch.float64), budget, f"log-probs {rows}")
+    beam_kernel.SPLIT_SEARCH = False
     found += _compare_topk(rng, cases // 2)
     # the whole tree through both kernels: the CPU taken for a GPU, so that the kernels serve
-    from ddtree_conformance.adapters.reference import beam_kernel, topk_kernel
+    from ddtree_conformance.adapters.reference import topk_kernel
 
     device_tree.ONE_LAUNCH_BEAMS = device_tree.TWO_LAUNCH_TOPK = True
     device_tree._on_a_gpu = lambda device: True
     beam_kernel.kernel_available = lambda device, budget, k: budget * k <= beam_kernel.MAX_EXTENSIONS
     topk_kernel.kernel_available = lambda device, k: k <= topk_kernel.MAX_K
     logits = (torch.randn(15, 1000, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16).float()
-    for budget in (16, 64):
+    for budget, split in ((16, False), (64, False), (16, True), (64, True)):
+        beam_kernel.SPLIT_SEARCH = split
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a kernel that failed and let the tensors stand in fails here
             got = device_tree.build_tree_on_device(logits, budget)
         if not build_tree(logits, budget).same_as(got):
-            found.append(f"tree: drafter-shaped logits, B={budget}")
+            found.append(f"tree: drafter-shaped logits, B={budget}, split search {split}")
     return found
 
 
@@ -159,10 +177,11 @@ def test_a_launch_that_fails_is_said_once_and_the_tensor_version_serves(monkeypa
 def test_the_compiled_launch_gives_the_heaps_tree_on_cuda(monkeypatch):
     """The kernel as compiled for the GPU: its beams equal the tensor beams, and its tree the spec's heap run on
     the same device (a heap on the CPU may differ: the float32 log-softmax rounds otherwise there), on drawn
-    tied logits of several shapes and on 8B-shaped drafter blocks; the two-launch top-K likewise equals the spec's
-    on the same device. 2026-12-06 on an H100 (beams only): 369 cases, 0 differ; on a second H100 with the top-K:
-    passed (scripts/measurements/2026-12-06-issue29/machine-8203dc78/gpu-tests.txt)."""
-    from ddtree_conformance.adapters.reference import device_tree
+    tied logits of several shapes and on 8B-shaped drafter blocks, with the threshold searched whole and split; the
+    two-launch top-K likewise equals the spec's on the same device. 2026-12-06 on an H100 (beams only): 369 cases,
+    0 differ; on a second H100 with the top-K: passed (scripts/measurements/2026-12-06-issue29/machine-8203dc78/
+    gpu-tests.txt). The split search has not yet run compiled (added 2026-12-06, twenty-first session)."""
+    from ddtree_conformance.adapters.reference import beam_kernel, device_tree
     from ddtree_conformance.adapters.reference.beam_kernel import beams_in_one_launch
     from ddtree_conformance.adapters.reference.topk_kernel import topk_in_two_launches
     from ddtree_conformance.spec import build_tree
@@ -181,18 +200,21 @@ def test_the_compiled_launch_gives_the_heaps_tree_on_cuda(monkeypatch):
             lp, ids = per_depth_topk(logits, min(budget, vocab))
             if not all(torch.equal(a, b) for a, b in zip((lp, ids), topk_in_two_launches(logits, lp.shape[1]))):
                 found.append(f"top-K: K={lp.shape[1]}, logits {values}")
-            pairs = zip(device_tree.beams_with_tensors(lp, budget), beams_in_one_launch(lp, budget), strict=True)
-            if not all(torch.equal(a, b) for want, got in pairs for a, b in zip(want, got, strict=True)):
-                found.append(f"beams: B={budget}, logits {values}")
+            for split in (False, True):
+                monkeypatch.setattr(beam_kernel, "SPLIT_SEARCH", split)
+                pairs = zip(device_tree.beams_with_tensors(lp, budget), beams_in_one_launch(lp, budget), strict=True)
+                if not all(torch.equal(a, b) for want, got in pairs for a, b in zip(want, got, strict=True)):
+                    found.append(f"beams (split search {split}): B={budget}, logits {values}")
             if not build_tree(logits, budget).same_as(device_tree.build_tree_on_device(logits, budget)):
                 found.append(f"tree: B={budget}, logits {values}")
-    for seed in range(2):
+    for seed, split in ((0, False), (1, False), (0, True), (1, True)):
+        monkeypatch.setattr(beam_kernel, "SPLIT_SEARCH", split)
         block = (torch.randn(15, 151936, generator=torch.Generator().manual_seed(seed)) * 3).to(torch.bfloat16).cuda()
         for budget in (16, 32, 64, 128):
             if not all(map(torch.equal, per_depth_topk(block, budget), topk_in_two_launches(block, budget))):
                 found.append(f"top-K: 8B-shaped block, seed {seed}, K={budget}")
             if not build_tree(block, budget).same_as(device_tree.build_tree_on_device(block, budget)):
-                found.append(f"tree: 8B-shaped block, seed {seed}, B={budget}")
+                found.append(f"tree: 8B-shaped block, seed {seed}, B={budget}, split search {split}")
     assert not found, "\n".join(found[:10])
 
 

@@ -8,7 +8,12 @@ depth, with the extensions of a depth (at most ``B * K <= 4096`` values) in regi
 * **The threshold.** Each extension's float64 score is mapped to an unsigned integer in the same order
   (the sign bit flipped on positives, every bit on negatives). The ``kept``-th largest key is found two bits
   at a time from the top: of the three values the next two bits can add, the largest with at least
-  ``kept`` keys at or above it is kept (the three counts share one reduction, 16 bits each).
+  ``kept`` keys at or above it is kept (the three counts share one reduction, 16 bits each). That is 32
+  reductions a depth, one after another, and they set the launch's time. With :data:`SPLIT_SEARCH` the search
+  runs over the keys' top 32 bits first (16 reductions on 32-bit words), which places every key but those
+  sharing the threshold's top half; among those, the threshold is their least key where all of them are kept
+  or all are equal (exact ties: the drafter's bf16 logits give many), and only otherwise are their low 32 bits
+  searched the same way. The threshold found is the same key either way.
 * **The selection.** Every key above the threshold is kept, and of those equal to it the first by index,
   as many as still fit (a running count); a second running count gives each kept extension its slot, so
   the beam comes out in index order: lexicographic, as the tensor version keeps it.
@@ -28,9 +33,15 @@ try:  # Triton ships with CUDA builds of PyTorch; a CPU-only install has none
 except ImportError:  # pragma: no cover - exercised where Triton is missing
     triton = None
 
-__all__ = ["MAX_EXTENSIONS", "beams_in_one_launch", "kernel_available"]
+__all__ = ["MAX_EXTENSIONS", "SPLIT_SEARCH", "beams_in_one_launch", "kernel_available"]
 
 MAX_EXTENSIONS = 4096  # B * K: one program keeps a depth's extensions in registers
+# Whether the threshold is searched over the keys' top 32 bits first (module doc): the same beams bit for bit
+# (tests/test_beam_kernel.py, through Triton's interpreter), 19 to 21 sequential reductions a depth instead of 32
+# (the low halves are searched at 12 of 126 depths of bf16-rounded drafter-shaped blocks, B = 16 / 32 / 64). Off
+# until timed on a GPU (`python scripts/bench_tree_graph.py`, its "split search" column; the rounds:
+# `SWITCH=beam_kernel.SPLIT_SEARCH bash scripts/gpu_trials.sh switch-rounds`).
+SPLIT_SEARCH = False
 
 
 def kernel_available(device: torch.device, budget: int, k: int) -> bool:
@@ -39,6 +50,39 @@ def kernel_available(device: torch.device, budget: int, k: int) -> bool:
 
 
 if triton is not None:
+
+    @triton.jit
+    def _kth_largest(key, kept, threshold, low, STEPS: tl.constexpr):
+        """The ``kept``-th largest of the unsigned words ``key`` (0 where a key is not counted: no candidate
+        is 0), from ``threshold``'s known bits down, ``low`` the lower of the next two, two bits a step: of the
+        three values those bits can add, the largest with at least ``kept`` keys at or above it (the three
+        counts share one reduction, 16 bits each: a count is at most 4096)."""
+        for _ in range(STEPS):
+            c1, c2 = threshold | low, threshold | (low << 1)
+            c3 = c2 | low
+            packed = (key >= c1).to(tl.int64) + ((key >= c2).to(tl.int64) << 16) + ((key >= c3).to(tl.int64) << 32)
+            counts = tl.sum(packed, axis=0)
+            threshold = tl.where(
+                ((counts >> 32) & 0xFFFF) >= kept,
+                c3,
+                tl.where(((counts >> 16) & 0xFFFF) >= kept, c2, tl.where((counts & 0xFFFF) >= kept, c1, threshold)),
+            )
+            low = low >> 2
+        return threshold
+
+    @triton.jit
+    def _split_threshold(key, valid, kept):
+        """The ``kept``-th largest valid ``key`` (uint64), searched over the top 32 bits first (module doc)."""
+        high, low_word = (key >> 32).to(tl.uint32), key.to(tl.uint32)  # a key not valid is 0: its top half too
+        top = _kth_largest(high, kept, tl.zeros((), tl.uint32), tl.full((), 1, tl.uint32) << 30, 16)
+        same = valid & (high == top)  # the keys whose top half is the threshold's; those above are all kept
+        wanted = kept - tl.sum((valid & (high > top)).to(tl.int32), axis=0)  # 1 <= wanted <= count of same
+        least = tl.min(tl.where(same, low_word, tl.full((), 0xFFFFFFFF, tl.uint32)), axis=0)
+        bottom = least  # the threshold's low half where every key of the same top half is kept, or all are equal
+        rest = tl.where(same, low_word, tl.zeros((), tl.uint32))
+        if (tl.sum(same.to(tl.int32), axis=0) > wanted) & (tl.max(rest, axis=0) > least):
+            bottom = _kth_largest(rest, wanted, tl.zeros((), tl.uint32), tl.full((), 1, tl.uint32) << 30, 16)
+        return (top.to(tl.uint64) << 32) | bottom.to(tl.uint64)
 
     @triton.jit
     def _beams(
@@ -50,6 +94,7 @@ if triton is not None:
         K: tl.constexpr,
         B: tl.constexpr,
         BLOCK: tl.constexpr,
+        SPLIT: tl.constexpr,
     ):
         offs = tl.arange(0, BLOCK)
         width = tl.minimum(B, K)
@@ -68,19 +113,10 @@ if triton is not None:
             ordered = tl.where(bits >= 0, bits ^ sign, ~bits)  # same order as the scores, as unsigned
             key = tl.where(valid, ordered, 0).to(tl.uint64, bitcast=True)
             kept = tl.minimum(B, width * K)
-            threshold = tl.zeros((), tl.uint64)
-            low = tl.full((), 1, tl.uint64) << 62  # two bits a step: three candidates counted in one sum
-            for _ in range(32):
-                c1, c2 = threshold | low, threshold | (low << 1)
-                c3 = c2 | low
-                packed = (key >= c1).to(tl.int64) + ((key >= c2).to(tl.int64) << 16) + ((key >= c3).to(tl.int64) << 32)
-                counts = tl.sum(packed, axis=0)  # each count <= 4096 fits its 16 bits
-                threshold = tl.where(
-                    ((counts >> 32) & 0xFFFF) >= kept,
-                    c3,
-                    tl.where(((counts >> 16) & 0xFFFF) >= kept, c2, tl.where((counts & 0xFFFF) >= kept, c1, threshold)),
-                )
-                low = low >> 2
+            if SPLIT:
+                threshold = _split_threshold(key, valid, kept)
+            else:
+                threshold = _kth_largest(key, kept, tl.zeros((), tl.uint64), tl.full((), 1, tl.uint64) << 62, 32)
             above = valid & (key > threshold)
             tied = valid & (key == threshold)
             room = kept - tl.sum(above.to(tl.int32), axis=0)
@@ -126,7 +162,8 @@ def beams_in_one_launch(
     ranks = torch.empty((depth_limit, budget), dtype=torch.long, device=lp.device)
     paths = torch.full((depth_limit, budget, depth_limit), -1, dtype=torch.long, device=lp.device)
     block = max(16, triton.next_power_of_2(budget * k))
-    _beams[(1,)](lp, scores, ranks, paths, DEPTH=depth_limit, K=k, B=budget, BLOCK=block, num_warps=warps(block))
+    sizes = {"DEPTH": depth_limit, "K": k, "B": budget, "BLOCK": block}
+    _beams[(1,)](lp, scores, ranks, paths, **sizes, SPLIT=SPLIT_SEARCH, num_warps=warps(block))
     widths = beam_widths(depth_limit, k, budget)
     return (
         [scores[d, :w] for d, w in enumerate(widths)],
