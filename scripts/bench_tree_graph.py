@@ -4,7 +4,9 @@ it, captured in a CUDA graph and replayed, three ways: with tensors only (the sp
 int64 keys, then each beam's selection by a stable sort and a sort of the kept indices, about ten kernels a
 depth); with the beams in one Triton launch (adapters/reference/beam_kernel.py); and with the top-K in two
 Triton launches as well (adapters/reference/topk_kernel.py); and both kernels with the beams' threshold searched
-over the keys' top halves first (``beam_kernel.SPLIT_SEARCH``). The per-depth top-K is also timed alone, both ways
+over the keys' top halves first (``beam_kernel.SPLIT_SEARCH``); and with the union of the beams in pop order, the
+nodes' fields and ancestors from one more launch (adapters/reference/pop_order_kernel.py,
+``device_tree.ONE_LAUNCH_TREE``), with either search. The per-depth top-K is also timed alone, both ways
 (the two launches at each ``--chunks`` size), and the one-launch beams at each ``--beam-warps``.
 (2026-12-06 it also timed the selection with tensors by a threshold instead of the sorts: slower than the sorts
 at every budget, 1267 / 1600 / 2054 us at B = 16 / 32 / 64, and removed.)
@@ -52,8 +54,9 @@ def _counts(text: str) -> list[int]:
     return values
 
 
-def _switches(beams: bool, topk: bool, split: bool = False) -> None:
-    device_tree.ONE_LAUNCH_BEAMS, device_tree.TWO_LAUNCH_TOPK, beam_kernel.SPLIT_SEARCH = beams, topk, split
+def _switches(beams: bool, topk: bool, split: bool = False, tree: bool = False) -> None:
+    device_tree.ONE_LAUNCH_BEAMS, device_tree.TWO_LAUNCH_TOPK = beams, topk
+    beam_kernel.SPLIT_SEARCH, device_tree.ONE_LAUNCH_TREE = split, tree
 
 
 def main() -> None:
@@ -71,10 +74,12 @@ def main() -> None:
     draft = (torch.randn(args.block - 1, args.vocab, generator=g) * 3).to(torch.bfloat16).cuda()
     chunks = args.chunks
     ways = {
-        "tensors": (False, False, False),
-        "beams in one launch": (True, False, False),
-        "both kernels": (True, True, False),
-        "both kernels, split search": (True, True, True),
+        "tensors": (False, False, False, False),
+        "beams in one launch": (True, False, False, False),
+        "both kernels": (True, True, False, False),
+        "both kernels, split search": (True, True, True, False),
+        "pop order in one launch": (True, True, False, True),
+        "pop order in one launch, split search": (True, True, True, True),
     }
     print(f"{torch.cuda.get_device_name(0)}, drafter logits {tuple(draft.shape)} bf16, graph replay, us per build")
     topk_heads = " | ".join(f"top-K: two launches, chunk {c}" for c in chunks)
@@ -96,11 +101,15 @@ def main() -> None:
                 topk_us.append(float("nan"))
         topk_kernel.CHUNK = default_chunk
         times, outputs = [], []
-        for beams, topk, split in ways.values():
-            _switches(beams, topk, split)
+        for switches in ways.values():
+            _switches(*switches)
             try:
                 us, out = _graph_time(draft, budget, args.replays)
-                if (beams, topk) != (device_tree.ONE_LAUNCH_BEAMS, device_tree.TWO_LAUNCH_TOPK):
+                if switches[:2] + switches[3:] != (
+                    device_tree.ONE_LAUNCH_BEAMS,
+                    device_tree.TWO_LAUNCH_TOPK,
+                    device_tree.ONE_LAUNCH_TREE,
+                ):
                     raise RuntimeError("a kernel failed and the tensors stood in (see the warning above)")
             except Exception as error:
                 print(f"B={budget}: {type(error).__name__}: {str(error)[:300]}", flush=True)

@@ -65,21 +65,39 @@ def _compare(cases: int) -> list[str]:
         both_searches(torch.tensor(rows, dtype=torch.float64), budget, f"log-probs {rows}")
     beam_kernel.SPLIT_SEARCH = False
     found += _compare_topk(rng, cases // 2)
-    # the whole tree through both kernels: the CPU taken for a GPU, so that the kernels serve
-    from ddtree_conformance.adapters.reference import topk_kernel
+    # the whole tree through the kernels: the CPU taken for a GPU, so that the kernels serve
+    from ddtree_conformance.adapters.reference import pop_order_kernel, topk_kernel
 
     device_tree.ONE_LAUNCH_BEAMS = device_tree.TWO_LAUNCH_TOPK = True
     device_tree._on_a_gpu = lambda device: True
     beam_kernel.kernel_available = lambda device, budget, k: budget * k <= beam_kernel.MAX_EXTENSIONS
     topk_kernel.kernel_available = lambda device, k: k <= topk_kernel.MAX_K
-    logits = (torch.randn(15, 1000, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16).float()
-    for budget, split in ((16, False), (64, False), (16, True), (64, True)):
-        beam_kernel.SPLIT_SEARCH = split
+    pop_order_kernel.kernel_available = lambda device, depth, budget: depth * budget <= pop_order_kernel.MAX_NODES
+
+    def whole_tree(logits: torch.Tensor, budget: int, what: str) -> None:
+        """The tree and its ancestors (the tensors' union or the pop order's launch, as switched) against the
+        heap's tree and its ancestor table."""
+        want = build_tree(logits, budget)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a kernel that failed and let the tensors stand in fails here
-            got = device_tree.build_tree_on_device(logits, budget)
-        if not build_tree(logits, budget).same_as(got):
-            found.append(f"tree: drafter-shaped logits, B={budget}, split search {split}")
+            got, table = device_tree.build_tree_with_ancestors(logits, budget)
+        if not (want.same_as(got) and torch.equal(device_tree.ancestor_table(want, logits.shape[0]), table)):
+            found.append(
+                f"tree (pop order in one launch {device_tree.ONE_LAUNCH_TREE}, split {beam_kernel.SPLIT_SEARCH}, "
+                f"top-K in two launches {device_tree.TWO_LAUNCH_TOPK}): {what}"
+            )
+
+    logits = (torch.randn(15, 1000, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16).float()
+    for budget, split, tree_launch in ((16, False, False), (64, False, True), (16, True, True), (64, True, False)):
+        beam_kernel.SPLIT_SEARCH, device_tree.ONE_LAUNCH_TREE = split, tree_launch
+        whole_tree(logits, budget, f"drafter-shaped logits, B={budget}")
+    beam_kernel.SPLIT_SEARCH, device_tree.ONE_LAUNCH_TREE, device_tree.TWO_LAUNCH_TOPK = False, True, False
+    for _ in range(cases):  # few values: ties within and between depths, -inf, one-token depths (scores of 0)
+        depth, vocab, budget = rng.randint(1, 6), rng.randint(1, 9), rng.randint(1, 64)
+        values = [rng.choice([0.0, -1.0, 1.0, 0.5, 2.0, -3.0, float("-inf")]) for _ in range(depth * vocab)]
+        logits = torch.tensor(values).view(depth, vocab)
+        if not torch.isinf(logits).all(dim=1).any():
+            whole_tree(logits, budget, f"B={budget}, logits {values} ({depth}x{vocab})")
     return found
 
 
@@ -123,6 +141,18 @@ def test_the_launch_serves_only_what_fits_one_program():
     assert not kernel_available(torch.device("cpu"), 16, 16)  # the CPU builds with tensors
     with pytest.raises(ValueError, match=f"over {MAX_EXTENSIONS}"):
         beams_in_one_launch(torch.zeros(2, 128, dtype=torch.float64), 64)
+
+
+@needs_triton
+def test_the_pop_order_launch_serves_only_what_fits_one_program():
+    from ddtree_conformance.adapters.reference import pop_order_kernel
+
+    assert pop_order_kernel.kernel_available(torch.device("cuda"), 15, 64)
+    assert not pop_order_kernel.kernel_available(torch.device("cuda"), 33, 128)  # L * B over one program's registers
+    assert not pop_order_kernel.kernel_available(torch.device("cuda"), 2, 129)  # B: the pairwise pop order's limit
+    assert not pop_order_kernel.kernel_available(torch.device("cpu"), 15, 16)  # the CPU builds with tensors
+    with pytest.raises(ValueError, match="at most 4096"):
+        pop_order_kernel.tree_in_one_launch(*[torch.zeros(1)] * 3, torch.zeros(65, 64, dtype=torch.long), 64)
 
 
 @needs_triton
@@ -171,6 +201,47 @@ def test_a_launch_that_fails_is_said_once_and_the_tensor_version_serves(monkeypa
     assert first.same_as(build_tree(logits, 16)) and second.same_as(first)
 
 
+def test_a_pop_order_launch_that_fails_is_said_once_and_the_tensors_take_the_union(monkeypatch):
+    """The pop order's launch failing after the beams' served: one warning, the tensors take the union of the same
+    beams (the heap's tree), and no second try."""
+    from ddtree_conformance.adapters.reference import beam_kernel, device_tree, pop_order_kernel
+    from ddtree_conformance.spec import build_tree
+
+    def slots(lp, budget):  # the beams' launch stood in for by the tensor version, laid out as the launch leaves it
+        depth_limit = lp.shape[0]
+        scores, ranks, paths = device_tree.beams_with_tensors(lp, budget)
+        laid = [
+            torch.zeros(depth_limit, budget, dtype=torch.float64),
+            torch.zeros(depth_limit, budget, dtype=torch.long),
+            torch.full((depth_limit, budget, depth_limit), -1, dtype=torch.long),
+        ]
+        for d in range(depth_limit):
+            for whole, part in zip(laid, (scores[d], ranks[d], paths[d]), strict=True):
+                whole[d, : part.shape[0]] = part
+        return tuple(laid)
+
+    calls = []
+
+    def failing(*args):
+        calls.append(args[-1])
+        raise RuntimeError("PTX for this GPU could not be built")
+
+    monkeypatch.setattr(device_tree, "ONE_LAUNCH_TREE", True)
+    monkeypatch.setattr(device_tree, "TWO_LAUNCH_TOPK", False)
+    monkeypatch.setattr(device_tree, "_on_a_gpu", lambda device: True)
+    monkeypatch.setattr(beam_kernel, "kernel_available", lambda device, *sizes: True)
+    monkeypatch.setattr(beam_kernel, "beam_slots_in_one_launch", slots)
+    monkeypatch.setattr(beam_kernel, "beams_in_one_launch", device_tree.beams_with_tensors)
+    monkeypatch.setattr(pop_order_kernel, "kernel_available", lambda device, *sizes: True)
+    monkeypatch.setattr(pop_order_kernel, "tree_in_one_launch", failing)
+    logits = (torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16).float()
+    with pytest.warns(RuntimeWarning, match="one-launch pop order failed .RuntimeError: PTX"):
+        first = device_tree.build_tree_on_device(logits, 16)
+    second = device_tree.build_tree_on_device(logits, 16)
+    assert calls == [16] and not device_tree.ONE_LAUNCH_TREE and device_tree.ONE_LAUNCH_BEAMS
+    assert first.same_as(build_tree(logits, 16)) and second.same_as(first)
+
+
 @pytest.mark.gpu
 @needs_triton
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
@@ -180,7 +251,8 @@ def test_the_compiled_launch_gives_the_heaps_tree_on_cuda(monkeypatch):
     tied logits of several shapes and on 8B-shaped drafter blocks, with the threshold searched whole and split; the
     two-launch top-K likewise equals the spec's on the same device. 2026-12-06 on an H100 (beams only): 369 cases,
     0 differ; on a second H100 with the top-K: passed (scripts/measurements/2026-12-06-issue29/machine-8203dc78/
-    gpu-tests.txt). The split search has not yet run compiled (added 2026-12-06, twenty-first session)."""
+    gpu-tests.txt). The split search and the pop order in one launch have not yet run compiled (added 2026-12-06,
+    twenty-first session)."""
     from ddtree_conformance.adapters.reference import beam_kernel, device_tree
     from ddtree_conformance.adapters.reference.beam_kernel import beams_in_one_launch
     from ddtree_conformance.adapters.reference.topk_kernel import topk_in_two_launches
@@ -205,16 +277,21 @@ def test_the_compiled_launch_gives_the_heaps_tree_on_cuda(monkeypatch):
                 pairs = zip(device_tree.beams_with_tensors(lp, budget), beams_in_one_launch(lp, budget), strict=True)
                 if not all(torch.equal(a, b) for want, got in pairs for a, b in zip(want, got, strict=True)):
                     found.append(f"beams (split search {split}): B={budget}, logits {values}")
-            if not build_tree(logits, budget).same_as(device_tree.build_tree_on_device(logits, budget)):
-                found.append(f"tree: B={budget}, logits {values}")
-    for seed, split in ((0, False), (1, False), (0, True), (1, True)):
+            for tree_launch in (False, True):
+                monkeypatch.setattr(device_tree, "ONE_LAUNCH_TREE", tree_launch)
+                got, table = device_tree.build_tree_with_ancestors(logits, budget)
+                want = build_tree(logits, budget)
+                if not (want.same_as(got) and torch.equal(device_tree.ancestor_table(want, depth), table)):
+                    found.append(f"tree (pop order in one launch {tree_launch}): B={budget}, logits {values}")
+    for seed, split, tree_launch in ((0, False, False), (1, False, True), (0, True, True), (1, True, False)):
         monkeypatch.setattr(beam_kernel, "SPLIT_SEARCH", split)
+        monkeypatch.setattr(device_tree, "ONE_LAUNCH_TREE", tree_launch)
         block = (torch.randn(15, 151936, generator=torch.Generator().manual_seed(seed)) * 3).to(torch.bfloat16).cuda()
         for budget in (16, 32, 64, 128):
             if not all(map(torch.equal, per_depth_topk(block, budget), topk_in_two_launches(block, budget))):
                 found.append(f"top-K: 8B-shaped block, seed {seed}, K={budget}")
             if not build_tree(block, budget).same_as(device_tree.build_tree_on_device(block, budget)):
-                found.append(f"tree: 8B-shaped block, seed {seed}, B={budget}, split search {split}")
+                found.append(f"tree: 8B-shaped block, seed {seed}, B={budget}, split {split}, pop order {tree_launch}")
     assert not found, "\n".join(found[:10])
 
 

@@ -122,6 +122,9 @@ def test_the_walk_equals_the_spec_walk(depth, vocab, budget, seed, pad):
     path, accepted, bonus = greedy_walk_on_device(built, target, depth, ancestors=table)
     want = walk_tree(tree, target)
     assert (path.tolist()[: int(accepted)], int(bonus)) == (want.accepted, want.bonus)
+    # with the target's argmax given, as the round as one graph gives it
+    path, accepted, bonus = greedy_walk_on_device(built, target, depth, table, torch.argmax(target, dim=-1))
+    assert (path.tolist()[: int(accepted)], int(bonus)) == (want.accepted, want.bonus)
 
 
 # ---------------------------------------------------------------------------- the verify inputs
@@ -151,3 +154,8 @@ def test_the_verify_inputs_equal_the_spec_compile(depth, vocab, budget, seed, st
     table = ancestor_table(tree, depth + extra)
     got = verify_inputs_on_device(tree, torch.tensor(root), start, start + extra, dtype, depth + extra, table)
     assert torch.equal(want.attention_mask, got.attention_mask)
+    # without the mask (the round as one graph builds its own over the cache): the rest unchanged
+    bare = verify_inputs_on_device(tree, torch.tensor(root), start, start + extra, dtype, depth + extra, table, False)
+    for name in ("input_ids", "position_ids", "visibility"):
+        assert torch.equal(getattr(want, name), getattr(bare, name)), name
+    assert bare.attention_mask.numel() == 0

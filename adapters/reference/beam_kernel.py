@@ -33,7 +33,7 @@ try:  # Triton ships with CUDA builds of PyTorch; a CPU-only install has none
 except ImportError:  # pragma: no cover - exercised where Triton is missing
     triton = None
 
-__all__ = ["MAX_EXTENSIONS", "SPLIT_SEARCH", "beams_in_one_launch", "kernel_available"]
+__all__ = ["MAX_EXTENSIONS", "SPLIT_SEARCH", "beam_slots_in_one_launch", "beams_in_one_launch", "kernel_available"]
 
 MAX_EXTENSIONS = 4096  # B * K: one program keeps a depth's extensions in registers
 # Whether the threshold is searched over the keys' top 32 bits first (module doc): the same beams bit for bit
@@ -152,6 +152,18 @@ def beams_in_one_launch(
     """``(scores, ranks, paths)`` per depth, as :func:`.device_tree.build_tree_with_ancestors` keeps its beams:
     ``lp`` the per-depth top-K log-probs (float64 ``[L, K]``); each beam in lexicographic order, ``paths[d]``
     ``[width, L]`` the beam indices of every node's ancestors at depths 0..d (itself last), then -1."""
+    scores, ranks, paths = beam_slots_in_one_launch(lp, budget)
+    widths = beam_widths(*lp.shape, budget)
+    return (
+        [scores[d, :w] for d, w in enumerate(widths)],
+        [ranks[d, :w] for d, w in enumerate(widths)],
+        [paths[d, :w] for d, w in enumerate(widths)],
+    )
+
+
+def beam_slots_in_one_launch(lp: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`beams_in_one_launch`'s beams as the launch leaves them, every depth ``budget`` slots wide (those past
+    a depth's width unwritten): scores float64 ``[L, B]``, ranks ``[L, B]``, paths ``[L, B, L]``."""
     if triton is None:
         raise RuntimeError("beams_in_one_launch needs Triton")
     depth_limit, k = lp.shape
@@ -164,9 +176,4 @@ def beams_in_one_launch(
     block = max(16, triton.next_power_of_2(budget * k))
     sizes = {"DEPTH": depth_limit, "K": k, "B": budget, "BLOCK": block}
     _beams[(1,)](lp, scores, ranks, paths, **sizes, SPLIT=SPLIT_SEARCH, num_warps=warps(block))
-    widths = beam_widths(depth_limit, k, budget)
-    return (
-        [scores[d, :w] for d, w in enumerate(widths)],
-        [ranks[d, :w] for d, w in enumerate(widths)],
-        [paths[d, :w] for d, w in enumerate(widths)],
-    )
+    return scores, ranks, paths

@@ -347,7 +347,7 @@ class StaticDecoder(EagerDecoder):
         tree, ancestors = build_tree_with_ancestors(static["draft"], budget)
         rows = tree.tokens.shape[0]
         compiled = verify_inputs_on_device(
-            tree, static["root"], 0, 0, dtype=pair.dtype, max_depth=depth_limit, ancestors=ancestors
+            tree, static["root"], 0, 0, dtype=pair.dtype, max_depth=depth_limit, ancestors=ancestors, with_mask=False
         )
         begin = static["start"]  # [1]: the root's position and cache slot
         device = begin.device
@@ -363,8 +363,8 @@ class StaticDecoder(EagerDecoder):
             logits, features = pair.forward(
                 compiled.input_ids, positions, cache, {"full_attention": mask, "sliding_attention": mask}
             )
-        path, accepted, bonus = greedy_walk_on_device(tree, logits, max_depth=depth_limit, ancestors=ancestors)
-        chosen = torch.argmax(logits, dim=-1)
+        chosen = torch.argmax(logits, dim=-1)  # once: the walk and the read back share it
+        path, accepted, bonus = greedy_walk_on_device(tree, logits, depth_limit, ancestors, chosen)
         head = torch.stack([accepted, bonus]).long()
         packed = torch.cat([head, path, compiled.input_ids, tree.depths, chosen, tree.parents])
         return tree, compiled.visibility, logits, features, path, accepted, bonus, packed

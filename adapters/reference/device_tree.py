@@ -24,7 +24,9 @@ back and a fixed number of kernels (about ten per depth), so that it can sit in 
   depth-first (pre-order) position in the trie the beams form. That position is counted, not sorted: a
   node at depth d and beam index i is preceded by its ancestors' beam indices plus one at every depth
   above it, the i nodes before it in its own beam, and every strict descendant of those i nodes. One
-  stable sort by score over the nodes laid out in pre-order then gives the pop order.
+  stable sort by score over the nodes laid out in pre-order then gives the pop order. Where the beams came from one
+  launch, ``ONE_LAUNCH_TREE`` takes the union, the numbering and the fields from one more (:mod:`.pop_order_kernel`:
+  the same counts, a threshold instead of the sort).
 * **Ancestors.** :func:`build_tree_with_ancestors` also returns each node's ancestors (node indices at
   depths 1..d, the node itself last), which the verify mask (:mod:`.device_verify`) and the greedy walk
   (:mod:`.device_walk`) read in a few kernels instead of following parent pointers one level at a time.
@@ -54,6 +56,12 @@ ONE_LAUNCH_BEAMS = True
 # 254 / 274 / 282 at K = 16 / 32 / 64 in the graph, on a second H100; the tree build with both kernels 357 / 423 /
 # 691 us (scripts/measurements/2026-12-06-issue29/README.md, "Second machine").
 TWO_LAUNCH_TOPK = True
+# Whether a CUDA build whose beams come from one launch also takes the union of the beams in pop order, the node
+# numbers, fields and ancestors from one more (.pop_order_kernel) where L * B <= 4096 and B <= 128, instead of
+# about fifty small kernels and a stable sort (the same tree bit for bit: tests/test_beam_kernel.py). Off until
+# timed on a GPU (`python scripts/bench_tree_graph.py`, its "pop order in one launch" column; the rounds:
+# `SWITCH=device_tree.ONE_LAUNCH_TREE bash scripts/gpu_trials.sh switch-rounds`).
+ONE_LAUNCH_TREE = False
 
 
 def build_tree_on_device(draft_logits: torch.Tensor, budget: int) -> DraftTree:
@@ -71,6 +79,10 @@ def build_tree_with_ancestors(draft_logits: torch.Tensor, budget: int) -> tuple[
     depth_limit, vocab = draft_logits.shape
     k = min(budget, vocab)
     lp, ids = _top_k(draft_logits, k)  # float64 [L, k], int64 [L, k]
+    made = _tree_in_two_launches(lp, ids, budget)
+    if made is not None:
+        (tokens, depths, parents, ranks, scores), ancestors = made
+        return DraftTree(tokens=tokens, depths=depths, parents=parents, ranks=ranks, scores=scores), ancestors
     device = draft_logits.device
     long = torch.long
 
@@ -137,6 +149,25 @@ def _top_k(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
             if served is not None:
                 return served
     return per_depth_topk(draft_logits, k)
+
+
+def _tree_in_two_launches(lp: torch.Tensor, ids: torch.Tensor, budget: int):
+    """The tree's fields and ancestors from the beams' launch and the pop order's (:mod:`.pop_order_kernel`) where
+    both serve (``ONE_LAUNCH_BEAMS`` and ``ONE_LAUNCH_TREE``, a CUDA device, Triton, B * K <= 4096, L * B <= 4096),
+    else None (the tensors take the union)."""
+    if not (ONE_LAUNCH_TREE and ONE_LAUNCH_BEAMS and _on_a_gpu(lp.device)):
+        return None
+    from . import beam_kernel, pop_order_kernel  # Triton is imported only where it can serve
+
+    depth_limit, k = lp.shape
+    if not beam_kernel.kernel_available(lp.device, budget, k):
+        return None
+    if not pop_order_kernel.kernel_available(lp.device, depth_limit, budget):
+        return None
+    slots = _launch("ONE_LAUNCH_BEAMS", "one-launch beams", beam_kernel.beam_slots_in_one_launch, lp, budget)
+    if slots is None:
+        return None
+    return _launch("ONE_LAUNCH_TREE", "one-launch pop order", pop_order_kernel.tree_in_one_launch, *slots, ids, budget)
 
 
 def _beams(lp: torch.Tensor, budget: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:

@@ -29,10 +29,13 @@ def verify_inputs_on_device(
     dtype: torch.dtype = torch.float32,
     max_depth: int | None = None,
     ancestors: torch.Tensor | None = None,
+    with_mask: bool = True,
 ) -> VerifyInputs:
     """:func:`~ddtree_conformance.spec.compile_tree`'s inputs (module doc); ``max_depth`` at least the
     tree's depth (default: the number of nodes, which always is); ``ancestors`` the tree's ancestor table
-    where the caller has it (the build gives it), else computed here with ``max_depth`` columns."""
+    where the caller has it (the build gives it), else computed here with ``max_depth`` columns.
+    ``with_mask=False``: no additive mask (an empty ``attention_mask``), for a caller that builds its own
+    from ``visibility`` (the round as one graph: its mask spans the cache)."""
     prefix_len = checked_prefix_len(start, prefix_len)
     device = tree.tokens.device
     n = tree.tokens.shape[0]
@@ -44,6 +47,9 @@ def verify_inputs_on_device(
     # each row sees the root, its ancestors and itself: one scatter (padding -1 lands on the root's column)
     seen = torch.cat([torch.zeros((n, 1), dtype=torch.long, device=device), ancestors.clamp(min=0)], dim=1)
     visibility = torch.zeros((n, n), dtype=torch.bool, device=device).scatter_(1, seen, True)
+    if not with_mask:
+        empty = torch.empty(0, dtype=dtype, device=device)
+        return VerifyInputs(input_ids=input_ids, position_ids=position_ids, visibility=visibility, attention_mask=empty)
     allowed = torch.cat([torch.ones((n, prefix_len), dtype=torch.bool, device=device), visibility], dim=1)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
     return VerifyInputs(

@@ -29,14 +29,19 @@ __all__ = ["greedy_walk_on_device"]
 
 
 def greedy_walk_on_device(
-    tree: DraftTree, target_logits: torch.Tensor, max_depth: int | None = None, ancestors: torch.Tensor | None = None
+    tree: DraftTree,
+    target_logits: torch.Tensor,
+    max_depth: int | None = None,
+    ancestors: torch.Tensor | None = None,
+    chosen: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(path, accepted, bonus)``: ``path`` the accepted node indices in order, padded with -1 to
     ``max_depth``; ``accepted`` how many there are; ``bonus`` the target's token after the last (module
     doc). ``target_logits``: ``[N+1, V]``, row i the target's next-token logits at node i. ``max_depth``:
     at least the tree's depth (the drafter's block: no read of the tree); None: the tree's depth, read.
     ``ancestors``: the tree's :func:`~.device_tree.ancestor_table` with ``max_depth`` columns, where the
-    caller has it (the build gives it); None: computed here."""
+    caller has it (the build gives it); None: computed here. ``chosen``: ``argmax`` of every row of
+    ``target_logits`` where the caller has it (one pass over the logits fewer); None: taken here."""
     nodes = tree.num_nodes + 1
     if target_logits.shape[0] != nodes:
         raise ValueError(f"target_logits has {target_logits.shape[0]} rows, tree has {nodes} nodes")
@@ -44,7 +49,8 @@ def greedy_walk_on_device(
     depth = max_depth if max_depth is not None else (int(tree.depths.max()) if nodes > 1 else 0)
     if ancestors is None:
         ancestors = ancestor_table(tree, depth)
-    chosen = torch.argmax(target_logits, dim=-1)  # [N+1]
+    if chosen is None:
+        chosen = torch.argmax(target_logits, dim=-1)  # [N+1]
     tokens, parents, depths = (t.to(device) for t in (tree.tokens, tree.parents, tree.depths))
     # a node matches when its token is the target's token at its parent; it is on the walk when it and
     # every ancestor match (siblings carry distinct tokens, so these nodes form one path from the root)
