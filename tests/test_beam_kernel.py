@@ -88,9 +88,13 @@ def _compare(cases: int) -> list[str]:
             )
 
     logits = (torch.randn(15, 1000, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16).float()
-    for budget, split, tree_launch in ((16, False, False), (64, False, True), (16, True, True), (64, True, False)):
-        beam_kernel.SPLIT_SEARCH, device_tree.ONE_LAUNCH_TREE = split, tree_launch
+    # every kernel on both budgets; the top-K's launches (7-14 s each in the interpreter) on the first two only
+    builds = ((16, False, False, True), (64, False, True, True), (16, True, True, False))
+    for budget, split, tree_launch, topk in builds:
+        beam_kernel.SPLIT_SEARCH, device_tree.ONE_LAUNCH_TREE, device_tree.TWO_LAUNCH_TOPK = split, tree_launch, topk
         whole_tree(logits, budget, f"drafter-shaped logits, B={budget}")
+    beam_kernel.SPLIT_SEARCH, device_tree.ONE_LAUNCH_TREE = True, False
+    whole_tree(logits, 64, "drafter-shaped logits, B=64")
     beam_kernel.SPLIT_SEARCH, device_tree.ONE_LAUNCH_TREE, device_tree.TWO_LAUNCH_TOPK = False, True, False
     for _ in range(cases):  # few values: ties within and between depths, -inf, one-token depths (scores of 0)
         depth, vocab, budget = rng.randint(1, 6), rng.randint(1, 9), rng.randint(1, 64)
