@@ -11,7 +11,8 @@ program does it, every beam node (at most ``L * B <= 4096``) in registers:
   it, its own beam index, and the descendants of the nodes before it in its beam (a running sum per depth),
   as :mod:`.device_tree` counts it.
 * **The B best.** The ``B``-th largest score key (the float64 score as an unsigned integer in the same order,
-  as :mod:`.beam_kernel` maps it) is searched two bits at a time; every node above it is kept, and of those
+  as :mod:`.beam_kernel` maps it) is searched two bits at a time (over the top halves first where
+  ``beam_kernel.SPLIT_SEARCH`` says so, as the beams are); every node above it is kept, and of those
   equal to it the first by pre-order position, as many as still fit (a running count over the nodes laid out
   in pre-order).
 * **Pop order.** The kept nodes (at most 128) are compared pairwise: a node's number is one plus how many kept
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from . import beam_kernel
 from .beam_kernel import beam_widths
 
 try:  # Triton ships with CUDA builds of PyTorch; a CPU-only install has none
@@ -48,7 +50,7 @@ def kernel_available(device: torch.device, depth_limit: int, budget: int) -> boo
 
 
 if triton is not None:
-    from .beam_kernel import _kth_largest
+    from .beam_kernel import _kth_largest, _split_threshold
 
     @triton.jit
     def _tree(
@@ -71,6 +73,7 @@ if triton is not None:
         DP: tl.constexpr,
         BP: tl.constexpr,
         CP: tl.constexpr,
+        SPLIT: tl.constexpr,
     ):
         # scratch: descendants [DEPTH * B], before-in-beam [DEPTH * B], tied in pre-order [BLOCK], running count
         # [BLOCK], node numbers [DEPTH * B], kept keys [CP], kept pre-order [CP], kept numbers [CP] (int64 each)
@@ -116,7 +119,10 @@ if triton is not None:
         sign = tl.full((BLOCK,), -9223372036854775808, tl.int64)
         ordered = tl.where(bits >= 0, bits ^ sign, ~bits)
         key = tl.where(valid, ordered, 0).to(tl.uint64, bitcast=True)
-        threshold = _kth_largest(key, KEPT, tl.zeros((), tl.uint64), tl.full((), 1, tl.uint64) << 62, 32)
+        if SPLIT:
+            threshold = _split_threshold(key, valid, KEPT)
+        else:
+            threshold = _kth_largest(key, KEPT, tl.zeros((), tl.uint64), tl.full((), 1, tl.uint64) << 62, 32)
         above = valid & (key > threshold)
         tied = valid & (key == threshold)
         room = KEPT - tl.sum(above.to(tl.int32), axis=0)
@@ -195,6 +201,6 @@ def tree_in_one_launch(
     tokens, depths, parents, ranks = fields
     _tree[(1,)](
         beam_scores, beam_ranks, paths, ids.contiguous(), scratch, tokens, depths, parents, ranks, scores, ancestors,
-        **sizes, **pads, num_warps=8 if block > 1024 else 4,
+        **sizes, **pads, SPLIT=beam_kernel.SPLIT_SEARCH, num_warps=8 if block > 1024 else 4,
     )  # fmt: skip
     return (tokens, depths, parents, ranks, scores), ancestors
