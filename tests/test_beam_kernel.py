@@ -96,9 +96,10 @@ def _compare(cases: int) -> list[str]:
     beam_kernel.SPLIT_SEARCH, device_tree.ONE_LAUNCH_TREE = True, False
     whole_tree(logits, 64, "drafter-shaped logits, B=64")
     beam_kernel.SPLIT_SEARCH, device_tree.ONE_LAUNCH_TREE, device_tree.TWO_LAUNCH_TOPK = False, True, False
-    for _ in range(cases):  # few values: ties within and between depths, -inf, one-token depths (scores of 0)
+    pools = ([0.0, -1.0, 1.0, 0.5, 2.0, -3.0, float("-inf")], [0.0, -30.0, float("-inf")])
+    for case in range(cases):  # few values: ties within and between depths, -inf, one-token depths (scores of +0.0)
         depth, vocab, budget = rng.randint(1, 6), rng.randint(1, 9), rng.randint(1, 64)
-        values = [rng.choice([0.0, -1.0, 1.0, 0.5, 2.0, -3.0, float("-inf")]) for _ in range(depth * vocab)]
+        values = [rng.choice(pools[case % 2]) for _ in range(depth * vocab)]
         logits = torch.tensor(values).view(depth, vocab)
         if not torch.isinf(logits).all(dim=1).any():
             whole_tree(logits, budget, f"B={budget}, logits {values} ({depth}x{vocab})")

@@ -85,6 +85,23 @@ if triton is not None:
         return (top.to(tl.uint64) << 32) | bottom.to(tl.uint64)
 
     @triton.jit
+    def score_keys(score, valid):
+        """float64 scores as unsigned integers in the same order (the sign bit flipped on positives, every bit on
+        negatives), 0 where not ``valid``."""
+        bits = score.to(tl.int64, bitcast=True)
+        ordered = tl.where(bits >= 0, bits ^ tl.full((), -9223372036854775808, tl.int64), ~bits)
+        return tl.where(valid, ordered, 0).to(tl.uint64, bitcast=True)
+
+    @triton.jit
+    def kth_largest_key(key, valid, kept, SPLIT: tl.constexpr):
+        """The ``kept``-th largest valid ``key``: searched whole, or split (module doc)."""
+        if SPLIT:
+            threshold = _split_threshold(key, valid, kept)
+        else:
+            threshold = _kth_largest(key, kept, tl.zeros((), tl.uint64), tl.full((), 1, tl.uint64) << 62, 32)
+        return threshold
+
+    @triton.jit
     def _beams(
         lp_ptr,
         scores_ptr,
@@ -104,19 +121,13 @@ if triton is not None:
         tl.store(paths_ptr + offs * DEPTH, offs.to(tl.int64), mask=first)
         tl.debug_barrier()
         parent, rank = offs // K, offs % K
-        sign = tl.full((BLOCK,), -9223372036854775808, tl.int64)  # the top bit
         for d in range(1, DEPTH):
             valid = offs < width * K
             prev = tl.load(scores_ptr + (d - 1) * B + parent, mask=valid, other=0.0)
             ext = prev + tl.load(lp_ptr + d * K + rank, mask=valid, other=0.0) + 0.0  # parent + lp, as the heap adds
-            bits = ext.to(tl.int64, bitcast=True)
-            ordered = tl.where(bits >= 0, bits ^ sign, ~bits)  # same order as the scores, as unsigned
-            key = tl.where(valid, ordered, 0).to(tl.uint64, bitcast=True)
+            key = score_keys(ext, valid)
             kept = tl.minimum(B, width * K)
-            if SPLIT:
-                threshold = _split_threshold(key, valid, kept)
-            else:
-                threshold = _kth_largest(key, kept, tl.zeros((), tl.uint64), tl.full((), 1, tl.uint64) << 62, 32)
+            threshold = kth_largest_key(key, valid, kept, SPLIT)
             above = valid & (key > threshold)
             tied = valid & (key == threshold)
             room = kept - tl.sum(above.to(tl.int32), axis=0)

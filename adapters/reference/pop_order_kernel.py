@@ -50,7 +50,7 @@ def kernel_available(device: torch.device, depth_limit: int, budget: int) -> boo
 
 
 if triton is not None:
-    from .beam_kernel import _kth_largest, _split_threshold
+    from .beam_kernel import kth_largest_key, score_keys
 
     @triton.jit
     def _tree(
@@ -115,14 +115,8 @@ if triton is not None:
 
         # the KEPT best: score keys (module doc), ties by pre-order position
         score = tl.load(scores_ptr + offs, mask=valid, other=0.0) + 0.0
-        bits = score.to(tl.int64, bitcast=True)
-        sign = tl.full((BLOCK,), -9223372036854775808, tl.int64)
-        ordered = tl.where(bits >= 0, bits ^ sign, ~bits)
-        key = tl.where(valid, ordered, 0).to(tl.uint64, bitcast=True)
-        if SPLIT:
-            threshold = _split_threshold(key, valid, KEPT)
-        else:
-            threshold = _kth_largest(key, KEPT, tl.zeros((), tl.uint64), tl.full((), 1, tl.uint64) << 62, 32)
+        key = score_keys(score, valid)
+        threshold = kth_largest_key(key, valid, KEPT, SPLIT)
         above = valid & (key > threshold)
         tied = valid & (key == threshold)
         room = KEPT - tl.sum(above.to(tl.int32), axis=0)
