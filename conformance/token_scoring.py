@@ -173,17 +173,20 @@ class TieTest:
     reference_only: int = 0
     both: int = 0
     rules: NoiseModel | None = None  # the share a correct engine may reach (NoiseModel.tie_test); None: 1/2
-    seen: set = field(default_factory=set, repr=False)  # the decisions counted: (prompt, output up to it)
+    # the decisions counted, as a trie: (parent node, token) -> node, a prompt's root keyed by the prompt itself,
+    # so memory grows with the tokens counted, not with their prefixes' lengths
+    seen: dict = field(default_factory=dict, repr=False)
 
     def add(self, tokens: Sequence[int], fp32: Sequence[int], low: Sequence[int], prompt: Sequence[int] = ()) -> None:
         """Count ``tokens`` (an output after ``prompt``) against the fp32 and low-precision argmax at each
         position; a decision already counted (the same prompt and output up to it) is not counted again."""
-        prompt, tokens = tuple(prompt), tuple(tokens)
-        for i, (token, best, ref) in enumerate(zip(tokens, fp32, low)):
-            decision = (prompt, tokens[: i + 1])
-            if decision in self.seen:
+        node = self.seen.setdefault(("prompt", tuple(prompt)), len(self.seen))
+        for token, best, ref in zip(tokens, fp32, low):
+            decision = (node, int(token))
+            known = decision in self.seen
+            node = self.seen.setdefault(decision, len(self.seen))
+            if known:
                 continue
-            self.seen.add(decision)
             engine_flips, reference_flips = token != best, ref != best
             if engine_flips and reference_flips and token == ref:
                 self.both += 1

@@ -316,3 +316,22 @@ def test_tie_test_counts_each_decision_once_however_many_outputs_hold_it():
     for _ in range(5):
         counted_per_output.add([2, 1, 1], fp32, reference)  # no prompt given: every call is its own context
     assert counted_per_output.engine_only == 1  # the output itself still dedupes: the same tokens, same context
+
+
+def test_tie_test_memory_grows_with_the_tokens_not_their_prefixes():
+    """Each decision is a node of a trie, not its whole prefix: ten 2,000-token outputs (as a user's long runs
+    give) cost a few MB, where keying decisions on their prefixes held about 160 MB."""
+    import tracemalloc
+
+    from ddtree_conformance.token_scoring import TieTest
+
+    ties, tokens = TieTest(), list(range(2000))
+    tracemalloc.start()
+    try:
+        for prompt in range(10):
+            ties.add(tokens, tokens, tokens, prompt=[prompt])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20e6, f"{peak / 1e6:.0f} MB for 20,000 decisions"
+    assert ties.engine_only == ties.reference_only == 0
