@@ -256,8 +256,8 @@ def test_the_compiled_launch_gives_the_heaps_tree_on_cuda(monkeypatch):
     tied logits of several shapes and on 8B-shaped drafter blocks, with the threshold searched whole and split; the
     two-launch top-K likewise equals the spec's on the same device. 2026-12-06 on an H100 (beams only): 369 cases,
     0 differ; on a second H100 with the top-K: passed (scripts/measurements/2026-12-06-issue29/machine-8203dc78/
-    gpu-tests.txt). The split search and the pop order in one launch have not yet run compiled (added 2026-12-06,
-    twenty-first session)."""
+    gpu-tests.txt); with the split search and the pop order in one launch, on a third H100: passed
+    (scripts/measurements/2026-12-06f-issue29/machine-4c817fff/gpu-tests.txt)."""
     from ddtree_conformance.adapters.reference import beam_kernel, device_tree
     from ddtree_conformance.adapters.reference.beam_kernel import beams_in_one_launch
     from ddtree_conformance.adapters.reference.topk_kernel import topk_in_two_launches

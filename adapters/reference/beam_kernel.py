@@ -38,10 +38,11 @@ __all__ = ["MAX_EXTENSIONS", "SPLIT_SEARCH", "beam_slots_in_one_launch", "beams_
 MAX_EXTENSIONS = 4096  # B * K: one program keeps a depth's extensions in registers
 # Whether the threshold is searched over the keys' top 32 bits first (module doc): the same beams bit for bit
 # (tests/test_beam_kernel.py, through Triton's interpreter), 19 to 21 sequential reductions a depth instead of 32
-# (the low halves are searched at 12 of 126 depths of bf16-rounded drafter-shaped blocks, B = 16 / 32 / 64). Off
-# until timed on a GPU (`python scripts/bench_tree_graph.py`, its "split search" column; the rounds:
-# `SWITCH=beam_kernel.SPLIT_SEARCH bash scripts/gpu_trials.sh switch-rounds`).
-SPLIT_SEARCH = False
+# (the low halves are searched at 12 of 126 depths of bf16-rounded drafter-shaped blocks, B = 16 / 32 / 64). On
+# since timed (H100 4c817fff, 2026-12-06, `python scripts/bench_tree_graph.py`): the tree with both kernels 319 /
+# 367 / 567 us a build against 365 / 427 / 695 at B = 16 / 32 / 64, compiled and equal to the heap's tree
+# (scripts/measurements/2026-12-06f-issue29/README.md).
+SPLIT_SEARCH = True
 
 
 def kernel_available(device: torch.device, budget: int, k: int) -> bool:

@@ -58,10 +58,11 @@ ONE_LAUNCH_BEAMS = True
 TWO_LAUNCH_TOPK = True
 # Whether a CUDA build whose beams come from one launch also takes the union of the beams in pop order, the node
 # numbers, fields and ancestors from one more (.pop_order_kernel) where L * B <= 4096 and B <= 128, instead of
-# about fifty small kernels and a stable sort (the same tree bit for bit: tests/test_beam_kernel.py). Off until
-# timed on a GPU (`python scripts/bench_tree_graph.py`, its "pop order in one launch" column; the rounds:
-# `SWITCH=device_tree.ONE_LAUNCH_TREE bash scripts/gpu_trials.sh switch-rounds`).
-ONE_LAUNCH_TREE = False
+# about fifty small kernels and a stable sort (the same tree bit for bit: tests/test_beam_kernel.py). On since
+# timed (H100 4c817fff, 2026-12-06): with the split search 189 / 253 / 477 us a build against 365 / 427 / 695 at
+# B = 16 / 32 / 64; with both switches on the round was faster in 8 of 9 alternating pairs (medians 0.28 / 0.17 /
+# 0.12 ms at B = 16 / 32 / 64; one pair 0.01 ms slower; scripts/measurements/2026-12-06f-issue29/README.md).
+ONE_LAUNCH_TREE = True
 
 
 def build_tree_on_device(draft_logits: torch.Tensor, budget: int) -> DraftTree:
