@@ -73,6 +73,9 @@
 #   round-parts       issue 29 item 4: the fast-device round with capture off, each kernel charged to the part of
 #                     the round that launched it (tree, verify inputs, target forward, walk, commit, drafter,
 #                     lm_head; scripts/profile_round_parts.py), PARTS_BUDGETS (16 64) -> $WORK/round-parts/ (~1 minute)
+#   skinny-gemm       issue 29 item 4: the target's four products at 1..128 rows, as called, with the rows padded to a
+#                     multiple of 16 / 32 / 64, and through cuBLASLt (scripts/bench_skinny_gemm.py): which row counts
+#                     cuBLAS serves at the weights' bandwidth -> $WORK/skinny-gemm.md                 (~1 minute)
 #   pieces            issue 29 item 4: the tree build, verify inputs and greedy walk as the fast path runs them
 #                     (host, with reads back) against device_tree/device_verify/device_walk, B = 16..1024, equal
 #                     or not -> $WORK/pieces/table.md                                          (~2 minutes)
@@ -227,6 +230,8 @@ p.sort_stats('cumulative').print_stats(45)" "$WORK/profile/cell.prof" >"$WORK/pr
     round-parts)
       timeout "${PROFILE_TIMEOUT:-240}" python3 scripts/profile_round_parts.py --shape 8b --budgets ${PARTS_BUDGETS:-16 64} \
         --out "$WORK/round-parts" 2>&1 | grep -v "Loading\|USDT\|Warning\|warn" || echo "round-parts: exit $?" ;;
+    skinny-gemm)
+      timeout "${GEMM_TIMEOUT:-240}" python3 scripts/bench_skinny_gemm.py | tee "$WORK/skinny-gemm.md" || echo "skinny-gemm: exit $?" ;;
     pieces)  # issue 29 item 4: the round's host pieces against their tensor-only versions, per budget
       mkdir -p "$WORK/pieces"
       timeout "${PIECES_TIMEOUT:-300}" python3 scripts/bench_round_pieces.py --device cuda --repeats "${PIECES_REPEATS:-50}" \
@@ -239,7 +244,7 @@ p.sort_stats('cumulative').print_stats(45)" "$WORK/profile/cell.prof" >"$WORK/pr
         --jobs "${CAL_JOBS:-16}" --limit "${CAL_LIMIT:-80}" --flip-limit "${CAL_FLIP_LIMIT:-24}" \
         --budgets "${CAL_BUDGETS:-16,64,256}" --manifest "$WORK/manifest-$device.json" 2>&1 |
         grep -v "Loading weights\|FutureWarning\|forward_call" || echo "$job: exit $?" ;;
-    *) echo "unknown job $job (equality, rounds, switch-rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, rounding-groups, aggregates, pieces, round-parts, profile-round, profile-rounding, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
+    *) echo "unknown job $job (equality, rounds, switch-rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, rounding-groups, aggregates, pieces, round-parts, skinny-gemm, profile-round, profile-rounding, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
   esac
   echo "job $job: $((SECONDS - started)) s"
   pack

@@ -191,6 +191,30 @@ def test_the_element_wise_bench_checks_its_equalities_on_cpu(capsys):
     assert differing[("RMSNorm [T, H]", 5, "weight in the norm")] > 0
 
 
+def test_the_skinny_gemm_bench_pads_slices_and_tables_every_weight_and_row_count(capsys):
+    """``--device cpu``: untimed, one row per weight and row count, a column per way; padded products give back
+    the real rows only (the padding's zero rows sliced off), and a bad row count is one clear error."""
+    import torch
+
+    bench = module("bench_skinny_gemm.py")
+    x = torch.ones(5, 3)
+    assert bench["padded"](x, 4).shape == (8, 3) and bench["padded"](x, 4)[5:].abs().sum() == 0
+    assert bench["padded"](x, 5) is x
+    copies = [torch.randn(7, 3), torch.randn(7, 3)]
+    got = bench["run_way"](x, copies, 3, 4)
+    assert [tuple(g.shape) for g in got] == [(5, 7)] * 3 and torch.equal(got[1], x @ copies[1].T)
+    shape = ["--hidden", "32", "--inter", "48", "--heads", "2", "--kv-heads", "1", "--head-dim", "16"]
+    assert bench["main"](["--device", "cpu", "--rows", "1", "9", "--pads", "8", *shape]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert [(r[0].strip(), int(r[1])) for r in rows] == [
+        (w, n) for w in ("qkv", "o", "gate_up", "down") for n in (1, 9)
+    ]
+    assert all(len(r) == 4 for r in rows)  # weight, rows, linear, padded to 8 (no cuBLASLt on a CPU)
+    with pytest.raises(SystemExit) as stop:
+        bench["main"](["--device", "cpu", "--rows", "0"])
+    assert stop.value.code == 2 and "--rows and --pads take positive integers" in capsys.readouterr().err
+
+
 def test_the_round_parts_profile_charges_each_kernel_to_the_parts_open_at_its_launch():
     parts = module("profile_round_parts.py")
     ranges = [(100, 900, "round"), (120, 400, "verified round"), (130, 200, "tree"), (500, 800, "commit and draft")]

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Issue 29, item 4: the target's matrix products at a plain step's one row and a verify's B + 1 rows, each way
+timed inside a CUDA graph.
+
+The round by part (scripts/profile_round_parts.py, H100 4c817fff, 2026-12-06) found the target's forward 0.69 ms
+longer over 65 rows than over 17, most of it in the GEMMs (5.33 -> 5.62 ms a forward): cuBLAS takes other tiles for
+65 rows than for 17, and one of a layer's products moves to another kernel. The GEMMs are bound by reading the
+weights, so in principle 65 rows cost what 17 do. This bench asks which row counts cuBLAS serves well, and whether
+a verify batch padded to one of them (rows of zeros, sliced off after) or another BLAS back end would serve 65
+rows as fast as 17. The ways, per weight and row count:
+
+* ``linear``: ``F.linear(x, w)`` as the lean forward calls it;
+* ``padded to P``: the rows padded with zeros to a multiple of P, then ``F.linear`` and the real rows sliced off;
+* ``cublaslt``: ``F.linear`` with ``torch.backends.cuda.preferred_blas_library("cublaslt")`` (CUDA only).
+
+Every call reads another copy of the weight (``--copies``, so that the copies together exceed the L2 cache, as a
+forward's 36 layers do). Per weight, rows and way: microseconds per call (the median of five timings of a graph
+holding ``--calls`` calls, replayed ``--replays`` times), the weight's bytes read per second, and whether the real
+rows equal ``linear``'s bit for bit (padding may move a product to a kernel that sums in another order). Then one
+forward's GEMMs (36 layers of the four products) at each row count and way. A measurement, not a test; it needs a
+CUDA device (``--device cpu`` checks only the equalities, untimed).
+
+    python scripts/bench_skinny_gemm.py [--rows 1 17 33 65 72 80 96 128] [--pads 16 32 64] [--hidden 4096]
+                                        [--inter 12288] [--heads 32 --kv-heads 8 --head-dim 128] [--layers 36]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ddtree_conformance.adapters.reference.clock import graph_replay_us
+
+L2_BYTES = 64 << 20  # more than an H100's (50 MiB) or H200's L2: the copies together always exceed it
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 17, 33, 65, 72, 80, 96, 128])
+    p.add_argument("--pads", type=int, nargs="*", default=[16, 32, 64], help="pad the rows to a multiple of each")
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--inter", type=int, default=12288)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--layers", type=int, default=36)
+    p.add_argument("--calls", type=int, default=24, help="calls per graph")
+    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    p.add_argument("--device", default="cuda")
+    args = p.parse_args(argv)
+    bad = [n for n in (*args.rows, *args.pads) if n < 1]
+    if bad:
+        p.error(f"--rows and --pads take positive integers, got {bad}")
+    return args
+
+
+def weights(args) -> dict[str, tuple[int, int]]:
+    """(out features, in features) of a layer's four products, as the lean forward fuses them."""
+    q, kv = args.heads * args.head_dim, args.kv_heads * args.head_dim
+    return {
+        "qkv": (q + 2 * kv, args.hidden),
+        "o": (args.hidden, q),
+        "gate_up": (2 * args.inter, args.hidden),
+        "down": (args.hidden, args.inter),
+    }
+
+
+def padded(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    rows = math.ceil(x.shape[0] / multiple) * multiple
+    return F.pad(x, (0, 0, 0, rows - x.shape[0])) if rows > x.shape[0] else x
+
+
+@contextlib.contextmanager
+def blas(library: str | None):
+    """``torch.backends.cuda.preferred_blas_library`` set to ``library`` inside, restored after (None: unchanged)."""
+    if library is None:
+        yield
+        return
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(library)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+
+
+def ways(pads: list[int], cuda: bool) -> dict[str, tuple[int | None, str | None]]:
+    """way -> (pad multiple or None, BLAS library or None); the BLAS back end only on CUDA."""
+    out = {"linear": (None, None)}
+    out.update({f"padded to {p}": (p, None) for p in pads})
+    if cuda:
+        out["cublaslt"] = (None, "cublaslt")
+    return out
+
+
+def run_way(xs: torch.Tensor, copies: list[torch.Tensor], calls: int, pad: int | None) -> list[torch.Tensor]:
+    """``calls`` products, each against the next copy of the weight; the real rows of each."""
+    rows = xs.shape[0]
+    x = xs if pad is None else padded(xs, pad)
+    return [F.linear(x, copies[i % len(copies)])[:rows] for i in range(calls)]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    timed = device.type == "cuda"
+    generator = torch.Generator().manual_seed(0)
+    table_ways = ways(args.pads, timed)
+    results: dict[tuple[str, int, str], float] = {}
+    head = ["weight", "rows", *(f"{w} us (GB/s, same)" for w in table_ways)]
+    lines = [f"| {' | '.join(head)} |", "|" + "---|" * len(head)]
+    for name, (out_features, in_features) in weights(args).items():
+        size = out_features * in_features * torch.finfo(dtype).bits // 8
+        count = max(2, math.ceil(L2_BYTES / size) + 1) if timed else 1
+        copies = [
+            (torch.randn(out_features, in_features, generator=generator) * in_features**-0.5).to(dtype).to(device)
+            for _ in range(count)
+        ]
+        for rows in args.rows:
+            xs = torch.randn(rows, in_features, generator=generator).to(dtype).to(device)
+            want = F.linear(xs, copies[0])
+            cells = []
+            for way, (pad, library) in table_ways.items():
+                with blas(library):
+                    got = run_way(xs, copies, 1, pad)[0]
+                    same = torch.equal(got, want)
+                    if timed:
+                        work = functools.partial(run_way, xs, copies, args.calls, pad)
+                        us, _ = graph_replay_us(work, args.replays)
+                        us /= args.calls
+                        results[(name, rows, way)] = us
+                        cells.append(f"{us:.1f} ({size / us / 1e3:.0f}, {'yes' if same else 'no'})")
+                    else:
+                        cells.append(f"- (-, {'yes' if same else 'no'})")
+            lines.append(f"| {name} | {rows} | {' | '.join(cells)} |")
+        del copies
+        if timed:
+            torch.cuda.empty_cache()
+    where = torch.cuda.get_device_name(device) if timed else "cpu (equalities only, untimed)"
+    print(f"### The target's products, {args.dtype}, {where}: us per call (weight GB/s, real rows equal linear's)\n")
+    print("\n".join(lines))
+    if timed:
+        print(f"\n### One forward's products ({args.layers} layers x qkv, o, gate_up, down), ms\n")
+        print(f"| rows | {' | '.join(table_ways)} |")
+        print("|---:|" + "---:|" * len(table_ways))
+        for rows in args.rows:
+            sums = [sum(results[(n, rows, w)] for n in weights(args)) * args.layers / 1e3 for w in table_ways]
+            print(f"| {rows} | {' | '.join(f'{s:.2f}' for s in sums)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
