@@ -34,7 +34,7 @@ the heap, ties included) inside the round's graph.
 
 ``--switch NAME=VALUE`` (repeatable) sets one of the fast path's module switches before anything is built
 (:data:`SWITCHES`: the tree's Triton kernels and the beams' split threshold search, the lean forwards' row
-copies and SwiGLU halves, the drafter's joint q/k norm and RoPE), so that a
+copies and SwiGLU halves, the drafter's joint q/k norm and RoPE, the verify's rows padded), so that a
 change can be timed on and off in alternating runs without editing the code; every switch's value is written
 into ``rounds.json`` and ``rounds.md``:
 
@@ -70,6 +70,7 @@ SWITCHES = {
     "lean.JOINT_DRAFTER_QK": (lean, "JOINT_DRAFTER_QK", bool),
     "beam_kernel.SPLIT_SEARCH": (beam_kernel, "SPLIT_SEARCH", bool),
     "device_tree.ONE_LAUNCH_TREE": (device_tree, "ONE_LAUNCH_TREE", bool),
+    "lean.PAD_VERIFY_ROWS_TO": (lean, "PAD_VERIFY_ROWS_TO", int),
 }
 _TRUTH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 

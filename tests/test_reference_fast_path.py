@@ -117,6 +117,29 @@ def test_a_greedy_ddtree_round_runs_after_its_draft_as_one_graph_with_the_host_p
         ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="gpu")
 
 
+@pytest.mark.parametrize("budget", [5, 16])
+def test_verify_rows_padded_for_the_lean_forward_change_no_output(fixture_requests, monkeypatch, budget):
+    """``lean.PAD_VERIFY_ROWS_TO`` (off until timed on a GPU): the round's verify rows padded to a multiple of 16
+    before the target's lean forward (6 -> 16, 17 -> 32 rows), the padding's K/V written past the tree. Outputs,
+    acceptance and traces still equal the eager oracle's, and the lean forward did see the padded rows."""
+    from ddtree_conformance.adapters.reference import lean
+
+    seen, forward = [], lean.LeanQwen3.forward
+    monkeypatch.setattr(lean, "PAD_VERIFY_ROWS_TO", 16)
+    monkeypatch.setattr(
+        lean.LeanQwen3, "forward", lambda self, ids, *a: seen.append(len(ids)) or forward(self, ids, *a)
+    )
+    engine = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="on")
+    fast = engine.generate(fixture_requests, RunConfig(mode="ddtree", budget=budget, cuda_graphs=True, trace=True))
+    eager = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER)).generate(
+        fixture_requests, RunConfig(mode="ddtree", budget=budget, trace=True)
+    )
+    assert [r.output_ids for r in fast] == [r.output_ids for r in eager]
+    assert [r.acceptance_lengths for r in fast] == [r.acceptance_lengths for r in eager]
+    assert [[t.target_tokens for t in r.traces] for r in fast] == [[t.target_tokens for t in r.traces] for r in eager]
+    assert lean.verify_rows(budget + 1, 16) in seen and budget + 1 not in seen
+
+
 def test_stale_positions_stay_broken_when_the_round_runs_as_one_graph(fixture_requests):
     """The round as one graph carries its start from round to round on the device; a build whose start
     never reaches the graph's buffer after the first round must still go wrong there."""

@@ -29,7 +29,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LeanDFlash", "LeanQwen3", "RowCopies", "gate_and_up", "lean_drafter_problem", "lean_problem", "rotary"]
+__all__ = [
+    "LeanDFlash",
+    "LeanQwen3",
+    "RowCopies",
+    "gate_and_up",
+    "lean_drafter_problem",
+    "lean_problem",
+    "padded_verify",
+    "rotary",
+    "verify_rows",
+]
 
 # Whether gate and up come from one batched product against the fused weight's two halves, each half of the
 # output contiguous ([2, T, I]), rather than from one F.linear whose output's halves are strided views (past one
@@ -44,9 +54,35 @@ SWIGLU_HALVES = False
 ROW_COPIES_UP_TO = 128
 # Whether the drafter norms and rotates every row's q and k heads in one go (one RMSNorm and one RoPE a layer, as
 # the target's forward does), rather than the block's q and the rows' k apart (two of each). The same numbers bit
-# for bit (tests/test_lean_drafter.py); 40 fewer kernels a draft for the 8B-shaped drafter. On by default; not yet
-# timed on a GPU (`SWITCH=lean.JOINT_DRAFTER_QK bash scripts/gpu_trials.sh switch-rounds`).
+# for bit (tests/test_lean_drafter.py); 40 fewer kernels a draft for the 8B-shaped drafter. On: the round faster or
+# level in six alternating pairs on an H100 (scripts/measurements/2026-12-06f-issue29/README.md).
 JOINT_DRAFTER_QK = True
+# The round's verify rows padded to a multiple of this before the target's lean forward (0: not padded). cuBLAS
+# takes other, slower tiles for a B = 64 tree's 65 rows than for 17 (the forward's products 5.62 against 5.33 ms on
+# an H100); whether a padded count reads the weights faster is scripts/bench_skinny_gemm.py's question. Off until
+# timed (`SWITCH=lean.PAD_VERIFY_ROWS_TO SWITCH_VALUES="0 16 32" bash scripts/gpu_trials.sh switch-rounds`).
+PAD_VERIFY_ROWS_TO = 0
+
+
+def verify_rows(rows: int, multiple: int) -> int:
+    """``rows`` rounded up to a multiple of ``multiple`` (``rows`` itself where ``multiple`` is 0)."""
+    return rows if multiple <= 0 else -(-rows // multiple) * multiple
+
+
+def padded_verify(ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, prefix: torch.Tensor, rows: int):
+    """A verify's ids, positions and additive mask ``[1, 1, T, capacity]`` padded to ``rows`` rows: each padding row
+    repeats the root's token and position and sees the committed prefix only (``prefix``: bool ``[capacity]``), so
+    it changes no real row; its K/V land in the slots past the tree, which no mask shows (the caller's slots
+    run on). Unchanged where ``rows`` is already theirs."""
+    extra = rows - ids.shape[0]
+    if extra <= 0:
+        return ids, positions, mask
+    hidden = torch.where(prefix, 0.0, torch.finfo(mask.dtype).min).to(mask.dtype)
+    return (
+        torch.cat([ids, ids[:1].expand(extra)]),
+        torch.cat([positions, positions[:1].expand(extra)]),
+        torch.cat([mask, hidden.view(1, 1, 1, -1).expand(1, 1, extra, -1)], dim=2),
+    )
 
 
 def lean_problem(model) -> str | None:
