@@ -57,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = [n for n in (*args.rows, *args.pads) if n < 1]
     if bad:
         p.error(f"--rows and --pads take positive integers, got {bad}")
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: no CUDA device here (--device cpu checks the equalities, untimed)")
     return args
 
 

@@ -213,6 +213,10 @@ def test_the_skinny_gemm_bench_pads_slices_and_tables_every_weight_and_row_count
     with pytest.raises(SystemExit) as stop:
         bench["main"](["--device", "cpu", "--rows", "0"])
     assert stop.value.code == 2 and "--rows and --pads take positive integers" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as stop:
+            bench["main"]([])  # the default device, cuda, on a machine without one
+        assert stop.value.code == 2 and "no CUDA device here" in capsys.readouterr().err
 
 
 def test_the_round_parts_profile_charges_each_kernel_to_the_parts_open_at_its_launch():
