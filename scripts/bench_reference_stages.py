@@ -34,9 +34,9 @@ the heap, ties included) inside the round's graph.
 
 ``--switch NAME=VALUE`` (repeatable) sets one of the fast path's module switches before anything is built
 (:data:`SWITCHES`: the tree's Triton kernels and the beams' split threshold search, the lean forwards' row
-copies and SwiGLU halves, the drafter's joint q/k norm and RoPE, the verify's rows padded), so that a
-change can be timed on and off in alternating runs without editing the code; every switch's value is written
-into ``rounds.json`` and ``rounds.md``:
+copies and SwiGLU halves, the drafter's joint q/k norm and RoPE, the verify's rows padded or through
+cuBLASLt), so that a change can be timed on and off in alternating runs without editing the code; every
+switch's value is written into ``rounds.json`` and ``rounds.md``:
 
     for v in on off on off; do python scripts/bench_reference_stages.py ... --switch lean.SWIGLU_HALVES=$v \
         --out $OUT/swiglu-$v-$RANDOM; done
@@ -71,6 +71,7 @@ SWITCHES = {
     "beam_kernel.SPLIT_SEARCH": (beam_kernel, "SPLIT_SEARCH", bool),
     "device_tree.ONE_LAUNCH_TREE": (device_tree, "ONE_LAUNCH_TREE", bool),
     "lean.PAD_VERIFY_ROWS_TO": (lean, "PAD_VERIFY_ROWS_TO", int),
+    "lean.VERIFY_CUBLASLT": (lean, "VERIFY_CUBLASLT", bool),
 }
 _TRUTH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 

@@ -27,7 +27,6 @@ CUDA device (``--device cpu`` checks only the equalities, untimed).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import math
 
@@ -35,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ddtree_conformance.adapters.reference.clock import graph_replay_us
+from ddtree_conformance.adapters.reference.lean import blas_library
 
 L2_BYTES = 64 << 20  # more than an H100's (50 MiB) or H200's L2: the copies together always exceed it
 
@@ -78,20 +78,6 @@ def padded(x: torch.Tensor, multiple: int) -> torch.Tensor:
     return F.pad(x, (0, 0, 0, rows - x.shape[0])) if rows > x.shape[0] else x
 
 
-@contextlib.contextmanager
-def blas(library: str | None):
-    """``torch.backends.cuda.preferred_blas_library`` set to ``library`` inside, restored after (None: unchanged)."""
-    if library is None:
-        yield
-        return
-    before = torch.backends.cuda.preferred_blas_library()
-    torch.backends.cuda.preferred_blas_library(library)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.preferred_blas_library(before)
-
-
 def ways(pads: list[int], cuda: bool) -> dict[str, tuple[int | None, str | None]]:
     """way -> (pad multiple or None, BLAS library or None); the BLAS back end only on CUDA."""
     out = {"linear": (None, None)}
@@ -129,7 +115,7 @@ def main(argv=None) -> int:
             want = F.linear(xs, copies[0])
             cells = []
             for way, (pad, library) in table_ways.items():
-                with blas(library):
+                with blas_library(library, device):
                     got = run_way(xs, copies, 1, pad)[0]
                     same = torch.equal(got, want)
                     if timed:

@@ -140,6 +140,58 @@ def test_verify_rows_padded_for_the_lean_forward_change_no_output(fixture_reques
     assert lean.verify_rows(budget + 1, 16) in seen and budget + 1 not in seen
 
 
+def test_the_blas_library_is_set_for_the_verify_only_and_always_restored(monkeypatch):
+    """``lean.blas_library``: on a CUDA device the preferred library is ``name`` inside and the one before after,
+    an error included; with no name, or off CUDA, nothing is touched (a CPU-only PyTorch refuses cuBLASLt)."""
+    from ddtree_conformance.adapters.reference import lean
+
+    state, calls = ["cublas"], []
+
+    def preferred(name=None):
+        if name is not None:
+            calls.append(name)
+            state[0] = name
+        return state[0]
+
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", preferred)
+    with lean.blas_library("cublaslt", torch.device("cuda")):
+        assert state[0] == "cublaslt"
+    assert state[0] == "cublas"
+    with pytest.raises(RuntimeError, match="inside"), lean.blas_library("cublaslt", torch.device("cuda")):
+        raise RuntimeError("inside")
+    assert state[0] == "cublas" and calls == ["cublaslt", "cublas", "cublaslt", "cublas"]
+    with lean.blas_library(None, torch.device("cuda")), lean.blas_library("cublaslt", torch.device("cpu")):
+        pass
+    assert len(calls) == 4
+
+
+def test_verify_through_cublaslt_reaches_the_rounds_target_forward_only(fixture_requests, monkeypatch):
+    """``lean.VERIFY_CUBLASLT`` (off until timed): the device round asks for cuBLASLt around the target's forward
+    over the tree (a no-op here, on a CPU), never around the draft or a plain step; outputs stay the oracle's."""
+    from ddtree_conformance.adapters.reference import decoders, lean
+
+    asked, library = [], lean.blas_library
+
+    def recording(name, device):
+        asked.append(name)
+        return library(name, device)
+
+    monkeypatch.setattr(decoders, "blas_library", recording)
+    monkeypatch.setattr(lean, "VERIFY_CUBLASLT", True)
+    engine = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="on")
+    fast = engine.generate(fixture_requests[:2], RunConfig(mode="ddtree", budget=16, cuda_graphs=True))
+    eager = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER)).generate(
+        fixture_requests[:2], RunConfig(mode="ddtree", budget=16)
+    )
+    assert [r.output_ids for r in fast] == [r.output_ids for r in eager]
+    rounds = sum(len(r.acceptance_lengths) for r in fast)
+    assert asked and set(asked) == {"cublaslt"} and len(asked) == rounds  # one verify a round, eager on a CPU
+    monkeypatch.setattr(lean, "VERIFY_CUBLASLT", False)
+    asked.clear()
+    engine.generate(fixture_requests[:1], RunConfig(mode="ddtree", budget=16, cuda_graphs=True))
+    assert set(asked) == {None}
+
+
 def test_stale_positions_stay_broken_when_the_round_runs_as_one_graph(fixture_requests):
     """The round as one graph carries its start from round to round on the device; a build whose start
     never reaches the graph's buffer after the first round must still go wrong there."""

@@ -26,6 +26,8 @@ path.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -33,6 +35,7 @@ __all__ = [
     "LeanDFlash",
     "LeanQwen3",
     "RowCopies",
+    "blas_library",
     "gate_and_up",
     "lean_drafter_problem",
     "lean_problem",
@@ -62,6 +65,27 @@ JOINT_DRAFTER_QK = True
 # an H100); whether a padded count reads the weights faster is scripts/bench_skinny_gemm.py's question. Off until
 # timed (`SWITCH=lean.PAD_VERIFY_ROWS_TO SWITCH_VALUES="0 16 32" bash scripts/gpu_trials.sh switch-rounds`).
 PAD_VERIFY_ROWS_TO = 0
+# Whether the device round's target forward takes cuBLASLt's kernels rather than cuBLAS's
+# (torch.backends.cuda.preferred_blas_library while the round's graph is captured; the plain step keeps cuBLAS).
+# Another library may round a product otherwise: the fast path's low-precision numerics, not its fp32 outputs. Off
+# until timed (`bash scripts/gpu_trials.sh skinny-gemm`, its cublaslt column; then `SWITCH=lean.VERIFY_CUBLASLT bash
+# scripts/gpu_trials.sh switch-rounds`).
+VERIFY_CUBLASLT = False
+
+
+@contextlib.contextmanager
+def blas_library(name: str | None, device: torch.device):
+    """PyTorch's preferred BLAS library set to ``name`` inside, on a CUDA ``device``, and restored after, an error
+    included; nothing changes where ``name`` is None or the device is not CUDA."""
+    if name is None or device.type != "cuda":
+        yield
+        return
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(name)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
 
 
 def verify_rows(rows: int, multiple: int) -> int:
