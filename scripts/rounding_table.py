@@ -62,6 +62,8 @@ def table(rows: list[dict]) -> list[dict]:
                 "device": device,
                 "kind": kind,
                 "seeds": sorted(by_seed),
+                # seeds whose row was rebuilt from a job's printed rows (the file itself not fetched): named
+                "rebuilt": sorted(seed for seed, r in by_seed.items() if r.get("rebuilt_from")),
                 **counts,
                 "failed": failed,
             }
@@ -77,6 +79,8 @@ def markdown(cells: list[dict], seeds: int) -> str:
     ]
     for c in cells:
         short = "" if len(c["seeds"]) >= seeds else f" (of {seeds})"
+        if c["rebuilt"]:
+            short += f"; {','.join(map(str, c['rebuilt']))} from printed rows"
         verdict = "all pass" if not c["failed"] and c["fail"] == 0 else "FAILED: " + ", ".join(c["failed"])
         lines.append(
             f"| {c['engine']} | {c['dtype']} | {c['device']} | {c['kind']} | "
@@ -98,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(cells, args.seeds))
     full = sum(len(c["seeds"]) >= args.seeds for c in cells)
     print(f"\n{len(cells)} cells, {full} with {args.seeds} seeds or more; {sum(c['fail'] > 0 for c in cells)} failed")
+    rebuilt = sum(len(c["rebuilt"]) for c in cells)
+    if rebuilt:
+        print(f"{rebuilt} cell-runs rebuilt from the rows their job printed (files marked rebuilt_from)")
     if args.json:
         args.json.write_text(json.dumps(cells, indent=1) + "\n")
     return 1 if any(c["fail"] or c["failed"] for c in cells) else 0

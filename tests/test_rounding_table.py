@@ -62,3 +62,14 @@ def test_an_only_that_matches_no_engine_is_refused_not_run_as_nothing(capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert "--only matmul-softmax" in err and "attention by matmul and a float32 softmax" in err
+
+
+def test_rows_rebuilt_from_printed_output_are_named_in_the_table(tmp_path, capsys):
+    """A row whose file did not come back and was rebuilt from the job's printed rows counts, and says so."""
+    rows = [_row("KV cache in float32", 1), {**_row("KV cache in float32", 3), "rebuilt_from": "printed-rows.txt"}]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows))
+    assert rounding_table.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| 1,3 (of 5); 3 from printed rows |" in out
+    assert "1 cell-runs rebuilt from the rows their job printed" in out
