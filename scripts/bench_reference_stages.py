@@ -70,8 +70,7 @@ SWITCHES = {
     "lean.JOINT_DRAFTER_QK": (lean, "JOINT_DRAFTER_QK", bool),
     "beam_kernel.SPLIT_SEARCH": (beam_kernel, "SPLIT_SEARCH", bool),
     "device_tree.ONE_LAUNCH_TREE": (device_tree, "ONE_LAUNCH_TREE", bool),
-    "lean.PAD_VERIFY_ROWS_TO": (lean, "PAD_VERIFY_ROWS_TO", int),
-    "lean.VERIFY_CUBLASLT": (lean, "VERIFY_CUBLASLT", bool),
+    "lean.VERIFY_CUBLASLT_FROM_ROWS": (lean, "VERIFY_CUBLASLT_FROM_ROWS", int),
 }
 _TRUTH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 

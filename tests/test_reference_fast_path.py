@@ -117,29 +117,6 @@ def test_a_greedy_ddtree_round_runs_after_its_draft_as_one_graph_with_the_host_p
         ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="gpu")
 
 
-@pytest.mark.parametrize("budget", [5, 16])
-def test_verify_rows_padded_for_the_lean_forward_change_no_output(fixture_requests, monkeypatch, budget):
-    """``lean.PAD_VERIFY_ROWS_TO`` (off until timed on a GPU): the round's verify rows padded to a multiple of 16
-    before the target's lean forward (6 -> 16, 17 -> 32 rows), the padding's K/V written past the tree. Outputs,
-    acceptance and traces still equal the eager oracle's, and the lean forward did see the padded rows."""
-    from ddtree_conformance.adapters.reference import lean
-
-    seen, forward = [], lean.LeanQwen3.forward
-    monkeypatch.setattr(lean, "PAD_VERIFY_ROWS_TO", 16)
-    monkeypatch.setattr(
-        lean.LeanQwen3, "forward", lambda self, ids, *a: seen.append(len(ids)) or forward(self, ids, *a)
-    )
-    engine = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="on")
-    fast = engine.generate(fixture_requests, RunConfig(mode="ddtree", budget=budget, cuda_graphs=True, trace=True))
-    eager = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER)).generate(
-        fixture_requests, RunConfig(mode="ddtree", budget=budget, trace=True)
-    )
-    assert [r.output_ids for r in fast] == [r.output_ids for r in eager]
-    assert [r.acceptance_lengths for r in fast] == [r.acceptance_lengths for r in eager]
-    assert [[t.target_tokens for t in r.traces] for r in fast] == [[t.target_tokens for t in r.traces] for r in eager]
-    assert lean.verify_rows(budget + 1, 16) in seen and budget + 1 not in seen
-
-
 def test_the_blas_library_is_set_for_the_verify_only_and_always_restored(monkeypatch):
     """``lean.blas_library``: on a CUDA device the preferred library is ``name`` inside and the one before after,
     an error included; with no name, or off CUDA, nothing is touched (a CPU-only PyTorch refuses cuBLASLt)."""
@@ -165,19 +142,22 @@ def test_the_blas_library_is_set_for_the_verify_only_and_always_restored(monkeyp
     assert len(calls) == 4
 
 
-def test_verify_through_cublaslt_reaches_the_rounds_target_forward_only(fixture_requests, monkeypatch):
-    """``lean.VERIFY_CUBLASLT`` (off until timed): the device round asks for cuBLASLt around the target's forward
-    over the tree (a no-op here, on a CPU), never around the draft or a plain step; outputs stay the oracle's."""
+@pytest.mark.parametrize(("from_rows", "library"), [(17, "cublaslt"), (18, None), (0, None), (1, "cublaslt")])
+def test_cublaslt_reaches_the_rounds_verify_from_its_row_count(fixture_requests, monkeypatch, from_rows, library):
+    """``lean.VERIFY_CUBLASLT_FROM_ROWS``: the device round asks for cuBLASLt around the target's forward over the
+    tree when the tree has at least that many rows (B = 16: 17 rows), never around the draft or a plain step, and
+    never with 0; outputs stay the oracle's (a no-op on a CPU). Fails when the decoder ignores the threshold, counts
+    the rows otherwise (``>`` for ``>=``, the budget for the rows) or asks outside the verify."""
     from ddtree_conformance.adapters.reference import decoders, lean
 
-    asked, library = [], lean.blas_library
+    asked, blas = [], lean.blas_library
 
     def recording(name, device):
         asked.append(name)
-        return library(name, device)
+        return blas(name, device)
 
     monkeypatch.setattr(decoders, "blas_library", recording)
-    monkeypatch.setattr(lean, "VERIFY_CUBLASLT", True)
+    monkeypatch.setattr(lean, "VERIFY_CUBLASLT_FROM_ROWS", from_rows)
     engine = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="on")
     fast = engine.generate(fixture_requests[:2], RunConfig(mode="ddtree", budget=16, cuda_graphs=True))
     eager = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER)).generate(
@@ -185,11 +165,7 @@ def test_verify_through_cublaslt_reaches_the_rounds_target_forward_only(fixture_
     )
     assert [r.output_ids for r in fast] == [r.output_ids for r in eager]
     rounds = sum(len(r.acceptance_lengths) for r in fast)
-    assert asked and set(asked) == {"cublaslt"} and len(asked) == rounds  # one verify a round, eager on a CPU
-    monkeypatch.setattr(lean, "VERIFY_CUBLASLT", False)
-    asked.clear()
-    engine.generate(fixture_requests[:1], RunConfig(mode="ddtree", budget=16, cuda_graphs=True))
-    assert set(asked) == {None}
+    assert asked == [library] * rounds  # one verify a round (eager on a CPU: no graph replays it)
 
 
 def test_stale_positions_stay_broken_when_the_round_runs_as_one_graph(fixture_requests):

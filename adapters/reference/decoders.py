@@ -37,7 +37,7 @@ from .device_tree import build_tree_with_ancestors
 from .device_verify import verify_inputs_on_device
 from .device_walk import greedy_walk_on_device
 from .graphs import GraphRunner, StaticDraftCache, StaticTargetCache, capacity_for, fill_in_place
-from .lean import LeanDFlash, LeanQwen3, blas_library, lean_drafter_problem, lean_problem, padded_verify, verify_rows
+from .lean import LeanDFlash, LeanQwen3, blas_library, lean_drafter_problem, lean_problem
 
 __all__ = ["EagerDecoder", "FastPathState", "StaticDecoder", "TreeRound", "collector_paused"]
 
@@ -206,9 +206,8 @@ class StaticDecoder(EagerDecoder):
         self.lean = state.lean if fused else None
         self.lean_drafter = state.lean_drafter if fused else None
         block = pair.drafter.block_size if pair.drafter is not None else 1
-        self.pad_to = lean_module.PAD_VERIFY_ROWS_TO if self.lean is not None else 0  # the round's verify rows
-        self.verify_blas = "cublaslt" if lean_module.VERIFY_CUBLASLT and self.lean is not None else None
-        self.capacity = capacity_for(prompt_len + max_new_tokens + max(verify_rows(rows, self.pad_to), block) + 1)
+        self.cublaslt_from = lean_module.VERIFY_CUBLASLT_FROM_ROWS if self.lean is not None else 0
+        self.capacity = capacity_for(prompt_len + max_new_tokens + max(rows, block) + 1)
         self.static: StaticTargetCache | None = None
         self.draft_static: StaticDraftCache | None = None
         self.minimum = torch.finfo(pair.dtype).min
@@ -314,7 +313,7 @@ class StaticDecoder(EagerDecoder):
             inputs = {"draft": draft_logits, "root": torch.tensor([root]), "start": torch.tensor([start])}
         else:
             inputs = self._carried
-        lean_on = (self.lean is not None, self.lean_drafter is not None, self.pad_to, self.verify_blas)
+        lean_on = (self.lean is not None, self.lean_drafter is not None, self.cublaslt_from)
         key = ("round", budget, depth_limit, self.capacity, id(self.static), id(self.draft_static), lean_on)
         *outputs, self._carried = self.state.runner.run(key, forward, inputs, fill=self.fill)
         self._queued = (start, depth_limit, outputs)
@@ -359,13 +358,11 @@ class StaticDecoder(EagerDecoder):
         in_tree = (columns >= 0) & (columns < rows)
         visible = (columns < 0) | (compiled.visibility[:, columns.clamp(0, rows - 1)] & in_tree)
         mask = torch.where(visible, 0.0, minimum).to(pair.dtype).view(1, 1, rows, capacity)
-        padded = verify_rows(rows, self.pad_to)  # the padding's slots run on past the tree's (padded_verify)
-        cache.slots = begin + torch.arange(padded, device=device)
+        cache.slots = begin + torch.arange(rows, device=device)
         if self.lean is not None:
-            ids, at, shown = padded_verify(compiled.input_ids, positions, mask, columns < 0, padded)
-            with blas_library(self.verify_blas, device):
-                logits, features = self.lean.forward(ids, at, cache, shown)
-            logits, features = logits[:rows], features[:rows]
+            library = "cublaslt" if 0 < self.cublaslt_from <= rows else None  # lean.VERIFY_CUBLASLT_FROM_ROWS
+            with blas_library(library, device):
+                logits, features = self.lean.forward(compiled.input_ids, positions, cache, mask)
         else:
             logits, features = pair.forward(
                 compiled.input_ids, positions, cache, {"full_attention": mask, "sliding_attention": mask}

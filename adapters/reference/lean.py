@@ -39,9 +39,7 @@ __all__ = [
     "gate_and_up",
     "lean_drafter_problem",
     "lean_problem",
-    "padded_verify",
     "rotary",
-    "verify_rows",
 ]
 
 # Whether gate and up come from one batched product against the fused weight's two halves, each half of the
@@ -60,17 +58,16 @@ ROW_COPIES_UP_TO = 128
 # for bit (tests/test_lean_drafter.py); 40 fewer kernels a draft for the 8B-shaped drafter. On: the round faster or
 # level in six alternating pairs on an H100 (scripts/measurements/2026-12-06f-issue29/README.md).
 JOINT_DRAFTER_QK = True
-# The round's verify rows padded to a multiple of this before the target's lean forward (0: not padded). cuBLAS
-# takes other, slower tiles for a B = 64 tree's 65 rows than for 17 (the forward's products 5.62 against 5.33 ms on
-# an H100); whether a padded count reads the weights faster is scripts/bench_skinny_gemm.py's question. Off until
-# timed (`SWITCH=lean.PAD_VERIFY_ROWS_TO SWITCH_VALUES="0 16 32" bash scripts/gpu_trials.sh switch-rounds`).
-PAD_VERIFY_ROWS_TO = 0
-# Whether the device round's target forward takes cuBLASLt's kernels rather than cuBLAS's
-# (torch.backends.cuda.preferred_blas_library while the round's graph is captured; the plain step keeps cuBLAS).
-# Another library may round a product otherwise: the fast path's low-precision numerics, not its fp32 outputs. Off
-# until timed (`bash scripts/gpu_trials.sh skinny-gemm`, its cublaslt column; then `SWITCH=lean.VERIFY_CUBLASLT bash
-# scripts/gpu_trials.sh switch-rounds`).
-VERIFY_CUBLASLT = False
+# The fewest verify rows (tree nodes + root) at which the device round's target forward takes cuBLASLt's kernels
+# rather than cuBLAS's (torch.backends.cuda.preferred_blas_library while the round's graph is captured, restored
+# after; the plain step and the draft keep cuBLAS); 0: never. On an H100, for the 8B shape in bf16, cuBLASLt picks
+# the same kernels as cuBLAS at 1 and 17 rows and a faster one for the MLP's down product at 33 to 96 rows (one
+# forward's products 5.32 against 5.43 ms at 33 rows, 5.41 against 5.56 at 65); the round faster in 7 of 7
+# alternating pairs at B = 32 and 64 (0.11-0.87 ms), and in 1 of 5 at B = 16, where nothing changes
+# (scripts/measurements/2026-12-06g-issue29/README.md). Another library rounds the down product otherwise: the
+# fast path's low-precision numerics, never the oracle's (which runs eagerly). Padding the verify rows to a multiple
+# of 16 or 32 instead was slower at B = 16 and 32 and level at 64 (same README), and is gone.
+VERIFY_CUBLASLT_FROM_ROWS = 33
 
 
 @contextlib.contextmanager
@@ -86,27 +83,6 @@ def blas_library(name: str | None, device: torch.device):
         yield
     finally:
         torch.backends.cuda.preferred_blas_library(before)
-
-
-def verify_rows(rows: int, multiple: int) -> int:
-    """``rows`` rounded up to a multiple of ``multiple`` (``rows`` itself where ``multiple`` is 0)."""
-    return rows if multiple <= 0 else -(-rows // multiple) * multiple
-
-
-def padded_verify(ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, prefix: torch.Tensor, rows: int):
-    """A verify's ids, positions and additive mask ``[1, 1, T, capacity]`` padded to ``rows`` rows: each padding row
-    repeats the root's token and position and sees the committed prefix only (``prefix``: bool ``[capacity]``), so
-    it changes no real row; its K/V land in the slots past the tree, which no mask shows (the caller's slots
-    run on). Unchanged where ``rows`` is already theirs."""
-    extra = rows - ids.shape[0]
-    if extra <= 0:
-        return ids, positions, mask
-    hidden = torch.where(prefix, 0.0, torch.finfo(mask.dtype).min).to(mask.dtype)
-    return (
-        torch.cat([ids, ids[:1].expand(extra)]),
-        torch.cat([positions, positions[:1].expand(extra)]),
-        torch.cat([mask, hidden.view(1, 1, 1, -1).expand(1, 1, extra, -1)], dim=2),
-    )
 
 
 def lean_problem(model) -> str | None:
