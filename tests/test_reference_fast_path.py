@@ -142,12 +142,24 @@ def test_the_blas_library_is_set_for_the_verify_only_and_always_restored(monkeyp
     assert len(calls) == 4
 
 
-@pytest.mark.parametrize(("from_rows", "library"), [(17, "cublaslt"), (18, None), (0, None), (1, "cublaslt")])
-def test_cublaslt_reaches_the_rounds_verify_from_its_row_count(fixture_requests, monkeypatch, from_rows, library):
+@pytest.mark.parametrize(
+    ("from_rows", "dtype", "library"),
+    [
+        (17, "bfloat16", "cublaslt"),
+        (18, "bfloat16", None),
+        (0, "bfloat16", None),
+        (1, "float16", "cublaslt"),
+        (17, "float32", None),
+    ],
+)
+def test_cublaslt_reaches_the_rounds_verify_from_its_row_count(
+    fixture_requests, monkeypatch, from_rows, dtype, library
+):
     """``lean.VERIFY_CUBLASLT_FROM_ROWS``: the device round asks for cuBLASLt around the target's forward over the
-    tree when the tree has at least that many rows (B = 16: 17 rows), never around the draft or a plain step, and
-    never with 0; outputs stay the oracle's (a no-op on a CPU). Fails when the decoder ignores the threshold, counts
-    the rows otherwise (``>`` for ``>=``, the budget for the rows) or asks outside the verify."""
+    tree when the tree has at least that many rows (B = 16: 17 rows) in bf16 or fp16, never in fp32, never around
+    the draft or a plain step, and never with 0; outputs stay the eager path's (a no-op on a CPU). Fails when the
+    decoder ignores the threshold or the dtype, counts the rows otherwise (``>`` for ``>=``, the budget for the
+    rows) or asks outside the verify."""
     from ddtree_conformance.adapters.reference import decoders, lean
 
     asked, blas = [], lean.blas_library
@@ -159,13 +171,13 @@ def test_cublaslt_reaches_the_rounds_verify_from_its_row_count(fixture_requests,
     monkeypatch.setattr(decoders, "blas_library", recording)
     monkeypatch.setattr(lean, "VERIFY_CUBLASLT_FROM_ROWS", from_rows)
     engine = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER), device_tree="on")
-    fast = engine.generate(fixture_requests[:2], RunConfig(mode="ddtree", budget=16, cuda_graphs=True))
+    fast = engine.generate(fixture_requests[:2], RunConfig(mode="ddtree", budget=16, dtype=dtype, cuda_graphs=True))
     eager = ReferenceEngine(str(FIXTURE_TARGET), str(FIXTURE_DRAFTER)).generate(
-        fixture_requests[:2], RunConfig(mode="ddtree", budget=16)
+        fixture_requests[:2], RunConfig(mode="ddtree", budget=16, dtype=dtype)
     )
     assert [r.output_ids for r in fast] == [r.output_ids for r in eager]
     rounds = sum(len(r.acceptance_lengths) for r in fast)
-    assert asked == [library] * rounds  # one verify a round (eager on a CPU: no graph replays it)
+    assert rounds and asked == [library] * rounds  # one verify a round (eager on a CPU: no graph replays it)
 
 
 def test_stale_positions_stay_broken_when_the_round_runs_as_one_graph(fixture_requests):

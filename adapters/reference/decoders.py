@@ -206,7 +206,8 @@ class StaticDecoder(EagerDecoder):
         self.lean = state.lean if fused else None
         self.lean_drafter = state.lean_drafter if fused else None
         block = pair.drafter.block_size if pair.drafter is not None else 1
-        self.cublaslt_from = lean_module.VERIFY_CUBLASLT_FROM_ROWS if self.lean is not None else 0
+        low_precision = pair.dtype in (torch.bfloat16, torch.float16)  # timed there; fp32 keeps cuBLAS's bits
+        self.cublaslt_from = lean_module.VERIFY_CUBLASLT_FROM_ROWS if self.lean is not None and low_precision else 0
         self.capacity = capacity_for(prompt_len + max_new_tokens + max(rows, block) + 1)
         self.static: StaticTargetCache | None = None
         self.draft_static: StaticDraftCache | None = None

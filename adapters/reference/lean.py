@@ -59,11 +59,12 @@ ROW_COPIES_UP_TO = 128
 # level in six alternating pairs on an H100 (scripts/measurements/2026-12-06f-issue29/README.md).
 JOINT_DRAFTER_QK = True
 # The fewest verify rows (tree nodes + root) at which the device round's target forward takes cuBLASLt's kernels
-# rather than cuBLAS's (torch.backends.cuda.preferred_blas_library while the round's graph is captured, restored
-# after; the plain step and the draft keep cuBLAS); 0: never. On an H100, for the 8B shape in bf16, cuBLASLt picks
-# the same kernels as cuBLAS at 1 and 17 rows and a faster one for the MLP's down product at 33 to 96 rows (one
-# forward's products 5.32 against 5.43 ms at 33 rows, 5.41 against 5.56 at 65); the round faster in 7 of 7
-# alternating pairs at B = 32 and 64 (0.11-0.87 ms), and in 1 of 5 at B = 16, where nothing changes
+# rather than cuBLAS's, in bf16 and fp16 (fp32 keeps cuBLAS); 0: never. The preferred BLAS library
+# (torch.backends.cuda.preferred_blas_library) is set while the round's graph is captured and restored after; the
+# plain step and the draft keep cuBLAS. On an H100, for the 8B shape in bf16, cuBLASLt picks the same kernels as
+# cuBLAS at 1 and 17 rows and a faster one for the MLP's down product at 33 to 96 rows (one forward's products 5.32
+# against 5.43 ms at 33 rows, 5.41 against 5.56 at 65); the round faster in 7 of 7 alternating pairs at B = 32 and
+# 64 (0.11-0.87 ms), and in 1 of 5 at B = 16, where nothing changes
 # (scripts/measurements/2026-12-06g-issue29/README.md). Another library rounds the down product otherwise: the
 # fast path's low-precision numerics, never the oracle's (which runs eagerly). Padding the verify rows to a multiple
 # of 16 or 32 instead was slower at B = 16 and 32 and level at 64 (same README), and is gone.
