@@ -6,9 +6,12 @@ measured, from the JSON rows ``scripts/mutation_table.py --json`` writes (the ``
 
     python scripts/rounding_table.py scripts/measurements/2026-12-0*-rounding*/**/*.json [--seeds 5] [--json F]
 
-One row per (engine, dtype, device, kind): the seeds run, the checks passed / failed / skipped summed
-over them, and the failed check ids. A cell with fewer than ``--seeds`` seeds is marked as such. Exits 1
-when any row failed a check (a correct engine must pass everywhere), 0 otherwise.
+One row per (engine, dtype, device, kind) of the whole grid (every engine of the catalogue, float32 /
+bfloat16 / float16, CPU and CUDA, traced and black box): the seeds run, the checks passed / failed / skipped
+summed over them, and the failed check ids. A cell with fewer than ``--seeds`` seeds is marked as such, a cell
+never run reads "not run", and the count of cell-runs still to run closes the table. ``--left`` also prints,
+per device, the ``ROUND_GROUPS`` of ``scripts/gpu_trials.sh rounding-groups`` that would run them (one group per
+engine and seed). Exits 1 when any row failed a check (a correct engine must pass everywhere), 0 otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from ddtree_conformance.testing.rounding_engines import ROUNDING_ENGINES
 
 BLACK_BOX = " (black box)"
 DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("cpu", "cuda")
+KINDS = ("traced", "black box")
 
 
 def load_rows(paths: list[Path]) -> list[dict]:
@@ -72,12 +77,43 @@ def table(rows: list[dict]) -> list[dict]:
     return sorted(out, key=lambda r: (r["device"], order.get(r["dtype"], 9), r["kind"], r["engine"]))
 
 
+def left(cells: list[dict], seeds: int) -> list[dict]:
+    """Every cell of the grid (the catalogue's engines x DTYPES x DEVICES x KINDS) with fewer than ``seeds`` seeds,
+    with the seeds still to run: the lowest not run yet, as many as it lacks (none run: 1..seeds)."""
+    have = {(c["engine"], c["dtype"], c["device"], c["kind"]): set(c["seeds"]) for c in cells}
+    out = []
+    for engine in ROUNDING_ENGINES:
+        for device in DEVICES:
+            for dtype in DTYPES:
+                for kind in KINDS:
+                    done = have.get((engine, dtype, device, kind), set())
+                    todo = [s for s in range(1, seeds + len(done) + 1) if s not in done][: max(0, seeds - len(done))]
+                    if todo:
+                        out.append({"engine": engine, "dtype": dtype, "device": device, "kind": kind, "seeds": todo})
+    return out
+
+
+def round_groups(todo: list[dict], device: str, dtypes: tuple[str, ...]) -> str:
+    """``ROUND_GROUPS`` for the cells ``todo`` leaves on ``device`` in ``dtypes``: ``label|seed`` for every engine
+    and seed that any of them lacks (a group runs both kinds in every dtype of ``ROUND_DTYPES``), ``;``-joined."""
+    wanted: dict[str, set[int]] = defaultdict(set)
+    for c in todo:
+        if c["device"] == device and c["dtype"] in dtypes:
+            wanted[c["engine"]].update(c["seeds"])
+    return ";".join(f"{engine}|{seed}" for engine, seeds in wanted.items() for seed in sorted(seeds))
+
+
 def markdown(cells: list[dict], seeds: int) -> str:
     lines = [
         "| engine | dtype | device | reports | seeds | checks pass / fail / skip | verdict |",
         "|---|---|---|---|---|---|---|",
     ]
     for c in cells:
+        if not c["seeds"]:
+            lines.append(
+                f"| {c['engine']} | {c['dtype']} | {c['device']} | {c['kind']} | - (of {seeds}) | - | not run |"
+            )
+            continue
         short = "" if len(c["seeds"]) >= seeds else f" (of {seeds})"
         if c["rebuilt"]:
             short += f"; {','.join(map(str, c['rebuilt']))} from printed rows"
@@ -94,20 +130,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="+", type=Path, help="mutation_table.py --json files")
     parser.add_argument("--seeds", type=int, default=5, help="seeds each cell should have")
     parser.add_argument("--json", type=Path, default=None, help="also write the cells here")
+    parser.add_argument("--left", action="store_true", help="print the ROUND_GROUPS that would run what is left")
     args = parser.parse_args(argv)
     cells = table(load_rows(args.files))
     if not cells:
         print("no engine rows in the files given", file=sys.stderr)
         return 2
-    print(markdown(cells, args.seeds))
+    todo = left(cells, args.seeds)
+    unrun = [{**c, "seeds": [], "rebuilt": [], "pass": 0, "fail": 0, "skip": 0, "failed": []} for c in todo]
+    unrun = [c for c in unrun if (c["engine"], c["dtype"], c["device"], c["kind"]) not in {_key(x) for x in cells}]
+    print(markdown(cells + unrun, args.seeds))
     full = sum(len(c["seeds"]) >= args.seeds for c in cells)
-    print(f"\n{len(cells)} cells, {full} with {args.seeds} seeds or more; {sum(c['fail'] > 0 for c in cells)} failed")
+    grid = f"{len(ROUNDING_ENGINES)} engines x {len(DTYPES)} dtypes x {len(DEVICES)} devices x {len(KINDS)} reports"
+    print(
+        f"\n{len(cells) + len(unrun)} cells ({grid}), {full} with {args.seeds} seeds or more, {len(unrun)} not run; "
+        f"{sum(c['fail'] > 0 for c in cells)} failed"
+    )
+    runs_left = {d: sum(len(c["seeds"]) for c in todo if c["device"] == d) for d in DEVICES}
+    print(f"{sum(runs_left.values())} cell-runs left ({', '.join(f'{d} {n}' for d, n in runs_left.items())})")
     rebuilt = sum(len(c["rebuilt"]) for c in cells)
     if rebuilt:
         print(f"{rebuilt} cell-runs rebuilt from the rows their job printed (files marked rebuilt_from)")
+    if args.left:
+        for device in DEVICES:
+            for dtypes in (("bfloat16", "float16"), ("float32",)):
+                groups = round_groups(todo, device, dtypes)
+                if groups:
+                    print(f'{device}: ROUND_DEVICE={device} ROUND_DTYPES="{" ".join(dtypes)}" ROUND_GROUPS="{groups}"')
     if args.json:
         args.json.write_text(json.dumps(cells, indent=1) + "\n")
     return 1 if any(c["fail"] or c["failed"] for c in cells) else 0
+
+
+def _key(cell: dict) -> tuple:
+    return cell["engine"], cell["dtype"], cell["device"], cell["kind"]
 
 
 if __name__ == "__main__":

@@ -73,3 +73,34 @@ def test_rows_rebuilt_from_printed_output_are_named_in_the_table(tmp_path, capsy
     out = capsys.readouterr().out
     assert "| 1,3 (of 5); 3 from printed rows |" in out
     assert "1 cell-runs rebuilt from the rows their job printed" in out
+
+
+def test_the_table_covers_the_whole_grid_and_names_what_is_left(tmp_path, capsys):
+    """Cells never run are rows too ("not run"), counted; the cell-runs left are counted per device; and
+    ``--left`` prints, per device and dtypes, the ``ROUND_GROUPS`` that would run them (one group per engine and
+    lacking seed). A table that lists only what ran once read "100 cells ... 0 failed" with 8 cells never run."""
+    engines = list(rounding_table.ROUNDING_ENGINES)
+    rows = [_row(engines[0], s) for s in (1, 2, 4)]  # cpu, bf16, traced: seeds 3 and 5 lacking
+    rows += [_row(engines[0] + suffix, s, dtype="float32") for s in range(1, 6) for suffix in ("", " (black box)")]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows))
+    assert rounding_table.main([str(path), "--left"]) == 0
+    out = capsys.readouterr().out
+    grid = len(engines) * 3 * 2 * 2
+    assert f"{grid} cells ({len(engines)} engines x 3 dtypes x 2 devices x 2 reports), 2 with 5 seeds or more, " in out
+    assert f"{grid - 3} not run; 0 failed" in out
+    assert f"{(grid - 3) * 5 + 2} cell-runs left (cpu {(grid // 2 - 3) * 5 + 2}, cuda {grid // 2 * 5})" in out
+    assert f"| {engines[1]} | float16 | cuda | black box | - (of 5) | - | not run |" in out
+    assert "| 1,2,4 (of 5) |" in out
+    todo = rounding_table.left(rounding_table.table(rows), 5)
+    mine = [c for c in todo if c["engine"] == engines[0] and c["device"] == "cpu"]
+    assert next(c for c in mine if (c["dtype"], c["kind"]) == ("bfloat16", "traced"))["seeds"] == [3, 5]
+    assert not [c for c in mine if c["dtype"] == "float32"]  # five seeds each: nothing left
+    assert rounding_table.round_groups(mine, "cpu", ("float32",)) == ""
+    assert rounding_table.round_groups(mine, "cpu", ("bfloat16", "float16")) == ";".join(
+        f"{engines[0]}|{s}"
+        for s in (1, 2, 3, 4, 5)  # fp16 and the black box still lack every seed
+    )
+    assert rounding_table.round_groups(mine, "cuda", ("bfloat16", "float16")) == ""
+    line = next(line for line in out.splitlines() if line.startswith('cpu: ROUND_DEVICE=cpu ROUND_DTYPES="float32"'))
+    assert line.count("|") == (len(engines) - 1) * 5 and f"{engines[0]}|" not in line
