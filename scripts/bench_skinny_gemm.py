@@ -16,12 +16,15 @@ rows as fast as 17. The ways, per weight and row count:
 Every call reads another copy of the weight (``--copies``, so that the copies together exceed the L2 cache, as a
 forward's 36 layers do). Per weight, rows and way: microseconds per call (the median of five timings of a graph
 holding ``--calls`` calls, replayed ``--replays`` times), the weight's bytes read per second, and whether the real
-rows equal ``linear``'s bit for bit (padding may move a product to a kernel that sums in another order). Then one
-forward's GEMMs (36 layers of the four products) at each row count and way. A measurement, not a test; it needs a
+rows equal ``linear``'s bit for bit (padding may move a product to a kernel that sums in another order). The
+target's lm_head (``--vocab`` rows of the hidden size; 0 leaves it out) is timed the same way: the verify runs it
+over the tree's rows, the plain step over one. Then one forward's GEMMs (36 layers of the four products, and the
+lm_head once) at each row count and way. A measurement, not a test; it needs a
 CUDA device (``--device cpu`` checks only the equalities, untimed).
 
     python scripts/bench_skinny_gemm.py [--rows 1 17 33 65 72 80 96 128] [--pads 16 32 64] [--hidden 4096]
                                         [--inter 12288] [--heads 32 --kv-heads 8 --head-dim 128] [--layers 36]
+                                        [--vocab 151936]
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--layers", type=int, default=36)
+    p.add_argument("--vocab", type=int, default=151936, help="the lm_head's rows (0: leave the lm_head out)")
     p.add_argument("--calls", type=int, default=24, help="calls per graph")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
@@ -57,6 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = [n for n in (*args.rows, *args.pads) if n < 1]
     if bad:
         p.error(f"--rows and --pads take positive integers, got {bad}")
+    if args.vocab < 0:
+        p.error(f"--vocab takes 0 (no lm_head) or a positive integer, got {args.vocab}")
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         p.error(f"--device {args.device}: no CUDA device here (--device cpu checks the equalities, untimed)")
     return args
@@ -103,7 +109,8 @@ def main(argv=None) -> int:
     results: dict[tuple[str, int, str], float] = {}
     head = ["weight", "rows", *(f"{w} us (GB/s, same)" for w in table_ways)]
     lines = [f"| {' | '.join(head)} |", "|" + "---|" * len(head)]
-    for name, (out_features, in_features) in weights(args).items():
+    products = {**weights(args), **({"lm_head": (args.vocab, args.hidden)} if args.vocab else {})}
+    for name, (out_features, in_features) in products.items():
         size = out_features * in_features * torch.finfo(dtype).bits // 8
         count = max(2, math.ceil(L2_BYTES / size) + 1) if timed else 1
         copies = [
@@ -134,11 +141,16 @@ def main(argv=None) -> int:
     print(f"### The target's products, {args.dtype}, {where}: us per call (weight GB/s, real rows equal linear's)\n")
     print("\n".join(lines))
     if timed:
-        print(f"\n### One forward's products ({args.layers} layers x qkv, o, gate_up, down), ms\n")
+        once = ", lm_head once" if args.vocab else ""
+        print(f"\n### One forward's products ({args.layers} layers x qkv, o, gate_up, down{once}), ms\n")
         print(f"| rows | {' | '.join(table_ways)} |")
         print("|---:|" + "---:|" * len(table_ways))
         for rows in args.rows:
-            sums = [sum(results[(n, rows, w)] for n in weights(args)) * args.layers / 1e3 for w in table_ways]
+            sums = [
+                (sum(results[(n, rows, w)] for n in weights(args)) * args.layers + results.get(("lm_head", rows, w), 0))
+                / 1e3
+                for w in table_ways
+            ]
             print(f"| {rows} | {' | '.join(f'{s:.2f}' for s in sums)} |")
     return 0
 
