@@ -73,7 +73,7 @@
 #   round-parts       issue 29 item 4: the fast-device round with capture off, each kernel charged to the part of
 #                     the round that launched it (tree, verify inputs, target forward, walk, commit, drafter,
 #                     lm_head; scripts/profile_round_parts.py), PARTS_BUDGETS (16 64) -> $WORK/round-parts/ (~1 minute)
-#   skinny-gemm       issue 29 item 4: the target's four products at 1..128 rows, as called, with the rows padded to a
+#   skinny-gemm       issue 29 item 4: the target's four layer products and lm_head at 1..128 rows, as called, with the rows padded to a
 #                     multiple of 16 / 32 / 64, and through cuBLASLt (scripts/bench_skinny_gemm.py): which row counts
 #                     cuBLAS serves at the weights' bandwidth -> $WORK/skinny-gemm.md                 (~1 minute)
 #   pieces            issue 29 item 4: the tree build, verify inputs and greedy walk as the fast path runs them
