@@ -34,8 +34,8 @@ the heap, ties included) inside the round's graph.
 
 ``--switch NAME=VALUE`` (repeatable) sets one of the fast path's module switches before anything is built
 (:data:`SWITCHES`: the tree's Triton kernels and the beams' split threshold search, the lean forwards' row
-copies and SwiGLU halves, the drafter's joint q/k norm and RoPE, the verify's rows padded or through
-cuBLASLt), so that a change can be timed on and off in alternating runs without editing the code; every
+copies and SwiGLU halves, the drafter's joint q/k norm and RoPE, the row count from which the verify runs
+through cuBLASLt), so that a change can be timed on and off in alternating runs without editing the code; every
 switch's value is written into ``rounds.json`` and ``rounds.md``:
 
     for v in on off on off; do python scripts/bench_reference_stages.py ... --switch lean.SWIGLU_HALVES=$v \

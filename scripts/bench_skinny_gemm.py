@@ -17,14 +17,14 @@ Every call reads another copy of the weight (``--copies``, so that the copies to
 forward's 36 layers do). Per weight, rows and way: microseconds per call (the median of five timings of a graph
 holding ``--calls`` calls, replayed ``--replays`` times), the weight's bytes read per second, and whether the real
 rows equal ``linear``'s bit for bit (padding may move a product to a kernel that sums in another order). The
-target's lm_head (``--vocab`` rows of the hidden size; 0 leaves it out) is timed the same way: the verify runs it
-over the tree's rows, the plain step over one. Then one forward's GEMMs (36 layers of the four products, and the
-lm_head once) at each row count and way. A measurement, not a test; it needs a
+target's lm_head (``--no-lm-head`` leaves it out) is timed the same way: the verify runs it over the tree's rows,
+the plain step over one. Then one forward's GEMMs (the layers' four products, and the lm_head once) at each row
+count and way. The dimensions are the shaped pair's (``--shape``: ``SHAPES`` of
+``ddtree_conformance.testing.shaped_pair``, the 8B shape by default). A measurement, not a test; it needs a
 CUDA device (``--device cpu`` checks only the equalities, untimed).
 
-    python scripts/bench_skinny_gemm.py [--rows 1 17 33 65 72 80 96 128] [--pads 16 32 64] [--hidden 4096]
-                                        [--inter 12288] [--heads 32 --kv-heads 8 --head-dim 128] [--layers 36]
-                                        [--vocab 151936]
+    python scripts/bench_skinny_gemm.py [--rows 1 17 33 65 72 80 96 128] [--pads 16 32 64] [--shape 8b]
+                                        [--no-lm-head]
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from ddtree_conformance.adapters.reference.clock import graph_replay_us
 from ddtree_conformance.adapters.reference.lean import blas_library
+from ddtree_conformance.testing.shaped_pair import SHAPES
 
 L2_BYTES = 64 << 20  # more than an H100's (50 MiB) or H200's L2: the copies together always exceed it
 
@@ -46,13 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, nargs="+", default=[1, 17, 33, 65, 72, 80, 96, 128])
     p.add_argument("--pads", type=int, nargs="*", default=[16, 32, 64], help="pad the rows to a multiple of each")
-    p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--inter", type=int, default=12288)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--layers", type=int, default=36)
-    p.add_argument("--vocab", type=int, default=151936, help="the lm_head's rows (0: leave the lm_head out)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="8b", help="the shaped pair's target dimensions")
+    p.add_argument("--lm-head", action=argparse.BooleanOptionalAction, default=True, help="time the lm_head too")
     p.add_argument("--calls", type=int, default=24, help="calls per graph")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
@@ -61,8 +57,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = [n for n in (*args.rows, *args.pads) if n < 1]
     if bad:
         p.error(f"--rows and --pads take positive integers, got {bad}")
-    if args.vocab < 0:
-        p.error(f"--vocab takes 0 (no lm_head) or a positive integer, got {args.vocab}")
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         p.error(f"--device {args.device}: no CUDA device here (--device cpu checks the equalities, untimed)")
     return args
@@ -70,12 +64,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def weights(args) -> dict[str, tuple[int, int]]:
     """(out features, in features) of a layer's four products, as the lean forward fuses them."""
-    q, kv = args.heads * args.head_dim, args.kv_heads * args.head_dim
+    s = SHAPES[args.shape]
+    q, kv = s["heads"] * s["head_dim"], s["kv"] * s["head_dim"]
     return {
-        "qkv": (q + 2 * kv, args.hidden),
-        "o": (args.hidden, q),
-        "gate_up": (2 * args.inter, args.hidden),
-        "down": (args.hidden, args.inter),
+        "qkv": (q + 2 * kv, s["hidden"]),
+        "o": (s["hidden"], q),
+        "gate_up": (2 * s["inter"], s["hidden"]),
+        "down": (s["hidden"], s["inter"]),
     }
 
 
@@ -109,7 +104,8 @@ def main(argv=None) -> int:
     results: dict[tuple[str, int, str], float] = {}
     head = ["weight", "rows", *(f"{w} us (GB/s, same)" for w in table_ways)]
     lines = [f"| {' | '.join(head)} |", "|" + "---|" * len(head)]
-    products = {**weights(args), **({"lm_head": (args.vocab, args.hidden)} if args.vocab else {})}
+    shape = SHAPES[args.shape]
+    products = {**weights(args), **({"lm_head": (shape["vocab"], shape["hidden"])} if args.lm_head else {})}
     for name, (out_features, in_features) in products.items():
         size = out_features * in_features * torch.finfo(dtype).bits // 8
         count = max(2, math.ceil(L2_BYTES / size) + 1) if timed else 1
@@ -141,13 +137,16 @@ def main(argv=None) -> int:
     print(f"### The target's products, {args.dtype}, {where}: us per call (weight GB/s, real rows equal linear's)\n")
     print("\n".join(lines))
     if timed:
-        once = ", lm_head once" if args.vocab else ""
-        print(f"\n### One forward's products ({args.layers} layers x qkv, o, gate_up, down{once}), ms\n")
+        once = ", lm_head once" if args.lm_head else ""
+        print(f"\n### One forward's products ({shape['layers']} layers x qkv, o, gate_up, down{once}), ms\n")
         print(f"| rows | {' | '.join(table_ways)} |")
         print("|---:|" + "---:|" * len(table_ways))
         for rows in args.rows:
             sums = [
-                (sum(results[(n, rows, w)] for n in weights(args)) * args.layers + results.get(("lm_head", rows, w), 0))
+                (
+                    sum(results[(n, rows, w)] for n in weights(args)) * shape["layers"]
+                    + results.get(("lm_head", rows, w), 0)
+                )
                 / 1e3
                 for w in table_ways
             ]

@@ -203,7 +203,7 @@ def test_the_skinny_gemm_bench_pads_slices_and_tables_every_weight_and_row_count
     copies = [torch.randn(7, 3), torch.randn(7, 3)]
     got = bench["run_way"](x, copies, 3, 4)
     assert [tuple(g.shape) for g in got] == [(5, 7)] * 3 and torch.equal(got[1], x @ copies[1].T)
-    shape = ["--hidden", "32", "--inter", "48", "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--vocab", "40"]
+    shape = ["--shape", "tiny"]
     assert bench["main"](["--device", "cpu", "--rows", "1", "9", "--pads", "8", *shape]) == 0
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
     assert [(r[0].strip(), int(r[1])) for r in rows] == [
@@ -214,10 +214,10 @@ def test_the_skinny_gemm_bench_pads_slices_and_tables_every_weight_and_row_count
         bench["main"](["--device", "cpu", "--rows", "0"])
     assert stop.value.code == 2 and "--rows and --pads take positive integers" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:
-        bench["main"](["--device", "cpu", "--vocab", "-1"])
-    assert stop.value.code == 2 and "--vocab takes 0" in capsys.readouterr().err
-    assert bench["main"](["--device", "cpu", "--rows", "3", "--pads", "8", *shape[:-2], "--vocab", "0"]) == 0
-    assert "lm_head" not in capsys.readouterr().out  # --vocab 0: the four layer products only
+        bench["main"](["--device", "cpu", "--shape", "70b"])
+    assert stop.value.code == 2 and "--shape: invalid choice: '70b'" in capsys.readouterr().err
+    assert bench["main"](["--device", "cpu", "--rows", "3", "--pads", "8", *shape, "--no-lm-head"]) == 0
+    assert "lm_head" not in capsys.readouterr().out  # the four layer products only
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit) as stop:
             bench["main"]([])  # the default device, cuda, on a machine without one

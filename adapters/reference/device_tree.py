@@ -61,7 +61,8 @@ TWO_LAUNCH_TOPK = True
 # about fifty small kernels and a stable sort (the same tree bit for bit: tests/test_beam_kernel.py). On since
 # timed (H100 4c817fff, 2026-12-06): with the split search 189 / 253 / 477 us a build against 365 / 427 / 695 at
 # B = 16 / 32 / 64; with both switches on the round was faster in 8 of 9 alternating pairs (medians 0.28 / 0.17 /
-# 0.12 ms at B = 16 / 32 / 64; one pair 0.01 ms slower; scripts/measurements/2026-12-06f-issue29/README.md).
+# 0.12 ms at B = 16 / 32 / 64; one pair 0.01 ms slower; scripts/measurements/2026-12-06f-issue29/README.md);
+# reproduced on a second newly started H100 (b5166029): 188 / 253 / 478 against 364 / 426 / 695 us (2026-12-06g).
 ONE_LAUNCH_TREE = True
 
 
