@@ -204,6 +204,8 @@ def test_the_skinny_gemm_bench_pads_slices_and_tables_every_weight_and_row_count
     got = bench["run_way"](x, copies, 3, 4)
     assert [tuple(g.shape) for g in got] == [(5, 7)] * 3 and torch.equal(got[1], x @ copies[1].T)
     shape = ["--shape", "tiny"]
+    tiny = bench["parse_args"](["--device", "cpu", *shape])  # the shaped pair's own dimensions, not restated
+    assert bench["weights"](tiny) == {"qkv": (128, 64), "o": (64, 64), "gate_up": (256, 64), "down": (64, 128)}
     assert bench["main"](["--device", "cpu", "--rows", "1", "9", "--pads", "8", *shape]) == 0
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
     assert [(r[0].strip(), int(r[1])) for r in rows] == [
