@@ -65,7 +65,8 @@ JOINT_DRAFTER_QK = True
 # cuBLAS at 1 and 17 rows and a faster one for the MLP's down product at 33 to 96 rows (one forward's products 5.32
 # against 5.43 ms at 33 rows, 5.41 against 5.56 at 65); the round faster in 7 of 7 alternating pairs at B = 32 and
 # 64 (0.11-0.87 ms), and in 1 of 5 at B = 16, where nothing changes
-# (scripts/measurements/2026-12-06g-issue29/README.md). Another library rounds the down product otherwise: the
+# (scripts/measurements/2026-12-06g-issue29/README.md); on a second H100, 6 of 6 at B = 32 and 64
+# (scripts/measurements/2026-12-06h-issue29/README.md). Another library rounds the down product otherwise: the
 # fast path's low-precision numerics, never the oracle's (which runs eagerly). Padding the verify rows to a multiple
 # of 16 or 32 instead was slower at B = 16 and 32 and level at 64 (same README), and is gone.
 VERIFY_CUBLASLT_FROM_ROWS = 33
