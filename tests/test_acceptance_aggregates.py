@@ -207,20 +207,22 @@ def test_in_float32_outputs_other_than_the_golden_files_keep_the_golden_verdict(
 @pytest.mark.parametrize(
     "engine",
     [
-        # GEMM shapes of a shared batch: 5 CPU-s of its own here; split-K (20 CPU-s) runs nightly, and every rounding
-        # engine has run at 20 prompts and 5 seeds (scripts/rounding_table.py over scripts/measurements/*-rounding*/)
-        "GEMM rows padded as in a shared batch",
+        # fused RMSNorm: 6 CPU-s of its own here, and its bf16 logits differ from the reference's on CPU
+        # (tests/test_rounding_engines.py; padded GEMM rows and fused projections give the same bits there, so they
+        # would test nothing here); split-K (20 CPU-s) runs nightly, and every rounding engine has run at 20 prompts
+        # and 5 seeds (scripts/rounding_table.py over scripts/measurements/*-rounding*/)
+        "fused RMSNorm (one rounding)",
         pytest.param("split-K reductions in the run's dtype", marks=pytest.mark.thorough),
         # 26 s of a CI worker: nightly (thorough); its float32 run at 8 prompts is in the default tier (above)
         pytest.param("room-left block, claimed lengths", marks=pytest.mark.thorough),
     ],
 )
 def test_in_bfloat16_correct_engines_pass_the_aggregate_path_at_20_prompts(engine):
-    """The scale users run: correct engines that round differently (GEMM rows padded as in a batch; split-K partial
-    sums in bf16, nightly) and one that cuts its drafter's block near the end and counts its last round as walked,
-    as aggregate-only engines in bf16, 20 prompts: each passes, the vouching band split over every way of counting
-    (before the ways of counting, the last could not be vouched for: band [-0.165, -0.040] against the spec's walked
-    rounds, scripts/measurements/2026-12-04f-aggregate-freedoms/before-correct-bfloat16.json)."""
+    """The scale users run: correct engines that round differently (RMSNorm fused into one rounding; split-K
+    partial sums in bf16, nightly) and one that cuts its drafter's block near the end and counts its last round as
+    walked, as aggregate-only engines in bf16, 20 prompts: each passes, the vouching band split over every way of
+    counting (before the ways of counting, the last could not be vouched for: band [-0.165, -0.040] against the
+    spec's walked rounds, scripts/measurements/2026-12-04f-aggregate-freedoms/before-correct-bfloat16.json)."""
     from ddtree_conformance.testing.correct_engines import CORRECT_ENGINES
     from ddtree_conformance.testing.rounding_engines import ROUNDING_ENGINES, aggregate_box
     from ddtree_conformance.testing.runs import fixture_pair_settings, plan_and_run
