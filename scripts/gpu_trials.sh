@@ -61,6 +61,10 @@
 #                     500 s at 12 processes: give it two groups a call. ROUND_TIMEOUT bounds each cell. A group
 #                     may hold several seeds ("label|3 4": one process each cell, start-up paid once); a group
 #                     that is not label|seeds stops the job before any starts.
+#   rounding-cells    issue 28's CUDA cells, one process per cell-run: ROUND_CELLS "label|catalogue|dtype|seed;..." as
+#                     `scripts/rounding_table.py --left` prints it (catalogue rounding = traced, rounding-black-box),
+#                     ROUND_JOBS (12) at once, 2 s apart -> $WORK/rounding/cN-*.json. Unlike rounding-groups, no cell
+#                     already run is run again beside its siblings. A malformed cell stops the job before any starts.
 #   aggregates        issue 28: the acceptance check's aggregate path on the rounding catalogue and the lossless-but-slower
 #                     mutants, each reporting aggregates only (scripts/aggregate_bands.py), AGG_DTYPES (bfloat16
 #                     float16) x run seeds AGG_SEEDS (1 2 3), limits 7 20 40, one process per dtype and seed on the
@@ -209,6 +213,26 @@ for job in "$@"; do
       done
       wait
       grep -h "^| " "$WORK"/g*.out ;;
+    rounding-cells)  # issue 28: exactly the cell-runs left (rounding_table.py --left prints ROUND_CELLS), ROUND_JOBS at once
+      IFS=';' read -ra cells <<< "${ROUND_CELLS:?ROUND_CELLS must hold \"label|catalogue|dtype|seed;...\"}"
+      for cell in "${cells[@]}"; do  # every cell checked before any starts
+        [[ "$cell" =~ ^[^|]+\|rounding(-black-box)?\|(float32|bfloat16|float16)\|[0-9]+$ ]] || {
+          echo "ROUND_CELLS: '$cell' is not 'label|rounding or rounding-black-box|float32, bfloat16 or float16|seed'" >&2; exit 2; }
+      done
+      mkdir -p "$WORK/rounding"; i=0
+      for cell in "${cells[@]}"; do
+        i=$((i + 1))
+        IFS='|' read -r label catalogue dtype seed <<< "$cell"
+        while [ "$(jobs -rp | wc -l)" -ge "${ROUND_JOBS:-12}" ]; do wait -n; done
+        timeout "${ROUND_TIMEOUT:-540}" python3 scripts/mutation_table.py --catalogue "$catalogue" \
+          --device "${ROUND_DEVICE:-cuda}" --dtype "$dtype" --limit "${ROUND_LIMIT:-20}" --max-new-tokens "${ROUND_TOKENS:-64}" \
+          --budgets "${ROUND_BUDGETS:-16,64}" --run-seed "$seed" --threads 1 --only "$label" \
+          --check ${ROUND_CHECKS:-lossless acceptance context-range near-ties golden tree-structure branch-vs-chain} \
+          --json "$WORK/rounding/c$i-$catalogue-$dtype-s$seed.json" >"$WORK/rounding/c$i-$catalogue-$dtype-s$seed.log" 2>&1 &
+        sleep 2
+      done
+      wait
+      grep -h "^| \|NOT CAUGHT" "$WORK"/rounding/c*.log ;;
     profile-rounding)  # issue 28: where one CUDA cell of the rounding catalogue spends its time (cProfile, one process)
       mkdir -p "$WORK/profile"
       timeout "${PROFILE_TIMEOUT:-240}" python3 -m cProfile -o "$WORK/profile/cell.prof" scripts/mutation_table.py \
@@ -244,7 +268,7 @@ p.sort_stats('cumulative').print_stats(45)" "$WORK/profile/cell.prof" >"$WORK/pr
         --jobs "${CAL_JOBS:-16}" --limit "${CAL_LIMIT:-80}" --flip-limit "${CAL_FLIP_LIMIT:-24}" \
         --budgets "${CAL_BUDGETS:-16,64,256}" --manifest "$WORK/manifest-$device.json" 2>&1 |
         grep -v "Loading weights\|FutureWarning\|forward_call" || echo "$job: exit $?" ;;
-    *) echo "unknown job $job (equality, rounds, switch-rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, rounding-groups, aggregates, pieces, round-parts, skinny-gemm, profile-round, profile-rounding, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
+    *) echo "unknown job $job (equality, rounds, switch-rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, rounding-groups, rounding-cells, aggregates, pieces, round-parts, skinny-gemm, profile-round, profile-rounding, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
   esac
   echo "job $job: $((SECONDS - started)) s"
   pack

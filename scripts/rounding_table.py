@@ -11,7 +11,8 @@ bfloat16 / float16, CPU and CUDA, traced and black box): the seeds run, the chec
 summed over them, and the failed check ids. A cell with fewer than ``--seeds`` seeds is marked as such, a cell
 never run reads "not run", and the count of cell-runs still to run closes the table. ``--left`` also prints,
 per device, the ``ROUND_GROUPS`` of ``scripts/gpu_trials.sh rounding-groups`` that would run them (one group per
-engine and seed). Exits 1 when any row failed a check (a correct engine must pass everywhere), 0 otherwise.
+engine and seed), and the ``ROUND_CELLS`` of ``rounding-cells`` (one process per cell-run left, nothing run
+twice). Exits 1 when any row failed a check (a correct engine must pass everywhere), 0 otherwise.
 """
 
 from __future__ import annotations
@@ -103,6 +104,19 @@ def round_groups(todo: list[dict], device: str, dtypes: tuple[str, ...]) -> str:
     return ";".join(f"{engine}|{seed}" for engine, seeds in wanted.items() for seed in sorted(seeds))
 
 
+def round_cells(todo: list[dict], device: str) -> str:
+    """``ROUND_CELLS`` for the cell-runs ``todo`` leaves on ``device``: ``label|catalogue|dtype|seed`` for each one
+    (catalogue ``rounding`` for a traced cell, ``rounding-black-box`` for a black box), ``;``-joined. Unlike
+    ``round_groups``, a cell already run at a seed is not run again for its siblings' sake."""
+    catalogue = {"traced": "rounding", "black box": "rounding-black-box"}
+    return ";".join(
+        f"{c['engine']}|{catalogue[c['kind']]}|{c['dtype']}|{seed}"
+        for c in todo
+        if c["device"] == device
+        for seed in c["seeds"]
+    )
+
+
 def markdown(cells: list[dict], seeds: int) -> str:
     lines = [
         "| engine | dtype | device | reports | seeds | checks pass / fail / skip | verdict |",
@@ -130,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="+", type=Path, help="mutation_table.py --json files")
     parser.add_argument("--seeds", type=int, default=5, help="seeds each cell should have")
     parser.add_argument("--json", type=Path, default=None, help="also write the cells here")
-    parser.add_argument("--left", action="store_true", help="print the ROUND_GROUPS that would run what is left")
+    parser.add_argument("--left", action="store_true", help="print the ROUND_GROUPS and ROUND_CELLS for what is left")
     args = parser.parse_args(argv)
     cells = table(load_rows(args.files))
     if not cells:
@@ -157,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
                 groups = round_groups(todo, device, dtypes)
                 if groups:
                     print(f'{device}: ROUND_DEVICE={device} ROUND_DTYPES="{" ".join(dtypes)}" ROUND_GROUPS="{groups}"')
+            cells_left = round_cells(todo, device)
+            if cells_left:
+                print(f'{device}: ROUND_DEVICE={device} ROUND_CELLS="{cells_left}"')
     if args.json:
         args.json.write_text(json.dumps(cells, indent=1) + "\n")
     return 1 if any(c["fail"] or c["failed"] for c in cells) else 0

@@ -104,3 +104,9 @@ def test_the_table_covers_the_whole_grid_and_names_what_is_left(tmp_path, capsys
     assert rounding_table.round_groups(mine, "cuda", ("bfloat16", "float16")) == ""
     line = next(line for line in out.splitlines() if line.startswith('cpu: ROUND_DEVICE=cpu ROUND_DTYPES="float32"'))
     assert line.count("|") == (len(engines) - 1) * 5 and f"{engines[0]}|" not in line
+    # ROUND_CELLS: exactly the cell-runs left, each once; the bf16 traced cell runs seeds 3 and 5 only
+    cells = rounding_table.round_cells(mine, "cpu").split(";")
+    assert len(cells) == sum(len(c["seeds"]) for c in mine) == 2 + 5 + 5 + 5
+    assert f"{engines[0]}|rounding|bfloat16|3" in cells and f"{engines[0]}|rounding|bfloat16|1" not in cells
+    assert f"{engines[0]}|rounding-black-box|float16|1" in cells and len(set(cells)) == len(cells)
+    assert rounding_table.round_cells(mine, "cuda") == ""
