@@ -14,24 +14,38 @@ _installer_uv=""     # the uv binary once found or installed; "none" when pip se
 _installer_args=()   # pip's settings as uv options
 
 # 0 when this machine's pip settings translate to uv options (left in _installer_args), else 1 (why on stderr).
+# One value a setting, the one pip's install would use: an environment variable (":env:") over the files, an
+# "install" section over "global"; other commands' sections are not the install's. A value written over several
+# lines is listed with "\n" between its values (pip prints its repr).
 _installer_translate() {
-  local line key value v
+  local line section key value v rank
+  local -A chosen=() chosen_rank=()
+  local order=()
   _installer_args=(--index-strategy unsafe-best-match)  # pip's rule: the best match over every index, not the first
   while IFS= read -r line; do
     [[ $line == *=* ]] || continue
-    key=${line%%=*}; key=${key##*.}; value=${line#*=}; value=${value#\'}; value=${value%\'}
+    key=${line%%=*}; section=${key%.*}; key=${key##*.}; value=${line#*=}; value=${value#\'}; value=${value%\'}
+    case $section in global) rank=0 ;; install) rank=1 ;; :env:) rank=2 ;; *) continue ;; esac
+    value=${value//\\n/ }
+    [[ -v "chosen_rank[$key]" ]] || order+=("$key")
+    if [[ ! -v "chosen_rank[$key]" ]] || (( rank >= chosen_rank[$key] )); then
+      chosen[$key]=$value; chosen_rank[$key]=$rank
+    fi
+  done < <(python -m pip config list 2>/dev/null)
+  for key in "${order[@]}"; do
+    value=${chosen[$key]}
     case $key in
-      index-url) _installer_args+=(--index-url "$value") ;;
+      index-url) _installer_args+=(--index-url "${value// /}") ;;
       extra-index-url) for v in $value; do _installer_args+=(--extra-index-url "$v"); done ;;
       find-links) for v in $value; do _installer_args+=(--find-links "$v"); done ;;
       constraint) for v in $value; do _installer_args+=(--constraint "$v"); done ;;
       no-index) [[ $value =~ ^(1|true|yes|on)$ ]] && _installer_args+=(--no-index) ;;
-      cert) export SSL_CERT_FILE="$value" ;;
+      cert) export SSL_CERT_FILE="${value// /}" ;;
       timeout | default-timeout) export UV_HTTP_TIMEOUT="${value%%.*}" ;;
-      disable-pip-version-check | no-compile | no-cache-dir | progress-bar | root-user-action | retries | quiet) ;;
+      disable-pip-version-check | no-compile | no-cache-dir | progress-bar | root-user-action | retries | quiet | config-file) ;;
       *) echo "installer: pip setting '$key' has no uv counterpart here; installing with pip" >&2; return 1 ;;
     esac
-  done < <(python -m pip config list 2>/dev/null)
+  done
 }
 
 # Sets _installer_uv to the uv to use, or "none".

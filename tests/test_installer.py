@@ -111,3 +111,43 @@ def test_an_unknown_installer_is_one_clear_error(tmp_path):
     out, calls = _install(tmp_path, MACHINE, env={"DDTREE_INSTALLER": "conda"})
     assert out.returncode == 2 and "DDTREE_INSTALLER must be auto, uv or pip, not 'conda'" in out.stderr
     assert calls == []
+
+
+def test_pip_precedence_is_kept_one_value_a_setting(tmp_path):
+    """pip takes a setting from its environment variable over its files, and an ``install`` section over ``global``;
+    a setting of another command's section (``download``) is not an install's. uv must get the one value pip would
+    use, not every value listed: an extra index pip ignores could serve uv another build of a package."""
+    config = "\n".join(
+        [
+            ":env:.extra-index-url='file:///env/simple'",
+            "download.extra-index-url='file:///download/simple'",
+            "download.find-links='/download/wheels'",
+            "global.extra-index-url='file:///file/simple'",
+            "global.index-url='https://global.example/simple'",
+            "install.index-url='https://install.example/simple'",
+        ]
+    )
+    out, calls = _install(tmp_path, config)
+    assert out.returncode == 0, out.stderr
+    uv = calls[-1]
+    assert uv.startswith("uv pip install")
+    assert "--extra-index-url file:///env/simple" in uv and "/file/simple" not in uv and "/download/" not in uv
+    assert "--index-url https://install.example/simple" in uv and "global.example" not in uv
+    assert "--find-links" not in uv  # listed for `pip download` only
+
+
+def test_a_setting_written_over_several_lines_gives_each_value(tmp_path):
+    """A pip.conf value on several lines is listed as one line with ``\\n`` between its values (pip prints the
+    value's repr): each is an index of its own. A pip config file named by PIP_CONFIG_FILE is listed as
+    ``config-file``, which is no install setting."""
+    config = "\n".join(
+        [
+            ":env:.config-file='/etc/pip-ci.conf'",
+            "global.extra-index-url='\\nhttps://a.example/simple\\nhttps://b.example/simple'",
+        ]
+    )
+    out, calls = _install(tmp_path, config)
+    assert out.returncode == 0, out.stderr
+    assert calls[-1].startswith("uv pip install"), out.stderr
+    assert "--extra-index-url https://a.example/simple --extra-index-url https://b.example/simple" in calls[-1]
+    assert "\\n" not in calls[-1]
