@@ -220,6 +220,7 @@ for job in "$@"; do
         [[ "$cell" =~ ^[^|]+\|rounding(-black-box)?\|(float32|bfloat16|float16)\|[0-9]+$ ]] || {
           echo "ROUND_CELLS: '$cell' is not 'label|rounding or rounding-black-box|float32, bfloat16 or float16|seed'" >&2; exit 2; }
       done
+      [[ ${ROUND_JOBS:-12} =~ ^[1-9][0-9]*$ ]] || { echo "ROUND_JOBS: '${ROUND_JOBS}' is not a whole number of processes" >&2; exit 2; }
       mkdir -p "$WORK/rounding"; i=0
       for cell in "${cells[@]}"; do
         i=$((i + 1))
