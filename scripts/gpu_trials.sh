@@ -65,7 +65,8 @@
 #                     `scripts/rounding_table.py --left` prints it (catalogue rounding = traced, rounding-black-box),
 #                     ROUND_JOBS (12) at once, 2 s apart -> $WORK/rounding/cN-*.json. Unlike rounding-groups, no cell
 #                     already run is run again beside its siblings. A malformed cell stops the job before any starts.
-#                     Twelve at RT 480 s hold at most four traced bfloat16 runs (the slowest cell; 2026-12-06i).
+#                     Traced bfloat16 is the slowest cell: it outlasted 480 s among twelve with three of it or five
+#                     (2026-12-06i), though three among twelve took 403-459 s on another H100 (2026-12-06h).
 #   aggregates        issue 28: the acceptance check's aggregate path on the rounding catalogue and the lossless-but-slower
 #                     mutants, each reporting aggregates only (scripts/aggregate_bands.py), AGG_DTYPES (bfloat16
 #                     float16) x run seeds AGG_SEEDS (1 2 3), limits 7 20 40, one process per dtype and seed on the
