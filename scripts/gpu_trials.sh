@@ -66,7 +66,7 @@
 #                     ROUND_JOBS (12) at once, 2 s apart -> $WORK/rounding/cN-*.json. Unlike rounding-groups, no cell
 #                     already run is run again beside its siblings. A malformed cell stops the job before any starts.
 #                     Traced bfloat16 is the slowest cell: it outlasted 480 s among twelve with three of it or five
-#                     (2026-12-06i), though three among twelve took 403-459 s on another H100 (2026-12-06h).
+#                     (2026-12-06i); four among twelve took 490-501 s, four among ten 362-370 s (2026-12-07).
 #   aggregates        issue 28: the acceptance check's aggregate path on the rounding catalogue and the lossless-but-slower
 #                     mutants, each reporting aggregates only (scripts/aggregate_bands.py), AGG_DTYPES (bfloat16
 #                     float16) x run seeds AGG_SEEDS (1 2 3), limits 7 20 40, one process per dtype and seed on the
