@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ddtree_conformance.adapters.interface import Request, RunConfig
 from ddtree_conformance.adapters.reference.engine import ReferenceEngine
@@ -164,3 +166,60 @@ def test_trees_from_another_log_softmax_kernel_are_the_specs_up_to_its_rounding(
         tree_problem(t.tree_tokens, t.parents, t.depths, torch.tensor(t.draft_logits), "ddtree", 64) for t in differing
     ]
     assert any(problem is not None for problem in exact), "every differing tree parts only at exactly equal scores"
+
+
+def _online_softmax_as_written(q, k, v, mask, scale):
+    """The recurrence as the FlashAttention paper states it: m = -inf, l = 0, out = 0, then every key block of 32
+    in turn, all in float32. ``rounding_engines.online_softmax`` must give its bits, in fewer launches."""
+    qf, shape = q.float() * scale, (*q.shape[:-1], 1)
+    m, l_sum = torch.full(shape, float("-inf")), torch.zeros(shape)
+    acc = torch.zeros(*q.shape[:-1], v.shape[-1])
+    for start in range(0, k.shape[-2], 32):
+        s = torch.matmul(qf, k[..., start : start + 32, :].float().transpose(-1, -2))
+        if mask is not None:
+            block = mask[..., start : start + 32]
+            s = s.masked_fill(~block, float("-inf")) if block.dtype == torch.bool else s + block.float()
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(s - safe)
+        correction = torch.exp(torch.where(torch.isinf(m), torch.full_like(m, float("-inf")), m - safe))
+        l_sum = l_sum * correction + p.sum(dim=-1, keepdim=True)
+        acc = acc * correction + torch.matmul(p, v[..., start : start + 32, :].float())
+        m = m_new
+    return (acc / l_sum).to(q.dtype)
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous().view(torch.int16 if x.element_size() == 2 else torch.int32)
+
+
+@settings(max_examples=150)
+@given(
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    rows=st.integers(1, 20),
+    keys=st.integers(1, 130),
+    head_dim=st.sampled_from([4, 16]),
+    mask_kind=st.sampled_from(["none", "causal", "bool", "additive", "row masked", "+inf score"]),
+    seed=st.integers(0, 2**16),
+)
+def test_flashattention_order_gives_the_bits_of_the_recurrence_as_written(dtype, rows, keys, head_dim, mask_kind, seed):
+    """The engine's attention starts its running values from the first key block instead of from -inf and
+    zeros, and hoists the casts and the mask's negation out of the loop (a CUDA cell of this tiny pair is
+    bound by launches): every output bit, NaN rows included, is the recurrence's as written."""
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 2, n, head_dim, generator=generator).to(dtype) for n in (rows, keys, keys))
+    mask = None
+    if mask_kind == "causal":
+        mask = torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows)
+    elif mask_kind in ("bool", "row masked"):
+        mask = torch.rand(2, 1, rows, keys, generator=generator) < 0.6
+        if mask_kind == "row masked":  # a query row that sees no key in the first block (none at all if keys <= 32)
+            mask[..., 0, :32] = False
+    elif mask_kind == "additive":
+        mask = torch.where(torch.rand(1, 1, rows, keys, generator=generator) < 0.3, float("-inf"), 0.5)
+    elif mask_kind == "+inf score":
+        q[..., 0, 0], k[..., -1, 0] = float("inf"), 1.0
+    written, engine = _online_softmax_as_written(q, k, v, mask, 0.25), rounding.online_softmax(q, k, v, mask, 0.25)
+    nan = torch.isnan(written)
+    assert torch.equal(nan, torch.isnan(engine))
+    assert torch.equal(_bits(written)[~nan], _bits(engine)[~nan])

@@ -135,24 +135,41 @@ def matmul_softmax(q, k, v, mask, scale):
 
 
 def online_softmax(q, k, v, mask, scale):
-    """FlashAttention's order: key blocks in turn, running max ``m``, sum ``l`` and output in float32."""
+    """FlashAttention's order: key blocks in turn, running max ``m``, sum ``l`` and output in float32.
+
+    Per block ``s`` of scores: ``m' = max(m, max s)``, ``p = exp(s - m')``, ``c = exp(m - m')``,
+    ``l' = l c + sum p``, ``out' = out c + p v`` (``m'`` read as 0 where still ``-inf``: a row masked so far).
+    The first block starts the running values (``m = max s``, ``l = sum p``, ``out = p v + 0``): the same
+    bits as a start from ``m = -inf, l = 0, out = 0``, in half the launches, since a CUDA cell of this tiny
+    pair is bound by the host's launches and a call with few keys is one or two blocks."""
     qf = q.float() * scale
-    shape = (*q.shape[:-1], 1)
-    m = torch.full(shape, float("-inf"), device=q.device)
-    l_sum = torch.zeros(shape, device=q.device)
-    acc = torch.zeros(*q.shape[:-1], v.shape[-1], device=q.device)
+    kf, vf = k.float(), v.float()
+    hidden = bias = None
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            hidden = ~mask
+        else:
+            bias = mask.float()
+    m = l_sum = acc = None
     for start in range(0, k.shape[-2], _KEY_BLOCK):
         stop = min(start + _KEY_BLOCK, k.shape[-2])
-        s = torch.matmul(qf, k[..., start:stop, :].float().transpose(-1, -2))
-        if mask is not None:
-            block = mask[..., start:stop]
-            s = s.masked_fill(~block, float("-inf")) if block.dtype == torch.bool else s + block.float()
-        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        s = torch.matmul(qf, kf[..., start:stop, :].transpose(-1, -2))
+        if hidden is not None:
+            s = s.masked_fill(hidden[..., start:stop], float("-inf"))
+        elif bias is not None:
+            s = s + bias[..., start:stop]
+        block_max = s.amax(dim=-1, keepdim=True)
+        m_new = block_max if m is None else torch.maximum(m, block_max)
+        safe = m_new.nan_to_num(nan=float("nan"), posinf=0.0, neginf=0.0)  # -inf (and +inf) as 0, NaN kept
         p = torch.exp(s - safe)
-        correction = torch.exp(torch.where(torch.isinf(m), torch.full_like(m, float("-inf")), m - safe))
-        l_sum = l_sum * correction + p.sum(dim=-1, keepdim=True)
-        acc = acc * correction + torch.matmul(p, v[..., start:stop, :].float())
+        pv = torch.matmul(p, vf[..., start:stop, :])
+        if m is None:
+            l_sum, acc = p.sum(dim=-1, keepdim=True), pv + 0.0  # + 0.0: a -0.0 becomes +0.0, as 0 * c + pv does
+        else:
+            # m = -inf (a row masked so far) gives exp(-inf) = 0 as written; m = +inf makes the row NaN either way
+            correction = torch.exp(m - safe)
+            l_sum = l_sum * correction + p.sum(dim=-1, keepdim=True)
+            acc = acc * correction + pv
         m = m_new
     return (acc / l_sum).to(q.dtype)
 
