@@ -13,7 +13,9 @@
 #                     (~20 s a run). `rounds` takes SWITCHES ("NAME=VALUE NAME=VALUE") for its one run.
 #   equality-8b       the same on the tiny shaped pair (grouped KV heads) in fp32 and the 8B-shaped pair in bf16
 #   gpu-tests         pytest -m gpu: the fast path == eager in fp32 on CUDA, and the tree's one-launch beams as
-#                     compiled == the heap (tests/test_beam_kernel.py); stops the script on a failure (~0.5 minute)
+#                     compiled == the heap (tests/test_beam_kernel.py), the FlashAttention-order engine's attention ==
+#                     the recurrence as written, bit for bit (tests/test_rounding_engines.py); stops the script on a
+#                     failure (~0.5 minute)
 #   decisive-smoke    2 trials per engine (correct, verify +5 %), fast path -> $WORK/decisive-smoke/
 #   decisive-8b       gate decisiveness, 8B-shaped random-weight pair, fast path, band 2 %: a baseline of 30
 #                     repeats, then $TRIALS (default 12) trials per engine (correct, verify +5 %), each a
@@ -162,7 +164,8 @@ for job in "$@"; do
         --path "${PROFILE_PATH:-fast}" --out "$WORK/profile-round" 2>&1 | grep -v "Loading\|USDT" | tail -70 ;;
     gpu-tests)
       timeout 120 python3 -m pytest -q -p no:cacheprovider -p ddtree_conformance.pytest_plugin -m gpu \
-        tests/test_gpu.py tests/test_beam_kernel.py -k "fast_path or compiled_launch" \
+        tests/test_gpu.py tests/test_beam_kernel.py tests/test_rounding_engines.py \
+        -k "fast_path or compiled_launch or bits_of_the_recurrence" \
         -o addopts="" 2>&1 | tail -15 || { echo "gpu-tests failed: stopping"; pack; exit 3; } ;;
     decisive-smoke) decisive decisive-smoke on 2 30 100 150 ;;
     decisive-8b) decisive decisive-8b on "$TRIALS" "${TRIAL_BUDGET:-60}" "${TOTAL_BUDGET:-420}" \

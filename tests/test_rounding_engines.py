@@ -171,9 +171,9 @@ def test_trees_from_another_log_softmax_kernel_are_the_specs_up_to_its_rounding(
 def _online_softmax_as_written(q, k, v, mask, scale):
     """The recurrence as the FlashAttention paper states it: m = -inf, l = 0, out = 0, then every key block of 32
     in turn, all in float32. ``rounding_engines.online_softmax`` must give its bits, in fewer launches."""
-    qf, shape = q.float() * scale, (*q.shape[:-1], 1)
-    m, l_sum = torch.full(shape, float("-inf")), torch.zeros(shape)
-    acc = torch.zeros(*q.shape[:-1], v.shape[-1])
+    qf, shape, device = q.float() * scale, (*q.shape[:-1], 1), q.device
+    m, l_sum = torch.full(shape, float("-inf"), device=device), torch.zeros(shape, device=device)
+    acc = torch.zeros(*q.shape[:-1], v.shape[-1], device=device)
     for start in range(0, k.shape[-2], 32):
         s = torch.matmul(qf, k[..., start : start + 32, :].float().transpose(-1, -2))
         if mask is not None:
@@ -193,6 +193,16 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().view(torch.int16 if x.element_size() == 2 else torch.int32)
 
 
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")],
+        ),
+    ],
+)
 @settings(max_examples=150)
 @given(
     dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
@@ -202,10 +212,13 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
     mask_kind=st.sampled_from(["none", "causal", "bool", "additive", "row masked", "+inf score"]),
     seed=st.integers(0, 2**16),
 )
-def test_flashattention_order_gives_the_bits_of_the_recurrence_as_written(dtype, rows, keys, head_dim, mask_kind, seed):
+def test_flashattention_order_gives_the_bits_of_the_recurrence_as_written(
+    device, dtype, rows, keys, head_dim, mask_kind, seed
+):
     """The engine's attention starts its running values from the first key block instead of from -inf and
     zeros, and hoists the casts and the mask's negation out of the loop (a CUDA cell of this tiny pair is
-    bound by launches): every output bit, NaN rows included, is the recurrence's as written."""
+    bound by launches): every output bit, NaN rows included, is the recurrence's as written, on the CPU and
+    (``-m gpu``) on CUDA, whose GEMMs may pick their kernel by the operands' strides."""
     generator = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(2, 2, n, head_dim, generator=generator).to(dtype) for n in (rows, keys, keys))
     mask = None
@@ -219,6 +232,8 @@ def test_flashattention_order_gives_the_bits_of_the_recurrence_as_written(dtype,
         mask = torch.where(torch.rand(1, 1, rows, keys, generator=generator) < 0.3, float("-inf"), 0.5)
     elif mask_kind == "+inf score":
         q[..., 0, 0], k[..., -1, 0] = float("inf"), 1.0
+    q, k, v = q.to(device), k.to(device), v.to(device)
+    mask = None if mask is None else mask.to(device)
     written, engine = _online_softmax_as_written(q, k, v, mask, 0.25), rounding.online_softmax(q, k, v, mask, 0.25)
     nan = torch.isnan(written)
     assert torch.equal(nan, torch.isnan(engine))
