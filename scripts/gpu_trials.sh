@@ -66,7 +66,8 @@
 #   rounding-cells    issue 28's CUDA cells, one process per cell-run: ROUND_CELLS "label|catalogue|dtype|seed;..." as
 #                     `scripts/rounding_table.py --left` prints it (catalogue rounding = traced, rounding-black-box),
 #                     ROUND_JOBS (12) at once, 2 s apart -> $WORK/rounding/cN-*.json. Unlike rounding-groups, no cell
-#                     already run is run again beside its siblings. A malformed cell stops the job before any starts.
+#                     already run is run again beside its siblings. A malformed cell, ROUND_JOBS or ROUND_TIMEOUT stops the
+#                     script before its setup (exit 2).
 #                     Traced bfloat16 is the slowest cell: it outlasted 480 s among twelve with three of it or five
 #                     (2026-12-06i); four among twelve took 490-501 s, four among ten 362-370 s (2026-12-07).
 #   aggregates        issue 28: the acceptance check's aggregate path on the rounding catalogue and the lossless-but-slower
@@ -92,6 +93,10 @@
 #                     process per engine and dtype, into a copy of the fixture manifest -> $WORK/manifest-cpu.json
 #   calibrate-cuda    the same on the GPU (every process shares it) -> $WORK/manifest-cuda.json
 #
+#   setup-only        the setup only (shim, wheels, the GPU's name), for commands run by hand after it
+#   check-only        with other jobs: check their names and settings (rounding-cells') and stop before the setup
+#                     (exit 0; a job it does not know or a bad setting: exit 2, before anything is installed)
+#
 #   PACK=1 bash scripts/gpu_trials.sh equality rounds gpu-tests decisive-smoke     # one development call
 #   PACK=1 bash scripts/gpu_trials.sh decisive-8b                                  # one call per new machine
 #   PACK=1 bash scripts/gpu_trials.sh trials-29                                    # repeat on one warm machine
@@ -100,6 +105,26 @@
 # in the H200 image: put its wheels in .whl/ (pydantic, pydantic-core, annotated-types, typing-inspection,
 # typing-extensions, for cp312 manylinux x86_64) and carry .whl; they are installed into /tmp/site.
 set -uo pipefail
+# rounding-cells' settings, checked before anything is installed or started: one error naming the variable, exit 2
+check_rounding_cells() {
+  local cell cells
+  [[ -n ${ROUND_CELLS:-} ]] || { echo "ROUND_CELLS must hold \"label|catalogue|dtype|seed;...\" (rounding_table.py --left prints it)" >&2; exit 2; }
+  IFS=';' read -ra cells <<< "$ROUND_CELLS"
+  for cell in "${cells[@]}"; do
+    [[ "$cell" =~ ^[^|]+\|rounding(-black-box)?\|(float32|bfloat16|float16)\|[0-9]+$ ]] || {
+      echo "ROUND_CELLS: '$cell' is not 'label|rounding or rounding-black-box|float32, bfloat16 or float16|seed'" >&2; exit 2; }
+  done
+  [[ ${ROUND_JOBS:-12} =~ ^[1-9][0-9]*$ ]] || { echo "ROUND_JOBS: '${ROUND_JOBS}' is not a whole number of processes" >&2; exit 2; }
+  [[ ${ROUND_TIMEOUT:-540} =~ ^[1-9][0-9]*$ ]] || { echo "ROUND_TIMEOUT: '${ROUND_TIMEOUT}' is not a whole number of seconds" >&2; exit 2; }
+}
+JOBS="equality equality-8b rounds switch-rounds profile-round gpu-tests decisive-smoke decisive-8b decisive-eager aa-procs
+trials-29 catalogues rounding rounding-groups rounding-cells profile-rounding aggregates round-parts skinny-gemm pieces
+calibrate-cpu calibrate-cuda setup-only check-only"
+for job in "$@"; do
+  [[ " ${JOBS//$'\n'/ } " == *" $job "* ]] || { echo "gpu_trials: unknown job '$job' (one of: ${JOBS//$'\n'/ })" >&2; exit 2; }
+  [[ $job == rounding-cells ]] && check_rounding_cells
+done
+for job in "$@"; do [[ $job == check-only ]] && { echo "gpu_trials: the jobs' settings check out"; exit 0; }; done
 OUT=${OUT:-out}
 WORK=${WORK:-$OUT}
 TRIALS=${TRIALS:-12}
@@ -219,12 +244,7 @@ for job in "$@"; do
       wait
       grep -h "^| " "$WORK"/g*.out ;;
     rounding-cells)  # issue 28: exactly the cell-runs left (rounding_table.py --left prints ROUND_CELLS), ROUND_JOBS at once
-      IFS=';' read -ra cells <<< "${ROUND_CELLS:?ROUND_CELLS must hold \"label|catalogue|dtype|seed;...\"}"
-      for cell in "${cells[@]}"; do  # every cell checked before any starts
-        [[ "$cell" =~ ^[^|]+\|rounding(-black-box)?\|(float32|bfloat16|float16)\|[0-9]+$ ]] || {
-          echo "ROUND_CELLS: '$cell' is not 'label|rounding or rounding-black-box|float32, bfloat16 or float16|seed'" >&2; exit 2; }
-      done
-      [[ ${ROUND_JOBS:-12} =~ ^[1-9][0-9]*$ ]] || { echo "ROUND_JOBS: '${ROUND_JOBS}' is not a whole number of processes" >&2; exit 2; }
+      IFS=';' read -ra cells <<< "$ROUND_CELLS"  # checked before the setup (check_rounding_cells)
       mkdir -p "$WORK/rounding"; i=0
       for cell in "${cells[@]}"; do
         i=$((i + 1))
@@ -274,7 +294,8 @@ p.sort_stats('cumulative').print_stats(45)" "$WORK/profile/cell.prof" >"$WORK/pr
         --jobs "${CAL_JOBS:-16}" --limit "${CAL_LIMIT:-80}" --flip-limit "${CAL_FLIP_LIMIT:-24}" \
         --budgets "${CAL_BUDGETS:-16,64,256}" --manifest "$WORK/manifest-$device.json" 2>&1 |
         grep -v "Loading weights\|FutureWarning\|forward_call" || echo "$job: exit $?" ;;
-    *) echo "unknown job $job (equality, rounds, switch-rounds, gpu-tests, decisive-smoke, decisive-8b, decisive-eager, trials-29, aa-procs, catalogues, rounding, rounding-groups, rounding-cells, aggregates, pieces, round-parts, skinny-gemm, profile-round, profile-rounding, calibrate-cpu, calibrate-cuda)" >&2; exit 2 ;;
+    setup-only) ;;  # the setup above only (the shim and the wheels), for commands run by hand after it
+    *) echo "unknown job $job" >&2; exit 2 ;;  # not reached: every name was checked against JOBS before the setup
   esac
   echo "job $job: $((SECONDS - started)) s"
   pack

@@ -277,3 +277,54 @@ def test_the_round_parts_profile_marks_the_parts_and_restores_everything():
     names = [e.name for e in prof.events()]
     assert names.count("part:lm_head") == 1
     assert (decoders.build_tree_with_ancestors, graphs.GraphRunner._capture, torch.nn.Linear.forward) == before
+
+
+def _gpu_trials(tmp_path, *jobs, **env):
+    import os
+    import subprocess
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ROUND_")}
+    environ |= {"OUT": str(tmp_path / "out"), **env}
+    root = SCRIPTS.parent
+    return subprocess.run(
+        ["bash", str(SCRIPTS / "gpu_trials.sh"), *jobs], cwd=root, env=environ, capture_output=True, text=True
+    )
+
+
+CELL = "attention in FlashAttention's order|rounding|float32|1"
+
+
+@pytest.mark.parametrize(
+    ("env", "jobs", "message"),
+    [
+        ({}, ["rounding-cells"], "ROUND_CELLS must hold"),
+        (
+            {"ROUND_CELLS": CELL + ";x|rounding|float64|2"},
+            ["rounding-cells"],
+            "ROUND_CELLS: 'x|rounding|float64|2' is not",
+        ),
+        ({"ROUND_CELLS": "x|traced|float32|1"}, ["rounding-cells"], "ROUND_CELLS: 'x|traced|float32|1' is not"),
+        ({"ROUND_CELLS": CELL, "ROUND_JOBS": "1.5"}, ["rounding-cells"], "ROUND_JOBS: '1.5' is not a whole number"),
+        ({"ROUND_CELLS": CELL, "ROUND_TIMEOUT": "9m"}, ["rounding-cells"], "ROUND_TIMEOUT: '9m' is not a whole number"),
+        ({}, ["rounds", "round-part"], "gpu_trials: unknown job 'round-part' (one of: "),
+    ],
+)
+def test_gpu_trials_refuses_bad_settings_before_its_setup(tmp_path, env, jobs, message):
+    """A device call spends its minutes on the setup first: a misspelt job or a malformed cell, job count or timeout
+    is one error naming the variable (exit 2) before anything is installed, linked or started."""
+    out = _gpu_trials(tmp_path, *jobs, **env)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert out.stdout == "" and not (tmp_path / "out").exists()
+
+
+def test_gpu_trials_check_only_passes_good_settings_and_knows_every_job(tmp_path):
+    """``check-only`` stops after the checks (exit 0) on settings the jobs accept; the list the names are checked
+    against is the script's own jobs, no more and no fewer."""
+    import re
+
+    out = _gpu_trials(tmp_path, "rounding-cells", "rounds", "check-only", ROUND_CELLS=f"{CELL};{CELL[:-1]}2")
+    assert out.returncode == 0 and "settings check out" in out.stdout, out.stderr
+    text = (SCRIPTS / "gpu_trials.sh").read_text()
+    listed = set(re.search(r'^JOBS="([^"]*)"', text, re.M).group(1).split())
+    cases = {name for label in re.findall(r"^    ([a-z0-9|-]+)\)", text, re.M) for name in label.split("|")}
+    assert listed == cases | {"check-only"}
