@@ -129,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
                 "counts": counts,
                 "run_seed": settings.run_seed,
                 "seconds": round(time.time() - t0, 1),
+                # what the row was measured at: scripts/rounding_table.py counts a row only at the scale
+                "scale": {
+                    "limit": settings.limit,
+                    "max_new_tokens": settings.max_new_tokens,
+                    "budgets": list(settings.budgets),
+                    "checks": args.check,  # None: every check of the plan
+                },
             }
         )
         must_pass = label == "correct reference" or label in correct

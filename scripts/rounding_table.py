@@ -13,6 +13,13 @@ never run reads "not run", and the count of cell-runs still to run closes the ta
 per device, the ``ROUND_GROUPS`` of ``scripts/gpu_trials.sh rounding-groups`` that would run them (one group per
 engine and seed), and the ``ROUND_CELLS`` of ``rounding-cells`` (one process per cell-run left, nothing run
 twice). Exits 1 when any row failed a check (a correct engine must pass everywhere), 0 otherwise.
+
+A row counts only at the issue's scale: at least ``--min-prompts`` (20) prompts and ``--min-new-tokens`` (64)
+new tokens, budgets 16 and 64, and every check the noise model governs (``GOVERNED``). Its scale is the one
+``mutation_table.py`` recorded in it (``scale``), else the ``scale.json`` of its folder or the nearest folder
+above (``limit``, ``max_new_tokens``, ``budgets``, ``checks``, and ``source``: where those figures are
+written down), for rows measured before rows recorded it. A row below that scale, or of no known scale, is
+left out and named with its reason: a 6-prompt run once stood in the table as a seed of a 20-prompt cell.
 """
 
 from __future__ import annotations
@@ -26,15 +33,94 @@ from pathlib import Path
 from ddtree_conformance.testing.rounding_engines import ROUNDING_ENGINES
 
 BLACK_BOX = " (black box)"
+#: the checks the noise model governs: a row counts when it ran every one (``--check`` substrings, or all)
+GOVERNED = ("lossless", "acceptance", "context-range", "near-ties", "golden", "tree-structure", "branch-vs-chain")
+RENAMED = {"long-context": "context-range"}  # the check's name before issue 32 (rows of 2026-12-02)
+BUDGETS = (16, 64)
+SCALE_FILE = "scale.json"
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
 KINDS = ("traced", "black box")
 
 
+class ScaleError(ValueError):
+    """A ``scale.json`` that cannot say a row's scale: one message naming the file and the field."""
+
+
+def folder_scale(path: Path, cache: dict[Path, dict | None]) -> dict | None:
+    """The ``scale.json`` of ``path``'s folder or the nearest folder above it, checked; None where there is none."""
+    for folder in path.resolve().parents:
+        if folder not in cache:
+            file = folder / SCALE_FILE
+            cache[folder] = _read_scale(file) if file.is_file() else None
+        if cache[folder] is not None:
+            return cache[folder]
+    return None
+
+
+def _read_scale(file: Path) -> dict:
+    try:
+        scale = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ScaleError(f"{file}: not readable as JSON ({exc})") from None
+    if not isinstance(scale, dict):
+        raise ScaleError(f"{file}: must be an object with limit, max_new_tokens, budgets, checks and source")
+    for field, ok in (
+        ("limit", lambda v: isinstance(v, int) and v > 0),
+        ("max_new_tokens", lambda v: isinstance(v, int) and v > 0),
+        ("budgets", lambda v: isinstance(v, list) and v and all(isinstance(b, int) for b in v)),
+        ("checks", lambda v: v is None or (isinstance(v, list) and all(isinstance(c, str) for c in v))),
+        ("source", lambda v: isinstance(v, str) and v.strip()),
+    ):
+        if field not in scale or not ok(scale[field]):
+            raise ScaleError(f"{file}: field {field!r} is missing or malformed ({scale.get(field)!r})")
+    return scale
+
+
+def below_scale(scale: dict | None, min_prompts: int, min_new_tokens: int) -> str | None:
+    """Why a row of ``scale`` does not count (None: it does)."""
+    if scale is None:
+        return f"no scale recorded (neither in the row nor in a {SCALE_FILE} above it)"
+    if scale["limit"] < min_prompts:
+        return f"{scale['limit']} prompts, under {min_prompts}"
+    if scale["max_new_tokens"] < min_new_tokens:
+        return f"{scale['max_new_tokens']} new tokens, under {min_new_tokens}"
+    missing = [b for b in BUDGETS if b not in scale["budgets"]]
+    if missing:
+        return f"budgets {scale['budgets']}, without {missing}"
+    if scale["checks"] is not None:
+        ran = [RENAMED.get(c, c) for c in scale["checks"]]
+        skipped = [g for g in GOVERNED if not any(c in g for c in ran)]
+        if skipped:
+            return "checks " + " ".join(scale["checks"]) + ", without " + ", ".join(skipped)
+    return None
+
+
+def at_scale(rows: list[dict], min_prompts: int = 20, min_new_tokens: int = 64) -> tuple[list[dict], list[dict]]:
+    """``rows`` split into those at the issue's scale and those left out, each of the latter with its ``reason``.
+    A counted row that ran a governed check under its earlier name says so (``earlier_checks``): the table names
+    those seeds, as it names rows rebuilt from printed output."""
+    counted, left_out, cache = [], [], {}
+    for row in rows:
+        scale = row.get("scale")
+        if scale is None and row.get("_file"):
+            scale = folder_scale(Path(row["_file"]), cache)
+        reason = below_scale(scale, min_prompts, min_new_tokens)
+        if reason is None:
+            earlier = sorted({c for c in scale["checks"] or () if c in RENAMED})
+            counted.append({**row, "earlier_checks": earlier} if earlier else row)
+        else:
+            left_out.append({**row, "reason": reason})
+    return counted, left_out
+
+
 def load_rows(paths: list[Path]) -> list[dict]:
-    """The engine rows of ``mutation_table.py --json`` files; a file that is not such a list is named and skipped."""
+    """The engine rows of ``mutation_table.py --json`` files, each with its file (``_file``); a file that is not
+    such a list is named and skipped."""
     rows = []
     for path in paths:
+        if path.name == SCALE_FILE:
+            continue  # a folder's scale (folder_scale), not rows: a glob over the folders takes it in
         try:
             data = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
@@ -43,8 +129,13 @@ def load_rows(paths: list[Path]) -> list[dict]:
         if not isinstance(data, list) or not all(isinstance(r, dict) and "engine" in r for r in data):
             print(f"{path}: not a list of engine rows; skipped", file=sys.stderr)
             continue
-        rows += data
+        rows += [{**r, "_file": str(path)} for r in data]
     return rows
+
+
+def catalogue_rows(rows: list[dict]) -> list[dict]:
+    """The rows of the rounding catalogue (traced or black box); other catalogues' rows in the same folders go."""
+    return [r for r in rows if r["engine"].removesuffix(BLACK_BOX) in ROUNDING_ENGINES]
 
 
 def table(rows: list[dict]) -> list[dict]:
@@ -70,6 +161,8 @@ def table(rows: list[dict]) -> list[dict]:
                 "seeds": sorted(by_seed),
                 # seeds whose row was rebuilt from a job's printed rows (the file itself not fetched): named
                 "rebuilt": sorted(seed for seed, r in by_seed.items() if r.get("rebuilt_from")),
+                # seeds run with a governed check under its earlier name (long-context): named
+                "earlier": sorted(seed for seed, r in by_seed.items() if r.get("earlier_checks")),
                 **counts,
                 "failed": failed,
             }
@@ -131,6 +224,8 @@ def markdown(cells: list[dict], seeds: int) -> str:
         short = "" if len(c["seeds"]) >= seeds else f" (of {seeds})"
         if c["rebuilt"]:
             short += f"; {','.join(map(str, c['rebuilt']))} from printed rows"
+        if c.get("earlier"):
+            short += f"; {','.join(map(str, c['earlier']))} with long-context (context-range's predecessor)"
         verdict = "all pass" if not c["failed"] and c["fail"] == 0 else "FAILED: " + ", ".join(c["failed"])
         lines.append(
             f"| {c['engine']} | {c['dtype']} | {c['device']} | {c['kind']} | "
@@ -145,13 +240,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5, help="seeds each cell should have")
     parser.add_argument("--json", type=Path, default=None, help="also write the cells here")
     parser.add_argument("--left", action="store_true", help="print the ROUND_GROUPS and ROUND_CELLS for what is left")
+    parser.add_argument("--min-prompts", type=int, default=20, help="a row counts from this many prompts")
+    parser.add_argument("--min-new-tokens", type=int, default=64, help="a row counts from this many new tokens")
     args = parser.parse_args(argv)
-    cells = table(load_rows(args.files))
+    try:
+        rows, left_out = at_scale(catalogue_rows(load_rows(args.files)), args.min_prompts, args.min_new_tokens)
+    except ScaleError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    for reason, files in _by_reason(left_out).items():
+        print(f"left out, {reason}: {len(files)} rows ({', '.join(sorted(set(files)))})", file=sys.stderr)
+    cells = table(rows)
     if not cells:
-        print("no engine rows in the files given", file=sys.stderr)
+        print("no engine rows of the rounding catalogue at the issue's scale in the files given", file=sys.stderr)
         return 2
     todo = left(cells, args.seeds)
-    unrun = [{**c, "seeds": [], "rebuilt": [], "pass": 0, "fail": 0, "skip": 0, "failed": []} for c in todo]
+    empty = {"seeds": [], "rebuilt": [], "earlier": [], "pass": 0, "fail": 0, "skip": 0, "failed": []}
+    unrun = [{**c, **empty} for c in todo]
     unrun = [c for c in unrun if (c["engine"], c["dtype"], c["device"], c["kind"]) not in {_key(x) for x in cells}]
     print(markdown(cells + unrun, args.seeds))
     full = sum(len(c["seeds"]) >= args.seeds for c in cells)
@@ -174,9 +279,18 @@ def main(argv: list[str] | None = None) -> int:
             cells_left = round_cells(todo, device)
             if cells_left:
                 print(f'{device}: ROUND_DEVICE={device} ROUND_CELLS="{cells_left}"')
+    if left_out:
+        print(f"{len(left_out)} rows left out: under the issue's scale or of no known scale (stderr names them)")
     if args.json:
         args.json.write_text(json.dumps(cells, indent=1) + "\n")
     return 1 if any(c["fail"] or c["failed"] for c in cells) else 0
+
+
+def _by_reason(left_out: list[dict]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = defaultdict(list)
+    for row in left_out:
+        out[row["reason"]].append(row.get("_file", "?"))
+    return out
 
 
 def _key(cell: dict) -> tuple:

@@ -6,14 +6,19 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "rounding_table.py"
 spec = importlib.util.spec_from_file_location("rounding_table", SCRIPT)
 rounding_table = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(rounding_table)
 
 
-def _row(engine: str, seed: int, failed=(), dtype="bfloat16") -> dict:
-    return {
+AT_SCALE = {"limit": 20, "max_new_tokens": 64, "budgets": [16, 64], "checks": list(rounding_table.GOVERNED)}
+
+
+def _row(engine: str, seed: int, failed=(), dtype="bfloat16", scale=AT_SCALE) -> dict:
+    row = {
         "engine": engine,
         "dtype": dtype,
         "device": "cpu",
@@ -21,6 +26,7 @@ def _row(engine: str, seed: int, failed=(), dtype="bfloat16") -> dict:
         "counts": {"pass": 18 - len(failed), "fail": len(failed), "skip": 0},
         "run_seed": seed,
     }
+    return {**row, "scale": scale} if scale is not None else row
 
 
 def test_a_failed_correct_engine_fails_the_table_and_is_named(tmp_path, capsys):
@@ -55,7 +61,6 @@ def test_an_only_that_matches_no_engine_is_refused_not_run_as_nothing(capsys):
     spec_ = importlib.util.spec_from_file_location("mutation_table", path)
     mutation_table = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(mutation_table)
-    import pytest
 
     with pytest.raises(SystemExit) as stop:
         mutation_table.main(["--catalogue", "rounding", "--only", "matmul-softmax", "--limit", "1"])
@@ -110,3 +115,90 @@ def test_the_table_covers_the_whole_grid_and_names_what_is_left(tmp_path, capsys
     assert f"{engines[0]}|rounding|bfloat16|3" in cells and f"{engines[0]}|rounding|bfloat16|1" not in cells
     assert f"{engines[0]}|rounding-black-box|float16|1" in cells and len(set(cells)) == len(cells)
     assert rounding_table.round_cells(mine, "cuda") == ""
+
+
+def test_rows_under_the_issues_scale_or_of_no_known_scale_are_left_out_and_named(tmp_path, capsys):
+    """A 6-prompt run once stood in the table as seed 1 of a 20-prompt cell (the later row won), and nothing in
+    the rows could tell: now a row counts only at 20 prompts, 64 new tokens, budgets 16 and 64 and every governed
+    check, from its own ``scale`` or its folder's ``scale.json``; the rest are named with their reason."""
+    engine = "KV cache in float32"
+    full = tmp_path / "full.json"
+    full.write_text(json.dumps([_row(engine, 1)]))
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / "rows.json").write_text(json.dumps([{**_row(engine, 1, failed=["acceptance/ddtree-B16"], scale=None)}]))
+    (small / "scale.json").write_text(
+        json.dumps({"limit": 6, "max_new_tokens": 48, "budgets": [16], "checks": ["lossless"], "source": "a note"})
+    )
+    bare = tmp_path / "bare" / "deeper"
+    bare.mkdir(parents=True)
+    (bare / "rows.json").write_text(json.dumps([_row(engine, 2, scale=None)]))
+    few_checks = tmp_path / "few.json"
+    few_checks.write_text(json.dumps([_row(engine, 3, scale={**AT_SCALE, "checks": ["lossless", "acceptance"]})]))
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps([_row(engine, 4, scale={**AT_SCALE, "max_new_tokens": 32})]))
+    one_budget = tmp_path / "one-budget.json"
+    one_budget.write_text(json.dumps([_row(engine, 5, scale={**AT_SCALE, "budgets": [16]})]))
+    files = [full, small / "rows.json", bare / "rows.json", few_checks, short, one_budget]
+    assert rounding_table.main([str(f) for f in files]) == 0  # the failing 6-prompt row does not count
+    captured = capsys.readouterr()
+    assert "| KV cache in float32 | bfloat16 | cpu | traced | 1 (of 5) | 18 / 0 / 0 | all pass |" in captured.out
+    assert "5 rows left out" in captured.out
+    err = captured.err
+    assert f"left out, 6 prompts, under 20: 1 rows ({small / 'rows.json'})" in err
+    assert "left out, no scale recorded (neither in the row nor in a scale.json above it): 1 rows" in err
+    skipped = "context-range, near-ties, golden, tree-structure, branch-vs-chain"
+    assert f"checks lossless acceptance, without {skipped}" in err
+    assert "left out, 32 new tokens, under 64" in err and "without [64]" in err
+    # the folder above gives the scale: the bare rows count once it says 20 prompts
+    (tmp_path / "bare" / "scale.json").write_text(json.dumps({**AT_SCALE, "source": "README.md here"}))
+    globbed = [tmp_path / "bare" / "scale.json", small / "scale.json"]  # a glob over the folders takes them in
+    assert rounding_table.main([str(f) for f in files + globbed]) == 0
+    captured = capsys.readouterr()
+    assert "| 1,2 (of 5) | 36 / 0 / 0 |" in captured.out and "not a list of engine rows" not in captured.err
+    # lower bars are the caller's to set, and say so in what counts
+    assert rounding_table.main([str(f) for f in files] + ["--min-prompts", "6", "--min-new-tokens", "32"]) == 0
+    assert "| 1,2,4 (of 5) |" in capsys.readouterr().out  # the 6-prompt row still lacks checks and budget 64
+
+
+def test_a_governed_check_under_its_earlier_name_counts_and_is_named(tmp_path, capsys):
+    """Rows of 2026-12-02 ran long-context, which issue 32 replaced with context-range: they count, marked."""
+    engine = "KV cache in float32"
+    earlier = [c if c != "context-range" else "long-context" for c in rounding_table.GOVERNED]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps([_row(engine, 1), _row(engine, 2, scale={**AT_SCALE, "checks": earlier})]))
+    assert rounding_table.main([str(path)]) == 0
+    assert "| 1,2 (of 5); 2 with long-context (context-range's predecessor) |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "content, field",
+    [
+        ("[1, 2]", "must be an object"),
+        ('{"limit": 20}', "field 'max_new_tokens'"),
+        ('{"limit": "20", "max_new_tokens": 64, "budgets": [16, 64], "checks": null, "source": "x"}', "field 'limit'"),
+        ('{"limit": 20, "max_new_tokens": 64, "budgets": [16, 64], "checks": null, "source": " "}', "field 'source'"),
+        ("{not json", "not readable as JSON"),
+    ],
+)
+def test_a_malformed_scale_file_is_one_error_naming_it(tmp_path, capsys, content, field):
+    (tmp_path / "scale.json").write_text(content)
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps([_row("KV cache in float32", 1, scale=None)]))
+    assert rounding_table.main([str(rows), str(tmp_path / "scale.json")]) == 2  # a glob takes the scale file in too
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'scale.json'}: " in err and field in err and "Traceback" not in err
+
+
+def test_mutation_table_rows_record_their_scale(tmp_path):
+    """What makes a row countable: the run's prompts, new tokens, budgets and checks, written into the row."""
+    path = SCRIPT.with_name("mutation_table.py")
+    spec_ = importlib.util.spec_from_file_location("mutation_table", path)
+    mutation_table = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(mutation_table)
+    out = tmp_path / "rows.json"
+    args = ["--catalogue", "rounding", "--only", "KV cache in float32", "--limit", "1", "--max-new-tokens", "4"]
+    assert mutation_table.main([*args, "--budgets", "16", "--check", "lossless", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["scale"] == {"limit": 1, "max_new_tokens": 4, "budgets": [16], "checks": ["lossless"]}
+    assert rounding_table.below_scale(row["scale"], 20, 64) == "1 prompts, under 20"
