@@ -30,6 +30,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from ddtree_conformance.testing.rounding_engines import ROUNDING_ENGINES
 
 BLACK_BOX = " (black box)"
@@ -58,23 +60,42 @@ def folder_scale(path: Path, cache: dict[Path, dict | None]) -> dict | None:
     return None
 
 
+class Scale(BaseModel):
+    """What a row was measured at, as ``mutation_table.py`` writes it into the row (``scale``)."""
+
+    model_config = ConfigDict(strict=True)
+
+    limit: int = Field(gt=0)
+    max_new_tokens: int = Field(gt=0)
+    budgets: list[int] = Field(min_length=1)
+    checks: list[str] | None  # None: every check of the plan
+
+
+class ScaleFile(Scale):
+    """A folder's ``scale.json``, for rows measured before rows recorded their scale: also where it is written."""
+
+    source: str = Field(pattern=r"\S")
+
+
 def _read_scale(file: Path) -> dict:
     try:
-        scale = json.loads(file.read_text())
+        data = json.loads(file.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ScaleError(f"{file}: not readable as JSON ({exc})") from None
-    if not isinstance(scale, dict):
-        raise ScaleError(f"{file}: must be an object with limit, max_new_tokens, budgets, checks and source")
-    for field, ok in (
-        ("limit", lambda v: isinstance(v, int) and v > 0),
-        ("max_new_tokens", lambda v: isinstance(v, int) and v > 0),
-        ("budgets", lambda v: isinstance(v, list) and v and all(isinstance(b, int) for b in v)),
-        ("checks", lambda v: v is None or (isinstance(v, list) and all(isinstance(c, str) for c in v))),
-        ("source", lambda v: isinstance(v, str) and v.strip()),
-    ):
-        if field not in scale or not ok(scale[field]):
-            raise ScaleError(f"{file}: field {field!r} is missing or malformed ({scale.get(field)!r})")
-    return scale
+    return _scale(data, str(file), ScaleFile)
+
+
+def _scale(data: object, where: str, model: type[Scale] = Scale) -> dict:
+    """``data`` checked as ``model``; a :class:`ScaleError` naming ``where`` and the first bad field."""
+    if not isinstance(data, dict):
+        fields = ", ".join(model.model_fields)
+        raise ScaleError(f"{where}: must be an object with {fields}")
+    try:
+        return model.model_validate(data).model_dump()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(map(str, first["loc"]))
+        raise ScaleError(f"{where}: field {field!r}: {first['msg']} (got {first.get('input')!r})") from None
 
 
 def below_scale(scale: dict | None, min_prompts: int, min_new_tokens: int) -> str | None:
@@ -103,7 +124,9 @@ def at_scale(rows: list[dict], min_prompts: int = 20, min_new_tokens: int = 64) 
     counted, left_out, cache = [], [], {}
     for row in rows:
         scale = row.get("scale")
-        if scale is None and row.get("_file"):
+        if scale is not None:
+            scale = _scale(scale, f"{row.get('_file', 'a row')}: {row['engine']}, seed {row.get('run_seed')}: scale")
+        elif row.get("_file"):
             scale = folder_scale(Path(row["_file"]), cache)
         reason = below_scale(scale, min_prompts, min_new_tokens)
         if reason is None:

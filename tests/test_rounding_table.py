@@ -190,6 +190,14 @@ def test_a_malformed_scale_file_is_one_error_naming_it(tmp_path, capsys, content
     assert f"{tmp_path / 'scale.json'}: " in err and field in err and "Traceback" not in err
 
 
+def test_a_malformed_scale_in_a_row_is_one_error_naming_the_file_and_the_engine(tmp_path, capsys):
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps([_row("KV cache in float32", 3, scale={**AT_SCALE, "limit": "20"})]))
+    assert rounding_table.main([str(rows)]) == 2
+    err = capsys.readouterr().err
+    assert f"{rows}: KV cache in float32, seed 3: scale: field 'limit'" in err and "Traceback" not in err
+
+
 def test_mutation_table_rows_record_their_scale(tmp_path):
     """What makes a row countable: the run's prompts, new tokens, budgets and checks, written into the row."""
     path = SCRIPT.with_name("mutation_table.py")
