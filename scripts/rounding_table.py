@@ -12,7 +12,8 @@ summed over them, and the failed check ids. A cell with fewer than ``--seeds`` s
 never run reads "not run", and the count of cell-runs still to run closes the table. ``--left`` also prints,
 per device, the ``ROUND_GROUPS`` of ``scripts/gpu_trials.sh rounding-groups`` that would run them (one group per
 engine and seed), and the ``ROUND_CELLS`` of ``rounding-cells`` (one process per cell-run left, nothing run
-twice). Exits 1 when any row failed a check (a correct engine must pass everywhere), 0 otherwise.
+twice). Exits 1 when any row failed a check (a correct engine must pass everywhere, a row left out below too),
+0 otherwise.
 
 A row counts only at the issue's scale: at least ``--min-prompts`` (20) prompts and ``--min-new-tokens`` (64)
 new tokens, budgets 16 and 64, and every check the noise model governs (``GOVERNED``). Its scale is the one
@@ -304,9 +305,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f'{device}: ROUND_DEVICE={device} ROUND_CELLS="{cells_left}"')
     if left_out:
         print(f"{len(left_out)} rows left out: under the issue's scale or of no known scale (stderr names them)")
+    # a row left out of the table still fails it: a correct engine must pass at any scale
+    failed_out = [r for r in left_out if r["counts"].get("fail") or r.get("failed")]
+    for r in failed_out:
+        print(
+            f"FAILED, though left out ({r['reason']}): {r['engine']} {r['dtype']} {r['device']} seed "
+            f"{r.get('run_seed')}: {', '.join(r.get('failed') or [])} ({r.get('_file')})"
+        )
     if args.json:
         args.json.write_text(json.dumps(cells, indent=1) + "\n")
-    return 1 if any(c["fail"] or c["failed"] for c in cells) else 0
+    return 1 if failed_out or any(c["fail"] or c["failed"] for c in cells) else 0
 
 
 def _by_reason(left_out: list[dict]) -> dict[str, list[str]]:
