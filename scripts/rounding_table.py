@@ -164,14 +164,20 @@ def catalogue_rows(rows: list[dict]) -> list[dict]:
 
 def table(rows: list[dict]) -> list[dict]:
     """The rounding catalogue's rows grouped per (engine, dtype, device, kind), counts summed over seeds (a
-    seed measured twice counts once: the later row wins); rows of other catalogues are left out."""
+    seed measured twice counts once: the later row wins, and a failed row it replaces is named in
+    ``superseded``); rows of other catalogues are left out."""
     cells: dict[tuple, dict[int, dict]] = defaultdict(dict)
+    superseded: dict[tuple, list[dict]] = defaultdict(list)  # failed rows a later row of their seed replaced
     for r in rows:
         if r["engine"].removesuffix(BLACK_BOX) not in ROUNDING_ENGINES:
             continue  # another catalogue's row (mutants, adversaries) in the same folder
         kind = "black box" if r["engine"].endswith(BLACK_BOX) else "traced"
         key = (r["engine"].removesuffix(BLACK_BOX), r["dtype"], r["device"], kind)
-        cells[key][int(r.get("run_seed") or 0)] = r
+        seed = int(r.get("run_seed") or 0)
+        earlier = cells[key].get(seed)
+        if earlier is not None and (earlier["counts"].get("fail") or earlier.get("failed")):
+            superseded[key].append(earlier)
+        cells[key][seed] = r
     out = []
     for (engine, dtype, device, kind), by_seed in cells.items():
         counts = {k: sum(r["counts"].get(k, 0) for r in by_seed.values()) for k in ("pass", "fail", "skip")}
@@ -189,6 +195,11 @@ def table(rows: list[dict]) -> list[dict]:
                 "earlier": sorted(seed for seed, r in by_seed.items() if r.get("earlier_checks")),
                 **counts,
                 "failed": failed,
+                # failed rows of these seeds that a later row replaced: named, never silently dropped
+                "superseded": [
+                    f"seed {r.get('run_seed')}: {', '.join(r.get('failed') or [])} ({r.get('_file', '?')})"
+                    for r in superseded[(engine, dtype, device, kind)]
+                ],
             }
         )
     order = {d: i for i, d in enumerate(DTYPES)}
@@ -291,6 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     runs_left = {d: sum(len(c["seeds"]) for c in todo if c["device"] == d) for d in DEVICES}
     print(f"{sum(runs_left.values())} cell-runs left ({', '.join(f'{d} {n}' for d, n in runs_left.items())})")
+    for c in cells:
+        for row in c["superseded"]:
+            print(
+                f"failed, then measured again (the later row counts): {c['engine']} {c['dtype']} {c['device']} "
+                f"{c['kind']} {row}"
+            )
     rebuilt = sum(len(c["rebuilt"]) for c in cells)
     if rebuilt:
         print(f"{rebuilt} cell-runs rebuilt from the rows their job printed (files marked rebuilt_from)")

@@ -45,6 +45,12 @@ def test_a_failed_correct_engine_fails_the_table_and_is_named(tmp_path, capsys):
     bad.write_text(json.dumps([_row(engine, 2, failed=["acceptance/ddtree-B16"])]))
     assert rounding_table.main([str(good), str(bad)]) == 1  # seed 2 measured again: the later row wins
     assert "FAILED: acceptance/ddtree-B16" in capsys.readouterr().out
+    # the other way round the later, passing row counts, and the failure it replaced is named, not dropped
+    assert rounding_table.main([str(bad), str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "| 1,2,3,4,5 | 90 / 0 / 0 | all pass |" in out
+    assert f"failed, then measured again (the later row counts): {engine} bfloat16 cpu traced seed 2: " in out
+    assert f"acceptance/ddtree-B16 ({bad})" in out
 
 
 def test_files_that_hold_no_rows_are_named_not_a_traceback(tmp_path, capsys):
