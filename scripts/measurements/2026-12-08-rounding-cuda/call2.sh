@@ -1,0 +1,1 @@
+CELLS="attention in FlashAttention's order|rounding|bfloat16|5;attention in FlashAttention's order|rounding-black-box|bfloat16|5;attention in FlashAttention's order|rounding|float16|4;attention in FlashAttention's order|rounding|float16|5;attention in FlashAttention's order|rounding-black-box|float16|5" RT=540 JOBS=5 bash .devout/next-28c.sh
