@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 "dtype": args.dtype,
                 "device": args.device,
                 "failed": [r.check for r in failed],
+                "skipped": [r.check for r in results if r.status == "skip"],  # skipped is not passed: named
                 "message": failed[0].message if failed else "",
                 "counts": counts,
                 "run_seed": settings.run_seed,

@@ -13,7 +13,8 @@ never run reads "not run", and the count of cell-runs still to run closes the ta
 per device, the ``ROUND_GROUPS`` of ``scripts/gpu_trials.sh rounding-groups`` that would run them (one group per
 engine and seed), and the ``ROUND_CELLS`` of ``rounding-cells`` (one process per cell-run left, nothing run
 twice). Exits 1 when any row failed a check (a correct engine must pass everywhere, a row left out below too),
-0 otherwise.
+or when a seed skipped more checks than the rows of its kind (traced or black box) skip at the fewest: skipped is
+not passed, and the verdict column says how many checks each run skipped. 0 otherwise.
 
 A row counts only at the issue's scale: at least ``--min-prompts`` (20) prompts and ``--min-new-tokens`` (64)
 new tokens, budgets 16 and 64, and every check the noise model governs (``GOVERNED``). Its scale is the one
@@ -23,13 +24,12 @@ written down), for rows measured before rows recorded it. A row below that scale
 left out and named with its reason: a 6-prompt run once stood in the table as a seed of a 20-prompt cell.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -46,8 +46,8 @@ DEVICES = ("cpu", "cuda")
 KINDS = ("traced", "black box")
 
 
-class ScaleError(ValueError):
-    """A ``scale.json`` that cannot say a row's scale: one message naming the file and the field."""
+class InputError(ValueError):
+    """A row or a ``scale.json`` the table cannot read: one message naming the file (and the row) and the field."""
 
 
 def folder_scale(path: Path, cache: dict[Path, dict | None]) -> dict | None:
@@ -82,21 +82,37 @@ def _read_scale(file: Path) -> dict:
     try:
         data = json.loads(file.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ScaleError(f"{file}: not readable as JSON ({exc})") from None
-    return _scale(data, str(file), ScaleFile)
+        raise InputError(f"{file}: not readable as JSON ({exc})") from None
+    return _checked(data, str(file), ScaleFile)
 
 
-def _scale(data: object, where: str, model: type[Scale] = Scale) -> dict:
-    """``data`` checked as ``model``; a :class:`ScaleError` naming ``where`` and the first bad field."""
+class Row(BaseModel):
+    """One engine row of ``mutation_table.py --json``, as far as the table reads it (other fields pass through).
+    Its annotations are evaluated as written (no postponed annotations in this script), so that the model is
+    complete when the script is loaded from its path, as the tests load it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    engine: str
+    dtype: Literal[DTYPES]
+    device: Literal[DEVICES]
+    counts: dict[Literal["pass", "fail", "skip"], int]
+    failed: list[str] = []
+    skipped: list[str] = []  # recorded from 2026-12-07 on
+    run_seed: int | None = None
+
+
+def _checked(data: object, where: str, model: type[BaseModel] = Scale) -> dict:
+    """``data`` checked as ``model``; a :class:`InputError` naming ``where`` and the first bad field."""
     if not isinstance(data, dict):
         fields = ", ".join(model.model_fields)
-        raise ScaleError(f"{where}: must be an object with {fields}")
+        raise InputError(f"{where}: must be an object with {fields}")
     try:
         return model.model_validate(data).model_dump()
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(map(str, first["loc"]))
-        raise ScaleError(f"{where}: field {field!r}: {first['msg']} (got {first.get('input')!r})") from None
+        raise InputError(f"{where}: field {field!r}: {first['msg']} (got {first.get('input')!r})") from None
 
 
 def below_scale(scale: dict | None, min_prompts: int, min_new_tokens: int) -> str | None:
@@ -126,7 +142,7 @@ def at_scale(rows: list[dict], min_prompts: int = 20, min_new_tokens: int = 64) 
     for row in rows:
         scale = row.get("scale")
         if scale is not None:
-            scale = _scale(scale, f"{row.get('_file', 'a row')}: {row['engine']}, seed {row.get('run_seed')}: scale")
+            scale = _checked(scale, f"{row.get('_file', 'a row')}: {row['engine']}, seed {row.get('run_seed')}: scale")
         elif row.get("_file"):
             scale = folder_scale(Path(row["_file"]), cache)
         reason = below_scale(scale, min_prompts, min_new_tokens)
@@ -158,8 +174,13 @@ def load_rows(paths: list[Path]) -> list[dict]:
 
 
 def catalogue_rows(rows: list[dict]) -> list[dict]:
-    """The rows of the rounding catalogue (traced or black box); other catalogues' rows in the same folders go."""
-    return [r for r in rows if r["engine"].removesuffix(BLACK_BOX) in ROUNDING_ENGINES]
+    """The rows of the rounding catalogue (traced or black box), each checked (:class:`Row`: a dtype or device
+    the grid does not have, or counts that are not numbers, is one error naming the file, the engine and the
+    field); other catalogues' rows in the same folders go."""
+    ours = [r for r in rows if r["engine"].removesuffix(BLACK_BOX) in ROUNDING_ENGINES]
+    for r in ours:
+        _checked(r, f"{r.get('_file', 'a row')}: {r['engine']}, seed {r.get('run_seed')}", Row)
+    return ours
 
 
 def table(rows: list[dict]) -> list[dict]:
@@ -195,6 +216,10 @@ def table(rows: list[dict]) -> list[dict]:
                 "earlier": sorted(seed for seed, r in by_seed.items() if r.get("earlier_checks")),
                 **counts,
                 "failed": failed,
+                # checks skipped, per seed: skipped is not passed, so every seed of a kind must skip as few as
+                # the rest (:func:`extra_skips`); names where the row recorded them (rows from 2026-12-07 on)
+                "skips": {seed: r["counts"].get("skip", 0) for seed, r in sorted(by_seed.items())},
+                "skipped": sorted({c for r in by_seed.values() for c in r.get("skipped") or []}),
                 # failed rows of these seeds that a later row replaced: named, never silently dropped
                 "superseded": [
                     f"seed {r.get('run_seed')}: {', '.join(r.get('failed') or [])} ({r.get('_file', '?')})"
@@ -204,6 +229,23 @@ def table(rows: list[dict]) -> list[dict]:
         )
     order = {d: i for i, d in enumerate(DTYPES)}
     return sorted(out, key=lambda r: (r["device"], order.get(r["dtype"], 9), r["kind"], r["engine"]))
+
+
+def extra_skips(cells: list[dict]) -> list[str]:
+    """Seeds that skipped more checks than the fewest any counted row of their kind skipped (traced rows skip
+    none; black boxes skip the trace-only families, the same number at every seed): such a seed did not run a
+    check the others ran, so its "pass" is not one. Each named with its cell and both counts."""
+    fewest: dict[str, int] = {}
+    for c in cells:
+        for n in c["skips"].values():
+            fewest[c["kind"]] = min(n, fewest.get(c["kind"], n))
+    return [
+        f"{c['engine']} {c['dtype']} {c['device']} {c['kind']} seed {seed}: {n} checks skipped, where rows of its "
+        f"kind skip as few as {fewest[c['kind']]}"
+        for c in cells
+        for seed, n in c["skips"].items()
+        if n > fewest[c["kind"]]
+    ]
 
 
 def left(cells: list[dict], seeds: int) -> list[dict]:
@@ -262,6 +304,11 @@ def markdown(cells: list[dict], seeds: int) -> str:
         if c.get("earlier"):
             short += f"; {','.join(map(str, c['earlier']))} with long-context (context-range's predecessor)"
         verdict = "all pass" if not c["failed"] and c["fail"] == 0 else "FAILED: " + ", ".join(c["failed"])
+        if c["skip"]:  # skipped is not passed: said beside the verdict, with the names where rows recorded them
+            per_run = sorted(set(c["skips"].values()))
+            verdict += f"; {'-'.join(map(str, per_run))} skipped a run" + (
+                f" ({', '.join(c['skipped'])})" if c["skipped"] else ""
+            )
         lines.append(
             f"| {c['engine']} | {c['dtype']} | {c['device']} | {c['kind']} | "
             f"{','.join(map(str, c['seeds']))}{short} | {c['pass']} / {c['fail']} / {c['skip']} | {verdict} |"
@@ -280,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         rows, left_out = at_scale(catalogue_rows(load_rows(args.files)), args.min_prompts, args.min_new_tokens)
-    except ScaleError as exc:
+    except InputError as exc:
         print(exc, file=sys.stderr)
         return 2
     for reason, files in _by_reason(left_out).items():
@@ -290,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no engine rows of the rounding catalogue at the issue's scale in the files given", file=sys.stderr)
         return 2
     todo = left(cells, args.seeds)
-    empty = {"seeds": [], "rebuilt": [], "earlier": [], "pass": 0, "fail": 0, "skip": 0, "failed": []}
+    empty = {"seeds": [], "rebuilt": [], "earlier": [], "pass": 0, "fail": 0, "skip": 0, "failed": [], "skips": {}}
     unrun = [{**c, **empty} for c in todo]
     unrun = [c for c in unrun if (c["engine"], c["dtype"], c["device"], c["kind"]) not in {_key(x) for x in cells}]
     print(markdown(cells + unrun, args.seeds))
@@ -329,9 +376,12 @@ def main(argv: list[str] | None = None) -> int:
             f"FAILED, though left out ({r['reason']}): {r['engine']} {r['dtype']} {r['device']} seed "
             f"{r.get('run_seed')}: {', '.join(r.get('failed') or [])} ({r.get('_file')})"
         )
+    skipped_more = extra_skips(cells)
+    for line in skipped_more:
+        print(f"SKIPPED MORE: {line}")
     if args.json:
         args.json.write_text(json.dumps(cells, indent=1) + "\n")
-    return 1 if failed_out or any(c["fail"] or c["failed"] for c in cells) else 0
+    return 1 if failed_out or skipped_more or any(c["fail"] or c["failed"] for c in cells) else 0
 
 
 def _by_reason(left_out: list[dict]) -> dict[str, list[str]]:

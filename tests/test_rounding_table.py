@@ -208,6 +208,24 @@ def test_a_malformed_scale_in_a_row_is_one_error_naming_the_file_and_the_engine(
     assert f"{rows}: KV cache in float32, seed 3: scale: field 'limit'" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"dtype": "bf16"}, "field 'dtype'"),  # a dtype the grid lacks would open a cell of its own, unseen
+        ({"device": "gpu"}, "field 'device'"),
+        ({"counts": {"pass": "many", "fail": 0, "skip": 0}}, "field 'counts.pass'"),
+        ({"counts": {"passed": 18}}, "field 'counts.passed"),
+        ({"skipped": "tree-structure/ddtree-B16"}, "field 'skipped'"),
+    ],
+)
+def test_a_malformed_row_is_one_error_naming_the_file_the_engine_and_the_field(tmp_path, capsys, change, field):
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps([_row("KV cache in float32", 2), {**_row("KV cache in float32", 3), **change}]))
+    assert rounding_table.main([str(rows)]) == 2
+    err = capsys.readouterr().err
+    assert f"{rows}: KV cache in float32, seed 3: {field}" in err and "Traceback" not in err
+
+
 def test_mutation_table_rows_record_their_scale(tmp_path):
     """What makes a row countable: the run's prompts, new tokens, budgets and checks, written into the row."""
     path = SCRIPT.with_name("mutation_table.py")
@@ -215,8 +233,42 @@ def test_mutation_table_rows_record_their_scale(tmp_path):
     mutation_table = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(mutation_table)
     out = tmp_path / "rows.json"
-    args = ["--catalogue", "rounding", "--only", "KV cache in float32", "--limit", "1", "--max-new-tokens", "4"]
-    assert mutation_table.main([*args, "--budgets", "16", "--check", "lossless", "--json", str(out)]) == 0
+    args = ["--catalogue", "rounding-black-box", "--only", "KV cache in float32", "--limit", "1"]
+    args += ["--max-new-tokens", "4", "--budgets", "16", "--check", "lossless", "tree-structure"]
+    assert mutation_table.main([*args, "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())
-    assert row["scale"] == {"limit": 1, "max_new_tokens": 4, "budgets": [16], "checks": ["lossless"]}
+    checks = ["lossless", "tree-structure"]
+    assert row["scale"] == {"limit": 1, "max_new_tokens": 4, "budgets": [16], "checks": checks}
     assert rounding_table.below_scale(row["scale"], 20, 64) == "1 prompts, under 20"
+    # a black box gives no trees: the tree checks it skipped are named in the row, not only counted
+    assert row["skipped"] == ["tree-structure/dflash", "tree-structure/ddtree-B16"]
+    assert row["counts"]["skip"] == 2 and row["counts"]["pass"] >= 2
+
+
+def test_a_seed_that_skipped_more_checks_than_its_kind_fails_the_table(tmp_path, capsys):
+    """Skipped is not passed: a traced seed that skipped a check the other traced rows ran is named and fails the
+    table; black boxes, which all skip the same trace families, pass with the skips said in the verdict."""
+    engine = "KV cache in float32"
+    trace_only = ["tree-structure/ddtree-B16", "tree-structure/ddtree-B64"]
+
+    def skipping(label: str, seed: int, names: list[str]) -> dict:
+        row = _row(label, seed)
+        return {**row, "counts": {**row["counts"], "skip": len(names)}, "skipped": names}
+
+    traced = [skipping(engine, seed, []) for seed in (1, 2)]
+    black_box = [skipping(engine + " (black box)", seed, trace_only) for seed in (1, 2)]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(traced + black_box))
+    assert rounding_table.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"| {engine} | bfloat16 | cpu | traced | 1,2 (of 5) | 36 / 0 / 0 | all pass |" in out
+    assert "| all pass; 2 skipped a run (tree-structure/ddtree-B16, tree-structure/ddtree-B64) |" in out
+    assert "SKIPPED MORE" not in out
+    path.write_text(json.dumps(traced + black_box + [skipping(engine, 3, ["near-ties/all-greedy-runs"])]))
+    assert rounding_table.main([str(path)]) == 1
+    out = capsys.readouterr().out
+    assert (
+        f"SKIPPED MORE: {engine} bfloat16 cpu traced seed 3: 1 checks skipped, where rows of its kind skip as "
+        "few as 0" in out
+    )
+    assert "| all pass; 0-1 skipped a run (near-ties/all-greedy-runs) |" in out
