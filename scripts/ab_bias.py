@@ -23,6 +23,11 @@ repeat), ``fixed`` (the candidate always first: shows what an unbalanced order w
     python scripts/ab_bias.py --against reference --repeats 30 --out /tmp/aa/same-install.json
     python scripts/ab_bias.py --against . --repeats 30 --out /tmp/aa/editable-vs-folder.json
     python scripts/ab_bias.py --candidate-from . --against . --repeats 30 --out /tmp/aa/folder-vs-folder.json
+    python scripts/ab_bias.py --shape 8b --device cuda --dtype bfloat16 --repeats 40 --out /tmp/aa/8b.json
+
+``--shape`` (a ``shaped_pair`` shape: ``8b``, ``tiny``) times a random-weight pair of a real model's shape
+instead of the fixture: it is built once, written to a scratch folder as safetensors, and each engine
+process loads it from there, as it would load a real checkpoint; its prompts are ``--prompt-len`` random ids.
 """
 
 from __future__ import annotations
@@ -47,6 +52,36 @@ from ddtree_conformance.run import Run
 from ddtree_conformance.sequential import SequentialPlan, combined_interval, verdict
 from ddtree_conformance.session import SuiteSession
 from ddtree_conformance.settings import DEFAULT_TORCH_THREADS, build_settings
+
+
+def write_shaped_pair(shape: str, dtype: str | None, device: str | None, root: Path) -> dict:
+    """Build the random-weight ``shape`` pair on ``device`` and write it under ``root`` (target in
+    transformers' format, drafter in z-lab's), unless ``root`` already holds it: the settings that point
+    the engines at it."""
+    import torch
+
+    from ddtree_conformance.adapters.reference.dflash import save_drafter
+    from ddtree_conformance.testing.shaped_pair import SHAPES, build_shaped_pair
+
+    if shape not in SHAPES:
+        raise SystemExit(f"ab_bias: --shape {shape!r} is not one of {sorted(SHAPES)}")
+    written = root / "written.json"  # last, so a half-written pair is never reused
+    settings = {"model_dir": str(root / "target"), "drafter_dir": str(root / "drafter")}
+    if written.exists():
+        if json.loads(written.read_text()) != {"shape": shape, "dtype": dtype}:
+            held = written.read_text().strip()
+            raise SystemExit(f"ab_bias: {root} holds another pair ({held}); use another --shape-dir")
+        return settings
+    target_dir, drafter_dir, target, drafter = build_shaped_pair(
+        shape, getattr(torch, dtype or "float32"), device or "cpu", root
+    )
+    target.save_pretrained(str(target_dir), safe_serialization=True)
+    save_drafter(drafter, drafter_dir)
+    del target, drafter
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    written.write_text(json.dumps({"shape": shape, "dtype": dtype}))
+    return settings
 
 
 def factory(settings, build):
@@ -149,12 +184,13 @@ def pool(paths: list[Path]) -> dict:
     """Across A/A runs: each run's arm effect (mean log candidate/baseline per pair) with its standard
     error, the inverse-variance pooled effect, Cochran's Q (are the runs' effects more different than
     their own noise allows?) and the DerSimonian-Laird between-run sd (the part of a run's A/A offset
-    that its own interval does not cover)."""
-    effects, ses, verdicts = [], [], []
-    for path in paths:
-        data = json.loads(path.read_text())
+    that its own interval does not cover). Then how the A/B gate would judge each run at its last look:
+    without a spread, with this project's CPU spread, and with the spread of the *other* runs (left out
+    in turn, as a gate configured from earlier A/A runs meets a new one)."""
+    runs = [json.loads(path.read_text()) for path in paths]
+    effects, ses = [], []
+    for data in runs:
         calls = data["calls"]
-        verdicts.append(_verdicts(data))
         logs = [
             math.log(a["s"] / b["s"]) if a["side"] == "candidate" else math.log(b["s"] / a["s"])
             for a, b in zip(calls[0::2], calls[1::2])
@@ -162,11 +198,16 @@ def pool(paths: list[Path]) -> dict:
         ]
         effects.append(float(np.mean(logs)))
         ses.append(float(np.std(logs, ddof=1) / math.sqrt(len(logs))))
-    w = 1 / np.square(ses)
-    mean = float(np.sum(w * effects) / np.sum(w))
-    q = float(np.sum(w * np.square(np.asarray(effects) - mean)))
     k = len(effects)
-    tau2 = max(0.0, (q - (k - 1)) / (np.sum(w) - np.sum(w**2) / np.sum(w))) if k > 1 else 0.0
+    mean, q, tau2, w = between_runs(effects, ses)
+    verdicts = []
+    for i, data in enumerate(runs):
+        spreads = {f"spread {CPU_SPREAD[0]:.1%}": CPU_SPREAD}
+        if k >= 3:  # the others' spread needs two others (one degree of freedom)
+            others = [j for j in range(k) if j != i]
+            tau2_others = between_runs([effects[j] for j in others], [ses[j] for j in others])[2]
+            spreads["spread of the other runs"] = (math.sqrt(tau2_others), k - 2)
+        verdicts.append(_verdicts(data, spreads))
     return {
         "runs": k,
         "effects_pct": [round(100 * (math.exp(e) - 1), 2) for e in effects],
@@ -176,8 +217,9 @@ def pool(paths: list[Path]) -> dict:
         "q": round(q, 2),
         "q_p": float(stats.chi2.sf(q, k - 1)) if k > 1 else None,
         "between_run_sd_pct": round(100 * math.sqrt(tau2), 2),
+        "ab_spread": f"{math.sqrt(tau2):.4f}:{k - 1}" if k > 1 else None,  # as bench --ab-spread takes it
         # how the A/B gate would judge each run at its last look (the bench's 3..60 plan: alpha / 8), per
-        # tolerance, without and with the between-run sd found here as --ab-spread
+        # tolerance, without and with a between-process spread as --ab-spread
         "verdicts_at_last_look": {
             key: {v: sum(run[key] == v for run in verdicts) for v in ("pass", "fail", "inconclusive")}
             for key in verdicts[0]
@@ -185,9 +227,22 @@ def pool(paths: list[Path]) -> dict:
     }
 
 
-def _verdicts(data: dict, spread_sd: float = 0.019, spread_df: int = 17) -> dict:
+CPU_SPREAD = (0.019, 17)  # this project's CPU, 18 A/A runs (docs/reference/bench-and-gates.md)
+
+
+def between_runs(effects: list[float], ses: list[float]) -> tuple[float, float, float, np.ndarray]:
+    """Inverse-variance pooled mean, Cochran's Q, the DerSimonian-Laird between-run variance and the weights."""
+    w = 1 / np.square(ses)
+    mean = float(np.sum(w * effects) / np.sum(w))
+    q = float(np.sum(w * np.square(np.asarray(effects) - mean)))
+    k = len(effects)
+    tau2 = max(0.0, (q - (k - 1)) / (np.sum(w) - np.sum(w**2) / np.sum(w))) if k > 1 else 0.0
+    return mean, q, float(tau2), w
+
+
+def _verdicts(data: dict, spreads: dict[str, tuple[float, int]]) -> dict:
     """This run's per-repeat ratios (its last repeats; each repeat's calls in order) judged at tolerance
-    5 % and 2 %, without and with a between-process spread."""
+    5 % and 2 %, without and with each between-process spread (sd, degrees of freedom)."""
     argv = data.get("argv") or []
     limit = int(argv[argv.index("--limit") + 1]) if "--limit" in argv else 2
     per_repeat = 2 * (limit if limit % 2 == 0 else 2 * limit)
@@ -201,10 +256,10 @@ def _verdicts(data: dict, spread_sd: float = 0.019, spread_df: int = 17) -> dict
         ratios.append(base / cand)  # same tokens on both sides: the decode tokens/s ratio
     out = {}
     for tolerance in (0.05, 0.02):
-        for spread in (None, (spread_sd**2, spread_df)):
-            iv = combined_interval(ratios, 0.05 / 8, *(spread or (0.0, 0)))
+        for name, (sd, df) in {"": (0.0, 0), **spreads}.items():
+            iv = combined_interval(ratios, 0.05 / 8, sd**2, df)
             found = {"pass": "pass", "regression": "fail", None: "inconclusive"}[verdict(iv, 1 - tolerance)]
-            out[f"tolerance {tolerance:.0%}" + (f", spread {spread_sd:.1%}" if spread else "")] = found
+            out[f"tolerance {tolerance:.0%}" + (f", {name}" if name else "")] = found
     return out
 
 
@@ -222,6 +277,9 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--budget", type=int, default=16)
     p.add_argument("--pair", default=None, help="named pair (default: the fixture)")
+    p.add_argument("--shape", default=None, help="a random-weight shaped pair instead (8b, tiny; module doc)")
+    p.add_argument("--shape-dir", type=Path, default=None, help="keep the shaped pair here (reused)")
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens with --shape (random ids)")
     p.add_argument("--device", default=None, help="cpu (default), cuda, cuda:N")
     p.add_argument("--dtype", default=None)
     p.add_argument("--threads", type=int, default=None)
@@ -248,10 +306,16 @@ def main(argv=None) -> int:
     if args.out is None:
         p.error("--out is required")
 
+    if args.shape and args.pair:
+        p.error("--shape and --pair are alternatives")
+    scratch = tempfile.TemporaryDirectory(prefix="ab-bias-pair-")
+    root = args.shape_dir or Path(scratch.name)
+    shaped = write_shaped_pair(args.shape, args.dtype, args.device, root) if args.shape else {}
     settings, _ = build_settings(
         dict(
             engine="reference",
             pair=args.pair,
+            **shaped,
             device=args.device,
             dtype=args.dtype,
             modes="ddtree",
@@ -289,6 +353,12 @@ def main(argv=None) -> int:
                     pid = getattr(engine, "pid", None)
                     for tid in os.listdir(f"/proc/{pid}/task") if pid else []:
                         os.sched_setaffinity(int(tid), {args.pin})
+            requests = sessions[0].requests()
+            if args.shape:  # random prompts inside the shape's vocabulary (the fixture's ids need not be)
+                from ddtree_conformance.testing.shaped_pair import SHAPES, random_prompts
+
+                ids = random_prompts(len(requests), args.prompt_len, SHAPES[args.shape]["vocab"], seed=args.seed)
+                requests = [r.model_copy(update={"prompt_ids": i}) for r, i in zip(requests, ids, strict=True)]
             configs = {Run("ddtree", args.budget).label: sessions[0].config("ddtree", args.budget)}
             rng = random.Random(args.seed)
             orders = {
@@ -304,9 +374,7 @@ def main(argv=None) -> int:
             original = ab.pair_order
             ab.pair_order = orders[args.order]
             try:
-                part = measure_ab(
-                    candidate, baseline, sessions[0].requests(), configs, plan=plan, warmup=not args.no_warmup
-                )
+                part = measure_ab(candidate, baseline, requests, configs, plan=plan, warmup=not args.no_warmup)
             finally:
                 ab.pair_order = original
         finally:
@@ -320,6 +388,7 @@ def main(argv=None) -> int:
         "candidate": cand_build.describe(),
         "baseline": base_build.describe(),
         "order": args.order,
+        "pair": args.shape and f"{args.shape}-shaped, random weights" or args.pair or "fixture",
         "ab": {k: part["runs"][0]["ab"].get(k) for k in ("estimate", "ci_low", "ci_high", "stop")},
         "effects": analyse(log[warm:], args.limit),
         "warmup_calls": log[:warm],
@@ -336,6 +405,7 @@ def main(argv=None) -> int:
         f"first/second {e['first_over_second']['pct']:+.2f} % {_pcts(e['first_over_second'])}; "
         f"after other/after own {e['after_other_over_after_own_pct']}; pairs {e['pairs']}; {result['elapsed_s']:.0f} s"
     )
+    scratch.cleanup()
     return 0
 
 

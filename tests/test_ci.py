@@ -267,6 +267,8 @@ def test_a_slower_build_under_ab_fails_the_job(engine_repo, tmp_path, monkeypatc
             "ci_engines:Clocked",
             "--against",
             "ci_engines:Fast",
+            "--ab-spread",  # a measured between-process spread (the workflow's ab-spread, $DDTREE_AB_SPREAD)
+            "0.02:12",
             "--device",
             "cpu",
             "--modes",
@@ -293,6 +295,8 @@ def test_a_slower_build_under_ab_fails_the_job(engine_repo, tmp_path, monkeypatc
     assert gate["code"] == 1 and gate["summary"].startswith("REGRESSION: ddtree-B4 A/B ratio fail"), gate
     assert "candidate slower than the baseline" in gate["summary"], gate
     assert (tmp_path / "r" / "ab.json").is_file() and not (tmp_path / "r" / "bench.json").exists()
+    (run,) = json.loads((tmp_path / "r" / "ab.json").read_text())["runs"]
+    assert run["ab"]["spread"] == {"log_var": pytest.approx(0.02**2), "df": 12}, run["ab"]  # it reached the bench
 
 
 def test_gate_auto_gates_exactly_what_has_a_baseline(engine_repo, tmp_path, monkeypatch):

@@ -217,6 +217,7 @@ def throughput(
     against: Optional[str],
     against_engine: Optional[str],
     tolerance: float,
+    ab_spread: Optional[str] = None,
     baselines: Optional[Path],
     hw: str,
     gate: str,
@@ -231,6 +232,7 @@ def throughput(
         out = reports / "ab.json"
         extra = ["--against", against, "--tolerance", str(tolerance)]
         extra += ["--against-engine", against_engine] if against_engine else []
+        extra += ["--ab-spread", ab_spread] if ab_spread else []
         gate_extra: list[str] = []
     else:
         stored = baseline_path(baselines, hw)
@@ -378,6 +380,7 @@ def _steps(
         against=given(bench.against),
         against_engine=given(bench.against_engine),
         tolerance=bench.tolerance,
+        ab_spread=given(bench.ab_spread),
         baselines=Path(bench.baselines) if given(bench.baselines) else None,
         hw=hw,
         gate=bench.gate,

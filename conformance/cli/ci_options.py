@@ -161,6 +161,15 @@ class CiThroughput:
     against_engine: Annotated[Text, env_option("--against-engine", "The spec the installed baseline runs as.")] = None
     against_option: AgainstOption = None
     tolerance: Annotated[float, env_option("--tolerance", "A/B: allowed slowdown (edge 1 - tolerance).")] = 0.05
+    ab_spread: Annotated[
+        Text,
+        env_option(
+            "--ab-spread",
+            "A/B: the between-process spread SD:DF that A/A runs measured on this runner class and pair "
+            "(scripts/ab_bias.py --pool); the bench's interval includes it.",
+            metavar="SD:DF",
+        ),
+    ] = None
     baselines: Baselines = None
     gate: Gate = "auto"
     time_budget: Annotated[

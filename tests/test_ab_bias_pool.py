@@ -1,0 +1,61 @@
+"""scripts/ab_bias.py --pool: A/A runs pooled into a between-process spread, and each run judged as the A/B
+gate would judge it without a spread, with the CPU's, and with the spread of the *other* runs (left out in
+turn). The runs here are made up with a known per-process offset; the measured ones are under
+scripts/measurements/ (2026-12-09-issue29-aa-procs)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ab_bias.py"
+spec = importlib.util.spec_from_file_location("ab_bias", SCRIPT)
+ab_bias = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ab_bias)
+
+
+def _run(path: Path, offset: float, rng: np.random.Generator, repeats: int = 40, noise: float = 0.01) -> Path:
+    """One A/A run as ab_bias.py writes it: 2 prompts, each repeat's four calls in pairs, the candidate
+    process slower by ``offset`` for the whole run, ``noise`` per call."""
+    calls = []
+    for r in range(repeats):
+        for prompt in range(2):
+            first = "candidate" if (r + prompt) % 2 == 0 else "baseline"
+            for side in (first, "baseline" if first == "candidate" else "candidate"):
+                s = 0.1 * (1 + offset if side == "candidate" else 1.0) * math.exp(rng.normal(0, noise))
+                calls.append({"side": side, "prompt": [prompt], "s": s, "wall": s})
+    path.write_text(json.dumps({"argv": ["--limit", "2"], "ab": {"stop": {"repeats": repeats}}, "calls": calls}))
+    return path
+
+
+def test_pool_finds_the_process_offset_and_the_left_out_spread_keeps_an_outlier_from_failing(tmp_path):
+    rng = np.random.default_rng(7)
+    offsets = [-0.03, 0.0, 0.02, -0.01, 0.03, -0.02, 0.01, 0.0, -0.025, 0.015, 0.005, -0.005]
+    paths = [_run(tmp_path / f"run-{k}.json", o, rng) for k, o in enumerate(offsets)]
+    paths.append(_run(tmp_path / "slow.json", 0.08, rng))  # one process 8 % slow, as one H100 run measured
+    pooled = ab_bias.pool(paths)
+    assert pooled["runs"] == 13
+    sd = pooled["between_run_sd_pct"]
+    assert 1.5 < sd < 4.0, pooled  # the offsets' sd is 3 %, within-run noise adds little (80 pairs a run)
+    assert pooled["q_p"] < 1e-6  # the runs differ more than their own intervals allow
+    spread_sd, df = pooled["ab_spread"].split(":")  # as bench --ab-spread takes it: sd and its degrees of freedom
+    assert abs(float(spread_sd) - sd / 100) < 1e-4 and df == "12", pooled["ab_spread"]
+    verdicts = pooled["verdicts_at_last_look"]
+    assert all(sum(v.values()) == 13 for v in verdicts.values())
+    # without a spread the slow process fails a correct build at 2 %; with the others' spread nothing fails
+    assert verdicts["tolerance 2%"]["fail"] >= 1, verdicts
+    assert verdicts["tolerance 2%, spread of the other runs"]["fail"] == 0, verdicts
+    assert verdicts["tolerance 5%, spread of the other runs"]["fail"] == 0, verdicts
+
+
+def test_pool_of_two_runs_has_no_left_out_spread(tmp_path):
+    """Leaving one of two runs out leaves one run: no spread to estimate (it needs two)."""
+    rng = np.random.default_rng(1)
+    pooled = ab_bias.pool([_run(tmp_path / f"r{k}.json", 0.0, rng) for k in range(2)])
+    keys = set(pooled["verdicts_at_last_look"])
+    assert "tolerance 2%, spread 1.9%" in keys and not any("other runs" in k for k in keys), keys
+    assert pooled["ab_spread"].endswith(":1")
