@@ -15,6 +15,15 @@ from .sequential import repeats_to_decide, verdict
 __all__ = ["ab_verdict", "evaluate", "exit_code"]
 
 
+# Each build runs in its own process, and a process can run a few per cent slow for a whole run (A/A runs:
+# between-run sd 1-2 % on a CPU and on a GPU's launch-bound fixture pair, one process 8.5 % slow; 0.26 % on
+# an 8B-shaped pair; docs/reference/bench-and-gates.md). A failure judged without that spread says so.
+NO_SPREAD = (
+    "; no between-process spread in the interval: a process of a correct build can run a few per cent slow"
+    " for a whole run; measure it with A/A runs on this runner (scripts/ab_bias.py --pool) and give --ab-spread"
+)
+
+
 def evaluate(report: dict) -> list[GateRow]:
     """Gate rows of an A/B report: each run's ratio interval, recomputed from its samples, against its
     edge (pass: wholly at or above; fail: wholly below; else inconclusive)."""
@@ -72,7 +81,7 @@ def evaluate(report: dict) -> list[GateRow]:
                     band,
                     interval.high - edge,
                     f"candidate slower than the baseline: whole interval below the edge ({interval.n} "
-                    f"repeats){accepts}",
+                    f"repeats){accepts}{'' if spread else NO_SPREAD}",
                 )
             )
         else:

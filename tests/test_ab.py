@@ -284,6 +284,9 @@ def test_bench_against_an_engine_here_and_the_gate_without_baselines(tmp_path, m
     assert gate.exit_code == 1 and "A/B ratio" in gate.output and "gate REGRESSION (exit 1)" in gate.output
     assert (tmp_path / "ab.md").read_text().startswith("## FAIL: A/B: candidate slower than the baseline")
     assert "<h2>A/B throughput" in (tmp_path / "ab.html").read_text()
+    (row,) = evaluate(report)  # the spread was given: the failure stands on it, and says so in its band
+    assert row.status == "fail" and "no between-process spread" not in row.message, row
+    assert "between-process spread 1.0 % included" in row.band, row
 
 
 def test_bench_against_a_build_installed_apart(tmp_path, monkeypatch):
@@ -296,6 +299,10 @@ def test_bench_against_a_build_installed_apart(tmp_path, monkeypatch):
         tmp_path, "--engine", "ddtc_ab_pkg:Timed", "--against", str(wheel), "--against-option", "seed=2"
     )
     assert report["ab"]["baseline_engine"]["version"] == "1.0"  # the installed build, not the working directory's
+    # judged without a between-process spread: the failure says so, and how to measure one
+    (row,) = evaluate(report)
+    assert row.status == "fail" and "no between-process spread in the interval" in row.message, row
+    assert "--ab-spread" in row.message
     assert report["engine"]["version"] == "1.3"
     assert "installed from" in report["ab"]["baseline"]
     assert gate.exit_code == 1, gate.output
