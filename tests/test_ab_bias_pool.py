@@ -59,3 +59,20 @@ def test_pool_of_two_runs_has_no_left_out_spread(tmp_path):
     keys = set(pooled["verdicts_at_last_look"])
     assert "tolerance 2%, spread 1.9%" in keys and not any("other runs" in k for k in keys), keys
     assert pooled["ab_spread"].endswith(":1")
+
+
+def test_a_shaped_pair_is_written_once_then_reused_and_another_is_refused(tmp_path):
+    """``--shape-dir``: the pair is built and written (marker last), reused as it is, and a folder holding
+    another shape or dtype is refused with one line naming it."""
+    import pytest
+
+    first = ab_bias.write_shaped_pair("tiny", None, "cpu", tmp_path)
+    assert (tmp_path / "written.json").is_file() and list((tmp_path / "target").glob("*.safetensors"))
+    assert (tmp_path / "drafter" / "model.safetensors").is_file()
+    stamp = (tmp_path / "drafter" / "model.safetensors").stat().st_mtime_ns
+    assert ab_bias.write_shaped_pair("tiny", None, "cpu", tmp_path) == first  # reused, not rebuilt
+    assert (tmp_path / "drafter" / "model.safetensors").stat().st_mtime_ns == stamp
+    with pytest.raises(SystemExit, match="holds another pair"):
+        ab_bias.write_shaped_pair("tiny", "bfloat16", "cpu", tmp_path)
+    with pytest.raises(SystemExit, match="is not one of"):
+        ab_bias.write_shaped_pair("70b", None, "cpu", tmp_path / "other")
