@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from .gate import EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_REGRESSION, GateRow, speedup_interval
 from .machine_state import noise_causes
 from .option_names import option
-from .sequential import repeats_to_decide, verdict
+from .sequential import repeats_to_decide, spread_decides_nothing, verdict
 
 __all__ = ["ab_verdict", "evaluate", "exit_code"]
 
@@ -109,6 +109,12 @@ def _undecided_hint(ab: dict, interval, edge: float, spread: tuple[float, int] |
     samples = [float(x) for x in ab.get("samples") or [] if isinstance(x, (int, float)) and x > 0]
     more = repeats_to_decide(samples, 1 - interval.level, edge, *(spread or (0.0, 0))) if len(samples) > 1 else None
     raise_it = f"raise {option('max_repeats')}/{option('time_budget')}"
+    if more is None and spread and spread_decides_nothing(samples, 1 - interval.level, spread, edge):
+        return (
+            f"{cause}; the between-process spread ({100 * spread[0] ** 0.5:.1f} %) alone keeps the interval across"
+            " the edge: more repeats would not decide it; a workload whose processes differ less (a full-size model"
+            " on a GPU rather than the launch-bound fixture pair) or a wider --tolerance would"
+        )
     if more is None:
         return f"{cause}; the estimate sits on the edge: more repeats would not decide it"
     return f"{cause}; about {more} repeats (now {len(samples)}: {raise_it}) would decide it"

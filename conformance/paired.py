@@ -21,7 +21,7 @@ from typing import NamedTuple
 from ddtree_conformance.adapters.interface import Engine, Request, RequestResult, RunConfig
 
 from .machine_state import Sampler
-from .sequential import SequentialPlan, combined_interval, verdict
+from .sequential import SequentialPlan, combined_interval, spread_decides_nothing, verdict
 from .warmup import WarmupRule, warm_up
 
 __all__ = [
@@ -398,7 +398,7 @@ def _look(stream: Stream, history: list[Repeat], elapsed: float, plan: Sequentia
                 (", but the baseline records one run, so its between-run spread is unknown: not a failure"),
             )
         return _stop_entry(found, f"interval {where} the edge {stream.edge:.4f} after {n} repeats{spread}", n, elapsed)
-    if stream.spread and _spread_decides_nothing(samples, plan.look_alpha, stream.spread, stream.edge):
+    if stream.spread and spread_decides_nothing(samples, plan.look_alpha, stream.spread, stream.edge):
         return _stop_entry(
             "inconclusive",
             f"the between-run spread alone keeps the interval across the edge "
@@ -407,13 +407,3 @@ def _look(stream: Stream, history: list[Repeat], elapsed: float, plan: Sequentia
             elapsed,
         )
     return None
-
-
-def _spread_decides_nothing(samples: list[float], alpha_k: float, spread: tuple[float, int], edge: float) -> bool:
-    """Whether the between-run spread alone, with the trial's own noise gone (infinitely many repeats at
-    today's mean), still leaves the edge inside the interval: then no number of repeats decides."""
-    import math
-
-    mean = sum(math.log(x) for x in samples) / len(samples)
-    floor = combined_interval([math.exp(mean)] * 2, alpha_k, spread[0], spread[1])
-    return floor.low < edge <= floor.high

@@ -55,6 +55,7 @@ __all__ = [
     "ratio_interval",
     "combined_interval",
     "repeats_to_decide",
+    "spread_decides_nothing",
     "verdict",
     "cv",
     "detectable_drop",
@@ -226,6 +227,14 @@ def repeats_to_decide(
         if float(stats.t.ppf(1 - alpha_k / 2, df=df)) * math.sqrt(total) < gap:
             return n
     return None
+
+
+def spread_decides_nothing(samples: Sequence[float], alpha_k: float, spread: tuple[float, int], edge: float) -> bool:
+    """Whether the between-run spread (variance, df) alone, with the run's own noise gone (infinitely many
+    repeats at today's mean), still leaves ``edge`` inside the interval: then no number of repeats decides."""
+    mean = float(np.mean(np.log(np.asarray(samples, dtype=float))))
+    floor = combined_interval([math.exp(mean)] * 2, alpha_k, spread[0], spread[1])
+    return floor.low < edge <= floor.high
 
 
 def verdict(interval: Interval, edge: float) -> str | None:

@@ -208,6 +208,16 @@ def pool(paths: list[Path]) -> dict:
             tau2_others = between_runs([effects[j] for j in others], [ses[j] for j in others])[2]
             spreads["spread of the other runs"] = (math.sqrt(tau2_others), k - 2)
         verdicts.append(_verdicts(data, spreads))
+    caught = {}
+    if k > 1:  # with the pool's own spread: the slowdown from which each run, made that much slower, fails
+        for tolerance in (0.05, 0.02):
+            found = [failing_slowdown(data, tolerance, (math.sqrt(tau2), k - 1)) for data in runs]
+            known = sorted(x for x in found if x is not None)
+            caught[f"tolerance {tolerance:.0%}"] = {
+                "median_pct": round(100 * known[len(known) // 2], 1) if known else None,
+                "max_pct": round(100 * known[-1], 1) if known else None,
+                "beyond_40_pct": len(found) - len(known),
+            }
     return {
         "runs": k,
         "effects_pct": [round(100 * (math.exp(e) - 1), 2) for e in effects],
@@ -220,6 +230,8 @@ def pool(paths: list[Path]) -> dict:
         "ab_spread": f"{math.sqrt(tau2):.4f}:{k - 1}" if k > 1 else None,  # as bench --ab-spread takes it
         # how the A/B gate would judge each run at its last look (the bench's 3..60 plan: alpha / 8), per
         # tolerance, without and with a between-process spread as --ab-spread
+        # computed from the runs' own ratios made slower, not trials: how slow a build must be to read FAIL
+        "fails_from_slowdown_with_this_spread": caught,
         "verdicts_at_last_look": {
             key: {v: sum(run[key] == v for run in verdicts) for v in ("pass", "fail", "inconclusive")}
             for key in verdicts[0]
@@ -241,8 +253,34 @@ def between_runs(effects: list[float], ses: list[float]) -> tuple[float, float, 
 
 
 def _verdicts(data: dict, spreads: dict[str, tuple[float, int]]) -> dict:
-    """This run's per-repeat ratios (its last repeats; each repeat's calls in order) judged at tolerance
-    5 % and 2 %, without and with each between-process spread (sd, degrees of freedom)."""
+    """This run's per-repeat ratios judged at tolerance 5 % and 2 %, without and with each between-process
+    spread (sd, degrees of freedom)."""
+    ratios = _ratios(data)
+    out = {}
+    for tolerance in (0.05, 0.02):
+        for name, (sd, df) in {"": (0.0, 0), **spreads}.items():
+            iv = combined_interval(ratios, 0.05 / 8, sd**2, df)
+            found = {"pass": "pass", "regression": "fail", None: "inconclusive"}[verdict(iv, 1 - tolerance)]
+            out[f"tolerance {tolerance:.0%}" + (f", {name}" if name else "")] = found
+    return out
+
+
+def failing_slowdown(data: dict, tolerance: float, spread: tuple[float, int]) -> float | None:
+    """The smallest slowdown (0.1 % steps, up to 40 %) at which this A/A run's ratios, each divided by
+    ``1 + slowdown``, would fail at ``tolerance`` with ``spread`` (sd, df) in the interval: what the gate
+    can still catch with that spread. Computed from the run's own ratios, not a trial."""
+    ratios = _ratios(data)
+    for step in range(401):
+        slow = step / 1000
+        iv = combined_interval([r / (1 + slow) for r in ratios], 0.05 / 8, spread[0] ** 2, spread[1])
+        if verdict(iv, 1 - tolerance) == "regression":
+            return slow
+    return None
+
+
+def _ratios(data: dict) -> list[float]:
+    """The run's per-repeat throughput ratios, baseline seconds over candidate seconds (its last repeats;
+    each repeat's calls in order)."""
     argv = data.get("argv") or []
     limit = int(argv[argv.index("--limit") + 1]) if "--limit" in argv else 2
     per_repeat = 2 * (limit if limit % 2 == 0 else 2 * limit)
@@ -254,13 +292,7 @@ def _verdicts(data: dict, spreads: dict[str, tuple[float, int]]) -> dict:
         cand = sum(c["s"] for c in chunk if c["side"] == "candidate")
         base = sum(c["s"] for c in chunk if c["side"] == "baseline")
         ratios.append(base / cand)  # same tokens on both sides: the decode tokens/s ratio
-    out = {}
-    for tolerance in (0.05, 0.02):
-        for name, (sd, df) in {"": (0.0, 0), **spreads}.items():
-            iv = combined_interval(ratios, 0.05 / 8, sd**2, df)
-            found = {"pass": "pass", "regression": "fail", None: "inconclusive"}[verdict(iv, 1 - tolerance)]
-            out[f"tolerance {tolerance:.0%}" + (f", {name}" if name else "")] = found
-    return out
+    return ratios
 
 
 def _pcts(effect: dict) -> str:

@@ -50,6 +50,12 @@ def test_pool_finds_the_process_offset_and_the_left_out_spread_keeps_an_outlier_
     assert verdicts["tolerance 2%"]["fail"] >= 1, verdicts
     assert verdicts["tolerance 2%, spread of the other runs"]["fail"] == 0, verdicts
     assert verdicts["tolerance 5%, spread of the other runs"]["fail"] == 0, verdicts
+    # the price of the spread: how much slower a build must be to read FAIL (the runs' ratios made slower)
+    caught = pooled["fails_from_slowdown_with_this_spread"]
+    assert 5 < caught["tolerance 2%"]["median_pct"] < caught["tolerance 5%"]["median_pct"] < 20, caught
+    quiet = json.loads(paths[1].read_text())
+    narrow, wide = (ab_bias.failing_slowdown(quiet, 0.05, (sd, 10)) for sd in (0.001, 0.03))
+    assert 0.05 < narrow < 0.08 and wide > narrow + 0.04, (narrow, wide)  # a wider spread costs power
 
 
 def test_pool_of_two_runs_has_no_left_out_spread(tmp_path):

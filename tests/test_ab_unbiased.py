@@ -154,6 +154,9 @@ def test_a_measured_between_process_spread_widens_the_interval_and_the_gate_reco
     (row,) = evaluate(part)
     assert row.status == "inconclusive" and "between-process spread 2.4 % included" in row.band
     assert "more repeats cannot decide it" in ab_part["stop"]["reason"]
+    # and the row says what would: the spread is the cause, not the estimate
+    assert "between-process spread (2.4 %) alone keeps the interval across the edge" in row.message, row.message
+    assert "sits on the edge" not in row.message
     forged = dict(part, runs=[dict(part["runs"][0], ab={**ab_part, "spread": {"log_var": 1e-12, "df": 10}})])
     assert evaluate(forged)[0].measured != row.measured  # the gate recomputes from the report's spread
     assert exit_code(evaluate(run(None))) == 1  # no spread: the 3 % process offset fails the same build
