@@ -156,9 +156,10 @@ def at_scale(rows: list[dict], min_prompts: int = 20, min_new_tokens: int = 64) 
 
 def load_rows(paths: list[Path]) -> list[dict]:
     """The engine rows of ``mutation_table.py --json`` files, each with its file (``_file``); a file that is not
-    such a list is named and skipped."""
+    such a list is named and skipped. A file given twice (``*.json`` and a recursive ``**/*.json``, as zsh or
+    bash's globstar expand it) is read once."""
     rows = []
-    for path in paths:
+    for path in _once(paths):
         if path.name == SCALE_FILE:
             continue  # a folder's scale (folder_scale), not rows: a glob over the folders takes it in
         try:
@@ -171,6 +172,17 @@ def load_rows(paths: list[Path]) -> list[dict]:
             continue
         rows += [{**r, "_file": str(path)} for r in data]
     return rows
+
+
+def _once(paths: list[Path]) -> list[Path]:
+    """``paths`` in order, each file once (by its resolved path)."""
+    seen: set[Path] = set()
+    once = []
+    for path in paths:
+        if path.resolve() not in seen:
+            seen.add(path.resolve())
+            once.append(path)
+    return once
 
 
 def catalogue_rows(rows: list[dict]) -> list[dict]:

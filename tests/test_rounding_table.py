@@ -51,6 +51,9 @@ def test_a_failed_correct_engine_fails_the_table_and_is_named(tmp_path, capsys):
     assert "| 1,2,3,4,5 | 90 / 0 / 0 | all pass |" in out
     assert f"failed, then measured again (the later row counts): {engine} bfloat16 cpu traced seed 2: " in out
     assert f"acceptance/ddtree-B16 ({bad})" in out
+    # a file named twice (`*.json` and a recursive `**/*.json` under zsh or globstar) is read once
+    assert rounding_table.main([str(bad), str(tmp_path / "." / "bad.json"), str(good), str(good)]) == 0
+    assert capsys.readouterr().out.count("failed, then measured again") == 1
 
 
 def test_files_that_hold_no_rows_are_named_not_a_traceback(tmp_path, capsys):
