@@ -48,6 +48,7 @@ from ddtree_conformance.ab import baseline_for, measure_ab, pair_order
 from ddtree_conformance.adapters.interface import Engine
 from ddtree_conformance.adapters.process import IsolatedEngine
 from ddtree_conformance.adapters.registry import create_engine
+from ddtree_conformance.files import atomic_write
 from ddtree_conformance.run import Run
 from ddtree_conformance.sequential import SequentialPlan, combined_interval, verdict
 from ddtree_conformance.session import SuiteSession
@@ -187,7 +188,7 @@ def pool(paths: list[Path]) -> dict:
     that its own interval does not cover). Then how the A/B gate would judge each run at its last look:
     without a spread, with this project's CPU spread, and with the spread of the *other* runs (left out
     in turn, as a gate configured from earlier A/A runs meets a new one)."""
-    runs = [json.loads(path.read_text()) for path in paths]
+    runs = [_read_run(path) for path in paths]
     effects, ses = [], []
     for data in runs:
         calls = data["calls"]
@@ -208,6 +209,7 @@ def pool(paths: list[Path]) -> dict:
             tau2_others = between_runs([effects[j] for j in others], [ses[j] for j in others])[2]
             spreads["spread of the other runs"] = (math.sqrt(tau2_others), k - 2)
         verdicts.append(_verdicts(data, spreads))
+    bias, bias_ci = random_effects_bias(effects, ses, tau2)
     caught = {}
     if k > 1:  # with the pool's own spread: the slowdown from which each run, made that much slower, fails
         for tolerance in (0.05, 0.02):
@@ -222,8 +224,13 @@ def pool(paths: list[Path]) -> dict:
         "runs": k,
         "effects_pct": [round(100 * (math.exp(e) - 1), 2) for e in effects],
         "se_pct": [round(100 * s, 2) for s in ses],
+        # inverse-variance (fixed-effect): its se counts only the runs' own noise, too small when Q says they differ
         "pooled_pct": round(100 * (math.exp(mean) - 1), 2),
         "pooled_se_pct": round(100 / math.sqrt(float(np.sum(w))), 2),
+        # the bias question: is a new process pair off on average? Random effects (each run weighted by its own
+        # variance plus the between-run one), 95 % interval on k - 1 degrees of freedom
+        "bias_pct": bias,
+        **({"bias_ci_pct": bias_ci} if bias_ci else {}),
         "q": round(q, 2),
         "q_p": float(stats.chi2.sf(q, k - 1)) if k > 1 else None,
         "between_run_sd_pct": round(100 * math.sqrt(tau2), 2),
@@ -239,6 +246,21 @@ def pool(paths: list[Path]) -> dict:
     }
 
 
+class PoolInputError(ValueError):
+    """A file given to --pool that is not an A/A run this script wrote (the message names it)."""
+
+
+def _read_run(path: Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise PoolInputError(f"--pool: cannot read {path}: {err}") from None
+    calls = data.get("calls") if isinstance(data, dict) else None
+    if not isinstance(calls, list) or not isinstance(data.get("ab"), dict):
+        raise PoolInputError(f"--pool: {path} is not an A/A run written by ab_bias.py --out (no 'calls' or 'ab')")
+    return data
+
+
 CPU_SPREAD = (0.019, 17)  # this project's CPU, 18 A/A runs (docs/reference/bench-and-gates.md)
 
 
@@ -250,6 +272,20 @@ def between_runs(effects: list[float], ses: list[float]) -> tuple[float, float, 
     k = len(effects)
     tau2 = max(0.0, (q - (k - 1)) / (np.sum(w) - np.sum(w**2) / np.sum(w))) if k > 1 else 0.0
     return mean, q, float(tau2), w
+
+
+def random_effects_bias(effects: list[float], ses: list[float], tau2: float) -> tuple[float, list[float] | None]:
+    """The runs' mean effect with each run weighted by 1 / (its se^2 + the between-run variance), as per cent,
+    and its 95 % interval (Student-t on k - 1 degrees of freedom; none for one run). With no between-run
+    variance it is the inverse-variance mean; with some, every run counts more alike and the interval is as
+    wide as the process offsets make it, not as narrow as the runs' own noise."""
+    w = 1 / (np.square(ses) + tau2)
+    mean = float(np.sum(w * effects) / np.sum(w))
+    pct = round(100 * (math.exp(mean) - 1), 2)
+    if len(effects) < 2:
+        return pct, None
+    half = float(stats.t.ppf(0.975, len(effects) - 1)) / math.sqrt(float(np.sum(w)))
+    return pct, [round(100 * (math.exp(mean - half) - 1), 2), round(100 * (math.exp(mean + half) - 1), 2)]
 
 
 def _verdicts(data: dict, spreads: dict[str, tuple[float, int]]) -> dict:
@@ -333,7 +369,15 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.pool is not None:
-        print(json.dumps(pool(args.pool)))
+        if not args.pool:
+            p.error("--pool needs the runs' outputs (ab_bias.py --out files)")
+        try:
+            pooled = pool(args.pool)
+        except PoolInputError as err:
+            p.error(str(err))
+        print(json.dumps(pooled))
+        if args.out is not None:  # the pool as a file too, written whole or not at all
+            atomic_write(args.out, json.dumps(pooled, indent=1) + "\n")
         return 0
     if args.out is None:
         p.error("--out is required")

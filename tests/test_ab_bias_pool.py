@@ -44,6 +44,10 @@ def test_pool_finds_the_process_offset_and_the_left_out_spread_keeps_an_outlier_
     assert pooled["q_p"] < 1e-6  # the runs differ more than their own intervals allow
     spread_sd, df = pooled["ab_spread"].split(":")  # as bench --ab-spread takes it: sd and its degrees of freedom
     assert abs(float(spread_sd) - sd / 100) < 1e-4 and df == "12", pooled["ab_spread"]
+    # bias: the offsets average +0.5 %; the runs' own noise would call that certain (fixed-effect se under 0.1 %),
+    # but with a 3 % offset per process the honest interval is wide and holds 0
+    low, high = pooled["bias_ci_pct"]
+    assert pooled["pooled_se_pct"] < 0.1 and low < 0 < high and high - low > 2, pooled
     verdicts = pooled["verdicts_at_last_look"]
     assert all(sum(v.values()) == 13 for v in verdicts.values())
     # without a spread the slow process fails a correct build at 2 %; with the others' spread nothing fails
@@ -56,6 +60,14 @@ def test_pool_finds_the_process_offset_and_the_left_out_spread_keeps_an_outlier_
     quiet = json.loads(paths[1].read_text())
     narrow, wide = (ab_bias.failing_slowdown(quiet, 0.05, (sd, 10)) for sd in (0.001, 0.03))
     assert 0.05 < narrow < 0.08 and wide > narrow + 0.04, (narrow, wide)  # a wider spread costs power
+
+
+def test_a_bias_every_process_shares_is_found(tmp_path):
+    """Every candidate process 1 % slow and no offset between processes: the bias interval excludes 0 and holds 1 %."""
+    rng = np.random.default_rng(3)
+    pooled = ab_bias.pool([_run(tmp_path / f"b{k}.json", 0.01, rng) for k in range(6)])
+    low, high = pooled["bias_ci_pct"]
+    assert pooled["between_run_sd_pct"] < 0.2 and 0 < low < 1 < high < 2, pooled
 
 
 def test_pool_of_two_runs_has_no_left_out_spread(tmp_path):
@@ -82,3 +94,20 @@ def test_a_shaped_pair_is_written_once_then_reused_and_another_is_refused(tmp_pa
         ab_bias.write_shaped_pair("tiny", "bfloat16", "cpu", tmp_path)
     with pytest.raises(SystemExit, match="is not one of"):
         ab_bias.write_shaped_pair("70b", None, "cpu", tmp_path / "other")
+
+
+def test_pool_writes_out_and_names_a_file_that_is_not_a_run(tmp_path, capsys):
+    """``--pool ... --out FILE`` writes the pool it prints; a file that is not an A/A run is one error naming it
+    (exit 2), never a traceback."""
+    import pytest
+
+    rng = np.random.default_rng(2)
+    runs = [str(_run(tmp_path / f"r{k}.json", 0.0, rng)) for k in range(3)]
+    assert ab_bias.main(["--pool", *runs, "--out", str(tmp_path / "pooled.json")]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert json.loads((tmp_path / "pooled.json").read_text()) == printed and printed["runs"] == 3
+    (tmp_path / "report.json").write_text(json.dumps({"verdict": "PASS"}))
+    for bad in ("report.json", "missing.json"):
+        with pytest.raises(SystemExit) as stop:
+            ab_bias.main(["--pool", runs[0], str(tmp_path / bad)])
+        assert stop.value.code == 2 and bad in capsys.readouterr().err
