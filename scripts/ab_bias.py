@@ -28,6 +28,12 @@ repeat), ``fixed`` (the candidate always first: shows what an unbalanced order w
 ``--shape`` (a ``shaped_pair`` shape: ``8b``, ``tiny``) times a random-weight pair of a real model's shape
 instead of the fixture: it is built once, written to a scratch folder as safetensors, and each engine
 process loads it from there, as it would load a real checkpoint; its prompts are ``--prompt-len`` random ids.
+
+``--pool RUN.json ... [--out POOLED.json]`` pools earlier runs: the between-run spread (``ab_spread``, ready for
+``--ab-spread``), the bias with an interval that counts that spread (``bias_pct``, ``bias_ci_pct``), each run
+judged as the A/B gate would judge it, and what the spread costs (:func:`pool`).
+
+    python scripts/ab_bias.py --pool /tmp/aa/run-*.json --out /tmp/aa/pooled.json
 """
 
 from __future__ import annotations
@@ -184,10 +190,11 @@ def analyse(log: list[dict], prompts: int = 2) -> dict:
 def pool(paths: list[Path]) -> dict:
     """Across A/A runs: each run's arm effect (mean log candidate/baseline per pair) with its standard
     error, the inverse-variance pooled effect, Cochran's Q (are the runs' effects more different than
-    their own noise allows?) and the DerSimonian-Laird between-run sd (the part of a run's A/A offset
-    that its own interval does not cover). Then how the A/B gate would judge each run at its last look:
-    without a spread, with this project's CPU spread, and with the spread of the *other* runs (left out
-    in turn, as a gate configured from earlier A/A runs meets a new one)."""
+    their own noise allows?), the DerSimonian-Laird between-run sd (the part of a run's A/A offset
+    that its own interval does not cover) and the bias with that sd counted (:func:`random_effects_bias`).
+    Then how the A/B gate would judge each run at its last look: without a spread, with this project's CPU
+    spread, and with the spread of the *other* runs (left out in turn, as a gate configured from earlier A/A
+    runs meets a new one)."""
     runs = [_read_run(path) for path in paths]
     effects, ses = [], []
     for data in runs:
