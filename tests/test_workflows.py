@@ -162,6 +162,7 @@ def test_local_reusable_calls_pass_known_inputs_and_every_required_one():
         ("gpu.yml", "conformance"),
         ("release.yml", "gpu-gate"),
         ("engine-ci-example.yml", "ddtree-conformance"),
+        ("engine-ci-example.yml", "throughput"),
     }
     for caller, job, given, called in calls:
         inputs = called.get("inputs", {})
@@ -172,6 +173,18 @@ def test_local_reusable_calls_pass_known_inputs_and_every_required_one():
         for key, value in given.items():
             if inputs[key]["type"] == "boolean":
                 assert isinstance(value, bool) or "${{" in str(value), f"{caller}:{job}: {key}={value!r}"
+
+
+def test_the_example_caller_ab_tests_throughput_on_a_full_size_pair():
+    """On the fixture pair a GPU waits on the host and one engine process ran 8 % slower than another for a
+    whole A/A run (scripts/measurements/2026-12-09-issue29-aa-procs): the example A/Bs on a full-size pair,
+    and its checks job, on the fixture, runs no A/B."""
+    jobs = {job: given for caller, job, given, _ in _calls() if caller == "engine-ci-example.yml"}
+    ab = {job: given for job, given in jobs.items() if given.get("baseline-engine-requirement")}
+    assert ab, "the example caller shows no A/B job"
+    for job, given in ab.items():
+        assert given.get("pair") not in (None, "fixture"), f"engine-ci-example.yml:{job} A/Bs on {given.get('pair')}"
+    assert jobs["ddtree-conformance"]["pair"] == "fixture"
 
 
 def test_documented_caller_snippet_uses_known_inputs():
