@@ -169,6 +169,19 @@ def baseline_for(
 CANDIDATE, BASELINE = "candidate", "baseline"
 
 
+def parse_ab_spread(text: str) -> tuple[float, int]:
+    """``--ab-spread SD:DF`` (``0.0022:13``, as ``scripts/ab_bias.py --pool`` prints ``ab_spread``) as (the variance
+    of the log ratio, its degrees of freedom); anything else is a ValueError naming the option."""
+    try:
+        sd, df = text.split(":")
+        sd_f, df_i = float(sd), int(df)
+        if 0 < sd_f < 1 and df_i >= 1:
+            return sd_f**2, df_i
+    except ValueError:
+        pass
+    raise ValueError(f"--ab-spread must be SD:DF with 0 < SD < 1 and DF >= 1 (e.g. 0.0235:10), got {text!r}")
+
+
 def _arm(side: str, label: str) -> str:
     return f"{side}|{label}"
 

@@ -385,6 +385,19 @@ def test_ci_refuses_bad_options(tmp_path):
     assert result.exit_code == 2 and "--limit must be a positive number of prompts or 'all'" in result.stderr
     result = CliRunner().invoke(app, ["ci", "--gate", "sometimes", "--reports", str(tmp_path)])
     assert result.exit_code == 2 and "--gate must be one of auto, required, off" in result.stderr
+    # a malformed --ab-spread stops the job before the install and the checks, naming the option and its variable
+    result = CliRunner().invoke(app, ["ci", "--ab-spread", "0.02", "--reports", str(tmp_path)])
+    assert result.exit_code == 2 and "--ab-spread must be SD:DF" in result.stderr, result.output
+    assert "DDTREE_AB_SPREAD" in result.stderr
+    # one without a baseline build is not used, and the log says so (here the bad --gate then stops the job)
+    result = CliRunner().invoke(
+        app, ["ci", "--ab-spread", "0.02:12", "--gate", "sometimes", "--reports", str(tmp_path)]
+    )
+    assert result.exit_code == 2 and "--ab-spread is not used" in result.output, result.output
+    # the bench refuses it without --against, before any engine starts
+    small = ["--modes", "ddtree", "--budgets", "4", "--limit", "1", "--max-new-tokens", "4", "--max-repeats", "3"]
+    result = CliRunner().invoke(app, ["bench", "--ab-spread", "0.02:12", *small, "--out", str(tmp_path / "b.json")])
+    assert result.exit_code == 2 and "--ab-spread is the A/B interval's" in result.stderr, result.output
 
 
 def test_junit_from_a_check_report_marks_an_incomplete_run():

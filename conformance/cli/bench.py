@@ -176,6 +176,11 @@ def bench(
         extra=[timing.baselines],
     )  # absolute, never an input of the run; `--out DIR/` makes the folder and writes inside
     hw = opt.hw_class(settings.device, hardware_class)
+    if ab_build.ab_spread and ab_build.against is None:  # never ignored silently
+        raise CliError(
+            "--ab-spread is the A/B interval's between-process spread: it needs --against (a stored baseline"
+            " carries its own between-run spread)"
+        )
     if ab_build.against is not None:  # A/B: conformance/cli/ab.py
         _bench_ab(settings, ab_build, timing, plan, hw=hw, out_path=out_path)
         return
@@ -320,18 +325,14 @@ def _print_bench(report: dict, settings, hw: str, paths) -> None:
 
 def _ab_spread(text: str | None) -> tuple[float, int] | None:
     """``SD:DF`` (``0.0235:10``) as (variance, df); None when not given."""
+    from ..ab import parse_ab_spread
+
     if not text:
         return None
     try:
-        sd, df = text.split(":")
-        sd_f, df_i = float(sd), int(df)
-        if not (0 < sd_f < 1 and df_i >= 1):
-            raise ValueError
-    except ValueError:
-        raise CliError(
-            f"--ab-spread must be SD:DF with 0 < SD < 1 and DF >= 1 (e.g. 0.0235:10), got {text!r}"
-        ) from None
-    return sd_f**2, df_i
+        return parse_ab_spread(text)
+    except ValueError as err:
+        raise CliError(str(err)) from None
 
 
 def _fmt(x) -> str:

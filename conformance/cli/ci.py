@@ -339,6 +339,18 @@ def ci(
     reports: Reports = Path("reports/ci"),
     summary: Summary = None,
 ) -> None:
+    if given(bench.ab_spread):  # checked before any step, not after the install and the checks
+        from ..ab import parse_ab_spread
+
+        try:
+            parse_ab_spread(bench.ab_spread)
+        except ValueError as err:
+            raise CliError(f"{err} ($DDTREE_AB_SPREAD, the workflow's ab-spread input)") from None
+        if not given(bench.against):
+            _say(
+                "note: --ab-spread is not used: it widens an A/B interval, and no baseline build was given"
+                " (--against, the workflow's baseline-engine-requirement)"
+            )
     if bench.gate not in GATE_MODES:
         raise CliError(f"--gate must be one of {', '.join(GATE_MODES)}, got {bench.gate!r}")
     common = _common_args(under_test, run)  # --limit checked here: exit 2 before any step
