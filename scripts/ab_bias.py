@@ -265,6 +265,9 @@ def _read_run(path: Path) -> dict:
     calls = data.get("calls") if isinstance(data, dict) else None
     if not isinstance(calls, list) or not isinstance(data.get("ab"), dict):
         raise PoolInputError(f"--pool: {path} is not an A/A run written by ab_bias.py --out (no 'calls' or 'ab')")
+    bad = next((i for i, c in enumerate(calls) if not (isinstance(c, dict) and {"side", "s"} <= c.keys())), None)
+    if bad is not None:
+        raise PoolInputError(f"--pool: {path}: calls[{bad}] has no 'side' and 's' (seconds)")
     return data
 
 

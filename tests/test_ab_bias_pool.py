@@ -107,7 +107,8 @@ def test_pool_writes_out_and_names_a_file_that_is_not_a_run(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert json.loads((tmp_path / "pooled.json").read_text()) == printed and printed["runs"] == 3
     (tmp_path / "report.json").write_text(json.dumps({"verdict": "PASS"}))
-    for bad in ("report.json", "missing.json"):
+    (tmp_path / "cut.json").write_text(json.dumps({"ab": {}, "calls": [{"side": "candidate"}]}))
+    for bad in ("report.json", "missing.json", "cut.json"):
         with pytest.raises(SystemExit) as stop:
             ab_bias.main(["--pool", runs[0], str(tmp_path / bad)])
         assert stop.value.code == 2 and bad in capsys.readouterr().err
