@@ -38,7 +38,8 @@
 #                     B=16, then the runs pooled (between-run sd: the per-process offset no run's interval
 #                     covers) -> $WORK/aa-procs/                                     (at most ~9 minutes)
 #                     AA_SHAPE=8b times the 8B-shaped random-weight pair instead (built and written once, to
-#                     /tmp/aa-pair-8b, then loaded by every engine process); AA_TIMEOUT (170 s) bounds a run
+#                     /tmp/aa-pair-8b, then loaded by every engine process); AA_TIMEOUT (170 s) bounds a run;
+#                     AA_START=baseline starts the baseline process first (default: the candidate's)
 #   catalogues        the correct catalogue (conformance/testing/correct_engines.py; every engine must pass) and,
 #                     with CAT_CATALOGUES="correct mutants", the mutants (each must fail), in float16, bfloat16
 #                     and float32 (CAT_DTYPES), fixture pair, 4 prompts, 24 tokens, B=16, one engine per process
@@ -203,7 +204,7 @@ for job in "$@"; do
       for k in $(seq 1 "${AA_RUNS:-3}"); do
         timeout "${AA_TIMEOUT:-170}" python3 scripts/ab_bias.py --against reference --device cuda --dtype bfloat16 \
           --repeats 40 ${AA_SHAPE:+--shape "$AA_SHAPE" --shape-dir /tmp/aa-pair-$AA_SHAPE} \
-          --out "$WORK/aa-procs/run-$k.json" 2>&1 | tail -1 || echo "aa-procs run $k: exit $?"
+          ${AA_START:+--start-first "$AA_START"} --out "$WORK/aa-procs/run-$k.json" 2>&1 | tail -1 || echo "aa-procs run $k: exit $?"
       done
       python3 scripts/ab_bias.py --pool "$WORK"/aa-procs/run-*.json | tee "$WORK/aa-procs/pooled.json" ;;
     trials-29)
