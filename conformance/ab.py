@@ -170,7 +170,7 @@ CANDIDATE, BASELINE = "candidate", "baseline"
 
 
 def parse_ab_spread(text: str) -> tuple[float, int]:
-    """``--ab-spread SD:DF`` (``0.0022:13``, as ``scripts/ab_bias.py --pool`` prints ``ab_spread``) as (the variance
+    """``--ab-spread SD:DF`` (``0.0021:18``, as ``scripts/ab_bias.py --pool`` prints ``ab_spread``) as (the variance
     of the log ratio, its degrees of freedom); anything else is a ValueError naming the option."""
     try:
         sd, df = text.split(":")

@@ -16,7 +16,7 @@ __all__ = ["ab_verdict", "evaluate", "exit_code"]
 
 
 # Each build runs in its own process, and a process can run a few per cent slow for a whole run (A/A runs:
-# between-run sd 1-2 % on a CPU and on a GPU's launch-bound fixture pair, one process 8.5 % slow; 0.22 % on
+# between-run sd 1-2 % on a CPU and on a GPU's launch-bound fixture pair, one process 8.5 % slow; 0.21 % on
 # an 8B-shaped pair; docs/reference/bench-and-gates.md). A failure judged without that spread says so.
 NO_SPREAD = (
     "; no between-process spread in the interval: a process of a correct build can run a few per cent slow"
