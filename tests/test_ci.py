@@ -400,6 +400,19 @@ def test_ci_refuses_bad_options(tmp_path):
     assert result.exit_code == 2 and "--ab-spread is the A/B interval's" in result.stderr, result.output
 
 
+def test_a_spread_from_the_environment_does_not_stop_a_stored_baseline_bench(tmp_path, monkeypatch):
+    """The reusable workflow sets $DDTREE_AB_SPREAD for the whole job, and `ci` runs `bench` in its own process,
+    which reads it too: a job without a baseline build benches against the stored baselines, and the spread
+    (meant for an A/B interval) is noted and left unused there, not an error that fails the bench step."""
+    from ddtree_conformance.cli import app
+
+    monkeypatch.setenv("DDTREE_AB_SPREAD", "0.02:12")
+    small = ["--modes", "ddtree", "--budgets", "4", "--limit", "1", "--max-new-tokens", "4", "--max-repeats", "3"]
+    result = CliRunner().invoke(app, ["bench", *small, "--out", str(tmp_path / "b.json")])
+    assert result.exit_code == 0, result.output
+    assert "$DDTREE_AB_SPREAD is not used" in result.stderr and (tmp_path / "b.json").is_file()
+
+
 def test_junit_from_a_check_report_marks_an_incomplete_run():
     from ddtree_conformance.cli.ci import junit_from_report
 

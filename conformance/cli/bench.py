@@ -150,6 +150,7 @@ class AgainstBuild:
 
 @command()
 def bench(
+    ctx: typer.Context,
     *,
     target: opt.Target,
     timing: Timing,
@@ -177,10 +178,7 @@ def bench(
     )  # absolute, never an input of the run; `--out DIR/` makes the folder and writes inside
     hw = opt.hw_class(settings.device, hardware_class)
     if ab_build.ab_spread and ab_build.against is None:  # never ignored silently
-        raise CliError(
-            "--ab-spread is the A/B interval's between-process spread: it needs --against (a stored baseline"
-            " carries its own between-run spread)"
-        )
+        _unused_ab_spread(ctx)
     if ab_build.against is not None:  # A/B: conformance/cli/ab.py
         _bench_ab(settings, ab_build, timing, plan, hw=hw, out_path=out_path)
         return
@@ -321,6 +319,22 @@ def _print_bench(report: dict, settings, hw: str, paths) -> None:
     for warning in report["bench"]["warnings"]:
         stderr_console().print(escape(f"warning: {warning}"), soft_wrap=True)
     console.print(escape(f"wrote {', '.join(map(str, paths))}"), soft_wrap=True)
+
+
+def _unused_ab_spread(ctx: typer.Context) -> None:
+    """An A/B spread without a baseline build: refused when given on the command line; from the environment
+    (``$DDTREE_AB_SPREAD``, set for a whole CI job, whose stored-baseline runs read it too) noted and left unused."""
+    source = ctx.get_parameter_source("ab_spread")
+    if getattr(source, "name", None) != "ENVIRONMENT":  # click's ParameterSource (typer may carry its own click)
+        raise CliError(
+            "--ab-spread is the A/B interval's between-process spread: it needs --against (a stored baseline"
+            " carries its own between-run spread)"
+        )
+    stderr_console().print(
+        "note: $DDTREE_AB_SPREAD is not used: it widens an A/B interval, and this bench has no --against"
+        " (a stored baseline carries its own between-run spread)",
+        soft_wrap=True,
+    )
 
 
 def _ab_spread(text: str | None) -> tuple[float, int] | None:
