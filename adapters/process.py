@@ -17,7 +17,8 @@ drives it in a spawned child, which serves every configuration until it is close
   its environment (``DDTREE_ENGINE_TREE``, one value per engine) that every process it starts
   inherits, detached ones included (a double fork, a new session, a parent that exited). When the
   engine is closed, hangs or dies, its whole tree ends: the group, the child's descendants and every
-  process carrying the mark (found with ``psutil``).
+  process carrying the mark (found with ``psutil``). The suite's own multiprocessing resource tracker,
+  which the first spawn would start, is started before the mark is set, so no engine's end takes it.
 * Dying with the suite. On Linux the child asks the kernel for SIGKILL when its parent dies
   (``PR_SET_PDEATHSIG``, through ctypes: psutil has no equivalent), so it goes even when the suite is
   killed with ``kill -9``; a watchdog thread in the child also ends its tree when the parent is gone
@@ -45,6 +46,7 @@ import threading
 import traceback
 import uuid
 import weakref
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import psutil
@@ -286,6 +288,11 @@ class IsolatedEngine(Engine):
             ),
             daemon=True,
         )
+        # Starting a spawned child starts this process's multiprocessing resource tracker if it is not
+        # running yet. Started under the mark, the suite's own tracker would end with the engine's tree
+        # (and the next start would warn that it died): start it first, unmarked.
+        if os.name == "posix":
+            resource_tracker.ensure_running()
         previous = os.environ.get(TREE_MARK)
         os.environ[TREE_MARK] = self.tree_mark  # in the child's own environment: forks without exec carry it too
         try:

@@ -199,3 +199,38 @@ def test_engine_dies_with_the_suite_even_on_kill_9(random_pair, tmp_path):
     finally:
         if suite.poll() is None:
             suite.kill()
+
+
+SUITE_THAT_CLOSES_TWO_ENGINES = textwrap.dedent(
+    """
+    import sys
+    from multiprocessing import resource_tracker
+    from ddtree_conformance.adapters.process import IsolatedEngine
+    from ddtree_conformance.testing.processes import pid_alive
+
+    if __name__ == "__main__":
+        for _ in range(2):
+            with IsolatedEngine("bad_engines_mod:Light", sys.argv[1], sys.argv[2]) as engine:
+                engine.capabilities()
+            tracker = resource_tracker._resource_tracker._pid
+            print("tracker", tracker, "alive" if pid_alive(tracker) else "dead", flush=True)
+    """
+)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="multiprocessing's resource tracker is POSIX's")
+def test_ending_an_engines_tree_spares_the_suites_own_processes(random_pair, bad_engines, tmp_path):
+    """The first spawn starts the suite's multiprocessing resource tracker; it must not carry the engine's
+    mark, or closing the engine kills it and the next start warns that it died."""
+    script = tmp_path / "suite.py"
+    script.write_text(SUITE_THAT_CLOSES_TWO_ENGINES)
+    done = subprocess.run(
+        [sys.executable, "-W", "always", str(script), *map(str, random_pair)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and lines[0] == lines[1] and lines[0].endswith(" alive"), done.stdout  # one tracker, alive
+    assert "resource_tracker" not in done.stderr, done.stderr
