@@ -413,6 +413,18 @@ def test_a_spread_from_the_environment_does_not_stop_a_stored_baseline_bench(tmp
     assert "$DDTREE_AB_SPREAD is not used" in result.stderr and (tmp_path / "b.json").is_file()
 
 
+def test_a_malformed_spread_from_the_environment_is_one_error_naming_the_variable(tmp_path, monkeypatch):
+    """Unused or not, a malformed $DDTREE_AB_SPREAD stops the bench before it runs, naming the variable."""
+    from ddtree_conformance.cli import app
+
+    monkeypatch.setenv("DDTREE_AB_SPREAD", "0.02")
+    for against in ([], ["--against", "reference"]):
+        result = CliRunner().invoke(app, ["bench", "--limit", "1", *against, "--out", str(tmp_path / "b.json")])
+        assert result.exit_code == 2, result.output
+        assert "--ab-spread must be SD:DF" in result.stderr and "(from $DDTREE_AB_SPREAD)" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "b.json").exists()
+
+
 def test_junit_from_a_check_report_marks_an_incomplete_run():
     from ddtree_conformance.cli.ci import junit_from_report
 

@@ -177,8 +177,10 @@ def bench(
         extra=[timing.baselines],
     )  # absolute, never an input of the run; `--out DIR/` makes the folder and writes inside
     hw = opt.hw_class(settings.device, hardware_class)
+    from_env = _from_environment(ctx, "ab_spread")
+    _ab_spread(ab_build.ab_spread, from_env)  # a malformed spread is an error wherever it came from, before any run
     if ab_build.ab_spread and ab_build.against is None:  # never ignored silently
-        _unused_ab_spread(ctx)
+        _unused_ab_spread(from_env)
     if ab_build.against is not None:  # A/B: conformance/cli/ab.py
         _bench_ab(settings, ab_build, timing, plan, hw=hw, out_path=out_path)
         return
@@ -321,11 +323,16 @@ def _print_bench(report: dict, settings, hw: str, paths) -> None:
     console.print(escape(f"wrote {', '.join(map(str, paths))}"), soft_wrap=True)
 
 
-def _unused_ab_spread(ctx: typer.Context) -> None:
+def _from_environment(ctx: typer.Context, param: str) -> bool:
+    """Whether the parameter's value came from its environment variable (click's ParameterSource; compared by
+    name, since typer may carry its own click)."""
+    return getattr(ctx.get_parameter_source(param), "name", None) == "ENVIRONMENT"
+
+
+def _unused_ab_spread(from_env: bool) -> None:
     """An A/B spread without a baseline build: refused when given on the command line; from the environment
     (``$DDTREE_AB_SPREAD``, set for a whole CI job, whose stored-baseline runs read it too) noted and left unused."""
-    source = ctx.get_parameter_source("ab_spread")
-    if getattr(source, "name", None) != "ENVIRONMENT":  # click's ParameterSource (typer may carry its own click)
+    if not from_env:
         raise CliError(
             "--ab-spread is the A/B interval's between-process spread: it needs --against (a stored baseline"
             " carries its own between-run spread)"
@@ -337,8 +344,9 @@ def _unused_ab_spread(ctx: typer.Context) -> None:
     )
 
 
-def _ab_spread(text: str | None) -> tuple[float, int] | None:
-    """``SD:DF`` (``0.0235:10``) as (variance, df); None when not given."""
+def _ab_spread(text: str | None, from_env: bool = False) -> tuple[float, int] | None:
+    """``SD:DF`` (``0.0235:10``) as (variance, df); None when not given. A malformed one is an error naming where
+    it came from."""
     from ..ab import parse_ab_spread
 
     if not text:
@@ -346,7 +354,7 @@ def _ab_spread(text: str | None) -> tuple[float, int] | None:
     try:
         return parse_ab_spread(text)
     except ValueError as err:
-        raise CliError(str(err)) from None
+        raise CliError(f"{err} (from $DDTREE_AB_SPREAD)" if from_env else str(err)) from None
 
 
 def _fmt(x) -> str:
